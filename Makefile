@@ -1,0 +1,55 @@
+# The two commands a fresh machine needs: `make demo` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+PYTHON ?= python3
+BASE_STAMP := $(VENV)/.installed-base
+DEV_STAMP := $(VENV)/.installed-dev
+OUT ?= build
+
+.PHONY: demo test lab bench install dev chromium clean lint
+
+install: $(BASE_STAMP)
+dev: $(DEV_STAMP)
+
+$(BASE_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(DEV_STAMP): $(BASE_STAMP) pyproject.toml
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+## make demo: replay the embedded reference scenario under every strategy (offline, no API key)
+demo: $(BASE_STAMP)
+	$(VENV)/bin/promptcache-nb demo --out $(OUT)/demo
+
+## make test: unit tests, notebooks under nbval, and the real-browser test
+test: $(DEV_STAMP) chromium
+	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider tests
+	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with notebooks/sanitize.cfg notebooks
+
+# Debian's chromium for the browser test (never a downloaded browser build).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian chromium for the browser test"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+## make lab: open the notebooks in JupyterLab
+lab: $(DEV_STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+## make bench: speed and size figures (not part of make test)
+bench: $(BASE_STAMP)
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache

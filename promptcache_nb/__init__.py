@@ -1,0 +1,52 @@
+"""promptcache_nb — see why an LLM agent's prompt cache hits or misses, and what it costs.
+
+The public API; everything else is internal. ``import promptcache_nb as pc``.
+"""
+
+from __future__ import annotations
+
+from .analysis import Prices, compare_df, efficiency, prices_for, summarize
+from .cache import CacheModel, CacheResult, cache_model_names, get_cache_model, register_cache_model
+from .errors import (
+    InvalidRequestError,
+    KnowledgeError,
+    PriceError,
+    PromptCacheError,
+    ScenarioError,
+    SessionError,
+    StoreError,
+    StoreLockedError,
+    UnknownCacheModelError,
+    UnknownModelError,
+    UnknownStrategyError,
+)
+from .live import Backend, DirectSimulator
+from .request import PreparedRequest, Segment, canonical_bytes, prepare
+from .scenario import Scenario, ToolCall, load_scenario
+from .session import KnowledgeBook, Lab, Session, Turn
+from .store import KnowledgeEntry
+from .strategies import Strategy, StrategyContext, register_strategy, strategy_names
+from .tokens import CharsTokenizer, HeuristicTokenizer, Tokenizer
+from .usage import Usage
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Live registries: strategies and cache models registered later are listed too.
+    if name == "STRATEGIES":
+        return strategy_names()
+    if name == "CACHE_MODELS":
+        return cache_model_names()
+    raise AttributeError(f"module 'promptcache_nb' has no attribute {name!r}")
+
+
+__all__ = sorted([
+    "CACHE_MODELS", "STRATEGIES", "Backend", "CacheModel", "CacheResult", "CharsTokenizer", "DirectSimulator",
+    "HeuristicTokenizer", "InvalidRequestError", "KnowledgeBook", "KnowledgeEntry", "KnowledgeError", "Lab",
+    "PreparedRequest", "PriceError", "Prices", "PromptCacheError", "Scenario", "ScenarioError", "Segment",
+    "Session", "SessionError", "StoreError", "StoreLockedError", "Strategy", "StrategyContext", "ToolCall",
+    "Tokenizer", "Turn", "UnknownCacheModelError", "UnknownModelError", "UnknownStrategyError", "Usage",
+    "cache_model_names", "canonical_bytes", "compare_df", "efficiency", "get_cache_model", "load_scenario",
+    "prepare", "prices_for", "register_cache_model", "register_strategy", "strategy_names", "summarize",
+])

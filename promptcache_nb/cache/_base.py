@@ -1,0 +1,63 @@
+"""The interface every provider cache model implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from ..request import PreparedRequest
+from ..usage import Usage
+
+# Why a request read less than the previous request left behind. Stable codes, used in the store.
+REASONS = (
+    "hit",  # read everything the previous request made cacheable
+    "cold",  # first request of the session: nothing to read yet
+    "model_switch",  # caches are keyed by model
+    "below_minimum",  # prefix shorter than the model's minimum cacheable length
+    "ttl_expired",  # an entry matched but had outlived its TTL
+    "lookback_exceeded",  # a live entry exists, further back than the 20-position lookback
+    "prefix_changed",  # the bytes before the previous breakpoint changed
+    "no_breakpoint",  # nothing in the request asks for caching
+    "not_written",  # the previous request wrote no entry covering what this one re-sends
+    "evicted",  # capacity eviction (LRU caches)
+    "unsupported",  # the provider cannot cache this request at all
+)
+
+
+@dataclass(frozen=True)
+class CacheResult:
+    """What a cache model decided for one request.
+
+    ``segment_states`` has one of ``read``, ``write`` or ``uncached`` per segment, for segment maps.
+    ``native`` is the usage object exactly as the provider's API would report it.
+    """
+
+    usage: Usage
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    segment_states: tuple[str, ...] = ()
+    native: dict[str, Any] = field(default_factory=dict)
+
+
+class CacheModel(ABC):
+    """A simulated provider prompt cache. Stateful: feed it a session's requests in order."""
+
+    name: ClassVar[str]
+    known_models: ClassVar[tuple[str, ...]] = ()
+
+    @abstractmethod
+    def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
+        """Apply one request at time ``at`` (UTC) and return its usage (output_tokens unset)."""
+
+    def reset(self) -> None:  # pragma: no cover - overridden where there is state
+        """Forget every cached entry."""
+
+    def validate_model(self, model: str) -> str:
+        """Return the canonical model name, or raise UnknownModelError listing the valid ones."""
+        return model
+
+    def default_ttl_seconds(self, request: PreparedRequest) -> float:
+        """The lifetime the request's cache entries get; used for ideal-read gap checks."""
+        return 300.0

@@ -1,0 +1,338 @@
+"""Anthropic prompt caching, as documented (provider_cache_rules.md §1; sources [A1]-[A3]).
+
+Rules modelled, each cited where it is applied:
+
+* explicit ``cache_control`` blocks and top-level automatic caching, which marks the last eligible block
+  (§1.1); at most 4 breakpoints, the automatic one included (the API's 400 text on more);
+* prefix order tools → system → messages and exact matching (§1.2); one entry written per breakpoint, a
+  cumulative hash of the prefix ending there (§1.4 rule 1);
+* reads walk back from each breakpoint, latest first, at most 20 positions counting the breakpoint
+  itself (§1.4 rules 2-3) — the docs' 10/15/35-block example is a test;
+* per-model minimum cacheable length, a dated table (§1.5); shorter prefixes are neither read nor written;
+* 5m and 1h TTLs, refreshed for free on every read; entries are visible only once the writing
+  response has begun (``ttft_seconds``) (§1.6);
+* 1h breakpoints must come before 5m ones; the bill splits as read = A, 1h write = B − A,
+  5m write = C − B (§1.8);
+* caches keyed by model; ``tool_choice`` and thinking changes invalidate the messages level only;
+  ``speed`` the system level (§1.3 table).
+
+Stated assumptions where the docs are silent: a read refreshes only the entry it matched; a string
+``content`` counts as one block; run coalescing of ``tool_use`` / ``tool_result`` blocks ([A4], 3P only)
+is off unless ``coalesce_tool_runs=True``; the 1h-after-5m order is treated as HTTP 400.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from ..errors import InvalidRequestError, UnknownModelError
+from ..request import PreparedRequest, canonical_json
+from ..usage import Usage
+from ._base import CacheModel, CacheResult
+
+LOOKBACK_POSITIONS = 20
+MAX_BREAKPOINTS = 4
+TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
+
+# Minimum cacheable prompt length per model (§1.5), as of the 2026-04-16 docs copy [A2] unless noted.
+# Where copies conflict we pick the value observed in production reports and say so.
+MIN_CACHEABLE_TOKENS: dict[str, int] = {
+    "claude-opus-4-8": 1024,  # [A12]
+    "claude-opus-4-7": 4096,  # [A3]; 3P summaries say 2048
+    "claude-opus-4-6": 4096,
+    "claude-opus-4-5": 4096,
+    "claude-opus-4-1": 1024,
+    "claude-opus-4": 1024,
+    "claude-sonnet-4-6": 2048,  # [A2] 2026-04-16 and observed in [A11]; a later copy says 1024
+    "claude-sonnet-4-5": 1024,
+    "claude-sonnet-4": 1024,
+    "claude-3-7-sonnet": 1024,
+    "claude-haiku-4-5": 4096,
+    "claude-3-5-haiku": 2048,
+    "claude-3-haiku": 2048,
+}
+MIN_TABLE_AS_OF = "2026-04-16"
+
+
+def resolve_model(model: str) -> str:
+    """Map a model id (dated snapshots and ``-latest`` included) to its row of the minimum table."""
+    if model in MIN_CACHEABLE_TOKENS:
+        return model
+    for known in sorted(MIN_CACHEABLE_TOKENS, key=len, reverse=True):
+        if model.startswith(known + "-"):
+            return known
+    raise UnknownModelError(model, list(MIN_CACHEABLE_TOKENS))
+
+
+@dataclass
+class _Entry:
+    ttl: str
+    expires_at: float
+    visible_at: float
+    written_at: float
+    tokens: int
+
+
+def _h(parent: bytes, key: str) -> bytes:
+    return hashlib.sha256(parent + key.encode()).digest()[:16]
+
+
+class AnthropicCache(CacheModel):
+    """Simulated Anthropic prompt cache for one workspace.
+
+    Args:
+        ttft_seconds: delay before an entry written by a request becomes readable (the response must have
+            begun, §1.6); requests closer together than this both pay full price.
+        min_tokens: override the per-model minimum table.
+        lookback: positions checked per breakpoint (20 in the docs).
+        coalesce_tool_runs: count a run of consecutive tool_use (or tool_result) blocks as one position.
+    """
+
+    name: ClassVar[str] = "anthropic"
+    known_models: ClassVar[tuple[str, ...]] = tuple(MIN_CACHEABLE_TOKENS)
+
+    def __init__(
+        self,
+        *,
+        ttft_seconds: float = 0.5,
+        min_tokens: dict[str, int] | None = None,
+        lookback: int = LOOKBACK_POSITIONS,
+        coalesce_tool_runs: bool = False,
+    ) -> None:
+        self.ttft_seconds = ttft_seconds
+        self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(min_tokens or {})}
+        self.lookback = lookback
+        self.coalesce_tool_runs = coalesce_tool_runs
+        self.reset()
+
+    def reset(self) -> None:
+        self._entries: dict[tuple[str, bytes], _Entry] = {}
+        self._prev_keys: list[str] = []
+        self._prev_chain: list[bytes] = []
+        self._prev_model: str | None = None
+        self._prev_total = 0
+        self._prev_written: set[int] = set()
+
+    def validate_model(self, model: str) -> str:
+        return resolve_model(model)
+
+    # -- validation ---------------------------------------------------------------------------
+    def breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
+        """(segment index, ttl) of every breakpoint, validated as the API does (HTTP 400 otherwise)."""
+        marks: list[tuple[int, str]] = []
+        for i, seg in enumerate(req.segments):
+            if seg.cache_control is not None:
+                marks.append((i, self._ttl_of(seg.cache_control)))
+        auto = req.rest.get("cache_control")
+        if auto is not None:
+            ttl = self._ttl_of(auto)
+            target = self._last_eligible(req)
+            if target is not None:
+                existing = dict(marks).get(target)
+                if existing is None:
+                    if len(marks) >= MAX_BREAKPOINTS:
+                        raise InvalidRequestError(
+                            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. "
+                            f"Found {len(marks) + 1}."
+                        )
+                    marks.append((target, ttl))
+                    marks.sort()
+                elif existing != ttl:
+                    raise InvalidRequestError(
+                        "cache_control: the automatic cache_control TTL conflicts with the explicit "
+                        f"cache_control on the last block ({ttl!r} vs {existing!r})"
+                    )
+        if len(marks) > MAX_BREAKPOINTS:
+            raise InvalidRequestError(
+                f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(marks)}."
+            )
+        seen_5m = False
+        for _, ttl in marks:
+            if ttl == "5m":
+                seen_5m = True
+            elif seen_5m:
+                raise InvalidRequestError(
+                    "cache_control: a ttl='1h' cache_control block must not come after a ttl='5m' block"
+                )
+        return marks
+
+    @staticmethod
+    def _ttl_of(cc: Any) -> str:
+        if not isinstance(cc, dict) or cc.get("type") != "ephemeral":
+            raise InvalidRequestError("cache_control.type: Input should be 'ephemeral'")
+        ttl = cc.get("ttl", "5m")
+        if ttl not in TTL_SECONDS:
+            raise InvalidRequestError(f"cache_control.ttl: Input should be '5m' or '1h', got {ttl!r}")
+        return ttl
+
+    @staticmethod
+    def _last_eligible(req: PreparedRequest) -> int | None:
+        # Automatic caching walks back over blocks that cannot carry cache_control (§1.1 edge cases).
+        for i in range(len(req.segments) - 1, -1, -1):
+            el = req.segments[i].element
+            if isinstance(el, str):
+                if el:
+                    return i
+                continue
+            if isinstance(el, dict):
+                t = el.get("type")
+                if t in ("thinking", "redacted_thinking") or (t == "text" and not el.get("text")):
+                    continue
+                return i
+        return None
+
+    # -- hashing ------------------------------------------------------------------------------
+    def _keys(self, req: PreparedRequest) -> list[str]:
+        sys_salt = canonical_json({"speed": req.rest.get("speed")})
+        msg_salt = canonical_json(
+            {k: req.rest.get(k) for k in ("tool_choice", "thinking", "output_config")}
+        )
+        keys: list[str] = []
+        sys_done = msg_done = False
+        for seg in req.segments:
+            key = f"{seg.kind}:{seg.role or ''}:{seg.content_hash}"
+            if seg.kind != "tool" and not sys_done:
+                key += "|" + sys_salt
+                sys_done = True
+            if seg.level == "messages" and not msg_done:
+                key += "|" + msg_salt
+                msg_done = True
+            keys.append(key)
+        return keys
+
+    def _chain(self, keys: list[str]) -> list[bytes]:
+        # Reuse the previous request's chain for the shared leading run: O(new segments) per turn.
+        prev_keys, prev_chain = self._prev_keys, self._prev_chain
+        n = 0
+        limit = min(len(keys), len(prev_keys))
+        while n < limit and keys[n] == prev_keys[n]:
+            n += 1
+        chain = prev_chain[:n]
+        parent = chain[-1] if chain else b"root"
+        for key in keys[n:]:
+            parent = _h(parent, key)
+            chain.append(parent)
+        return chain
+
+    def _positions(self, req: PreparedRequest) -> list[int]:
+        """Lookback position number per segment (consecutive tool runs share one when coalescing)."""
+        pos, out, prev = -1, [], None
+        for seg in req.segments:
+            t = seg.element.get("type") if isinstance(seg.element, dict) else None
+            run = t if (self.coalesce_tool_runs and t in ("tool_use", "tool_result")) else None
+            if run is None or run != prev:
+                pos += 1
+            prev = run
+            out.append(pos)
+        return out
+
+    # -- the model ----------------------------------------------------------------------------
+    def default_ttl_seconds(self, request: PreparedRequest) -> float:
+        marks = self.breakpoints(request)
+        return TTL_SECONDS[marks[-1][1]] if marks else TTL_SECONDS["5m"]
+
+    def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
+        model = resolve_model(request.model)
+        minimum = self.min_tokens[model]
+        marks = self.breakpoints(request)
+        t = at.timestamp()
+        keys = self._keys(request)
+        chain = self._chain(keys)
+        cum = request.cumulative_tokens()
+        total = cum[-1] if cum else 0
+        positions = self._positions(request)
+
+        hit: int | None = None
+        expired_seen: _Entry | None = None
+        for bp, _ttl in sorted(marks, reverse=True):
+            i = bp
+            while i >= 0 and positions[bp] - positions[i] < self.lookback:
+                e = self._entries.get((model, chain[i]))
+                if e is not None:
+                    if e.visible_at <= t < e.expires_at:
+                        hit = i
+                        break
+                    if t >= e.expires_at and expired_seen is None:
+                        expired_seen = e
+                i -= 1
+            if hit is not None:
+                break
+        read = cum[hit] if hit is not None else 0
+        if hit is not None:
+            e = self._entries[(model, chain[hit])]
+            e.expires_at = t + TTL_SECONDS[e.ttl]  # free refresh on read (§1.6)
+
+        writes = [(bp, ttl) for bp, ttl in marks if cum[bp] > read and cum[bp] >= minimum]
+        for bp, ttl in writes:
+            self._entries[(model, chain[bp])] = _Entry(
+                ttl, t + TTL_SECONDS[ttl], t + self.ttft_seconds, t, cum[bp]
+            )
+        b = max((cum[bp] for bp, ttl in writes if ttl == "1h"), default=read)
+        c = max((cum[bp] for bp, _ in writes), default=read)
+        w1h, w5m = b - read, c - b
+        usage = Usage(
+            input_tokens=total - c,
+            cache_read_input_tokens=read,
+            cache_creation_input_tokens=w1h + w5m,
+            cache_creation_5m_input_tokens=w5m,
+            cache_creation_1h_input_tokens=w1h,
+            source="simulated",
+        )
+        states = tuple("read" if x <= read and read else "write" if x <= c else "uncached" for x in cum)
+        detail: dict[str, Any] = {
+            "breakpoints": [request.segments[bp].path for bp, _ in marks],
+            "breakpoint_ttls": [ttl for _, ttl in marks],
+            "hit_path": request.segments[hit].path if hit is not None else None,
+            "written_paths": [request.segments[bp].path for bp, _ in writes],
+            "min_tokens": minimum,
+            "model": model,
+        }
+        reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)
+        self._prev_keys, self._prev_chain = keys, chain
+        self._prev_model, self._prev_total = model, total
+        self._prev_written = {bp for bp, _ in writes}
+        return CacheResult(usage, reason, detail, states, usage.to_anthropic())
+
+    def _reason(
+        self, req, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail
+    ) -> str:
+        if self._prev_model is None:
+            return "cold"
+        # the first position where this request's prefix differs from the previous one
+        n = 0
+        limit = min(len(chain), len(self._prev_chain))
+        while n < limit and chain[n] == self._prev_chain[n]:
+            n += 1
+        detail["divergence_index"] = n
+        detail["divergence_path"] = req.segments[n].path if n < len(req.segments) else None
+        possible = min(self._prev_total, cum[-1] if cum else 0)
+        if read >= possible:
+            return "hit"
+        if self._prev_model != model:
+            detail["previous_model"] = self._prev_model
+            return "model_switch"
+        if not marks:
+            return "no_breakpoint"
+        if cum and cum[marks[-1][0]] < minimum:
+            return "below_minimum"
+        if expired_seen is not None:
+            detail["expired_after_seconds"] = round(t - expired_seen.expires_at + TTL_SECONDS[expired_seen.ttl], 3)
+            detail["expired_ttl"] = expired_seen.ttl
+            return "ttl_expired"
+        # a live entry on this chain that no lookback window reached
+        windows_low = min(positions[bp] for bp, _ in marks) if marks else 0
+        for i in range(len(chain) - 1, -1, -1):
+            e = self._entries.get((model, chain[i]))
+            if e is not None and e.visible_at <= t < e.expires_at and cum[i] > read:
+                if all(positions[bp] - positions[i] >= self.lookback for bp, _ in marks if bp >= i):
+                    detail["unreached_path"] = req.segments[i].path
+                    detail["unreached_tokens"] = cum[i]
+                    return "lookback_exceeded"
+            if positions[i] < windows_low - self.lookback:
+                break
+        if n < len(self._prev_chain):
+            return "prefix_changed"
+        return "not_written"

@@ -1,0 +1,54 @@
+"""Where a request goes: the in-process simulator (default) or a Messages endpoint."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ..cache import CacheModel, CacheResult
+from ..request import PreparedRequest
+from ..usage import Usage
+
+
+@dataclass(frozen=True)
+class BackendResponse:
+    """What came back for one request.
+
+    ``content`` is the assistant's content blocks when the endpoint produced them (live API), else None
+    and the session uses the scripted reply. ``cache_result`` is set when a local cache model decided.
+    """
+
+    usage: Usage
+    content: list[dict[str, Any]] | None = None
+    request_id: str | None = None
+    cache_result: CacheResult | None = None
+    stop_reason: str | None = None
+
+
+class Backend(ABC):
+    """Sends a prepared request and reports usage."""
+
+    name: str = "backend"
+    #: True when usage comes from an endpoint (``live``), False for simulation.
+    measured: bool = False
+
+    @abstractmethod
+    def send(self, request: PreparedRequest, *, at: datetime, cache: CacheModel) -> BackendResponse: ...
+
+    def close(self) -> None:
+        """Release connections (a no-op for in-process backends)."""
+
+
+class DirectSimulator(Backend):
+    """The default: apply the session's cache model in-process, no HTTP. Fast, for bulk replays."""
+
+    name = "direct"
+
+    def send(self, request: PreparedRequest, *, at: datetime, cache: CacheModel) -> BackendResponse:
+        result = cache.process(request, at)
+        return BackendResponse(usage=result.usage, cache_result=result)
+
+    def __repr__(self) -> str:
+        return "DirectSimulator()"

@@ -1,0 +1,978 @@
+"""Lab and Session: the one place the stages meet.
+
+A turn travels: scenario event / ``step()`` → strategy (assemble) → request (segments, hashes) → cache
+model or live API (usage) → store (one transaction) → analysis (diff, observation, ideal read, cost).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import analysis as _analysis
+from ._util import digest, parse_duration, utc
+from .analysis.prices import Prices, prices_for
+from .cache import CacheModel, CacheResult, get_cache_model
+from .errors import InvalidRequestError, KnowledgeError, PromptCacheError, SessionError
+from .live import Backend, DirectSimulator
+from .request import PreparedRequest, SegmentMemo, canonical_bytes, canonical_json, prepare
+from .scenario import (
+    DEFAULT_START,
+    Compaction,
+    Event,
+    HostPromptEdit,
+    KnowledgeAdd,
+    KnowledgeRemove,
+    KnowledgeUpdate,
+    ModelSwitch,
+    Restart,
+    Scenario,
+    ToolsChange,
+)
+from .store import Delta, KnowledgeEntry, Store
+from .strategies import DeltaTable, StrategyContext, get_strategy
+from .tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
+from .usage import Usage
+
+COMPACTION_ACK = "Understood. I have the summary and will continue from it."
+
+# Columns of s.turns(): everything a notebook user wants, JSON blobs left in SQL.
+TURN_COLUMNS = (
+    "idx", "at", "model", "user_text", "events", "n_segments", "total_tokens",
+    "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+    "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source",
+    "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
+    "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "previous_cache_read", "changes",
+    "explanation", "request_id",
+)
+_TURN_SELECT = ", ".join('"' + c + '"' for c in TURN_COLUMNS)
+
+
+class Turn:
+    """One request of a session and what it cost.
+
+    Attributes:
+        index: 0-based request index in the session (a tool loop makes several requests per user turn).
+        at: UTC time the request was sent.
+        request: the exact Messages body (dict).
+        usage: :class:`~promptcache_nb.Usage` — ``usage.label`` says measured or simulated.
+        ideal_cache_read: what a perfectly cache-stable design could have read (estimated tokens).
+        diff: :class:`~promptcache_nb.PrefixDiff` against the previous request (None on the first).
+        observation: :class:`~promptcache_nb.Observation` (OpenClaw semantics) or None.
+    """
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        index: int,
+        at: datetime,
+        request: dict[str, Any],
+        usage: Usage,
+        ideal_cache_read: int,
+        total_tokens: int,
+        cost_usd: float | None,
+        cost_no_cache_usd: float | None,
+        cache_reason: str | None,
+        cache_detail: dict[str, Any] | None,
+        events: list[str],
+        reply: list[dict[str, Any]] | None,
+        request_id: str | None = None,
+        prepared: PreparedRequest | None = None,
+        cache_result: CacheResult | None = None,
+        diff: Any = None,
+        observation: Any = None,
+        prompt_cache_info: dict[str, Any] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.index = index
+        self.at = at
+        self.request = request
+        self.usage = usage
+        self.ideal_cache_read = ideal_cache_read
+        self.total_tokens = total_tokens
+        self.cost_usd = cost_usd
+        self.cost_no_cache_usd = cost_no_cache_usd
+        self.cache_reason = cache_reason
+        self.cache_detail = cache_detail or {}
+        self.events = events
+        self.reply = reply
+        self.request_id = request_id
+        self.cache_result = cache_result
+        self.diff = diff
+        self.observation = observation
+        self._prepared = prepared
+        self._body: bytes | None = None
+        self._prompt_cache_info = prompt_cache_info
+
+    @property
+    def body(self) -> bytes:
+        """The canonical bytes of the request (sorted keys, compact, UTF-8)."""
+        if self._body is None:
+            self._body = canonical_bytes(self.request)
+        return self._body
+
+    @property
+    def prepared(self) -> PreparedRequest:
+        if self._prepared is None:
+            self._prepared = prepare(self.request)
+        return self._prepared
+
+    @property
+    def segment_states(self) -> tuple[str, ...]:
+        """read / write / uncached per segment, when a local cache model decided this turn."""
+        return self.cache_result.segment_states if self.cache_result else ()
+
+    def prompt_cache_info(self) -> dict[str, Any] | None:
+        """OpenClaw's context-engine payload for this turn (retention, last-call usage, observation)."""
+        return self._prompt_cache_info
+
+    def __repr__(self) -> str:
+        u = self.usage
+        return (
+            f"Turn({self.index}, at={self.at:%Y-%m-%d %H:%M:%S}, read={u.cache_read_input_tokens}, "
+            f"write={u.cache_creation_input_tokens}, uncached={u.input_tokens}, {u.label})"
+        )
+
+
+class KnowledgeBook:
+    """A session's view of its project's long-term knowledge. Changes apply before the next turn."""
+
+    def __init__(self, session: Session) -> None:
+        self._s = session
+
+    @property
+    def _store(self) -> Store:
+        return self._s._lab.store
+
+    def _now(self, at: datetime | None) -> datetime:
+        return utc(at) if at is not None else self._s._clock_now()
+
+    def list(self) -> list[KnowledgeEntry]:
+        """Current entries (latest version, not removed), ordered by id."""
+        return self._s._lab._knowledge(self._s.project)
+
+    def __len__(self) -> int:
+        return len(self.list())
+
+    def __iter__(self):
+        return iter(self.list())
+
+    def get(self, entry_id: str) -> KnowledgeEntry:
+        e = self._store.knowledge_entry(entry_id)
+        if e is None or e.project_id != self._s.project:
+            raise KnowledgeError(f"no knowledge entry {entry_id!r} in project {self._s.project!r}")
+        return e
+
+    def id_for(self, key: str) -> str:
+        """The entry id of a scenario key."""
+        for e in self._store.knowledge(self._s.project, include_deleted=True):
+            if e.key == key:
+                return e.id
+        raise KnowledgeError(f"no knowledge entry with key {key!r} in project {self._s.project!r}")
+
+    def add(self, title: str, content: str, *, category: str = "note", key: str | None = None,
+            at: datetime | None = None) -> str:
+        """Add an entry; returns its id (deterministic: project + sequence + title)."""
+        if not title.strip() or not content.strip():
+            raise KnowledgeError("knowledge entries need a non-empty title and content")
+        project = self._s.project
+        n = self._store.knowledge_count(project)
+        entry_id = digest(f"{project}\x1f{n}\x1f{title}".encode(), tag="ltm")[:26]
+        entry = KnowledgeEntry(entry_id, project, 1, title, content, category, False, self._now(at), key)
+        self._write(entry)
+        self._s._note_event(f"knowledge_add:{entry.short_id}")
+        return entry_id
+
+    def update(self, entry_id: str, *, title: str | None = None, content: str | None = None,
+               category: str | None = None, at: datetime | None = None) -> bool:
+        """Write a new version; returns False (and writes nothing) when nothing changed."""
+        cur = self.get(entry_id)
+        if cur.deleted:
+            raise KnowledgeError(f"knowledge entry {entry_id!r} was removed; add a new one instead")
+        new = KnowledgeEntry(cur.id, cur.project_id, cur.version + 1, title if title is not None else cur.title,
+                             content if content is not None else cur.content,
+                             category if category is not None else cur.category, False, self._now(at), cur.key)
+        if (new.title, new.content, new.category) == (cur.title, cur.content, cur.category):
+            return False
+        self._write(new)
+        self._s._note_event(f"knowledge_update:{cur.short_id}")
+        return True
+
+    def remove(self, entry_id: str, *, at: datetime | None = None) -> None:
+        cur = self.get(entry_id)
+        if cur.deleted:
+            raise KnowledgeError(f"knowledge entry {entry_id!r} is already removed")
+        self._write(KnowledgeEntry(cur.id, cur.project_id, cur.version + 1, cur.title, cur.content,
+                                   cur.category, True, self._now(at), cur.key))
+        self._s._note_event(f"knowledge_remove:{cur.short_id}")
+
+    def df(self) -> pd.DataFrame:
+        rows = [
+            {"id": e.id, "short_id": e.short_id, "key": e.key, "title": e.title, "category": e.category,
+             "version": e.version, "content": e.content}
+            for e in self.list()
+        ]
+        return pd.DataFrame(rows, columns=["id", "short_id", "key", "title", "category", "version", "content"])
+
+    def _write(self, entry: KnowledgeEntry) -> None:
+        store = self._store
+        store.con.begin()
+        try:
+            store.write_knowledge(entry)
+            store.con.commit()
+        except BaseException:
+            store.con.rollback()
+            raise
+        self._s._lab._knowledge_cache.pop(entry.project_id, None)
+
+    def __repr__(self) -> str:
+        return f"KnowledgeBook(project={self._s.project!r}, entries={len(self)})"
+
+
+class Session:
+    """One agent conversation under one strategy and one cache model. Create with :meth:`Lab.session`."""
+
+    def __init__(self, lab: Lab, row: dict[str, Any], *, backend: Backend | None) -> None:
+        self._lab = lab
+        self.id: str = row["id"]
+        self.project: str = row["project_id"]
+        self.strategy: str = row["strategy"]
+        self.cache: str = row["cache_model"]
+        cfg = row["config"]
+        self._config = cfg
+        self._strategy = get_strategy(self.strategy)
+        self._cache_params = cfg.get("cache_params", {})
+        self._cache_model: CacheModel | None = None
+        self._cache_ready = False
+        self.backend: Backend = backend or DirectSimulator()
+        self._prices = Prices(**cfg["prices"]) if cfg.get("prices") else None
+        self._step_gap = timedelta(seconds=cfg.get("step_seconds", 30))
+        self._start = datetime.fromisoformat(cfg["start"])
+        self._memo = SegmentMemo(lab.tokenizer)
+        self.knowledge = KnowledgeBook(self)
+        self._closed = False
+        self._load()
+
+    # -- loading ------------------------------------------------------------------------------
+    def _load(self) -> None:
+        store = self._lab.store
+        self._state = store.state_row(self.id)
+        self._messages = store.messages(self.id)
+        self._msg_seq = store.message_count(self.id)
+        self._deltas: list[Delta] = store.deltas(self.id)
+        last = store.one(
+            'SELECT idx, "at", events FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1', [self.id]
+        )
+        self._pending_events: list[str] = []
+        self._prev: PreparedRequest | None = None
+        self._prev_at: datetime | None = None
+        self._prev_keys: list[str] = []
+        self._prev_nodes: list[str] = []
+        self._prev_obs: Any = None
+        if last is None:
+            self._next_idx = 0
+        else:
+            self._next_idx = last[0] + 1
+            self._prev_at = last[1].astimezone(UTC)
+            self._prev = prepare(store.turn_body(self.id, last[0]), memo=self._memo)
+            self._prev_keys, self._prev_nodes, _ = store.prefix_nodes(self._prev, [], [])
+            self._prev_obs = _analysis.observation_state_from_store(store, self.id)
+        pending = self._state["extra"].get("_pending_events")
+        if pending:
+            self._pending_events = list(pending)
+
+    @property
+    def model(self) -> str:
+        return self._state["model"]
+
+    @property
+    def host_prompt(self) -> str:
+        return self._state["host_prompt"]
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return copy.deepcopy(self._state["tools"])
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation as the agent knows it (a copy)."""
+        return copy.deepcopy(self._messages)
+
+    @property
+    def n_turns(self) -> int:
+        return self._next_idx
+
+    @property
+    def prices(self) -> Prices:
+        return self._prices or prices_for(self.model)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionError(
+                f"session object {self.id!r} was restarted or its Lab closed; use the object restart() "
+                "returned, or lab.session(id=...)"
+            )
+        if self._lab.store.closed:
+            raise SessionError("the Lab is closed; open it again with pc.Lab(path) and lab.session(id=...)")
+
+    def _clock_now(self) -> datetime:
+        return self._prev_at or self._start
+
+    def _note_event(self, code: str) -> None:
+        self._pending_events.append(code)
+        self._persist_pending()
+
+    def _persist_pending(self) -> None:
+        # Events between turns survive a restart (e.g. a compaction recorded just before one).
+        self._state["extra"]["_pending_events"] = list(self._pending_events)
+        store = self._lab.store
+        store.con.begin()
+        try:
+            store.write_state(self.id, self._state, self._clock_now())
+            store.con.commit()
+        except BaseException:
+            store.con.rollback()
+            raise
+
+    # -- the cache model ----------------------------------------------------------------------
+    def _cache(self) -> CacheModel:
+        """The session's simulated provider cache, rebuilt from stored turns after a restart."""
+        if self._cache_model is None:
+            self._cache_model = get_cache_model(self.cache, **self._cache_params)
+        if not self._cache_ready:
+            self._cache_model.reset()
+            store = self._lab.store
+            for idx, at in store.rows('SELECT idx, "at" FROM turns WHERE session_id = ? ORDER BY idx', [self.id]):
+                req = prepare(store.turn_body(self.id, idx), memo=self._memo)
+                self._cache_model.process(req, at.astimezone(UTC))
+            self._cache_ready = True
+        return self._cache_model
+
+    # -- events -------------------------------------------------------------------------------
+    def set_tools(self, tools: list[dict[str, Any]]) -> None:
+        """Replace the tool set (an MCP reconnect)."""
+        self._check_open()
+        self._state["tools"] = copy.deepcopy(list(tools))
+        self._note_event("tools")
+
+    def switch_model(self, model: str) -> None:
+        self._check_open()
+        model = self._cache_for_validation().validate_model(model)
+        if self._prices is None:
+            prices_for(model)
+        self._state["model"] = model
+        self._note_event(f"model_switch:{model}")
+
+    def _cache_for_validation(self) -> CacheModel:
+        return self._cache_model or get_cache_model(self.cache, **self._cache_params)
+
+    def edit_host_prompt(self, text: str | None = None, *, append: str | None = None) -> None:
+        """The host prompt file changed: a new ``text``, or ``append`` to the current one."""
+        self._check_open()
+        new = text if text is not None else self._state["host_prompt"]
+        if append:
+            new = new + append
+        self._state["host_prompt"] = new
+        self._note_event("host_prompt_edit")
+
+    def compact(self, summary: str) -> None:
+        """Replace the history by a summary (the agent's context compaction)."""
+        self._check_open()
+        store = self._lab.store
+        msgs = [
+            {"role": "user", "content": [{"type": "text", "text": f"Summary of the conversation so far:\n\n{summary}"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": COMPACTION_ACK}]},
+        ]
+        store.con.begin()
+        try:
+            store.con.execute(
+                "UPDATE session_messages SET compacted = true WHERE session_id = ?", [self.id]
+            ).fetchall()
+            store.con.execute(
+                "INSERT INTO session_messages VALUES (?, ?, ?, ?, false), (?, ?, ?, ?, false)",
+                [self.id, self._msg_seq, self._next_idx, canonical_json(msgs[0]),
+                 self.id, self._msg_seq + 1, self._next_idx, canonical_json(msgs[1])],
+            ).fetchall()
+            store.con.commit()
+        except BaseException:
+            store.con.rollback()
+            raise
+        self._messages = msgs
+        self._msg_seq += 2
+        self._note_event("compaction")
+
+    def restart(self) -> Session:
+        """Drop every in-memory object and resume from the store alone; use the returned session."""
+        self._check_open()
+        self._closed = True
+        return self._lab.session(id=self.id, backend=self.backend)
+
+    def apply(self, event: Event, *, at: datetime | None = None) -> Session:
+        """Apply one scenario event; returns the session to keep using (a new one after a restart)."""
+        if isinstance(event, KnowledgeAdd):
+            self.knowledge.add(event.title, event.content, category=event.category, key=event.key, at=at)
+        elif isinstance(event, KnowledgeUpdate):
+            self.knowledge.update(self.knowledge.id_for(event.key), title=event.title, content=event.content,
+                                  category=event.category, at=at)
+        elif isinstance(event, KnowledgeRemove):
+            self.knowledge.remove(self.knowledge.id_for(event.key), at=at)
+        elif isinstance(event, ToolsChange):
+            if event.replace is not None:
+                tools = list(event.replace)
+            else:
+                tools = [t for t in self._state["tools"] if t.get("name") not in set(event.remove)]
+                tools += list(event.add)
+            self.set_tools(tools)
+        elif isinstance(event, ModelSwitch):
+            self.switch_model(event.model)
+        elif isinstance(event, HostPromptEdit):
+            self.edit_host_prompt(event.text, append=event.append)
+        elif isinstance(event, Compaction):
+            self.compact(event.summary)
+        elif isinstance(event, Restart):
+            return self.restart()
+        else:  # pragma: no cover - the Event union is closed
+            raise TypeError(f"not an event: {event!r}")
+        return self
+
+    # -- turns --------------------------------------------------------------------------------
+    def step(
+        self,
+        user: str,
+        reply: str | None = None,
+        *,
+        at: datetime | None = None,
+        tool_calls: Iterable[Any] = (),
+    ) -> Turn:
+        """Send the next user message (and any tool loop) and return the last request's Turn.
+
+        Args:
+            user: the user's message.
+            reply: the assistant's final answer. ``None`` means "use the model's answer" (live backends);
+                the simulator then answers with a fixed acknowledgement.
+            at: when the user sent it (UTC). Default: previous request + the session's step gap.
+            tool_calls: :class:`~promptcache_nb.scenario.ToolCall` values (or dicts with name, input,
+                result): each makes the assistant call a tool and adds one more request.
+        """
+        self._check_open()
+        at = self._next_at(at)
+        calls = [_as_call(c) for c in tool_calls]
+        new_msgs = [{"role": "user", "content": [{"type": "text", "text": user}]}]
+        user_text: str | None = user
+        for call in calls:
+            tool_id = "toolu_" + digest(f"{self.id}/{self._next_idx}".encode(), tag="tool")[:24]
+            use = {"role": "assistant", "content": [
+                {"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]}
+            self._request(new_msgs, use, at=at, user_text=user_text)
+            result_block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_id, "content": call.result}
+            if call.is_error:
+                result_block["is_error"] = True
+            new_msgs = [{"role": "user", "content": [result_block]}]
+            user_text = None
+            at = at + call.after
+        final = None if reply is None else {"role": "assistant", "content": [{"type": "text", "text": reply}]}
+        return self._request(new_msgs, final, at=at, user_text=user_text)
+
+    def _next_at(self, at: datetime | None) -> datetime:
+        if at is None:
+            return (self._prev_at + self._step_gap) if self._prev_at else self._start
+        at = utc(at)
+        if self._prev_at is not None and at < self._prev_at:
+            raise SessionError(
+                f"turn {self._next_idx}: at={at.isoformat()} is before the previous request "
+                f"({self._prev_at.isoformat()}); time only moves forward"
+            )
+        return at
+
+    def _request(
+        self,
+        new_msgs: list[dict[str, Any]],
+        reply_msg: dict[str, Any] | None,
+        *,
+        at: datetime,
+        user_text: str | None,
+    ) -> Turn:
+        lab, store = self._lab, self._lab.store
+        idx = self._next_idx
+        messages = self._messages + new_msgs
+        state = json.loads(json.dumps(self._state))
+        state["extra"].pop("_pending_events", None)
+        deltas = DeltaTable(self._deltas)
+        events = tuple(self._pending_events)
+        ctx = StrategyContext(
+            session_id=self.id, project_id=self.project, request_index=idx, now=at, model=self.model,
+            host_prompt=self.host_prompt, tools=self._state["tools"], knowledge=lab._knowledge(self.project),
+            messages=messages, events=events, state=state, deltas=deltas,
+            params=self._config.get("strategy_params", {}),
+        )
+        try:
+            body = self._strategy.build(ctx)
+            prepared = prepare(body, memo=self._memo, trusted=True)
+        except PromptCacheError:
+            raise
+        except (ValueError, TypeError, KeyError) as exc:
+            raise SessionError(f"turn {idx}: strategy {self.strategy!r} built an invalid request: {exc}") from exc
+        return self._send_and_store(
+            prepared, at=at, events=list(events), user_text=user_text, new_msgs=new_msgs,
+            reply_msg=reply_msg, state=state, deltas=deltas, source_messages=messages,
+        )
+
+    def record(self, body: dict[str, Any], *, at: datetime | None = None,
+               usage: Usage | dict[str, Any] | None = None) -> Turn:
+        """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
+        (measured) usage; without, the session's cache model simulates it. The strategy is not used."""
+        self._check_open()
+        at = self._next_at(at)
+        try:
+            prepared = prepare(copy.deepcopy(body), memo=self._memo)
+        except (ValueError, TypeError) as exc:
+            raise SessionError(f"turn {self._next_idx}: {exc}") from None
+        given = None
+        if usage is not None:
+            given = usage if isinstance(usage, Usage) else Usage.from_anthropic(usage, source="imported")
+            if given.source == "simulated":
+                given = given.with_source("imported")
+        return self._send_and_store(
+            prepared, at=at, events=list(self._pending_events), user_text=None, new_msgs=[], reply_msg=None,
+            state=None, deltas=None, source_messages=None, given_usage=given,
+        )
+
+    def _send_and_store(
+        self, prepared: PreparedRequest, *, at: datetime, events: list[str], user_text: str | None,
+        new_msgs: list[dict], reply_msg: dict | None, state: dict | None, deltas: DeltaTable | None,
+        source_messages: list[dict] | None, given_usage: Usage | None = None,
+    ) -> Turn:
+        store = self._lab.store
+        idx = self._next_idx
+        cache = self._cache()
+        cache_result: CacheResult | None = None
+        request_id = None
+        content = None
+        try:
+            if given_usage is not None:
+                cache_result = cache.process(prepared, at)
+                usage = given_usage
+            else:
+                resp = self.backend.send(prepared, at=at, cache=cache)
+                usage, cache_result, request_id, content = resp.usage, resp.cache_result, resp.request_id, resp.content
+        except InvalidRequestError as exc:
+            if exc.turn is None:
+                raise InvalidRequestError(exc.api_message, turn=idx) from None
+            raise
+        except BaseException:
+            self._cache_ready = False  # the simulated cache may have moved; rebuild it from the store
+            raise
+        try:
+            if content is None and reply_msg is not None:
+                content = reply_msg["content"]
+            if content is None and given_usage is None and source_messages is not None:
+                content = [{"type": "text", "text": "(simulated reply)"}]
+            if usage.output_tokens is None and content is not None:
+                out = sum(segment_tokens("msg", b, self._lab.tokenizer) for b in content)
+                usage = Usage(usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens,
+                              usage.cache_creation_5m_input_tokens, usage.cache_creation_1h_input_tokens, out,
+                              usage.source, usage.raw)
+            ideal = self._ideal(prepared, at, events)
+            prices = self.prices
+            cost, cost_nc = prices.cost(usage), prices.cost_without_cache(usage)
+            keys, nodes, node_rows = store.prefix_nodes(prepared, self._prev_keys, self._prev_nodes)
+            rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
+            rest_hash = digest(rest_body.encode(), tag="seg")
+            block_rows = store.new_blocks(prepared, rest_body, rest_hash)
+            analysis = _analysis.analyse_turn(
+                previous=self._prev, current=prepared, usage=usage, cache_result=cache_result,
+                previous_state=self._prev_obs, at=at, previous_at=self._prev_at, events=events,
+            )
+            msg_rows: list[tuple[int, dict]] = []
+            if source_messages is not None:
+                seq = self._msg_seq
+                added = list(new_msgs) + ([{"role": "assistant", "content": content}] if content is not None else [])
+                for m in added:
+                    msg_rows.append((seq, m))
+                    seq += 1
+            if state is not None:
+                state_to_write = state
+            else:
+                state_to_write = json.loads(json.dumps(self._state))
+                state_to_write["extra"].pop("_pending_events", None)
+            turn_row = {
+                "session_id": self.id, "idx": idx, "at": at, "model": prepared.model,
+                "tail_node": nodes[-1] if nodes else None, "rest_hash": rest_hash,
+                "n_segments": len(prepared.segments), "total_tokens": prepared.total_tokens,
+                "body_bytes": None, "input_tokens": usage.input_tokens,
+                "cache_read_input_tokens": usage.cache_read_input_tokens,
+                "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+                "cache_creation_5m_input_tokens": usage.cache_creation_5m_input_tokens,
+                "cache_creation_1h_input_tokens": usage.cache_creation_1h_input_tokens,
+                "output_tokens": usage.output_tokens, "usage_source": usage.source,
+                "usage_raw": None if usage.raw is None else canonical_json(usage.raw),
+                "ideal_cache_read": ideal, "cost_usd": cost, "cost_no_cache_usd": cost_nc,
+                "cache_reason": cache_result.reason if cache_result else None,
+                "cache_detail": canonical_json(cache_result.detail) if cache_result else None,
+                "events": canonical_json(events), "request_id": request_id, "user_text": user_text,
+                "reply": None if content is None else canonical_json(content),
+                **analysis.columns,
+            }
+            turn_row["body_bytes"] = prepared_size(prepared)
+            store.write_turn(
+                turn_row=turn_row, block_rows=block_rows, node_rows=node_rows, messages=msg_rows,
+                compact_before=None, state=state_to_write, delta_ops=deltas.ops if deltas else [],
+                knowledge_rows=[], project_id=self.project,
+            )
+        except BaseException:
+            self._cache_ready = False
+            raise
+        # committed: advance the in-memory state
+        if source_messages is not None:
+            self._messages = source_messages + (
+                [{"role": "assistant", "content": content}] if content is not None else [])
+            self._msg_seq += len(msg_rows)
+        if state is not None:
+            self._state = state
+        if deltas is not None:
+            self._deltas = deltas.list()
+        self._prev, self._prev_at, self._prev_keys, self._prev_nodes = prepared, at, keys, nodes
+        self._prev_obs = analysis.state
+        self._next_idx += 1
+        self._pending_events = []
+        return Turn(
+            session_id=self.id, index=idx, at=at, request=prepared.body, usage=usage, ideal_cache_read=ideal,
+            total_tokens=prepared.total_tokens, cost_usd=cost, cost_no_cache_usd=cost_nc,
+            cache_reason=turn_row["cache_reason"], cache_detail=cache_result.detail if cache_result else None,
+            events=events, reply=content, request_id=request_id, prepared=prepared, cache_result=cache_result,
+            diff=analysis.diff, observation=analysis.observation, prompt_cache_info=analysis.prompt_cache_info,
+        )
+
+    def _ideal(self, prepared: PreparedRequest, at: datetime, events: list[str]) -> int:
+        """What a perfectly cache-stable design could have read (brief: Foundation item 9)."""
+        prev = self._prev
+        if prev is None or prev.model != prepared.model:
+            return 0
+        tools_now = [s.content_hash for s in prepared.segments if s.kind == "tool"]
+        tools_before = [s.content_hash for s in prev.segments if s.kind == "tool"]
+        if tools_now != tools_before:
+            return 0
+        try:
+            ttl = self._cache().default_ttl_seconds(prev)
+        except InvalidRequestError:
+            ttl = 300.0
+        if self._prev_at is not None and (at - self._prev_at).total_seconds() > ttl:
+            return 0
+        if "compaction" in events:
+            return min(prev.total_tokens, prepared.tokens_before_messages())
+        return min(prev.total_tokens, prepared.total_tokens)
+
+    # -- reading back -------------------------------------------------------------------------
+    def turns(self) -> pd.DataFrame:
+        """One row per request, oldest first. Token figures: see ``usage_source`` (simulated = estimated)."""
+        self._check_open()
+        df = self._lab.store.sql(
+            f"SELECT {_TURN_SELECT} FROM turns WHERE session_id = ? ORDER BY idx", [self.id]
+        )
+        return df
+
+    def turn(self, index: int) -> Turn:
+        """A stored turn, rebuilt from the store (body byte-identical to what was sent)."""
+        self._check_open()
+        return self._lab._turn_from_store(self.id, index)
+
+    @property
+    def last_turn(self) -> Turn | None:
+        return None if self._next_idx == 0 else self.turn(self._next_idx - 1)
+
+    def deltas(self) -> pd.DataFrame:
+        """This session's ``session_prompt_deltas`` rows."""
+        return self._lab.store.sql(
+            "SELECT seq, project_id, selector, content FROM session_prompt_deltas WHERE session_id = ? ORDER BY seq",
+            [self.id],
+        )
+
+    def efficiency(self) -> float | None:
+        """Σ cache_read / Σ ideal_cache_read over the session (None before any ideal read)."""
+        df = self.turns()
+        ideal = df.ideal_cache_read.sum()
+        return None if ideal == 0 else float(df.cache_read_input_tokens.sum() / ideal)
+
+    def __repr__(self) -> str:
+        return (f"Session({self.id!r}, strategy={self.strategy!r}, cache={self.cache!r}, model={self.model!r}, "
+                f"project={self.project!r}, turns={self._next_idx})")
+
+
+def prepared_size(prepared: PreparedRequest) -> int:
+    """Bytes of the segments' canonical JSON (memoised per segment; envelopes not counted)."""
+    return sum(s.nbytes for s in prepared.segments)
+
+
+def _as_call(c: Any) -> Any:
+    from .scenario import ToolCall
+
+    if isinstance(c, ToolCall):
+        return c
+    if isinstance(c, dict):
+        after = parse_duration(c.get("after", 4))
+        return ToolCall(c["name"], dict(c.get("input", {})), str(c["result"]), bool(c.get("is_error", False)), after)
+    raise TypeError(f"tool_calls items must be ToolCall or dict, got {type(c).__name__}")
+
+
+class Lab:
+    """A DuckDB-backed workspace of sessions. ``pc.Lab()`` is in-memory; ``pc.Lab("runs.duckdb")`` a file.
+
+    Example:
+        >>> import promptcache_nb as pc
+        >>> with pc.Lab() as lab:
+        ...     s = lab.session(system="You are terse.", project="demo")
+        ...     t = s.step("hello", reply="hi")
+        >>> t.index
+        0
+    """
+
+    def __init__(self, path: str | Path = ":memory:", *, tokenizer: Tokenizer | None = None,
+                 progress: bool = True) -> None:
+        self.path = str(path)
+        self.store = Store(path)
+        self.tokenizer = tokenizer or DEFAULT_TOKENIZER
+        self.progress = progress
+        self._knowledge_cache: dict[str, list[KnowledgeEntry]] = {}
+        self._open: dict[str, Session] = {}
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the store (releases the file lock). Sessions of this Lab stop working."""
+        for s in self._open.values():
+            s._closed = True
+        self._open.clear()
+        self.store.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.store.closed else f"{self._count('sessions')} sessions"
+        return f"Lab({self.path!r}, {state})"
+
+    def _count(self, table: str) -> int:
+        return self.store.one(f"SELECT count(*) FROM {table}")[0]
+
+    def _knowledge(self, project: str) -> list[KnowledgeEntry]:
+        cached = self._knowledge_cache.get(project)
+        if cached is None:
+            cached = self._knowledge_cache[project] = self.store.knowledge(project)
+        return cached
+
+    def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
+        """Run SQL against the store and return a DataFrame. Tables: see README "Schema"."""
+        return self.store.sql(query, params)
+
+    def sessions(self) -> pd.DataFrame:
+        return self.sql("SELECT id, project_id, strategy, cache_model, model, created_at FROM sessions ORDER BY created_at, id")
+
+    def session(
+        self,
+        strategy: str = "naive",
+        cache: str = "anthropic",
+        model: str = "claude-sonnet-4-5",
+        *,
+        project: str = "default",
+        system: str = "",
+        tools: list[dict[str, Any]] | None = None,
+        id: str | None = None,  # noqa: A002 - the brief's name
+        start: datetime | None = None,
+        step: str | timedelta = "30s",
+        backend: Backend | None = None,
+        cache_params: dict[str, Any] | None = None,
+        strategy_params: dict[str, Any] | None = None,
+        prices: Prices | None = None,
+    ) -> Session:
+        """Create a session, or resume one from the store with ``id=``.
+
+        Args:
+            strategy: one of ``pc.STRATEGIES``.
+            cache: one of ``pc.CACHE_MODELS``.
+            model: the Anthropic model id (validated against the cache model's table).
+            project: knowledge is scoped to a project.
+            system: the host prompt. tools: Anthropic tool JSON.
+            start: the session clock's first timestamp (UTC); later turns default to +``step``.
+            backend: where requests go (default: the in-process simulator).
+            prices: explicit prices for a model genai-prices does not know.
+        """
+        if id is not None:
+            row = self.store.session_row(id)
+            if row is None:
+                known = [r[0] for r in self.store.rows("SELECT id FROM sessions ORDER BY id")]
+                raise SessionError(f"no session {id!r} in {self.path!r}; known: {', '.join(known) or '(none)'}")
+            old = self._open.get(id)
+            if old is not None:
+                old._closed = True
+            s = Session(self, row, backend=backend)
+            self._open[id] = s
+            return s
+        strat = get_strategy(strategy)
+        cache_model = get_cache_model(cache, **(cache_params or {}))
+        model = cache_model.validate_model(model)
+        if prices is None:
+            prices_for(model)  # fail now, not at turn 1
+        start = utc(start) if start is not None else DEFAULT_START
+        n = self._count("sessions") + 1
+        session_id = f"s{n:03d}-{strat.name}"
+        while self.store.session_row(session_id) is not None:
+            n += 1
+            session_id = f"s{n:03d}-{strat.name}"
+        config = {
+            "start": start.isoformat(), "step_seconds": parse_duration(step).total_seconds(),
+            "cache_params": cache_params or {}, "strategy_params": strategy_params or {},
+            "prices": None if prices is None else {k: getattr(prices, k) for k in
+                                                   ("input", "output", "cache_read", "cache_write_5m",
+                                                    "cache_write_1h", "source")},
+        }
+        state = {"host_prompt": system, "tools": list(tools or []), "model": model, "extra": {}}
+        store = self.store
+        store.con.begin()
+        try:
+            store.ensure_project(project, start)
+            store.con.execute(
+                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [session_id, project, strat.name, cache_model.name, model, start, canonical_json(config)],
+            ).fetchall()
+            store.write_state(session_id, state, start)
+            store.con.commit()
+        except BaseException:
+            store.con.rollback()
+            raise
+        s = Session(self, store.session_row(session_id), backend=backend)
+        self._open[session_id] = s
+        return s
+
+    def _turn_from_store(self, session_id: str, index: int) -> Turn:
+        store = self.store
+        row = store.one(
+            """SELECT "at", input_tokens, cache_read_input_tokens, cache_creation_input_tokens,
+                      cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, output_tokens,
+                      usage_source, usage_raw, ideal_cache_read, total_tokens, cost_usd, cost_no_cache_usd,
+                      cache_reason, cache_detail, events, reply, request_id
+               FROM turns WHERE session_id = ? AND idx = ?""",
+            [session_id, index],
+        )
+        if row is None:
+            raise SessionError(f"session {session_id!r} has no turn {index}")
+        usage = Usage(row[1], row[2], row[3], row[4], row[5], row[6], row[7],
+                      json.loads(row[8]) if row[8] else None)
+        body = store.turn_body(session_id, index)
+        diff = obs = None
+        if index > 0:
+            prev_body = store.turn_body(session_id, index - 1)
+            diff, obs = _analysis.stored_diff_and_observation(store, session_id, index, prev_body, body)
+        return Turn(
+            session_id=session_id, index=index, at=row[0].astimezone(UTC), request=body, usage=usage,
+            ideal_cache_read=row[9], total_tokens=row[10], cost_usd=row[11], cost_no_cache_usd=row[12],
+            cache_reason=row[13], cache_detail=json.loads(row[14]) if row[14] else None,
+            events=json.loads(row[15]), reply=json.loads(row[16]) if row[16] else None, request_id=row[17],
+            diff=diff, observation=obs,
+        )
+
+    def move_sessions(self, from_project: str, to_project: str) -> int:
+        """Move every session of ``from_project`` (and its prompt-delta rows) to ``to_project``.
+
+        Returns the number of sessions moved. Knowledge stays with its project (Lore's moveSessions).
+        """
+        store = self.store
+        store.con.begin()
+        try:
+            store.ensure_project(to_project, datetime.now(UTC))
+            n = store.con.execute(
+                "SELECT count(*) FROM sessions WHERE project_id = ?", [from_project]).fetchall()[0][0]
+            store.con.execute("UPDATE sessions SET project_id = ? WHERE project_id = ?",
+                              [to_project, from_project]).fetchall()
+            store.con.execute(
+                "UPDATE session_prompt_deltas SET project_id = ? WHERE session_id IN "
+                "(SELECT id FROM sessions WHERE project_id = ?) AND project_id = ?",
+                [to_project, to_project, from_project],
+            ).fetchall()
+            store.con.commit()
+        except BaseException:
+            store.con.rollback()
+            raise
+        for s in self._open.values():
+            if s.project == from_project:
+                s.project = to_project
+        return n
+
+    def replay(
+        self,
+        scenario: Scenario | str | Path,
+        *,
+        strategy: str = "naive",
+        cache: str = "anthropic",
+        project: str | None = None,
+        backend: Backend | None = None,
+        progress: bool | None = None,
+        cache_params: dict[str, Any] | None = None,
+        strategy_params: dict[str, Any] | None = None,
+        stop_after: int | None = None,
+    ) -> Session:
+        """Replay a scenario under one strategy and cache model; returns the session.
+
+        Each replay gets its own knowledge project (``<scenario project>/<strategy>``, suffixed when taken)
+        so side-by-side replays never see each other's knowledge edits.
+        """
+        from .scenario import load_scenario
+
+        sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+        strat = get_strategy(strategy)
+        base = project or f"{sc.project}/{strat.name}"
+        project_id, k = base, 1
+        while self.store.one("SELECT 1 FROM projects WHERE id = ?", [project_id]) is not None:
+            k += 1
+            project_id = f"{base}-{k}"
+        s = self.session(strat.name, cache, sc.model, project=project_id, system=sc.host_prompt,
+                         tools=list(sc.tools), start=sc.start, backend=backend, cache_params=cache_params,
+                         strategy_params=strategy_params)
+        for spec in sc.knowledge:
+            s.knowledge.add(spec.title, spec.content, category=spec.category, key=spec.key, at=sc.start)
+        s._pending_events = []
+        s._persist_pending()
+        show = self.progress if progress is None else progress
+        bar = _progress(total=sc.n_requests, desc=f"{sc.name} · {strat.name}", enabled=show)
+        at = sc.start
+        try:
+            for i, turn in enumerate(sc.turns):
+                if stop_after is not None and i >= stop_after:
+                    break
+                if i > 0:
+                    at = at + turn.after
+                for event in turn.events:
+                    s = s.apply(event, at=at)
+                t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+                at = t.at
+                bar.update(1 + len(turn.tool_calls))
+        except PromptCacheError as exc:
+            if turn.line and sc.path:
+                exc.args = (f"{sc.path}:{turn.line}: turns[{i}]: {exc}",)
+            raise
+        finally:
+            bar.close()
+        return s
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(*, total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", leave=False)

@@ -1,0 +1,332 @@
+"""The DuckDB store: one connection per Lab, bind parameters, one transaction per turn."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from .._util import digest
+from ..errors import StoreError, StoreLockedError
+from ..request import PreparedRequest, canonical_json, rebuild_body
+from ._migrations import applied, migrate
+
+_LOCK = re.compile(r"Conflicting lock is held in (.+?)(?:\.\s*See also|$)", re.S)
+
+
+def fnv1a(text: str) -> str:
+    """32-bit FNV-1a hex, as Lore keys pinned entries (``id:fnv1a(title + "\\x1f" + content)``)."""
+    h = 0x811C9DC5
+    for b in text.encode("utf-8"):
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return f"{h:08x}"
+
+
+@dataclass(frozen=True)
+class KnowledgeEntry:
+    """One version of a long-term knowledge entry (project-scoped)."""
+
+    id: str
+    project_id: str
+    version: int
+    title: str
+    content: str
+    category: str
+    deleted: bool
+    updated_at: datetime
+    key: str | None = None
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:8]
+
+    @property
+    def pin_key(self) -> str:
+        """``id:hash(title, content)``: changes only when the entry materially changes."""
+        return f"{self.id}:{fnv1a(self.title + chr(0x1F) + self.content)}"
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A ``session_prompt_deltas`` row."""
+
+    seq: int
+    selector: dict[str, Any]
+    content: dict[str, Any]
+
+
+class Store:
+    """A DuckDB file (or ``:memory:``) holding projects, sessions, turns, blocks and knowledge."""
+
+    def __init__(self, path: str | Path = ":memory:") -> None:
+        self.path = str(path)
+        try:
+            self.con = duckdb.connect(self.path)
+        except duckdb.IOException as exc:
+            m = _LOCK.search(str(exc))
+            if m or "lock" in str(exc).lower():
+                holder = m.group(1).strip() if m else "another process"
+                raise StoreLockedError(self.path, holder) from None
+            raise StoreError(f"cannot open store {self.path!r}: {str(exc).splitlines()[0]}") from None
+        try:
+            self.migrations_applied_now = migrate(self.con)
+        except duckdb.Error as exc:
+            self.con.close()
+            raise StoreError(f"store {self.path!r} could not be migrated: {str(exc).splitlines()[0]}") from None
+        self._known_blocks: set[str] = {r[0] for r in self.con.execute("SELECT hash FROM blocks").fetchall()}
+        self._known_nodes: set[str] = {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()}
+
+    # -- plumbing -----------------------------------------------------------------------------
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None  # type: ignore[assignment]
+
+    @property
+    def closed(self) -> bool:
+        return self.con is None
+
+    def migrations(self) -> list[str]:
+        return applied(self.con)
+
+    def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
+        if self.con is None:
+            raise StoreError("the Lab is closed; open a new one with pc.Lab(path)")
+        return self.con.execute(query, params or []).df()
+
+    def rows(self, query: str, params: list | dict | None = None) -> list[tuple]:
+        return self.con.execute(query, params or []).fetchall()
+
+    def one(self, query: str, params: list | dict | None = None) -> tuple | None:
+        rows = self.con.execute(query, params or []).fetchall()
+        return rows[0] if rows else None
+
+    # -- projects and sessions ----------------------------------------------------------------
+    def ensure_project(self, project_id: str, at: datetime) -> None:
+        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO NOTHING", [project_id, at]).fetchall()
+
+    def session_row(self, session_id: str) -> dict[str, Any] | None:
+        row = self.one(
+            "SELECT id, project_id, strategy, cache_model, model, created_at, config FROM sessions WHERE id = ?",
+            [session_id],
+        )
+        if row is None:
+            return None
+        keys = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config")
+        out = dict(zip(keys, row, strict=True))
+        out["config"] = json.loads(out["config"])
+        return out
+
+    def state_row(self, session_id: str) -> dict[str, Any]:
+        row = self.one(
+            "SELECT ltm_pin_text, ltm_pin_keys, ltm_cache_text, stable_ltm_text, host_prompt, tools, model, extra "
+            "FROM session_state WHERE session_id = ?",
+            [session_id],
+        )
+        if row is None:
+            raise StoreError(f"session {session_id!r} has no session_state row; the store is inconsistent")
+        pin_keys = None
+        if row[1] is not None:
+            try:
+                pin_keys = json.loads(row[1])
+            except ValueError:
+                pin_keys = None  # corrupt pin keys cause exactly one re-pin (Lore's rule)
+        return {
+            "ltm_pin_text": row[0], "ltm_pin_keys": pin_keys, "ltm_cache_text": row[2],
+            "stable_ltm_text": row[3], "host_prompt": row[4], "tools": json.loads(row[5]),
+            "model": row[6], "extra": json.loads(row[7]),
+        }
+
+    def write_state(self, session_id: str, state: dict[str, Any], at: datetime) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO session_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                session_id, state.get("ltm_pin_text"),
+                None if state.get("ltm_pin_keys") is None else json.dumps(state["ltm_pin_keys"]),
+                state.get("ltm_cache_text"), state.get("stable_ltm_text"), state["host_prompt"],
+                canonical_json(state["tools"]), state["model"], canonical_json(state.get("extra", {})), at,
+            ],
+        ).fetchall()
+
+    # -- knowledge ----------------------------------------------------------------------------
+    def knowledge(self, project_id: str, *, include_deleted: bool = False) -> list[KnowledgeEntry]:
+        """The latest version of each entry of a project, ordered by id."""
+        rows = self.rows(
+            """SELECT id, project_id, version, title, content, category, deleted, updated_at, key
+               FROM knowledge WHERE project_id = ?
+               QUALIFY row_number() OVER (PARTITION BY id ORDER BY version DESC) = 1
+               ORDER BY id""",
+            [project_id],
+        )
+        entries = [KnowledgeEntry(*r) for r in rows]
+        return entries if include_deleted else [e for e in entries if not e.deleted]
+
+    def knowledge_entry(self, entry_id: str) -> KnowledgeEntry | None:
+        row = self.one(
+            """SELECT id, project_id, version, title, content, category, deleted, updated_at, key
+               FROM knowledge WHERE id = ? ORDER BY version DESC LIMIT 1""",
+            [entry_id],
+        )
+        return KnowledgeEntry(*row) if row else None
+
+    def knowledge_count(self, project_id: str) -> int:
+        return self.one("SELECT count(DISTINCT id) FROM knowledge WHERE project_id = ?", [project_id])[0]
+
+    def write_knowledge(self, e: KnowledgeEntry) -> None:
+        self.con.execute(
+            "INSERT INTO knowledge VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [e.id, e.project_id, e.version, e.key, e.title, e.content, e.category, e.deleted, e.updated_at],
+        ).fetchall()
+
+    # -- messages and deltas ------------------------------------------------------------------
+    def messages(self, session_id: str) -> list[dict[str, Any]]:
+        rows = self.rows(
+            "SELECT message FROM session_messages WHERE session_id = ? AND NOT compacted ORDER BY seq",
+            [session_id],
+        )
+        return [json.loads(r[0]) for r in rows]
+
+    def message_count(self, session_id: str) -> int:
+        return self.one("SELECT count(*) FROM session_messages WHERE session_id = ?", [session_id])[0]
+
+    def deltas(self, session_id: str) -> list[Delta]:
+        out = []
+        for seq, sel, content in self.rows(
+            "SELECT seq, selector, content FROM session_prompt_deltas WHERE session_id = ? ORDER BY seq",
+            [session_id],
+        ):
+            try:
+                out.append(Delta(seq, json.loads(sel), json.loads(content)))
+            except ValueError:
+                continue  # a corrupt row is skipped, as Lore's replay does
+        return out
+
+    # -- requests -----------------------------------------------------------------------------
+    def prefix_nodes(
+        self, req: PreparedRequest, prev_keys: list[str], prev_nodes: list[str]
+    ) -> tuple[list[str], list[str], list[tuple]]:
+        """Node ids for each segment, reusing the previous request's shared leading run.
+
+        Returns (keys, node_ids, new_node_rows).
+        """
+        keys = [s.chain_key for s in req.segments]
+        n, limit = 0, min(len(keys), len(prev_keys))
+        while n < limit and keys[n] == prev_keys[n]:
+            n += 1
+        nodes = prev_nodes[:n]
+        new_rows = []
+        parent = nodes[-1] if nodes else None
+        for i in range(n, len(keys)):
+            node = digest(((parent or "") + "/" + keys[i]).encode(), tag="node")
+            if node not in self._known_nodes:
+                seg = req.segments[i]
+                new_rows.append((node, parent, i, seg.kind, seg.role, seg.block_hash))
+            nodes.append(node)
+            parent = node
+        return keys, nodes, new_rows
+
+    def new_blocks(self, req: PreparedRequest, rest_body: str, rest_hash: str) -> list[tuple]:
+        rows, seen = [], set()
+        for s in req.segments:
+            if s.block_hash in self._known_blocks or s.block_hash in seen:
+                continue
+            body = canonical_json(s.element)
+            rows.append((s.block_hash, s.kind, body, s.tokens, len(body.encode())))
+            seen.add(s.block_hash)
+        if rest_hash not in self._known_blocks and rest_hash not in seen:
+            rows.append((rest_hash, "rest", rest_body, None, len(rest_body.encode())))
+        return rows
+
+    def write_turn(
+        self,
+        *,
+        turn_row: dict[str, Any],
+        block_rows: list[tuple],
+        node_rows: list[tuple],
+        messages: list[tuple[int, dict]],
+        compact_before: int | None,
+        state: dict[str, Any] | None,
+        delta_ops: list[tuple[str, int, dict | None, dict | None]],
+        knowledge_rows: list[KnowledgeEntry],
+        project_id: str,
+    ) -> None:
+        """Write one request and everything it changed in one transaction; nothing on failure."""
+        con = self.con
+        con.begin()
+        try:
+            for e in knowledge_rows:
+                self.write_knowledge(e)
+            if block_rows:
+                con.execute(
+                    "INSERT INTO blocks VALUES " + ",".join(["(?,?,?,?,?)"] * len(block_rows)) + " ON CONFLICT DO NOTHING",
+                    [v for r in block_rows for v in r],
+                ).fetchall()
+            if node_rows:
+                con.execute(
+                    "INSERT INTO prefix_nodes VALUES " + ",".join(["(?,?,?,?,?,?)"] * len(node_rows))
+                    + " ON CONFLICT DO NOTHING",
+                    [v for r in node_rows for v in r],
+                ).fetchall()
+            if compact_before is not None:
+                con.execute(
+                    "UPDATE session_messages SET compacted = true WHERE session_id = ? AND seq < ?",
+                    [turn_row["session_id"], compact_before],
+                ).fetchall()
+            if messages:
+                con.execute(
+                    "INSERT INTO session_messages VALUES " + ",".join(["(?,?,?,?,false)"] * len(messages)),
+                    [v for seq, m in messages for v in (turn_row["session_id"], seq, turn_row["idx"], canonical_json(m))],
+                ).fetchall()
+            for op, seq, selector, content in delta_ops:
+                if op == "delete":
+                    con.execute(
+                        "DELETE FROM session_prompt_deltas WHERE session_id = ? AND seq = ?",
+                        [turn_row["session_id"], seq],
+                    ).fetchall()
+                else:
+                    con.execute(
+                        "INSERT OR REPLACE INTO session_prompt_deltas VALUES (?, ?, ?, ?, ?)",
+                        [turn_row["session_id"], seq, project_id, canonical_json(selector), canonical_json(content)],
+                    ).fetchall()
+            if state is not None:
+                self.write_state(turn_row["session_id"], state, turn_row["at"])
+            cols = list(turn_row)
+            quoted = ", ".join('"' + c + '"' for c in cols)
+            con.execute(
+                f"INSERT INTO turns ({quoted}) VALUES ({', '.join('?' * len(cols))})",
+                [turn_row[c] for c in cols],
+            ).fetchall()
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        self._known_blocks.update(r[0] for r in block_rows)
+        self._known_nodes.update(r[0] for r in node_rows)
+
+    def turn_body(self, session_id: str, idx: int) -> dict[str, Any]:
+        """Rebuild a turn's exact request body from ``blocks`` + ``prefix_nodes`` + ``turns``."""
+        row = self.one("SELECT tail_node, rest_hash FROM turns WHERE session_id = ? AND idx = ?", [session_id, idx])
+        if row is None:
+            raise StoreError(f"session {session_id!r} has no turn {idx}")
+        tail, rest_hash = row
+        rest = json.loads(self.one("SELECT body FROM blocks WHERE hash = ?", [rest_hash])[0])
+        chain: list[tuple[str, str | None, Any]] = []
+        if tail is not None:
+            rows = self.rows(
+                """WITH RECURSIVE chain(id, parent, depth) AS (
+                       SELECT id, parent, depth FROM prefix_nodes WHERE id = ?
+                       UNION ALL
+                       SELECT p.id, p.parent, p.depth FROM prefix_nodes p JOIN chain c ON p.id = c.parent)
+                   SELECT n.kind, n.role, b.body FROM chain c
+                   JOIN prefix_nodes n ON n.id = c.id JOIN blocks b ON b.hash = n.block_hash
+                   ORDER BY c.depth""",
+                [tail],
+            )
+            chain = [(k, r, json.loads(body)) for k, r, body in rows]
+        return rebuild_body(rest["shape"], rest["rest"], chain)

@@ -1,0 +1,173 @@
+"""Append-only named migrations. Never edit one after it ships: add the next ``mNNN_*`` function.
+
+Each runs in its own transaction and its name is recorded in ``_migrations`` (llm's pattern).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import duckdb
+
+Migration = Callable[[duckdb.DuckDBPyConnection], None]
+MIGRATIONS: list[Migration] = []
+
+
+def migration(fn: Migration) -> Migration:
+    MIGRATIONS.append(fn)
+    return fn
+
+
+@migration
+def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("""
+        CREATE TABLE projects (
+            id TEXT PRIMARY KEY,
+            created_at TIMESTAMPTZ NOT NULL
+        )""")
+    con.execute("""
+        CREATE TABLE sessions (
+            id TEXT PRIMARY KEY,
+            project_id TEXT NOT NULL,
+            strategy TEXT NOT NULL,
+            cache_model TEXT NOT NULL,
+            model TEXT NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            config JSON NOT NULL            -- host prompt, tools, clock, strategy/cache params
+        )""")
+    # Content-addressed segment bodies: stored once however many turns reuse them.
+    con.execute("""
+        CREATE TABLE blocks (
+            hash TEXT PRIMARY KEY,          -- digest of the exact canonical bytes
+            kind TEXT NOT NULL,             -- tool | system | msg-start | msg | msg-str | msg-empty | rest
+            body TEXT NOT NULL,             -- canonical JSON of the segment
+            tokens INTEGER,                 -- estimated tokens (NULL for rest)
+            bytes INTEGER NOT NULL
+        )""")
+    # A hash tree of request prefixes: node = (parent, block). Requests sharing a prefix share nodes,
+    # so a turn stores only the nodes its new tail adds (simonw/llm's idea for conversations).
+    con.execute("""
+        CREATE TABLE prefix_nodes (
+            id TEXT PRIMARY KEY,
+            parent TEXT,                    -- NULL at the root
+            depth INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            role TEXT,
+            block_hash TEXT NOT NULL
+        )""")
+    con.execute("""
+        CREATE TABLE turns (
+            session_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,                       -- 0-based request index within the session
+            "at" TIMESTAMPTZ NOT NULL,                  -- UTC ("at" is a DuckDB keyword: quote it)
+            model TEXT NOT NULL,
+            tail_node TEXT,                             -- last prefix_nodes id (ordered block hashes)
+            rest_hash TEXT NOT NULL,                    -- blocks row: other top-level fields + shape
+            n_segments INTEGER NOT NULL,
+            total_tokens INTEGER NOT NULL,              -- estimated
+            body_bytes INTEGER NOT NULL,
+            input_tokens INTEGER,
+            cache_read_input_tokens INTEGER,
+            cache_creation_input_tokens INTEGER,
+            cache_creation_5m_input_tokens INTEGER,
+            cache_creation_1h_input_tokens INTEGER,
+            output_tokens INTEGER,
+            usage_source TEXT NOT NULL,                 -- simulated | live | imported
+            usage_raw JSON,
+            ideal_cache_read INTEGER NOT NULL,
+            cost_usd DOUBLE,
+            cost_no_cache_usd DOUBLE,
+            cache_reason TEXT,                          -- the cache model's reason code
+            cache_detail JSON,
+            events JSON NOT NULL,                       -- events applied before this request
+            request_id TEXT,
+            user_text TEXT,
+            reply JSON,                                 -- assistant content that answered this request
+            -- prefix diff vs the previous request of the session
+            diverge_path TEXT,
+            diverge_byte BIGINT,
+            diverge_token INTEGER,
+            shared_prefix_tokens INTEGER,
+            pure_append BOOLEAN,
+            -- OpenClaw-style observation
+            broke BOOLEAN,
+            previous_cache_read INTEGER,
+            changes JSON,
+            explanation TEXT,
+            PRIMARY KEY (session_id, idx)
+        )""")
+    con.execute("""
+        CREATE TABLE knowledge (
+            id TEXT NOT NULL,
+            project_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            key TEXT,                                   -- scenario key, if any
+            title TEXT NOT NULL,
+            content TEXT NOT NULL,
+            category TEXT NOT NULL,
+            deleted BOOLEAN NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (id, version)
+        )""")
+    con.execute("CREATE INDEX idx_knowledge_project ON knowledge (project_id)")
+    con.execute("""
+        CREATE TABLE session_state (
+            session_id TEXT PRIMARY KEY,
+            ltm_pin_text TEXT,
+            ltm_pin_keys JSON,
+            ltm_cache_text TEXT,
+            stable_ltm_text TEXT,
+            host_prompt TEXT NOT NULL,
+            tools JSON NOT NULL,
+            model TEXT NOT NULL,
+            extra JSON NOT NULL,                        -- strategy-specific persisted state
+            updated_at TIMESTAMPTZ NOT NULL
+        )""")
+    # The conversation as the agent knows it (strategy-independent); compaction marks rows compacted.
+    con.execute("""
+        CREATE TABLE session_messages (
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            turn_idx INTEGER NOT NULL,
+            message JSON NOT NULL,
+            compacted BOOLEAN NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        )""")
+    # Lore's table (seed_designs.md §1.2), same shape.
+    con.execute("""
+        CREATE TABLE session_prompt_deltas (
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            project_id TEXT NOT NULL,
+            selector JSON NOT NULL,
+            content JSON NOT NULL,
+            PRIMARY KEY (session_id, seq)
+        )""")
+    con.execute("CREATE INDEX idx_session_prompt_deltas_project ON session_prompt_deltas (project_id)")
+
+
+def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
+    return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Apply pending migrations; return the names applied now. Idempotent."""
+    con.execute("""
+        CREATE TABLE IF NOT EXISTS _migrations (
+            name TEXT PRIMARY KEY, applied_order INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL
+        )""")
+    done = set(applied(con))
+    now_applied = []
+    for i, fn in enumerate(MIGRATIONS):
+        if fn.__name__ in done:
+            continue
+        con.begin()
+        try:
+            fn(con)
+            con.execute("INSERT INTO _migrations VALUES (?, ?, now())", [fn.__name__, i])
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        now_applied.append(fn.__name__)
+    return now_applied

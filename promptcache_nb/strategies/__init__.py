@@ -1,0 +1,44 @@
+"""Context strategies: one module per design, each citing the system it reproduces; a registry."""
+
+from __future__ import annotations
+
+from ..errors import UnknownStrategyError
+from ._base import DeltaTable, Strategy, StrategyContext
+from .naive import Naive
+
+_REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+for _cls in (Naive,):
+    register_strategy(_cls)
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Names in teaching order (the order they were registered)."""
+    return tuple(_REGISTRY)
+
+
+def get_strategy(name: str | Strategy) -> Strategy:
+    if isinstance(name, Strategy):
+        return name
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise UnknownStrategyError(name, list(_REGISTRY))
+    return cls()
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    if name not in _REGISTRY:
+        raise UnknownStrategyError(name, list(_REGISTRY))
+    return _REGISTRY[name]
+
+
+__all__ = [
+    "DeltaTable", "Strategy", "StrategyContext", "get_strategy", "register_strategy",
+    "strategy_class", "strategy_names",
+]

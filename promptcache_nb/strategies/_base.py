@@ -1,0 +1,150 @@
+"""What every context strategy gets and returns.
+
+A strategy turns the session's state (host prompt, tools, knowledge, history, clock, events) into the
+exact Anthropic Messages body for the next request. It keeps every bit of state it needs in
+``ctx.state`` (the ``session_state`` row) and ``ctx.deltas`` (``session_prompt_deltas``), so a restart
+that rebuilds the context from the store yields byte-identical requests.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar
+
+from ..store import Delta, KnowledgeEntry
+
+DEFAULT_MAX_TOKENS = 4096
+EPHEMERAL = {"type": "ephemeral"}
+EPHEMERAL_1H = {"type": "ephemeral", "ttl": "1h"}
+
+
+class DeltaTable:
+    """The session's ``session_prompt_deltas`` rows; writes land in the turn's transaction."""
+
+    def __init__(self, rows: list[Delta]) -> None:
+        self._rows = {d.seq: d for d in rows}
+        self.ops: list[tuple[str, int, dict | None, dict | None]] = []
+
+    def list(self) -> list[Delta]:
+        """Rows ordered by seq."""
+        return [self._rows[k] for k in sorted(self._rows)]
+
+    def append(self, selector: dict[str, Any], content: dict[str, Any]) -> int:
+        """Add a row with seq = MAX(seq) + 1 (Lore's ``appendSessionPromptDelta``)."""
+        seq = max(self._rows, default=-1) + 1
+        self.upsert(seq, selector, content)
+        return seq
+
+    def upsert(self, seq: int, selector: dict[str, Any], content: dict[str, Any]) -> None:
+        self._rows[seq] = Delta(seq, selector, content)
+        self.ops.append(("upsert", seq, selector, content))
+
+    def delete(self, seq: int) -> None:
+        self._rows.pop(seq, None)
+        self.ops.append(("delete", seq, None, None))
+
+
+@dataclass
+class StrategyContext:
+    """Everything a strategy may read, and the two places it may write (``state``, ``deltas``).
+
+    ``messages`` is the conversation as the agent knows it, the current user message (or tool result)
+    last. Treat it and its dicts as read-only: they are shared with the session's history.
+    """
+
+    session_id: str
+    project_id: str
+    request_index: int
+    now: datetime
+    model: str
+    host_prompt: str
+    tools: list[dict[str, Any]]
+    knowledge: list[KnowledgeEntry]
+    messages: list[dict[str, Any]]
+    events: tuple[str, ...]
+    state: dict[str, Any]
+    deltas: DeltaTable
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def latest_user_text(self) -> str:
+        for m in reversed(self.messages):
+            if m["role"] != "user":
+                continue
+            content = m["content"]
+            if isinstance(content, str):
+                return content
+            texts = [b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+            if texts:
+                return "\n".join(texts)
+        return ""
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Strategy-specific persisted state (JSON-serialisable values only)."""
+        return self.state.setdefault("extra", {})
+
+
+class Strategy(ABC):
+    """Assemble a request. Subclasses set ``name``, ``title`` and ``source`` (the system they reproduce)."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    source: ClassVar[str]
+
+    @abstractmethod
+    def build(self, ctx: StrategyContext) -> dict[str, Any]:
+        """Return the Messages API body for the next request."""
+
+    def __repr__(self) -> str:
+        return f"<strategy {self.name}: {self.title}>"
+
+
+# -- shared rendering helpers (deterministic: no locale, no wall clock, no set order) -----------
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def clock_text(now: datetime) -> str:
+    """picoclaw's minute-resolution clock line: ``2026-11-02 09:03 (Monday)``."""
+    days = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+    return f"{now:%Y-%m-%d %H:%M} ({days[now.weekday()]})"
+
+
+def runtime_text() -> str:
+    """A fixed runtime line: the scenario's, never the host machine's (determinism)."""
+    return "linux amd64, agent runtime 1.4"
+
+
+def rank_by_relevance(entries: list[KnowledgeEntry], query: str) -> list[KnowledgeEntry]:
+    """Entries ordered by word overlap with ``query`` (ties by id): a stand-in for a retriever."""
+    words = set(_WORD.findall(query.lower()))
+
+    def score(e: KnowledgeEntry) -> int:
+        return len(words & set(_WORD.findall(f"{e.title} {e.content}".lower())))
+
+    return sorted(entries, key=lambda e: (-score(e), e.id))
+
+
+def format_entry(e: KnowledgeEntry) -> str:
+    return f"* **[{e.short_id}] {e.title}** ({e.category}): {e.content}"
+
+
+def format_knowledge(entries: list[KnowledgeEntry], heading: str = "## Long-term Knowledge") -> str:
+    if not entries:
+        return f"{heading}\n\n(none)"
+    return heading + "\n\n" + "\n".join(format_entry(e) for e in entries)
+
+
+def sorted_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(tools, key=lambda t: str(t.get("name", "")))
+
+
+def text_block(text: str, cache_control: dict[str, Any] | None = None) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "text", "text": text}
+    if cache_control is not None:
+        block["cache_control"] = dict(cache_control)
+    return block
