@@ -8,10 +8,15 @@ from __future__ import annotations
 from .analysis import Prices, compare_df, efficiency, prices_for, summarize
 from .cache import CacheModel, CacheResult, cache_model_names, get_cache_model, register_cache_model
 from .errors import (
+    APIConnectionError,
+    APIError,
+    AuthenticationError,
     InvalidRequestError,
     KnowledgeError,
+    OverloadedError,
     PriceError,
     PromptCacheError,
+    RateLimitError,
     ScenarioError,
     SessionError,
     StoreError,
@@ -20,7 +25,7 @@ from .errors import (
     UnknownModelError,
     UnknownStrategyError,
 )
-from .live import Backend, DirectSimulator
+from .live import AnthropicBackend, Backend, DirectSimulator, SimulatorServer
 from .request import PreparedRequest, Segment, canonical_bytes, prepare
 from .scenario import Scenario, ToolCall, load_scenario
 from .session import KnowledgeBook, Lab, Session, Turn
@@ -28,6 +33,8 @@ from .store import KnowledgeEntry
 from .strategies import Strategy, StrategyContext, register_strategy, strategy_names
 from .tokens import CharsTokenizer, HeuristicTokenizer, Tokenizer
 from .usage import Usage
+
+from . import plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 
 __version__ = "0.1.0"
 
@@ -42,6 +49,8 @@ def __getattr__(name: str):
 
 
 __all__ = sorted([
+    "APIConnectionError", "APIError", "AnthropicBackend", "AuthenticationError", "OverloadedError",
+    "RateLimitError", "SimulatorServer",
     "CACHE_MODELS", "STRATEGIES", "Backend", "CacheModel", "CacheResult", "CharsTokenizer", "DirectSimulator",
     "HeuristicTokenizer", "InvalidRequestError", "KnowledgeBook", "KnowledgeEntry", "KnowledgeError", "Lab",
     "PreparedRequest", "PriceError", "Prices", "PromptCacheError", "Scenario", "ScenarioError", "Segment",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 
 class PromptCacheError(Exception):
     """Base class of every error promptcache_nb raises on purpose."""
@@ -60,16 +62,110 @@ class ScenarioError(PromptCacheError):
         super().__init__(f"{where}: {field}: {problem}")
 
 
-class InvalidRequestError(PromptCacheError):
-    """The request would be rejected by the provider with HTTP 400 (the API's own message text)."""
+class APIError(PromptCacheError):
+    """A Messages endpoint refused a request, or a cache model predicts it would.
+
+    The message is one line: ``[turn N: ]<error_type> (<status>): <API message>[; how to fix]
+    [ [request_id req_…]]``. The API's own text is kept in ``api_message``.
+
+    Attributes:
+        status_code: the HTTP status (None when no response came back).
+        error_type: the API's ``error.type`` (``rate_limit_error``...).
+        request_id: the endpoint's ``request-id`` header, for a support ticket; None when simulated.
+        turn: the session's request index, when known.
+    """
+
+    status_code: int | None = None
+    error_type: str = "api_error"
+    hint: str = ""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        error_type: str | None = None,
+        request_id: str | None = None,
+        turn: int | None = None,
+    ) -> None:
+        self.api_message = " ".join(str(message).split())  # one line, whatever the endpoint sent
+        if status_code is not None:
+            self.status_code = status_code
+        if error_type is not None:
+            self.error_type = error_type
+        self.request_id = request_id
+        self.turn = turn
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        prefix = f"turn {self.turn}: " if self.turn is not None else ""
+        status = "no response" if self.status_code is None else str(self.status_code)
+        hint = f"; {self.hint}" if self.hint else ""
+        rid = f" [request_id {self.request_id}]" if self.request_id else ""
+        return f"{prefix}{self.error_type} ({status}): {self.api_message}{hint}{rid}"
+
+    def at_turn(self, turn: int) -> APIError:
+        """A copy that names the session's request index (a session re-raises with it)."""
+        new = copy.copy(self)
+        new.turn = turn
+        new.args = (new._format(),)
+        return new
+
+
+class InvalidRequestError(APIError):
+    """HTTP 400: the provider rejects the request (or the cache model predicts it will), with its own text."""
 
     status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, turn: int | None = None, request_id: str | None = None) -> None:
+        super().__init__(message, turn=turn, request_id=request_id)
+
+
+class AuthenticationError(APIError):
+    """HTTP 401: the API key is missing or wrong."""
+
+    status_code = 401
+    error_type = "authentication_error"
+    hint = "set ANTHROPIC_API_KEY or pass anthropic.Anthropic(api_key=...)"
+
+    def __init__(self, message: str, *, request_id: str | None = None, turn: int | None = None) -> None:
+        super().__init__(message, request_id=request_id, turn=turn)
+
+
+class RateLimitError(APIError):
+    """HTTP 429: too many requests or tokens per minute. ``retry_after`` is the server's wait, in seconds."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, request_id: str | None = None,
+                 turn: int | None = None) -> None:
+        self.retry_after = retry_after
+        wait = f"retry after {retry_after:g}s" if retry_after is not None else "retry later"
+        self.hint = f"{wait}, or raise the client's max_retries"
+        super().__init__(message, request_id=request_id, turn=turn)
+
+
+class OverloadedError(APIError):
+    """HTTP 529: the API is temporarily overloaded (not your fault; retried by the SDK first)."""
+
+    status_code = 529
+    error_type = "overloaded_error"
+    hint = "the API is overloaded; retry later or raise the client's max_retries"
+
+    def __init__(self, message: str, *, request_id: str | None = None, turn: int | None = None) -> None:
+        super().__init__(message, request_id=request_id, turn=turn)
+
+
+class APIConnectionError(APIError):
+    """No response: the endpoint could not be reached or timed out."""
+
+    error_type = "connection_error"
+    hint = "check the client's base_url (ANTHROPIC_BASE_URL) and the network"
 
     def __init__(self, message: str, *, turn: int | None = None) -> None:
-        self.turn = turn
-        self.api_message = message
-        prefix = f"turn {turn}: " if turn is not None else ""
-        super().__init__(f"{prefix}invalid_request_error (400): {message}")
+        super().__init__(message, turn=turn)
 
 
 class KnowledgeError(PromptCacheError, KeyError):

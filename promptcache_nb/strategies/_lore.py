@@ -1,0 +1,229 @@
+"""Lore's long-term-memory layout, shared by ``rewrite_knowledge``, ``volatile_delta`` and ``durable_delta``.
+
+Upstream request layout (BYK/loreai ``packages/gateway``; seed_designs.md §1.1):
+
+* ``system[0]`` — the host prompt, passed through (left out when the host sends none);
+* ``system[1]`` — stable LTM: the ``preference`` entries, ``cache_control`` with a 1 h TTL;
+* ``system[2]`` — context LTM: every other entry ranked by relevance to the latest user message,
+  pinned by its entry-key set (``id:fnv1a(title + "\\x1f" + content)``, :attr:`KnowledgeEntry.pin_key`),
+  so re-ranking alone never changes its bytes.
+
+Lore defers ``system[2]`` to turn 2 because its retriever needs a conversation; our ranking only needs
+the first user message, so it is pinned on the first request and the prefix never grows mid-session.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store import Delta, KnowledgeEntry
+from ._base import (
+    EPHEMERAL,
+    EPHEMERAL_1H,
+    StrategyContext,
+    fingerprint,
+    format_entry,
+    format_knowledge,
+    last_markable_index,
+    mark_message,
+    rank_by_relevance,
+    safe_insert_index,
+    text_block,
+)
+
+STABLE_HEADING = "## Stable Long-term Knowledge"
+CONTEXT_HEADING = "## Long-term Knowledge"
+
+DURABLE_BANNER = (
+    "[Lore knowledge update: durable prompt delta. This message is inserted by Lore and replayed "
+    "byte-identically on later turns until an intentional cache reset.]\n\n"
+)
+VOLATILE_BANNER = (
+    "[Lore knowledge update: one-turn prompt delta. This message is sent once and is not repeated on "
+    "later turns.]\n\n"
+)
+#: Lore's ``KNOWLEDGE_DELTA_TOKEN_BUDGET`` (400 tokens), at ~4 characters per token.
+DELTA_BUDGET_TOKENS = 400
+CHARS_PER_TOKEN = 4
+
+
+# -- keys ----------------------------------------------------------------------------------------
+
+def keys_of(entries: list[KnowledgeEntry]) -> list[str]:
+    """Sorted pin keys: a set, stored as a JSON array (Lore's ``ltm_pin_keys``)."""
+    return sorted(e.pin_key for e in entries)
+
+
+def key_map(keys: list[str] | None) -> dict[str, str]:
+    """``{entry id: pin key}`` of a key list."""
+    return {k.rsplit(":", 1)[0]: k for k in keys or ()}
+
+
+# -- system[1] and system[2] ---------------------------------------------------------------------
+
+def render_stable(prefs: list[KnowledgeEntry]) -> str:
+    return format_knowledge(prefs, STABLE_HEADING)
+
+
+def render_context(ctx: StrategyContext, entries: list[KnowledgeEntry]) -> str:
+    return format_knowledge(rank_by_relevance(entries, ctx.latest_user_text), CONTEXT_HEADING)
+
+
+def freeze_stable(ctx: StrategyContext, prefs: list[KnowledgeEntry]) -> None:
+    """Compute system[1] once per session and freeze it, even when empty (Lore v45)."""
+    if ctx.state.get("stable_ltm_text") is None:
+        ctx.state["stable_ltm_text"] = render_stable(prefs)
+        ctx.extra["stable_ltm_keys"] = keys_of(prefs)
+
+
+def pin_context(ctx: StrategyContext, entries: list[KnowledgeEntry]) -> bool:
+    """Pin system[2] when there is no pin yet, or when the pin keys are unreadable (one re-pin).
+
+    Returns True when it (re)pinned.
+    """
+    if ctx.state.get("ltm_pin_text") is not None and ctx.state.get("ltm_pin_keys") is not None:
+        return False
+    ctx.state["ltm_pin_text"] = render_context(ctx, entries)
+    ctx.state["ltm_pin_keys"] = keys_of(entries)
+    return True
+
+
+def system_blocks(ctx: StrategyContext, *, context_ttl: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """[host prompt], stable LTM (1 h breakpoint), pinned context LTM (optional breakpoint)."""
+    blocks = [text_block(ctx.host_prompt)] if ctx.host_prompt else []
+    blocks.append(text_block(ctx.state["stable_ltm_text"], EPHEMERAL_1H))
+    blocks.append(text_block(ctx.state["ltm_pin_text"], context_ttl))
+    return blocks
+
+
+# -- deltas --------------------------------------------------------------------------------------
+
+def changed_entries(current: list[KnowledgeEntry], *baselines: dict[str, str]) -> list[KnowledgeEntry]:
+    """Entries whose key differs from their key in any of ``baselines`` (absent counts as differing)."""
+    return [e for e in current if any(b.get(e.id) != e.pin_key for b in baselines)]
+
+
+def removed_ids(current: list[KnowledgeEntry], *baselines: dict[str, str]) -> list[str]:
+    ids = {e.id for e in current}
+    return sorted({i for b in baselines for i in b} - ids)
+
+
+def delta_text(
+    banner: str, changed: list[KnowledgeEntry], removed: list[str], *, budget_tokens: int = DELTA_BUDGET_TOKENS
+) -> str | None:
+    """Lore's ``buildKnowledgeDeltaMessage`` text (#747/#917 era, without the #917 overflow ToC).
+
+    ``changed`` is in priority order; entries that do not fit the budget are listed, not dropped.
+    """
+    if not changed and not removed:
+        return None
+    budget = budget_tokens * CHARS_PER_TOKEN
+    fitted: list[KnowledgeEntry] = []
+    used = 0
+    for e in changed:
+        cost = len(format_entry(e)) + 1
+        if used + cost <= budget:
+            fitted.append(e)
+            used += cost
+    if fitted:
+        rendered = format_knowledge(fitted, CONTEXT_HEADING)
+    elif changed:
+        first = changed[0]
+        content = first.content[:900] + "…" if len(first.content) > 900 else first.content
+        rendered = f"{CONTEXT_HEADING}\n\n" + format_entry(_with_content(first, content))
+        fitted = [first]
+    else:
+        rendered = ""
+    shown = {e.id for e in fitted}
+    skipped = sorted((e for e in changed if e.id not in shown), key=lambda e: e.id)
+    skipped_text = ""
+    if skipped:
+        lines = []
+        for e in skipped[:3]:
+            content = e.content[:500] + "..." if len(e.content) > 500 else e.content
+            lines.append(f"* **[{e.short_id}]{e.title}**: {content}")
+        more = len(skipped) - 3
+        if more > 0:
+            lines.append(f"* {more} more changed entr{'y' if more == 1 else 'ies'} omitted; older pinned "
+                         "system[2] entries for those IDs are stale.")
+        skipped_text = "\n\n## Additional Changed Knowledge (truncated)\n\n" + "\n".join(lines)
+    removals = ""
+    if removed:
+        removals = (
+            "\n\n## Superseded Long-term Knowledge\n\nIgnore any older pinned system[2] entries with these IDs; "
+            "they are no longer in the current selected knowledge set:\n"
+            + "\n".join(f"* [{i[:8]}]" for i in removed)
+        )
+    return banner + rendered + skipped_text + removals
+
+
+def _with_content(e: KnowledgeEntry, content: str) -> KnowledgeEntry:
+    return KnowledgeEntry(e.id, e.project_id, e.version, e.title, content, e.category, e.deleted, e.updated_at, e.key)
+
+
+def delta_message(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def budget_tokens(ctx: StrategyContext) -> int:
+    return int(ctx.params.get("delta_budget_tokens", DELTA_BUDGET_TOKENS))
+
+
+def splice(messages: list[dict[str, Any]], inserts: list[tuple[int, int, dict[str, Any]]]) -> tuple[list, list[int]]:
+    """Lore's ``applySessionPromptDeltas``: insert ``(insertAt, seq, message)`` rows into ``messages``.
+
+    Each row goes to ``safe_insert_index(messages, min(insertAt, len))``; rows landing on the same
+    index keep (insertAt, seq) order. Returns the new list and the new index of every original message.
+    """
+    before: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
+    for insert_at, seq, msg in inserts:
+        at = safe_insert_index(messages, min(insert_at, len(messages)))
+        before.setdefault(at, []).append((insert_at, seq, msg))
+    out: list[dict[str, Any]] = []
+    positions: list[int] = []
+    for i in range(len(messages) + 1):
+        for _, _, msg in sorted(before.get(i, ()), key=lambda r: (r[0], r[1])):
+            out.append(msg)
+        if i < len(messages):
+            positions.append(len(out))
+            out.append(messages[i])
+    return out, positions
+
+
+def rows_as_inserts(rows: list[Delta]) -> list[tuple[int, int, dict[str, Any]]]:
+    out = []
+    for d in rows:
+        sel = d.selector
+        if isinstance(sel, dict) and sel.get("target") == "messages" and isinstance(sel.get("insertAt"), int):
+            out.append((sel["insertAt"], d.seq, d.content))
+    return out
+
+
+def history_rewritten(ctx: StrategyContext) -> bool:
+    """True when the history is not an extension of what the last request saw (compaction).
+
+    Compares the message count (Lore's ``last_known_message_count``) and the first message's digest.
+    """
+    count = ctx.extra.get("last_message_count")
+    first = fingerprint(ctx.messages[0]) if ctx.messages else None
+    rewritten = count is not None and (len(ctx.messages) < count or ctx.extra.get("first_message") != first)
+    ctx.extra["first_message"] = first
+    return bool(rewritten)
+
+
+def mark_tail(
+    out: list[dict[str, Any]], positions: list[int], previous_count: int | None
+) -> None:
+    """Breakpoints on the last block and on the previous request's last block.
+
+    The second keeps the previous request's entry directly addressable, so a turn that adds more
+    than 20 blocks (a long tool loop, a delta) never falls outside the lookback window.
+    """
+    last = last_markable_index(out)
+    if last is None:
+        return
+    if previous_count is not None and 0 < previous_count <= len(positions):
+        prev = last_markable_index(out, positions[previous_count - 1] + 1)
+        if prev is not None and prev != last:
+            mark_message(out, prev, EPHEMERAL)
+    mark_message(out, last, EPHEMERAL)

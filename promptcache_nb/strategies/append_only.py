@@ -1,0 +1,139 @@
+"""``append_only``: oh-my-pi's append-only context mode (can1357/oh-my-pi, after issue #3406).
+
+``packages/agent/src/append-only-context.ts`` has two parts (seed_designs.md §4.1):
+
+* **StablePrefix** — the system prompt (a string array: here the host prompt and the knowledge in id
+  order) and the tool specs, snapshotted with a fingerprint (JSON ``{s, t}`` hashed with the ×31 string
+  hash, base 36). ``build`` keeps the snapshot while the fingerprint is unchanged and rebuilds it (a miss
+  is imminent) when it changed, so a knowledge edit *does* rebuild the prefix. oh-my-pi treats tool
+  order as significant, so tools are not sorted.
+* **AppendOnlyLog** — messages only grow. ``syncMessages`` keeps per-message digests: new messages are
+  appended; an in-place rewrite of earlier history (a compaction that does not shrink it) truncates
+  the log to the longest unchanged run and re-sends from there (the #3406 fix; the seed version
+  cleared everything); a shrink clears the log.
+
+The snapshot, the digests and the sync count live in ``extra`` so a restart rebuilds identically.
+``extra["last_sync"]`` says what the last sync did (``append``, ``rewrite@k``, ``shrink``) and
+``extra["prefix"]["version"]`` counts prefix rebuilds. Breakpoints: the last system block and the last
+message block, as pi-ai's Anthropic provider places them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from ._base import (
+    DEFAULT_MAX_TOKENS,
+    EPHEMERAL,
+    Strategy,
+    StrategyContext,
+    fingerprint,
+    format_knowledge,
+    knowledge_by_id,
+    last_markable_index,
+    mark_message,
+    text_block,
+    with_cache_control,
+)
+
+
+def hash31(text: str) -> str:
+    """oh-my-pi's string hash: ``h = ((h << 5) - h + charCode) | 0`` over UTF-16 units, base 36."""
+    h = 0
+    data = text.encode("utf-16-le")
+    for i in range(0, len(data), 2):
+        h = ((h << 5) - h + (data[i] | data[i + 1] << 8)) & 0xFFFFFFFF
+    return _base36(h)
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+def prefix_fingerprint(system_prompt: list[str], tools: list[dict[str, Any]]) -> str:
+    """``JSON.stringify({s, t: [{n, d, p}]})`` hashed; tool order counts, as in oh-my-pi."""
+    t = [{"n": tool.get("name"), "d": tool.get("description"), "p": tool.get("input_schema")} for tool in tools]
+    return hash31(json.dumps({"s": system_prompt, "t": t}, separators=(",", ":"), ensure_ascii=False))
+
+
+def build_prefix(ctx: StrategyContext) -> tuple[list[str], list[dict[str, Any]], bool]:
+    """StablePrefix.build: (system prompt parts, tools, rebuilt?)."""
+    system_prompt = [ctx.host_prompt, format_knowledge(knowledge_by_id(ctx.knowledge))]
+    fp = prefix_fingerprint(system_prompt, ctx.tools)
+    snap = ctx.extra.get("prefix")
+    if isinstance(snap, dict) and snap.get("fingerprint") == fp:
+        return list(snap["system"]), list(snap["tools"]), False
+    version = (snap.get("version", 0) if isinstance(snap, dict) else 0) + 1
+    ctx.extra["prefix"] = {"fingerprint": fp, "version": version, "system": system_prompt,
+                           "tools": json.loads(json.dumps(ctx.tools))}
+    return system_prompt, ctx.extra["prefix"]["tools"], True
+
+
+class _Digests:
+    """Per-object digest memo (oh-my-pi memoizes per message object); never persisted."""
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[dict[str, Any], str]] = {}
+
+    def __call__(self, message: dict[str, Any]) -> str:
+        hit = self._memo.get(id(message))
+        if hit is not None and hit[0] is message:
+            return hit[1]
+        d = fingerprint(message)[:16]
+        self._memo[id(message)] = (message, d)
+        return d
+
+
+def sync_messages(ctx: StrategyContext, digests: list[str]) -> str:
+    """AppendOnlyLog sync (post-#3406); updates ``extra["log"]`` and returns what it did."""
+    log = ctx.extra.get("log") if isinstance(ctx.extra.get("log"), dict) else None
+    logged: list[str] = list(log["digests"]) if log else []
+    synced = int(log["count"]) if log else 0
+    if len(digests) < synced:
+        action, logged = "shrink", []  # compaction shrank the history: clear and resend
+    else:
+        stable = 0
+        limit = min(synced, len(logged))  # the clamp: a cleared log may leave the cursor ahead
+        while stable < limit and logged[stable] == digests[stable]:
+            stable += 1
+        action = "append" if stable == synced else f"rewrite@{stable}"
+        logged = logged[:stable]
+    logged += digests[len(logged):]
+    ctx.extra["log"] = {"count": len(digests), "digests": logged}
+    return action
+
+
+class AppendOnly(Strategy):
+    """oh-my-pi: a fingerprinted frozen prefix and an append-only message log."""
+
+    name: ClassVar[str] = "append_only"
+    title: ClassVar[str] = "frozen prefix + append-only message log"
+    source: ClassVar[str] = "oh-my-pi append-only context mode (can1357/oh-my-pi, #3038, #3406)"
+
+    def __init__(self) -> None:
+        self._digest = _Digests()
+
+    def build(self, ctx: StrategyContext) -> dict[str, Any]:
+        system_prompt, tools, rebuilt = build_prefix(ctx)
+        ctx.extra["prefix_rebuilt"] = rebuilt
+        ctx.extra["last_sync"] = sync_messages(ctx, [self._digest(m) for m in ctx.messages])
+        system = [text_block(part) for part in system_prompt]
+        system[-1] = with_cache_control(system[-1], EPHEMERAL)
+        messages = list(ctx.messages)  # the log's content: identical to the synced history
+        last = last_markable_index(messages)
+        if last is not None:
+            mark_message(messages, last, EPHEMERAL)
+        return {
+            "model": ctx.model,
+            "max_tokens": DEFAULT_MAX_TOKENS,
+            "system": system,
+            "tools": tools,
+            "messages": messages,
+        }

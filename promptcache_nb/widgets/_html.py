@@ -1,0 +1,427 @@
+"""Pure HTML renderers shared by the widgets: no ipywidgets, no kernel, deterministic output.
+
+Every piece of request content passes through :func:`esc` (``html.escape``): prompts, tool results and
+knowledge come from users and logs, so they are data, never markup. Styles are inline because the
+widgets' HTML is inserted as-is into JupyterLab, VS Code and static exports alike.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..request import PreparedRequest, Segment, canonical_json
+from ..usage import Usage
+
+STATE_COLORS = {"read": "#2e8b57", "write": "#e0a030", "uncached": "#c8553d"}
+STATE_LABELS = {"read": "read from cache", "write": "written to cache", "uncached": "uncached"}
+
+_MONO = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:11.5px"
+_CELL = f"{_MONO};white-space:pre-wrap;word-break:break-all;vertical-align:top;padding:3px 6px;"
+_PATH = "font-size:11px;color:#555;white-space:nowrap;vertical-align:top;padding:3px 6px;"
+_BOX = "border:1px solid #ddd;border-radius:4px;padding:6px 8px;margin:2px 0;"
+_OLD = "background:#fbe3e0;"
+_NEW = "background:#def3e4;"
+_MARK_OLD = "background:#f4a7a0;"
+_MARK_NEW = "background:#8fd6a5;"
+
+#: Characters shown before / after the first differing character of the diverging segment.
+CONTEXT_BEFORE = 160
+CONTEXT_AFTER = 360
+#: Segments after the divergence listed in the side-by-side view before "… N more".
+MAX_ROWS = 8
+#: Characters of a (non-diverging) segment shown in a row.
+EXCERPT = 220
+
+
+def esc(value: Any) -> str:
+    """``html.escape`` of ``str(value)`` (quotes included, so it is safe in attributes too)."""
+    return html.escape(str(value), quote=True)
+
+
+def fmt_int(n: Any) -> str:
+    return "–" if n is None or _isna(n) else f"{int(n):,}"
+
+
+def fmt_usd(x: Any) -> str:
+    return "–" if x is None or _isna(x) else f"${float(x):,.4f}"
+
+
+def _isna(x: Any) -> bool:
+    try:
+        return bool(x != x)  # NaN and pd.NA-like values
+    except (TypeError, ValueError):
+        return True
+
+
+def segment_text(seg: Segment) -> str:
+    """What a reader wants to see of a segment: a text block's text, otherwise its canonical JSON."""
+    el = seg.element
+    if isinstance(el, str):
+        return el
+    if isinstance(el, dict) and el.get("type") == "text" and isinstance(el.get("text"), str):
+        return el["text"]
+    if isinstance(el, dict) and "cache_control" in el:
+        el = {k: v for k, v in el.items() if k != "cache_control"}  # markers never change what matches
+    return canonical_json(el)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _excerpt(text: str, limit: int = EXCERPT) -> str:
+    return esc(text if len(text) <= limit else text[:limit] + f" … (+{len(text) - limit:,} chars)")
+
+
+def shared_segments(previous: PreparedRequest | None, current: PreparedRequest) -> int:
+    """The number of leading segments whose content hashes match (the cache-relevant shared prefix)."""
+    if previous is None:
+        return 0
+    k = 0
+    for a, b in zip(previous.segments, current.segments, strict=False):
+        if a.content_hash != b.content_hash or a.kind != b.kind or a.role != b.role:
+            break
+        k += 1
+    return k
+
+
+def _attr(obj: Any, *names: str) -> Any:
+    for n in names:
+        v = getattr(obj, n, None)
+        if v is not None:
+            return v
+    return None
+
+
+def diff_summary(diff: Any, previous: PreparedRequest | None, current: PreparedRequest | None) -> str:
+    """One escaped sentence: where the two requests first differ, and how much prefix they share."""
+    if current is None:
+        return "no request yet"
+    if previous is None:
+        return "first request: nothing to compare against, everything is new"
+    k = shared_segments(previous, current)
+    shared_tok = sum(s.tokens for s in current.segments[:k])
+    path = _attr(diff, "path")
+    pure = _attr(diff, "pure_append")
+    token_offset = _attr(diff, "token_offset")
+    byte_offset = _attr(diff, "byte_offset")
+    shared_attr = _attr(diff, "shared_prefix_tokens")
+    if shared_attr is not None:
+        shared_tok = int(shared_attr)
+    if pure is None:
+        pure = k == len(previous.segments) and len(current.segments) >= k and previous.model == current.model
+    if previous.model != current.model:
+        return (f"model changed {esc(previous.model)} → {esc(current.model)}: caches are per model, "
+                f"nothing is shared")
+    if pure:
+        added = len(current.segments) - len(previous.segments)
+        return (f"pure append: the previous request is a prefix of this one "
+                f"({fmt_int(shared_tok)} shared tokens, +{added} segment{'s' if added != 1 else ''})")
+    if path is None and k < len(current.segments):
+        path = current.segments[k].path
+    elif path is None and k < len(previous.segments):
+        path = previous.segments[k].path
+    where = f"first difference at <code>{esc(path)}</code>"
+    if byte_offset is not None:
+        where += f" (byte {fmt_int(byte_offset)}"
+        where += f", token ≈{fmt_int(token_offset)})" if token_offset is not None else ")"
+    elif token_offset is not None:
+        where += f" (token ≈{fmt_int(token_offset)})"
+    return f"{where}; shared prefix {fmt_int(shared_tok)} tokens ({k} of {len(current.segments)} segments)"
+
+
+def _marked(text: str, j: int, mark_style: str) -> str:
+    start = max(0, j - CONTEXT_BEFORE)
+    head = ("… " if start else "") + text[start:j]
+    tail = text[j:]
+    cut = len(tail) > CONTEXT_AFTER
+    tail = tail[:CONTEXT_AFTER]
+    out = esc(head) + f'<mark style="{mark_style}">{esc(tail) or "∅"}</mark>'
+    return out + (f" … (+{len(text) - j - CONTEXT_AFTER:,} chars)" if cut else "")
+
+
+def side_by_side_html(
+    previous: PreparedRequest | None, current: PreparedRequest | None, *, diff: Any = None
+) -> str:
+    """The escaped side-by-side prefix diff: shared segments collapsed, the divergence highlighted."""
+    if current is None:
+        return f'<div style="{_BOX}color:#777">no request yet</div>'
+    rows: list[str] = []
+    head = f'<div style="margin:2px 0 4px 0"><b>prefix diff</b> · {diff_summary(diff, previous, current)}</div>'
+    if previous is None:
+        total = sum(s.tokens for s in current.segments)
+        rows.append(
+            f'<tr><td colspan="4" style="{_CELL}color:#555">{len(current.segments)} segments, '
+            f"{fmt_int(total)} estimated tokens, all new</td></tr>"
+        )
+        return _table(head, rows)
+    p, c = previous.segments, current.segments
+    k = shared_segments(previous, current)
+    if k:
+        tok = sum(s.tokens for s in c[:k])
+        span = c[0].path if k == 1 else f"{c[0].path} … {c[k - 1].path}"
+        rows.append(
+            f'<tr><td colspan="4" style="{_CELL}color:#555;background:#f4f4f4">'
+            f"▸ {k} identical segment{'s' if k != 1 else ''} ({esc(span)}), {fmt_int(tok)} tokens</td></tr>"
+        )
+    if k < len(p) and k < len(c):
+        a, b = segment_text(p[k]), segment_text(c[k])
+        j = _common_prefix(a, b)
+        rows.append(
+            f'<tr data-role="divergence"><td style="{_PATH}">{esc(p[k].path)}</td>'
+            f'<td style="{_CELL}{_OLD}">{_marked(a, j, _MARK_OLD)}</td>'
+            f'<td style="{_PATH}">{esc(c[k].path)}</td>'
+            f'<td style="{_CELL}{_NEW}">{_marked(b, j, _MARK_NEW)}</td></tr>'
+        )
+        start = k + 1
+    else:
+        start = k
+    shown = 0
+    n = max(len(p), len(c))
+    for i in range(start, n):
+        if shown >= MAX_ROWS:
+            rows.append(f'<tr><td colspan="4" style="{_CELL}color:#555">… {n - i} more segment'
+                        f"{'s' if n - i != 1 else ''}</td></tr>")
+            break
+        left = p[i] if i < len(p) else None
+        right = c[i] if i < len(c) else None
+        same = left is not None and right is not None and left.content_hash == right.content_hash
+        lstyle = "" if same else _OLD
+        rstyle = "" if same else _NEW
+        rows.append(
+            "<tr>"
+            f'<td style="{_PATH}">{esc(left.path) if left else ""}</td>'
+            f'<td style="{_CELL}{lstyle if left else ""}">{_excerpt(segment_text(left)) if left else ""}</td>'
+            f'<td style="{_PATH}">{esc(right.path) if right else ""}</td>'
+            f'<td style="{_CELL}{rstyle if right else ""}">{_excerpt(segment_text(right)) if right else ""}</td>'
+            "</tr>"
+        )
+        shown += 1
+    return _table(head, rows)
+
+
+def _table(head: str, rows: list[str]) -> str:
+    return (
+        f'<div class="pcnb-diff" style="{_BOX}">{head}'
+        '<table style="border-collapse:collapse;width:100%;table-layout:fixed">'
+        '<colgroup><col style="width:9%"><col style="width:41%"><col style="width:9%"><col style="width:41%">'
+        "</colgroup>"
+        '<tr><th style="text-align:left;font-size:11px" colspan="2">previous request</th>'
+        '<th style="text-align:left;font-size:11px" colspan="2">this request</th></tr>'
+        + "".join(rows)
+        + "</table></div>"
+    )
+
+
+def segment_map_html(segments: Sequence[Segment], states: Sequence[str]) -> str:
+    """A strip with one box per segment, as wide as its tokens, coloured read / write / uncached."""
+    if not segments:
+        return ""
+    if len(states) != len(segments):
+        return (f'<div style="{_BOX}color:#777;font-size:12px">segment map: no per-segment cache states '
+                "for this turn (measured usage, or a cache model that does not report them)</div>")
+    total = sum(max(s.tokens, 1) for s in segments)
+    boxes, sums = [], dict.fromkeys(STATE_COLORS, 0)
+    for seg, st in zip(segments, states, strict=True):
+        sums[st] = sums.get(st, 0) + seg.tokens
+        pct = 100 * max(seg.tokens, 1) / total
+        boxes.append(
+            f'<div data-state="{esc(st)}" title="{esc(seg.path)} · {seg.tokens:,} tok · {esc(st)}" '
+            f'style="flex:0 0 {pct:.3f}%;min-width:2px;height:16px;background:{STATE_COLORS.get(st, "#999")};'
+            'border-right:1px solid #fff;box-sizing:border-box"></div>'
+        )
+    legend = " · ".join(
+        f'<span style="color:{STATE_COLORS[k]}">■</span> {STATE_LABELS[k]} {fmt_int(v)}' for k, v in sums.items()
+    )
+    return (
+        f'<div class="pcnb-segmap" style="{_BOX}"><div style="font-size:12px;margin-bottom:3px"><b>segment map</b> '
+        f"(tools → system → messages; estimated tokens) {legend}</div>"
+        f'<div style="display:flex;width:100%;border:1px solid #ccc">{"".join(boxes)}</div></div>'
+    )
+
+
+def usage_html(
+    usage: Usage,
+    *,
+    ideal_cache_read: int | None = None,
+    cost_usd: float | None = None,
+    cost_no_cache_usd: float | None = None,
+    cache_reason: str | None = None,
+) -> str:
+    """Usage of one request as a small table, with the measured / simulated label."""
+    rows = [
+        ("cache read", fmt_int(usage.cache_read_input_tokens), STATE_COLORS["read"]),
+        ("cache write", fmt_int(usage.cache_creation_input_tokens), STATE_COLORS["write"]),
+        ("uncached", fmt_int(usage.input_tokens), STATE_COLORS["uncached"]),
+        ("output", fmt_int(usage.output_tokens), "#555"),
+    ]
+    if ideal_cache_read is not None:
+        rows.append(("ideal cache read", fmt_int(ideal_cache_read), "#1f3b73"))
+    body = "".join(
+        f'<tr><td style="padding:1px 8px 1px 0"><span style="color:{color}">■</span> {name}</td>'
+        f'<td style="text-align:right;{_MONO}" data-field="{name.replace(" ", "_")}">{value}</td></tr>'
+        for name, value, color in rows
+    )
+    extra = ""
+    if cost_usd is not None:
+        extra += f"<div>cost {fmt_usd(cost_usd)} (no caching: {fmt_usd(cost_no_cache_usd)})</div>"
+    if cache_reason:
+        extra += f"<div>cache model: <code>{esc(cache_reason)}</code></div>"
+    return (
+        f'<div class="pcnb-usage" style="{_BOX}font-size:12.5px"><b>usage</b> · '
+        f'<i data-field="label">{esc(usage.label)}</i><table style="border-collapse:collapse">{body}</table>'
+        f"{extra}</div>"
+    )
+
+
+def _changes(value: Any) -> list[str]:
+    if value is None or (not isinstance(value, str | list | tuple | dict) and _isna(value)):
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return [value]
+    if isinstance(value, dict):
+        value = [value]
+    out = []
+    for ch in value if isinstance(value, Iterable) else [value]:
+        if isinstance(ch, dict):
+            code, detail = ch.get("code"), ch.get("detail")
+        else:
+            code, detail = getattr(ch, "code", None), getattr(ch, "detail", None)
+        out.append(f"{code}: {detail}" if code is not None and detail else str(code if code is not None else ch))
+    return out
+
+
+def observation_html(
+    observation: Any = None,
+    *,
+    row: dict[str, Any] | None = None,
+    cache_reason: str | None = None,
+    cache_detail: dict[str, Any] | None = None,
+) -> str:
+    """OpenClaw-style observation (broke?, changes, explanation), from the object or the stored row."""
+    row = row or {}
+    broke = _attr(observation, "broke")
+    if broke is None:
+        broke = row.get("broke")
+    changes = _changes(_attr(observation, "changes") if observation is not None else row.get("changes"))
+    explanation = _attr(observation, "explanation")
+    if explanation is None:
+        explanation = row.get("explanation")
+    prev_read = _attr(observation, "previous_cache_read")
+    if prev_read is None:
+        prev_read = row.get("previous_cache_read")
+    parts = []
+    if broke is not None and not _isna(broke):
+        verdict = ("<b style='color:#c8553d'>cache break</b>" if bool(broke)
+                   else "<b style='color:#2e8b57'>no break</b>")
+        if prev_read is not None and not _isna(prev_read):
+            verdict += f" (previous request read {fmt_int(prev_read)})"
+        parts.append(f"<div>{verdict}</div>")
+    if changes:
+        parts.append("<div>changes: " + "; ".join(f"<code>{esc(c)}</code>" for c in changes) + "</div>")
+    if explanation is not None and not _isna(explanation) and str(explanation):
+        parts.append(f'<div data-field="explanation">{esc(explanation)}</div>')
+    if not parts and cache_reason:
+        where = (cache_detail or {}).get("divergence_path")
+        text = f"cache model reason <code>{esc(cache_reason)}</code>"
+        if where:
+            text += f" — divergence at <code>{esc(where)}</code>"
+        parts.append(f"<div>{text}</div>")
+    if not parts:
+        parts.append("<div style='color:#777'>no observation for this turn</div>")
+    return f'<div class="pcnb-observation" style="{_BOX}font-size:12.5px"><b>observation</b>{"".join(parts)}</div>'
+
+
+def error_html(exc: BaseException) -> str:
+    """A visible, escaped error box for a failed click (the widget never swallows a callback error)."""
+    return (
+        f'<div class="pcnb-error" style="{_BOX}border-color:#c8553d;background:#fdf0ee;color:#8a1f11">'
+        f"<b>{esc(type(exc).__name__)}</b>: {esc(exc)}</div>"
+    )
+
+
+def header_html(
+    *, index: int | None, n_turns: int, at: Any = None, events: Sequence[str] = (), user_text: str | None = None,
+    scenario: str | None = None, position: int | None = None, n_scenario: int | None = None,
+    pending: Sequence[str] = (),
+) -> str:
+    """"Turn i of n" plus when, which events preceded it and what the user said."""
+    if index is None:
+        title = f'<b data-field="turn">no turns yet</b> · {n_turns} stored'
+    else:
+        title = f'<b data-field="turn">Turn {index}</b> <span style="color:#555">(requests 0–{n_turns - 1} stored)</span>'
+        if at is not None:
+            title += f" · {esc(f'{at:%Y-%m-%d %H:%M:%S}')} UTC"
+    if scenario is not None and n_scenario is not None:
+        title += f" · scenario <code>{esc(scenario)}</code>: {position}/{n_scenario} turns played"
+    lines = [f"<div>{title}</div>"]
+    if index is not None:
+        ev = ", ".join(f"<code>{esc(e)}</code>" for e in events) or "none"
+        lines.append(f'<div style="font-size:12px">events before this request: {ev}</div>')
+        if user_text:
+            lines.append(f'<div style="font-size:12px">user: {_excerpt(user_text, 200)}</div>')
+    if pending:
+        lines.append(
+            '<div style="font-size:12px;color:#6a3d9a">pending for the next turn: '
+            + ", ".join(f"<code>{esc(e)}</code>" for e in pending) + "</div>"
+        )
+    return f'<div class="pcnb-header" style="font-size:13px">{"".join(lines)}</div>'
+
+
+def knowledge_table_html(rows: Sequence[dict[str, Any]], *, pending: Sequence[str] = ()) -> str:
+    """The editor's list: title, category, short id, version (content escaped and shortened)."""
+    if not rows:
+        body = '<tr><td colspan="5" style="color:#777;padding:3px 6px">no knowledge entries</td></tr>'
+    else:
+        body = "".join(
+            f'<tr data-id="{esc(r["short_id"])}"><td style="{_MONO};padding:2px 6px">{esc(r["short_id"])}</td>'
+            f'<td style="padding:2px 6px">{esc(r["title"])}</td><td style="padding:2px 6px">{esc(r["category"])}</td>'
+            f'<td style="padding:2px 6px;text-align:right">v{int(r["version"])}</td>'
+            f'<td style="padding:2px 6px;color:#555;font-size:11.5px">{_excerpt(r["content"], 90)}</td></tr>'
+            for r in rows
+        )
+    note = ""
+    if pending:
+        note = ('<div style="font-size:12px;color:#6a3d9a">applies before the next turn: '
+                + ", ".join(f"<code>{esc(e)}</code>" for e in pending) + "</div>")
+    return (
+        f'<div class="pcnb-knowledge" style="{_BOX}font-size:12.5px"><b>knowledge</b> ({len(rows)} entries)'
+        '<table style="border-collapse:collapse;width:100%">'
+        '<tr style="text-align:left;font-size:11px;color:#555"><th>id</th><th>title</th><th>category</th>'
+        f"<th>version</th><th>content</th></tr>{body}</table>{note}</div>"
+    )
+
+
+def summary_table_html(rows: Sequence[dict[str, Any]]) -> str:
+    """Compare's table: one row per strategy."""
+    cols = [
+        ("strategy", "strategy", lambda v: f"<code>{esc(v)}</code>"),
+        ("requests", "requests", fmt_int),
+        ("cache read %", "cache_read_pct", lambda v: f"{float(v):.1f}%"),
+        ("efficiency", "efficiency", lambda v: "n/a" if _isna(v) else f"{100 * float(v):.1f}%"),
+        ("cache write", "cache_write", fmt_int),
+        ("uncached", "uncached", fmt_int),
+        ("breaks", "breaks", fmt_int),
+        ("cost", "cost_usd", fmt_usd),
+        ("saved vs no cache", "saved_usd", fmt_usd),
+        ("last reason", "last_reason", lambda v: f"<code>{esc(v)}</code>" if v else "–"),
+    ]
+    head = "".join(f'<th style="text-align:right;padding:2px 8px">{esc(name)}</th>' for name, _, _ in cols)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td style="text-align:right;padding:2px 8px;{_MONO}">{fmt(r.get(key))}</td>' for _, key, fmt in cols
+        ) + "</tr>"
+        for r in rows
+    )
+    return (f'<div class="pcnb-compare" style="{_BOX}font-size:12.5px">'
+            f'<table style="border-collapse:collapse"><tr>{head}</tr>{body}</table></div>')
