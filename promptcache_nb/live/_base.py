@@ -45,7 +45,7 @@ class Backend(ABC):
     @abstractmethod
     def send(self, request: PreparedRequest, *, at: datetime, cache: CacheModel) -> BackendResponse: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections (a no-op for in-process backends)."""
 
 

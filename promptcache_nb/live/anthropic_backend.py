@@ -78,14 +78,16 @@ class AnthropicBackend(Backend):
     ) -> None:
         if isinstance(client, anthropic.AsyncAnthropic):
             raise TypeError(
-                "AnthropicBackend needs the synchronous client: pass anthropic.Anthropic(...), not AsyncAnthropic "
-                "(sessions send one request at a time)"
+                "AnthropicBackend needs the synchronous client: pass anthropic.Anthropic(...), not "
+                "AsyncAnthropic (sessions send one request at a time)"
             )
         self._owns_client = client is None
         self._client = client if client is not None else anthropic.Anthropic()
         self.predict = predict
         self.stream = stream
-        self.virtual_clock = _is_loopback(self._client.base_url.host) if virtual_clock is None else virtual_clock
+        if virtual_clock is None:
+            virtual_clock = _is_loopback(self._client.base_url.host)
+        self.virtual_clock = virtual_clock
         self._known = frozenset(inspect.signature(self._client.messages.create).parameters) - {"stream"}
 
     @property

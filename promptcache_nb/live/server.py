@@ -188,7 +188,7 @@ class SimulatorServer:
     def base_url(self) -> str:
         """``http://host:port`` — pass it as ``anthropic.Anthropic(base_url=...)``."""
         if self._httpd is None:
-            raise RuntimeError("the simulator is not running; call server.start() or use `with SimulatorServer()`")
+            raise RuntimeError("the simulator is not running; call .start() or use `with SimulatorServer()`")
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
@@ -244,7 +244,7 @@ class SimulatorServer:
         stream = False
         try:
             if path not in _PATHS or method != "POST":
-                raise _Reject(404, f"{method} {path}: not found (this simulator serves POST {', '.join(_PATHS)})")
+                raise _Reject(404, f"{method} {path}: not found (served: POST {', '.join(_PATHS)})")
             workspace = self._authenticate(headers)
             self._maybe_injected()
             payload = self._json(body)
@@ -263,7 +263,8 @@ class SimulatorServer:
             log.exception("simulator failed on %s %s (%s)", method, path, request_id)
             status = 500
             out_headers = {"content-type": "application/json"}
-            error = {"type": "api_error", "message": "internal simulator error (see the promptcache_nb.server log)"}
+            error = {"type": "api_error",
+                     "message": "internal simulator error (see the promptcache_nb.server log)"}
             out = json.dumps({"type": "error", "error": error, "request_id": request_id}).encode()
         out_headers = {**out_headers, "request-id": request_id, SIMULATOR_HEADER: self.cache}
         with self._lock:
@@ -317,7 +318,7 @@ class SimulatorServer:
         except ValueError:
             at = None
         if at is None or at.tzinfo is None:
-            raise _Reject(400, f"{AT_HEADER}: expected an ISO-8601 timestamp with a UTC offset, got {value!r}")
+            raise _Reject(400, f"{AT_HEADER}: expected an ISO-8601 time with a UTC offset, got {value!r}")
         return at.astimezone(UTC)
 
     def _prepare(self, payload: dict[str, Any], *, need_max_tokens: bool):
@@ -344,7 +345,8 @@ class SimulatorServer:
 
     def _count_tokens(self, payload: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
         prepared = self._prepare(payload, need_max_tokens=False)
-        return 200, {"content-type": "application/json"}, json.dumps({"input_tokens": prepared.total_tokens}).encode()
+        out = json.dumps({"input_tokens": prepared.total_tokens}).encode()
+        return 200, {"content-type": "application/json"}, out
 
     def _create(self, payload: dict[str, Any], workspace: str, at: datetime, seq: int, stream: bool
                 ) -> tuple[int, dict[str, str], bytes]:
@@ -387,8 +389,10 @@ def _sse(message: dict[str, Any]) -> bytes:
     usage = message["usage"]
     start = {**message, "content": [], "stop_reason": None,
              "usage": {**usage, "output_tokens": 0}}
-    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start}),
-                                                ("ping", {"type": "ping"})]
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start}),
+        ("ping", {"type": "ping"}),
+    ]
     for i, block in enumerate(message["content"]):
         text = block["text"]
         events.append(("content_block_start", {"type": "content_block_start", "index": i,
@@ -399,10 +403,10 @@ def _sse(message: dict[str, Any]) -> bytes:
                 events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
                                                        "delta": {"type": "text_delta", "text": piece}}))
         events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    final_usage = {k: usage[k] for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
-                                         "output_tokens")}
-    events.append(("message_delta", {"type": "message_delta", "usage": final_usage,
-                                     "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None}}))
+    final_usage = {k: usage[k] for k in (
+        "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")}
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    events.append(("message_delta", {"type": "message_delta", "usage": final_usage, "delta": delta}))
     events.append(("message_stop", {"type": "message_stop"}))
     return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
 
@@ -464,9 +468,9 @@ def run_serve(args: argparse.Namespace, *, ready: Callable[[SimulatorServer], No
     return 0
 
 
-def serve_main(argv: list[str] | None = None) -> int:
+def serve_main(argv: list[str] | None = None, *, ready: Callable[[SimulatorServer], None] | None = None) -> int:
     """``promptcache-nb serve [--host H] [--port N] [--cache anthropic] [--ttft S]``."""
-    parser = argparse.ArgumentParser(prog="promptcache-nb serve",
-                                     description="Run a Messages-compatible endpoint backed by a cache model.")
+    parser = argparse.ArgumentParser(
+        prog="promptcache-nb serve", description="Run a Messages endpoint that answers from a cache model.")
     add_serve_arguments(parser)
-    return run_serve(parser.parse_args(argv))
+    return run_serve(parser.parse_args(argv), ready=ready)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from ..errors import UnknownStrategyError
 from ._base import DeltaTable, Strategy, StrategyContext
+from .append_only import AppendOnly
+from .clock_at_tail import ClockAtTail
+from .clock_in_system import ClockInSystem
+from .durable_delta import DurableDelta
 from .naive import Naive
+from .rewrite_knowledge import RewriteKnowledge
+from .volatile_delta import VolatileDelta
 
 _REGISTRY: dict[str, type[Strategy]] = {}
 
@@ -14,7 +20,8 @@ def register_strategy(cls: type[Strategy]) -> type[Strategy]:
     return cls
 
 
-for _cls in (Naive,):
+# Teaching order: each design fixes what the previous one breaks.
+for _cls in (Naive, ClockInSystem, ClockAtTail, AppendOnly, RewriteKnowledge, VolatileDelta, DurableDelta):
     register_strategy(_cls)
 
 

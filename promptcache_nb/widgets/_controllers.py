@@ -154,6 +154,8 @@ class StepperController(_Observable):
         n = session.n_turns
         self.current: int | None = n - 1 if n else None
         self._states: dict[int, tuple[str, ...]] = {}
+        #: first and last request index sent by the latest ``next()`` (a tool loop sends several).
+        self.last_batch: tuple[int, int] | None = None
         self._views: dict[int, TurnView] = {}
 
     # -- state ---------------------------------------------------------------------------------
@@ -180,9 +182,11 @@ class StepperController(_Observable):
     def next(self, user: str | None = None, reply: str | None = None) -> Turn:
         """The "Next turn" button: the next scenario turn, or ``user`` (and ``reply``) when given.
 
-        Returns the turn's last request; the view then shows it.
+        Returns the turn's last request (as ``Session.step`` does); the view shows the turn's *first*
+        request, where its events land (``last_batch`` holds both indexes).
         """
         s = self.session
+        first = s.n_turns
         if user is not None and user.strip():
             t = s.step(user, reply)
         else:
@@ -202,7 +206,10 @@ class StepperController(_Observable):
             t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
             self.position += 1
         self._states[t.index] = t.segment_states
-        self.current = t.index
+        # A turn with tool calls sends several requests; show its first, where the user message and
+        # the turn's events (knowledge edits, tool changes…) land. The slider reaches the others.
+        self.current = first
+        self.last_batch = (first, t.index)
         self._notify("turn")
         return t
 
@@ -278,6 +285,8 @@ class StepperController(_Observable):
             events=() if v is None else v.events, user_text=None if v is None else v.user_text,
             scenario=None if sc is None else sc.name, position=self.position,
             n_scenario=None if sc is None else len(sc.turns), pending=self.pending,
+            batch=self.last_batch if v is not None and self.last_batch
+            and self.last_batch[0] <= v.index <= self.last_batch[1] else None,
         )
 
     def __repr__(self) -> str:

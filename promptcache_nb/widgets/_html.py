@@ -353,7 +353,7 @@ def error_html(exc: BaseException) -> str:
 def header_html(
     *, index: int | None, n_turns: int, at: Any = None, events: Sequence[str] = (), user_text: str | None = None,
     scenario: str | None = None, position: int | None = None, n_scenario: int | None = None,
-    pending: Sequence[str] = (),
+    pending: Sequence[str] = (), batch: tuple[int, int] | None = None,
 ) -> str:
     """"Turn i of n" plus when, which events preceded it and what the user said."""
     if index is None:
@@ -365,6 +365,9 @@ def header_html(
     if scenario is not None and n_scenario is not None:
         title += f" · scenario <code>{esc(scenario)}</code>: {position}/{n_scenario} turns played"
     lines = [f"<div>{title}</div>"]
+    if batch is not None and batch[0] != batch[1]:
+        lines.append(f'<div style="font-size:12px">this turn sent requests {batch[0]}–{batch[1]} (a tool loop); '
+                     "the slider shows each</div>")
     if index is not None:
         ev = ", ".join(f"<code>{esc(e)}</code>" for e in events) or "none"
         lines.append(f'<div style="font-size:12px">events before this request: {ev}</div>')

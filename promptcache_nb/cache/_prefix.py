@@ -1,0 +1,98 @@
+"""Shared machinery of the token-prefix caches (OpenAI, DeepSeek, vLLM).
+
+These providers match *tokens*, not Anthropic's breakpoint blocks. We have no real token ids, only the
+canonical body's segments with estimated token counts, so the token stream of a request is modelled as
+its segments laid end to end: token ``k`` of a request is identified by the chain of segments before
+it plus its offset inside its own segment. Consequences, stated once for every model here:
+
+* the longest common prefix (LCP) of two requests, in tokens, is the tokens of their shared leading
+  segments — a segment that differs at all shares *no* tokens (in reality a changed block usually
+  keeps a few leading tokens, so the models are slightly pessimistic there);
+* provider rendering differences are ignored: a request re-simulated under OpenAI, DeepSeek or vLLM
+  has the same segments and the same estimated counts as under Anthropic (tool definitions, system
+  prompt and message framing are rendered differently by each provider's chat template in reality);
+* a segment is identified by ``(kind, role, content_hash)``; ``cache_control`` markers never matter.
+
+A chain of segments is interned into small integers (``ChainInterner``): node ``i`` of a request
+stands for "the prefix through segment ``i``". Consecutive requests of a session share most of their
+chain, so each request hashes only its new segments; the O(n) parts (copying the shared chain, the
+cumulative token counts) run in C-level list operations.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Hashable, Sequence
+from itertools import accumulate
+from operator import attrgetter
+from typing import Any
+
+from ..request import PreparedRequest
+
+segment_key = attrgetter("kind", "role", "content_hash")
+_tokens = attrgetter("tokens")
+
+
+def common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Length of the longest common prefix of two sequences (slice comparisons run in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def cumulative_tokens(request: PreparedRequest) -> list[int]:
+    """Estimated tokens through each segment (``PreparedRequest.cumulative_tokens`` without a Python loop)."""
+    return list(accumulate(map(_tokens, request.segments)))
+
+
+class ChainInterner:
+    """Interns segment chains: node id of segment ``i`` = id of (node id of ``i-1``, segment key).
+
+    Two requests share node ``i`` exactly when their first ``i + 1`` segments are equal. ``chain()``
+    reuses the previous call's chain for the shared leading run, so only new segments are interned.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[Hashable, ...], int] = {}
+        self._prev_root: int | None = None
+        self._prev_keys: list[tuple[Any, ...]] = []
+        self._prev_chain: list[int] = []
+
+    def root(self, *salt: Hashable) -> int:
+        """The node every chain with this salt (model, cache salt...) starts from."""
+        return self._ids.setdefault(("root", *salt), len(self._ids))
+
+    def chain(self, root: int, request: PreparedRequest) -> tuple[list[tuple[Any, ...]], list[int]]:
+        """(segment keys, node id per segment) of ``request``."""
+        keys = list(map(segment_key, request.segments))
+        shared = common_prefix_len(keys, self._prev_keys) if root == self._prev_root else 0
+        chain = self._prev_chain[:shared]
+        ids = self._ids
+        parent = chain[-1] if chain else root
+        for key in keys[shared:]:
+            parent = ids.setdefault((parent, key), len(ids))
+            chain.append(parent)
+        self._prev_root, self._prev_keys, self._prev_chain = root, keys, chain
+        return keys, chain
+
+
+def states_for(cum: list[int], read: int) -> tuple[str, ...]:
+    """Per-segment ``read`` / ``uncached`` for a token-prefix cache that read ``read`` tokens.
+
+    A segment counts as read when all of its tokens were; no-write-fee providers have no ``write``.
+    """
+    k = bisect_right(cum, read) if read else 0
+    return ("read",) * k + ("uncached",) * (len(cum) - k)
+
+
+def segment_path(request: PreparedRequest, index: int) -> str | None:
+    segs = request.segments
+    return segs[index].path if 0 <= index < len(segs) else None

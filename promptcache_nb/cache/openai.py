@@ -1,0 +1,228 @@
+"""OpenAI automatic prompt caching, classic behaviour (gpt-4o … gpt-5.5), provider_cache_rules.md §2.1.
+
+Rules modelled, each cited where it is applied:
+
+* caching is automatic for prompts of at least 1,024 tokens, with no write fee (§2.1 [O1][O2]);
+* hits come in 128-token increments: 1024, 1152, 1280, … — the 2024 guide's rule [O2] (its example:
+  2,006 prompt tokens, 1,920 cached). Later copies drop the sentence [O1][O3]; we follow [O2] and make
+  it ``increment=`` (``increment=1`` follows the later copies);
+* routing: a request goes to the machine picked by a hash of its first 256 tokens combined with
+  ``prompt_cache_key`` [O1]; each machine (shard) has its own cache, so a changed opening or a new key
+  lands on a cold machine. The key is read from the body's ``prompt_cache_key`` field, else the
+  ``prompt_cache_key=`` parameter;
+* the match is the longest live prefix, over *every* prompt the shard holds (§2.3 pseudo-algorithm);
+  a processed prompt is cached "afterward on that machine" [O1] and refreshes what it used;
+* retention [O1][O3]: ``in_memory`` keeps a prefix while it is used at least every ``idle_ttl``
+  (default 5 minutes, the low end of "5–10 minutes of inactivity") and never longer than ``max_age``
+  after it was computed ("up to a maximum of one hour"); ``24h`` keeps it up to 24 hours. Sources
+  disagree on the default ([O1] ``in_memory``; [O3] ``24h`` for non-ZDR organisations): we use
+  ``in_memory``;
+* usage is reported as ``prompt_tokens`` with ``prompt_tokens_details.cached_tokens`` a subset of it
+  [O1]: in :class:`~promptcache_nb.Usage` that is read = cached, write = 0, uncached = prompt − cached.
+
+Not modelled: the overflow to extra machines above ~15 requests/minute per prefix+key [O1] (only
+described qualitatively), GPT-5.6+ explicit breakpoints and 1.25× writes (§2.2), per-organisation
+isolation (one simulator = one organisation). Whether a full repeat is capped at n−1 is undocumented;
+we do not cap.
+
+Token stream: see :mod:`promptcache_nb.cache._prefix` — the LCP of two requests is the tokens of their
+shared leading segments (0 tokens shared inside a segment that differs), and tool/system rendering
+differences between Anthropic and OpenAI are ignored (same segments, same estimated counts).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+from .._util import parse_duration
+from ..request import PreparedRequest
+from ..usage import Usage
+from ._base import CacheModel, CacheResult
+from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, segment_path, states_for
+
+MIN_TOKENS = 1024
+INCREMENT = 128
+ROUTING_TOKENS = 256
+RETENTIONS = ("in_memory", "24h")
+
+
+def _seconds(value: str | float | timedelta) -> float:
+    return parse_duration(value).total_seconds()
+
+
+@dataclass
+class _Shard:
+    """One machine's cache: node id -> when computed / last used, and its latest stored prompt."""
+
+    written: dict[int, float] = field(default_factory=dict)
+    used: dict[int, float] = field(default_factory=dict)
+    prev_chain: list[int] = field(default_factory=list)
+    prev_t: float = 0.0
+
+
+class OpenAICache(CacheModel):
+    """Simulated OpenAI prompt cache (classic, automatic) for one organisation.
+
+    Args:
+        retention: ``"in_memory"`` (default) or ``"24h"`` (``prompt_cache_retention``).
+        idle_ttl: in_memory only: a prefix unused this long is gone (default ``"5m"``).
+        max_age: in_memory only: the hard cap on a prefix's lifetime after it was computed (``"1h"``).
+        min_tokens: shortest cacheable prompt (1,024).
+        increment: cached counts step by this many tokens above ``min_tokens`` (128, 2024 docs).
+        routing_tokens: how many leading tokens pick the machine (256).
+        prompt_cache_key: the routing key when the body has no ``prompt_cache_key`` field.
+
+    Example:
+        >>> import promptcache_nb as pc
+        >>> cache = pc.get_cache_model("openai", idle_ttl="10m")
+    """
+
+    name: ClassVar[str] = "openai"
+
+    def __init__(
+        self,
+        *,
+        retention: str = "in_memory",
+        idle_ttl: str | float | timedelta = "5m",
+        max_age: str | float | timedelta = "1h",
+        min_tokens: int = MIN_TOKENS,
+        increment: int = INCREMENT,
+        routing_tokens: int = ROUTING_TOKENS,
+        prompt_cache_key: str | None = None,
+    ) -> None:
+        if retention not in RETENTIONS:
+            raise ValueError(f"retention must be one of {RETENTIONS}, got {retention!r}")
+        if increment < 1 or min_tokens < 1:
+            raise ValueError("increment and min_tokens must be >= 1")
+        self.retention = retention
+        if retention == "24h":
+            self.idle_ttl = self.max_age = 86_400.0
+        else:
+            self.idle_ttl, self.max_age = _seconds(idle_ttl), _seconds(max_age)
+            if self.idle_ttl > self.max_age:
+                raise ValueError(
+                    f"idle_ttl ({idle_ttl}) exceeds max_age ({max_age}): in_memory prefixes live at most "
+                    "max_age; use retention='24h' for longer"
+                )
+        self.min_tokens = min_tokens
+        self.increment = increment
+        self.routing_tokens = routing_tokens
+        self.prompt_cache_key = prompt_cache_key
+        self.reset()
+
+    def reset(self) -> None:
+        self._chains = ChainInterner()
+        self._shards: dict[tuple[int, str | None], _Shard] = {}
+        self._prev: dict[str, Any] | None = None
+
+    def validate_model(self, model: str) -> str:
+        # Permissive: re-simulating an Anthropic-shaped session under OpenAI's rules keeps its model id.
+        return model
+
+    def default_ttl_seconds(self, request: PreparedRequest) -> float:
+        return self.idle_ttl
+
+    def cached_for(self, lcp_tokens: int) -> int:
+        """Tokens reported cached for a live shared prefix of ``lcp_tokens`` (1024 + k·128, or 0)."""
+        if lcp_tokens < self.min_tokens:
+            return 0
+        return self.min_tokens + (lcp_tokens - self.min_tokens) // self.increment * self.increment
+
+    # -- the model ----------------------------------------------------------------------------
+    def _match(self, shard: _Shard | None, chain: list[int], t: float) -> tuple[int, str | None]:
+        """(leading segments live in the shard, why the shard's latest prompt was dead if it was)."""
+        if shard is None or not chain:
+            return 0, None
+        written, used = shard.written, shard.used
+        i, prev_w = 0, float("-inf")
+        shared = common_prefix_len(chain, shard.prev_chain)
+        if shared:
+            # The shard's latest prompt left this run written (computed times non-decreasing along
+            # it) and used at prev_t, and nothing touched the shard since: check it in O(1).
+            if t - shard.prev_t >= self.idle_ttl:
+                return 0, "idle"
+            if t - written[chain[0]] >= self.max_age:
+                return 0, "max_age"
+            i, prev_w = shared, written[chain[shared - 1]]
+        while i < len(chain):
+            node = chain[i]
+            w = written.get(node)
+            # a prefix computed before its own parent was recomputed belonged to the evicted parent
+            if w is None or w < prev_w or t - used[node] >= self.idle_ttl or t - w >= self.max_age:
+                break
+            prev_w = w
+            i += 1
+        return i, None
+
+    def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
+        t = at.timestamp()
+        model = request.model
+        root = self._chains.root("openai", model)
+        _keys, chain = self._chains.chain(root, request)
+        cum = cumulative_tokens(request)
+        n = cum[-1] if cum else 0
+        pkey = request.rest.get("prompt_cache_key", self.prompt_cache_key)
+        route = chain[min(bisect_left(cum, self.routing_tokens), len(chain) - 1)] if chain else root
+        shard_id = (route, pkey)
+        shard = self._shards.get(shard_id)
+
+        live, dead_why = self._match(shard, chain, t)
+        lcp = cum[live - 1] if live else 0
+        cached = self.cached_for(min(lcp, n)) if n >= self.min_tokens else 0
+        stored = n >= self.min_tokens  # shorter prompts are not cached at all (§2.1)
+        if stored:
+            if shard is None:
+                shard = self._shards[shard_id] = _Shard()
+            shard.used.update(dict.fromkeys(chain, t))
+            shard.written.update(dict.fromkeys(chain[live:], t))
+            shard.prev_chain, shard.prev_t = chain, t
+
+        native = {"prompt_tokens": n, "prompt_tokens_details": {"cached_tokens": cached}}
+        usage = Usage(
+            input_tokens=n - cached, cache_read_input_tokens=cached, cache_creation_input_tokens=0,
+            cache_creation_5m_input_tokens=0, cache_creation_1h_input_tokens=0, source="simulated", raw=native,
+        )
+        detail: dict[str, Any] = {
+            "model": model, "retention": self.retention, "lcp_tokens": lcp, "min_tokens": self.min_tokens,
+            "increment": self.increment, "prompt_cache_key": pkey,
+            "hit_path": segment_path(request, live - 1) if cached else None,
+        }
+        reason = self._reason(request, model, chain, cum, n, cached, shard_id, route, pkey, dead_why, t, detail)
+        self._prev = {"model": model, "n": n, "chain": chain, "shard": shard_id, "route": route, "key": pkey,
+                      "t": t, "stored": stored}
+        return CacheResult(usage, reason, detail, states_for(cum, cached), native)
+
+    def _reason(self, request, model, chain, cum, n, cached, shard_id, route, pkey, dead_why, t, detail) -> str:
+        prev = self._prev
+        if prev is None:
+            return "cold"
+        shared = common_prefix_len(chain, prev["chain"]) if prev["model"] == model else 0
+        detail["divergence_index"] = shared
+        detail["divergence_path"] = segment_path(request, shared)
+        if prev["model"] != model:
+            detail["previous_model"] = prev["model"]
+            return "model_switch"
+        if n < self.min_tokens:
+            return "below_minimum"
+        possible = self.cached_for(min(prev["n"], n))
+        if cached >= possible > 0:
+            return "hit"
+        if not prev["stored"]:
+            detail["previous_tokens"] = prev["n"]
+            return "not_written"  # the previous prompt was below the minimum: nothing was cached
+        if route != prev["route"]:
+            detail["routing"] = "the first routing tokens changed: a different machine"
+            return "prefix_changed"
+        if pkey != prev["key"]:
+            detail["routing"] = f"prompt_cache_key {prev['key']!r} -> {pkey!r}: a machine without this prefix"
+            return "not_written"
+        if dead_why is not None:
+            detail["expired"] = dead_why
+            detail["idle_seconds"] = round(t - prev["t"], 3)
+            return "ttl_expired"
+        if shared < len(prev["chain"]) and (cum[shared - 1] if shared else 0) < min(prev["n"], n):
+            return "prefix_changed"
+        return "not_written"

@@ -1,0 +1,55 @@
+"""The promptcache-nb command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from promptcache_nb.cli import main
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "data" / "scenarios"
+
+
+def small_scenario() -> Path:
+    for name in ("tiny.yaml", "clock_tick.yaml", "support_agent.yaml"):
+        if (SCENARIOS / name).exists():
+            return SCENARIOS / name
+    pytest.fail("no scenario shipped in data/scenarios")
+
+
+def test_demo_writes_table_db_and_report(tmp_path, capsys):
+    rc = main(["demo", "--scenario", str(small_scenario()), "--out", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "efficiency" in out and "naive" in out and "simulated (estimated tokens)" in out
+    assert (tmp_path / "demo.duckdb").stat().st_size > 0
+    html = (tmp_path / "report.html").read_text()
+    assert "<table" in html and "data:image/png;base64," in html
+
+
+def test_replay_then_sql(tmp_path, capsys):
+    db = tmp_path / "r.duckdb"
+    assert main(["replay", str(small_scenario()), "--strategy", "naive", "--db", str(db), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["sql", str(db), "select count(*) as n_sessions from sessions"]) == 0
+    out = capsys.readouterr().out
+    assert "n_sessions" in out and "1" in out
+
+
+def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["replay", str(tmp_path / "missing.yaml"), "--db", str(tmp_path / "x.duckdb")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("promptcache-nb: error:") and err.count("\n") == 1
+    assert main(["replay", str(small_scenario()), "--strategy", "bogus", "--db", str(tmp_path / "y.duckdb")]) == 2
+    assert "valid:" in capsys.readouterr().err
+
+
+def test_console_script_installed():
+    exe = Path(sys.executable).parent / "promptcache-nb"
+    assert exe.exists()
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
+    for cmd in ("demo", "replay", "sql"):
+        assert cmd in out

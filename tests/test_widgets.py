@@ -1,0 +1,332 @@
+"""Widgets: the pure controllers (no kernel), the HTML they render, and the views' button wiring."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import promptcache_nb as pc
+from promptcache_nb.errors import KnowledgeError, SessionError
+from promptcache_nb.plots import plot_compare, plot_savings
+from promptcache_nb.scenario import (
+    KnowledgeSpec,
+    KnowledgeUpdate,
+    Restart,
+    Scenario,
+    ScenarioTurn,
+    ToolCall,
+)
+from promptcache_nb.widgets import CompareController, KnowledgeController, StepperController
+from promptcache_nb.widgets import _html
+from promptcache_nb.widgets._controllers import scenario_position
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+EVIL = "<script>alert('x')</script> & \"quoted\""
+HOST = "You are a careful support agent for a billing platform. " * 120
+
+
+def _scenario() -> Scenario:
+    turns = [
+        ScenarioTurn(user="Where is my refund?", reply="Checking.", after=timedelta(seconds=20)),
+        ScenarioTurn(user="Ticket SUP-1", reply="Found it.", after=timedelta(seconds=20),
+                     tool_calls=(ToolCall("get_ticket", {"id": "SUP-1"}, "status: open"),)),
+        ScenarioTurn(user="And the policy?", reply="Five days.", after=timedelta(seconds=20),
+                     events=(KnowledgeUpdate("refunds", content="Refunds take three business days."),)),
+        ScenarioTurn(user=f"Odd text {EVIL}", reply="Noted.", after=timedelta(seconds=20), events=(Restart(),)),
+        ScenarioTurn(user="Thanks", reply="Bye.", after=timedelta(seconds=20)),
+    ]
+    return Scenario(
+        name="widget_test", model="claude-sonnet-4-5", start=T0, host_prompt=HOST,
+        tools=({"name": "get_ticket", "description": "Fetch a ticket.",
+                "input_schema": {"type": "object", "properties": {"id": {"type": "string"}}}},),
+        knowledge=(KnowledgeSpec("refunds", "Refund policy", "Refunds take five business days. " * 20, "policy"),
+                   KnowledgeSpec("tone", "Tone", f"Be brief. {EVIL}", "preference")),
+        turns=tuple(turns), project="wt",
+    )
+
+
+@pytest.fixture
+def lab():
+    with pc.Lab(progress=False) as lab:
+        yield lab
+
+
+@pytest.fixture
+def stepper(lab) -> StepperController:
+    sc = _scenario()
+    return StepperController(lab.replay(sc, stop_after=0), sc)
+
+
+# -- StepperController -----------------------------------------------------------------------------
+def test_scenario_position_counts_tool_call_requests():
+    sc = _scenario()
+    assert [scenario_position(sc, n) for n in range(8)] == [0, 1, 1, 2, 3, 4, 5, 5]
+
+
+def test_next_plays_the_scenario_and_applies_its_events(stepper):
+    t0 = stepper.next()
+    assert (t0.index, stepper.position, stepper.current) == (0, 1, 0)
+    t1 = stepper.next()  # one tool call: two requests
+    assert (t1.index, stepper.position, stepper.n_turns) == (2, 2, 3)
+    t2 = stepper.next()
+    assert any(e.startswith("knowledge_update:") for e in t2.events)
+    assert t2.at == T0 + timedelta(seconds=20 + 4 + 20)  # turn 0 starts the clock; tool calls take 4 s
+    v = stepper.view()
+    assert v.index == 3 and v.label == "simulated (estimated tokens)"
+    assert "three business days" in v.diff_html()
+
+
+def test_matches_a_plain_replay_byte_for_byte(stepper):
+    sc = _scenario()
+    while stepper.remaining:
+        stepper.next()
+    with pc.Lab(progress=False) as other:  # same session id, so same tool_use ids
+        ref = other.replay(sc)
+        _same_requests(stepper, ref, sc)
+
+
+def _same_requests(stepper, ref, sc):
+    a, b = stepper.session, ref
+    assert a.n_turns == b.n_turns == sc.n_requests
+    for i in range(a.n_turns):
+        assert a.turn(i).body == b.turn(i).body
+        assert a.turn(i).usage == b.turn(i).usage
+
+
+def test_restart_event_and_button_follow_the_new_session(stepper):
+    for _ in range(4):
+        stepper.next()  # the 4th scenario turn starts with a restart event
+    first = stepper.session
+    s = stepper.restart()
+    assert s is stepper.session and s is not first
+    with pytest.raises(SessionError):
+        first.turns()
+    stepper.next()
+    assert stepper.remaining == 0 and stepper.n_turns == 6
+
+
+def test_typed_turns_do_not_advance_the_scenario(stepper):
+    stepper.next()
+    t = stepper.next("typed question", "typed answer")
+    assert t.index == 1 and stepper.position == 1
+    assert stepper.view().user_text == "typed question"
+
+
+def test_finished_scenario_and_no_scenario_say_what_to_do(lab, stepper):
+    while stepper.remaining:
+        stepper.next()
+    with pytest.raises(SessionError, match="is finished .*type a user message"):
+        stepper.next()
+    bare = StepperController(lab.session(system=HOST))
+    with pytest.raises(SessionError, match="no scenario"):
+        bare.next()
+    assert bare.next("hello").index == 0 and bare.view() is not None
+
+
+def test_show_bounds_and_negative_index(stepper):
+    assert stepper.view() is None
+    stepper.next()
+    stepper.next()
+    assert stepper.show(-1).index == 2 and stepper.show(0).index == 0
+    with pytest.raises(SessionError, match="turns 0..2"):
+        stepper.show(3)
+
+
+def test_segment_states_survive_a_restart(stepper):
+    for _ in range(3):
+        stepper.next()
+    live = [stepper.segment_states(i) for i in range(stepper.n_turns)]
+    assert all(live) and set().union(*live) <= {"read", "write", "uncached"}
+    stepper.restart()
+    fresh = StepperController(stepper.session, stepper.scenario)
+    assert [fresh.segment_states(i) for i in range(fresh.n_turns)] == live
+
+
+def test_repr_is_short_and_deterministic(stepper):
+    stepper.next()
+    r = repr(stepper)
+    assert r == "StepperController(session='s001-naive', turn=0, n_turns=1, scenario='widget_test', played=1)"
+    assert "0x" not in r
+
+
+# -- KnowledgeController --------------------------------------------------------------------------
+def test_knowledge_add_edit_remove_apply_before_the_next_turn(stepper):
+    k = KnowledgeController(stepper)
+    stepper.next()
+    rows = k.rows()
+    assert [(r["title"], r["version"]) for r in rows] == [("Refund policy", 1), ("Tone", 1)] or len(rows) == 2
+    new_id = k.add("Escalation", "Escalate after 3 failed refunds.", category="procedure")
+    assert k.resolve("Escalation") == new_id and k.resolve(new_id[:8]) == new_id
+    assert k.edit("refunds", content="Refunds take two days.") is True
+    assert k.edit("refunds", content="Refunds take two days.") is False
+    k.remove("tone")
+    assert "pending for the next turn" in stepper.header_html()
+    assert len(k.pending) == 3
+    stepper.next()
+    kinds = sorted(e.split(":")[0] for e in stepper.view().events)
+    assert kinds == ["knowledge_add", "knowledge_remove", "knowledge_update"]
+    assert k.pending == ()
+    assert {r["title"] for r in k.rows()} == {"Refund policy", "Escalation"}
+    assert next(r for r in k.rows() if r["key"] == "refunds")["version"] == 2
+
+
+def test_knowledge_errors_name_the_entries(stepper):
+    k = KnowledgeController(stepper.session)
+    with pytest.raises(KnowledgeError, match="no single knowledge entry matches 'nope'.*Refund policy"):
+        k.edit("nope", content="x")
+    with pytest.raises(KnowledgeError, match="non-empty"):
+        k.add("", "")
+
+
+def test_knowledge_follows_the_stepper_across_restart(stepper):
+    k = KnowledgeController(stepper)
+    events = []
+    k.subscribe(events.append)
+    stepper.next()
+    stepper.restart()
+    k.edit("tone", title="Tone of voice")
+    assert events == ["turn", "restart", "knowledge"]
+    stepper.next()
+    assert stepper.last_batch == (1, 2) and stepper.current == 1
+    assert any(e.startswith("knowledge_update") for e in stepper.view().events)
+    assert "requests 1–2 (a tool loop)" in stepper.header_html()
+
+
+# -- CompareController ----------------------------------------------------------------------------
+def test_compare_steps_strategies_in_lockstep(lab):
+    names = pc.STRATEGIES[:3]
+    c = CompareController(_scenario(), strategies=names, lab=lab)
+    out = c.next()
+    assert list(out) == list(names) and c.position == 1
+    df = c.run()
+    assert c.remaining == 0
+    assert df["strategy"].tolist() == list(names)
+    assert (df["requests"] == _scenario().n_requests).all()
+    assert {"efficiency", "cache_write", "cost_usd", "last_reason"} <= set(df.columns)
+    assert "<table" in c.table_html()
+
+
+# -- HTML -----------------------------------------------------------------------------------------
+def test_all_request_content_is_escaped(stepper):
+    for _ in range(stepper.remaining):
+        stepper.next()
+    k = KnowledgeController(stepper)
+    html_parts = [stepper.header_html(), k.table_html()]
+    for i in range(stepper.n_turns):
+        v = stepper.show(i)
+        html_parts += [v.diff_html(), v.usage_html(), v.observation_html(), v.segment_map_html()]
+    blob = "".join(html_parts)
+    assert "<script>" not in blob
+    assert "&lt;script&gt;" in blob
+
+
+def test_side_by_side_marks_the_first_difference():
+    a = pc.prepare({"model": "m", "system": [{"type": "text", "text": "same head, old tail"}],
+                    "messages": [{"role": "user", "content": "hi"}]})
+    b = pc.prepare({"model": "m", "system": [{"type": "text", "text": "same head, new <tail>"}],
+                    "messages": [{"role": "user", "content": "hi"}]})
+    out = _html.side_by_side_html(a, b)
+    assert 'data-role="divergence"' in out
+    assert re.search(r"same head, <mark[^>]*>new &lt;tail&gt;</mark>", out)
+    assert "first difference at <code>system[0]</code>" in out
+    appended = pc.prepare({"model": "m", "system": [{"type": "text", "text": "same head, old tail"}],
+                           "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    assert "pure append" in _html.side_by_side_html(a, appended)
+    assert "first request" in _html.side_by_side_html(None, a)
+
+
+def test_segment_map_has_one_box_per_segment():
+    req = pc.prepare({"model": "m", "system": "s " * 50, "messages": [{"role": "user", "content": "hi"}]})
+    out = _html.segment_map_html(req.segments, ("read", "uncached"))
+    assert out.count("data-state=") == 2 and 'data-state="read"' in out
+    assert "no per-segment cache states" in _html.segment_map_html(req.segments, ())
+
+
+def test_error_html_escapes():
+    out = _html.error_html(ValueError("<b>bad</b>"))
+    assert "&lt;b&gt;bad&lt;/b&gt;" in out and "ValueError" in out
+
+
+# -- plots ----------------------------------------------------------------------------------------
+def test_plots_return_fixed_size_figures_without_pyplot(stepper):
+    import matplotlib.pyplot as plt
+
+    for _ in range(3):
+        stepper.next()
+    before = plt.get_fignums()
+    fig = plot_savings(stepper.turns())
+    assert tuple(fig.get_size_inches()) == (8.0, 3.6) and len(fig.axes) == 2
+    assert plt.get_fignums() == before
+    fig2, ax = plt.subplots()
+    assert plot_savings(stepper.turns(), ax=ax) is fig2
+    plt.close(fig2)
+    summary = pc.compare_df([stepper.session])
+    assert tuple(plot_compare(summary).get_size_inches()) == (9.0, 3.4)
+
+
+# -- the ipywidgets views (no kernel needed) -----------------------------------------------------
+def test_stepper_buttons_drive_the_same_methods(lab):
+    sc = _scenario()
+    st = pc.widgets.Stepper(lab.replay(sc, stop_after=0), sc)
+    assert repr(st) == "Stepper(session='s001-naive', turn=-1, n_turns=0, scenario='widget_test')"
+    st._next_btn.click()
+    st._next_btn.click()  # a tool loop: requests 1 and 2, the view shows 1
+    assert (st.turn, st.n_turns) == (1, 3)
+    assert "Turn 1" in st._header.value and "cache read" in st._usage.value
+    assert st.chart.requests == 3 and bytes(st.chart._image.value).startswith(b"\x89PNG")
+    st._slider.value = 0
+    assert st.turn == 0 and "first request" in st.diff_view.html
+    st._user.value, st._reply.value = "typed <b>", "ok"
+    st._next_btn.click()
+    assert st.turn == 3 and st._user.value == "" and "typed &lt;b&gt;" in st._header.value
+    st._restart_btn.click()
+    assert st.session.n_turns == 4
+
+
+def test_click_errors_are_shown_not_swallowed(lab):
+    st = pc.widgets.Stepper(lab.session(system=HOST))
+    st._next_btn.click()  # no scenario, no text: the click must not raise, the widget must say why
+    assert "SessionError" in st._error.value and "no scenario" in st._error.value
+    assert st._error.layout.display is None
+    with pytest.raises(SessionError):
+        st.next()
+    st.next("hello")
+    assert st._error.value == "" and st._error.layout.display == "none"
+
+
+def test_editor_form_edits_through_its_fields(lab):
+    sc = _scenario()
+    st = pc.widgets.Stepper(lab.replay(sc, stop_after=0), sc)
+    st.next()
+    ed = st.editor()
+    assert repr(ed) == "KnowledgeEditor(session='s001-naive', entries=2)"
+    ed.select("refunds")
+    assert ed._title.value == "Refund policy" and ed.selected
+    ed._content.value = "Refunds take one day (edited in the form)."
+    ed._save_btn.click()
+    assert "updated" in ed._status.value and "pending for the next turn" in st._header.value
+    st._next_btn.click()
+    assert "edited in the form" in st.diff_view.html
+    ed.select("")
+    ed._title.value, ed._content.value, ed._category.value = "New", "Brand new entry.", "fact"
+    ed._add_btn.click()
+    assert ed.entries == 3 and ed._pick.value
+    ed._remove_btn.click()
+    assert ed.entries == 2 and ed._pick.value == ""
+    ed._save_btn.click()  # nothing picked: shown in the widget
+    assert "pick an entry" in ed._error.value
+
+
+def test_compare_widget_and_diffview_reprs(lab):
+    cmp = pc.widgets.Compare(_scenario(), strategies=["naive"], lab=lab)
+    cmp._next_btn.click()
+    assert cmp.played == 1 and "1/5" in cmp._header.value
+    cmp._run_btn.click()
+    assert repr(cmp) == "Compare(scenario='widget_test', strategies=1, cache='anthropic', played=5)"
+    s = cmp.controller.sessions[0]
+    dv = pc.widgets.DiffView.for_turns(s.turn(2), previous=s.turn(1))
+    assert repr(dv).startswith("DiffView(path=") and "0x" not in repr(dv)
+    chart = pc.widgets.SavingsChart(s.turns())
+    assert repr(chart) == "SavingsChart(requests=6)"
