@@ -30,8 +30,11 @@ demo: $(BASE_STAMP)
 ## make test: unit tests, notebooks under nbval, and the real-browser test
 test: $(DEV_STAMP) chromium
 	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider tests
+	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
+	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+		--nbval-sanitize-with notebooks/sanitize.cfg notebooks/01_quickstart.ipynb
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
-		--nbval-sanitize-with notebooks/sanitize.cfg notebooks
+		--nbval-sanitize-with notebooks/sanitize.cfg --ignore=notebooks/01_quickstart.ipynb notebooks
 
 # Debian's chromium for the browser test (never a downloaded browser build).
 chromium:

@@ -5,8 +5,20 @@ The public API; everything else is internal. ``import promptcache_nb as pc``.
 
 from __future__ import annotations
 
-from .analysis import Prices, compare_df, efficiency, prices_for, summarize
-from .cache import CacheModel, CacheResult, cache_model_names, get_cache_model, register_cache_model
+from .analysis import Change, Observation, Prices, compare_df, efficiency, prices_for, summarize
+from .analysis.calibrate import Calibration, calibrate, load_calibration
+from .analysis.resimulate import compare_caches, resimulate
+from .analysis.whatif import keep_warm, rebuilds, ttl_whatif
+from .cache import (
+    CacheModel,
+    CacheResult,
+    DeepSeekCache,
+    OpenAICache,
+    VLLMCache,
+    cache_model_names,
+    get_cache_model,
+    register_cache_model,
+)
 from .errors import (
     APIConnectionError,
     APIError,
@@ -26,12 +38,13 @@ from .errors import (
     UnknownStrategyError,
 )
 from .live import AnthropicBackend, Backend, DirectSimulator, SimulatorServer
-from .request import PreparedRequest, Segment, canonical_bytes, prepare
+from .request import PreparedRequest, PrefixDiff, Segment, canonical_bytes, prepare
+from .request.diff import diff
 from .scenario import Scenario, ToolCall, load_scenario
 from .session import KnowledgeBook, Lab, Session, Turn
 from .store import KnowledgeEntry
 from .strategies import Strategy, StrategyContext, register_strategy, strategy_names
-from .tokens import CharsTokenizer, HeuristicTokenizer, Tokenizer
+from .tokens import CalibratedTokenizer, CharsTokenizer, HeuristicTokenizer, Tokenizer
 from .usage import Usage
 
 from . import plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
@@ -51,6 +64,9 @@ def __getattr__(name: str):
 __all__ = sorted([
     "APIConnectionError", "APIError", "AnthropicBackend", "AuthenticationError", "OverloadedError",
     "RateLimitError", "SimulatorServer",
+    "Change", "Observation", "PrefixDiff", "diff",
+    "CalibratedTokenizer", "Calibration", "DeepSeekCache", "OpenAICache", "VLLMCache", "calibrate",
+    "compare_caches", "keep_warm", "load_calibration", "rebuilds", "resimulate", "ttl_whatif",
     "CACHE_MODELS", "STRATEGIES", "Backend", "CacheModel", "CacheResult", "CharsTokenizer", "DirectSimulator",
     "HeuristicTokenizer", "InvalidRequestError", "KnowledgeBook", "KnowledgeEntry", "KnowledgeError", "Lab",
     "PreparedRequest", "PriceError", "Prices", "PromptCacheError", "Scenario", "ScenarioError", "Segment",

@@ -119,3 +119,36 @@ def segment_tokens(kind: str, element: Any, tokenizer: Tokenizer = DEFAULT_TOKEN
     if btype in ("thinking", "redacted_thinking"):
         return count(str(element.get("thinking", element.get("data", "")))) + frame
     return count(_compact({k: v for k, v in element.items() if k != "cache_control"})) + frame
+
+
+class _Fit(Protocol):
+    model: str
+    ratio: float
+    overhead: float
+
+
+class CalibratedTokenizer:
+    """A tokenizer whose counts are ``base`` counts scaled by a fitted calibration's ``ratio``.
+
+    A calibration (:func:`promptcache_nb.calibrate`) fits *request totals*: measured ≈ ratio × estimated
+    + overhead. The ratio scales every text, so segment counts, prefix lengths and minimum-length checks
+    move with it; the overhead is a per-request frame the API adds once (hidden tool/system prompt,
+    message framing) that belongs to no single text, so :meth:`count` leaves it out. For a request's total
+    use ``calibration.apply(prepared.total_tokens)``.
+
+    Example:
+        >>> cal = pc.load_calibration(lab, "claude-sonnet-4-5")          # doctest: +SKIP
+        >>> lab2 = pc.Lab("runs.duckdb", tokenizer=CalibratedTokenizer(HeuristicTokenizer(), cal))  # doctest: +SKIP
+    """
+
+    def __init__(self, base: Tokenizer, calibration: _Fit) -> None:
+        self.base = base
+        self.calibration = calibration
+        self.name = f"{base.name}*{calibration.ratio:.4g}[{calibration.model}]"
+
+    def count(self, text: str) -> int:
+        n = self.base.count(text)
+        return round(n * self.calibration.ratio) if n else 0
+
+    def __repr__(self) -> str:
+        return f"CalibratedTokenizer({self.base.name!r}, ratio={self.calibration.ratio:.4g})"

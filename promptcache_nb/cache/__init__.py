@@ -7,8 +7,13 @@ from typing import Any
 from ..errors import UnknownCacheModelError
 from ._base import REASONS, CacheModel, CacheResult
 from .anthropic import AnthropicCache
+from .deepseek import DeepSeekCache
+from .openai import OpenAICache
+from .vllm import VLLMCache
 
-_REGISTRY: dict[str, type[CacheModel]] = {"anthropic": AnthropicCache}
+_REGISTRY: dict[str, type[CacheModel]] = {
+    cls.name: cls for cls in (AnthropicCache, OpenAICache, DeepSeekCache, VLLMCache)
+}
 
 
 def register_cache_model(cls: type[CacheModel]) -> type[CacheModel]:
@@ -35,6 +40,9 @@ __all__ = [
     "AnthropicCache",
     "CacheModel",
     "CacheResult",
+    "DeepSeekCache",
+    "OpenAICache",
+    "VLLMCache",
     "cache_model_names",
     "get_cache_model",
     "register_cache_model",

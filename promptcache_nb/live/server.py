@@ -413,6 +413,7 @@ def _sse(message: dict[str, Any]) -> bytes:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes; Nagle would stall each ~40 ms
     server_version = "promptcache-sim"
     sys_version = ""
 
@@ -468,7 +469,8 @@ def run_serve(args: argparse.Namespace, *, ready: Callable[[SimulatorServer], No
     return 0
 
 
-def serve_main(argv: list[str] | None = None, *, ready: Callable[[SimulatorServer], None] | None = None) -> int:
+def serve_main(argv: list[str] | None = None, *,
+               ready: Callable[[SimulatorServer], None] | None = None) -> int:
     """``promptcache-nb serve [--host H] [--port N] [--cache anthropic] [--ttft S]``."""
     parser = argparse.ArgumentParser(
         prog="promptcache-nb serve", description="Run a Messages endpoint that answers from a cache model.")

@@ -146,6 +146,26 @@ def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("CREATE INDEX idx_session_prompt_deltas_project ON session_prompt_deltas (project_id)")
 
 
+
+@migration
+def m002_calibrations(con: duckdb.DuckDBPyConnection) -> None:
+    # Fitted token-estimate calibrations (analysis/calibrate.py): measured ~= ratio * estimated + overhead.
+    con.execute("""
+        CREATE TABLE calibrations (
+            model TEXT NOT NULL,                        -- the model the measured turns used ('*' = all)
+            tokenizer TEXT NOT NULL,                    -- the estimator that was calibrated
+            ratio DOUBLE NOT NULL,
+            overhead DOUBLE NOT NULL,                   -- tokens per request
+            n INTEGER NOT NULL,                         -- measured turns fitted
+            mean_abs_error_pct DOUBLE NOT NULL,         -- calibrated estimate vs measured, in sample
+            max_abs_error_pct DOUBLE NOT NULL,
+            raw_mean_abs_error_pct DOUBLE NOT NULL,     -- the uncalibrated estimator, same turns
+            loo_mean_abs_error_pct DOUBLE,              -- leave-one-out (NULL below 3 turns)
+            fitted_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (model, tokenizer, fitted_at)
+        )""")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 

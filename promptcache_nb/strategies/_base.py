@@ -166,7 +166,8 @@ def knowledge_by_id(entries: list[KnowledgeEntry]) -> list[KnowledgeEntry]:
 def split_preferences(entries: list[KnowledgeEntry]) -> tuple[list[KnowledgeEntry], list[KnowledgeEntry]]:
     """(stable preference entries, context entries), each in id order (Lore's category split)."""
     ordered = knowledge_by_id(entries)
-    return [e for e in ordered if e.category == "preference"], [e for e in ordered if e.category != "preference"]
+    prefs = [e for e in ordered if e.category == "preference"]
+    return prefs, [e for e in ordered if e.category != "preference"]
 
 
 # -- cache_control placement (never mutate the history's dicts: copy, then mark) ------------------

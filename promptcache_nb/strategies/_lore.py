@@ -14,6 +14,7 @@ the first user message, so it is pinned on the first request and the prefix neve
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..store import Delta, KnowledgeEntry
@@ -59,6 +60,11 @@ def key_map(keys: list[str] | None) -> dict[str, str]:
     return {k.rsplit(":", 1)[0]: k for k in keys or ()}
 
 
+def baseline_keys(ctx: StrategyContext) -> dict[str, str]:
+    """The keys system[1] and system[2] were rendered from: what the pinned bytes tell the model."""
+    return {**key_map(ctx.extra.get("stable_ltm_keys")), **key_map(ctx.state.get("ltm_pin_keys"))}
+
+
 # -- system[1] and system[2] ---------------------------------------------------------------------
 
 def render_stable(prefs: list[KnowledgeEntry]) -> str:
@@ -81,7 +87,9 @@ def pin_context(ctx: StrategyContext, entries: list[KnowledgeEntry]) -> bool:
 
     Returns True when it (re)pinned.
     """
-    if ctx.state.get("ltm_pin_text") is not None and ctx.state.get("ltm_pin_keys") is not None:
+    keys = ctx.state.get("ltm_pin_keys")
+    readable = isinstance(keys, list) and all(isinstance(k, str) and ":" in k for k in keys)
+    if ctx.state.get("ltm_pin_text") is not None and readable:
         return False
     ctx.state["ltm_pin_text"] = render_context(ctx, entries)
     ctx.state["ltm_pin_keys"] = keys_of(entries)
@@ -109,7 +117,11 @@ def removed_ids(current: list[KnowledgeEntry], *baselines: dict[str, str]) -> li
 
 
 def delta_text(
-    banner: str, changed: list[KnowledgeEntry], removed: list[str], *, budget_tokens: int = DELTA_BUDGET_TOKENS
+    banner: str,
+    changed: list[KnowledgeEntry],
+    removed: list[str],
+    *,
+    budget_tokens: int = DELTA_BUDGET_TOKENS,
 ) -> str | None:
     """Lore's ``buildKnowledgeDeltaMessage`` text (#747/#917 era, without the #917 overflow ToC).
 
@@ -150,15 +162,15 @@ def delta_text(
     removals = ""
     if removed:
         removals = (
-            "\n\n## Superseded Long-term Knowledge\n\nIgnore any older pinned system[2] entries with these IDs; "
-            "they are no longer in the current selected knowledge set:\n"
+            "\n\n## Superseded Long-term Knowledge\n\nIgnore any older pinned system[2] entries with these "
+            "IDs; they are no longer in the current selected knowledge set:\n"
             + "\n".join(f"* [{i[:8]}]" for i in removed)
         )
     return banner + rendered + skipped_text + removals
 
 
 def _with_content(e: KnowledgeEntry, content: str) -> KnowledgeEntry:
-    return KnowledgeEntry(e.id, e.project_id, e.version, e.title, content, e.category, e.deleted, e.updated_at, e.key)
+    return dataclasses.replace(e, content=content)
 
 
 def delta_message(text: str) -> dict[str, Any]:
@@ -169,13 +181,16 @@ def budget_tokens(ctx: StrategyContext) -> int:
     return int(ctx.params.get("delta_budget_tokens", DELTA_BUDGET_TOKENS))
 
 
-def splice(messages: list[dict[str, Any]], inserts: list[tuple[int, int, dict[str, Any]]]) -> tuple[list, list[int]]:
+Insert = tuple[int, int, dict[str, Any]]  # (insertAt, seq, message)
+
+
+def splice(messages: list[dict[str, Any]], inserts: list[Insert]) -> tuple[list[dict[str, Any]], list[int]]:
     """Lore's ``applySessionPromptDeltas``: insert ``(insertAt, seq, message)`` rows into ``messages``.
 
     Each row goes to ``safe_insert_index(messages, min(insertAt, len))``; rows landing on the same
     index keep (insertAt, seq) order. Returns the new list and the new index of every original message.
     """
-    before: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
+    before: dict[int, list[Insert]] = {}
     for insert_at, seq, msg in inserts:
         at = safe_insert_index(messages, min(insert_at, len(messages)))
         before.setdefault(at, []).append((insert_at, seq, msg))
@@ -190,7 +205,7 @@ def splice(messages: list[dict[str, Any]], inserts: list[tuple[int, int, dict[st
     return out, positions
 
 
-def rows_as_inserts(rows: list[Delta]) -> list[tuple[int, int, dict[str, Any]]]:
+def rows_as_inserts(rows: list[Delta]) -> list[Insert]:
     out = []
     for d in rows:
         sel = d.selector

@@ -59,13 +59,13 @@ def _base36(n: int) -> str:
 
 def prefix_fingerprint(system_prompt: list[str], tools: list[dict[str, Any]]) -> str:
     """``JSON.stringify({s, t: [{n, d, p}]})`` hashed; tool order counts, as in oh-my-pi."""
-    t = [{"n": tool.get("name"), "d": tool.get("description"), "p": tool.get("input_schema")} for tool in tools]
+    t = [{"n": t.get("name"), "d": t.get("description"), "p": t.get("input_schema")} for t in tools]
     return hash31(json.dumps({"s": system_prompt, "t": t}, separators=(",", ":"), ensure_ascii=False))
 
 
 def build_prefix(ctx: StrategyContext) -> tuple[list[str], list[dict[str, Any]], bool]:
     """StablePrefix.build: (system prompt parts, tools, rebuilt?)."""
-    system_prompt = [ctx.host_prompt, format_knowledge(knowledge_by_id(ctx.knowledge))]
+    system_prompt = [p for p in (ctx.host_prompt, format_knowledge(knowledge_by_id(ctx.knowledge))) if p]
     fp = prefix_fingerprint(system_prompt, ctx.tools)
     snap = ctx.extra.get("prefix")
     if isinstance(snap, dict) and snap.get("fingerprint") == fp:

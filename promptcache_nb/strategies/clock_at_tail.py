@@ -76,7 +76,8 @@ class ClockAtTail(Strategy):
     source: ClassVar[str] = "picoclaw PR #3321 (closed) / OpenClaw #77521, #124107"
 
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
-        system = ctx.host_prompt + "\n\n" + format_knowledge(knowledge_by_id(ctx.knowledge))
+        knowledge = format_knowledge(knowledge_by_id(ctx.knowledge))
+        system = "\n\n".join(p for p in (ctx.host_prompt, knowledge) if p)
         return {
             "model": ctx.model,
             "max_tokens": DEFAULT_MAX_TOKENS,

@@ -44,15 +44,16 @@ def dynamic_context(ctx: StrategyContext) -> str:
 
 
 def static_prompt(ctx: StrategyContext) -> str:
-    """The static text, rebuilt only when its sources' fingerprint changes (``BuildSystemPromptWithCache``)."""
+    """The static text, rebuilt only when its sources' fingerprint changes (picoclaw's
+    ``BuildSystemPromptWithCache``)."""
     entries = knowledge_by_id(ctx.knowledge)
     sources = fingerprint(
         {"host": ctx.host_prompt, "knowledge": [[e.id, e.category, e.pin_key] for e in entries]}
     )
     cached = ctx.extra.get("static_prompt")
-    if isinstance(cached, dict) and cached.get("fingerprint") == sources and isinstance(cached.get("text"), str):
-        return cached["text"]
-    text = STATIC_SEPARATOR.join([ctx.host_prompt, format_knowledge(entries)])
+    if isinstance(cached, dict) and cached.get("fingerprint") == sources:
+        return str(cached["text"])
+    text = STATIC_SEPARATOR.join(p for p in (ctx.host_prompt, format_knowledge(entries)) if p)
     ctx.extra["static_prompt"] = {"fingerprint": sources, "text": text}
     return text
 

@@ -60,8 +60,9 @@ class DurableDelta(Strategy):
         _lore.freeze_stable(ctx, prefs)
         if _lore.pin_context(ctx, context):
             ctx.extra["delta_keys"] = None  # a (re)pin is a new baseline
-        baseline = {**_lore.key_map(ctx.extra.get("stable_ltm_keys")), **_lore.key_map(ctx.state["ltm_pin_keys"])}
-        covered = _lore.key_map(ctx.extra["delta_keys"]) if ctx.extra.get("delta_keys") is not None else baseline
+        baseline = _lore.baseline_keys(ctx)
+        last = ctx.extra.get("delta_keys")
+        covered = baseline if last is None else _lore.key_map(last)
         current = prefs + context
         next_keys = _lore.keys_of(current)
         rewritten = _lore.history_rewritten(ctx)

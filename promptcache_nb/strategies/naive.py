@@ -24,6 +24,8 @@ from ._base import (
 
 
 class Naive(Strategy):
+    """Host prompt, clock and ranked knowledge concatenated into one system text every turn."""
+
     name: ClassVar[str] = "naive"
     title: ClassVar[str] = "clock + all knowledge re-rendered in the system prompt"
     source: ClassVar[str] = "the baseline the seeds replaced (OpenClaw #54256, picoclaw #607)"

@@ -17,7 +17,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from . import _lore
-from ._base import DEFAULT_MAX_TOKENS, Strategy, StrategyContext, rank_by_relevance, safe_insert_index, split_preferences
+from ._base import (
+    DEFAULT_MAX_TOKENS,
+    Strategy,
+    StrategyContext,
+    rank_by_relevance,
+    safe_insert_index,
+    split_preferences,
+)
 from .durable_delta import CONTEXT_TTL
 
 
@@ -33,8 +40,8 @@ class VolatileDelta(Strategy):
         _lore.freeze_stable(ctx, prefs)
         if _lore.pin_context(ctx, context):
             ctx.extra["seen_keys"] = None
-        baseline = {**_lore.key_map(ctx.extra.get("stable_ltm_keys")), **_lore.key_map(ctx.state["ltm_pin_keys"])}
-        seen = _lore.key_map(ctx.extra["seen_keys"]) if ctx.extra.get("seen_keys") is not None else baseline
+        last = ctx.extra.get("seen_keys")
+        seen = _lore.baseline_keys(ctx) if last is None else _lore.key_map(last)
         current = prefs + context
         next_keys = _lore.keys_of(current)
         rewritten = _lore.history_rewritten(ctx)

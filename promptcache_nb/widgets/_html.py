@@ -19,9 +19,9 @@ STATE_COLORS = {"read": "#2e8b57", "write": "#e0a030", "uncached": "#c8553d"}
 STATE_LABELS = {"read": "read from cache", "write": "written to cache", "uncached": "uncached"}
 
 _MONO = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:11.5px"
-_CELL = f"{_MONO};white-space:pre-wrap;word-break:break-all;vertical-align:top;padding:3px 6px;"
-_PATH = "font-size:11px;color:#555;white-space:nowrap;vertical-align:top;padding:3px 6px;"
-_BOX = "border:1px solid #ddd;border-radius:4px;padding:6px 8px;margin:2px 0;"
+_CELL = f"{_MONO};line-height:1.35;white-space:pre-wrap;word-break:break-all;vertical-align:top;padding:3px 6px;"
+_PATH = "font-size:10.5px;color:#666;font-family:sans-serif;margin-bottom:1px;"
+_BOX = "border:1px solid #ddd;border-radius:4px;padding:6px 8px;margin:2px 0;line-height:1.4;"
 _OLD = "background:#fbe3e0;"
 _NEW = "background:#def3e4;"
 _MARK_OLD = "background:#f4a7a0;"
@@ -32,8 +32,10 @@ CONTEXT_BEFORE = 160
 CONTEXT_AFTER = 360
 #: Segments after the divergence listed in the side-by-side view before "… N more".
 MAX_ROWS = 8
-#: Characters of a (non-diverging) segment shown in a row.
+#: Characters of a segment shown in a row: one both requests share, and one only this request has
+#: (new segments are what a pure append adds, so they get more room).
 EXCERPT = 220
+EXCERPT_NEW = 700
 
 
 def esc(value: Any) -> str:
@@ -92,6 +94,15 @@ def shared_segments(previous: PreparedRequest | None, current: PreparedRequest) 
     return k
 
 
+def divergence_index(previous: PreparedRequest, current: PreparedRequest, diff: Any = None) -> int:
+    """Index of the first segment that differs: the PrefixDiff's when given, else by content hash."""
+    if diff is not None and hasattr(diff, "index") and hasattr(diff, "pure_append"):
+        if diff.index is None:
+            return len(previous.segments)
+        return min(int(diff.index), len(previous.segments), len(current.segments))
+    return shared_segments(previous, current)
+
+
 def _attr(obj: Any, *names: str) -> Any:
     for n in names:
         v = getattr(obj, n, None)
@@ -106,6 +117,9 @@ def diff_summary(diff: Any, previous: PreparedRequest | None, current: PreparedR
         return "no request yet"
     if previous is None:
         return "first request: nothing to compare against, everything is new"
+    summary = getattr(diff, "summary", None)
+    if callable(summary):  # the PrefixDiff's own wording (request/diff.py)
+        return esc(summary())
     k = shared_segments(previous, current)
     shared_tok = sum(s.tokens for s in current.segments[:k])
     path = _attr(diff, "path")
@@ -158,27 +172,25 @@ def side_by_side_html(
     if previous is None:
         total = sum(s.tokens for s in current.segments)
         rows.append(
-            f'<tr><td colspan="4" style="{_CELL}color:#555">{len(current.segments)} segments, '
+            f'<tr><td colspan="2" style="{_CELL}color:#555">{len(current.segments)} segments, '
             f"{fmt_int(total)} estimated tokens, all new</td></tr>"
         )
         return _table(head, rows)
     p, c = previous.segments, current.segments
-    k = shared_segments(previous, current)
+    k = divergence_index(previous, current, diff)
     if k:
         tok = sum(s.tokens for s in c[:k])
         span = c[0].path if k == 1 else f"{c[0].path} … {c[k - 1].path}"
         rows.append(
-            f'<tr><td colspan="4" style="{_CELL}color:#555;background:#f4f4f4">'
+            f'<tr><td colspan="2" style="{_CELL}color:#555;background:#f4f4f4">'
             f"▸ {k} identical segment{'s' if k != 1 else ''} ({esc(span)}), {fmt_int(tok)} tokens</td></tr>"
         )
     if k < len(p) and k < len(c):
         a, b = segment_text(p[k]), segment_text(c[k])
         j = _common_prefix(a, b)
         rows.append(
-            f'<tr data-role="divergence"><td style="{_PATH}">{esc(p[k].path)}</td>'
-            f'<td style="{_CELL}{_OLD}">{_marked(a, j, _MARK_OLD)}</td>'
-            f'<td style="{_PATH}">{esc(c[k].path)}</td>'
-            f'<td style="{_CELL}{_NEW}">{_marked(b, j, _MARK_NEW)}</td></tr>'
+            f'<tr data-role="divergence"><td style="{_CELL}{_OLD}">{_path(p[k])}{_marked(a, j, _MARK_OLD)}</td>'
+            f'<td style="{_CELL}{_NEW}">{_path(c[k])}{_marked(b, j, _MARK_NEW)}</td></tr>'
         )
         start = k + 1
     else:
@@ -187,7 +199,7 @@ def side_by_side_html(
     n = max(len(p), len(c))
     for i in range(start, n):
         if shown >= MAX_ROWS:
-            rows.append(f'<tr><td colspan="4" style="{_CELL}color:#555">… {n - i} more segment'
+            rows.append(f'<tr><td colspan="2" style="{_CELL}color:#555">… {n - i} more segment'
                         f"{'s' if n - i != 1 else ''}</td></tr>")
             break
         left = p[i] if i < len(p) else None
@@ -195,26 +207,31 @@ def side_by_side_html(
         same = left is not None and right is not None and left.content_hash == right.content_hash
         lstyle = "" if same else _OLD
         rstyle = "" if same else _NEW
+        left_html = _path(left) + _excerpt(segment_text(left)) if left else ""
+        right_html = _path(right) + _excerpt(segment_text(right), EXCERPT if same else EXCERPT_NEW) if right else ""
         rows.append(
-            "<tr>"
-            f'<td style="{_PATH}">{esc(left.path) if left else ""}</td>'
-            f'<td style="{_CELL}{lstyle if left else ""}">{_excerpt(segment_text(left)) if left else ""}</td>'
-            f'<td style="{_PATH}">{esc(right.path) if right else ""}</td>'
-            f'<td style="{_CELL}{rstyle if right else ""}">{_excerpt(segment_text(right)) if right else ""}</td>'
-            "</tr>"
+            f'<tr><td style="{_CELL}{lstyle if left else ""}">{left_html}</td>'
+            f'<td style="{_CELL}{rstyle if right else ""}">{right_html}</td></tr>'
         )
         shown += 1
-    return _table(head, rows)
+    details = ""
+    if diff is not None and hasattr(diff, "_repr_html_"):
+        details = ('<details style="margin:2px 0 4px 0"><summary style="font-size:12px;cursor:pointer">'
+                   f"PrefixDiff details</summary>{diff._repr_html_()}</details>")
+    return _table(head, rows, details)
 
 
-def _table(head: str, rows: list[str]) -> str:
+def _path(seg: Segment) -> str:
+    return f'<div style="{_PATH}">{esc(seg.path)} · {seg.tokens:,} tok</div>'
+
+
+def _table(head: str, rows: list[str], details: str = "") -> str:
     return (
-        f'<div class="pcnb-diff" style="{_BOX}">{head}'
+        f'<div class="pcnb-diff" style="{_BOX}">{head}{details}'
         '<table style="border-collapse:collapse;width:100%;table-layout:fixed">'
-        '<colgroup><col style="width:9%"><col style="width:41%"><col style="width:9%"><col style="width:41%">'
-        "</colgroup>"
-        '<tr><th style="text-align:left;font-size:11px" colspan="2">previous request</th>'
-        '<th style="text-align:left;font-size:11px" colspan="2">this request</th></tr>'
+        '<colgroup><col style="width:50%"><col style="width:50%"></colgroup>'
+        '<tr><th style="text-align:left;font-size:11px">previous request</th>'
+        '<th style="text-align:left;font-size:11px">this request</th></tr>'
         + "".join(rows)
         + "</table></div>"
     )

@@ -119,7 +119,7 @@ class DiffView(W.VBox):
             body = _html.side_by_side_html(previous, current, diff=diff)
             seg_map = _html.segment_map_html(current.segments, tuple(states)) if current is not None else ""
         path = getattr(diff, "path", None)
-        if path is None and previous is not None and current is not None:
+        if path is None and diff is None and previous is not None and current is not None:
             k = _html.shared_segments(previous, current)
             if k < len(previous.segments) and k < len(current.segments):
                 path = current.segments[k].path

@@ -1,0 +1,800 @@
+"""Prefix diff: where the cache prefix of one request stops matching the request before it.
+
+Anthropic's cache matches exact prefixes in the order tools → system → messages
+(provider_cache_rules.md §1.2), so the question for two consecutive requests is "where is the first
+position the cache can no longer match?". :func:`diff` answers it at three levels:
+
+* **segment path** — ``system[2]``, ``messages[7].content[0]``, ``tools[4]`` (or a top-level field such as
+  ``model`` or ``tool_choice`` when that field invalidates the cache before any segment differs);
+* **byte offset** — see :attr:`PrefixDiff.byte_offset`;
+* **token offset** — estimated: tokens of the whole segments before the divergence plus the share of the
+  divergent segment that still matches.
+
+Segments are compared by content hash first (one comparison per segment, at C speed), bytes only
+inside the one segment that differs, so two 1 MB requests diff in about a millisecond.
+
+Volatile fields never change what the cache matches and are ignored for the divergence, but listed in
+:attr:`PrefixDiff.ignored_changes`: ``cache_control`` markers (and their moves), ``max_tokens``,
+``stream``, ``metadata``, and the sampling parameters ``temperature``, ``top_p``, ``top_k``,
+``stop_sequences``.
+"""
+
+from __future__ import annotations
+
+import html
+import unicodedata
+import weakref
+from collections import Counter
+import dataclasses
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
+from typing import Any
+
+from ._canonical import PreparedRequest, SegmentMemo, canonical_bytes, canonical_json, prepare
+
+#: Top-level fields that never affect cache matching (ignored for the divergence, listed).
+VOLATILE_FIELDS = (
+    "cache_control", "max_tokens", "metadata", "stop_sequences", "stream", "temperature", "top_k", "top_p",
+)
+#: Top-level fields that invalidate the cache from a level on (the §1.3 table, as cache/anthropic.py keys it).
+FIELD_LEVELS = {
+    "model": "tools", "speed": "system", "tool_choice": "messages", "thinking": "messages",
+    "output_config": "messages",
+}
+_EXCERPT_BEFORE = 40
+_EXCERPT_AFTER = 40
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+def common_prefix_length(a: Any, b: Any) -> int:
+    """Length of the common prefix of two sequences (bytes, str, list), using C-level slice compares.
+
+    One forward pass in growing chunks, then a bisection inside the first unequal chunk: O(prefix)
+    element comparisons, with no per-element Python loop.
+    """
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, step = 0, 64
+    while True:  # find a chunk [lo, hi) that differs; a[:lo] == b[:lo] holds throughout
+        hi = min(n, lo + step)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, step = hi, step * 4
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    if value is _ABSENT:
+        return "(absent)"
+    text = canonical_json(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """A top-level field (or the set of ``cache_control`` breakpoints) that differs between two requests.
+
+    ``before`` and ``after`` are short canonical JSON renderings (``(absent)`` when missing).
+    """
+
+    path: str
+    before: str
+    after: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.before} -> {self.after}"
+
+
+@dataclass(frozen=True)
+class HistoryRewrite:
+    """The first place where the previous request's messages are not a prefix of the current ones."""
+
+    message_index: int
+    role: str | None
+    what: str
+
+    def __str__(self) -> str:
+        return f"message {self.message_index} ({self.role or 'unknown'}) differs: {self.what}"
+
+
+@dataclass(frozen=True)
+class Excerpt:
+    """Text around a divergence, invisible characters made visible (see :func:`visible`).
+
+    ``context`` is what both sides share just before the divergence; ``previous`` and ``current`` are
+    how each side continues. ``source`` says what the text is: ``text`` (the block's text as the model
+    sees it) or ``json`` (the segment's canonical JSON, ``cache_control`` removed).
+    """
+
+    context: str
+    previous: str
+    current: str
+    source: str
+    context_truncated: bool = False
+    # raw text (context, previous, current) and whether each side reaches the end of its text
+    raw: tuple[str, str, str, bool, bool] = dataclasses.field(
+        default=("", "", "", True, True), repr=False, compare=False)
+
+    def html_sides(self) -> tuple[str, str]:
+        """(previous, current) as escaped HTML, invisible characters highlighted, divergence marked."""
+        ctx, a, b, a_end, b_end = self.raw
+        lead = "…" if self.context_truncated else ""
+        head = lead + visible_html(ctx)
+        end = '<i style="color:#6b7280">(end)</i>'
+
+        def side(text: str, at_end: bool, colour: str) -> str:
+            body = visible_html(text, ends_line=at_end) or end
+            return f'{head}<mark style="background:{colour}">{body}</mark>{"" if at_end else "…"}'
+
+        return side(a, a_end, "#fecaca"), side(b, b_end, "#bbf7d0")
+
+    def __str__(self) -> str:
+        lead = "…" if self.context_truncated else ""
+        return f"{lead}{self.context}⟪ {self.previous or '(end)'} ⟫ → ⟪ {self.current or '(end)'} ⟫"
+
+
+# -- invisible characters ----------------------------------------------------------------------
+
+_C0 = (
+    "NUL SOH STX ETX EOT ENQ ACK BEL BS TAB LF VT FF CR SO SI DLE DC1 DC2 DC3 DC4 NAK SYN ETB CAN EM SUB "
+    "ESC FS GS RS US"
+).split()
+_NAMED = {i: name for i, name in enumerate(_C0)}
+_NAMED.update({
+    0x7F: "DEL", 0xAD: "SHY", 0x61C: "ALM", 0x180E: "MVS", 0x200B: "ZWSP", 0x200C: "ZWNJ", 0x200D: "ZWJ",
+    0x200E: "LRM", 0x200F: "RLM", 0x2028: "LSEP", 0x2029: "PSEP", 0x202A: "LRE", 0x202B: "RLE",
+    0x202C: "PDF", 0x202D: "LRO", 0x202E: "RLO", 0x2060: "WJ", 0x2061: "FA", 0x2062: "IT", 0x2063: "IS",
+    0x2064: "IP", 0x2066: "LRI", 0x2067: "RLI", 0x2068: "FSI", 0x2069: "PDI", 0xFEFF: "BOM",
+    0xA0: "NBSP", 0x202F: "NNBSP", 0x3000: "IDSP",
+})
+_NAMED.update({c: f"U+{c:04X}" for c in range(0x80, 0xA0)})  # C1 controls
+_SHORT = {0x0A: "↵", 0x09: "⇥"}  # frequent in prompts: a compact glyph instead of ⟨LF⟩
+
+
+def _is_invisible(ch: str) -> bool:
+    # str.isprintable() is False exactly for the Other (C*) and Separator (Z*) categories, bar " "
+    return not ch.isprintable() or ord(ch) in _NAMED
+
+
+def _pieces(text: str, *, ends_line: bool) -> list[tuple[bool, str, str]]:
+    """Split text into (invisible?, shown, title) pieces; trailing spaces before a newline count."""
+    if text.isprintable() and "\xad" not in text and not (ends_line and text.endswith(" ")):
+        return [(False, text, "")] if text else []  # the common case, at C speed
+    out: list[tuple[bool, str, str]] = []
+    run: list[str] = []
+    n = len(text)
+    i = 0
+    while i < n:
+        ch = text[i]
+        if ch == " ":
+            j = i
+            while j < n and text[j] == " ":
+                j += 1
+            trailing = (j < n and text[j] in "\r\n") or (j == n and ends_line)
+            if trailing:
+                if run:
+                    out.append((False, "".join(run), ""))
+                    run = []
+                out.append((True, "␠" * (j - i), f"{j - i} trailing space(s)"))
+            else:
+                run.append(text[i:j])
+            i = j
+            continue
+        if _is_invisible(ch):
+            if run:
+                out.append((False, "".join(run), ""))
+                run = []
+            cp = ord(ch)
+            name = _NAMED.get(cp) or f"U+{cp:04X}"
+            shown = _SHORT.get(cp, f"⟨{name}⟩")
+            try:
+                long_name = unicodedata.name(ch)
+            except ValueError:
+                long_name = name
+            out.append((True, shown, f"U+{cp:04X} {long_name}"))
+        else:
+            run.append(ch)
+        i += 1
+    if run:
+        out.append((False, "".join(run), ""))
+    return out
+
+
+def visible(text: str, *, ends_line: bool = False) -> str:
+    """``text`` with invisible characters shown: ``⟨RLO⟩``, ``⟨ZWSP⟩``, ``⟨NUL⟩``, ``↵`` (newline),
+    ``⇥`` (tab), ``␠`` (a trailing space before a newline, or at the end when ``ends_line``).
+
+    Covers bidi controls (U+202A–202E, U+2066–2069, U+200E/F, U+061C), zero-width characters
+    (U+200B–200D, U+2060, U+FEFF), C0/C1 controls, soft hyphens, spaces other than U+0020 (``⟨NBSP⟩``)
+    and every other character Python does not call printable (format, private-use, unassigned).
+    """
+    return "".join(shown for _, shown, _ in _pieces(text, ends_line=ends_line))
+
+
+_INV_STYLE = "background:#fde68a;color:#92400e;border-radius:2px;padding:0 1px"
+
+
+def visible_html(text: str, *, ends_line: bool = False) -> str:
+    """Like :func:`visible`, HTML-escaped, with the markers highlighted (titles name the code point)."""
+    parts = []
+    for invisible, shown, title in _pieces(text, ends_line=ends_line):
+        if invisible:
+            parts.append(f'<span style="{_INV_STYLE}" title="{html.escape(title)}">{html.escape(shown)}</span>')
+        else:
+            parts.append(html.escape(shown))
+    return "".join(parts)
+
+
+# -- per-request facts, memoised by identity ----------------------------------------------------
+
+@dataclass(frozen=True)
+class _Info:
+    keys: list[tuple[str, str | None, str]]  # (kind, role, content hash) per segment: what the cache matches
+    cum: list[int]  # cumulative estimated tokens
+    sys_start: int  # index of the first system segment (= number of tool segments)
+    msg_start: int  # index of the first messages segment
+    marks: tuple[str, ...]  # "path (ttl)" of every block cache_control, in order
+
+
+_INFO: dict[int, tuple[weakref.ref, _Info]] = {}
+_INFO_MAX = 16
+
+
+def _info(p: PreparedRequest) -> _Info:
+    # A session diffs request k against k-1, then k+1 against k: memoising by identity makes each
+    # request's O(segments) pass happen once.
+    hit = _INFO.get(id(p))
+    if hit is not None and hit[0]() is p:
+        return hit[1]
+    segs = p.segments
+    body = p.body
+    tools = body.get("tools")
+    n_tools = len(tools) if isinstance(tools, list) else 0
+    system = body.get("system")
+    n_sys = 1 if isinstance(system, str) else len(system) if isinstance(system, list) else 0
+    marks = tuple(
+        f"{s.path} ({s.cache_control.get('ttl', '5m') if isinstance(s.cache_control, dict) else '?'})"
+        for s in segs if s.cache_control is not None
+    )
+    info = _Info(
+        keys=[(s.kind, s.role, s.content_hash) for s in segs],
+        cum=list(accumulate(s.tokens for s in segs)),
+        sys_start=n_tools, msg_start=n_tools + n_sys, marks=marks,
+    )
+    if len(_INFO) >= _INFO_MAX:
+        for k in [k for k, (ref, _) in _INFO.items() if ref() is None] or [next(iter(_INFO))]:
+            del _INFO[k]
+    _INFO[id(p)] = (weakref.ref(p), info)
+    return info
+
+
+# -- canonical byte layout ----------------------------------------------------------------------
+# canonical_json sorts keys, so a body serialises as {"cache_control":…,"max_tokens":…,"messages":[…],
+# "model":…,"system":[…],"tools":[…]}. Offsets are computed from each segment's memoised byte length
+# (Segment.nbytes) instead of serialising the body again.
+
+_CONTENT_OPEN = len(b'{"content":')
+_ROLE_OPEN = len(b',"role":')
+
+
+def _list_size(segs: Any, a: int, b: int) -> int:
+    n = b - a
+    return 2 + sum(s.nbytes for s in segs[a:b]) + max(0, n - 1)
+
+
+def _role_bytes(messages: list[dict[str, Any]]) -> int:
+    counts = Counter(m["role"] for m in messages)
+    return sum(len(canonical_bytes(role)) * k for role, k in counts.items())
+
+
+def _messages_bytes(p: PreparedRequest, info: _Info, upto_seg: int, upto_msg: int) -> int:
+    """Bytes of the complete messages ``[0, upto_msg)`` whose segments are ``[msg_start, upto_seg)``,
+    each with its trailing comma."""
+    segs = p.segments[info.msg_start:upto_seg]
+    kinds = [s.kind for s in segs]
+    n_lists = kinds.count("msg-start")
+    n_later_blocks = kinds.count("msg")
+    return (
+        sum(s.nbytes for s in segs)
+        + upto_msg * (_CONTENT_OPEN + _ROLE_OPEN + 1 + 1)  # envelope, closing brace, comma
+        + _role_bytes(p.body["messages"][:upto_msg])
+        + 2 * n_lists + n_later_blocks  # [ ] of list contents, commas between blocks
+    )
+
+
+def _value_size(p: PreparedRequest, info: _Info, key: str) -> int:
+    body = p.body
+    value = body[key]
+    segs = p.segments
+    if value is None or key not in ("tools", "system", "messages"):
+        return len(canonical_bytes(value))
+    if key == "tools":
+        return _list_size(segs, 0, info.sys_start)
+    if key == "system":
+        if isinstance(value, str):
+            return segs[info.sys_start].nbytes
+        return _list_size(segs, info.sys_start, info.msg_start)
+    n_msgs = len(value)
+    if n_msgs == 0:
+        return 2
+    return 1 + _messages_bytes(p, info, len(segs), n_msgs)  # '[' + messages with commas (last → ']')
+
+
+def _key_offset(p: PreparedRequest, info: _Info, key: str) -> int:
+    """Offset of ``key``'s value in the canonical bytes (or, when absent, of where its entry would go)."""
+    off = 1
+    for k in sorted(p.body):
+        if k == key:
+            return off + len(canonical_bytes(k)) + 1
+        if k > key:
+            return off
+        off += len(canonical_bytes(k)) + 1 + _value_size(p, info, k) + 1
+    return max(1, off - 1)
+
+
+def segment_offset(p: PreparedRequest, index: int) -> int:
+    """Offset of segment ``index`` in ``canonical_bytes(p.body)``, from segment sizes alone.
+
+    ``canonical_bytes(p.body)[off : off + seg.nbytes] == canonical_bytes(seg.element)``.
+    """
+    info = _info(p)
+    segs = p.segments
+    seg = segs[index]
+    if seg.kind == "tool":
+        return _key_offset(p, info, "tools") + 1 + sum(s.nbytes for s in segs[:index]) + index
+    if seg.kind == "system":
+        base = _key_offset(p, info, "system")
+        if isinstance(p.body.get("system"), str):
+            return base
+        k = index - info.sys_start
+        return base + 1 + sum(s.nbytes for s in segs[info.sys_start:index]) + k
+    start = index
+    while segs[start].kind == "msg":
+        start -= 1
+    mi = seg.message_index or 0
+    off = _key_offset(p, info, "messages") + 1 + _messages_bytes(p, info, start, mi)
+    off += _CONTENT_OPEN
+    if seg.kind in ("msg-start", "msg"):
+        off += 1 + sum(s.nbytes for s in segs[start:index]) + (index - start)
+    return off
+
+
+def _stripped(element: Any) -> tuple[bytes, int, int]:
+    """(canonical bytes without ``cache_control``, where the marker sits in the exact bytes, its length)."""
+    if not (isinstance(element, dict) and "cache_control" in element):
+        return canonical_bytes(element), 0, 0
+    plain = canonical_bytes({k: v for k, v in element.items() if k != "cache_control"})
+    exact_len = len(canonical_bytes(element))
+    before = {k: v for k, v in element.items() if k < "cache_control"}
+    at = 1 if not before else len(canonical_bytes(before)) - 1
+    return plain, at, exact_len - len(plain)
+
+
+def _text_of(element: Any) -> str | None:
+    if isinstance(element, str):
+        return element
+    if isinstance(element, dict):
+        t = element.get("type")
+        if t == "text" and isinstance(element.get("text"), str):
+            return element["text"]
+        if t == "tool_result" and isinstance(element.get("content"), str):
+            return element["content"]
+    return None
+
+
+# -- the diff ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False, repr=False)
+class PrefixDiff:
+    """How ``current`` differs from ``previous`` as a prompt cache sees it. Build with :func:`diff`.
+
+    Attributes:
+        previous: the earlier request. current: the later one.
+        index: position (segment index in ``current``) where the cache prefix stops matching; ``None``
+            when ``previous`` is a prefix of ``current`` (a pure append, or identical).
+        path: that position's path — a segment path, or the top-level field (``model``, ``speed``,
+            ``tool_choice``, ``thinking``, ``output_config``) that invalidates the cache from there;
+            for a truncated request, the path of the first segment that disappeared.
+        field: the top-level field behind the divergence, else None.
+        shared_prefix_tokens: estimated tokens of the whole segments both requests share before the
+            divergence (the most any cache could read).
+        pure_append: ``previous`` is a prefix of ``current`` with no cache-relevant field change.
+        field_changes: cache-relevant top-level changes (see ``FIELD_LEVELS``).
+        other_changes: other top-level changes whose cache effect is not modelled.
+        ignored_changes: volatile changes (``VOLATILE_FIELDS``, moved ``cache_control`` markers as
+            ``breakpoints``) that never affect matching.
+    """
+
+    previous: PreparedRequest
+    current: PreparedRequest
+    index: int | None
+    path: str | None
+    field: str | None
+    shared_prefix_tokens: int
+    pure_append: bool
+    field_changes: tuple[FieldChange, ...]
+    other_changes: tuple[FieldChange, ...]
+    ignored_changes: tuple[FieldChange, ...]
+    _common: int = 0  # length of the common run of segment keys
+
+    # -- derived, computed on first access ------------------------------------------------------
+    @property
+    def identical(self) -> bool:
+        """Same segments and no cache-relevant change (volatile fields may still differ)."""
+        return self.pure_append and len(self.previous.segments) == len(self.current.segments)
+
+    @property
+    def appended(self) -> int:
+        """Segments added at the end (pure append only; 0 otherwise)."""
+        return len(self.current.segments) - len(self.previous.segments) if self.pure_append else 0
+
+    @cached_property
+    def _within(self) -> tuple[int | None, int | None, int]:
+        """(first differing byte in the current segment's stripped bytes, mapped exact offset, stripped
+        length) for a segment divergence; Nones otherwise."""
+        i = self.index
+        if i is None or self.field is not None or i >= len(self.current.segments):
+            return None, None, 0
+        cur = self.current.segments[i]
+        cur_plain, at, ins = _stripped(cur.element)
+        if i >= len(self.previous.segments):
+            return 0, 0, len(cur_plain)
+        prev_plain, _, _ = _stripped(self.previous.segments[i].element)
+        d = common_prefix_length(prev_plain, cur_plain)
+        if d == len(prev_plain) == len(cur_plain):
+            return 0, 0, len(cur_plain)  # same bytes: the envelope differs (message boundary or role)
+        exact = d if (ins == 0 or d < at) else d + ins
+        return d, exact, len(cur_plain)
+
+    @cached_property
+    def byte_offset(self) -> int | None:
+        """Where the divergence sits in ``canonical_bytes(current.body)``.
+
+        For a segment divergence: the offset of the first byte of the divergent segment that differs
+        from the previous request's segment at the same position, both compared without
+        ``cache_control`` (the offset is mapped back into the exact bytes, marker included); the
+        segment's first byte when only its envelope (role, message boundary) differs. For a truncated
+        request: the offset right after the last shared segment. For a field divergence: the first
+        differing byte inside that field's value. ``None`` for a pure append.
+
+        This is *not* the first differing byte of the two whole serialisations: canonical JSON sorts
+        keys, so ``messages`` precedes ``system`` and ``tools`` and appended turns would always win;
+        that literal offset is :attr:`raw_byte_offset`.
+        """
+        if self.index is None:
+            return None
+        cur = self.current
+        info = _info(cur)
+        if self.field is not None:
+            base = _key_offset(cur, info, self.field)
+            old, new = self.previous.body.get(self.field, _ABSENT), cur.body.get(self.field, _ABSENT)
+            if old is _ABSENT or new is _ABSENT:
+                return base
+            return base + common_prefix_length(canonical_bytes(old), canonical_bytes(new))
+        i = self.index
+        if i >= len(cur.segments):
+            if not cur.segments:
+                return None
+            last = len(cur.segments) - 1
+            return segment_offset(cur, last) + cur.segments[last].nbytes
+        _, exact, _ = self._within
+        return segment_offset(cur, i) + (exact or 0)
+
+    @cached_property
+    def token_offset(self) -> int | None:
+        """Estimated tokens before the divergence: whole segments before it, plus the divergent
+        segment's tokens in proportion to its matching bytes. ``None`` for a pure append."""
+        if self.index is None:
+            return None
+        if self.field is not None or self.index >= len(self.current.segments):
+            return self.shared_prefix_tokens
+        d, _, size = self._within
+        seg = self.current.segments[self.index]
+        within = (seg.tokens * d) // size if (d and size) else 0
+        return self.shared_prefix_tokens + min(within, max(0, seg.tokens - 1))
+
+    @cached_property
+    def raw_byte_offset(self) -> int | None:
+        """The first differing byte of the two whole canonical serialisations (volatile fields and key
+        order included), or None when they are equal. Serialises both bodies: O(body size)."""
+        a, b = self.previous.canonical, self.current.canonical
+        if a == b:
+            return None
+        return common_prefix_length(a, b)
+
+    @cached_property
+    def excerpt(self) -> Excerpt | None:
+        """Both sides around the divergence, invisible characters made visible; None for a pure append."""
+        if self.index is None:
+            return None
+        if self.field is not None:
+            old = self.previous.body.get(self.field, _ABSENT)
+            new = self.current.body.get(self.field, _ABSENT)
+            a = "(absent)" if old is _ABSENT else canonical_json(old)
+            b = "(absent)" if new is _ABSENT else canonical_json(new)
+            return _excerpt(a, b, "json")
+        i = self.index
+        prev_segs, cur_segs = self.previous.segments, self.current.segments
+        if i >= len(cur_segs):
+            el = prev_segs[i].element
+            text = _text_of(el)
+            return _excerpt(text if text is not None else _stripped(el)[0].decode(), "",
+                            "text" if text is not None else "json")
+        a_el = prev_segs[i].element if i < len(prev_segs) else None
+        b_el = cur_segs[i].element
+        ta, tb = _text_of(a_el) if a_el is not None else None, _text_of(b_el)
+        if ta is not None and tb is not None:
+            return _excerpt(ta, tb, "text")
+        a = "" if a_el is None else _stripped(a_el)[0].decode()
+        return _excerpt(a, _stripped(b_el)[0].decode(), "json")
+
+    @cached_property
+    def _regions(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], int]:
+        prev, cur = self.previous, self.current
+        pk, ck = _info(prev).keys, _info(cur).keys
+        n = self._common
+        if self.pure_append:
+            return tuple(s.path for s in cur.segments[n:]), (), (), 0
+        # align the tails too, so an insertion does not read as everything after it changing
+        rp, rc = pk[n:][::-1], ck[n:][::-1]
+        m = common_prefix_length(rp, rc)
+        p_end, c_end = len(pk) - m, len(ck) - m
+        p_paths: dict[tuple, list[str]] = {}
+        for j in range(n, p_end):
+            p_paths.setdefault(pk[j], []).append(prev.segments[j].path)
+        c_keys = set(ck[n:c_end])
+        removed = {prev.segments[j].path: j for j in range(n, p_end) if pk[j] not in c_keys}
+        added, changed, moved = [], [], 0
+        for j in range(n, c_end):
+            path = cur.segments[j].path
+            if ck[j] in p_paths:
+                if path not in p_paths[ck[j]]:
+                    moved += 1
+            elif path in removed:
+                changed.append(path)
+                del removed[path]
+            else:
+                added.append(path)
+        return tuple(added), tuple(removed), tuple(changed), moved
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        """Paths (in ``current``) of segments whose content the previous request did not have there."""
+        return self._regions[0]
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        """Paths (in ``previous``) of segments that are gone."""
+        return self._regions[1]
+
+    @property
+    def changed(self) -> tuple[str, ...]:
+        """Paths present on both sides whose content differs."""
+        return self._regions[2]
+
+    @property
+    def moved(self) -> int:
+        """Segments whose content is still there, at another path (e.g. after an insertion)."""
+        return self._regions[3]
+
+    @cached_property
+    def history_rewrite(self) -> HistoryRewrite | None:
+        """The first message where the previous history is not a prefix of the current one, or None."""
+        prev, cur = self.previous, self.current
+        pi, ci = _info(prev), _info(cur)
+        pm, cm = pi.keys[pi.msg_start:], ci.keys[ci.msg_start:]
+        if cm[: len(pm)] == pm:
+            return None
+        j = common_prefix_length(pm, cm)
+        if j >= len(pm):  # pragma: no cover - excluded by the prefix test above
+            return None
+        p_seg = prev.segments[pi.msg_start + j]
+        k = p_seg.message_index or 0
+        if j >= len(cm):
+            n_prev = len(prev.body.get("messages") or [])
+            n_cur = len(cur.body.get("messages") or [])
+            what = f"history shrank from {n_prev} to {n_cur} messages" if n_cur < n_prev else (
+                f"{p_seg.path.split('.', 1)[1] if '.' in p_seg.path else 'content'} removed")
+            return HistoryRewrite(k, p_seg.role, what)
+        c_seg = cur.segments[ci.msg_start + j]
+        if c_seg.message_index != k or (c_seg.kind == "msg") != (p_seg.kind == "msg"):
+            what = "message boundaries changed"
+        elif c_seg.role != p_seg.role:
+            what = f"role {p_seg.role} -> {c_seg.role}"
+        else:
+            where = p_seg.path.split(".", 1)[1] if "." in p_seg.path else "content"
+            t_old, t_new = _block_type(p_seg.element), _block_type(c_seg.element)
+            what = f"{where} {t_old} changed" if t_old == t_new else f"{where} {t_old} -> {t_new}"
+        return HistoryRewrite(k, p_seg.role, what)
+
+    @property
+    def tools_reordered(self) -> bool:
+        """The tool definitions are the same set in another order (OpenClaw's sorted digest misses it)."""
+        pi, ci = _info(self.previous), _info(self.current)
+        a, b = pi.keys[: pi.sys_start], ci.keys[: ci.sys_start]
+        return a != b and sorted(a) == sorted(b)
+
+    # -- display --------------------------------------------------------------------------------
+    def summary(self) -> str:
+        """One plain-words line."""
+        if self.index is None:
+            head = ("identical prefix" if self.identical
+                    else f"pure append: +{self.appended} segment{'s' if self.appended != 1 else ''}")
+            return f"{head}; shared prefix ~{self.shared_prefix_tokens:,} tokens"
+        b, t = self.byte_offset, self.token_offset
+        where = f"diverges at {self.path}"
+        if b is not None:
+            where += f" (byte {b:,}, ~token {t:,})"
+        return f"{where}; shared prefix ~{self.shared_prefix_tokens:,} tokens"
+
+    def __repr__(self) -> str:
+        if self.index is None:
+            return (f"PrefixDiff(pure_append=True, appended={self.appended}, "
+                    f"shared_prefix_tokens={self.shared_prefix_tokens})")
+        return (f"PrefixDiff(path={self.path!r}, byte={self.byte_offset}, token={self.token_offset}, "
+                f"shared_prefix_tokens={self.shared_prefix_tokens}, pure_append=False)")
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        rows = [
+            ("path", esc(self.path or "—")),
+            ("byte offset", "—" if self.byte_offset is None else f"{self.byte_offset:,}"),
+            ("token offset (est.)", "—" if self.token_offset is None else f"~{self.token_offset:,}"),
+            ("shared prefix (est.)", f"~{self.shared_prefix_tokens:,} tokens"),
+            ("pure append", "yes" if self.pure_append else "no"),
+        ]
+        meta = "".join(
+            f'<tr><th style="text-align:left;padding:1px 8px">{k}</th><td style="padding:1px 8px">{v}</td></tr>'
+            for k, v in rows
+        )
+        ex = self.excerpt
+        side = ""
+        if ex is not None:
+            cell = ('<td style="vertical-align:top;padding:4px 8px;max-width:40em"><pre style="white-space:'
+                    'pre-wrap;word-break:break-all;margin:0">{}</pre></td>')
+            html_prev, html_cur = ex.html_sides()
+            left, right = cell.format(html_prev), cell.format(html_cur)
+            side = (
+                '<table style="border-collapse:collapse;margin-top:6px"><tr>'
+                f'<th style="text-align:left;padding:1px 8px">previous ({esc(ex.source)})</th>'
+                f'<th style="text-align:left;padding:1px 8px">current ({esc(ex.source)})</th></tr>'
+                f"<tr>{left}{right}</tr></table>"
+            )
+        items = []
+        for label, paths in (("added", self.added), ("removed", self.removed), ("changed", self.changed)):
+            if paths:
+                shown = ", ".join(esc(p) for p in paths[:12])
+                more = f" … and {len(paths) - 12} more" if len(paths) > 12 else ""
+                items.append(f"<li>{label} ({len(paths)}): {shown}{more}</li>")
+        if self.moved:
+            items.append(f"<li>moved: {self.moved} segment(s) now at another path</li>")
+        for label, changes in (("cache-relevant field", self.field_changes), ("other field", self.other_changes),
+                               ("ignored (never affects caching)", self.ignored_changes)):
+            for c in changes:
+                items.append(f"<li>{label}: <code>{visible_html(str(c))}</code></li>")
+        lst = f'<ul style="margin:6px 0">{"".join(items)}</ul>' if items else ""
+        return (
+            '<div style="font-family:ui-monospace,monospace;font-size:12px">'
+            f"<div><b>PrefixDiff</b> — {esc(self.summary())}</div>"
+            f'<table style="border-collapse:collapse">{meta}</table>{side}{lst}</div>'
+        )
+
+
+def _block_type(element: Any) -> str:
+    if isinstance(element, str):
+        return "text"
+    if isinstance(element, dict):
+        return str(element.get("type", "block"))
+    return "content"
+
+
+def _excerpt(a: str, b: str, source: str) -> Excerpt:
+    k = common_prefix_length(a, b)
+    start = max(0, k - _EXCERPT_BEFORE)
+    context = a[start:k]
+    pa, pb = a[k : k + _EXCERPT_AFTER], b[k : k + _EXCERPT_AFTER]
+
+    a_end, b_end = k + len(pa) >= len(a), k + len(pb) >= len(b)
+
+    def side(text: str, at_end: bool) -> str:
+        return visible(text, ends_line=at_end) + ("" if at_end else "…")
+
+    return Excerpt(visible(context), side(pa, a_end), side(pb, b_end), source, start > 0,
+                   raw=(context, pa, pb, a_end, b_end))
+
+
+def _field_changes(prev: dict[str, Any], cur: dict[str, Any], names: Any) -> list[FieldChange]:
+    out = []
+    for k in names:
+        old, new = prev.get(k, _ABSENT), cur.get(k, _ABSENT)
+        if old is _ABSENT and new is _ABSENT:
+            continue
+        if old is _ABSENT or new is _ABSENT or canonical_json(old) != canonical_json(new):
+            out.append(FieldChange(k, _short(old), _short(new)))
+    return out
+
+
+def compute_diff(previous: PreparedRequest, current: PreparedRequest) -> PrefixDiff:
+    """The diff of two prepared requests (the session's hot path: O(segments) at C speed, bytes lazily)."""
+    pi, ci = _info(previous), _info(current)
+    pk, ck = pi.keys, ci.keys
+    n = common_prefix_length(pk, ck)
+    prest, crest = previous.rest, current.rest
+    field_changes = _field_changes(prest, crest, sorted(FIELD_LEVELS))
+    known = set(VOLATILE_FIELDS) | set(FIELD_LEVELS)
+    other = _field_changes(prest, crest, sorted((set(prest) | set(crest)) - known))
+    ignored = _field_changes(prest, crest, VOLATILE_FIELDS)
+    if pi.marks != ci.marks:
+        ignored.append(FieldChange("breakpoints", ", ".join(pi.marks) or "(none)", ", ".join(ci.marks) or "(none)"))
+
+    # the earliest position any cache-relevant field invalidates
+    field, field_at = None, None
+    for fc in field_changes:
+        level = FIELD_LEVELS[fc.path]
+        at = 0 if level == "tools" else ci.sys_start if level == "system" else ci.msg_start
+        if field_at is None or at < field_at:
+            field, field_at = fc.path, at
+
+    prefix_ok = n == len(pk)
+    index: int | None
+    path: str | None
+    if field_at is not None and (prefix_ok or field_at <= n):
+        index, path, shared_at = field_at, field, field_at
+    elif not prefix_ok:
+        index, field = n, None
+        path = current.segments[n].path if n < len(ck) else previous.segments[n].path
+        shared_at = n
+    else:
+        index = path = field = None
+        shared_at = n
+    shared = ci.cum[shared_at - 1] if shared_at > 0 and ci.cum else 0
+    return PrefixDiff(
+        previous=previous, current=current, index=index, path=path, field=field,
+        shared_prefix_tokens=shared, pure_append=index is None, field_changes=tuple(field_changes),
+        other_changes=tuple(other), ignored_changes=tuple(ignored), _common=n,
+    )
+
+
+def _as_prepared(x: Any, memo: SegmentMemo) -> PreparedRequest:
+    if isinstance(x, PreparedRequest):
+        return x
+    prepared = getattr(x, "prepared", None)  # a session Turn
+    if isinstance(prepared, PreparedRequest):
+        return prepared
+    if isinstance(x, dict):
+        return prepare(x, memo=memo)
+    raise TypeError(f"diff() takes request bodies (dict), PreparedRequest or Turn, got {type(x).__name__}")
+
+
+def diff(previous: Any, current: Any) -> PrefixDiff:
+    """Where ``current``'s cache prefix stops matching ``previous``.
+
+    Args:
+        previous: the earlier request — a Messages body (dict), a :class:`PreparedRequest` or a Turn.
+        current: the later request, same choices.
+
+    Example:
+        >>> import promptcache_nb as pc
+        >>> a = {"model": "claude-sonnet-4-5", "system": "Be terse.", "messages": [
+        ...     {"role": "user", "content": "hi"}]}
+        >>> b = {**a, "system": "Be brief.", "max_tokens": 10}
+        >>> d = pc.diff(a, b)
+        >>> d.path, d.byte_offset, [str(c) for c in d.ignored_changes]
+        ('system', 102, ['max_tokens: (absent) -> 10'])
+        >>> str(d.excerpt)
+        'Be ⟪ terse. ⟫ → ⟪ brief. ⟫'
+    """
+    memo = SegmentMemo()
+    return compute_diff(_as_prepared(previous, memo), _as_prepared(current, memo))

@@ -1,0 +1,266 @@
+"""The quickstart in a real browser: JupyterLab on loopback, driven by Debian's chromium via Playwright.
+
+Runs a *copy* of notebooks/01_quickstart.ipynb (outputs stripped, in a temporary root), clicks
+"Next turn" three times, edits one knowledge entry through the editor's form, steps once more and
+checks the rendered DOM: the new turn number, the diff showing the edit, and the usage. Every
+non-loopback request is aborted, so the test never leaves the machine. Screenshots go to
+``test-output/browser/``; the final stepper screenshot is copied to ``docs/stepper.png`` for the README.
+
+Needs /usr/bin/chromium (``make test`` installs it with apt); without it the test fails, it never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+import nbformat
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "01_quickstart.ipynb"
+CHROMIUM = Path("/usr/bin/chromium")
+OUT = ROOT / "test-output" / "browser"
+DOCS_SHOT = ROOT / "docs" / "stepper.png"
+TOKEN = "pcnb-browser-test"
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+EDIT_MARKER = "retries are now five with a ten-minute delay (browser edit)"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> object:
+    req = urllib.request.Request(url, headers={"Authorization": f"token {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=5) as r:  # noqa: S310 - loopback only
+        return json.loads(r.read())
+
+
+@pytest.fixture
+def lab_server(tmp_path):
+    """A JupyterLab server on 127.0.0.1 with every Jupyter dir isolated under tmp_path."""
+    root = tmp_path / "root"
+    (root / "notebooks").mkdir(parents=True)
+    (root / "data").symlink_to(ROOT / "data")  # the notebook reads ../data/scenarios
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    for cell in nb.cells:  # a clean copy: no stale outputs or saved widget views to match by mistake
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nb.metadata.pop("widgets", None)
+    nbformat.write(nb, root / "notebooks" / NOTEBOOK.name)
+
+    home = tmp_path / "jhome"
+    env = dict(os.environ)
+    env.update(
+        JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
+        JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"),
+        PYTHONHASHSEED="0", JUPYTER_PLATFORM_DIRS="1",
+    )
+    env.pop("MPLBACKEND", None)
+    settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port = _free_port()
+    log = (tmp_path / "lab.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}", "--LabApp.news_url=None",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
+         f"--LabApp.workspaces_dir={home / 'workspaces'}", "--ServerApp.open_browser=False"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"jupyter lab exited early ({proc.returncode}):\n{(tmp_path / 'lab.log').read_text()[-3000:]}")
+            try:
+                _get(f"{base}/api/status")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"jupyter lab did not answer in 60 s:\n{(tmp_path / 'lab.log').read_text()[-3000:]}")
+                time.sleep(0.25)
+        yield base
+    finally:
+        # Stop the server (and the kernels it started) by PID; SIGTERM lets it shut kernels down.
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+        log.close()
+
+
+def _wait_kernel_idle(page, base: str, path: str, *, timeout: float = 60, settle: float = 0.0) -> None:
+    """Poll /api/sessions until the notebook's kernel is connected and idle (for ``settle`` seconds).
+
+    Waits with ``page.wait_for_timeout``, never ``time.sleep``: the sync Playwright API runs the route
+    guard only while the test thread is inside a Playwright call, so sleeping stalls every request.
+    """
+    deadline = time.monotonic() + timeout
+    idle_since = None
+    while time.monotonic() < deadline:
+        sessions = [s for s in _get(f"{base}/api/sessions") if s.get("path", "").endswith(path)]
+        k = sessions[0]["kernel"] if sessions else {}
+        if k.get("execution_state") == "idle" and k.get("connections", 0) >= 1:
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since >= settle:
+                return
+        else:
+            idle_since = None
+        page.wait_for_timeout(200)
+    raise AssertionError(f"kernel for {path} not idle after {timeout} s: {sessions}")
+
+
+def _turn_number(page) -> int:
+    text = page.locator(".pcnb-stepper .pcnb-header [data-field=turn]").inner_text()
+    m = re.fullmatch(r"Turn (\d+)", text.strip())
+    assert m, f"unexpected stepper header {text!r}"
+    return int(m.group(1))
+
+
+def test_quickstart_stepper_and_editor_in_chromium(lab_server):
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make chromium`, or "
+                    "`apt-get install -y chromium`); the browser test never downloads a browser")
+    from playwright.sync_api import expect, sync_playwright
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    blocked: list[str] = []
+    console_errors: list[str] = []
+    t0 = time.monotonic()
+
+    def guard(route) -> None:
+        host = urlparse(route.request.url).hostname or ""
+        if host in LOOPBACK:
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.route("**/*", guard)
+            page = context.new_page()
+            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            page.goto(f"{lab_server}/lab/tree/notebooks/{NOTEBOOK.name}?reset&token={TOKEN}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            _wait_kernel_idle(page, lab_server, NOTEBOOK.name)  # before Run All, or the command is lost
+
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+            stepper = page.locator(".pcnb-stepper")
+            expect(stepper).to_be_visible(timeout=60_000)
+            expect(page.locator(".jp-OutputArea-output", has_text="'saved_usd'")).to_be_visible(timeout=60_000)
+            _wait_kernel_idle(page, lab_server, NOTEBOOK.name, settle=0.5)
+            expect(page.locator(".pcnb-error:visible")).to_have_count(0)
+            stepper.scroll_into_view_if_needed()
+            page.screenshot(path=str(OUT / "1_after_run_all.png"))
+
+            next_btn = stepper.get_by_role("button", name="Next turn")
+            start = _turn_number(page)
+            turn = start
+            for _ in range(3):
+                next_btn.click()
+                expect(stepper.locator(".pcnb-header [data-field=turn]")).not_to_have_text(f"Turn {turn}")
+                new = _turn_number(page)
+                assert new > turn
+                turn = new
+            expect(stepper.locator(".pcnb-usage")).to_contain_text("cache read")
+            stepper.scroll_into_view_if_needed()
+            page.screenshot(path=str(OUT / "2_after_three_clicks.png"))
+
+            editor = page.locator(".pcnb-knowledge-editor")
+            editor.scroll_into_view_if_needed()
+            _wait_kernel_idle(page, lab_server, NOTEBOOK.name, settle=0.3)
+            select = editor.locator("select")
+            expect(select.locator("option", has_text="Airflow retries")).to_have_count(1)
+            labels = [t.replace("\xa0", " ") for t in select.locator("option").all_text_contents()]  # ipywidgets uses nbsp
+            target = next((i for i, label in enumerate(labels) if "Airflow retries" in label), None)
+            assert target is not None, f"no 'Airflow retries' entry in the editor's list: {labels}"
+            select.select_option(index=target)
+            title = editor.locator(".widget-text input").first
+            expect(title).to_have_value("Airflow retries")  # the kernel filled the form
+            editor.locator("textarea").fill(f"Airflow {EDIT_MARKER}; every task must be idempotent.")
+            editor.get_by_role("button", name="Save changes").click()
+            expect(editor).to_contain_text("updated")
+            expect(stepper.locator(".pcnb-header")).to_contain_text("pending for the next turn")
+            page.screenshot(path=str(OUT / "3_after_edit.png"))
+
+            next_btn.click()
+            expect(stepper.locator(".pcnb-header [data-field=turn]")).not_to_have_text(f"Turn {turn}")
+            final = _turn_number(page)
+            assert final > turn > start
+            expect(stepper.locator(".pcnb-header")).to_contain_text("knowledge_update:")
+            expect(stepper.locator(".pcnb-diff")).to_contain_text(EDIT_MARKER)
+            usage = stepper.locator(".pcnb-usage")
+            expect(usage).to_contain_text("simulated (estimated tokens)")
+            assert re.search(r"cache read\s+[\d,]+", usage.inner_text())
+            expect(page.locator(".pcnb-error:visible")).to_have_count(0)
+
+            stepper.scroll_into_view_if_needed()
+            page.screenshot(path=str(OUT / "4_final_page.png"))
+            # A viewport tall enough for the whole stepper (Lab clips what is outside its panel).
+            page.set_viewport_size({"width": 1200, "height": 2600})
+            page.wait_for_timeout(300)
+            stepper.scroll_into_view_if_needed()
+            shot = OUT / "stepper.png"
+            stepper.screenshot(path=str(shot))
+        except BaseException:
+            page.screenshot(path=str(OUT / "failure.png"))
+            print("console errors:", *console_errors[-20:], sep="\n  ")
+            print("blocked:", *blocked[:20], sep="\n  ")
+            raise
+        finally:
+            browser.close()
+
+    DOCS_SHOT.parent.mkdir(exist_ok=True)
+    _save_small_png(shot, DOCS_SHOT, max_bytes=300_000)
+    elapsed = time.monotonic() - t0
+    (OUT / "timing.txt").write_text(f"browser test {elapsed:.1f} s; blocked non-loopback requests: {len(blocked)}\n"
+                                    + "\n".join(blocked) + "\n")
+    assert DOCS_SHOT.stat().st_size < 300_000
+
+
+def _save_small_png(src: Path, dest: Path, *, max_bytes: int) -> None:
+    """Copy ``src`` to ``dest``, re-encoding as a palette PNG (and shrinking) until it fits ``max_bytes``."""
+    if src.stat().st_size <= max_bytes:
+        shutil.copyfile(src, dest)
+        return
+    from PIL import Image
+
+    img = Image.open(src).convert("RGB")
+    scale = 1.0
+    while True:
+        w, h = int(img.width * scale), int(img.height * scale)
+        small = img.resize((w, h), Image.LANCZOS) if scale < 1 else img
+        small.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(dest, optimize=True)
+        if dest.stat().st_size <= max_bytes or scale < 0.4:
+            return
+        scale *= 0.85

@@ -1,0 +1,140 @@
+"""TTL what-if, keep-warm pings and rebuild attribution (rules §1.4-1.7) on recorded sessions whose
+right answers follow from the stored totals: every body uses top-level automatic caching, so a request
+writes (or reads) everything up to its last block."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import promptcache_nb as pc
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+SYSTEM = "You are the support agent for a billing product. " * 180  # ~1.6k tokens: above 1,024
+SONNET = pc.prices_for("claude-sonnet-4-5")
+
+
+def body(n_turns: int, *, system: str = SYSTEM, model: str = "claude-sonnet-4-5", extra_blocks: int = 0) -> dict:
+    msgs: list[dict] = []
+    for i in range(n_turns):
+        if i:
+            msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {i - 1}"}]})
+        msgs.append({"role": "user", "content": [{"type": "text", "text": f"question {i}"}]})
+    if extra_blocks:
+        msgs[-1] = {"role": "user", "content": [{"type": "text", "text": f"part {k}"} for k in range(extra_blocks)]}
+    return {"model": model, "max_tokens": 256, "cache_control": {"type": "ephemeral"},
+            "system": [{"type": "text", "text": system}], "messages": msgs}
+
+
+def record(lab: pc.Lab, bodies: list[dict], gaps: list[float]) -> pc.Session:
+    s = lab.session(project=f"p{len(lab.sessions())}")
+    when = T0
+    for b, gap in zip(bodies, gaps, strict=True):
+        when += timedelta(seconds=gap)
+        s.record(b, at=when)
+    return s
+
+
+@pytest.fixture
+def lab():
+    with pc.Lab(progress=False) as lab:
+        yield lab
+
+
+@pytest.fixture
+def idle_session(lab):
+    """Four appended turns; the third comes after 6m40s idle (past 5m, within 1h)."""
+    return record(lab, [body(k) for k in range(1, 5)], [0, 30, 400, 30])
+
+
+def test_ttl_whatif_5m_vs_1h(idle_session):
+    s = idle_session
+    totals = list(s.turns().total_tokens)
+    df = pc.ttl_whatif(s)
+    five, hour = df[df.ttl == "5m"].reset_index(drop=True), df[df.ttl == "1h"].reset_index(drop=True)
+    assert list(five.gap_seconds[1:]) == [30, 400, 30]
+    # 5m: the entry written at turn 1 has expired by turn 2, which rebuilds everything
+    assert list(five.cache_read_input_tokens) == [0, totals[0], 0, totals[2]]
+    assert list(five.cache_creation_5m_input_tokens) == [totals[0], totals[1] - totals[0], totals[2],
+                                                         totals[3] - totals[2]]
+    assert five.cache_reason[2] == "ttl_expired"
+    # 1h: every write is a 1h write, and turn 2 reads what turn 1 wrote
+    assert list(hour.cache_read_input_tokens) == [0, totals[0], totals[1], totals[2]]
+    assert list(hour.cache_creation_1h_input_tokens) == [totals[0]] + [b - a for a, b in zip(totals, totals[1:])]
+    assert (hour.cache_creation_5m_input_tokens == 0).all()
+    # costs from the prices: 1h writes 2x base, 5m writes 1.25x, reads 0.1x
+    assert five.cost_usd[2] == pytest.approx(totals[2] * SONNET.cache_write_5m / 1e6)
+    assert hour.cost_usd[2] == pytest.approx((totals[1] * SONNET.cache_read
+                                             + (totals[2] - totals[1]) * SONNET.cache_write_1h) / 1e6)
+    # the stored session itself is the 5m case
+    assert list(five.cost_usd) == pytest.approx(list(s.turns().cost_usd))
+
+
+def test_ttl_whatif_takes_lab_and_id(idle_session):
+    lab = idle_session._lab
+    df = pc.ttl_whatif(lab, idle_session.id, ttls=("1h",))
+    assert set(df.ttl) == {"1h"} and len(df) == 4
+    with pytest.raises(ValueError, match="5m"):
+        pc.ttl_whatif(idle_session, ttls=("2h",))
+
+
+def test_keep_warm_ping_avoids_the_rebuild(idle_session):
+    s = idle_session
+    totals = list(s.turns().total_tokens)
+    out = pc.keep_warm(s, every="4m")
+    assert out["pings"] == 1  # at +4m in the 6m40s gap; +8m is past the next request
+    # the ping re-sends turn 1, reading everything turn 1 cached
+    assert out["ping_cost_usd"] == pytest.approx(totals[1] * SONNET.cache_read / 1e6)
+    assert (out["rebuilds_without"], out["rebuilds_with"], out["rebuilds_avoided"]) == (1, 0, 1)
+    turns = out["turns"]
+    assert list(turns.pings_before) == [0, 0, 1, 0]
+    assert turns.read_with[2] == totals[1] and turns.read_without[2] == 0
+    assert out["cost_with_usd"] == pytest.approx(turns.cost_with_usd.sum() + out["ping_cost_usd"], abs=1e-6)
+    assert out["net_saving_usd"] == pytest.approx(out["cost_without_usd"] - out["cost_with_usd"], abs=1e-6)
+    assert out["net_saving_usd"] > 0  # one cheap read beats re-writing ~2k tokens at 1.25x
+
+    assert pc.keep_warm(s, every="2m")["pings"] == 3  # +2, +4, +6 minutes
+    capped = pc.keep_warm(s, every="4m", max_gap="5m")
+    assert (capped["pings"], capped["rebuilds_avoided"]) == (0, 0)
+    assert pc.keep_warm(s, every="4m", ttl="1h")["rebuilds_without"] == 0
+    with pytest.raises(ValueError, match="positive"):
+        pc.keep_warm(s, every=0)
+
+
+def test_rebuilds_attribute_each_cause(lab):
+    small = "Be brief."
+    bodies = [
+        body(1),                                     # 0 cold
+        body(2),                                     # 1 hit
+        body(3),                                     # 2 after 400 s: TTL expiry
+        body(4, system=SYSTEM + " Edited."),         # 3 host prompt edit: prefix change at system[0]
+        body(5, system=SYSTEM + " Edited.", model="claude-sonnet-4"),  # 4 model switch
+        body(6, system=SYSTEM + " Edited.", model="claude-sonnet-4", extra_blocks=19),  # 5 lookback
+        body(1, system=small, model="claude-sonnet-4"),  # 6 a new, tiny conversation: below the minimum
+        body(2, system=small, model="claude-sonnet-4"),  # 7 and its next turn
+    ]
+    s = record(lab, bodies, [0, 30, 400, 30, 30, 30, 30, 30])
+    df = pc.rebuilds(s)
+    assert list(df.idx) == [2, 3, 4, 5, 6, 7]
+    assert list(df.reason) == ["ttl_expired", "prefix_changed", "model_switch", "lookback_exceeded",
+                               "below_minimum", "below_minimum"]
+    causes = dict(zip(df.idx, df.cause, strict=True))
+    assert causes[2] == "TTL expiry: the 5m entry was idle 6m40s"
+    assert causes[3] == "prefix changed at system[0]"
+    assert causes[4] == "model switch from claude-sonnet-4-5"
+    assert causes[5].startswith("breakpoint too far back: the entry at messages[8]")
+    assert causes[7].startswith("prefix below the 1024-token minimum")
+    assert df.changed_path.tolist()[1] == "system[0]"
+    totals = list(s.turns().total_tokens)
+    row = df.set_index("idx").loc[2]
+    assert (row.expected_read, row.read, row.lost_tokens) == (totals[1], 0, totals[1])
+    # a shorter request can lose at most its own size
+    assert df.set_index("idx").loc[6].expected_read == totals[6]
+
+
+def test_rebuilds_explains_turns_stored_without_a_reason(idle_session):
+    s = idle_session
+    s._lab.store.con.execute("UPDATE turns SET cache_reason = NULL, cache_detail = NULL").fetchall()
+    df = pc.rebuilds(s)
+    assert list(df.idx) == [2] and df.reason[0] == "ttl_expired"
