@@ -43,7 +43,8 @@ def bodies(mb: float, words_per_block: int) -> tuple[dict, dict, dict, str]:
         messages.append({"role": role, "content": [block]})
         size += len(canonical_bytes(block)) + 30
         i += 1
-    a = {"model": "claude-sonnet-4-5", "max_tokens": 4096, "tools": tools, "system": system, "messages": messages}
+    a = {"model": "claude-sonnet-4-5", "max_tokens": 4096, "tools": tools, "system": system,
+         "messages": messages}
     mid = len(messages) // 2
     b_messages = [dict(m) for m in messages]
     old = messages[mid]["content"][0]["text"]
@@ -69,7 +70,8 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
 def run(mb: float, words_per_block: int, repeat: int) -> None:
     a, b, b_plain, expected = bodies(mb, words_per_block)
     pa, pb = prepare(a), prepare(b)
-    print(f"bodies: {len(pa.canonical) / 1e6:.2f} MB, {len(pa.segments):,} segments; the change is in {expected}; "
+    print(f"bodies: {len(pa.canonical) / 1e6:.2f} MB, {len(pa.segments):,} segments; "
+          f"the change is in {expected}; "
           "b also has another max_tokens and a moved cache_control marker")
 
     def prefix_diff() -> tuple:

@@ -1,4 +1,4 @@
-"""The ``promptcache-nb`` command: demo, replay, sql (and serve, the simulator endpoint)."""
+"""The ``promptcache-nb`` command: demo, replay, sql, and serve (a local Messages-compatible endpoint)."""
 
 from __future__ import annotations
 
@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("db")
     q.add_argument("query")
     q.set_defaults(fn=cmd_sql)
+    from .live.server import add_serve_arguments, run_serve
+
+    v = sub.add_parser("serve", help="run a local Messages-compatible endpoint backed by a cache model")
+    add_serve_arguments(v)  # --host (127.0.0.1) --port (8765; 0 = any) --cache (anthropic) --ttft SECONDS
+    v.set_defaults(fn=run_serve)
     return p
 
 

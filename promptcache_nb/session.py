@@ -19,8 +19,9 @@ from . import analysis as _analysis
 from ._util import digest, parse_duration, utc
 from .analysis.prices import Prices, prices_for
 from .cache import CacheModel, CacheResult, get_cache_model
-from .errors import InvalidRequestError, KnowledgeError, PromptCacheError, SessionError
+from .errors import APIError, InvalidRequestError, KnowledgeError, PromptCacheError, SessionError
 from .live import Backend, DirectSimulator
+from .live._base import SIMULATED_REPLY
 from .request import PreparedRequest, SegmentMemo, canonical_bytes, canonical_json, prepare
 from .scenario import (
     DEFAULT_START,
@@ -563,10 +564,14 @@ class Session:
                 usage = given_usage
             else:
                 resp = self.backend.send(prepared, at=at, cache=cache)
-                usage, cache_result, request_id, content = resp.usage, resp.cache_result, resp.request_id, resp.content
-        except InvalidRequestError as exc:
+                usage, cache_result, request_id = resp.usage, resp.cache_result, resp.request_id
+                # A scripted reply or tool call keeps the conversation the scenario's (and comparable across
+                # backends); the endpoint's own answer is used when the caller asked for it (reply=None).
+                content = resp.content if reply_msg is None else None
+        except APIError as exc:
+            self._cache_ready = False
             if exc.turn is None:
-                raise InvalidRequestError(exc.api_message, turn=idx) from None
+                raise exc.at_turn(idx) from None
             raise
         except BaseException:
             self._cache_ready = False  # the simulated cache may have moved; rebuild it from the store
@@ -575,7 +580,7 @@ class Session:
             if content is None and reply_msg is not None:
                 content = reply_msg["content"]
             if content is None and given_usage is None and source_messages is not None:
-                content = [{"type": "text", "text": "(simulated reply)"}]
+                content = [{"type": "text", "text": SIMULATED_REPLY}]
             if usage.output_tokens is None and content is not None:
                 out = sum(segment_tokens("msg", b, self._lab.tokenizer) for b in content)
                 usage = Usage(usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens,

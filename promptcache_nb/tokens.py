@@ -138,7 +138,8 @@ class CalibratedTokenizer:
 
     Example:
         >>> cal = pc.load_calibration(lab, "claude-sonnet-4-5")          # doctest: +SKIP
-        >>> lab2 = pc.Lab("runs.duckdb", tokenizer=CalibratedTokenizer(HeuristicTokenizer(), cal))  # doctest: +SKIP
+        >>> tok = CalibratedTokenizer(HeuristicTokenizer(), cal)         # doctest: +SKIP
+        >>> lab2 = pc.Lab("runs.duckdb", tokenizer=tok)                   # doctest: +SKIP
     """
 
     def __init__(self, base: Tokenizer, calibration: _Fit) -> None:

@@ -23,7 +23,7 @@ T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 def req(*parts: tuple[str, int], model: str = "claude-sonnet-4-5", **rest) -> PreparedRequest:
     """A request whose segments are ``parts``: (text label, estimated tokens)."""
     body = {"model": model, "max_tokens": 64, **rest,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": label} for label, _ in parts]}]}
+            "messages": [{"role": "user", "content": [{"type": "text", "text": lab} for lab, _ in parts]}]}
     r = prepare(body)
     segs = tuple(dataclasses.replace(s, tokens=n) for s, (_, n) in zip(r.segments, parts, strict=True))
     return dataclasses.replace(r, segments=segs, total_tokens=sum(n for _, n in parts))
@@ -297,7 +297,8 @@ def _bodies():
     msgs: list[dict] = []
     out = []
     for i in range(8):
-        msgs = msgs + [{"role": "user", "content": [{"type": "text", "text": f"question {i} about invoices"}]}]
+        question = {"type": "text", "text": f"question {i} about invoices"}
+        msgs = msgs + [{"role": "user", "content": [question]}]
         system = SYSTEM if i != 5 else SYSTEM + " Today is Tuesday."  # one prefix change
         body = {"model": "claude-sonnet-4-5", "max_tokens": 512, "cache_control": {"type": "ephemeral"},
                 "system": [{"type": "text", "text": system}], "tools": TOOLS, "messages": msgs}

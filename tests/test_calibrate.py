@@ -22,7 +22,7 @@ def body(i: int, model: str = "claude-sonnet-4-5") -> dict:
             "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
 
 
-def record_measured(lab: pc.Lab, truth, n: int = 12, model: str = "claude-sonnet-4-5") -> tuple[pc.Session, list]:
+def record_measured(lab: pc.Lab, truth, n: int = 12, model: str = "claude-sonnet-4-5"):
     """Record n bodies whose imported usage is ``truth(estimate)`` (all of it uncached input)."""
     s = lab.session(project=f"cal-{model}-{len(lab.sessions())}", model=model)
     memo = SegmentMemo(lab.tokenizer)

@@ -51,5 +51,5 @@ def test_console_script_installed():
     exe = Path(sys.executable).parent / "promptcache-nb"
     assert exe.exists()
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
-    for cmd in ("demo", "replay", "sql"):
+    for cmd in ("demo", "replay", "sql", "serve"):
         assert cmd in out

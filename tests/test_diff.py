@@ -46,7 +46,8 @@ def base_body() -> dict:
             {"role": "assistant", "content": [
                 text_block("Looking."),
                 {"type": "tool_use", "id": "toolu_1", "name": "grep", "input": {"pattern": "def parse"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "parser.py:12"}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "parser.py:12"}]},
             {"role": "assistant", "content": "It is on line 12."},
         ],
     }
@@ -143,7 +144,8 @@ def test_message_boundary_and_role_changes():
     assert d.path == "messages[1].content[0]" and not d.pure_append
     assert d.byte_offset == segment_offset(d.current, 1)  # same bytes, new envelope: the segment start
     assert str(d.history_rewrite) == "message 0 (user) differs: message boundaries changed"
-    c = {"model": MODEL, "messages": [{"role": "assistant", "content": [text_block("one"), text_block("two")]}]}
+    c = {"model": MODEL,
+         "messages": [{"role": "assistant", "content": [text_block("one"), text_block("two")]}]}
     assert pc.diff(a, c).path == "messages[0].content[0]"
     assert "role user -> assistant" in str(pc.diff(a, c).history_rewrite)
 
@@ -173,7 +175,8 @@ def test_top_level_fields_set_the_divergence_at_their_level():
 def test_volatile_fields_are_ignored_but_listed():
     a = base_body()
     b = {**copy.deepcopy(a), "max_tokens": 8192, "stream": True, "metadata": {"user_id": "u1"},
-         "temperature": 0.2, "top_p": 0.9, "top_k": 5, "stop_sequences": ["END"], "cache_control": {"type": "ephemeral"}}
+         "temperature": 0.2, "top_p": 0.9, "top_k": 5, "stop_sequences": ["END"],
+         "cache_control": {"type": "ephemeral"}}
     d = pc.diff(a, b)
     assert d.identical and d.path is None
     assert sorted(c.path for c in d.ignored_changes) == sorted(VOLATILE_FIELDS)
@@ -184,8 +187,8 @@ def test_volatile_fields_are_ignored_but_listed():
 def test_moved_cache_control_marker_is_no_divergence():
     marked = {"type": "ephemeral"}
     a = edited(base_body(), lambda x: x["messages"][1]["content"][1].update(cache_control=marked))
-    b = base_body()  # the marker left messages[1] ...
-    b["messages"].append({"role": "user", "content": [text_block("fix it", cache_control=marked)]})  # ... for here
+    b = base_body()  # the marker left messages[1] for the new last block
+    b["messages"].append({"role": "user", "content": [text_block("fix it", cache_control=marked)]})
     d = pc.diff(a, b)
     assert d.pure_append and d.path is None and d.byte_offset is None
     (bp,) = [c for c in d.ignored_changes if c.path == "breakpoints"]
@@ -201,7 +204,8 @@ def test_marker_on_the_divergent_block_is_skipped_in_the_byte_offset():
     # and with a key sorted before cache_control
     a2 = {"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t", "content": "abc"}]}]}
-    b2 = edited(a2, lambda x: x["messages"][0]["content"][0].update(content="abd", cache_control={"type": "ephemeral"}))
+    b2 = edited(a2, lambda x: x["messages"][0]["content"][0].update(content="abd",
+                                                                    cache_control={"type": "ephemeral"}))
     d2 = pc.diff(a2, b2)
     assert canonical_bytes(b2)[d2.byte_offset:d2.byte_offset + 1] == b"d"
 

@@ -22,12 +22,21 @@ from promptcache_nb.analysis.observe import (
 )
 from promptcache_nb.request import canonical_bytes, prepare
 from promptcache_nb.request.diff import compute_diff
-from tests.test_diff import assert_safe_html
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+_OUR_TAGS = re.compile(r"</?(?:b|code|div|i|span|table|td|tr)(?:\s+(?:style|title)=\"[^\"<>]*\")*\s*>")
+
+
+def assert_safe_html(markup: str) -> None:
+    """Only our own tags: any < or > from content is escaped (same check as test_diff.py, flat tests)."""
+    stripped = _OUR_TAGS.sub("", markup)
+    assert "<" not in stripped and ">" not in stripped, stripped[:200]
+    assert markup.count("<div") == markup.count("</div>") and markup.count("<tr") == markup.count("</tr>")
+
+
 MODEL = "claude-sonnet-4-5"
 EPH = {"type": "ephemeral"}
-RULES = "Rule: answer billing questions carefully and cite the ledger entry you used. " * 120  # > 1,024 tokens
+RULES = "Rule: answer billing questions carefully and cite the ledger entry you used. " * 120  # > 1,024
 TOOLS = [
     {"name": "lookup_account", "description": "Look up an account.", "input_schema": {"type": "object"}},
     {"name": "refund", "description": "Refund an invoice.", "input_schema": {"type": "object"}},
@@ -35,7 +44,8 @@ TOOLS = [
 
 
 def body(n_messages: int = 1, **over) -> dict:
-    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": [{"type": "text", "text": f"message {i}"}]}
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant",
+             "content": [{"type": "text", "text": f"message {i}"}]}
             for i in range(n_messages)]
     out = {"model": MODEL, "max_tokens": 1024, "cache_control": dict(EPH), "tools": copy.deepcopy(TOOLS),
            "system": [{"type": "text", "text": RULES}], "messages": msgs}
@@ -122,7 +132,8 @@ def test_complete_miss_compares_with_the_snapshot_of_the_last_cache_read():
 def test_change_codes_come_in_openclaw_order():
     a = prepare(body())
     tools = copy.deepcopy(TOOLS) + [{"name": "grep", "description": "Search.", "input_schema": {}}]
-    b_body = body(model="claude-haiku-4-5", stream=True, system=[{"type": "text", "text": "Other."}], tools=tools,
+    b_body = body(model="claude-haiku-4-5", stream=True, system=[{"type": "text", "text": "Other."}],
+                  tools=tools,
                   cache_control={"type": "ephemeral", "ttl": "1h"})
     b = prepare(b_body)
     st0 = ObservationState(snapshot=snapshot(a, transport="direct"))
@@ -161,7 +172,8 @@ def test_tools_details_and_tool_order():
     (change,) = observe(b, usage(0), state=ObservationState(snapshot(a)))[0].changes
     assert change.detail == "tool set changed with same count; changed: refund (description)"
     reordered = prepare(body(tools=list(reversed(TOOLS))))
-    obs, _ = observe(reordered, usage(0), state=ObservationState(snapshot(a)), diff=compute_diff(a, reordered))
+    obs, _ = observe(reordered, usage(0), state=ObservationState(snapshot(a)),
+                     diff=compute_diff(a, reordered))
     assert obs.changes == ()  # names are sorted: OpenClaw does not see a reorder...
     assert obs.diff.path == "tools[0]" and obs.diff.tools_reordered  # ... the cache does
     assert "same set in another order" in obs.explanation
@@ -170,7 +182,8 @@ def test_tools_details_and_tool_order():
 def test_snapshot_fields():
     assert snapshot(prepare(body())).cache_retention == "short"
     assert snapshot(prepare(body(cache_control=None))).cache_retention == "none"
-    one_hour = body(cache_control=None, system=[{"type": "text", "text": "x", "cache_control": {**EPH, "ttl": "1h"}}])
+    one_hour = body(cache_control=None,
+                    system=[{"type": "text", "text": "x", "cache_control": {**EPH, "ttl": "1h"}}])
     assert snapshot(prepare(one_hour)).cache_retention == "long"
     s = snapshot(prepare(body(stream=True)), transport="http")
     assert (s.stream_strategy, s.transport, s.tool_count, s.tool_names) == (
@@ -186,7 +199,8 @@ def test_prompt_cache_info_copies_only_present_fields():
     assert prompt_cache_info() is None
     assert prompt_cache_info(last_call_usage={"input": None}, last_cache_touch_at=float("inf")) is None
     info = prompt_cache_info(retention="short", last_call_usage={"input": 3, "output": None},
-                             observation={"broke": False, "previousCacheRead": None, "cacheRead": 7, "changes": []},
+                             observation={"broke": False, "previousCacheRead": None, "cacheRead": 7,
+                                          "changes": []},
                              last_cache_touch_at=1_700_000_000_000.0)
     assert info == {"retention": "short", "lastCallUsage": {"input": 3},
                     "observation": {"broke": False, "cacheRead": 7}, "lastCacheTouchAt": 1_700_000_000_000}
@@ -228,8 +242,8 @@ def test_ttl_expiry_after_a_six_minute_gap():
         obs = t2.observation
         assert obs.broke is True and obs.previous_cache_read == t1.usage.cache_read_input_tokens > 0
         assert obs.cache_read == 0 and obs.changes == ()
-        assert "TTL expired: the cached prefix was last used 6m00s before this request, longer than its 5m TTL" \
-            in obs.explanation
+        assert ("TTL expired: the cached prefix was last used 6m00s before this request, longer than its "
+                "5m TTL") in obs.explanation
         assert "Cache break: the cache read fell from" in obs.explanation
         assert "The request only appended 1 segment to the previous one." in obs.explanation
         broken = lab.sql("select idx from turns where broke")
@@ -253,11 +267,13 @@ def test_lookback_exceeded_with_more_than_twenty_new_blocks():
         s.record(body(2), at=T0 + timedelta(seconds=10))
         many = body(2)
         # 21 new blocks: the breakpoint now sits 21 positions after the entry turn 1 wrote (lookback: 20)
-        many["messages"].append({"role": "user", "content": [{"type": "text", "text": f"part {i}"} for i in range(21)]})
+        many["messages"].append({"role": "user",
+                                 "content": [{"type": "text", "text": f"part {i}"} for i in range(21)]})
         t = s.record(many, at=T0 + timedelta(seconds=20))
         assert t.cache_reason == "lookback_exceeded" and t.observation.broke is True
-        assert "Lookback exceeded: a live cache entry ends at messages[1].content[0]" in t.observation.explanation
-        assert "20-block lookback" in t.observation.explanation
+        explanation = t.observation.explanation
+        assert "Lookback exceeded: a live cache entry ends at messages[1].content[0]" in explanation
+        assert "20-block lookback" in explanation
 
 
 def test_prefix_change_by_editing_the_host_prompt():
@@ -271,13 +287,15 @@ def test_prefix_change_by_editing_the_host_prompt():
         obs, d = t.observation, t.diff
         assert t.cache_reason == "prefix_changed" and obs.broke is True
         assert [c.code for c in obs.changes] == ["systemPrompt"]
-        assert f"Prefix changed at system[0] (byte {d.byte_offset:,}, ~token {d.token_offset:,})" in obs.explanation
+        where = f"Prefix changed at system[0] (byte {d.byte_offset:,}, ~token {d.token_offset:,})"
+        assert where in obs.explanation
         assert "no whole block before it was unchanged" in obs.explanation
         assert "Events before it: host_prompt_edit." in obs.explanation
         assert canonical_bytes(t.request)[d.byte_offset:d.byte_offset + 6] == b" ZEBRA"
         row = explanation_row(lab, s, 2)
         assert row["explanation"] == obs.explanation and row["broke"]
-        assert json.loads(row["changes"]) == [{"code": "systemPrompt", "detail": "system prompt digest changed"}]
+        assert json.loads(row["changes"]) == [
+            {"code": "systemPrompt", "detail": "system prompt digest changed"}]
 
 
 def test_model_switch():
@@ -291,7 +309,8 @@ def test_model_switch():
         obs = t.observation
         assert t.cache_reason == "model_switch" and obs.broke is True
         assert [c.code for c in obs.changes] == ["model"]
-        assert "Model switch: claude-sonnet-4-5 -> claude-haiku-4-5; caches are kept per model" in obs.explanation
+        assert "Model switch: claude-sonnet-4-5 -> claude-haiku-4-5; caches are kept per model" \
+            in obs.explanation
         assert t.diff.path == "model" and t.diff.shared_prefix_tokens == 0
 
 
@@ -303,7 +322,8 @@ def test_cold_hit_no_breakpoint_and_not_written():
         t2 = s.record(body(3), at=T0 + timedelta(seconds=20))
         t3 = s.record(body(4), at=T0 + timedelta(seconds=30))
         assert [t.cache_reason for t in (t0, t1, t2, t3)] == ["cold", "no_breakpoint", "not_written", "hit"]
-        assert t0.observation.explanation.startswith("First request of the session. Cold cache: nothing was cached")
+        assert t0.observation.explanation.startswith(
+            "First request of the session. Cold cache: nothing was cached")
         assert "No breakpoint: the request has no cache_control marker" in t1.observation.explanation
         assert "Not written: the previous request left no cache entry" in t2.observation.explanation
         assert [c.code for c in t2.observation.changes] == ["cacheRetention"]
@@ -359,7 +379,8 @@ def test_state_survives_a_restart_and_stored_turns_match():
         stored = s.turn(2)
         assert stored.observation.explanation == t.observation.explanation
         assert stored.observation.changes == t.observation.changes
-        assert (stored.observation.broke, stored.observation.previous_cache_read) == (True, live.usage.cache_read)
+        assert stored.observation.broke is True
+        assert stored.observation.previous_cache_read == live.usage.cache_read
         assert stored.observation.prompt_cache_info() == t.prompt_cache_info()
         assert repr(stored.diff) == repr(t.diff)
         assert s.turns().broke.tolist() == [False, False, True]
@@ -381,6 +402,6 @@ def test_observation_repr_and_html_are_deterministic_and_escaped():
 @given(st.text(max_size=40), st.text(max_size=40))
 def test_observation_html_is_safe_for_arbitrary_unicode(name, system):
     tools = [{"name": name, "description": system, "input_schema": {}}]
-    _, obs = run([(body(), usage(5_000)), (body(tools=tools, system=[{"type": "text", "text": system or "x"}]),
-                                             usage(0, write=10))])
+    changed = body(tools=tools, system=[{"type": "text", "text": system or "x"}])
+    _, obs = run([(body(), usage(5_000)), (changed, usage(0, write=10))])
     assert_safe_html(obs._repr_html_())

@@ -15,14 +15,15 @@ SYSTEM = "You are the support agent for a billing product. " * 180  # ~1.6k toke
 SONNET = pc.prices_for("claude-sonnet-4-5")
 
 
-def body(n_turns: int, *, system: str = SYSTEM, model: str = "claude-sonnet-4-5", extra_blocks: int = 0) -> dict:
+def body(n_turns: int, *, system: str = SYSTEM, model: str = "claude-sonnet-4-5", extra_blocks: int = 0):
     msgs: list[dict] = []
     for i in range(n_turns):
         if i:
             msgs.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {i - 1}"}]})
         msgs.append({"role": "user", "content": [{"type": "text", "text": f"question {i}"}]})
     if extra_blocks:
-        msgs[-1] = {"role": "user", "content": [{"type": "text", "text": f"part {k}"} for k in range(extra_blocks)]}
+        parts = [{"type": "text", "text": f"part {k}"} for k in range(extra_blocks)]
+        msgs[-1] = {"role": "user", "content": parts}
     return {"model": model, "max_tokens": 256, "cache_control": {"type": "ephemeral"},
             "system": [{"type": "text", "text": system}], "messages": msgs}
 
@@ -61,7 +62,8 @@ def test_ttl_whatif_5m_vs_1h(idle_session):
     assert five.cache_reason[2] == "ttl_expired"
     # 1h: every write is a 1h write, and turn 2 reads what turn 1 wrote
     assert list(hour.cache_read_input_tokens) == [0, totals[0], totals[1], totals[2]]
-    assert list(hour.cache_creation_1h_input_tokens) == [totals[0]] + [b - a for a, b in zip(totals, totals[1:])]
+    growth = [b - a for a, b in zip(totals, totals[1:], strict=False)]
+    assert list(hour.cache_creation_1h_input_tokens) == [totals[0], *growth]
     assert (hour.cache_creation_5m_input_tokens == 0).all()
     # costs from the prices: 1h writes 2x base, 5m writes 1.25x, reads 0.1x
     assert five.cost_usd[2] == pytest.approx(totals[2] * SONNET.cache_write_5m / 1e6)

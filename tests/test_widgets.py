@@ -257,7 +257,7 @@ def test_plots_return_fixed_size_figures_without_pyplot(stepper):
         stepper.next()
     before = plt.get_fignums()
     fig = plot_savings(stepper.turns())
-    assert tuple(fig.get_size_inches()) == (8.0, 3.6) and len(fig.axes) == 2
+    assert tuple(fig.get_size_inches()) == (8.0, 4.0) and len(fig.axes) == 2
     assert plt.get_fignums() == before
     fig2, ax = plt.subplots()
     assert plot_savings(stepper.turns(), ax=ax) is fig2

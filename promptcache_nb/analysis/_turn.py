@@ -121,7 +121,8 @@ def _state_as_of(store: Any, session_id: str, upto: int | None) -> ObservationSt
     last_read = read_snap = None
     if read_idx is not None:
         last_read = store.one(
-            "SELECT cache_read_input_tokens FROM turns WHERE session_id = ? AND idx = ?", [session_id, read_idx]
+            "SELECT cache_read_input_tokens FROM turns WHERE session_id = ? AND idx = ?",
+            [session_id, read_idx],
         )[0]
         read_snap = snap if read_idx == last_idx else _snapshot_at(store, session_id, read_idx,
                                                                    sources.get(read_idx))
@@ -159,7 +160,8 @@ def stored_diff_and_observation(
     events = json.loads(row[10]) if row[10] else []
     transport = default_transport(usage)
     if row[13] is None or row[14] is None:
-        prev_at_row = store.one('SELECT "at" FROM turns WHERE session_id = ? AND idx = ?', [session_id, index - 1])
+        prev_at_row = store.one('SELECT "at" FROM turns WHERE session_id = ? AND idx = ?',
+                                [session_id, index - 1])
         obs, _ = observe(
             cur_p, usage, state=_state_as_of(store, session_id, index - 1), diff=d, previous=prev_p,
             cache_reason=row[8], cache_detail=detail, at=at,

@@ -84,7 +84,8 @@ class Calibration:
 
     def __repr__(self) -> str:
         loo = "n/a" if self.loo_mean_abs_error_pct is None else f"{self.loo_mean_abs_error_pct:.2f}%"
-        return (f"Calibration({self.model!r}, ratio={self.ratio:.4f}, overhead={self.overhead:.1f}, n={self.n}, "
+        return (f"Calibration({self.model!r}, ratio={self.ratio:.4f}, overhead={self.overhead:.1f}, "
+                f"n={self.n}, "
                 f"error {self.mean_abs_error_pct:.2f}% mean / {self.max_abs_error_pct:.2f}% max "
                 f"(leave-one-out {loo}; uncalibrated {self.raw_mean_abs_error_pct:.2f}%))")
 
@@ -129,12 +130,14 @@ def calibrate(lab: Any, model: str | None = None) -> Calibration:
             "SELECT DISTINCT model FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY model")]
         raise PromptCacheError(
             f"calibrate({label!r}): {len(est)} measured turn(s); need at least 2 live or imported turns "
-            f"(record() with usage=, or a live backend). Models with measured turns: {', '.join(known) or '(none)'}"
+            "(record() with usage=, or a live backend). Models with measured turns: "
+            f"{', '.join(known) or '(none)'}"
         )
     if np.ptp(est) == 0:
         raise PromptCacheError(
             f"calibrate({label!r}): every measured turn has the same estimated size ({int(est[0])}); "
-            "the per-request overhead cannot be separated from the ratio — measure requests of different sizes"
+            "the per-request overhead cannot be separated from the ratio — measure requests of different "
+            "sizes"
         )
     x = np.column_stack([est, np.ones_like(est)])
     (ratio, overhead), *_ = np.linalg.lstsq(x, meas, rcond=None)

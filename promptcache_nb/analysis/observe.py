@@ -164,7 +164,8 @@ def snapshot_changes(previous: Snapshot, current: Snapshot) -> list[Change]:
     """OpenClaw's ``diffSnapshots``: the six snapshot codes, in their fixed order (empty when equal)."""
     out: list[Change] = []
     if (previous.provider, previous.model) != (current.provider, current.model):
-        out.append(Change("model", f"{previous.provider}/{previous.model} -> {current.provider}/{current.model}"))
+        before, after = f"{previous.provider}/{previous.model}", f"{current.provider}/{current.model}"
+        out.append(Change("model", f"{before} -> {after}"))
     if previous.cache_retention != current.cache_retention:
         out.append(Change("cacheRetention", f"{previous.cache_retention} -> {current.cache_retention}"))
     if previous.transport != current.transport:
@@ -197,7 +198,8 @@ def history_change(d: PrefixDiff | None, changes: list[Change], events: Any = ()
 
 def is_meaningful_drop(previous_cache_read: int, cache_read: int) -> bool:
     """``cache_read < 0.95 × previous`` and a drop of at least 1,000 tokens (exact integer arithmetic)."""
-    return cache_read * 100 < previous_cache_read * 95 and previous_cache_read - cache_read >= MIN_CACHE_BREAK_TOKEN_DROP
+    return (cache_read * 100 < previous_cache_read * 95
+            and previous_cache_read - cache_read >= MIN_CACHE_BREAK_TOKEN_DROP)
 
 
 @dataclass(frozen=True)
@@ -295,7 +297,8 @@ class Observation:
         )
         table = f'<table style="border-collapse:collapse">{rows}</table>' if rows else ""
         s = self.snapshot
-        snap = (f"{esc(s.provider)}/{esc(s.model)} · retention {esc(s.cache_retention)} · {esc(s.transport)} · "
+        snap = (f"{esc(s.provider)}/{esc(s.model)} · retention {esc(s.cache_retention)} · "
+                f"{esc(s.transport)} · "
                 f"{esc(s.stream_strategy)} · system {esc(s.system_digest[:10])} · "
                 f"{s.tool_count} tools {esc(s.tool_digest[:10])}")
         return (
@@ -416,7 +419,8 @@ def observe(
         cache_detail=cache_detail or {}, at=at, previous_at=previous_at, events=events, first=first,
     )
     obs = Observation(
-        snapshot=snap, changes=tuple(changes), broke=broke, previous_cache_read=baseline, cache_read=cache_read,
+        snapshot=snap, changes=tuple(changes), broke=broke, previous_cache_read=baseline,
+        cache_read=cache_read,
         complete_miss=complete_miss, explanation=explanation, cache_reason=cache_reason,
         cache_detail=dict(cache_detail or {}), usage=usage, at=at, last_cache_touch_at=touch_at, diff=diff,
     )
@@ -516,14 +520,16 @@ def explain(
         parts.append(f"No usage reported, so no break check{base}.")
     elif broke:
         if complete_miss:
-            parts.append(f"Cache break: a complete miss (read 0, previously {previous_cache_read:,}) although "
+            parts.append(f"Cache break: a complete miss (read 0, previously {previous_cache_read:,}) "
+                         "although "
                          "nothing in the request's snapshot changed.")
         else:
             drop = (previous_cache_read or 0) - cache_read
             parts.append(f"Cache break: the cache read fell from {previous_cache_read:,} to {cache_read:,} "
                          f"tokens (-{drop:,}).")
     elif previous_cache_read:
-        parts.append(f"Read {cache_read:,} cached tokens (previous request: {previous_cache_read:,}): no break.")
+        parts.append(f"Read {cache_read:,} cached tokens (previous request: {previous_cache_read:,}): "
+                     "no break.")
     else:
         parts.append(f"Read {cache_read:,} cached tokens.")
     gap = (at - previous_at).total_seconds() if at is not None and previous_at is not None else None
@@ -540,7 +546,8 @@ def explain(
             parts.append(f"Its prefix diverges from the previous request {_where(diff)}; "
                          f"~{diff.shared_prefix_tokens:,} tokens are shared.")
         if diff.tools_reordered:
-            parts.append("The tools are the same set in another order: OpenClaw's sorted tool digest does not "
+            parts.append("The tools are the same set in another order: OpenClaw's sorted tool digest "
+                         "does not "
                          "see that, but the cache does.")
         if diff.ignored_changes:
             names = ", ".join(c.path for c in diff.ignored_changes)

@@ -21,8 +21,8 @@ from typing import Any
 import pandas as pd
 
 from ..cache import CacheModel, get_cache_model
-from ..errors import SessionError
 from ..cache._prefix import common_prefix_len
+from ..errors import SessionError
 from ..request import PreparedRequest, Segment, SegmentMemo, content_hash
 from ..usage import Usage
 from .prices import Prices, prices_for
@@ -59,7 +59,8 @@ class StoredTurn:
 
 
 _TURN_FIELDS = (
-    "idx", "at", "model", "tail_node", "rest_hash", "output_tokens", "input_tokens", "cache_read_input_tokens",
+    "idx", "at", "model", "tail_node", "rest_hash", "output_tokens", "input_tokens",
+    "cache_read_input_tokens",
     "cache_creation_input_tokens", "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens",
     "usage_source", "total_tokens", "ideal_cache_read", "cost_usd", "cache_reason", "cache_detail",
 )
@@ -83,14 +84,16 @@ class _Loader:
         store = lab.store
         if store.session_row(session_id) is None:
             known = [r[0] for r in store.rows("SELECT id FROM sessions ORDER BY id")]
-            raise SessionError(f"no session {session_id!r} in {lab.path!r}; known: {', '.join(known) or '(none)'}")
+            raise SessionError(
+                f"no session {session_id!r} in {lab.path!r}; known: {', '.join(known) or '(none)'}")
         self.session_id = session_id
         self.ttl = ttl
         cols = ", ".join('"' + c + '"' for c in _TURN_FIELDS)
         self.rows = [dict(zip(_TURN_FIELDS, r, strict=True)) for r in store.rows(
             f"SELECT {cols} FROM turns WHERE session_id = ? ORDER BY idx", [session_id])]
         rests = store.rows(
-            "SELECT hash, body FROM blocks WHERE hash IN (SELECT DISTINCT rest_hash FROM turns WHERE session_id = ?)",
+            "SELECT hash, body FROM blocks WHERE hash IN "
+            "(SELECT DISTINCT rest_hash FROM turns WHERE session_id = ?)",
             [session_id],
         )
         self.rests = {h: json.loads(b) for h, b in rests}
@@ -207,10 +210,13 @@ class _Loader:
             total = self._totals[chain[-1]] if chain else 0
             req = PreparedRequest(body, segs, shape, rest, total)
             prev_chain, prev_segs, prev_sys_str = chain, segs, sys_str
-            yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], req, row["output_tokens"], row)
+            yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], req, row["output_tokens"],
+                             row)
 
 
-def load_turns(lab_or_session: Any, session_id: str | None = None, *, ttl: str | None = None) -> list[StoredTurn]:
+def load_turns(
+    lab_or_session: Any, session_id: str | None = None, *, ttl: str | None = None
+) -> list[StoredTurn]:
     """A stored session's requests, rebuilt from the store (``ttl`` rewrites every ``cache_control`` ttl)."""
     lab, sid = _resolve(lab_or_session, session_id)
     return list(_Loader(lab, sid, ttl=ttl).turns())
@@ -329,7 +335,8 @@ def summarize_usage(df: pd.DataFrame) -> dict[str, Any]:
     return {
         "requests": len(df), "total_input": total, "cache_read": read, "cache_write": write,
         "uncached": uncached, "read_pct": round(100 * read / total, 1) if total else 0.0,
-        "cost_usd": round(cost, 4), "cost_no_cache_usd": round(cost_nc, 4), "saved_usd": round(cost_nc - cost, 4),
+        "cost_usd": round(cost, 4), "cost_no_cache_usd": round(cost_nc, 4),
+        "saved_usd": round(cost_nc - cost, 4),
     }
 
 

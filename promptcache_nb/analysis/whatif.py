@@ -97,9 +97,10 @@ def ttl_whatif(
         for t, gap in zip(turns, gaps, strict=True):
             res = cache.process(t.request, t.at)
             u = _with_output(res.usage, t.output_tokens)
-            rows.append((ttl, t.idx, t.at, gap, t.request.total_tokens, u.input_tokens, u.cache_read_input_tokens,
-                         u.cache_creation_input_tokens, u.cache_creation_5m_input_tokens,
-                         u.cache_creation_1h_input_tokens, u.output_tokens, res.reason, price(t.model).cost(u)))
+            rows.append((ttl, t.idx, t.at, gap, t.request.total_tokens, u.input_tokens,
+                         u.cache_read_input_tokens, u.cache_creation_input_tokens,
+                         u.cache_creation_5m_input_tokens, u.cache_creation_1h_input_tokens, u.output_tokens,
+                         res.reason, price(t.model).cost(u)))
         frames.append(pd.DataFrame(rows, columns=WHATIF_COLUMNS))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=WHATIF_COLUMNS)
 
@@ -192,7 +193,7 @@ def _cause(reason: str | None, detail: dict[str, Any], gap: float | None) -> str
     if reason == "ttl_expired":
         ttl = detail.get("expired_ttl") or detail.get("expired") or "cached"
         idle = detail.get("expired_after_seconds", detail.get("idle_seconds", gap))
-        return f"TTL expiry: the {ttl} entry was idle {fmt_duration(idle)}" if idle is not None else "TTL expiry"
+        return "TTL expiry" if idle is None else f"TTL expiry: the {ttl} entry was idle {fmt_duration(idle)}"
     if reason == "prefix_changed":
         return f"prefix changed at {detail.get('divergence_path')}"
     if reason == "model_switch":
@@ -254,7 +255,8 @@ def rebuilds(session: Any, *, session_id: str | None = None) -> pd.DataFrame:
                 detail = details[i]
                 rows.append({
                     "idx": r.idx, "at": r.at, "gap_seconds": gap, "expected_read": expected, "read": read,
-                    "lost_tokens": expected - read, "reason": reasons[i], "cause": _cause(reasons[i], detail, gap),
+                    "lost_tokens": expected - read, "reason": reasons[i],
+                    "cause": _cause(reasons[i], detail, gap),
                     "changed_path": detail.get("divergence_path") if reasons[i] == "prefix_changed" else None,
                     "detail": detail,
                 })

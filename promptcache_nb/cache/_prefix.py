@@ -28,6 +28,7 @@ from operator import attrgetter
 from typing import Any
 
 from ..request import PreparedRequest
+from ..usage import Usage
 
 segment_key = attrgetter("kind", "role", "content_hash")
 _tokens = attrgetter("tokens")
@@ -91,6 +92,14 @@ def states_for(cum: list[int], read: int) -> tuple[str, ...]:
     """
     k = bisect_right(cum, read) if read else 0
     return ("read",) * k + ("uncached",) * (len(cum) - k)
+
+
+def read_only_usage(prompt_tokens: int, cached: int, native: dict[str, Any]) -> Usage:
+    """Usage of a provider with no write fee: read = cached, write = 0, uncached = prompt − cached."""
+    return Usage(
+        input_tokens=prompt_tokens - cached, cache_read_input_tokens=cached, cache_creation_input_tokens=0,
+        cache_creation_5m_input_tokens=0, cache_creation_1h_input_tokens=0, source="simulated", raw=native,
+    )
 
 
 def segment_path(request: PreparedRequest, index: int) -> str | None:

@@ -32,9 +32,15 @@ from typing import Any, ClassVar
 
 from .._util import parse_duration
 from ..request import PreparedRequest
-from ..usage import Usage
 from ._base import CacheModel, CacheResult
-from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, segment_path, states_for
+from ._prefix import (
+    ChainInterner,
+    common_prefix_len,
+    cumulative_tokens,
+    read_only_usage,
+    segment_path,
+    states_for,
+)
 
 UNIT_TOKENS = 64
 
@@ -142,10 +148,7 @@ class DeepSeekCache(CacheModel):
             "prompt_tokens": n, "prompt_cache_hit_tokens": hit, "prompt_cache_miss_tokens": n - hit,
             "prompt_tokens_details": {"cached_tokens": hit},
         }
-        usage = Usage(
-            input_tokens=n - hit, cache_read_input_tokens=hit, cache_creation_input_tokens=0,
-            cache_creation_5m_input_tokens=0, cache_creation_1h_input_tokens=0, source="simulated", raw=native,
-        )
+        usage = read_only_usage(n, hit, native)
         detail: dict[str, Any] = {"model": model, "lcp_tokens": lcp, "unit": self.unit,
                                   "hit_path": segment_path(request, live - 1) if hit else None}
         if pending is not None:

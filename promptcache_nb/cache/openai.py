@@ -39,9 +39,15 @@ from typing import Any, ClassVar
 
 from .._util import parse_duration
 from ..request import PreparedRequest
-from ..usage import Usage
 from ._base import CacheModel, CacheResult
-from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, segment_path, states_for
+from ._prefix import (
+    ChainInterner,
+    common_prefix_len,
+    cumulative_tokens,
+    read_only_usage,
+    segment_path,
+    states_for,
+)
 
 MIN_TOKENS = 1024
 INCREMENT = 128
@@ -181,21 +187,18 @@ class OpenAICache(CacheModel):
             shard.prev_chain, shard.prev_t = chain, t
 
         native = {"prompt_tokens": n, "prompt_tokens_details": {"cached_tokens": cached}}
-        usage = Usage(
-            input_tokens=n - cached, cache_read_input_tokens=cached, cache_creation_input_tokens=0,
-            cache_creation_5m_input_tokens=0, cache_creation_1h_input_tokens=0, source="simulated", raw=native,
-        )
+        usage = read_only_usage(n, cached, native)
         detail: dict[str, Any] = {
             "model": model, "retention": self.retention, "lcp_tokens": lcp, "min_tokens": self.min_tokens,
             "increment": self.increment, "prompt_cache_key": pkey,
             "hit_path": segment_path(request, live - 1) if cached else None,
         }
-        reason = self._reason(request, model, chain, cum, n, cached, shard_id, route, pkey, dead_why, t, detail)
+        reason = self._reason(request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail)
         self._prev = {"model": model, "n": n, "chain": chain, "shard": shard_id, "route": route, "key": pkey,
                       "t": t, "stored": stored}
         return CacheResult(usage, reason, detail, states_for(cum, cached), native)
 
-    def _reason(self, request, model, chain, cum, n, cached, shard_id, route, pkey, dead_why, t, detail) -> str:
+    def _reason(self, request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail) -> str:
         prev = self._prev
         if prev is None:
             return "cold"

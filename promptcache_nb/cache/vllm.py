@@ -40,9 +40,15 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from ..request import PreparedRequest
-from ..usage import Usage
 from ._base import CacheModel, CacheResult
-from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, segment_path, states_for
+from ._prefix import (
+    ChainInterner,
+    common_prefix_len,
+    cumulative_tokens,
+    read_only_usage,
+    segment_path,
+    states_for,
+)
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32_768
@@ -224,10 +230,7 @@ class VLLMCache(CacheModel):
             self._last_root, self._last_chain = root, chain
 
         native = {"prompt_tokens": n, "prompt_tokens_details": {"cached_tokens": cached}}
-        usage = Usage(
-            input_tokens=n - cached, cache_read_input_tokens=cached, cache_creation_input_tokens=0,
-            cache_creation_5m_input_tokens=0, cache_creation_1h_input_tokens=0, source="simulated", raw=native,
-        )
+        usage = read_only_usage(n, cached, native)
         detail["hit_path"] = segment_path(request, _segment_of(cum, cached)) if cached else None
         reason = status or self._reason(request, chain, cum, n, cached, cap, once, detail)
         self._prev = {"root": root, "model": model, "salt": salt, "n": n, "chain": chain}

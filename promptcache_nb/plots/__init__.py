@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-SAVINGS_SIZE = (8.0, 3.6)
+SAVINGS_SIZE = (8.0, 4.0)
 COMPARE_SIZE = (9.0, 3.4)
 
 # One colour per usage component, shared with the widgets' segment map (read / write / uncached).
@@ -38,7 +38,7 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
         df: a session's ``turns()`` frame (columns ``idx``, ``cache_read_input_tokens``,
             ``cache_creation_input_tokens``, ``input_tokens``, ``ideal_cache_read``, ``cost_usd``,
             ``cost_no_cache_usd``).
-        ax: draw on this axes instead of a new 8×3.6 in figure.
+        ax: draw on this axes instead of a new 8×4 in figure.
 
     The right axis is the cumulative dollars saved against sending the same requests with no caching
     (``cost_no_cache_usd − cost_usd``); it goes down on turns whose cache writes cost more than they save.
@@ -72,7 +72,9 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
         ax2.set_ylabel("$ saved (cumulative)")
         handles.append(line)
         labels.append(line.get_label())
-    ax.legend(handles, labels, loc="upper left", fontsize="small", frameon=False)
+    # Below the axes: inside, it would cover the first bars (usually the tallest writes).
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=3, fontsize="small",
+              frameon=False)
     ax.set_title("where each request's input tokens came from")
     return fig
 

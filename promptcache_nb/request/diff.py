@@ -21,11 +21,11 @@ Volatile fields never change what the cache matches and are ignored for the dive
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import unicodedata
 import weakref
 from collections import Counter
-import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
@@ -231,7 +231,8 @@ def visible_html(text: str, *, ends_line: bool = False) -> str:
     parts = []
     for invisible, shown, title in _pieces(text, ends_line=ends_line):
         if invisible:
-            parts.append(f'<span style="{_INV_STYLE}" title="{html.escape(title)}">{html.escape(shown)}</span>')
+            title = html.escape(title)
+            parts.append(f'<span style="{_INV_STYLE}" title="{title}">{html.escape(shown)}</span>')
         else:
             parts.append(html.escape(shown))
     return "".join(parts)
@@ -656,7 +657,8 @@ class PrefixDiff:
             ("pure append", "yes" if self.pure_append else "no"),
         ]
         meta = "".join(
-            f'<tr><th style="text-align:left;padding:1px 8px">{k}</th><td style="padding:1px 8px">{v}</td></tr>'
+            f'<tr><th style="text-align:left;padding:1px 8px">{k}</th>'
+            f'<td style="padding:1px 8px">{v}</td></tr>'
             for k, v in rows
         )
         ex = self.excerpt
@@ -680,7 +682,8 @@ class PrefixDiff:
                 items.append(f"<li>{label} ({len(paths)}): {shown}{more}</li>")
         if self.moved:
             items.append(f"<li>moved: {self.moved} segment(s) now at another path</li>")
-        for label, changes in (("cache-relevant field", self.field_changes), ("other field", self.other_changes),
+        for label, changes in (("cache-relevant field", self.field_changes),
+                               ("other field", self.other_changes),
                                ("ignored (never affects caching)", self.ignored_changes)):
             for c in changes:
                 items.append(f"<li>{label}: <code>{visible_html(str(c))}</code></li>")
@@ -737,7 +740,8 @@ def compute_diff(previous: PreparedRequest, current: PreparedRequest) -> PrefixD
     other = _field_changes(prest, crest, sorted((set(prest) | set(crest)) - known))
     ignored = _field_changes(prest, crest, VOLATILE_FIELDS)
     if pi.marks != ci.marks:
-        ignored.append(FieldChange("breakpoints", ", ".join(pi.marks) or "(none)", ", ".join(ci.marks) or "(none)"))
+        ignored.append(FieldChange("breakpoints", ", ".join(pi.marks) or "(none)",
+                                   ", ".join(ci.marks) or "(none)"))
 
     # the earliest position any cache-relevant field invalidates
     field, field_at = None, None
