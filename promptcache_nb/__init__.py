@@ -38,7 +38,7 @@ from .errors import (
     UnknownStrategyError,
 )
 from .live import AnthropicBackend, Backend, DirectSimulator, SimulatorServer
-from .request import PreparedRequest, PrefixDiff, Segment, canonical_bytes, prepare
+from .request import PrefixDiff, PreparedRequest, Segment, canonical_bytes, prepare
 from .request.diff import diff
 from .scenario import Scenario, ToolCall, load_scenario
 from .session import KnowledgeBook, Lab, Session, Turn

@@ -181,6 +181,7 @@ class KnowledgeBook:
     def add(self, title: str, content: str, *, category: str = "note", key: str | None = None,
             at: datetime | None = None) -> str:
         """Add an entry; returns its id (deterministic: project + sequence + title)."""
+        self._s._check_open()
         if not title.strip() or not content.strip():
             raise KnowledgeError("knowledge entries need a non-empty title and content")
         project = self._s.project
@@ -194,6 +195,7 @@ class KnowledgeBook:
     def update(self, entry_id: str, *, title: str | None = None, content: str | None = None,
                category: str | None = None, at: datetime | None = None) -> bool:
         """Write a new version; returns False (and writes nothing) when nothing changed."""
+        self._s._check_open()
         cur = self.get(entry_id)
         if cur.deleted:
             raise KnowledgeError(f"knowledge entry {entry_id!r} was removed; add a new one instead")
@@ -207,6 +209,7 @@ class KnowledgeBook:
         return True
 
     def remove(self, entry_id: str, *, at: datetime | None = None) -> None:
+        self._s._check_open()
         cur = self.get(entry_id)
         if cur.deleted:
             raise KnowledgeError(f"knowledge entry {entry_id!r} is already removed")
@@ -313,7 +316,10 @@ class Session:
 
     @property
     def prices(self) -> Prices:
-        return self._prices or prices_for(self.model)
+        """Explicit prices, else the cache model's provider price for this session (see README)."""
+        if self._prices is not None:
+            return self._prices
+        return _analysis.default_prices(self.cache, self.model)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -369,7 +375,7 @@ class Session:
         self._check_open()
         model = self._cache_for_validation().validate_model(model)
         if self._prices is None:
-            prices_for(model)
+            _analysis.default_prices(self.cache, model)
         self._state["model"] = model
         self._note_event(f"model_switch:{model}")
 
@@ -668,15 +674,19 @@ class Session:
         tools_before = [s.content_hash for s in prev.segments if s.kind == "tool"]
         if tools_now != tools_before:
             return 0
-        try:
-            ttl = self._cache().default_ttl_seconds(prev)
-        except InvalidRequestError:
-            ttl = 300.0
-        if self._prev_at is not None and (at - self._prev_at).total_seconds() > ttl:
-            return 0
+        base = prev.total_tokens
+        if self._prev_at is not None:
+            gap = (at - self._prev_at).total_seconds()
+            try:
+                points = self._cache().retention_points(prev)
+            except InvalidRequestError:
+                points = [(prev.total_tokens, 300.0)]
+            if any(gap > ttl for _, ttl in points):
+                # a gap longer than the TTL in use: only prefixes whose lifetime covers it survive
+                base = max((tokens for tokens, ttl in points if gap <= ttl), default=0)
         if "compaction" in events:
-            return min(prev.total_tokens, prepared.tokens_before_messages())
-        return min(prev.total_tokens, prepared.total_tokens)
+            return min(base, prepared.tokens_before_messages())
+        return min(base, prepared.total_tokens)
 
     # -- reading back -------------------------------------------------------------------------
     def turns(self) -> pd.DataFrame:
@@ -702,6 +712,11 @@ class Session:
             "SELECT seq, project_id, selector, content FROM session_prompt_deltas WHERE session_id = ? ORDER BY seq",
             [self.id],
         )
+
+    def resimulate(self, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:
+        """This session's stored requests replayed under another cache model (``pc.resimulate``)."""
+        self._check_open()
+        return _analysis.resimulate(self._lab, self.id, cache, **kwargs)
 
     def efficiency(self) -> float | None:
         """Σ cache_read / Σ ideal_cache_read over the session (None before any ideal read)."""
@@ -828,7 +843,7 @@ class Lab:
         cache_model = get_cache_model(cache, **(cache_params or {}))
         model = cache_model.validate_model(model)
         if prices is None:
-            prices_for(model)  # fail now, not at turn 1
+            _analysis.default_prices(cache_model.name, model)  # fail now, not at turn 1
         start = utc(start) if start is not None else DEFAULT_START
         n = self._count("sessions") + 1
         session_id = f"s{n:03d}-{strat.name}"
@@ -886,6 +901,10 @@ class Lab:
             events=json.loads(row[15]), reply=json.loads(row[16]) if row[16] else None, request_id=row[17],
             diff=diff, observation=obs,
         )
+
+    def resimulate(self, session_id: str, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:
+        """A stored session replayed under another cache model (``pc.resimulate``)."""
+        return _analysis.resimulate(self, session_id, cache, **kwargs)
 
     def move_sessions(self, from_project: str, to_project: str) -> int:
         """Move every session of ``from_project`` (and its prompt-delta rows) to ``to_project``.

@@ -287,12 +287,12 @@ def test_excerpt_makes_invisible_characters_visible(inserted, shown):
 
 
 def test_trailing_spaces_and_newlines_are_visible():
-    assert visible("a  \nb") == "a␠␠↵b"
+    assert visible("a  \nb") == "a··↵b"
     assert visible("tab\there") == "tab⇥here"
-    assert visible("end  ", ends_line=True) == "end␠␠" and visible("mid  x") == "mid  x"
+    assert visible("end  ", ends_line=True) == "end··" and visible("mid  x") == "mid  x"
     a = {"model": MODEL, "system": "rule one\nrule two", "messages": []}
     b = {"model": MODEL, "system": "rule one  \nrule two", "messages": []}
-    assert pc.diff(a, b).excerpt.current.startswith("␠␠↵rule two")
+    assert pc.diff(a, b).excerpt.current.startswith("··↵rule two")
 
 
 def test_excerpt_for_json_segments_and_repr_is_short_and_deterministic():
@@ -413,3 +413,17 @@ def test_session_stores_the_diff_columns():
         stored = s.turn(2)
         assert (stored.diff.path, stored.diff.byte_offset) == ("system[0]", t2.diff.byte_offset)
         assert repr(stored.diff) == repr(t2.diff)
+
+
+def test_insertion_reads_as_one_added_segment_and_shifted_ones():
+    a = base_body()
+    b = edited(a, lambda x: x["messages"].insert(1, {"role": "user", "content": [text_block("(note)")]}))
+    d = pc.diff(a, b)
+    assert d.path == "messages[1].content[0]"
+    assert d.added == ("messages[1].content[0]",) and d.removed == () and d.changed == ()
+    assert d.moved == 4  # the four blocks after the insertion, one message further on
+    # repeated content is matched once per occurrence, not reported as moved
+    c = edited(a, lambda x: x["system"].__setitem__(0, text_block("New head.")))
+    c["messages"] += [{"role": "assistant", "content": [text_block("Looking.")]}]  # same as messages[1]
+    d = pc.diff(a, c)
+    assert d.changed == ("system[0]",) and d.added == ("messages[4].content[0]",) and d.moved == 0

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import promptcache_nb as pc
-from promptcache_nb.analysis import observation_state_from_store
+from promptcache_nb.analysis import observation_state_from_store, stored_diff_and_observation
 from promptcache_nb.analysis.observe import (
     CHANGE_CODES,
     ObservationState,
@@ -384,6 +384,9 @@ def test_state_survives_a_restart_and_stored_turns_match():
         assert stored.observation.prompt_cache_info() == t.prompt_cache_info()
         assert repr(stored.diff) == repr(t.diff)
         assert s.turns().broke.tolist() == [False, False, True]
+        # turn 0 has no previous request: no diff, the observation from its row (session passes None)
+        d0, o0 = stored_diff_and_observation(lab.store, s.id, 0, None, lab.store.turn_body(s.id, 0))
+        assert d0 is None and o0.explanation.startswith("First request of the session.")
 
 
 # -- display -------------------------------------------------------------------------------------

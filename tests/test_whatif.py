@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import promptcache_nb as pc
+from promptcache_nb.request import prepare
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 SYSTEM = "You are the support agent for a billing product. " * 180  # ~1.6k tokens: above 1,024
@@ -71,6 +72,27 @@ def test_ttl_whatif_5m_vs_1h(idle_session):
                                              + (totals[2] - totals[1]) * SONNET.cache_write_1h) / 1e6)
     # the stored session itself is the 5m case
     assert list(five.cost_usd) == pytest.approx(list(s.turns().cost_usd))
+
+
+def test_ttl_rewrite_touches_only_cache_control(idle_session):
+    s = idle_session
+    for t in pc.analysis.load_turns(s, ttl="1h"):
+        assert t.request.body["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
+        stored = s._lab.store.turn_body(s.id, t.idx)
+        assert {**t.request.body, "cache_control": stored["cache_control"]} == stored
+        assert prepare(t.request.body).segments == t.request.segments
+    # explicit markers too: a 5m system breakpoint becomes a 1h one, and the 1h run reads across the gap
+    explicit = body(1)
+    explicit["system"][0]["cache_control"] = {"type": "ephemeral"}
+    del explicit["cache_control"]
+    e = record(s._lab, [explicit, explicit], [0, 600])
+    [first, second] = pc.analysis.load_turns(e, ttl="1h")
+    assert second.request.segments[0].cache_control == {"type": "ephemeral", "ttl": "1h"}
+    assert prepare(second.request.body).segments == second.request.segments
+    df = pc.ttl_whatif(e)
+    system_tokens = second.request.segments[0].tokens
+    assert list(df.cache_read_input_tokens) == [0, 0, 0, system_tokens]
+    assert list(df.cache_reason[:2]) == ["cold", "ttl_expired"]
 
 
 def test_ttl_whatif_takes_lab_and_id(idle_session):

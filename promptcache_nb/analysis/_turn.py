@@ -135,16 +135,17 @@ def observation_state_from_store(store: Any, session_id: str) -> ObservationStat
 
 
 def stored_diff_and_observation(
-    store: Any, session_id: str, index: int, prev_body: dict, body: dict
-) -> tuple[PrefixDiff, Observation]:
-    """Diff and observation of a stored turn (``Lab._turn_from_store``).
+    store: Any, session_id: str, index: int, prev_body: dict | None, body: dict
+) -> tuple[PrefixDiff | None, Observation]:
+    """Diff and observation of a stored turn (``Lab._turn_from_store``); ``prev_body`` None for turn 0.
 
     The observation is rebuilt from the stored columns (so it matches what was written, whatever
     tokenizer the Lab used); turns stored without them are observed again.
     """
     memo = SegmentMemo()
-    prev_p, cur_p = prepare(prev_body, memo=memo), prepare(body, memo=memo)
-    d = compute_diff(prev_p, cur_p)
+    cur_p = prepare(body, memo=memo)
+    prev_p = None if prev_body is None else prepare(prev_body, memo=memo)
+    d = None if prev_p is None else compute_diff(prev_p, cur_p)
     row = store.one(
         """SELECT "at", input_tokens, cache_read_input_tokens, cache_creation_input_tokens,
                   cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source,
@@ -163,7 +164,8 @@ def stored_diff_and_observation(
         prev_at_row = store.one('SELECT "at" FROM turns WHERE session_id = ? AND idx = ?',
                                 [session_id, index - 1])
         obs, _ = observe(
-            cur_p, usage, state=_state_as_of(store, session_id, index - 1), diff=d, previous=prev_p,
+            cur_p, usage, state=_state_as_of(store, session_id, index - 1) if index else None, diff=d,
+            previous=prev_p,
             cache_reason=row[8], cache_detail=detail, at=at,
             previous_at=prev_at_row[0].astimezone(UTC) if prev_at_row else None, events=events,
             transport=transport,

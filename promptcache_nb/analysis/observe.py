@@ -24,15 +24,16 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from .._util import digest, fmt_duration
 from ..request import PreparedRequest, canonical_bytes
-from ..request.diff import PrefixDiff, visible, visible_html
+from ..request.diff import PrefixDiff, section_counts, visible, visible_html
 from ..usage import Usage
 
-MAX_STABLE_CACHE_READ_RATIO = 0.95
+MAX_STABLE_CACHE_READ_RATIO = 0.95  # applied as cache_read * 100 < previous * 95: exact at the edge
 MIN_CACHE_BREAK_TOKEN_DROP = 1_000
 CHANGE_CODES = ("model", "cacheRetention", "transport", "streamStrategy", "systemPrompt", "tools", "messages")
 PROVIDER = "anthropic"
@@ -78,6 +79,7 @@ class Snapshot:
     tools: tuple[tuple[str, str, str], ...] = field(repr=False)
 
 
+_CACHE_CONTROL = attrgetter("cache_control")
 _TOOL_FP: dict[str, tuple[str, str, str] | None] = {}
 
 
@@ -101,7 +103,7 @@ def _tool_fingerprint(content_hash: str, tool: Any) -> tuple[str, str, str] | No
 
 def cache_retention(request: PreparedRequest) -> str:
     """``long`` / ``short`` / ``none`` from the request's ``cache_control`` TTLs."""
-    ttls = [s.cache_control for s in request.segments if s.cache_control is not None]
+    ttls = list(filter(None, map(_CACHE_CONTROL, request.segments)))  # C speed: markers are non-empty dicts
     auto = request.rest.get("cache_control")
     if auto is not None:
         ttls.append(auto)
@@ -113,10 +115,8 @@ def cache_retention(request: PreparedRequest) -> str:
 def snapshot(request: PreparedRequest, *, transport: str = "direct") -> Snapshot:
     """The OpenClaw snapshot of one request."""
     body = request.body
-    tools = body.get("tools")
-    n_tools = len(tools) if isinstance(tools, list) else 0
+    n_tools, n_sys = section_counts(body)
     system = body.get("system")
-    n_sys = 1 if isinstance(system, str) else len(system) if isinstance(system, list) else 0
     segs = request.segments
     sys_hashes = [s.content_hash for s in segs[n_tools : n_tools + n_sys]]
     fps = sorted(
@@ -557,7 +557,3 @@ def explain(
     if events:
         parts.append("Events before it: " + ", ".join(str(e) for e in events) + ".")
     return visible(" ".join(parts))
-
-
-def to_utc(value: datetime | None) -> datetime | None:
-    return None if value is None else value.astimezone(UTC)

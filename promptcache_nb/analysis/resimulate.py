@@ -20,10 +20,11 @@ from typing import Any
 
 import pandas as pd
 
+from .._util import digest
 from ..cache import CacheModel, get_cache_model
 from ..cache._prefix import common_prefix_len
 from ..errors import SessionError
-from ..request import PreparedRequest, Segment, SegmentMemo, content_hash
+from ..request import PreparedRequest, Segment, SegmentMemo, canonical_bytes, content_hash
 from ..usage import Usage
 from .prices import Prices, prices_for
 
@@ -146,12 +147,15 @@ class _Loader:
         self._totals[node] = (self._totals[parent] if parent is not None else 0)
         element = json.loads(body)
         cc = element.get("cache_control") if isinstance(element, dict) else None
+        nbytes = len(body.encode())
         if cc is not None and self.ttl is not None:
             cc = {**cc, "ttl": self.ttl}
             element = {**element, "cache_control": cc}
+            exact = canonical_bytes(element)
+            bhash, nbytes = digest(exact, tag="seg"), len(exact)
         chash = bhash if cc is None else content_hash(element)
-        seg = Segment(path, kind, role, chash, bhash, self.memo.tokens(kind, chash, element), cc, element,
-                      len(body.encode()))
+        tokens = self.memo.tokens(kind, chash, element)
+        seg = Segment(path, kind, role, chash, bhash, tokens, cc, element, nbytes)
         self._segs[(node, sys_str)] = seg
         self._totals[node] += seg.tokens
         return seg
@@ -374,3 +378,11 @@ def compare_caches(
                                params=dict(params.get(name, {})))
         out.append({"cache": name, "prices": df.attrs["prices"], **summarize_usage(df)})
     return pd.DataFrame(out, columns=COMPARE_COLUMNS)
+
+
+def default_prices(cache_name: str, model: str) -> Prices:
+    """The price a session under ``cache_name`` pays by default: the session's own model on Anthropic,
+    ``PRICE_MODELS`` for other providers, explicit zeros for self-hosted vLLM. Never a silent zero."""
+    if cache_name == "vllm":
+        return SELF_HOSTED
+    return prices_for(PRICE_MODELS.get(cache_name, model))

@@ -61,3 +61,8 @@ class CacheModel(ABC):
     def default_ttl_seconds(self, request: PreparedRequest) -> float:
         """The lifetime the request's cache entries get; used for ideal-read gap checks."""
         return 300.0
+
+    def retention_points(self, request: PreparedRequest) -> list[tuple[int, float]]:
+        """(prefix tokens, lifetime in seconds) pairs: how much of ``request`` a later request could still
+        read after a gap. The ideal cache read after a gap keeps the longest prefix whose lifetime covers it."""
+        return [(request.total_tokens, self.default_ttl_seconds(request))]

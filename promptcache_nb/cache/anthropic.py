@@ -234,6 +234,17 @@ class AnthropicCache(CacheModel):
         marks = self.breakpoints(request)
         return TTL_SECONDS[marks[-1][1]] if marks else TTL_SECONDS["5m"]
 
+    def retention_points(self, request: PreparedRequest) -> list[tuple[int, float]]:
+        # The whole request lives as long as its last breakpoint's TTL; an earlier 1h breakpoint keeps
+        # its shorter prefix alive after the 5m part has expired.
+        marks = self.breakpoints(request)
+        if not marks:
+            return [(request.total_tokens, TTL_SECONDS["5m"])]
+        cum = request.cumulative_tokens()
+        points = [(cum[bp], TTL_SECONDS[ttl]) for bp, ttl in marks]
+        points.append((request.total_tokens, TTL_SECONDS[marks[-1][1]]))
+        return points
+
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
         model = resolve_model(request.model)
         minimum = self.min_tokens[model]
@@ -322,8 +333,7 @@ class AnthropicCache(CacheModel):
             detail["expired_after_seconds"] = round(t - expired_seen.expires_at + TTL_SECONDS[expired_seen.ttl], 3)
             detail["expired_ttl"] = expired_seen.ttl
             return "ttl_expired"
-        # a live entry on this chain that no lookback window reached
-        windows_low = min(positions[bp] for bp, _ in marks) if marks else 0
+        # a live entry on this chain that no lookback window reached (a full scan, on misses only)
         for i in range(len(chain) - 1, -1, -1):
             e = self._entries.get((model, chain[i]))
             if e is not None and e.visible_at <= t < e.expires_at and cum[i] > read:
@@ -331,8 +341,6 @@ class AnthropicCache(CacheModel):
                     detail["unreached_path"] = req.segments[i].path
                     detail["unreached_tokens"] = cum[i]
                     return "lookback_exceeded"
-            if positions[i] < windows_low - self.lookback:
-                break
         if n < len(self._prev_chain):
             return "prefix_changed"
         return "not_written"

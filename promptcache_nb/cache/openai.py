@@ -194,8 +194,8 @@ class OpenAICache(CacheModel):
             "hit_path": segment_path(request, live - 1) if cached else None,
         }
         reason = self._reason(request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail)
-        self._prev = {"model": model, "n": n, "chain": chain, "shard": shard_id, "route": route, "key": pkey,
-                      "t": t, "stored": stored}
+        self._prev = {"model": model, "n": n, "chain": chain, "route": route, "key": pkey, "t": t,
+                      "stored": stored}
         return CacheResult(usage, reason, detail, states_for(cum, cached), native)
 
     def _reason(self, request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail) -> str:
