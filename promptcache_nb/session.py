@@ -602,6 +602,7 @@ class Session:
             analysis = _analysis.analyse_turn(
                 previous=self._prev, current=prepared, usage=usage, cache_result=cache_result,
                 previous_state=self._prev_obs, at=at, previous_at=self._prev_at, events=events,
+                transport="direct" if isinstance(self.backend, DirectSimulator) else "http",
             )
             msg_rows: list[tuple[int, dict]] = []
             if source_messages is not None:
@@ -890,16 +891,15 @@ class Lab:
         usage = Usage(row[1], row[2], row[3], row[4], row[5], row[6], row[7],
                       json.loads(row[8]) if row[8] else None)
         body = store.turn_body(session_id, index)
-        diff = obs = None
-        if index > 0:
-            prev_body = store.turn_body(session_id, index - 1)
-            diff, obs = _analysis.stored_diff_and_observation(store, session_id, index, prev_body, body)
+        prev_body = store.turn_body(session_id, index - 1) if index > 0 else None
+        diff, obs = _analysis.stored_diff_and_observation(store, session_id, index, prev_body, body)
         return Turn(
             session_id=session_id, index=index, at=row[0].astimezone(UTC), request=body, usage=usage,
             ideal_cache_read=row[9], total_tokens=row[10], cost_usd=row[11], cost_no_cache_usd=row[12],
             cache_reason=row[13], cache_detail=json.loads(row[14]) if row[14] else None,
             events=json.loads(row[15]), reply=json.loads(row[16]) if row[16] else None, request_id=row[17],
             diff=diff, observation=obs,
+            prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
         )
 
     def resimulate(self, session_id: str, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:

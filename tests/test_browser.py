@@ -49,6 +49,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:]
+
+
 def _get(url: str) -> object:
     req = urllib.request.Request(url, headers={"Authorization": f"token {TOKEN}"})
     with urllib.request.urlopen(req, timeout=5) as r:  # noqa: S310 - loopback only
@@ -83,9 +87,11 @@ def lab_server(tmp_path):
     port = _free_port()
     log = (tmp_path / "lab.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ip=127.0.0.1",
+         f"--port={port}",
          f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}", "--LabApp.news_url=None",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--LabApp.extension_manager=readonly",
          f"--LabApp.workspaces_dir={home / 'workspaces'}", "--ServerApp.open_browser=False"],
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
     )
@@ -94,13 +100,13 @@ def lab_server(tmp_path):
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited early ({proc.returncode}):\n{(tmp_path / 'lab.log').read_text()[-3000:]}")
+                pytest.fail(f"jupyter lab exited early ({proc.returncode}):\n{_tail(tmp_path / 'lab.log')}")
             try:
                 _get(f"{base}/api/status")
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"jupyter lab did not answer in 60 s:\n{(tmp_path / 'lab.log').read_text()[-3000:]}")
+                    pytest.fail(f"jupyter lab did not answer in 60 s:\n{_tail(tmp_path / 'lab.log')}")
                 time.sleep(0.25)
         yield base
     finally:
@@ -177,7 +183,8 @@ def test_quickstart_stepper_and_editor_in_chromium(lab_server):
             page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
             stepper = page.locator(".pcnb-stepper")
             expect(stepper).to_be_visible(timeout=60_000)
-            expect(page.locator(".jp-OutputArea-output", has_text="'saved_usd'")).to_be_visible(timeout=60_000)
+            last_output = page.locator(".jp-OutputArea-output", has_text="'saved_usd'")
+            expect(last_output).to_be_visible(timeout=60_000)
             _wait_kernel_idle(page, lab_server, NOTEBOOK.name, settle=0.5)
             expect(page.locator(".pcnb-error:visible")).to_have_count(0)
             stepper.scroll_into_view_if_needed()
@@ -201,7 +208,8 @@ def test_quickstart_stepper_and_editor_in_chromium(lab_server):
             _wait_kernel_idle(page, lab_server, NOTEBOOK.name, settle=0.3)
             select = editor.locator("select")
             expect(select.locator("option", has_text="Airflow retries")).to_have_count(1)
-            labels = [t.replace("\xa0", " ") for t in select.locator("option").all_text_contents()]  # ipywidgets uses nbsp
+            # ipywidgets renders option labels with non-breaking spaces
+            labels = [t.replace("\xa0", " ") for t in select.locator("option").all_text_contents()]
             target = next((i for i, label in enumerate(labels) if "Airflow retries" in label), None)
             assert target is not None, f"no 'Airflow retries' entry in the editor's list: {labels}"
             select.select_option(index=target)
@@ -243,8 +251,8 @@ def test_quickstart_stepper_and_editor_in_chromium(lab_server):
     DOCS_SHOT.parent.mkdir(exist_ok=True)
     _save_small_png(shot, DOCS_SHOT, max_bytes=300_000)
     elapsed = time.monotonic() - t0
-    (OUT / "timing.txt").write_text(f"browser test {elapsed:.1f} s; blocked non-loopback requests: {len(blocked)}\n"
-                                    + "\n".join(blocked) + "\n")
+    report = [f"browser test {elapsed:.1f} s; blocked non-loopback requests: {len(blocked)}", *blocked]
+    (OUT / "timing.txt").write_text("\n".join(report) + "\n")
     assert DOCS_SHOT.stat().st_size < 300_000
 
 

@@ -18,8 +18,7 @@ from promptcache_nb.scenario import (
     ScenarioTurn,
     ToolCall,
 )
-from promptcache_nb.widgets import CompareController, KnowledgeController, StepperController
-from promptcache_nb.widgets import _html
+from promptcache_nb.widgets import CompareController, KnowledgeController, StepperController, _html
 from promptcache_nb.widgets._controllers import scenario_position
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -34,14 +33,16 @@ def _scenario() -> Scenario:
                      tool_calls=(ToolCall("get_ticket", {"id": "SUP-1"}, "status: open"),)),
         ScenarioTurn(user="And the policy?", reply="Five days.", after=timedelta(seconds=20),
                      events=(KnowledgeUpdate("refunds", content="Refunds take three business days."),)),
-        ScenarioTurn(user=f"Odd text {EVIL}", reply="Noted.", after=timedelta(seconds=20), events=(Restart(),)),
+        ScenarioTurn(user=f"Odd text {EVIL}", reply="Noted.", after=timedelta(seconds=20),
+                     events=(Restart(),)),
         ScenarioTurn(user="Thanks", reply="Bye.", after=timedelta(seconds=20)),
     ]
     return Scenario(
         name="widget_test", model="claude-sonnet-4-5", start=T0, host_prompt=HOST,
         tools=({"name": "get_ticket", "description": "Fetch a ticket.",
                 "input_schema": {"type": "object", "properties": {"id": {"type": "string"}}}},),
-        knowledge=(KnowledgeSpec("refunds", "Refund policy", "Refunds take five business days. " * 20, "policy"),
+        knowledge=(KnowledgeSpec("refunds", "Refund policy", "Refunds take five business days. " * 20,
+                                 "policy"),
                    KnowledgeSpec("tone", "Tone", f"Be brief. {EVIL}", "preference")),
         turns=tuple(turns), project="wt",
     )
@@ -232,7 +233,8 @@ def test_side_by_side_marks_the_first_difference():
     assert re.search(r"same head, <mark[^>]*>new &lt;tail&gt;</mark>", out)
     assert "first difference at <code>system[0]</code>" in out
     appended = pc.prepare({"model": "m", "system": [{"type": "text", "text": "same head, old tail"}],
-                           "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+                           "messages": [{"role": "user", "content": "hi"},
+                                        {"role": "assistant", "content": "yo"}]})
     assert "pure append" in _html.side_by_side_html(a, appended)
     assert "first request" in _html.side_by_side_html(None, a)
 

@@ -18,7 +18,9 @@ SAVINGS_SIZE = (8.0, 4.0)
 COMPARE_SIZE = (9.0, 3.4)
 
 # One colour per usage component, shared with the widgets' segment map (read / write / uncached).
-COLORS = {"read": "#2e8b57", "write": "#e0a030", "uncached": "#c8553d", "ideal": "#1f3b73", "saved": "#6a3d9a"}
+COLORS = {
+    "read": "#2e8b57", "write": "#e0a030", "uncached": "#c8553d", "ideal": "#1f3b73", "saved": "#6a3d9a",
+}
 
 
 def _figure(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:

@@ -32,7 +32,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'promptcache_nb.widgets' has no attribute {name!r}")
 
 
-__all__ = sorted([
+__all__ = [  # sorted; a literal so linters see the re-exports
     "Compare", "CompareController", "DiffView", "KnowledgeController", "KnowledgeEditor", "SavingsChart",
     "Stepper", "StepperController", "TurnView",
-])
+]

@@ -191,7 +191,8 @@ class StepperController(_Observable):
             t = s.step(user, reply)
         else:
             if self.scenario is None:
-                raise SessionError("no scenario to continue: type a user message, or pass scenario= to the stepper")
+                raise SessionError(
+                    "no scenario to continue: type a user message, or pass scenario= to the stepper")
             if self.remaining <= 0:
                 raise SessionError(
                     f"scenario {self.scenario.name!r} is finished ({len(self.scenario.turns)} turns); "
@@ -291,7 +292,8 @@ class StepperController(_Observable):
 
     def __repr__(self) -> str:
         sc = "" if self.scenario is None else f", scenario={self.scenario.name!r}, played={self.position}"
-        return f"StepperController(session={self.session.id!r}, turn={self.current}, n_turns={self.n_turns}{sc})"
+        return (f"StepperController(session={self.session.id!r}, turn={self.current}, "
+                f"n_turns={self.n_turns}{sc})")
 
 
 class KnowledgeController(_Observable):

@@ -19,7 +19,8 @@ STATE_COLORS = {"read": "#2e8b57", "write": "#e0a030", "uncached": "#c8553d"}
 STATE_LABELS = {"read": "read from cache", "write": "written to cache", "uncached": "uncached"}
 
 _MONO = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:11.5px"
-_CELL = f"{_MONO};line-height:1.35;white-space:pre-wrap;word-break:break-all;vertical-align:top;padding:3px 6px;"
+_CELL = (f"{_MONO};line-height:1.35;white-space:pre-wrap;word-break:break-all;vertical-align:top;"
+         "padding:3px 6px;")
 _PATH = "font-size:10.5px;color:#666;font-family:sans-serif;margin-bottom:1px;"
 _BOX = "border:1px solid #ddd;border-radius:4px;padding:6px 8px;margin:2px 0;line-height:1.4;"
 _OLD = "background:#fbe3e0;"
@@ -168,7 +169,8 @@ def side_by_side_html(
     if current is None:
         return f'<div style="{_BOX}color:#777">no request yet</div>'
     rows: list[str] = []
-    head = f'<div style="margin:2px 0 4px 0"><b>prefix diff</b> · {diff_summary(diff, previous, current)}</div>'
+    summary = diff_summary(diff, previous, current)
+    head = f'<div style="margin:2px 0 4px 0"><b>prefix diff</b> · {summary}</div>'
     if previous is None:
         total = sum(s.tokens for s in current.segments)
         rows.append(
@@ -189,7 +191,8 @@ def side_by_side_html(
         a, b = segment_text(p[k]), segment_text(c[k])
         j = _common_prefix(a, b)
         rows.append(
-            f'<tr data-role="divergence"><td style="{_CELL}{_OLD}">{_path(p[k])}{_marked(a, j, _MARK_OLD)}</td>'
+            '<tr data-role="divergence">'
+            f'<td style="{_CELL}{_OLD}">{_path(p[k])}{_marked(a, j, _MARK_OLD)}</td>'
             f'<td style="{_CELL}{_NEW}">{_path(c[k])}{_marked(b, j, _MARK_NEW)}</td></tr>'
         )
         start = k + 1
@@ -208,7 +211,8 @@ def side_by_side_html(
         lstyle = "" if same else _OLD
         rstyle = "" if same else _NEW
         left_html = _path(left) + _excerpt(segment_text(left)) if left else ""
-        right_html = _path(right) + _excerpt(segment_text(right), EXCERPT if same else EXCERPT_NEW) if right else ""
+        limit = EXCERPT if same else EXCERPT_NEW
+        right_html = _path(right) + _excerpt(segment_text(right), limit) if right else ""
         rows.append(
             f'<tr><td style="{_CELL}{lstyle if left else ""}">{left_html}</td>'
             f'<td style="{_CELL}{rstyle if right else ""}">{right_html}</td></tr>'
@@ -255,10 +259,12 @@ def segment_map_html(segments: Sequence[Segment], states: Sequence[str]) -> str:
             'border-right:1px solid #fff;box-sizing:border-box"></div>'
         )
     legend = " · ".join(
-        f'<span style="color:{STATE_COLORS[k]}">■</span> {STATE_LABELS[k]} {fmt_int(v)}' for k, v in sums.items()
+        f'<span style="color:{STATE_COLORS[k]}">■</span> {STATE_LABELS[k]} {fmt_int(v)}'
+        for k, v in sums.items()
     )
     return (
-        f'<div class="pcnb-segmap" style="{_BOX}"><div style="font-size:12px;margin-bottom:3px"><b>segment map</b> '
+        f'<div class="pcnb-segmap" style="{_BOX}">'
+        '<div style="font-size:12px;margin-bottom:3px"><b>segment map</b> '
         f"(tools → system → messages; estimated tokens) {legend}</div>"
         f'<div style="display:flex;width:100%;border:1px solid #ccc">{"".join(boxes)}</div></div>'
     )
@@ -314,7 +320,10 @@ def _changes(value: Any) -> list[str]:
             code, detail = ch.get("code"), ch.get("detail")
         else:
             code, detail = getattr(ch, "code", None), getattr(ch, "detail", None)
-        out.append(f"{code}: {detail}" if code is not None and detail else str(code if code is not None else ch))
+        if code is None:
+            out.append(str(ch))
+        else:
+            out.append(f"{code}: {detail}" if detail else str(code))
     return out
 
 
@@ -356,7 +365,8 @@ def observation_html(
         parts.append(f"<div>{text}</div>")
     if not parts:
         parts.append("<div style='color:#777'>no observation for this turn</div>")
-    return f'<div class="pcnb-observation" style="{_BOX}font-size:12.5px"><b>observation</b>{"".join(parts)}</div>'
+    return (f'<div class="pcnb-observation" style="{_BOX}font-size:12.5px"><b>observation</b>'
+            f'{"".join(parts)}</div>')
 
 
 def error_html(exc: BaseException) -> str:
@@ -368,7 +378,8 @@ def error_html(exc: BaseException) -> str:
 
 
 def header_html(
-    *, index: int | None, n_turns: int, at: Any = None, events: Sequence[str] = (), user_text: str | None = None,
+    *, index: int | None, n_turns: int, at: Any = None, events: Sequence[str] = (),
+    user_text: str | None = None,
     scenario: str | None = None, position: int | None = None, n_scenario: int | None = None,
     pending: Sequence[str] = (), batch: tuple[int, int] | None = None,
 ) -> str:
@@ -376,14 +387,16 @@ def header_html(
     if index is None:
         title = f'<b data-field="turn">no turns yet</b> · {n_turns} stored'
     else:
-        title = f'<b data-field="turn">Turn {index}</b> <span style="color:#555">(requests 0–{n_turns - 1} stored)</span>'
+        title = (f'<b data-field="turn">Turn {index}</b> '
+                 f'<span style="color:#555">(requests 0–{n_turns - 1} stored)</span>')
         if at is not None:
             title += f" · {esc(f'{at:%Y-%m-%d %H:%M:%S}')} UTC"
     if scenario is not None and n_scenario is not None:
         title += f" · scenario <code>{esc(scenario)}</code>: {position}/{n_scenario} turns played"
     lines = [f"<div>{title}</div>"]
     if batch is not None and batch[0] != batch[1]:
-        lines.append(f'<div style="font-size:12px">this turn sent requests {batch[0]}–{batch[1]} (a tool loop); '
+        lines.append('<div style="font-size:12px">'
+                     f"this turn sent requests {batch[0]}–{batch[1]} (a tool loop); "
                      "the slider shows each</div>")
     if index is not None:
         ev = ", ".join(f"<code>{esc(e)}</code>" for e in events) or "none"
@@ -404,8 +417,10 @@ def knowledge_table_html(rows: Sequence[dict[str, Any]], *, pending: Sequence[st
         body = '<tr><td colspan="5" style="color:#777;padding:3px 6px">no knowledge entries</td></tr>'
     else:
         body = "".join(
-            f'<tr data-id="{esc(r["short_id"])}"><td style="{_MONO};padding:2px 6px">{esc(r["short_id"])}</td>'
-            f'<td style="padding:2px 6px">{esc(r["title"])}</td><td style="padding:2px 6px">{esc(r["category"])}</td>'
+            f'<tr data-id="{esc(r["short_id"])}">'
+            f'<td style="{_MONO};padding:2px 6px">{esc(r["short_id"])}</td>'
+            f'<td style="padding:2px 6px">{esc(r["title"])}</td>'
+            f'<td style="padding:2px 6px">{esc(r["category"])}</td>'
             f'<td style="padding:2px 6px;text-align:right">v{int(r["version"])}</td>'
             f'<td style="padding:2px 6px;color:#555;font-size:11.5px">{_excerpt(r["content"], 90)}</td></tr>'
             for r in rows
@@ -439,7 +454,8 @@ def summary_table_html(rows: Sequence[dict[str, Any]]) -> str:
     head = "".join(f'<th style="text-align:right;padding:2px 8px">{esc(name)}</th>' for name, _, _ in cols)
     body = "".join(
         "<tr>" + "".join(
-            f'<td style="text-align:right;padding:2px 8px;{_MONO}">{fmt(r.get(key))}</td>' for _, key, fmt in cols
+            f'<td style="text-align:right;padding:2px 8px;{_MONO}">{fmt(r.get(key))}</td>'
+            for _, key, fmt in cols
         ) + "</tr>"
         for r in rows
     )

@@ -93,7 +93,8 @@ class DiffView(W.VBox):
         >>> pc.widgets.DiffView.for_turns(s.turn(2), previous=s.turn(1))  # doctest: +SKIP
     """
 
-    path = T.Unicode(None, allow_none=True, help="where the requests first differ (None: pure append or no diff)")
+    path = T.Unicode(None, allow_none=True,
+                     help="where the requests first differ (None: pure append or no diff)")
 
     def __init__(self, diff: Any = None, *, previous: PreparedRequest | None = None,
                  current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = ()) -> None:
@@ -230,7 +231,8 @@ class Stepper(_ErrorBox, W.VBox):
     def __init__(self, session: Session, scenario: Scenario | str | Path | None = None) -> None:
         self.controller = StepperController(session, scenario)
         self._next_btn = W.Button(description="Next turn", button_style="primary", icon="step-forward",
-                                  layout=_AUTO, tooltip="play the next scenario turn, or send the typed message")
+                                  layout=_AUTO,
+                                  tooltip="play the next scenario turn, or send the typed message")
         self._restart_btn = W.Button(description="Restart", icon="refresh", layout=_AUTO,
                                      tooltip="drop in-memory state and resume the session from the store")
         self._user = W.Text(placeholder="user message (empty: next scenario turn)",
@@ -328,7 +330,8 @@ class Stepper(_ErrorBox, W.VBox):
     def __repr__(self) -> str:
         sc = self.controller.scenario
         tail = "" if sc is None else f", scenario={sc.name!r}"
-        return f"Stepper(session={self.controller.session.id!r}, turn={self.turn}, n_turns={self.n_turns}{tail})"
+        return (f"Stepper(session={self.controller.session.id!r}, turn={self.turn}, "
+                f"n_turns={self.n_turns}{tail})")
 
 
 class KnowledgeEditor(_ErrorBox, W.VBox):
@@ -354,8 +357,10 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
         self._category = W.Text(description="category", value="note", layout=W.Layout(width="480px"))
         self._content = W.Textarea(description="content", layout=W.Layout(width="640px", height="90px"))
         self._add_btn = W.Button(description="Add entry", icon="plus", layout=_AUTO)
-        self._save_btn = W.Button(description="Save changes", icon="save", button_style="primary", layout=_AUTO)
-        self._remove_btn = W.Button(description="Remove entry", icon="trash", button_style="danger", layout=_AUTO)
+        self._save_btn = W.Button(description="Save changes", icon="save", button_style="primary",
+                                  layout=_AUTO)
+        self._remove_btn = W.Button(description="Remove entry", icon="trash", button_style="danger",
+                                    layout=_AUTO)
         self._status = W.HTML()
         self._error = _error_widget()
         super().__init__([
@@ -379,7 +384,8 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
         """Pick an entry (id, short id, key or title) into the edit fields; ``""`` for a new one."""
         self._pick.value = self._action(self.controller.resolve, entry) if entry else ""
 
-    def add(self, title: str | None = None, content: str | None = None, *, category: str | None = None) -> str:
+    def add(self, title: str | None = None, content: str | None = None, *,
+            category: str | None = None) -> str:
         """Click "Add entry" (default: the title, category and content fields)."""
         entry_id = self._action(
             self.controller.add, self._title.value if title is None else title,
@@ -432,7 +438,8 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
 
     def _refresh(self, *, select: str | None = None) -> None:
         rows = self.controller.rows()
-        options = [("(new entry)", "")] + [(f"{r['short_id']} · {r['title']} (v{r['version']})", r["id"]) for r in rows]
+        options = [("(new entry)", "")] + [
+            (f"{r['short_id']} · {r['title']} (v{r['version']})", r["id"]) for r in rows]
         ids = {r["id"] for r in rows}
         target = select if select is not None else self._pick.value
         target = target if target in ids else ""
@@ -471,8 +478,9 @@ class Compare(_ErrorBox, W.VBox):
 
     played = T.Int(0, help="scenario turns every strategy has played")
 
-    def __init__(self, scenario: Scenario | str | Path, *, strategies: list[str] | tuple[str, ...] | None = None,
-                 cache: str = "anthropic", lab: Lab | None = None) -> None:
+    def __init__(self, scenario: Scenario | str | Path, *,
+                 strategies: list[str] | tuple[str, ...] | None = None, cache: str = "anthropic",
+                 lab: Lab | None = None) -> None:
         self.controller = CompareController(scenario, strategies=strategies, cache=cache, lab=lab)
         self._next_btn = W.Button(description="Next turn (all)", button_style="primary", icon="step-forward",
                                   layout=_AUTO)
@@ -513,7 +521,8 @@ class Compare(_ErrorBox, W.VBox):
         sc = c.scenario
         played = c.position
         summary = c.summary()
-        header = (f'<div style="font-size:13px"><b>{_html.esc(sc.name)}</b> under {len(c.strategies)} strategies '
+        header = (f'<div style="font-size:13px"><b>{_html.esc(sc.name)}</b> '
+                  f'under {len(c.strategies)} strategies '
                   f'(cache model <code>{_html.esc(c.cache)}</code>): <span data-field="played">{played}'
                   f"/{len(sc.turns)}</span> scenario turns played</div>")
         png = _png(plot_compare(summary)) if played else b""
