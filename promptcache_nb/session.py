@@ -275,7 +275,8 @@ class Session:
             'SELECT idx, "at", events FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1', [self.id]
         )
         self._pending_events: list[str] = []
-        self._state_written: str | None = None  # canonical JSON of the last session_state row we wrote
+        # session_state columns as last written (None: unknown, so the next write rewrites the row)
+        self._state_written: dict[str, Any] | None = None
         self._prev: PreparedRequest | None = None
         self._prev_at: datetime | None = None
         self._prev_keys: list[str] = []
@@ -289,6 +290,7 @@ class Session:
             self._prev = prepare(store.turn_body(self.id, last[0]), memo=self._memo)
             self._prev_keys, self._prev_nodes, _ = store.prefix_nodes(self._prev, [], [])
             self._prev_obs = _analysis.observation_state_from_store(store, self.id)
+        self._state_written = store.state_columns(self._state)
         pending = self._state["extra"].get("_pending_events")
         if pending:
             self._pending_events = list(pending)
@@ -400,19 +402,19 @@ class Session:
             {"role": "assistant", "content": [{"type": "text", "text": COMPACTION_ACK}]},
         ]
         store.con.begin()
+        store._pending_known = {}
         try:
             store.con.execute(
                 "UPDATE session_messages SET compacted = true WHERE session_id = ?", [self.id]
             ).fetchall()
-            store.con.execute(
-                "INSERT INTO session_messages VALUES (?, ?, ?, ?, false), (?, ?, ?, ?, false)",
-                [self.id, self._msg_seq, self._next_idx, canonical_json(msgs[0]),
-                 self.id, self._msg_seq + 1, self._next_idx, canonical_json(msgs[1])],
-            ).fetchall()
+            store.write_messages(self.id, self._next_idx, [(self._msg_seq, msgs[0]), (self._msg_seq + 1, msgs[1])])
             store.con.commit()
         except BaseException:
             store.con.rollback()
+            store._pending_known = {}
             raise
+        store._known_blocks.update(store._pending_known)
+        store._pending_known = {}
         self._messages = msgs
         self._msg_seq += 2
         self._note_event("compaction")
@@ -511,8 +513,12 @@ class Session:
         lab, store = self._lab, self._lab.store
         idx = self._next_idx
         messages = self._messages + new_msgs
-        state = json.loads(json.dumps(self._state))
+        # a copy the strategy may change: the big immutable parts (host prompt, tools) are shared
+        state = dict(self._state)
+        state["extra"] = json.loads(json.dumps(self._state["extra"]))
         state["extra"].pop("_pending_events", None)
+        if state.get("ltm_pin_keys") is not None:
+            state["ltm_pin_keys"] = list(state["ltm_pin_keys"])
         deltas = DeltaTable(self._deltas)
         events = tuple(self._pending_events)
         ctx = StrategyContext(
@@ -523,7 +529,7 @@ class Session:
         )
         try:
             body = self._strategy.build(ctx)
-            prepared = prepare(body, memo=self._memo, trusted=True)
+            prepared = prepare(body, memo=self._memo, trusted=True, previous=self._prev)
         except PromptCacheError:
             raise
         except (ValueError, TypeError, KeyError) as exc:
@@ -612,10 +618,13 @@ class Session:
                     msg_rows.append((seq, m))
                     seq += 1
             # the session_state row is rewritten only when it changed (most turns it does not)
-            state_to_write = state if state is not None else json.loads(json.dumps(self._state))
-            state_to_write["extra"].pop("_pending_events", None)
-            state_json = canonical_json(state_to_write)
-            if state_json == self._state_written:
+            if state is not None:
+                state_to_write = state
+            else:
+                state_to_write = dict(self._state)
+                state_to_write["extra"] = {k: v for k, v in self._state["extra"].items() if k != "_pending_events"}
+            state_cols = store.state_columns(state_to_write)
+            if state_cols == self._state_written:
                 state_to_write = None
             turn_row = {
                 "session_id": self.id, "idx": idx, "at": at, "model": prepared.model,
@@ -631,15 +640,21 @@ class Session:
                 "ideal_cache_read": ideal, "cost_usd": cost, "cost_no_cache_usd": cost_nc,
                 "cache_reason": cache_result.reason if cache_result else None,
                 "cache_detail": canonical_json(cache_result.detail) if cache_result else None,
-                "events": canonical_json(events), "request_id": request_id, "user_text": user_text,
-                "reply": None if content is None else canonical_json(content),
+                "events": canonical_json(events), "request_id": request_id, "user_text": _label(user_text),
+                "reply": None,  # set below from the stored assistant message (block references)
                 **analysis.columns,
             }
             turn_row["body_bytes"] = prepared_size(prepared)
+            if content is not None:
+                # the reply's content blocks are stored once, in blocks (shared with the history row)
+                reply_blocks: dict[str, tuple] = {}
+                turn_row["reply"] = store.message_ref({"role": "assistant", "content": content}, reply_blocks)
+                seen = {r[0] for r in block_rows}
+                block_rows = block_rows + [r for h, r in reply_blocks.items() if h not in seen]
             store.write_turn(
                 turn_row=turn_row, block_rows=block_rows, node_rows=node_rows, messages=msg_rows,
                 compact_before=None, state=state_to_write, delta_ops=deltas.ops if deltas else [],
-                knowledge_rows=[], project_id=self.project,
+                knowledge_rows=[], project_id=self.project, state_previous=self._state_written,
             )
         except BaseException:
             self._cache_ready = False
@@ -651,7 +666,7 @@ class Session:
             self._msg_seq += len(msg_rows)
         if state is not None:
             self._state = state
-        self._state_written = state_json
+        self._state_written = state_cols
         if deltas is not None:
             self._deltas = deltas.list()
         self._prev, self._prev_at, self._prev_keys, self._prev_nodes = prepared, at, keys, nodes
@@ -732,7 +747,14 @@ class Session:
 
 def prepared_size(prepared: PreparedRequest) -> int:
     """Bytes of the segments' canonical JSON (memoised per segment; envelopes not counted)."""
-    return sum(s.nbytes for s in prepared.segments)
+    return prepared.segment_bytes
+
+
+def _label(text: str | None, limit: int = 160) -> str | None:
+    """The user_text column is a label for tables; the full text is in the request body."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
 
 
 def _as_call(c: Any) -> Any:
@@ -897,7 +919,8 @@ class Lab:
             session_id=session_id, index=index, at=row[0].astimezone(UTC), request=body, usage=usage,
             ideal_cache_read=row[9], total_tokens=row[10], cost_usd=row[11], cost_no_cache_usd=row[12],
             cache_reason=row[13], cache_detail=json.loads(row[14]) if row[14] else None,
-            events=json.loads(row[15]), reply=json.loads(row[16]) if row[16] else None, request_id=row[17],
+            events=json.loads(row[15]), request_id=row[17],
+            reply=store.resolve_refs([json.loads(row[16])])[0]["content"] if row[16] else None,
             diff=diff, observation=obs,
             prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
         )

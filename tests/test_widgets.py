@@ -179,6 +179,8 @@ def test_knowledge_errors_name_the_entries(stepper):
         k.edit("nope", content="x")
     with pytest.raises(KnowledgeError, match="non-empty"):
         k.add("", "")
+    with pytest.raises(KnowledgeError, match="content must not be empty"):
+        k.edit("refunds", content="  ")
 
 
 def test_knowledge_follows_the_stepper_across_restart(stepper):
@@ -332,3 +334,13 @@ def test_compare_widget_and_diffview_reprs(lab):
     assert repr(dv).startswith("DiffView(path=") and "0x" not in repr(dv)
     chart = pc.widgets.SavingsChart(s.turns())
     assert repr(chart) == "SavingsChart(requests=6)"
+
+
+def test_a_model_switch_shows_the_field_not_a_segment(lab):
+    s = lab.session(system=HOST)
+    s.step("hello", "hi")
+    s.switch_model("claude-haiku-4-5")
+    t = s.step("again", "ok")
+    dv = pc.widgets.DiffView.for_turns(t, previous=s.turn(0))
+    assert dv.path == "model"
+    assert "model (top-level field)" in dv.html and "claude-haiku-4-5" in dv.html

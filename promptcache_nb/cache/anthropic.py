@@ -112,6 +112,9 @@ class AnthropicCache(CacheModel):
         self._entries: dict[tuple[str, bytes], _Entry] = {}
         self._prev_keys: list[str] = []
         self._prev_chain: list[bytes] = []
+        self._prev_segments: tuple = ()
+        self._prev_salts: tuple = ()
+        self._salts_now: tuple = ()
         self._prev_model: str | None = None
         self._prev_total = 0
         self._prev_written: set[int] = set()
@@ -190,9 +193,23 @@ class AnthropicCache(CacheModel):
         msg_salt = canonical_json(
             {k: req.rest.get(k) for k in ("tool_choice", "thinking", "output_config")}
         )
+        salts = (sys_salt, msg_salt)
+        segments = req.segments
         keys: list[str] = []
         sys_done = msg_done = False
-        for seg in req.segments:
+        # Leading segments that are the very objects of the previous request keep their keys.
+        prev = self._prev_segments
+        if prev and self._prev_salts == salts:
+            n, limit = 0, min(len(prev), len(segments))
+            while n < limit and segments[n] is prev[n]:
+                n += 1
+            if n:
+                keys = self._prev_keys[:n]
+                sys_done = any(s.kind != "tool" for s in segments[:n])
+                msg_done = any(s.level == "messages" for s in segments[:n])
+                segments = segments[n:]
+        self._salts_now = salts
+        for seg in segments:
             key = f"{seg.kind}:{seg.role or ''}:{seg.content_hash}"
             if seg.kind != "tool" and not sys_done:
                 key += "|" + sys_salt
@@ -219,6 +236,8 @@ class AnthropicCache(CacheModel):
 
     def _positions(self, req: PreparedRequest) -> list[int]:
         """Lookback position number per segment (consecutive tool runs share one when coalescing)."""
+        if not self.coalesce_tool_runs:
+            return range(len(req.segments))  # type: ignore[return-value]
         pos, out, prev = -1, [], None
         for seg in req.segments:
             t = seg.element.get("type") if isinstance(seg.element, dict) else None
@@ -303,6 +322,7 @@ class AnthropicCache(CacheModel):
         }
         reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)
         self._prev_keys, self._prev_chain = keys, chain
+        self._prev_segments, self._prev_salts = request.segments, self._salts_now
         self._prev_model, self._prev_total = model, total
         self._prev_written = {bp for bp, _ in writes}
         return CacheResult(usage, reason, detail, states, usage.to_anthropic())

@@ -65,7 +65,11 @@ class Segment:
     @property
     def chain_key(self) -> str:
         """What the store's prefix tree records for this position (kind, role and exact bytes)."""
-        return f"{self.kind}:{self.role or ''}:{self.block_hash}"
+        key = self.__dict__.get("_chain_key")
+        if key is None:
+            key = f"{self.kind}:{self.role or ''}:{self.block_hash}"
+            object.__setattr__(self, "_chain_key", key)
+        return key
 
     @property
     def message_index(self) -> int | None:
@@ -85,6 +89,7 @@ class SegmentMemo:
         self.tokenizer = tokenizer
         self._by_id: dict[int, tuple[Any, str, str, dict | None, int]] = {}
         self._tokens: dict[tuple[str, str], int] = {}
+        self._segments: dict[int, Segment] = {}  # trusted elements: the Segment last built for them
 
     def hashes(self, element: Any, *, trusted: bool) -> tuple[str, str, dict | None, int]:
         """(content hash, storage hash, cache_control, canonical byte length) of one segment."""
@@ -131,11 +136,24 @@ class PreparedRequest:
         return canonical_bytes(self.body)
 
     def cumulative_tokens(self) -> list[int]:
-        out, run = [], 0
-        for s in self.segments:
-            run += s.tokens
-            out.append(run)
-        return out
+        """Tokens through each segment (computed once per request; treat as read-only)."""
+        cum = self.__dict__.get("_cum")
+        if cum is None:
+            cum, run = [], 0
+            for s in self.segments:
+                run += s.tokens
+                cum.append(run)
+            object.__setattr__(self, "_cum", cum)
+        return cum
+
+    @property
+    def segment_bytes(self) -> int:
+        """Bytes of the segments' canonical JSON (envelopes not counted)."""
+        n = self.__dict__.get("_nbytes")
+        if n is None:
+            n = sum(s.nbytes for s in self.segments)
+            object.__setattr__(self, "_nbytes", n)
+        return n
 
     def tokens_before_messages(self) -> int:
         return sum(s.tokens for s in self.segments if s.kind in ("tool", "system"))
@@ -156,17 +174,35 @@ def _check_body(body: dict[str, Any]) -> None:
 
 
 def prepare(
-    body: dict[str, Any], *, memo: SegmentMemo | None = None, trusted: bool = False
+    body: dict[str, Any], *, memo: SegmentMemo | None = None, trusted: bool = False,
+    previous: PreparedRequest | None = None,
 ) -> PreparedRequest:
-    """Split a Messages body into segments (hashes and estimated tokens)."""
-    _check_body(body)
+    """Split a Messages body into segments (hashes and estimated tokens).
+
+    With ``trusted=True`` (bodies built by our strategies from immutable history objects) and the
+    ``previous`` request, messages that are the very same objects at the same index reuse the previous
+    request's segments wholesale, so a turn costs O(messages), not O(blocks), in Python.
+    """
+    if not trusted:
+        _check_body(body)
     memo = memo or SegmentMemo()
     segs: list[Segment] = []
     shape: dict[str, str] = {}
 
+    cached = memo._segments if trusted else None
+
     def add(path: str, kind: str, role: str | None, element: Any) -> None:
+        if cached is not None:
+            # the same history object at the same position: reuse its Segment (the common case)
+            seg = cached.get(id(element))
+            if seg is not None and seg.element is element and seg.path == path and seg.kind == kind and seg.role == role:
+                segs.append(seg)
+                return
         chash, bhash, cc, nbytes = memo.hashes(element, trusted=trusted)
-        segs.append(Segment(path, kind, role, chash, bhash, memo.tokens(kind, chash, element), cc, element, nbytes))
+        seg = Segment(path, kind, role, chash, bhash, memo.tokens(kind, chash, element), cc, element, nbytes)
+        if cached is not None and not isinstance(element, str):
+            cached[id(element)] = seg
+        segs.append(seg)
 
     tools = body.get("tools")
     if tools is None:
@@ -187,7 +223,19 @@ def prepare(
             add(f"system[{i}]", "system", None, block)
     messages = body.get("messages")
     shape["messages"] = "absent" if messages is None else "list"
+    prev_msgs: list = []
+    prev_spans: list[tuple[int, int]] = []
+    if trusted and previous is not None:
+        prev_msgs = previous.body.get("messages") or []
+        prev_spans = previous.__dict__.get("_msg_spans") or []
+    spans: list[tuple[int, int]] = []
     for i, msg in enumerate(messages or ()):
+        start = len(segs)
+        if i < len(prev_spans) and msg is prev_msgs[i]:
+            a, b = prev_spans[i]
+            segs.extend(previous.segments[a:b])
+            spans.append((start, len(segs)))
+            continue
         role, content = msg["role"], msg["content"]
         if isinstance(content, str):
             add(f"messages[{i}].content", "msg-str", role, content)
@@ -196,8 +244,11 @@ def prepare(
         else:
             for j, block in enumerate(content):
                 add(f"messages[{i}].content[{j}]", "msg-start" if j == 0 else "msg", role, block)
+        spans.append((start, len(segs)))
     rest = {k: v for k, v in body.items() if k not in TOP_LEVEL_SEGMENTED}
-    return PreparedRequest(body, tuple(segs), shape, rest, sum(s.tokens for s in segs))
+    req = PreparedRequest(body, tuple(segs), shape, rest, sum(s.tokens for s in segs))
+    object.__setattr__(req, "_msg_spans", spans)
+    return req
 
 
 def rebuild_body(shape: dict[str, str], rest: dict[str, Any], chain: list[tuple[str, str | None, Any]]) -> dict:

@@ -16,8 +16,10 @@ import pandas as pd
 from .._util import digest
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
+from ..tokens import segment_tokens
 from ._migrations import applied, migrate
 
+BLOCK_SIZE = 16_384
 _LOCK = re.compile(r"Conflicting lock is held in (.+?)(?:\.\s*See also|$)", re.S)
 
 
@@ -27,6 +29,15 @@ def fnv1a(text: str) -> str:
     for b in text.encode("utf-8"):
         h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
     return f"{h:08x}"
+
+
+_TOOLS_JSON: list[Any] = [None, None]  # (tools list object, its canonical JSON): tools rarely change
+
+
+def _tools_json(tools: list[Any]) -> str:
+    if _TOOLS_JSON[0] is not tools:
+        _TOOLS_JSON[0], _TOOLS_JSON[1] = tools, canonical_json(tools)
+    return _TOOLS_JSON[1]
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,11 @@ class Store:
     def __init__(self, path: str | Path = ":memory:") -> None:
         self.path = str(path)
         try:
-            self.con = duckdb.connect(self.path)
+            # 16 KiB blocks (DuckDB's default is 256 KiB): a store of a few MB is otherwise mostly the
+            # per-table block granularity. Applies to new files only; existing files keep theirs.
+            # zstd for the string columns at checkpoint: request bodies are repetitive JSON (a debug-level
+            # DuckDB setting, but a documented one; reading is unaffected).
+            self.con = duckdb.connect(self.path, config={"default_block_size": str(BLOCK_SIZE), "force_compression": "zstd"})
         except duckdb.IOException as exc:
             m = _LOCK.search(str(exc))
             if m or "lock" in str(exc).lower():
@@ -82,6 +97,7 @@ class Store:
             raise StoreError(f"store {self.path!r} could not be migrated: {str(exc).splitlines()[0]}") from None
         self._known_blocks: set[str] = {r[0] for r in self.con.execute("SELECT hash FROM blocks").fetchall()}
         self._known_nodes: set[str] = {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()}
+        self._pending_known: dict[str, tuple] = {}
 
     # -- plumbing -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -148,16 +164,51 @@ class Store:
             "model": row[6], "extra": json.loads(row[7]),
         }
 
-    def write_state(self, session_id: str, state: dict[str, Any], at: datetime) -> None:
-        self.con.execute(
-            "INSERT OR REPLACE INTO session_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                session_id, state.get("ltm_pin_text"),
-                None if state.get("ltm_pin_keys") is None else json.dumps(state["ltm_pin_keys"]),
-                state.get("ltm_cache_text"), state.get("stable_ltm_text"), state["host_prompt"],
-                canonical_json(state["tools"]), state["model"], canonical_json(state.get("extra", {})), at,
-            ],
-        ).fetchall()
+    @staticmethod
+    def state_columns(state: dict[str, Any]) -> dict[str, Any]:
+        """A state dict as ``session_state`` column values (JSON columns canonicalised)."""
+        return {
+            "ltm_pin_text": state.get("ltm_pin_text"),
+            "ltm_pin_keys": None if state.get("ltm_pin_keys") is None else json.dumps(state["ltm_pin_keys"]),
+            "ltm_cache_text": state.get("ltm_cache_text"),
+            "stable_ltm_text": state.get("stable_ltm_text"),
+            "host_prompt": state["host_prompt"],
+            "tools": _tools_json(state["tools"]),
+            "model": state["model"],
+            "extra": canonical_json(state.get("extra", {})),
+        }
+
+    def write_state(self, session_id: str, state: dict[str, Any], at: datetime,
+                    previous: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the state row; with ``previous`` (the last written columns) only changed columns are
+        updated — the host prompt and tools are large and rarely change. Returns the columns written."""
+        cols = self.state_columns(state)
+        if previous is None:
+            self.con.execute(
+                "INSERT OR REPLACE INTO session_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [session_id, *cols.values(), at],
+            ).fetchall()
+            return cols
+        changed = [k for k, v in cols.items() if previous.get(k) != v]
+        if changed:
+            sets = ", ".join(f"{k} = ?" for k in changed)
+            self.con.execute(
+                f"UPDATE session_state SET {sets}, updated_at = ? WHERE session_id = ?",
+                [*(cols[k] for k in changed), at, session_id],
+            ).fetchall()
+        return cols
+
+    def _insert(self, table: str, rows: list[tuple]) -> None:
+        # A few rows: one VALUES statement (~0.5 ms); many (a rewritten prefix): the appender.
+        if not rows:
+            return
+        if len(rows) <= 8:
+            marks = "(" + ", ".join("?" * len(rows[0])) + ")"
+            self.con.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(rows)),
+                             [v for r in rows for v in r]).fetchall()
+        else:
+            with self.con.appender(table) as ap:
+                ap.append_rows(rows)
 
     # -- knowledge ----------------------------------------------------------------------------
     def knowledge(self, project_id: str, *, include_deleted: bool = False) -> list[KnowledgeEntry]:
@@ -190,12 +241,51 @@ class Store:
         ).fetchall()
 
     # -- messages and deltas ------------------------------------------------------------------
+    def message_ref(self, message: dict[str, Any], pending: dict[str, tuple]) -> str:
+        """A message as block references (``{"role", "blocks": [hash...]}`` or ``{"role", "str": hash}``);
+        bodies not yet stored are added to ``pending`` (hash -> blocks row). Content is stored once."""
+        role, content = message["role"], message["content"]
+
+        def ref(kind: str, element: Any) -> str:
+            body = canonical_json(element)
+            h = digest(body.encode(), tag="seg")
+            if h not in self._known_blocks and h not in pending and h not in self._pending_known:
+                pending[h] = (h, kind, body, segment_tokens(kind, element), len(body.encode()))
+            return h
+
+        if isinstance(content, str):
+            return canonical_json({"role": role, "str": ref("msg-str", content)})
+        return canonical_json({"role": role, "blocks": [ref("msg-start" if i == 0 else "msg", b)
+                                                         for i, b in enumerate(content)]})
+
+    def resolve_refs(self, refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Messages back from their block references (one query for all bodies)."""
+        hashes = sorted({h for r in refs for h in ([r["str"]] if "str" in r else r["blocks"])})
+        bodies = dict(self.rows("SELECT hash, body FROM blocks WHERE hash IN (SELECT unnest(?))", [hashes])) \
+            if hashes else {}
+        out = []
+        for r in refs:
+            if "str" in r:
+                out.append({"role": r["role"], "content": json.loads(bodies[r["str"]])})
+            else:
+                out.append({"role": r["role"], "content": [json.loads(bodies[h]) for h in r["blocks"]]})
+        return out
+
     def messages(self, session_id: str) -> list[dict[str, Any]]:
         rows = self.rows(
             "SELECT message FROM session_messages WHERE session_id = ? AND NOT compacted ORDER BY seq",
             [session_id],
         )
-        return [json.loads(r[0]) for r in rows]
+        return self.resolve_refs([json.loads(r[0]) for r in rows])
+
+    def write_messages(self, session_id: str, turn_idx: int, messages: list[tuple[int, dict]],
+                       extra_blocks: list[tuple] = ()) -> None:
+        """Append conversation messages (inside the caller's transaction), with their new blocks."""
+        pending: dict[str, tuple] = {r[0]: r for r in extra_blocks}
+        rows = [(session_id, seq, turn_idx, self.message_ref(m, pending), False) for seq, m in messages]
+        self._insert("blocks", list(pending.values()))
+        self._pending_known.update(pending)
+        self._insert("session_messages", rows)
 
     def message_count(self, session_id: str) -> int:
         return self.one("SELECT count(*) FROM session_messages WHERE session_id = ?", [session_id])[0]
@@ -260,29 +350,23 @@ class Store:
         delta_ops: list[tuple[str, int, dict | None, dict | None]],
         knowledge_rows: list[KnowledgeEntry],
         project_id: str,
+        state_previous: dict[str, Any] | None = None,
     ) -> None:
         """Write one request and everything it changed in one transaction; nothing on failure."""
         con = self.con
         con.begin()
+        self._pending_known = {}
         try:
             for e in knowledge_rows:
                 self.write_knowledge(e)
-            # the appender, not multi-row VALUES: ~15x faster for the hundreds of nodes a rewrite adds
-            if block_rows:
-                with con.appender("blocks") as ap:
-                    ap.append_rows(block_rows)
-            if node_rows:
-                with con.appender("prefix_nodes") as ap:
-                    ap.append_rows(node_rows)
             if compact_before is not None:
                 con.execute(
                     "UPDATE session_messages SET compacted = true WHERE session_id = ? AND seq < ?",
                     [turn_row["session_id"], compact_before],
                 ).fetchall()
-            if messages:
-                with con.appender("session_messages") as ap:
-                    ap.append_rows([(turn_row["session_id"], seq, turn_row["idx"], canonical_json(m), False)
-                                    for seq, m in messages])
+            # request blocks and the messages' new blocks go in one insert
+            self.write_messages(turn_row["session_id"], turn_row["idx"], messages, block_rows)
+            self._insert("prefix_nodes", node_rows)
             for op, seq, selector, content in delta_ops:
                 if op == "delete":
                     con.execute(
@@ -295,7 +379,7 @@ class Store:
                         [turn_row["session_id"], seq, project_id, canonical_json(selector), canonical_json(content)],
                     ).fetchall()
             if state is not None:
-                self.write_state(turn_row["session_id"], state, turn_row["at"])
+                self.write_state(turn_row["session_id"], state, turn_row["at"], previous=state_previous)
             cols = list(turn_row)
             quoted = ", ".join('"' + c + '"' for c in cols)
             con.execute(
@@ -305,8 +389,11 @@ class Store:
             con.commit()
         except BaseException:
             con.rollback()
+            self._pending_known = {}  # nothing of this transaction exists
             raise
         self._known_blocks.update(r[0] for r in block_rows)
+        self._known_blocks.update(self._pending_known)
+        self._pending_known = {}
         self._known_nodes.update(r[0] for r in node_rows)
 
     def turn_body(self, session_id: str, idx: int) -> dict[str, Any]:

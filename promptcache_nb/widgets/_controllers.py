@@ -363,6 +363,9 @@ class KnowledgeController(_Observable):
              category: str | None = None) -> bool:
         """The "Save changes" button. False (and nothing written) when nothing changed."""
         entry_id = self.resolve(entry)
+        for name, value in (("title", title), ("content", content), ("category", category)):
+            if value is not None and not value.strip():
+                raise KnowledgeError(f"{name} must not be empty; to drop the entry use remove({entry!r})")
         changed = self.session.knowledge.update(entry_id, title=title, content=content, category=category)
         self.message = (f"updated {entry_id[:8]}; it applies before the next turn" if changed
                         else f"{entry_id[:8]} unchanged: nothing to save")

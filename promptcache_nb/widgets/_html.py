@@ -187,7 +187,17 @@ def side_by_side_html(
             f'<tr><td colspan="2" style="{_CELL}color:#555;background:#f4f4f4">'
             f"▸ {k} identical segment{'s' if k != 1 else ''} ({esc(span)}), {fmt_int(tok)} tokens</td></tr>"
         )
-    if k < len(p) and k < len(c):
+    field = getattr(diff, "field", None)
+    if field is not None:  # a top-level field (model, tool_choice…) invalidates the cache from here
+        for ch in getattr(diff, "field_changes", ()) or ():
+            label = f'<div style="{_PATH}">{esc(ch.path)} (top-level field)</div>'
+            rows.append(
+                '<tr data-role="divergence">'
+                f'<td style="{_CELL}{_OLD}">{label}<mark style="{_MARK_OLD}">{esc(ch.before)}</mark></td>'
+                f'<td style="{_CELL}{_NEW}">{label}<mark style="{_MARK_NEW}">{esc(ch.after)}</mark></td></tr>'
+            )
+        start = k
+    elif k < len(p) and k < len(c):
         a, b = segment_text(p[k]), segment_text(c[k])
         j = _common_prefix(a, b)
         rows.append(
