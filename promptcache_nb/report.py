@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from .plots._compare import plot_compare, plot_cumulative_cost
+from .plots import plot_compare, plot_cumulative_cost
 
 
 def _png(fig: Any) -> str:

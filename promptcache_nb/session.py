@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -90,6 +91,7 @@ class Turn:
         diff: Any = None,
         observation: Any = None,
         prompt_cache_info: dict[str, Any] | None = None,
+        segment_states: tuple[str, ...] = (),
     ) -> None:
         self.session_id = session_id
         self.index = index
@@ -111,6 +113,7 @@ class Turn:
         self._prepared = prepared
         self._body: bytes | None = None
         self._prompt_cache_info = prompt_cache_info
+        self._segment_states = segment_states
 
     @property
     def body(self) -> bytes:
@@ -128,7 +131,9 @@ class Turn:
     @property
     def segment_states(self) -> tuple[str, ...]:
         """read / write / uncached per segment, when a local cache model decided this turn."""
-        return self.cache_result.segment_states if self.cache_result else ()
+        if self.cache_result is not None:
+            return self.cache_result.segment_states
+        return self._segment_states
 
     def prompt_cache_info(self) -> dict[str, Any] | None:
         """OpenClaw's context-engine payload for this turn (retention, last-call usage, observation)."""
@@ -315,6 +320,16 @@ class Session:
     @property
     def n_turns(self) -> int:
         return self._next_idx
+
+    @property
+    def pending_events(self) -> tuple[str, ...]:
+        """Event codes recorded since the last request (knowledge edits, tool changes...)."""
+        return tuple(self._pending_events)
+
+    @property
+    def cache_params(self) -> dict[str, Any]:
+        """Parameters the session's cache model was created with."""
+        return dict(self._cache_params)
 
     @property
     def prices(self) -> Prices:
@@ -642,6 +657,7 @@ class Session:
                 "cache_detail": canonical_json(cache_result.detail) if cache_result else None,
                 "events": canonical_json(events), "request_id": request_id, "user_text": _label(user_text),
                 "reply": None,  # set below from the stored assistant message (block references)
+                "segment_map": encode_segment_map(cache_result.segment_states) if cache_result else None,
                 **analysis.columns,
             }
             turn_row["body_bytes"] = prepared_size(prepared)
@@ -750,6 +766,34 @@ def prepared_size(prepared: PreparedRequest) -> int:
     return prepared.segment_bytes
 
 
+_STATE_CODES = {"read": "r", "write": "w", "uncached": "u"}
+_CODE_STATES = {v: k for k, v in _STATE_CODES.items()}
+
+
+def encode_segment_map(states: tuple[str, ...]) -> str | None:
+    """Run-length encode per-segment cache states: ("read",)*3 + ("write",) -> "r3w1"."""
+    if not states:
+        return None
+    out, prev, n = [], states[0], 0
+    for st in states:
+        if st == prev:
+            n += 1
+        else:
+            out.append(f"{_STATE_CODES[prev]}{n}")
+            prev, n = st, 1
+    out.append(f"{_STATE_CODES[prev]}{n}")
+    return "".join(out)
+
+
+def decode_segment_map(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    out: list[str] = []
+    for code, n in re.findall(r"([rwu])(\d+)", text):
+        out.extend([_CODE_STATES[code]] * int(n))
+    return tuple(out)
+
+
 def _label(text: str | None, limit: int = 160) -> str | None:
     """The user_text column is a label for tables; the full text is in the request body."""
     if text is None or len(text) <= limit:
@@ -814,6 +858,11 @@ class Lab:
         if cached is None:
             cached = self._knowledge_cache[project] = self.store.knowledge(project)
         return cached
+
+    def active_session(self, session_id: str) -> Session | None:
+        """The Session object currently open for ``session_id`` (the one a restart returned), if any."""
+        s = self._open.get(session_id)
+        return None if s is None or s._closed else s
 
     def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
         """Run SQL against the store and return a DataFrame. Tables: see README "Schema"."""
@@ -904,7 +953,7 @@ class Lab:
             """SELECT "at", input_tokens, cache_read_input_tokens, cache_creation_input_tokens,
                       cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, output_tokens,
                       usage_source, usage_raw, ideal_cache_read, total_tokens, cost_usd, cost_no_cache_usd,
-                      cache_reason, cache_detail, events, reply, request_id
+                      cache_reason, cache_detail, events, reply, request_id, segment_map
                FROM turns WHERE session_id = ? AND idx = ?""",
             [session_id, index],
         )
@@ -923,6 +972,7 @@ class Lab:
             reply=store.resolve_refs([json.loads(row[16])])[0]["content"] if row[16] else None,
             diff=diff, observation=obs,
             prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
+            segment_states=decode_segment_map(row[18]),
         )
 
     def resimulate(self, session_id: str, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:

@@ -110,4 +110,15 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     return fig
 
 
-__all__ = ["COLORS", "plot_compare", "plot_savings"]
+def plot_cumulative_cost(frames: dict[str, pd.DataFrame], *, ax: Axes | None = None) -> Figure:
+    """Cumulative cost per strategy over requests."""
+    fig, ax = _figure(ax, SAVINGS_SIZE)
+    for name, df in frames.items():
+        ax.plot(df["idx"], df["cost_usd"].cumsum(), label=name)
+    ax.set_xlabel("request")
+    ax.set_ylabel("cumulative cost (USD)")
+    ax.legend(fontsize="small", frameon=False)
+    return fig
+
+
+__all__ = ["COLORS", "plot_compare", "plot_cumulative_cost", "plot_savings"]

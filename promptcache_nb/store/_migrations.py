@@ -166,6 +166,13 @@ def m002_calibrations(con: duckdb.DuckDBPyConnection) -> None:
         )""")
 
 
+@migration
+def m003_segment_map(con: duckdb.DuckDBPyConnection) -> None:
+    # read / write / uncached per segment, run-length encoded ("r120w3u1"), for segment-map views of
+    # stored turns without re-simulating the session.
+    con.execute("ALTER TABLE turns ADD COLUMN segment_map TEXT")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 

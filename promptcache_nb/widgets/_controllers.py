@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ..analysis import compare_df
-from ..cache import get_cache_model
 from ..errors import KnowledgeError, SessionError
-from ..request import PreparedRequest, prepare
+from ..request import PreparedRequest
 from ..scenario import Scenario, load_scenario
 from ..usage import Usage
 from . import _html
@@ -36,15 +35,14 @@ def live_session(session: Session) -> Session:
     new one; views holding the old one follow it here instead of failing with "session was restarted".
     """
     lab = session._lab
-    return lab._open.get(session.id, session) if not lab.store.closed else session
+    if lab.store.closed:
+        return session
+    return lab.active_session(session.id) or session
 
 
 def pending_events(session: Session) -> tuple[str, ...]:
     """Event codes recorded since the last request (knowledge edits, tool changes…)."""
-    public = getattr(type(session), "pending_events", None)
-    if public is not None:
-        return tuple(session.pending_events)  # type: ignore[attr-defined]
-    return tuple(session._pending_events)
+    return session.pending_events
 
 
 def _row_dict(df: pd.DataFrame, index: int) -> dict[str, Any]:
@@ -263,15 +261,7 @@ class StepperController(_Observable):
         Measured (live/imported) turns have no per-segment states unless this view stepped them.
         """
         if index not in self._states:
-            s = self.session
-            df = s.turns()
-            if (df["usage_source"] == "simulated").all():
-                model = get_cache_model(s.cache, **s._cache_params)
-                store = s._lab.store
-                for idx, at in zip(df["idx"], df["at"], strict=True):
-                    req = prepare(store.turn_body(s.id, int(idx)))
-                    res = model.process(req, pd.Timestamp(at).to_pydatetime().astimezone(UTC))
-                    self._states.setdefault(int(idx), res.segment_states)
+            self._states[index] = self.session.turn(index).segment_states  # stored with the turn
         return self._states.get(index, ())
 
     def turns(self) -> pd.DataFrame:
