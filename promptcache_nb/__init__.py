@@ -5,6 +5,7 @@ The public API; everything else is internal. ``import promptcache_nb as pc``.
 
 from __future__ import annotations
 
+from . import analysis, plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from .analysis import Change, Observation, Prices, compare_df, efficiency, prices_for, summarize
 from .analysis.calibrate import Calibration, calibrate, load_calibration
 from .analysis.resimulate import compare_caches, resimulate
@@ -47,8 +48,6 @@ from .strategies import Strategy, StrategyContext, register_strategy, strategy_n
 from .tokens import CalibratedTokenizer, CharsTokenizer, HeuristicTokenizer, Tokenizer
 from .usage import Usage
 
-from . import plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
-
 __version__ = "0.1.0"
 
 
@@ -61,17 +60,76 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'promptcache_nb' has no attribute {name!r}")
 
 
-__all__ = sorted([
-    "APIConnectionError", "APIError", "AnthropicBackend", "AuthenticationError", "OverloadedError",
-    "RateLimitError", "SimulatorServer",
-    "Change", "Observation", "PrefixDiff", "diff",
-    "CalibratedTokenizer", "Calibration", "DeepSeekCache", "OpenAICache", "VLLMCache", "calibrate",
-    "compare_caches", "keep_warm", "load_calibration", "rebuilds", "resimulate", "ttl_whatif",
-    "CACHE_MODELS", "STRATEGIES", "Backend", "CacheModel", "CacheResult", "CharsTokenizer", "DirectSimulator",
-    "HeuristicTokenizer", "InvalidRequestError", "KnowledgeBook", "KnowledgeEntry", "KnowledgeError", "Lab",
-    "PreparedRequest", "PriceError", "Prices", "PromptCacheError", "Scenario", "ScenarioError", "Segment",
-    "Session", "SessionError", "StoreError", "StoreLockedError", "Strategy", "StrategyContext", "ToolCall",
-    "Tokenizer", "Turn", "UnknownCacheModelError", "UnknownModelError", "UnknownStrategyError", "Usage",
-    "cache_model_names", "canonical_bytes", "compare_df", "efficiency", "get_cache_model", "load_scenario",
-    "prepare", "prices_for", "register_cache_model", "register_strategy", "strategy_names", "summarize",
-])
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "AnthropicBackend",
+    "AuthenticationError",
+    "Backend",
+    "CACHE_MODELS",
+    "CacheModel",
+    "CacheResult",
+    "CalibratedTokenizer",
+    "Calibration",
+    "Change",
+    "CharsTokenizer",
+    "DeepSeekCache",
+    "DirectSimulator",
+    "HeuristicTokenizer",
+    "InvalidRequestError",
+    "KnowledgeBook",
+    "KnowledgeEntry",
+    "KnowledgeError",
+    "Lab",
+    "Observation",
+    "OpenAICache",
+    "OverloadedError",
+    "PrefixDiff",
+    "PreparedRequest",
+    "PriceError",
+    "Prices",
+    "PromptCacheError",
+    "RateLimitError",
+    "STRATEGIES",
+    "Scenario",
+    "ScenarioError",
+    "Segment",
+    "Session",
+    "SessionError",
+    "SimulatorServer",
+    "StoreError",
+    "StoreLockedError",
+    "Strategy",
+    "StrategyContext",
+    "Tokenizer",
+    "ToolCall",
+    "Turn",
+    "UnknownCacheModelError",
+    "UnknownModelError",
+    "UnknownStrategyError",
+    "Usage",
+    "VLLMCache",
+    "analysis",
+    "cache_model_names",
+    "calibrate",
+    "canonical_bytes",
+    "compare_caches",
+    "compare_df",
+    "diff",
+    "efficiency",
+    "get_cache_model",
+    "keep_warm",
+    "load_calibration",
+    "load_scenario",
+    "plots",
+    "prepare",
+    "prices_for",
+    "rebuilds",
+    "register_cache_model",
+    "register_strategy",
+    "resimulate",
+    "strategy_names",
+    "summarize",
+    "ttl_whatif",
+    "widgets",
+]

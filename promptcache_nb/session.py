@@ -18,7 +18,7 @@ import pandas as pd
 
 from . import analysis as _analysis
 from ._util import digest, parse_duration, utc
-from .analysis.prices import Prices, prices_for
+from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult, get_cache_model
 from .errors import APIError, InvalidRequestError, KnowledgeError, PromptCacheError, SessionError
 from .live import Backend, DirectSimulator
@@ -525,7 +525,7 @@ class Session:
         at: datetime,
         user_text: str | None,
     ) -> Turn:
-        lab, store = self._lab, self._lab.store
+        lab = self._lab
         idx = self._next_idx
         messages = self._messages + new_msgs
         # a copy the strategy may change: the big immutable parts (host prompt, tools) are shared

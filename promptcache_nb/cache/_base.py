@@ -51,7 +51,8 @@ class CacheModel(ABC):
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
         """Apply one request at time ``at`` (UTC) and return its usage (output_tokens unset)."""
 
-    def reset(self) -> None:  # pragma: no cover - overridden where there is state
+    @abstractmethod
+    def reset(self) -> None:
         """Forget every cached entry."""
 
     def validate_model(self, model: str) -> str:
