@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import promptcache_nb as pc
 from promptcache_nb.request import canonical_bytes, prepare
-from promptcache_nb.request.diff import common_prefix_length, compute_diff
+from promptcache_nb._util import common_prefix_length
+from promptcache_nb.request.diff import compute_diff
 
 WORDS = ("invoice proration ledger webhook retry settlement customer subscription dunning refund "
          "currency tax region audit export schema migration latency queue worker").split()

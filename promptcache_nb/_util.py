@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)\s*$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -51,3 +53,27 @@ def fmt_duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def common_prefix_length(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Length of the common prefix of two sequences (bytes, str, list), using C-level slice compares.
+
+    One forward pass in growing chunks, then a bisection inside the first unequal chunk: O(prefix)
+    element comparisons, with no per-element Python loop.
+    """
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, step = 0, 64
+    while True:  # find a chunk [lo, hi) that differs; a[:lo] == b[:lo] holds throughout
+        hi = min(n, lo + step)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, step = hi, step * 4
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

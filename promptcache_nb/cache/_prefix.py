@@ -22,11 +22,11 @@ cumulative token counts) run in C-level list operations.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Hashable, Sequence
-from itertools import accumulate
+from collections.abc import Hashable
 from operator import attrgetter
 from typing import Any
 
+from .._util import common_prefix_length
 from ..request import PreparedRequest
 from ..usage import Usage
 
@@ -34,24 +34,12 @@ segment_key = attrgetter("kind", "role", "content_hash")
 _tokens = attrgetter("tokens")
 
 
-def common_prefix_len(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the longest common prefix of two sequences (slice comparisons run in C)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+common_prefix_len = common_prefix_length  # the shared helper (C-level slice compares)
 
 
 def cumulative_tokens(request: PreparedRequest) -> list[int]:
-    """Estimated tokens through each segment (``PreparedRequest.cumulative_tokens`` without a Python loop)."""
-    return list(accumulate(map(_tokens, request.segments)))
+    """Estimated tokens through each segment (cached on the request)."""
+    return request.cumulative_tokens()
 
 
 class ChainInterner:

@@ -32,6 +32,7 @@ from itertools import compress
 from operator import attrgetter, itemgetter
 from typing import Any
 
+from .._util import common_prefix_length
 from ._canonical import PreparedRequest, SegmentMemo, canonical_bytes, canonical_json, prepare
 
 #: Top-level fields that never affect cache matching (ignored for the divergence, listed).
@@ -49,28 +50,6 @@ _EXCERPT_AFTER = 40
 
 # -- small helpers ------------------------------------------------------------------------------
 
-def common_prefix_length(a: Any, b: Any) -> int:
-    """Length of the common prefix of two sequences (bytes, str, list), using C-level slice compares.
-
-    One forward pass in growing chunks, then a bisection inside the first unequal chunk: O(prefix)
-    element comparisons, with no per-element Python loop.
-    """
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, step = 0, 64
-    while True:  # find a chunk [lo, hi) that differs; a[:lo] == b[:lo] holds throughout
-        hi = min(n, lo + step)
-        if a[lo:hi] != b[lo:hi]:
-            break
-        lo, step = hi, step * 4
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _short(value: Any, limit: int = 60) -> str:
