@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -39,7 +40,7 @@ from .scenario import (
 )
 from .store import Delta, KnowledgeEntry, Store
 from .strategies import DeltaTable, StrategyContext, get_strategy
-from .tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
+from .tokens import DEFAULT_TOKENIZER, CalibratedTokenizer, Tokenizer, segment_tokens
 from .usage import Usage
 
 COMPACTION_ACK = "Understood. I have the summary and will continue from it."
@@ -264,7 +265,9 @@ class Session:
         self._prices = Prices(**cfg["prices"]) if cfg.get("prices") else None
         self._step_gap = timedelta(seconds=cfg.get("step_seconds", 30))
         self._start = datetime.fromisoformat(cfg["start"])
-        self._memo = SegmentMemo(lab.tokenizer)
+        cal = cfg.get("calibration")
+        # an opted-in calibration scales every estimate of this session (ratio per text; README "Calibration")
+        self._memo = SegmentMemo(lab.tokenizer if not cal else CalibratedTokenizer(lab.tokenizer, SimpleNamespace(**cal)))
         self.knowledge = KnowledgeBook(self)
         self._closed = False
         self._load()
@@ -887,6 +890,7 @@ class Lab:
         cache_params: dict[str, Any] | None = None,
         strategy_params: dict[str, Any] | None = None,
         prices: Prices | None = None,
+        calibration: Any = None,
     ) -> Session:
         """Create a session, or resume one from the store with ``id=``.
 
@@ -899,6 +903,8 @@ class Lab:
             start: the session clock's first timestamp (UTC); later turns default to +``step``.
             backend: where requests go (default: the in-process simulator).
             prices: explicit prices for a model genai-prices does not know.
+            calibration: opt in to a token-estimate calibration: a ``pc.Calibration``, or ``"stored"`` for
+                the latest one saved in this Lab for ``model`` (``pc.calibrate(...).save(lab)``).
         """
         if id is not None:
             row = self.store.session_row(id)
@@ -922,7 +928,14 @@ class Lab:
         while self.store.session_row(session_id) is not None:
             n += 1
             session_id = f"s{n:03d}-{strat.name}"
+        if isinstance(calibration, str):
+            if calibration != "stored":
+                raise SessionError(f"calibration={calibration!r}: pass a pc.Calibration or 'stored'")
+            calibration = _analysis.load_calibration(self, model)
         config = {
+            "calibration": None if calibration is None else {
+                "model": calibration.model, "ratio": float(calibration.ratio),
+                "overhead": float(calibration.overhead)},
             "start": start.isoformat(), "step_seconds": parse_duration(step).total_seconds(),
             "cache_params": cache_params or {}, "strategy_params": strategy_params or {},
             "prices": None if prices is None else {k: getattr(prices, k) for k in

@@ -125,3 +125,23 @@ def test_calibrated_tokenizer_scales_texts_not_requests():
         plain = prepare(body(0))  # the default estimator
         t = s.record(body(0), at=T0)
         assert t.total_tokens > plain.total_tokens  # segment counts scale with the ratio
+
+
+def test_session_opts_in_to_a_stored_calibration(tmp_path):
+    import promptcache_nb as pc
+    from datetime import UTC, datetime
+
+    at = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+    db = tmp_path / "cal.duckdb"
+    with pc.Lab(db, progress=False) as lab:
+        plain = lab.session(system="You answer billing questions. " * 80, project="a")
+        base = plain.step("how do refunds work?", reply="within 30 days", at=at).total_tokens
+        pc.Calibration(model="claude-sonnet-4-5", ratio=1.25, overhead=40.0, n=10, mean_abs_error_pct=1.0,
+                       max_abs_error_pct=2.0, tokenizer=lab.tokenizer.name).save(lab)
+        cal_s = lab.session(system="You answer billing questions. " * 80, project="b", calibration="stored")
+        calibrated = cal_s.step("how do refunds work?", reply="within 30 days", at=at).total_tokens
+        assert 1.15 * base < calibrated < 1.35 * base
+        sid = cal_s.id
+    with pc.Lab(db, progress=False) as lab:  # the choice is stored with the session
+        again = lab.session(id=sid)
+        assert again.step("and chargebacks?", reply="see policy", at=at.replace(minute=1)).total_tokens > base
