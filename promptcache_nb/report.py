@@ -19,12 +19,40 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+REPORT_COLUMNS = {
+    "strategy": "strategy", "cache": "cache model", "requests": "requests", "cache_read_pct": "cache read %",
+    "efficiency": "efficiency vs ideal", "cache_read": "cache read", "cache_write": "cache write",
+    "uncached": "uncached", "breaks": "breaks", "cost_usd": "cost $", "cost_no_cache_usd": "no-cache $",
+    "saved_usd": "saved $",
+}
+
+
+def _format(summary: pd.DataFrame) -> pd.DataFrame:
+    """Readable strings: thousands separators, fixed decimals, friendly headers."""
+    out = pd.DataFrame()
+    for col, label in REPORT_COLUMNS.items():
+        if col not in summary:
+            continue
+        values = summary[col]
+        if col in ("cache_read", "cache_write", "uncached", "requests", "breaks"):
+            out[label] = [f"{int(v):,}" for v in values]
+        elif col == "efficiency":
+            out[label] = [f"{float(v):.3f}" for v in values]
+        elif col == "cache_read_pct":
+            out[label] = [f"{float(v):.1f}" for v in values]
+        elif col.endswith("_usd"):
+            out[label] = [f"{float(v):,.2f}" for v in values]
+        else:
+            out[label] = values.astype(str).tolist()
+    return out
+
+
 def write_report(path: str | Path, summary: pd.DataFrame, frames: dict[str, pd.DataFrame], *,
                  title: str, notes: list[str] | None = None) -> Path:
     """Write an HTML page with the summary table and two charts; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = summary.to_html(index=False, escape=True, float_format=lambda v: f"{v:,.4f}")
+    table = _format(summary).to_html(index=False, escape=True)
     notes_html = "".join(f"<li>{html.escape(n)}</li>" for n in (notes or []))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>

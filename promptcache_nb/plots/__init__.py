@@ -105,7 +105,8 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     ax.set_xticks(x, names, rotation=20, ha="right", fontsize="small")
     ax.set_ylabel("input tokens (sum)")
     ax.set_title("input tokens per strategy (label: efficiency vs ideal, cost)")
-    ax.margins(y=0.18)
+    top = float((read + write + uncached).max()) if len(names) else 1.0
+    ax.set_ylim(0, top * 1.3 or 1.0)  # room for the labels above the tallest bar
     ax.legend(loc="upper left", fontsize="small", frameon=False)
     return fig
 
