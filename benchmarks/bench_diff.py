@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 
 import promptcache_nb as pc
-from promptcache_nb.request import canonical_bytes, prepare
 from promptcache_nb._util import common_prefix_length
+from promptcache_nb.request import canonical_bytes, prepare
 from promptcache_nb.request.diff import compute_diff
 
 WORDS = ("invoice proration ledger webhook retry settlement customer subscription dunning refund "

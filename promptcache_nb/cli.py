@@ -47,8 +47,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         notes=[f"scenario: {scenario.path}", f"model: {scenario.model}", f"store: {db}"],
     )
     with pd.option_context("display.width", 160, "display.max_columns", 20):
-        print(f"\n{scenario.name}: {len(scenario.turns)} turns, {scenario.n_requests} requests, model {scenario.model}, "
-              f"cache model {args.cache}")
+        print(f"\n{scenario.name}: {len(scenario.turns)} turns, {scenario.n_requests} requests, "
+              f"model {scenario.model}, cache model {args.cache}")
         print("token figures: simulated (estimated tokens); efficiency = Σ cache_read / Σ ideal_cache_read\n")
         print(summary[DISPLAY_COLUMNS].to_string(index=False))
     print(f"\nwrote {db} and {report} in {elapsed:.1f} s")

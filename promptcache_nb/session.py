@@ -43,6 +43,7 @@ from .strategies import DeltaTable, StrategyContext, get_strategy
 from .tokens import DEFAULT_TOKENIZER, CalibratedTokenizer, Tokenizer, segment_tokens
 from .usage import Usage
 
+COMPACTION_HEADER = "Summary of the conversation so far:\n\n"
 COMPACTION_ACK = "Understood. I have the summary and will continue from it."
 
 # Columns of s.turns(): everything a notebook user wants, JSON blobs left in SQL.
@@ -267,7 +268,8 @@ class Session:
         self._start = datetime.fromisoformat(cfg["start"])
         cal = cfg.get("calibration")
         # an opted-in calibration scales every estimate of this session (ratio per text; README "Calibration")
-        self._memo = SegmentMemo(lab.tokenizer if not cal else CalibratedTokenizer(lab.tokenizer, SimpleNamespace(**cal)))
+        tokenizer = lab.tokenizer if not cal else CalibratedTokenizer(lab.tokenizer, SimpleNamespace(**cal))
+        self._memo = SegmentMemo(tokenizer)
         self.knowledge = KnowledgeBook(self)
         self._closed = False
         self._load()
@@ -416,7 +418,7 @@ class Session:
         self._check_open()
         store = self._lab.store
         msgs = [
-            {"role": "user", "content": [{"type": "text", "text": f"Summary of the conversation so far:\n\n{summary}"}]},
+            {"role": "user", "content": [{"type": "text", "text": COMPACTION_HEADER + summary}]},
             {"role": "assistant", "content": [{"type": "text", "text": COMPACTION_ACK}]},
         ]
         store.con.begin()
@@ -872,7 +874,8 @@ class Lab:
         return self.store.sql(query, params)
 
     def sessions(self) -> pd.DataFrame:
-        return self.sql("SELECT id, project_id, strategy, cache_model, model, created_at FROM sessions ORDER BY created_at, id")
+        return self.sql(
+            "SELECT id, project_id, strategy, cache_model, model, created_at FROM sessions ORDER BY created_at, id")
 
     def session(
         self,

@@ -128,8 +128,9 @@ def test_calibrated_tokenizer_scales_texts_not_requests():
 
 
 def test_session_opts_in_to_a_stored_calibration(tmp_path):
-    import promptcache_nb as pc
     from datetime import UTC, datetime
+
+    import promptcache_nb as pc
 
     at = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
     db = tmp_path / "cal.duckdb"

@@ -15,7 +15,8 @@ SUMMARY_COLUMNS = [
 
 def efficiency(df: pd.DataFrame) -> float:
     """Σ cache_read / Σ ideal_cache_read — one line of pandas, kept here to name it."""
-    return float(df.cache_read_input_tokens.sum() / df.ideal_cache_read.sum()) if df.ideal_cache_read.sum() else float("nan")
+    ideal = df.ideal_cache_read.sum()
+    return float(df.cache_read_input_tokens.sum() / ideal) if ideal else float("nan")
 
 
 def summarize(df: pd.DataFrame) -> dict[str, Any]:

@@ -195,7 +195,8 @@ def prepare(
         if cached is not None:
             # the same history object at the same position: reuse its Segment (the common case)
             seg = cached.get(id(element))
-            if seg is not None and seg.element is element and seg.path == path and seg.kind == kind and seg.role == role:
+            if (seg is not None and seg.element is element and seg.path == path and seg.kind == kind
+                    and seg.role == role):
                 segs.append(seg)
                 return
         chash, bhash, cc, nbytes = memo.hashes(element, trusted=trusted)

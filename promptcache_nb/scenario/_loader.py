@@ -186,7 +186,8 @@ def _host_prompt(ctx: _Ctx, doc: _Map, p: Path) -> str:
         try:
             return (p.parent / rel).read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise ctx.fail(doc, "host_prompt_file", f"{rel} not found next to the scenario", "host_prompt_file") from None
+            raise ctx.fail(doc, "host_prompt_file", f"{rel} not found next to the scenario",
+                           "host_prompt_file") from None
     return ctx.text(doc, "host_prompt", "host_prompt")
 
 
@@ -247,8 +248,10 @@ def _turn(ctx: _Ctx, node: Any, i: int, keys: set[str]) -> ScenarioTurn:
         inp = c.get("input", {})
         if not isinstance(inp, dict):
             raise ctx.fail(c, f"{cf}.input", "must be a mapping", "input")
-        calls.append(ToolCall(ctx.text(c, "name", f"{cf}.name"), _plain(inp), ctx.text(c, "result", f"{cf}.result"),
-                              bool(c.get("is_error", False)), ctx.duration(c, "after", f"{cf}.after", timedelta(seconds=4))))
+        calls.append(ToolCall(
+            ctx.text(c, "name", f"{cf}.name"), _plain(inp), ctx.text(c, "result", f"{cf}.result"),
+            bool(c.get("is_error", False)), ctx.duration(c, "after", f"{cf}.after", timedelta(seconds=4)),
+        ))
     return ScenarioTurn(
         user=ctx.text(node, "user", f"{f}.user"),
         reply=ctx.text(node, "reply", f"{f}.reply"),
@@ -306,7 +309,8 @@ def _event(ctx: _Ctx, e: Any, f: str, keys: set[str]) -> Event:
         return ToolsChange(
             add=tuple(_tool(ctx, t, f"{f}.tools.add[{i}]") for i, t in enumerate(body.get("add") or ())),
             remove=tuple(str(n) for n in body.get("remove") or ()),
-            replace=None if replace is None else tuple(_tool(ctx, t, f"{f}.tools.replace[{i}]") for i, t in enumerate(replace)),
+            replace=None if replace is None
+            else tuple(_tool(ctx, t, f"{f}.tools.replace[{i}]") for i, t in enumerate(replace)),
         )
     if kind == "host_prompt_edit":
         if "text" not in body and "append" not in body:

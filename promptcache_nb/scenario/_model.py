@@ -71,7 +71,9 @@ class Restart:
     code = "restart"
 
 
-Event = KnowledgeAdd | KnowledgeUpdate | KnowledgeRemove | ToolsChange | ModelSwitch | HostPromptEdit | Compaction | Restart
+Event = (
+    KnowledgeAdd | KnowledgeUpdate | KnowledgeRemove | ToolsChange | ModelSwitch | HostPromptEdit | Compaction | Restart
+)
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ class Store:
             # per-table block granularity. Applies to new files only; existing files keep theirs.
             # zstd for the string columns at checkpoint: request bodies are repetitive JSON (a debug-level
             # DuckDB setting, but a documented one; reading is unaffected).
-            self.con = duckdb.connect(self.path, config={"default_block_size": str(BLOCK_SIZE), "force_compression": "zstd"})
+            config = {"default_block_size": str(BLOCK_SIZE), "force_compression": "zstd"}
+            self.con = duckdb.connect(self.path, config=config)
         except duckdb.IOException as exc:
             m = _LOCK.search(str(exc))
             if m or "lock" in str(exc).lower():
