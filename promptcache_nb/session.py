@@ -234,13 +234,8 @@ class KnowledgeBook:
 
     def _write(self, entry: KnowledgeEntry) -> None:
         store = self._store
-        store.con.begin()
-        try:
+        with store.transaction():
             store.write_knowledge(entry)
-            store.con.commit()
-        except BaseException:
-            store.con.rollback()
-            raise
         self._s._lab._knowledge_cache.pop(entry.project_id, None)
 
     def __repr__(self) -> str:
@@ -364,13 +359,8 @@ class Session:
         self._state["extra"]["_pending_events"] = list(self._pending_events)
         self._state_written = None
         store = self._lab.store
-        store.con.begin()
-        try:
+        with store.transaction():
             store.write_state(self.id, self._state, self._clock_now())
-            store.con.commit()
-        except BaseException:
-            store.con.rollback()
-            raise
 
     # -- the cache model ----------------------------------------------------------------------
     def _cache(self) -> CacheModel:
@@ -421,20 +411,11 @@ class Session:
             {"role": "user", "content": [{"type": "text", "text": COMPACTION_HEADER + summary}]},
             {"role": "assistant", "content": [{"type": "text", "text": COMPACTION_ACK}]},
         ]
-        store.con.begin()
-        store._pending_known = {}
-        try:
+        with store.transaction():
             store.con.execute(
                 "UPDATE session_messages SET compacted = true WHERE session_id = ?", [self.id]
             ).fetchall()
             store.write_messages(self.id, self._next_idx, [(self._msg_seq, msgs[0]), (self._msg_seq + 1, msgs[1])])
-            store.con.commit()
-        except BaseException:
-            store.con.rollback()
-            store._pending_known = {}
-            raise
-        store._known_blocks.update(store._pending_known)
-        store._pending_known = {}
         self._messages = msgs
         self._msg_seq += 2
         self._note_event("compaction")
@@ -495,21 +476,40 @@ class Session:
         self._check_open()
         at = self._next_at(at)
         calls = [_as_call(c) for c in tool_calls]
-        new_msgs = [{"role": "user", "content": [{"type": "text", "text": user}]}]
-        user_text: str | None = user
-        for call in calls:
-            tool_id = "toolu_" + digest(f"{self.id}/{self._next_idx}".encode(), tag="tool")[:24]
-            use = {"role": "assistant", "content": [
-                {"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]}
-            self._request(new_msgs, use, at=at, user_text=user_text)
-            result_block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_id, "content": call.result}
-            if call.is_error:
-                result_block["is_error"] = True
-            new_msgs = [{"role": "user", "content": [result_block]}]
-            user_text = None
-            at = at + call.after
-        final = None if reply is None else {"role": "assistant", "content": [{"type": "text", "text": reply}]}
-        return self._request(new_msgs, final, at=at, user_text=user_text)
+        snapshot = self._snapshot()
+        try:
+            # a user turn and its tool loop are one transaction: all of its requests are stored, or none
+            with self._lab.store.transaction():
+                new_msgs = [{"role": "user", "content": [{"type": "text", "text": user}]}]
+                user_text: str | None = user
+                for call in calls:
+                    tool_id = "toolu_" + digest(f"{self.id}/{self._next_idx}".encode(), tag="tool")[:24]
+                    use = {"role": "assistant", "content": [
+                        {"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]}
+                    self._request(new_msgs, use, at=at, user_text=user_text)
+                    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_id, "content": call.result}
+                    if call.is_error:
+                        result["is_error"] = True
+                    new_msgs = [{"role": "user", "content": [result]}]
+                    user_text = None
+                    at = at + call.after
+                final = None if reply is None else {"role": "assistant", "content": [{"type": "text", "text": reply}]}
+                return self._request(new_msgs, final, at=at, user_text=user_text)
+        except BaseException:
+            self._restore(snapshot)
+            raise
+
+    def _snapshot(self) -> tuple:
+        return (self._messages, self._msg_seq, self._state, self._state_written, self._deltas, self._prev,
+                self._prev_at, self._prev_keys, self._prev_nodes, self._prev_obs, self._next_idx,
+                list(self._pending_events))
+
+    def _restore(self, snapshot: tuple) -> None:
+        """Back to the in-memory state before a failed step (the store rolled back with it)."""
+        (self._messages, self._msg_seq, self._state, self._state_written, self._deltas, self._prev,
+         self._prev_at, self._prev_keys, self._prev_nodes, self._prev_obs, self._next_idx,
+         self._pending_events) = snapshot
+        self._cache_ready = False  # the simulated provider cache saw requests that were not stored
 
     def _next_at(self, at: datetime | None) -> datetime:
         if at is None:
@@ -947,18 +947,13 @@ class Lab:
         }
         state = {"host_prompt": system, "tools": list(tools or []), "model": model, "extra": {}}
         store = self.store
-        store.con.begin()
-        try:
+        with store.transaction():
             store.ensure_project(project, start)
             store.con.execute(
                 "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [session_id, project, strat.name, cache_model.name, model, start, canonical_json(config)],
             ).fetchall()
             store.write_state(session_id, state, start)
-            store.con.commit()
-        except BaseException:
-            store.con.rollback()
-            raise
         s = Session(self, store.session_row(session_id), backend=backend)
         self._open[session_id] = s
         return s
@@ -1001,8 +996,7 @@ class Lab:
         Returns the number of sessions moved. Knowledge stays with its project (Lore's moveSessions).
         """
         store = self.store
-        store.con.begin()
-        try:
+        with store.transaction():
             store.ensure_project(to_project, datetime.now(UTC))
             n = store.con.execute(
                 "SELECT count(*) FROM sessions WHERE project_id = ?", [from_project]).fetchall()[0][0]
@@ -1013,10 +1007,6 @@ class Lab:
                 "(SELECT id FROM sessions WHERE project_id = ?) AND project_id = ?",
                 [to_project, to_project, from_project],
             ).fetchall()
-            store.con.commit()
-        except BaseException:
-            store.con.rollback()
-            raise
         for s in self._open.values():
             if s.project == from_project:
                 s.project = to_project

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 import promptcache_nb as pc
-from promptcache_nb._util import digest
 from promptcache_nb.live import Backend, DirectSimulator
 from promptcache_nb.request import canonical_bytes
 
@@ -51,32 +50,6 @@ class Recorder(Backend):
         return response
 
 
-def resume_turn(s: pc.Session, turn, done: int, at: datetime) -> pc.Turn:
-    """Finish a turn whose first ``done`` requests were sent before the process died.
-
-    Mirrors ``Session.step``: the stored history ends with the assistant's ``tool_use`` for call
-    ``done - 1``; each remaining request sends the previous call's result.
-    """
-    calls = turn.tool_calls
-    for call in calls[:done]:
-        at = at + call.after
-    tool_id = s.messages[-1]["content"][-1]["id"]
-    for c in range(done, len(calls) + 1):
-        result = {"type": "tool_result", "tool_use_id": tool_id, "content": calls[c - 1].result}
-        if calls[c - 1].is_error:
-            result["is_error"] = True
-        new_msgs = [{"role": "user", "content": [result]}]
-        if c == len(calls):
-            final = {"role": "assistant", "content": [{"type": "text", "text": turn.reply}]}
-            return s._request(new_msgs, final, at=at, user_text=None)
-        tool_id = "toolu_" + digest(f"{s.id}/{s.n_turns}".encode(), tag="tool")[:24]
-        use = {"role": "assistant", "content": [
-            {"type": "tool_use", "id": tool_id, "name": calls[c].name, "input": calls[c].input}]}
-        s._request(new_msgs, use, at=at, user_text=None)
-        at = at + calls[c].after
-    raise AssertionError("unreachable")
-
-
 def continue_replay(s, sc, backend, *, start, stop, at, plan, events_done=False):
     """``Lab.replay``'s loop from turn ``start``, restarting where ``plan`` says."""
     for i in range(start, stop):
@@ -94,11 +67,21 @@ def continue_replay(s, sc, backend, *, start, stop, at, plan, events_done=False)
         if crash is None:
             t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
         else:
-            backend.crash_at = len(backend.bodies) + crash
+            # The process dies inside the tool loop, after `crash` requests went out. A user turn is one
+            # transaction, so none of it is stored: the resumed session sends the whole turn again, and
+            # every request of it is byte-identical to what was sent before the crash.
+            before = len(backend.bodies)
+            stored = s.n_turns
+            backend.crash_at = before + crash
             with pytest.raises(SimulatedCrash):
                 s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+            sent_before_crash = backend.bodies[before:]
+            assert len(sent_before_crash) == crash
+            del backend.bodies[before:]
             s = s.restart()
-            t = resume_turn(s, turn, crash, at)
+            assert s.n_turns == stored  # nothing of the interrupted turn was kept
+            t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+            assert backend.bodies[before:before + crash] == sent_before_crash
         at = t.at
     return s, at
 
@@ -155,7 +138,8 @@ def _points(scenario):
     starts = _starts(scenario)
     return [
         ("after_knowledge_add", 4, "events", None, starts[4], 7),  # then a 4-call loop
-        ("inside_tool_loop", 6, "crash", 2, starts[6] + 2, 8),  # the turn-4 delta is in the store
+        # a crash after 2 requests of turn 6's tool loop: the turn is resent whole, byte-identical
+        ("inside_tool_loop", 6, "crash", 2, starts[6], 8),
     ]
 
 
@@ -170,7 +154,9 @@ def child_main(jobs: list[dict]) -> None:
             at = datetime.fromisoformat(job["at"])
             i = job["turn"]
             if job["kind"] == "crash":
-                t = resume_turn(s, sc.turns[i], job["crash"], at)
+                assert s.n_turns == job["stored"]  # the interrupted turn left nothing in the store
+                turn = sc.turns[i]
+                t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
                 continue_replay(s, sc, rec, start=i + 1, stop=job["stop"], at=t.at, plan={})
             else:  # the turn's events were applied before the Lab was closed
                 back = at - sc.turns[i].after
@@ -197,8 +183,9 @@ def test_reopen_in_a_new_process_is_byte_identical(tmp_path, scenario, reference
                     rec.crash_at = len(rec.bodies) + crash
                     with pytest.raises(SimulatedCrash):
                         s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+                stored = s.n_turns
             jobs.append({"db": str(db), "sid": sid, "kind": kind, "crash": crash, "turn": stop_after,
-                         "at": at.isoformat(), "stop": last_turn})
+                         "at": at.isoformat(), "stop": last_turn, "stored": stored})
             end = sum(1 + len(t.tool_calls) for t in scenario.turns[:last_turn])
             wanted.append((name, label, [hashlib.sha256(b).hexdigest() for b in expected[first:end]]))
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_restarts as t; "

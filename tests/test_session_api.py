@@ -184,3 +184,47 @@ with pc.Lab({str(db)!r}, progress=False) as lab:
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True).stdout
     assert out == expected
+
+
+class FlakyBackend(pc.DirectSimulator):
+    """Fails the n-th send once (a 529 in the middle of a tool loop)."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at, self.sent = fail_at, 0
+
+    def send(self, request, *, at, cache):
+        self.sent += 1
+        if self.sent == self.fail_at:
+            raise RuntimeError("injected failure")
+        return super().send(request, at=at, cache=cache)
+
+
+def _loop_turns(s):
+    s.step("hi", reply="hello", at=T0)
+    return s.step("find both", reply="done", at=T0 + timedelta(seconds=30), tool_calls=[
+        {"name": "lookup_account", "input": {"id": "a1"}, "result": "one"},
+        {"name": "lookup_account", "input": {"id": "a2"}, "result": "two"},
+    ])
+
+
+def test_a_failed_tool_loop_stores_nothing_and_can_be_retried():
+    with pc.Lab(progress=False) as lab:
+        clean = lab.session(system=HOST, tools=TOOLS, project="clean")
+        expected = _loop_turns(clean).body
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(system=HOST, tools=TOOLS, project="clean", backend=FlakyBackend(fail_at=3))
+        s.step("hi", reply="hello", at=T0)
+        before = {t: lab.sql(f"select count(*) n from {t}").n[0] for t in ("turns", "session_messages", "blocks")}
+        with pytest.raises(RuntimeError, match="injected"):
+            s.step("find both", reply="done", at=T0 + timedelta(seconds=30), tool_calls=[
+                {"name": "lookup_account", "input": {"id": "a1"}, "result": "one"},
+                {"name": "lookup_account", "input": {"id": "a2"}, "result": "two"},
+            ])
+        after = {t: lab.sql(f"select count(*) n from {t}").n[0] for t in ("turns", "session_messages", "blocks")}
+        assert before == after and s.n_turns == 1
+        assert [m["role"] for m in s.messages] == ["user", "assistant"]
+        t = s.step("find both", reply="done", at=T0 + timedelta(seconds=30), tool_calls=[
+            {"name": "lookup_account", "input": {"id": "a1"}, "result": "one"},
+            {"name": "lookup_account", "input": {"id": "a2"}, "result": "two"},
+        ])
+        assert t.index == 3 and t.body == expected

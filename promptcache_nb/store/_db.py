@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -99,8 +101,43 @@ class Store:
         self._known_blocks: set[str] = {r[0] for r in self.con.execute("SELECT hash FROM blocks").fetchall()}
         self._known_nodes: set[str] = {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()}
         self._pending_known: dict[str, tuple] = {}
+        self._pending_nodes: set[str] = set()
+        self._tx_depth = 0
 
     # -- plumbing -----------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One DuckDB transaction; nested uses join the outer one (a tool loop's requests commit together).
+
+        Content-addressed rows written inside become "known" only when the outermost transaction commits,
+        so a rollback never leaves the in-memory dedup sets ahead of the file.
+        """
+        if self.con is None:
+            raise StoreError("the Lab is closed; open it again with pc.Lab(path)")
+        if self._tx_depth:
+            self._tx_depth += 1
+            try:
+                yield
+            finally:
+                self._tx_depth -= 1
+            return
+        self.con.begin()
+        self._tx_depth = 1
+        self._pending_known = {}
+        self._pending_nodes: set[str] = set()
+        try:
+            yield
+            self.con.commit()
+        except BaseException:
+            self.con.rollback()
+            self._pending_known, self._pending_nodes = {}, set()  # nothing of this transaction exists
+            raise
+        finally:
+            self._tx_depth = 0
+        self._known_blocks.update(self._pending_known)
+        self._known_nodes.update(self._pending_nodes)
+        self._pending_known, self._pending_nodes = {}, set()
+
     def close(self) -> None:
         if self.con is not None:
             self.con.close()
@@ -282,7 +319,7 @@ class Store:
     def write_messages(self, session_id: str, turn_idx: int, messages: list[tuple[int, dict]],
                        extra_blocks: list[tuple] = ()) -> None:
         """Append conversation messages (inside the caller's transaction), with their new blocks."""
-        pending: dict[str, tuple] = {r[0]: r for r in extra_blocks}
+        pending: dict[str, tuple] = {r[0]: r for r in extra_blocks if r[0] not in self._pending_known}
         rows = [(session_id, seq, turn_idx, self.message_ref(m, pending), False) for seq, m in messages]
         self._insert("blocks", list(pending.values()))
         self._pending_known.update(pending)
@@ -355,9 +392,7 @@ class Store:
     ) -> None:
         """Write one request and everything it changed in one transaction; nothing on failure."""
         con = self.con
-        con.begin()
-        self._pending_known = {}
-        try:
+        with self.transaction():
             for e in knowledge_rows:
                 self.write_knowledge(e)
             if compact_before is not None:
@@ -367,7 +402,9 @@ class Store:
                 ).fetchall()
             # request blocks and the messages' new blocks go in one insert
             self.write_messages(turn_row["session_id"], turn_row["idx"], messages, block_rows)
+            node_rows = [r for r in node_rows if r[0] not in self._pending_nodes]
             self._insert("prefix_nodes", node_rows)
+            self._pending_nodes.update(r[0] for r in node_rows)
             for op, seq, selector, content in delta_ops:
                 if op == "delete":
                     con.execute(
@@ -387,15 +424,6 @@ class Store:
                 f"INSERT INTO turns ({quoted}) VALUES ({', '.join('?' * len(cols))})",
                 [turn_row[c] for c in cols],
             ).fetchall()
-            con.commit()
-        except BaseException:
-            con.rollback()
-            self._pending_known = {}  # nothing of this transaction exists
-            raise
-        self._known_blocks.update(r[0] for r in block_rows)
-        self._known_blocks.update(self._pending_known)
-        self._pending_known = {}
-        self._known_nodes.update(r[0] for r in node_rows)
 
     def turn_body(self, session_id: str, idx: int) -> dict[str, Any]:
         """Rebuild a turn's exact request body from ``blocks`` + ``prefix_nodes`` + ``turns``."""
