@@ -344,3 +344,27 @@ def test_a_model_switch_shows_the_field_not_a_segment(lab):
     dv = pc.widgets.DiffView.for_turns(t, previous=s.turn(0))
     assert dv.path == "model"
     assert "model (top-level field)" in dv.html and "claude-haiku-4-5" in dv.html
+
+
+def test_a_failed_next_turn_does_not_apply_its_events_twice(lab):
+    class FailOnce(pc.DirectSimulator):
+        armed = False
+
+        def send(self, request, *, at, cache):
+            if self.armed:
+                self.armed = False
+                raise pc.OverloadedError("Overloaded")
+            return super().send(request, at=at, cache=cache)
+
+    sc = _scenario()
+    backend = FailOnce()
+    ctl = StepperController(lab.replay(sc, stop_after=0, backend=backend), sc)
+    ctl.next()
+    ctl.next()
+    versions = ctl.session.knowledge.df().set_index("key").version.to_dict()
+    backend.armed = True
+    with pytest.raises(pc.OverloadedError):
+        ctl.next()  # turn 2: its knowledge update is applied, then the request fails
+    t = ctl.next()  # the retry sends the turn without re-applying the update
+    assert ctl.session.knowledge.df().set_index("key").version.to_dict()["refunds"] == versions["refunds"] + 1
+    assert sum(e.startswith("knowledge_update:") for e in t.events) == 1

@@ -149,6 +149,7 @@ class StepperController(_Observable):
             scenario = load_scenario(scenario)
         self.scenario: Scenario | None = scenario
         self.position = scenario_position(scenario, session.n_turns) if scenario is not None else 0
+        self._events_applied_for: int | None = None  # scenario turn whose events are already applied
         n = session.n_turns
         self.current: int | None = n - 1 if n else None
         self._states: dict[int, tuple[str, ...]] = {}
@@ -199,8 +200,11 @@ class StepperController(_Observable):
             turn = self.scenario.turns[self.position]
             last = s.last_turn
             at = self.scenario.start if last is None else last.at + turn.after
-            for event in turn.events:
-                s = s.apply(event, at=at)
+            # events are committed when applied; a retry after a failed step must not apply them twice
+            if self._events_applied_for != self.position:
+                for event in turn.events:
+                    s = s.apply(event, at=at)
+                self._events_applied_for = self.position
             self._session = s
             t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
             self.position += 1
