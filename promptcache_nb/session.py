@@ -98,7 +98,7 @@ class Turn:
         self.session_id = session_id
         self.index = index
         self.at = at
-        self.request = request
+        self._request = request
         self.usage = usage
         self.ideal_cache_read = ideal_cache_read
         self.total_tokens = total_tokens
@@ -107,7 +107,7 @@ class Turn:
         self.cache_reason = cache_reason
         self.cache_detail = cache_detail or {}
         self.events = events
-        self.reply = reply
+        self.reply = copy.deepcopy(reply)  # never the history's own objects
         self.request_id = request_id
         self.cache_result = cache_result
         self.diff = diff
@@ -118,16 +118,24 @@ class Turn:
         self._segment_states = segment_states
 
     @property
+    def request(self) -> dict[str, Any]:
+        """The exact Messages body (a private copy: editing it changes neither the store nor history)."""
+        copy_ = self.__dict__.get("_request_copy")
+        if copy_ is None:
+            copy_ = self.__dict__["_request_copy"] = copy.deepcopy(self._request)
+        return copy_
+
+    @property
     def body(self) -> bytes:
         """The canonical bytes of the request (sorted keys, compact, UTF-8)."""
         if self._body is None:
-            self._body = canonical_bytes(self.request)
+            self._body = canonical_bytes(self._request)
         return self._body
 
     @property
     def prepared(self) -> PreparedRequest:
         if self._prepared is None:
-            self._prepared = prepare(self.request)
+            self._prepared = prepare(self._request)
         return self._prepared
 
     @property
@@ -180,9 +188,10 @@ class KnowledgeBook:
 
     def id_for(self, key: str) -> str:
         """The entry id of a scenario key."""
-        for e in self._store.knowledge(self._s.project, include_deleted=True):
-            if e.key == key:
-                return e.id
+        # a removed key may be added again: prefer the live entry, then the most recently updated
+        matches = [e for e in self._store.knowledge(self._s.project, include_deleted=True) if e.key == key]
+        if matches:
+            return max(matches, key=lambda e: (not e.deleted, e.updated_at, e.version)).id
         raise KnowledgeError(f"no knowledge entry with key {key!r} in project {self._s.project!r}")
 
     def add(self, title: str, content: str, *, category: str = "note", key: str | None = None,
@@ -592,8 +601,12 @@ class Session:
         content = None
         try:
             if given_usage is not None:
-                cache_result = cache.process(prepared, at)
-                usage = given_usage
+                usage = given_usage  # measured figures are authoritative; the cache model only predicts
+                try:
+                    cache_result = cache.process(prepared, at)
+                except PromptCacheError:
+                    cache_result = None  # e.g. a model the cache model's table lacks
+                    self._cache_ready = False
             else:
                 resp = self.backend.send(prepared, at=at, cache=cache)
                 usage, cache_result, request_id = resp.usage, resp.cache_result, resp.request_id
@@ -997,9 +1010,11 @@ class Lab:
         """
         store = self.store
         with store.transaction():
-            store.ensure_project(to_project, datetime.now(UTC))
-            n = store.con.execute(
-                "SELECT count(*) FROM sessions WHERE project_id = ?", [from_project]).fetchall()[0][0]
+            n, first = store.one("SELECT count(*), min(created_at) FROM sessions WHERE project_id = ?",
+                                 [from_project])
+            if n == 0:
+                return 0
+            store.ensure_project(to_project, first)  # the sessions' own clock, never the wall clock
             store.con.execute("UPDATE sessions SET project_id = ? WHERE project_id = ?",
                               [to_project, from_project]).fetchall()
             store.con.execute(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -228,3 +229,78 @@ def test_a_failed_tool_loop_stores_nothing_and_can_be_retried():
             {"name": "lookup_account", "input": {"id": "a2"}, "result": "two"},
         ])
         assert t.index == 3 and t.body == expected
+
+
+def test_second_lab_on_the_same_file_in_one_process_is_refused(tmp_path):
+    db = tmp_path / "one.duckdb"
+    lab = pc.Lab(db, progress=False)
+    try:
+        with pytest.raises(pc.StoreLockedError, match="another pc.Lab in this process"):
+            pc.Lab(db, progress=False)
+    finally:
+        lab.close()
+    pc.Lab(db, progress=False).close()  # fine once the first is closed
+
+
+def test_closed_lab_says_so():
+    lab = pc.Lab(progress=False)
+    s = lab.session()
+    lab.close()
+    for call in (lambda: lab.session(), lambda: lab.sql("select 1"), lambda: lab.session(id=s.id),
+                 lambda: lab.move_sessions("default", "x")):
+        with pytest.raises(pc.StoreError, match="closed"):
+            call()
+    with pytest.raises(pc.SessionError, match="closed"):
+        s.step("x", reply="y")
+
+
+def test_move_sessions_of_an_empty_project_changes_nothing():
+    with pc.Lab(progress=False) as lab:
+        lab.session(project="a")
+        assert lab.move_sessions("nope", "b") == 0
+        assert lab.sql("select id from projects order by id").id.tolist() == ["a"]
+
+
+def test_removed_key_added_again_resolves_to_the_live_entry(tmp_path):
+    p = tmp_path / "readd.yaml"
+    p.write_text(
+        "model: claude-sonnet-4-5\nhost_prompt: You help.\nknowledge:\n  - {key: k, title: Same, content: one}\n"
+        "turns:\n  - {user: a, reply: b}\n  - user: c\n    reply: d\n    events: [{knowledge_remove: {key: k}}]\n"
+        "  - user: e\n    reply: f\n    events: [{knowledge_add: {key: k, title: Same, content: two}}]\n"
+        "  - user: g\n    reply: h\n    events: [{knowledge_update: {key: k, content: three}}]\n")
+    with pc.Lab(progress=False) as lab:
+        s = lab.replay(pc.load_scenario(p))
+        assert [e.content for e in s.knowledge.list()] == ["three"]
+
+
+@pytest.mark.parametrize(("body", "where"), [
+    ({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}]},
+     "messages[0].content"),
+    ({"model": "claude-sonnet-4-5", "tools": None, "messages": []}, "tools"),
+    ({"model": "claude-sonnet-4-5", "system": {"text": "x"}, "messages": []}, "system"),
+    ({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+])
+def test_record_rejects_shapes_the_api_rejects(body, where):
+    with pc.Lab(progress=False) as lab:
+        s = lab.session()
+        with pytest.raises(pc.SessionError, match=rf"turn 0: {re.escape(where)}"):
+            s.record(body, at=T0)
+        assert lab.sql("select count(*) n from turns").n[0] == 0
+
+
+def test_editing_a_turns_request_changes_nothing_else():
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(system=HOST)
+        t = s.step("What is my balance?", reply="$0", at=T0)
+        t.request["messages"][0]["content"][0]["text"] = "EDITED"
+        t.reply[0]["text"] = "EDITED"
+        t2 = s.step("next", reply="ok", at=T0 + timedelta(seconds=5))
+        assert b"EDITED" not in t2.body and b"EDITED" not in s.turn(0).body
+
+
+def test_imported_usage_for_a_model_the_simulator_lacks():
+    with pc.Lab(progress=False) as lab:
+        s = lab.session()
+        t = s.record({"model": "claude-2.1", "messages": [{"role": "user", "content": "hi"}]}, at=T0,
+                     usage={"input_tokens": 12, "output_tokens": 3})
+        assert t.usage.source == "imported" and t.cache_reason is None

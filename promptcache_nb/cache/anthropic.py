@@ -50,6 +50,8 @@ MIN_CACHEABLE_TOKENS: dict[str, int] = {
     "claude-sonnet-4-5": 1024,
     "claude-sonnet-4": 1024,
     "claude-3-7-sonnet": 1024,
+    "claude-3-5-sonnet": 1024,  # [A1]
+    "claude-3-opus": 1024,  # [A1]
     "claude-haiku-4-5": 4096,
     "claude-3-5-haiku": 2048,
     "claude-3-haiku": 2048,

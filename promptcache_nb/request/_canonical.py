@@ -160,8 +160,16 @@ class PreparedRequest:
 
 
 def _check_body(body: dict[str, Any]) -> None:
+    """Reject shapes the Messages API rejects (and that could not round-trip byte for byte)."""
     if not isinstance(body, dict):
         raise TypeError(f"request body must be a dict, got {type(body).__name__}")
+    if "tools" in body and not isinstance(body["tools"], list):
+        raise ValueError("tools: must be a list of tool definitions (omit the key for none)")
+    if "system" in body and not isinstance(body["system"], str | list):
+        raise ValueError("system: must be a string or a list of text blocks (omit the key for none)")
+    for i, block in enumerate(body.get("system") if isinstance(body.get("system"), list) else ()):
+        if not isinstance(block, dict):
+            raise ValueError(f"system[{i}]: must be a content block object")
     messages = body.get("messages", [])
     if not isinstance(messages, list):
         raise ValueError("messages: must be a list")
@@ -171,6 +179,12 @@ def _check_body(body: dict[str, Any]) -> None:
         extra = set(m) - {"role", "content"}
         if extra:
             raise ValueError(f"messages[{i}]: unsupported keys {sorted(extra)}")
+        content = m["content"]
+        if not isinstance(content, str | list):
+            raise ValueError(f"messages[{i}].content: must be a string or a list of content blocks")
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(block, dict):
+                raise ValueError(f"messages[{i}].content[{j}]: must be a content block object")
 
 
 def prepare(

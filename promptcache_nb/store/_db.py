@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,11 +76,22 @@ class Delta:
     content: dict[str, Any]
 
 
+# Stores open in this process, by resolved file path. DuckDB lets one process open a file twice, but two
+# Stores would each keep their own dedup sets; the second open is refused like another process's lock.
+_OPEN: weakref.WeakValueDictionary[str, Store] = weakref.WeakValueDictionary()
+
+
 class Store:
     """A DuckDB file (or ``:memory:``) holding projects, sessions, turns, blocks and knowledge."""
 
     def __init__(self, path: str | Path = ":memory:") -> None:
         self.path = str(path)
+        self.con = None  # type: ignore[assignment]
+        key = None if self.path.startswith(":memory:") else str(Path(self.path).resolve())
+        if key is not None:
+            other = _OPEN.get(key)
+            if other is not None and not other.closed:
+                raise StoreLockedError(self.path, "another pc.Lab in this process (close it first: lab.close())")
         try:
             # 16 KiB blocks (DuckDB's default is 256 KiB): a store of a few MB is otherwise mostly the
             # per-table block granularity. Applies to new files only; existing files keep theirs.
@@ -98,6 +110,8 @@ class Store:
         except duckdb.Error as exc:
             self.con.close()
             raise StoreError(f"store {self.path!r} could not be migrated: {str(exc).splitlines()[0]}") from None
+        if key is not None:
+            _OPEN[key] = self
         self._known_blocks: set[str] = {r[0] for r in self.con.execute("SELECT hash FROM blocks").fetchall()}
         self._known_nodes: set[str] = {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()}
         self._pending_known: dict[str, tuple] = {}
@@ -151,19 +165,23 @@ class Store:
         return applied(self.con)
 
     def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
-        if self.con is None:
-            raise StoreError("the Lab is closed; open a new one with pc.Lab(path)")
+        self._live()
         with warnings.catch_warnings():
             # duckdb 2.0's DataFrame conversion trips a pandas 3 deprecation; not the user's concern
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.filterwarnings("ignore", message=".*inplace keyword.*")
             return self.con.execute(query, params or []).df()
 
+    def _live(self) -> duckdb.DuckDBPyConnection:
+        if self.con is None:
+            raise StoreError(f"the Lab on {self.path!r} is closed; open it again with pc.Lab(path)")
+        return self.con
+
     def rows(self, query: str, params: list | dict | None = None) -> list[tuple]:
-        return self.con.execute(query, params or []).fetchall()
+        return self._live().execute(query, params or []).fetchall()
 
     def one(self, query: str, params: list | dict | None = None) -> tuple | None:
-        rows = self.con.execute(query, params or []).fetchall()
+        rows = self._live().execute(query, params or []).fetchall()
         return rows[0] if rows else None
 
     # -- projects and sessions ----------------------------------------------------------------
