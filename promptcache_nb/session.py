@@ -716,7 +716,13 @@ class Session:
         )
 
     def _ideal(self, prepared: PreparedRequest, at: datetime, events: list[str]) -> int:
-        """What a perfectly cache-stable design could have read (brief: Foundation item 9)."""
+        """What a perfectly cache-stable design could have read (brief: Foundation item 9).
+
+        The previous request's tokens, capped at this request's size; 0 on the first request, after a
+        model switch (even back to a model whose cache is still warm: the brief's rule) or a tool-set
+        change; after a gap only the prefixes whose TTL covers it; after a compaction, the tokens before
+        the first message; and 0 when that is below the provider's minimum cacheable length.
+        """
         prev = self._prev
         if prev is None or prev.model != prepared.model:
             return 0
@@ -735,8 +741,14 @@ class Session:
                 # a gap longer than the TTL in use: only prefixes whose lifetime covers it survive
                 base = max((tokens for tokens, ttl in points if gap <= ttl), default=0)
         if "compaction" in events:
-            return min(base, prepared.tokens_before_messages())
-        return min(base, prepared.total_tokens)
+            base = min(base, prepared.tokens_before_messages())
+        base = min(base, prepared.total_tokens)
+        try:
+            minimum = self._cache().min_cacheable_tokens(prepared.model)
+        except PromptCacheError:
+            minimum = 0
+        # a prefix shorter than the provider's minimum is never cached, however stable it is
+        return base if base >= minimum else 0
 
     # -- reading back -------------------------------------------------------------------------
     def turns(self) -> pd.DataFrame:

@@ -304,3 +304,11 @@ def test_imported_usage_for_a_model_the_simulator_lacks():
         t = s.record({"model": "claude-2.1", "messages": [{"role": "user", "content": "hi"}]}, at=T0,
                      usage={"input_tokens": 12, "output_tokens": 3})
         assert t.usage.source == "imported" and t.cache_reason is None
+
+
+def test_ideal_is_zero_below_the_minimum_cacheable_length():
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(system="Short prompt.")
+        s.step("a", reply="b", at=T0)
+        t = s.step("c", reply="d", at=T0 + timedelta(seconds=10))
+        assert t.total_tokens < 1024 and t.ideal_cache_read == 0 and t.cache_reason == "below_minimum"

@@ -63,6 +63,10 @@ class CacheModel(ABC):
         """The lifetime the request's cache entries get; used for ideal-read gap checks."""
         return 300.0
 
+    def min_cacheable_tokens(self, model: str) -> int:
+        """The shortest prefix this provider caches for ``model`` (0: no minimum)."""
+        return 0
+
     def retention_points(self, request: PreparedRequest) -> list[tuple[int, float]]:
         """(prefix tokens, lifetime in seconds) pairs: how much of ``request`` a later request could still
         read after a gap. The ideal cache read after a gap keeps the longest prefix whose lifetime covers it."""

@@ -255,6 +255,9 @@ class AnthropicCache(CacheModel):
         marks = self.breakpoints(request)
         return TTL_SECONDS[marks[-1][1]] if marks else TTL_SECONDS["5m"]
 
+    def min_cacheable_tokens(self, model: str) -> int:
+        return self.min_tokens[resolve_model(model)]
+
     def retention_points(self, request: PreparedRequest) -> list[tuple[int, float]]:
         # The whole request lives as long as its last breakpoint's TTL; an earlier 1h breakpoint keeps
         # its shorter prefix alive after the 5m part has expired.

@@ -74,6 +74,9 @@ class DeepSeekCache(CacheModel):
         self.lifetime = parse_duration(lifetime).total_seconds()
         self.reset()
 
+    def min_cacheable_tokens(self, model: str) -> int:
+        return self.unit  # hits come in whole units
+
     def reset(self) -> None:
         self._chains = ChainInterner()
         self._written: dict[int, float] = {}  # node id -> start of the request that (re)built it

@@ -119,6 +119,9 @@ class OpenAICache(CacheModel):
         self.prompt_cache_key = prompt_cache_key
         self.reset()
 
+    def min_cacheable_tokens(self, model: str) -> int:
+        return self.min_tokens
+
     def reset(self) -> None:
         self._chains = ChainInterner()
         self._shards: dict[tuple[int, str | None], _Shard] = {}

@@ -91,6 +91,9 @@ class VLLMCache(CacheModel):
         self.cache_salt = cache_salt
         self.reset()
 
+    def min_cacheable_tokens(self, model: str) -> int:
+        return self.block_size + 1  # only full blocks, and a hit leaves at least one token to compute
+
     def reset(self) -> None:
         self._chains = ChainInterner()
         self._nodes: dict[int, _Node] = {}
