@@ -638,10 +638,11 @@ class Session:
             rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
             rest_hash = digest(rest_body.encode(), tag="seg")
             block_rows = store.new_blocks(prepared, rest_body, rest_hash)
+            transport = "direct" if isinstance(self.backend, DirectSimulator) else "http"
             analysis = _analysis.analyse_turn(
                 previous=self._prev, current=prepared, usage=usage, cache_result=cache_result,
                 previous_state=self._prev_obs, at=at, previous_at=self._prev_at, events=events,
-                transport="direct" if isinstance(self.backend, DirectSimulator) else "http",
+                transport=transport,
             )
             msg_rows: list[tuple[int, dict]] = []
             if source_messages is not None:
@@ -676,6 +677,7 @@ class Session:
                 "events": canonical_json(events), "request_id": request_id, "user_text": _label(user_text),
                 "reply": None,  # set below from the stored assistant message (block references)
                 "segment_map": encode_segment_map(cache_result.segment_states) if cache_result else None,
+                "transport": transport,
                 **analysis.columns,
             }
             turn_row["body_bytes"] = prepared_size(prepared)

@@ -408,3 +408,25 @@ def test_observation_html_is_safe_for_arbitrary_unicode(name, system):
     changed = body(tools=tools, system=[{"type": "text", "text": system or "x"}])
     _, obs = run([(body(), usage(5_000)), (changed, usage(0, write=10))])
     assert_safe_html(obs._repr_html_())
+
+
+def test_transport_survives_a_restart():
+    """A session reaching its cache over HTTP keeps transport=http after a restart (stored per turn)."""
+    import promptcache_nb as pc
+    from promptcache_nb.live import Backend, BackendResponse
+
+    class OverHttp(Backend):
+        def send(self, request, *, at, cache):
+            result = cache.process(request, at)
+            return BackendResponse(usage=result.usage, cache_result=result)
+
+    from datetime import UTC, datetime, timedelta
+
+    t0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(system="You help with invoices. " * 200, backend=OverHttp())
+        s.step("a", reply="b", at=t0)
+        s = s.restart()
+        t = s.step("c", reply="d", at=t0 + timedelta(seconds=20))
+        assert [c.code for c in t.observation.changes] == []
+        assert lab.sql("select distinct transport from turns").transport.tolist() == ["http"]

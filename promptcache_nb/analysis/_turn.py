@@ -92,9 +92,11 @@ def analyse_turn(
 
 # -- rebuilding from the store ------------------------------------------------------------------
 
-def _snapshot_at(store: Any, session_id: str, idx: int, source: str | None) -> Any:
+def _snapshot_at(store: Any, session_id: str, idx: int, source: tuple | None) -> Any:
+    """``source`` is the row's (usage_source, transport); rows from before m004 have no transport."""
     body = store.turn_body(session_id, idx)
-    return snapshot(prepare(body), transport="http" if source == "live" else "direct")
+    usage_source, transport = source or (None, None)
+    return snapshot(prepare(body), transport=transport or ("http" if usage_source == "live" else "direct"))
 
 
 def _state_as_of(store: Any, session_id: str, upto: int | None) -> ObservationState | None:
@@ -113,10 +115,10 @@ def _state_as_of(store: Any, session_id: str, upto: int | None) -> ObservationSt
     if row is None or row[0] is None:
         return None
     last_idx, read_idx, touch_at = row
-    sources = dict(store.rows(
-        "SELECT idx, usage_source FROM turns WHERE session_id = ? AND idx IN (?, ?)",
+    sources = {r[0]: (r[1], r[2]) for r in store.rows(
+        "SELECT idx, usage_source, transport FROM turns WHERE session_id = ? AND idx IN (?, ?)",
         [session_id, last_idx, last_idx if read_idx is None else read_idx],
-    ))
+    )}
     snap = _snapshot_at(store, session_id, last_idx, sources.get(last_idx))
     last_read = read_snap = None
     if read_idx is not None:
@@ -149,7 +151,8 @@ def stored_diff_and_observation(
     row = store.one(
         """SELECT "at", input_tokens, cache_read_input_tokens, cache_creation_input_tokens,
                   cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source,
-                  cache_reason, cache_detail, events, broke, previous_cache_read, changes, explanation
+                  cache_reason, cache_detail, events, broke, previous_cache_read, changes, explanation,
+                  transport
            FROM turns WHERE session_id = ? AND idx = ?""",
         [session_id, index],
     )
@@ -159,7 +162,7 @@ def stored_diff_and_observation(
     usage = Usage(row[1], row[2], row[3], row[4], row[5], row[6], row[7])
     detail = json.loads(row[9]) if row[9] else {}
     events = json.loads(row[10]) if row[10] else []
-    transport = default_transport(usage)
+    transport = row[15] or default_transport(usage)
     if row[13] is None or row[14] is None:
         prev_at_row = store.one('SELECT "at" FROM turns WHERE session_id = ? AND idx = ?',
                                 [session_id, index - 1])

@@ -173,6 +173,13 @@ def m003_segment_map(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE turns ADD COLUMN segment_map TEXT")
 
 
+@migration
+def m004_transport(con: duckdb.DuckDBPyConnection) -> None:
+    # how the request travelled (direct simulator, or http to an endpoint): part of the observation
+    # snapshot, so a restart must rebuild it from the row rather than guess it from the usage source.
+    con.execute("ALTER TABLE turns ADD COLUMN transport TEXT")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 
