@@ -38,7 +38,7 @@ from .errors import (
     UnknownModelError,
     UnknownStrategyError,
 )
-from .live import AnthropicBackend, Backend, DirectSimulator, SimulatorServer
+from .live import AnthropicBackend, Backend, BackendResponse, DirectSimulator, SimulatorServer
 from .request import PrefixDiff, PreparedRequest, Segment, canonical_bytes, prepare
 from .request.diff import diff
 from .scenario import Scenario, ToolCall, load_scenario
@@ -66,6 +66,7 @@ __all__ = [
     "AnthropicBackend",
     "AuthenticationError",
     "Backend",
+    "BackendResponse",
     "CACHE_MODELS",
     "CacheModel",
     "CacheResult",

@@ -647,7 +647,9 @@ class Session:
             msg_rows: list[tuple[int, dict]] = []
             if source_messages is not None:
                 seq = self._msg_seq
-                added = list(new_msgs) + ([{"role": "assistant", "content": content}] if content is not None else [])
+                history_reply = _history_reply(content) if reply_msg is None else content
+                added = list(new_msgs) + (
+                    [{"role": "assistant", "content": history_reply}] if content is not None else [])
                 for m in added:
                     msg_rows.append((seq, m))
                     seq += 1
@@ -697,8 +699,7 @@ class Session:
             raise
         # committed: advance the in-memory state
         if source_messages is not None:
-            self._messages = source_messages + (
-                [{"role": "assistant", "content": content}] if content is not None else [])
+            self._messages = source_messages + added[len(new_msgs):]
             self._msg_seq += len(msg_rows)
         if state is not None:
             self._state = state
@@ -824,6 +825,19 @@ def decode_segment_map(text: str | None) -> tuple[str, ...]:
     for code, n in re.findall(r"([rwu])(\d+)", text):
         out.extend([_CODE_STATES[code]] * int(n))
     return tuple(out)
+
+
+def _history_reply(content: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """A model's own answer as it enters the history. ``tool_use`` blocks are left out: the session does
+    not run tools, and a tool_use without its tool_result makes the next request invalid (HTTP 400).
+    ``turn.reply`` keeps the full answer; script tool loops with ``tool_calls=``."""
+    if not content or not any(b.get("type") == "tool_use" for b in content):
+        return content
+    kept = [b for b in content if b.get("type") != "tool_use"]
+    if not kept:
+        names = ", ".join(sorted({str(b.get("name")) for b in content if b.get("type") == "tool_use"}))
+        kept = [{"type": "text", "text": f"(the model asked to call {names}; tool calls are not run here)"}]
+    return kept
 
 
 def _label(text: str | None, limit: int = 160) -> str | None:

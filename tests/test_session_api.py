@@ -312,3 +312,20 @@ def test_ideal_is_zero_below_the_minimum_cacheable_length():
         s.step("a", reply="b", at=T0)
         t = s.step("c", reply="d", at=T0 + timedelta(seconds=10))
         assert t.total_tokens < 1024 and t.ideal_cache_read == 0 and t.cache_reason == "below_minimum"
+
+
+def test_a_models_tool_use_answer_does_not_break_the_next_request():
+    class AsksForTools(pc.DirectSimulator):
+        def send(self, request, *, at, cache):
+            r = super().send(request, at=at, cache=cache)
+            block = {"type": "tool_use", "id": "toolu_x", "name": "lookup_account", "input": {"id": "a"}}
+            return pc.BackendResponse(usage=r.usage, cache_result=r.cache_result,
+                                      content=[{"type": "text", "text": "Let me check."}, block])
+
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(system=HOST, tools=TOOLS, backend=AsksForTools())
+        t = s.step("look it up", at=T0)  # reply=None: the model's own answer
+        assert t.reply[-1]["type"] == "tool_use"  # the turn keeps the whole answer
+        t2 = s.step("thanks", reply="ok", at=T0 + timedelta(seconds=10))
+        kinds = [b["type"] for m in t2.request["messages"] for b in m["content"]]
+        assert "tool_use" not in kinds

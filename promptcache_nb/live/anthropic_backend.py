@@ -172,8 +172,10 @@ class AnthropicBackend(Backend):
 
     def _redact(self, text: str) -> str:
         # Endpoints do not echo keys, but a proxy or a misconfigured base_url might: never pass one on.
-        key = getattr(self._client, "api_key", None)
-        return text.replace(key, "[redacted]") if key else text
+        for secret in (getattr(self._client, "api_key", None), getattr(self._client, "auth_token", None)):
+            if secret:
+                text = text.replace(secret, "[redacted]")
+        return text
 
 
 def _retry_after(headers: Any) -> float | None:
