@@ -424,7 +424,8 @@ class Session:
             store.con.execute(
                 "UPDATE session_messages SET compacted = true WHERE session_id = ?", [self.id]
             ).fetchall()
-            store.write_messages(self.id, self._next_idx, [(self._msg_seq, msgs[0]), (self._msg_seq + 1, msgs[1])])
+            store.write_messages(self.id, self._next_idx, [(self._msg_seq, msgs[0]), (self._msg_seq + 1, msgs[1])],
+                                 tokenizer=self._memo.tokenizer)
         self._messages = msgs
         self._msg_seq += 2
         self._note_event("compaction")
@@ -686,13 +687,15 @@ class Session:
             if content is not None:
                 # the reply's content blocks are stored once, in blocks (shared with the history row)
                 reply_blocks: dict[str, tuple] = {}
-                turn_row["reply"] = store.message_ref({"role": "assistant", "content": content}, reply_blocks)
+                turn_row["reply"] = store.message_ref({"role": "assistant", "content": content}, reply_blocks,
+                                                      self._memo.tokenizer)
                 seen = {r[0] for r in block_rows}
                 block_rows = block_rows + [r for h, r in reply_blocks.items() if h not in seen]
             store.write_turn(
                 turn_row=turn_row, block_rows=block_rows, node_rows=node_rows, messages=msg_rows,
                 compact_before=None, state=state_to_write, delta_ops=deltas.ops if deltas else [],
                 knowledge_rows=[], project_id=self.project, state_previous=self._state_written,
+                tokenizer=self._memo.tokenizer,
             )
         except BaseException:
             self._cache_ready = False
@@ -765,7 +768,7 @@ class Session:
     def turn(self, index: int) -> Turn:
         """A stored turn, rebuilt from the store (body byte-identical to what was sent)."""
         self._check_open()
-        return self._lab._turn_from_store(self.id, index)
+        return self._lab._turn_from_store(self.id, index, memo=self._memo)
 
     @property
     def last_turn(self) -> Turn | None:
@@ -999,7 +1002,7 @@ class Lab:
         self._open[session_id] = s
         return s
 
-    def _turn_from_store(self, session_id: str, index: int) -> Turn:
+    def _turn_from_store(self, session_id: str, index: int, memo: SegmentMemo | None = None) -> Turn:
         store = self.store
         row = store.one(
             """SELECT "at", input_tokens, cache_read_input_tokens, cache_creation_input_tokens,
@@ -1015,8 +1018,9 @@ class Lab:
                       json.loads(row[8]) if row[8] else None)
         body = store.turn_body(session_id, index)
         prev_body = store.turn_body(session_id, index - 1) if index > 0 else None
-        diff, obs = _analysis.stored_diff_and_observation(store, session_id, index, prev_body, body)
+        diff, obs = _analysis.stored_diff_and_observation(store, session_id, index, prev_body, body, memo=memo)
         return Turn(
+            prepared=None if memo is None else prepare(body, memo=memo),  # the session's tokenizer
             session_id=session_id, index=index, at=row[0].astimezone(UTC), request=body, usage=usage,
             ideal_cache_read=row[9], total_tokens=row[10], cost_usd=row[11], cost_no_cache_usd=row[12],
             cache_reason=row[13], cache_detail=json.loads(row[14]) if row[14] else None,

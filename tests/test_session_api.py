@@ -329,3 +329,13 @@ def test_a_models_tool_use_answer_does_not_break_the_next_request():
         t2 = s.step("thanks", reply="ok", at=T0 + timedelta(seconds=10))
         kinds = [b["type"] for m in t2.request["messages"] for b in m["content"]]
         assert "tool_use" not in kinds
+
+
+def test_stored_turns_use_the_labs_tokenizer():
+    with pc.Lab(progress=False, tokenizer=pc.CharsTokenizer()) as lab:
+        s = lab.session(system=HOST)
+        s.step("a", reply="b", at=T0)
+        live = s.step("c", reply="d", at=T0 + timedelta(seconds=5))
+        stored = s.turn(1)
+        assert stored.prepared.total_tokens == live.total_tokens
+        assert stored.diff.shared_prefix_tokens == live.diff.shared_prefix_tokens

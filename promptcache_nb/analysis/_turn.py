@@ -137,14 +137,14 @@ def observation_state_from_store(store: Any, session_id: str) -> ObservationStat
 
 
 def stored_diff_and_observation(
-    store: Any, session_id: str, index: int, prev_body: dict | None, body: dict
+    store: Any, session_id: str, index: int, prev_body: dict | None, body: dict, *, memo: SegmentMemo | None = None
 ) -> tuple[PrefixDiff | None, Observation]:
     """Diff and observation of a stored turn (``Lab._turn_from_store``); ``prev_body`` None for turn 0.
 
     The observation is rebuilt from the stored columns (so it matches what was written, whatever
     tokenizer the Lab used); turns stored without them are observed again.
     """
-    memo = SegmentMemo()
+    memo = memo or SegmentMemo()  # the session's memo: its tokenizer (and calibration) for the figures
     cur_p = prepare(body, memo=memo)
     prev_p = None if prev_body is None else prepare(prev_body, memo=memo)
     d = None if prev_p is None else compute_diff(prev_p, cur_p)

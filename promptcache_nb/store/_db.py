@@ -297,7 +297,7 @@ class Store:
         ).fetchall()
 
     # -- messages and deltas ------------------------------------------------------------------
-    def message_ref(self, message: dict[str, Any], pending: dict[str, tuple]) -> str:
+    def message_ref(self, message: dict[str, Any], pending: dict[str, tuple], tokenizer: Any = None) -> str:
         """A message as block references (``{"role", "blocks": [hash...]}`` or ``{"role", "str": hash}``);
         bodies not yet stored are added to ``pending`` (hash -> blocks row). Content is stored once."""
         role, content = message["role"], message["content"]
@@ -306,7 +306,8 @@ class Store:
             body = canonical_json(element)
             h = digest(body.encode(), tag="seg")
             if h not in self._known_blocks and h not in pending and h not in self._pending_known:
-                pending[h] = (h, kind, body, segment_tokens(kind, element), len(body.encode()))
+                tokens = segment_tokens(kind, element, tokenizer) if tokenizer else segment_tokens(kind, element)
+                pending[h] = (h, kind, body, tokens, len(body.encode()))
             return h
 
         if isinstance(content, str):
@@ -335,10 +336,10 @@ class Store:
         return self.resolve_refs([json.loads(r[0]) for r in rows])
 
     def write_messages(self, session_id: str, turn_idx: int, messages: list[tuple[int, dict]],
-                       extra_blocks: list[tuple] = ()) -> None:
+                       extra_blocks: list[tuple] = (), tokenizer: Any = None) -> None:
         """Append conversation messages (inside the caller's transaction), with their new blocks."""
         pending: dict[str, tuple] = {r[0]: r for r in extra_blocks if r[0] not in self._pending_known}
-        rows = [(session_id, seq, turn_idx, self.message_ref(m, pending), False) for seq, m in messages]
+        rows = [(session_id, seq, turn_idx, self.message_ref(m, pending, tokenizer), False) for seq, m in messages]
         self._insert("blocks", list(pending.values()))
         self._pending_known.update(pending)
         self._insert("session_messages", rows)
@@ -407,6 +408,7 @@ class Store:
         knowledge_rows: list[KnowledgeEntry],
         project_id: str,
         state_previous: dict[str, Any] | None = None,
+        tokenizer: Any = None,
     ) -> None:
         """Write one request and everything it changed in one transaction; nothing on failure."""
         con = self.con
@@ -419,7 +421,7 @@ class Store:
                     [turn_row["session_id"], compact_before],
                 ).fetchall()
             # request blocks and the messages' new blocks go in one insert
-            self.write_messages(turn_row["session_id"], turn_row["idx"], messages, block_rows)
+            self.write_messages(turn_row["session_id"], turn_row["idx"], messages, block_rows, tokenizer)
             node_rows = [r for r in node_rows if r[0] not in self._pending_nodes]
             self._insert("prefix_nodes", node_rows)
             self._pending_nodes.update(r[0] for r in node_rows)
