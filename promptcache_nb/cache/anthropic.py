@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
+from .._util import common_prefix_length
 from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest, canonical_json
 from ..usage import Usage
@@ -76,6 +77,14 @@ class _Entry:
     visible_at: float
     written_at: float
     tokens: int
+
+
+def _first_index(segments: Any, pred: Any) -> int:
+    """Index of the first segment matching ``pred`` (tools and system come first: a short walk)."""
+    for i, s in enumerate(segments):
+        if pred(s):
+            return i
+    return len(segments)
 
 
 def _h(parent: bytes, key: str) -> bytes:
@@ -202,13 +211,11 @@ class AnthropicCache(CacheModel):
         # Leading segments that are the very objects of the previous request keep their keys.
         prev = self._prev_segments
         if prev and self._prev_salts == salts:
-            n, limit = 0, min(len(prev), len(segments))
-            while n < limit and segments[n] is prev[n]:
-                n += 1
+            n = common_prefix_length(segments, prev)  # identical objects compare by identity, in C
             if n:
                 keys = self._prev_keys[:n]
-                sys_done = any(s.kind != "tool" for s in segments[:n])
-                msg_done = any(s.level == "messages" for s in segments[:n])
+                sys_done = n > _first_index(segments, lambda s: s.kind != "tool")
+                msg_done = n > _first_index(segments, lambda s: s.level == "messages")
                 segments = segments[n:]
         self._salts_now = salts
         for seg in segments:
@@ -225,10 +232,7 @@ class AnthropicCache(CacheModel):
     def _chain(self, keys: list[str]) -> list[bytes]:
         # Reuse the previous request's chain for the shared leading run: O(new segments) per turn.
         prev_keys, prev_chain = self._prev_keys, self._prev_chain
-        n = 0
-        limit = min(len(keys), len(prev_keys))
-        while n < limit and keys[n] == prev_keys[n]:
-            n += 1
+        n = common_prefix_length(keys, prev_keys)
         chain = prev_chain[:n]
         parent = chain[-1] if chain else b"root"
         for key in keys[n:]:
@@ -338,10 +342,7 @@ class AnthropicCache(CacheModel):
         if self._prev_model is None:
             return "cold"
         # the first position where this request's prefix differs from the previous one
-        n = 0
-        limit = min(len(chain), len(self._prev_chain))
-        while n < limit and chain[n] == self._prev_chain[n]:
-            n += 1
+        n = common_prefix_length(chain, self._prev_chain)
         detail["divergence_index"] = n
         detail["divergence_path"] = req.segments[n].path if n < len(req.segments) else None
         possible = min(self._prev_total, cum[-1] if cum else 0)

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import attrgetter
 from typing import Any
 
 from .._util import digest
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 
 TOP_LEVEL_SEGMENTED = ("tools", "system", "messages")
+_TOKENS = attrgetter("tokens")
+_NBYTES = attrgetter("nbytes")
 
 
 def canonical_json(value: Any) -> str:
@@ -56,20 +60,19 @@ class Segment:
     cache_control: dict[str, Any] | None
     element: Any = field(repr=False, compare=False)
     nbytes: int = 0
+    chain_key: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # What the store's prefix tree records for this position (kind, role and exact bytes); a plain
+        # attribute so per-turn key lists are built at C speed.
+        if not self.chain_key:
+            object.__setattr__(self, "chain_key", f"{self.kind}:{self.role or ''}:{self.block_hash}")
 
     @property
     def level(self) -> str:
         """tools, system or messages: the level of the Anthropic invalidation table."""
         return "tools" if self.kind == "tool" else "system" if self.kind == "system" else "messages"
 
-    @property
-    def chain_key(self) -> str:
-        """What the store's prefix tree records for this position (kind, role and exact bytes)."""
-        key = self.__dict__.get("_chain_key")
-        if key is None:
-            key = f"{self.kind}:{self.role or ''}:{self.block_hash}"
-            object.__setattr__(self, "_chain_key", key)
-        return key
 
     @property
     def message_index(self) -> int | None:
@@ -139,10 +142,7 @@ class PreparedRequest:
         """Tokens through each segment (computed once per request; treat as read-only)."""
         cum = self.__dict__.get("_cum")
         if cum is None:
-            cum, run = [], 0
-            for s in self.segments:
-                run += s.tokens
-                cum.append(run)
+            cum = list(accumulate(map(_TOKENS, self.segments)))
             object.__setattr__(self, "_cum", cum)
         return cum
 
@@ -151,7 +151,7 @@ class PreparedRequest:
         """Bytes of the segments' canonical JSON (envelopes not counted)."""
         n = self.__dict__.get("_nbytes")
         if n is None:
-            n = sum(s.nbytes for s in self.segments)
+            n = sum(map(_NBYTES, self.segments))
             object.__setattr__(self, "_nbytes", n)
         return n
 
@@ -261,7 +261,7 @@ def prepare(
                 add(f"messages[{i}].content[{j}]", "msg-start" if j == 0 else "msg", role, block)
         spans.append((start, len(segs)))
     rest = {k: v for k, v in body.items() if k not in TOP_LEVEL_SEGMENTED}
-    req = PreparedRequest(body, tuple(segs), shape, rest, sum(s.tokens for s in segs))
+    req = PreparedRequest(body, tuple(segs), shape, rest, sum(map(_TOKENS, segs)))
     object.__setattr__(req, "_msg_spans", spans)
     return req
 

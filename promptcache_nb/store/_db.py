@@ -10,13 +10,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pandas as pd
 
-from .._util import digest
+from .._util import common_prefix_length, digest
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..tokens import segment_tokens
@@ -34,6 +36,7 @@ def fnv1a(text: str) -> str:
     return f"{h:08x}"
 
 
+_CHAIN_KEY = attrgetter("chain_key")
 _TOOLS_JSON: list[Any] = [None, None]  # (tools list object, its canonical JSON): tools rarely change
 
 
@@ -61,7 +64,7 @@ class KnowledgeEntry:
     def short_id(self) -> str:
         return self.id[:8]
 
-    @property
+    @cached_property
     def pin_key(self) -> str:
         """``id:hash(title, content)``: changes only when the entry materially changes."""
         return f"{self.id}:{fnv1a(self.title + chr(0x1F) + self.content)}"
@@ -367,10 +370,8 @@ class Store:
 
         Returns (keys, node_ids, new_node_rows).
         """
-        keys = [s.chain_key for s in req.segments]
-        n, limit = 0, min(len(keys), len(prev_keys))
-        while n < limit and keys[n] == prev_keys[n]:
-            n += 1
+        keys = list(map(_CHAIN_KEY, req.segments))
+        n = common_prefix_length(keys, prev_keys)
         nodes = prev_nodes[:n]
         new_rows = []
         parent = nodes[-1] if nodes else None

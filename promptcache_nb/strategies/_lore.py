@@ -196,12 +196,17 @@ def splice(messages: list[dict[str, Any]], inserts: list[Insert]) -> tuple[list[
         before.setdefault(at, []).append((insert_at, seq, msg))
     out: list[dict[str, Any]] = []
     positions: list[int] = []
-    for i in range(len(messages) + 1):
-        for _, _, msg in sorted(before.get(i, ()), key=lambda r: (r[0], r[1])):
-            out.append(msg)
-        if i < len(messages):
-            positions.append(len(out))
-            out.append(messages[i])
+    prev = 0
+    # runs of original messages are copied with slices (C speed): history grows every turn
+    for at in sorted(before):
+        chunk = messages[prev:at]
+        positions.extend(range(len(out), len(out) + len(chunk)))
+        out.extend(chunk)
+        out.extend(msg for _, _, msg in sorted(before[at], key=lambda r: (r[0], r[1])))
+        prev = at
+    chunk = messages[prev:]
+    positions.extend(range(len(out), len(out) + len(chunk)))
+    out.extend(chunk)
     return out, positions
 
 
