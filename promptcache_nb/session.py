@@ -634,7 +634,7 @@ class Session:
                               usage.source, usage.raw)
             ideal = self._ideal(prepared, at, events)
             prices = self.prices
-            cost, cost_nc = prices.cost(usage), prices.cost_without_cache(usage)
+            cost, cost_nc = prices.cost(usage, at), prices.cost_without_cache(usage, at)
             keys, nodes, node_rows = store.prefix_nodes(prepared, self._prev_keys, self._prev_nodes)
             rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
             rest_hash = digest(rest_body.encode(), tag="seg")

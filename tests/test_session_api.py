@@ -339,3 +339,16 @@ def test_stored_turns_use_the_labs_tokenizer():
         stored = s.turn(1)
         assert stored.prepared.total_tokens == live.total_tokens
         assert stored.diff.shared_prefix_tokens == live.diff.shared_prefix_tokens
+
+
+def test_costs_follow_the_requests_time_and_size_not_the_wall_clock():
+    u = pc.Usage(input_tokens=1_000_000, cache_read_input_tokens=0, cache_creation_input_tokens=0,
+                 cache_creation_5m_input_tokens=0, cache_creation_1h_input_tokens=0, output_tokens=0)
+    ds = pc.prices_for("deepseek-chat")
+    peak = ds.cost(u, datetime(2026, 11, 2, 10, 0, tzinfo=UTC))
+    off_peak = ds.cost(u, datetime(2026, 11, 2, 17, 0, tzinfo=UTC))
+    assert off_peak < peak  # DeepSeek's off-peak discount, from genai-prices
+    assert ds.cost(u) == ds.cost(u)  # no `at`: a fixed reference time, never the wall clock
+    sonnet = pc.prices_for("claude-sonnet-4-5")
+    small = pc.Usage(100_000, 0, 0, 0, 0, 0)
+    assert sonnet.cost(u, T0) > 10 * sonnet.cost(small, T0)  # above 200k input tokens the tier rate applies

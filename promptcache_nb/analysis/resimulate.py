@@ -259,7 +259,7 @@ def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str
             t.idx, t.at, t.model, cache.name, t.request.total_tokens, usage.input_tokens,
             usage.cache_read_input_tokens, usage.cache_creation_input_tokens,
             usage.cache_creation_5m_input_tokens, usage.cache_creation_1h_input_tokens, usage.output_tokens,
-            result.reason, p.cost(usage), p.cost_without_cache(usage), usage.raw, result.detail,
+            result.reason, p.cost(usage, t.at), p.cost_without_cache(usage, t.at), usage.raw, result.detail,
         ))
     df = pd.DataFrame(rows, columns=RESIM_COLUMNS)
     return df

@@ -100,7 +100,7 @@ def ttl_whatif(
             rows.append((ttl, t.idx, t.at, gap, t.request.total_tokens, u.input_tokens,
                          u.cache_read_input_tokens, u.cache_creation_input_tokens,
                          u.cache_creation_5m_input_tokens, u.cache_creation_1h_input_tokens, u.output_tokens,
-                         res.reason, price(t.model).cost(u)))
+                         res.reason, price(t.model).cost(u, t.at)))
         frames.append(pd.DataFrame(rows, columns=WHATIF_COLUMNS))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=WHATIF_COLUMNS)
 
@@ -158,7 +158,7 @@ def keep_warm(
             at = prev.at + step
             while at < t.at:
                 res = warm.process(prev.request, at)
-                ping_cost += price(prev.model).cost(_with_output(res.usage, 0)) or 0.0
+                ping_cost += price(prev.model).cost(_with_output(res.usage, 0), at) or 0.0
                 n_pings += 1
                 at += step
         pings += n_pings
@@ -172,7 +172,7 @@ def keep_warm(
             "reason_without": a.reason, "reason_with": b.reason,
             "rebuild_without": _is_rebuild(t.idx, ua.cache_read_input_tokens, expected, a.reason),
             "rebuild_with": _is_rebuild(t.idx, ub.cache_read_input_tokens, expected, b.reason),
-            "cost_without_usd": p.cost(ua), "cost_with_usd": p.cost(ub),
+            "cost_without_usd": p.cost(ua, t.at), "cost_with_usd": p.cost(ub, t.at),
         })
         prev, prev_total = t, t.request.total_tokens
     df = pd.DataFrame(out_rows)
