@@ -352,3 +352,23 @@ def test_costs_follow_the_requests_time_and_size_not_the_wall_clock():
     sonnet = pc.prices_for("claude-sonnet-4-5")
     small = pc.Usage(100_000, 0, 0, 0, 0, 0)
     assert sonnet.cost(u, T0) > 10 * sonnet.cost(small, T0)  # above 200k input tokens the tier rate applies
+
+
+def test_same_scenario_same_bytes_across_processes_and_hash_seeds(scenarios_dir):
+    code = """
+import hashlib, sys, promptcache_nb as pc
+with pc.Lab(progress=False) as lab:
+    out = []
+    for name in pc.STRATEGIES:
+        s = lab.replay(sys.argv[1], strategy=name)
+        out += [hashlib.sha256(pc.canonical_bytes(lab.store.turn_body(s.id, i))).hexdigest()
+                for i in range(s.n_turns)]
+print(hashlib.sha256("".join(out).encode()).hexdigest())
+"""
+    digests = set()
+    for seed in ("1", "987"):
+        env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code, str(scenarios_dir / "knowledge_churn.yaml")],
+                             capture_output=True, text=True, check=True, env=env).stdout.strip()
+        digests.add(out)
+    assert len(digests) == 1
