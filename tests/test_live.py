@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "05_live_api.ipynb"
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 MODEL = "claude-sonnet-4-5"
-KEY = "sk-ant-test-local-simulator"
+KEY = "fake-key-for-local-simulator"  # not a real key format on purpose
 LONG_SYSTEM = [{"type": "text", "text": "You are a careful support agent for a billing platform. " * 150,
                 "cache_control": {"type": "ephemeral"}}]
 USAGE_COLUMNS = ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
