@@ -19,6 +19,7 @@ from typing import Any
 
 from ..store import Delta, KnowledgeEntry
 from ._base import (
+    DEFAULT_MAX_TOKENS,
     EPHEMERAL,
     EPHEMERAL_1H,
     StrategyContext,
@@ -29,6 +30,7 @@ from ._base import (
     mark_message,
     rank_by_relevance,
     safe_insert_index,
+    split_preferences,
     text_block,
 )
 
@@ -247,3 +249,57 @@ def mark_tail(
         if prev is not None and prev != last:
             mark_message(out, prev, EPHEMERAL)
     mark_message(out, last, EPHEMERAL)
+
+
+# -- the two delta strategies' shared turn -------------------------------------------------------
+
+@dataclasses.dataclass
+class PinView:
+    """What a delta strategy knows at the start of a turn, after pinning.
+
+    ``covered`` is the key set the model has already been told about (the baseline, or what the last
+    delta announced, stored under ``covered_key``); ``previous_count`` is the message count of the
+    previous request, None after a history rewrite.
+    """
+
+    prefs: list[KnowledgeEntry]
+    context: list[KnowledgeEntry]
+    baseline: dict[str, str]
+    covered: dict[str, str]
+    current: list[KnowledgeEntry]
+    next_keys: list[str]
+    rewritten: bool
+    previous_count: int | None
+
+    @property
+    def changed_since_covered(self) -> bool:
+        return sorted(self.covered.values()) != self.next_keys
+
+
+def begin_turn(ctx: StrategyContext, covered_key: str) -> PinView:
+    """Freeze the stable block, pin system[2] (a (re)pin resets what the deltas covered), and read state."""
+    prefs, context = split_preferences(ctx.knowledge)
+    freeze_stable(ctx, prefs)
+    if pin_context(ctx, context):
+        ctx.extra[covered_key] = None  # a (re)pin is a new baseline
+    baseline = baseline_keys(ctx)
+    last = ctx.extra.get(covered_key)
+    current = prefs + context
+    rewritten = history_rewritten(ctx)
+    return PinView(prefs, context, baseline, baseline if last is None else key_map(last), current,
+                   keys_of(current), rewritten, None if rewritten else ctx.extra.get("last_message_count"))
+
+
+def finish_turn(ctx: StrategyContext, view: PinView, inserts: list[Insert], *,
+                context_ttl: dict[str, Any] | None) -> dict[str, Any]:
+    """Splice the deltas into the history, place the tail breakpoints, and assemble the body."""
+    messages, positions = splice(ctx.messages, inserts)
+    mark_tail(messages, positions, view.previous_count)
+    ctx.extra["last_message_count"] = len(ctx.messages)
+    return {
+        "model": ctx.model,
+        "max_tokens": DEFAULT_MAX_TOKENS,
+        "system": system_blocks(ctx, context_ttl=context_ttl),
+        "tools": list(ctx.tools),
+        "messages": messages,
+    }

@@ -30,13 +30,11 @@ from typing import Any, ClassVar
 
 from . import _lore
 from ._base import (
-    DEFAULT_MAX_TOKENS,
     EPHEMERAL_1H,
     Strategy,
     StrategyContext,
     rank_by_relevance,
     safe_insert_index,
-    split_preferences,
 )
 
 CONTEXT_TTL = EPHEMERAL_1H
@@ -56,20 +54,10 @@ class DurableDelta(Strategy):
     source: ClassVar[str] = "Lore PR #747 (BYK/loreai, closes #740)"
 
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
-        prefs, context = split_preferences(ctx.knowledge)
-        _lore.freeze_stable(ctx, prefs)
-        if _lore.pin_context(ctx, context):
-            ctx.extra["delta_keys"] = None  # a (re)pin is a new baseline
-        baseline = _lore.baseline_keys(ctx)
-        last = ctx.extra.get("delta_keys")
-        covered = baseline if last is None else _lore.key_map(last)
-        current = prefs + context
-        next_keys = _lore.keys_of(current)
-        rewritten = _lore.history_rewritten(ctx)
-        previous_count = None if rewritten else ctx.extra.get("last_message_count")
-
+        view = _lore.begin_turn(ctx, "delta_keys")
+        current, baseline, covered = view.current, view.baseline, view.covered
         text = None
-        if rewritten:
+        if view.rewritten:
             for row in ctx.deltas.list():
                 ctx.deltas.delete(row.seq)
             changed = _lore.changed_entries(current, baseline)
@@ -77,30 +65,21 @@ class DurableDelta(Strategy):
                 _lore.DURABLE_BANNER, prioritized(changed, set(), ctx.latest_user_text),
                 _lore.removed_ids(current, baseline), budget_tokens=_lore.budget_tokens(ctx),
             )
-        elif sorted(covered.values()) != next_keys:
+        elif view.changed_since_covered:
             changed = _lore.changed_entries(current, baseline, covered)
             fresh = {e.id for e in _lore.changed_entries(current, covered)}
             text = _lore.delta_text(
                 _lore.DURABLE_BANNER, prioritized(changed, fresh, ctx.latest_user_text),
                 _lore.removed_ids(current, baseline, covered), budget_tokens=_lore.budget_tokens(ctx),
             )
-        if rewritten or sorted(covered.values()) != next_keys:
-            ctx.extra["delta_keys"] = next_keys
+        if view.rewritten or view.changed_since_covered:
+            ctx.extra["delta_keys"] = view.next_keys
         if text is not None:
             insert_at = safe_insert_index(ctx.messages, len(ctx.messages) - 1)
             ctx.deltas.append({"target": "messages", "insertAt": insert_at}, _lore.delta_message(text))
 
-        pending = sorted(baseline.values()) != next_keys
+        pending = sorted(baseline.values()) != view.next_keys
         ctx.state["ltm_cache_text"] = (
-            ctx.state["ltm_pin_text"] if pending else _lore.render_context(ctx, context)
+            ctx.state["ltm_pin_text"] if pending else _lore.render_context(ctx, view.context)
         )
-        messages, positions = _lore.splice(ctx.messages, _lore.rows_as_inserts(ctx.deltas.list()))
-        _lore.mark_tail(messages, positions, previous_count)
-        ctx.extra["last_message_count"] = len(ctx.messages)
-        return {
-            "model": ctx.model,
-            "max_tokens": DEFAULT_MAX_TOKENS,
-            "system": _lore.system_blocks(ctx, context_ttl=CONTEXT_TTL),
-            "tools": list(ctx.tools),
-            "messages": messages,
-        }
+        return _lore.finish_turn(ctx, view, _lore.rows_as_inserts(ctx.deltas.list()), context_ttl=CONTEXT_TTL)

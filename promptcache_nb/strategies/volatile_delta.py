@@ -18,12 +18,10 @@ from typing import Any, ClassVar
 
 from . import _lore
 from ._base import (
-    DEFAULT_MAX_TOKENS,
     Strategy,
     StrategyContext,
     rank_by_relevance,
     safe_insert_index,
-    split_preferences,
 )
 from .durable_delta import CONTEXT_TTL
 
@@ -36,36 +34,17 @@ class VolatileDelta(Strategy):
     source: ClassVar[str] = "Lore issue #740 proposal (BYK/loreai), before PR #747"
 
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
-        prefs, context = split_preferences(ctx.knowledge)
-        _lore.freeze_stable(ctx, prefs)
-        if _lore.pin_context(ctx, context):
-            ctx.extra["seen_keys"] = None
-        last = ctx.extra.get("seen_keys")
-        seen = _lore.baseline_keys(ctx) if last is None else _lore.key_map(last)
-        current = prefs + context
-        next_keys = _lore.keys_of(current)
-        rewritten = _lore.history_rewritten(ctx)
-        previous_count = None if rewritten else ctx.extra.get("last_message_count")
-
+        view = _lore.begin_turn(ctx, "seen_keys")
         inserts = []
-        if sorted(seen.values()) != next_keys:
+        if view.changed_since_covered:
             text = _lore.delta_text(
                 _lore.VOLATILE_BANNER,
-                rank_by_relevance(_lore.changed_entries(current, seen), ctx.latest_user_text),
-                _lore.removed_ids(current, seen), budget_tokens=_lore.budget_tokens(ctx),
+                rank_by_relevance(_lore.changed_entries(view.current, view.covered), ctx.latest_user_text),
+                _lore.removed_ids(view.current, view.covered), budget_tokens=_lore.budget_tokens(ctx),
             )
-            ctx.extra["seen_keys"] = next_keys
+            ctx.extra["seen_keys"] = view.next_keys
             if text is not None:
                 at = safe_insert_index(ctx.messages, len(ctx.messages) - 1)
                 inserts.append((at, 0, _lore.delta_message(text)))
-        ctx.state["ltm_cache_text"] = _lore.render_context(ctx, context)
-        messages, positions = _lore.splice(ctx.messages, inserts)
-        _lore.mark_tail(messages, positions, previous_count)
-        ctx.extra["last_message_count"] = len(ctx.messages)
-        return {
-            "model": ctx.model,
-            "max_tokens": DEFAULT_MAX_TOKENS,
-            "system": _lore.system_blocks(ctx, context_ttl=CONTEXT_TTL),
-            "tools": list(ctx.tools),
-            "messages": messages,
-        }
+        ctx.state["ltm_cache_text"] = _lore.render_context(ctx, view.context)
+        return _lore.finish_turn(ctx, view, inserts, context_ttl=CONTEXT_TTL)
