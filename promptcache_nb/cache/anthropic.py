@@ -135,7 +135,17 @@ class AnthropicCache(CacheModel):
 
     # -- validation ---------------------------------------------------------------------------
     def breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
-        """(segment index, ttl) of every breakpoint, validated as the API does (HTTP 400 otherwise)."""
+        """(segment index, ttl) of every breakpoint, validated as the API does (HTTP 400 otherwise).
+
+        Computed once per request (the session asks again for the ideal read of the next turn).
+        """
+        marks = req.__dict__.get("_anthropic_breakpoints")
+        if marks is None:
+            marks = self._breakpoints(req)
+            object.__setattr__(req, "_anthropic_breakpoints", marks)
+        return marks
+
+    def _breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
         marks: list[tuple[int, str]] = []
         for i, seg in enumerate(req.segments):
             if seg.cache_control is not None:
