@@ -6,6 +6,7 @@ The public API; everything else is internal. ``import promptcache_nb as pc``.
 from __future__ import annotations
 
 from . import analysis, plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
+from ._data import data_path
 from .analysis import Change, Observation, Prices, compare_df, efficiency, prices_for, summarize
 from .analysis.calibrate import Calibration, calibrate, load_calibration
 from .analysis.resimulate import compare_caches, resimulate
@@ -24,11 +25,13 @@ from .errors import (
     APIConnectionError,
     APIError,
     AuthenticationError,
+    ImportFormatError,
     InvalidRequestError,
     KnowledgeError,
     OverloadedError,
     PriceError,
     PromptCacheError,
+    PromptCacheWarning,
     RateLimitError,
     ScenarioError,
     SessionError,
@@ -37,8 +40,10 @@ from .errors import (
     UnknownCacheModelError,
     UnknownModelError,
     UnknownStrategyError,
+    UnpricedModelWarning,
 )
-from .live import AnthropicBackend, Backend, BackendResponse, DirectSimulator, SimulatorServer
+from .importers import ImportedRequest, ImportResult
+from .live import Backend, BackendResponse, DirectSimulator, SimulatorServer
 from .request import PrefixDiff, PreparedRequest, Segment, canonical_bytes, prepare
 from .request.diff import diff
 from .scenario import Scenario, ToolCall, load_scenario
@@ -57,6 +62,14 @@ def __getattr__(name: str):
         return strategy_names()
     if name == "CACHE_MODELS":
         return cache_model_names()
+    if name == "AnthropicBackend":  # imports the anthropic SDK (~1.5 s): only when asked for
+        from .live.anthropic_backend import AnthropicBackend
+
+        return AnthropicBackend
+    if name == "RecordingProxy":  # imports starlette, uvicorn and httpx: only when a proxy is asked for
+        from .live.proxy import RecordingProxy
+
+        return RecordingProxy
     raise AttributeError(f"module 'promptcache_nb' has no attribute {name!r}")
 
 
@@ -77,6 +90,9 @@ __all__ = [
     "DeepSeekCache",
     "DirectSimulator",
     "HeuristicTokenizer",
+    "ImportFormatError",
+    "ImportResult",
+    "ImportedRequest",
     "InvalidRequestError",
     "KnowledgeBook",
     "KnowledgeEntry",
@@ -90,7 +106,9 @@ __all__ = [
     "PriceError",
     "Prices",
     "PromptCacheError",
+    "PromptCacheWarning",
     "RateLimitError",
+    "RecordingProxy",
     "STRATEGIES",
     "Scenario",
     "ScenarioError",
@@ -108,6 +126,7 @@ __all__ = [
     "UnknownCacheModelError",
     "UnknownModelError",
     "UnknownStrategyError",
+    "UnpricedModelWarning",
     "Usage",
     "VLLMCache",
     "analysis",
@@ -116,6 +135,7 @@ __all__ = [
     "canonical_bytes",
     "compare_caches",
     "compare_df",
+    "data_path",
     "diff",
     "efficiency",
     "get_cache_model",

@@ -77,3 +77,26 @@ def common_prefix_length(a: Sequence[Any], b: Sequence[Any]) -> int:
         else:
             hi = mid
     return lo
+
+
+_SNAPSHOT_SUFFIX = re.compile(r"(?:-\d{8}|@\d{8}|-\d{4}-\d{2}-\d{2}|-latest)$")
+_PLATFORM_WRAP = re.compile(r"^(?:[a-z]{2,4}\.)?anthropic\.|-v\d+(?::\d+)?$")
+
+
+def model_base_id(model: str) -> str:
+    """A model id without its snapshot date or ``-latest`` alias, lower-cased; Bedrock's
+    ``[region.]anthropic.`` prefix and ``-v1:0`` suffix removed. Nothing else is stripped, so distinct
+    models never collapse: ``claude-opus-4-9`` stays itself (it is not ``claude-opus-4``).
+
+    Example:
+        >>> model_base_id("claude-sonnet-4-5-20250929"), model_base_id("gpt-5-2025-08-07")
+        ('claude-sonnet-4-5', 'gpt-5')
+    """
+    base = _PLATFORM_WRAP.sub("", model.strip().lower())
+    while (shorter := _SNAPSHOT_SUFFIX.sub("", base)) != base:
+        base = shorter
+    return base
+
+
+# Response header our simulator endpoint sets: usage behind it is simulated (estimated tokens), never measured.
+SIMULATOR_HEADER = "x-promptcache-simulator"

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from ._data import data_path
 from .errors import PromptCacheError
 
-REPO_DATA = Path(__file__).resolve().parent.parent / "data" / "scenarios"
-DEFAULT_SCENARIO = REPO_DATA / "support_agent.yaml"
+# Scenarios ship inside the package (read through importlib.resources), so a plain `pip install` can run `demo`.
+SCENARIOS = data_path("scenarios")
+DEFAULT_SCENARIO = SCENARIOS / "support_agent.yaml"
 
 DISPLAY_COLUMNS = ["strategy", "requests", "cache_read_pct", "efficiency", "cache_write", "breaks",
                    "cost_usd", "cost_no_cache_usd", "saved_usd"]
@@ -26,15 +28,31 @@ def _fresh_db(path: Path) -> Path:
     return path
 
 
+def _scenario_path(name: str) -> Path:
+    """A scenario file, or the name of one shipped with the package (``tiny``, ``support_agent``...)."""
+    path = Path(name)
+    if not path.exists() and (SCENARIOS / f"{name}.yaml").exists():
+        return SCENARIOS / f"{name}.yaml"
+    return path
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import promptcache_nb as pc
 
     from .report import write_report
 
-    scenario = pc.load_scenario(args.scenario)
+    scenario = pc.load_scenario(_scenario_path(args.scenario))
+    strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] or list(pc.STRATEGIES)
+    for name in strategies:  # before the old demo store is deleted: a typo must not cost it
+        pc.strategies.get_strategy(name)
+    pc.cache.get_cache_model(args.cache)
+    prices = pc.analysis.default_prices(args.cache, scenario.model)
+    priced = (f"costs priced as {prices.model_ref} ({prices.source})" if prices.model_ref
+              else f"costs: {prices.source}")
+    if prices.model_ref and prices.model_ref != scenario.model:
+        priced += f", {args.cache}'s stand-in for {scenario.model}"
     out = Path(args.out)
     db = _fresh_db(out / "demo.duckdb")
-    strategies = args.strategies.split(",") if args.strategies else list(pc.STRATEGIES)
     started = time.perf_counter()
     with pc.Lab(db, progress=not args.quiet) as lab:
         sessions = [lab.replay(scenario, strategy=name, cache=args.cache) for name in strategies]
@@ -44,11 +62,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     report = write_report(
         out / "report.html", summary, frames,
         title=f"promptcache_nb demo — {scenario.name} ({scenario.n_requests} requests) under {args.cache}",
-        notes=[f"scenario: {scenario.path}", f"model: {scenario.model}", f"store: {db}"],
+        notes=[f"scenario: {scenario.path}", f"model: {scenario.model}", f"cache model: {args.cache}; {priced}",
+               f"store: {db}"],
     )
     with pd.option_context("display.width", 160, "display.max_columns", 20):
-        print(f"\n{scenario.name}: {len(scenario.turns)} turns, {scenario.n_requests} requests, "
-              f"model {scenario.model}, cache model {args.cache}")
+        print(f"\n{scenario.name}: {len(scenario.turns)} scenario turns, {scenario.n_requests} requests, "
+              f"model {scenario.model}, cache model {args.cache}; {priced}")
         print("token figures: simulated (estimated tokens); efficiency = Σ cache_read / Σ ideal_cache_read\n")
         print(summary[DISPLAY_COLUMNS].to_string(index=False))
     print(f"\nwrote {db} and {report} in {elapsed:.1f} s")
@@ -58,7 +77,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     import promptcache_nb as pc
 
-    scenario = pc.load_scenario(args.scenario)
+    # everything is checked before the store exists: a bad option leaves no empty .duckdb behind
+    scenario = pc.load_scenario(_scenario_path(args.scenario))
+    pc.strategies.get_strategy(args.strategy)
+    pc.cache.get_cache_model(args.cache)
     with pc.Lab(args.db, progress=not args.quiet) as lab:
         s = lab.replay(scenario, strategy=args.strategy, cache=args.cache)
         summary = pc.compare_df([s])
@@ -70,34 +92,113 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_sql(args: argparse.Namespace) -> int:
     import promptcache_nb as pc
 
-    with pc.Lab(args.db, progress=False) as lab:
+    # read-only: never creates, migrates or changes the file (a typo'd path, another application's database)
+    with pc.Lab(args.db, progress=False, read_only=True) as lab:
         df = lab.sql(args.query)
     with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
         print(df.to_string(index=False))
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    import promptcache_nb as pc
+
+    with pc.Lab(args.db, progress=not args.quiet) as lab:
+        res = lab.import_log(args.paths, format=args.format, project=args.project)
+        summary = res.summary()
+        rebuilds = [pc.rebuilds(s) for s in res.sessions]
+    print(f"{res!r} into {args.db} — token figures are measured (usage reported by the endpoint)")
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
+        if len(summary):
+            print(summary.to_string(index=False))
+        for s, rb in zip(res.sessions, rebuilds, strict=True):
+            if len(rb):
+                print(f"\n{s.id}: {len(rb)} cache rebuilds")
+                print(rb.to_string(index=False, max_rows=20))
+        if res.unknown_models:
+            print("\nmodels without a price (cost left empty): " + ", ".join(res.unknown_models))
+        if len(res.skipped):
+            print(f"\n{len(res.skipped)} skipped:")
+            print(res.skipped.to_string(index=False, max_rows=20))
+    return 0
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    import signal
+
+    from .live.proxy import RecordingProxy
+
+    if hasattr(signal, "SIGTERM"):  # `kill PID` closes the proxy like Ctrl-C does (lines are flushed either way)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with RecordingProxy(args.upstream, args.log, host=args.host, port=args.port) as proxy:
+        openai_suffix = "" if proxy.upstream.endswith("/v1") else "/v1"
+        print(f"promptcache-nb proxy listening on {proxy.url} -> {proxy.upstream}, appending to {args.log}",
+              flush=True)
+        print(f"  export ANTHROPIC_BASE_URL={proxy.url}", flush=True)
+        print(f"  export OPENAI_BASE_URL={proxy.url}{openai_suffix}", flush=True)
+        while True:
+            time.sleep(3600)  # until Ctrl-C / SIGTERM
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="promptcache-nb", description=__doc__)
+    from .cache import cache_model_names
+    from .strategies import strategy_names
+
+    strategies, caches = strategy_names(), cache_model_names()
+    bundled = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
+    p = argparse.ArgumentParser(
+        prog="promptcache-nb",
+        description="Why an LLM agent's prompt cache hits or misses, and what it costs: replay scenarios "
+                    "under context strategies and provider cache models, query the DuckDB store, serve a "
+                    "local Messages-compatible endpoint, record and import real traffic.")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="replay the reference scenario under every strategy; table + HTML report")
-    d.add_argument("--scenario", default=str(DEFAULT_SCENARIO))
-    d.add_argument("--cache", default="anthropic")
-    d.add_argument("--strategies", default="", help="comma-separated subset (default: all)")
-    d.add_argument("--out", default="build/demo")
+    d = sub.add_parser("demo", help="replay the reference scenario under every strategy; table + HTML report",
+                       description="Replay a scenario under several strategies (offline, no API key) into "
+                                   "OUT/demo.duckdb (replaced), print the comparison and write OUT/report.html.")
+    d.add_argument("--scenario", default="support_agent", metavar="FILE_OR_NAME",
+                   help=f"a scenario YAML file, or a bundled one: {bundled} (default: %(default)s)")
+    d.add_argument("--cache", default="anthropic", metavar="CACHE",
+                   help=f"provider cache model: {', '.join(caches)} (default: %(default)s); the output says "
+                        "which model's prices it uses")
+    d.add_argument("--strategies", default="", metavar="A,B,...",
+                   help=f"comma-separated subset of: {', '.join(strategies)} (default: all)")
+    d.add_argument("--out", default="build/demo", metavar="DIR", help="output directory (default: %(default)s)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
     d.set_defaults(fn=cmd_demo)
-    r = sub.add_parser("replay", help="replay one scenario under one strategy into a DuckDB file")
-    r.add_argument("scenario")
-    r.add_argument("--strategy", default="naive")
-    r.add_argument("--cache", default="anthropic")
-    r.add_argument("--db", required=True)
-    r.add_argument("--quiet", action="store_true")
+    r = sub.add_parser("replay", help="replay one scenario under one strategy into a DuckDB file",
+                       description="Replay a scenario under one strategy and cache model, appending a session to "
+                                   "the store (created if missing; nothing is created when an option is wrong).")
+    r.add_argument("scenario", metavar="FILE_OR_NAME", help=f"a scenario YAML file, or a bundled one: {bundled}")
+    r.add_argument("--strategy", default="naive", metavar="STRATEGY",
+                   help=f"one of: {', '.join(strategies)} (default: %(default)s)")
+    r.add_argument("--cache", default="anthropic", metavar="CACHE",
+                   help=f"provider cache model: {', '.join(caches)} (default: %(default)s)")
+    r.add_argument("--db", required=True, metavar="FILE.duckdb", help="the store (required; created if missing)")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(fn=cmd_replay)
-    q = sub.add_parser("sql", help="run SQL against a promptcache_nb DuckDB file")
-    q.add_argument("db")
-    q.add_argument("query")
+    q = sub.add_parser("sql", help="run SQL against a promptcache_nb DuckDB file",
+                       description="Run one SQL query against a store opened read-only (a missing file is an "
+                                   "error, never created) and print the result as a table.")
+    q.add_argument("db", metavar="FILE.duckdb", help="an existing store")
+    q.add_argument("query", help='e.g. "select idx, cache_reason, cache_read_input_tokens from turns"; tables: '
+                                 "see README, Schema")
     q.set_defaults(fn=cmd_sql)
+    i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, vcr, HAR, proxy exchanges, OTLP JSON)")
+    i.add_argument("paths", nargs="+", help="files, directories (walked) or globs")
+    i.add_argument("--db", required=True, help="the DuckDB store to import into (created if missing)")
+    i.add_argument("--format", default="auto",
+                   help="force a format: claude-code, codex, vcr, har, exchanges, otlp (default: detect by content)")
+    i.add_argument("--project", default=None, help="knowledge project for the imported sessions "
+                                                   "(default: imported/<format>)")
+    i.add_argument("--quiet", action="store_true", help="no progress bars")
+    i.set_defaults(fn=cmd_import)
+    x = sub.add_parser("proxy", help="record an agent's API calls: forward to --upstream, append one line per "
+                                     "call to --log (the `exchanges` format `import` reads)")
+    x.add_argument("--upstream", required=True, help="the API origin, e.g. https://api.anthropic.com")
+    x.add_argument("--log", required=True, metavar="FILE.jsonl", help="JSON Lines file to append to")
+    x.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    x.add_argument("--port", type=int, default=8787, help="TCP port (0: any free port; default 8787)")
+    x.set_defaults(fn=cmd_proxy)
     from .live.server import add_serve_arguments, run_serve
 
     v = sub.add_parser("serve", help="run a local Messages-compatible endpoint backed by a cache model")

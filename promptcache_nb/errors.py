@@ -179,5 +179,44 @@ class PriceError(PromptCacheError):
     """No price is known for a model; pass prices= explicitly."""
 
 
+class PromptCacheWarning(UserWarning):
+    """Base class of every warning promptcache_nb issues (figures were stored, but something is missing)."""
+
+
+class UnpricedModelWarning(PromptCacheWarning):
+    """A request's model has no exact price in genai-prices: its cost is stored as NULL, never guessed.
+
+    Attributes:
+        model: the model id as the request named it.
+        session_id: the session the request belongs to.
+    """
+
+    def __init__(self, model: str, session_id: str | None = None) -> None:
+        self.model = model
+        self.session_id = session_id
+        where = f"session {session_id!r}: " if session_id else ""
+        super().__init__(
+            f"{where}no exact price for model {model!r} in genai-prices; its requests are stored with "
+            "cost_usd NULL (never another model's price). Pass prices=pc.Prices(...) to the session to price "
+            "them; later unpriced requests of this session are not reported again"
+        )
+
+
 class SessionError(PromptCacheError):
     """A session operation is not possible in the session's current state."""
+
+
+class ImportFormatError(PromptCacheError, ValueError):
+    """A log file is in no known format, or is too damaged to read. The message is one line naming the file.
+
+    Attributes:
+        path: the file.
+        tried: the formats that were tried (empty when a forced format failed).
+    """
+
+    def __init__(self, path: str, problem: str, *, tried: tuple[str, ...] | list[str] = ()) -> None:
+        self.path = path
+        self.problem = problem
+        self.tried = tuple(tried)
+        formats = f" (formats tried: {', '.join(self.tried)})" if self.tried else ""
+        super().__init__(f"{path}: {problem}{formats}")

@@ -41,10 +41,17 @@ def _format(summary: pd.DataFrame) -> pd.DataFrame:
         elif col == "cache_read_pct":
             out[label] = [f"{float(v):.1f}" for v in values]
         elif col.endswith("_usd"):
-            out[label] = [f"{float(v):,.2f}" for v in values]
+            out[label] = [_usd(v) for v in values]
         else:
             out[label] = values.astype(str).tolist()
     return out
+
+
+def _usd(value: Any) -> str:
+    """Dollars with four decimals: a small scenario's costs are fractions of a cent, never "0.01"."""
+    if value is None or pd.isna(value):
+        return "–"
+    return f"{float(value):,.4f}"
 
 
 def write_report(path: str | Path, summary: pd.DataFrame, frames: dict[str, pd.DataFrame], *,

@@ -9,7 +9,10 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,13 +21,20 @@ from typing import Any
 import pandas as pd
 
 from . import analysis as _analysis
-from ._util import digest, parse_duration, utc
+from ._util import common_prefix_length, digest, parse_duration, utc
 from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult, get_cache_model
-from .errors import APIError, InvalidRequestError, KnowledgeError, PromptCacheError, SessionError
+from .errors import (
+    APIError,
+    InvalidRequestError,
+    KnowledgeError,
+    PromptCacheError,
+    SessionError,
+    UnpricedModelWarning,
+)
 from .live import Backend, DirectSimulator
 from .live._base import SIMULATED_REPLY
-from .request import PreparedRequest, SegmentMemo, canonical_bytes, canonical_json, prepare
+from .request import PreparedRequest, SegmentMemo, canonical_bytes, canonical_json, prepare, visible
 from .scenario import (
     DEFAULT_START,
     Compaction,
@@ -37,11 +47,15 @@ from .scenario import (
     Restart,
     Scenario,
     ToolsChange,
+    set_model_check,
 )
 from .store import Delta, KnowledgeEntry, Store
 from .strategies import DeltaTable, StrategyContext, get_strategy
 from .tokens import DEFAULT_TOKENIZER, CalibratedTokenizer, Tokenizer, segment_tokens
 from .usage import Usage
+
+# a scenario's models are checked when it loads, against the table Lab.session validates with
+set_model_check(get_cache_model("anthropic").validate_model)
 
 COMPACTION_HEADER = "Summary of the conversation so far:\n\n"
 COMPACTION_ACK = "Understood. I have the summary and will continue from it."
@@ -198,20 +212,27 @@ class KnowledgeBook:
             at: datetime | None = None) -> str:
         """Add an entry; returns its id (deterministic: project + sequence + title)."""
         self._s._check_open()
+        _check_texts(KnowledgeError, "knowledge.add", required=("title", "content", "category"), title=title,
+                     content=content, category=category, key=key)
         if not title.strip() or not content.strip():
             raise KnowledgeError("knowledge entries need a non-empty title and content")
         project = self._s.project
         n = self._store.knowledge_count(project)
         entry_id = digest(f"{project}\x1f{n}\x1f{title}".encode(), tag="ltm")[:26]
+        ns = self._s._id_namespace.get("project", project)
+        if ns != project:
+            # A repeat replay: the short id (all a prompt shows) is the first replay's, so the same scenario
+            # gives the same bytes and token counts; the rest of the id keeps it unique in the table.
+            entry_id = digest(f"{ns}\x1f{n}\x1f{title}".encode(), tag="ltm")[:8] + entry_id[8:]
         entry = KnowledgeEntry(entry_id, project, 1, title, content, category, False, self._now(at), key)
-        self._write(entry)
-        self._s._note_event(f"knowledge_add:{entry.short_id}")
+        self._write(entry, f"knowledge_add:{entry.short_id}")
         return entry_id
 
     def update(self, entry_id: str, *, title: str | None = None, content: str | None = None,
                category: str | None = None, at: datetime | None = None) -> bool:
         """Write a new version; returns False (and writes nothing) when nothing changed."""
         self._s._check_open()
+        _check_texts(KnowledgeError, "knowledge.update", title=title, content=content, category=category)
         cur = self.get(entry_id)
         if cur.deleted:
             raise KnowledgeError(f"knowledge entry {entry_id!r} was removed; add a new one instead")
@@ -220,8 +241,7 @@ class KnowledgeBook:
                              category if category is not None else cur.category, False, self._now(at), cur.key)
         if (new.title, new.content, new.category) == (cur.title, cur.content, cur.category):
             return False
-        self._write(new)
-        self._s._note_event(f"knowledge_update:{cur.short_id}")
+        self._write(new, f"knowledge_update:{cur.short_id}")
         return True
 
     def remove(self, entry_id: str, *, at: datetime | None = None) -> None:
@@ -230,22 +250,25 @@ class KnowledgeBook:
         if cur.deleted:
             raise KnowledgeError(f"knowledge entry {entry_id!r} is already removed")
         self._write(KnowledgeEntry(cur.id, cur.project_id, cur.version + 1, cur.title, cur.content,
-                                   cur.category, True, self._now(at), cur.key))
-        self._s._note_event(f"knowledge_remove:{cur.short_id}")
+                                   cur.category, True, self._now(at), cur.key), f"knowledge_remove:{cur.short_id}")
 
     def df(self) -> pd.DataFrame:
+        """The current entries as a frame for reading: bidi, zero-width and control characters in the text
+        columns are shown (``⟨RLO⟩``, ``↵``: :func:`~promptcache_nb.request.visible`); ``list()`` keeps
+        the raw text."""
         rows = [
-            {"id": e.id, "short_id": e.short_id, "key": e.key, "title": e.title, "category": e.category,
-             "version": e.version, "content": e.content}
+            {"id": e.id, "short_id": e.short_id, "key": visible(e.key) if e.key else e.key,
+             "title": visible(e.title), "category": visible(e.category), "version": e.version,
+             "content": visible(e.content)}
             for e in self.list()
         ]
         return pd.DataFrame(rows, columns=["id", "short_id", "key", "title", "category", "version", "content"])
 
-    def _write(self, entry: KnowledgeEntry) -> None:
-        store = self._store
-        with store.transaction():
-            store.write_knowledge(entry)
-        self._s._lab._knowledge_cache.pop(entry.project_id, None)
+    def _write(self, entry: KnowledgeEntry, event: str) -> None:
+        # the entry's new version and its pending event commit together: a kill in between keeps neither
+        lab = self._s._lab
+        self._s._note_event(event, write=lambda store: store.write_knowledge(entry),
+                            committed=lambda: lab._knowledge_cache.pop(entry.project_id, None))
 
     def __repr__(self) -> str:
         return f"KnowledgeBook(project={self._s.project!r}, entries={len(self)})"
@@ -262,7 +285,10 @@ class Session:
         self.cache: str = row["cache_model"]
         cfg = row["config"]
         self._config = cfg
-        self._strategy = get_strategy(self.strategy)
+        # imported sessions have no strategy: their requests were built by someone else's agent
+        self._strategy = get_strategy(self.strategy) if self.strategy is not None else None
+        self.source: str | None = row.get("source")
+        self.parent_id: str | None = row.get("parent_id")
         self._cache_params = cfg.get("cache_params", {})
         self._cache_model: CacheModel | None = None
         self._cache_ready = False
@@ -274,7 +300,6 @@ class Session:
         # an opted-in calibration scales every estimate of this session (ratio per text; README "Calibration")
         tokenizer = lab.tokenizer if not cal else CalibratedTokenizer(lab.tokenizer, SimpleNamespace(**cal))
         self._memo = SegmentMemo(tokenizer)
-        self.knowledge = KnowledgeBook(self)
         self._closed = False
         self._load()
 
@@ -310,6 +335,11 @@ class Session:
             self._pending_events = list(pending)
 
     @property
+    def knowledge(self) -> KnowledgeBook:
+        """The project's long-term knowledge (a view made on access: no Session <-> book reference cycle)."""
+        return KnowledgeBook(self)
+
+    @property
     def model(self) -> str:
         return self._state["model"]
 
@@ -336,6 +366,12 @@ class Session:
         return tuple(self._pending_events)
 
     @property
+    def _id_namespace(self) -> dict[str, str]:
+        """What generated ids (knowledge entry short ids, ``tool_use`` ids) derive from: this session's id and
+        project, or, for a repeat replay of a scenario, those of its first replay (``Lab.replay``)."""
+        return self._state["extra"].get("_id_namespace") or {}
+
+    @property
     def cache_params(self) -> dict[str, Any]:
         """Parameters the session's cache model was created with."""
         return dict(self._cache_params)
@@ -346,6 +382,20 @@ class Session:
         if self._prices is not None:
             return self._prices
         return _analysis.default_prices(self.cache, self.model)
+
+    def _costs(self, model: str, usage: Usage, at: datetime) -> tuple[float | None, float | None]:
+        """(cost, cost without caching) of one request, priced by its own model: explicit prices, else
+        genai-prices by the exact id. A model without an exact price costs NULL, with one
+        :class:`~promptcache_nb.errors.UnpricedModelWarning` per session — never another model's price."""
+        if usage.total_input_tokens is None:
+            return None, None  # unknown usage has no cost, whatever the price
+        prices = self._prices or _analysis.request_prices(self.cache, model)
+        if prices is None:
+            if not self.__dict__.get("_warned_unpriced"):
+                self._warned_unpriced = True
+                warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=4)
+            return None, None
+        return prices.cost(usage, at), prices.cost_without_cache(usage, at)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -359,17 +409,37 @@ class Session:
     def _clock_now(self) -> datetime:
         return self._prev_at or self._start
 
-    def _note_event(self, code: str) -> None:
-        self._pending_events.append(code)
-        self._persist_pending()
+    def _note_event(self, code: str, *, changes: dict[str, Any] | None = None,
+                    write: Callable[[Store], None] | None = None, committed: Callable[[], None] | None = None) -> None:
+        """Record an event between turns: ``write`` (the change itself, e.g. a knowledge row), the state
+        ``changes`` and the pending event are one transaction; the in-memory session moves only once stored."""
+        self._commit_state([*self._pending_events, code], changes=changes, write=write, committed=committed)
 
     def _persist_pending(self) -> None:
         # Events between turns survive a restart (e.g. a compaction recorded just before one).
-        self._state["extra"]["_pending_events"] = list(self._pending_events)
-        self._state_written = None
+        self._commit_state(list(self._pending_events))
+
+    def _commit_state(self, pending: list[str], *, changes: dict[str, Any] | None = None,
+                      write: Callable[[Store], None] | None = None,
+                      committed: Callable[[], None] | None = None) -> None:
+        state = {**self._state, **(changes or {})}
+        state["extra"] = {**self._state["extra"], "_pending_events": list(pending)}
         store = self._lab.store
-        with store.transaction():
-            store.write_state(self.id, self._state, self._clock_now())
+        before = store.commit_count
+        wrote = False
+        try:
+            with store.transaction():
+                if write is not None:
+                    write(store)
+                store.write_state(self.id, state, self._clock_now())
+            wrote = True
+        finally:
+            # stored (also when a Ctrl-C landed right after COMMIT), or written inside Lab.atomic(), which
+            # reloads every open session from the store if its transaction rolls back
+            if store.commit_count != before or (wrote and self._lab._atomic_depth):
+                self._state, self._pending_events, self._state_written = state, list(pending), None
+                if committed is not None:
+                    committed()
 
     # -- the cache model ----------------------------------------------------------------------
     def _cache(self) -> CacheModel:
@@ -381,7 +451,9 @@ class Session:
             store = self._lab.store
             for idx, at in store.rows('SELECT idx, "at" FROM turns WHERE session_id = ? ORDER BY idx', [self.id]):
                 req = prepare(store.turn_body(self.id, idx), memo=self._memo)
-                self._cache_model.process(req, at.astimezone(UTC))
+                # a stored request the model cannot simulate (an unknown model, stored with measured usage)
+                # is skipped, as when it was recorded: it never breaks the session
+                _analysis.simulate(self._cache_model, req, at.astimezone(UTC))
             self._cache_ready = True
         return self._cache_model
 
@@ -389,16 +461,16 @@ class Session:
     def set_tools(self, tools: list[dict[str, Any]]) -> None:
         """Replace the tool set (an MCP reconnect)."""
         self._check_open()
-        self._state["tools"] = copy.deepcopy(list(tools))
-        self._note_event("tools")
+        tools = copy.deepcopy(list(tools))
+        _check_texts(SessionError, "set_tools", required=("tools",), tools=tools)
+        self._note_event("tools", changes={"tools": tools})
 
     def switch_model(self, model: str) -> None:
         self._check_open()
         model = self._cache_for_validation().validate_model(model)
         if self._prices is None:
             _analysis.default_prices(self.cache, model)
-        self._state["model"] = model
-        self._note_event(f"model_switch:{model}")
+        self._note_event(f"model_switch:{model}", changes={"model": model})
 
     def _cache_for_validation(self) -> CacheModel:
         return self._cache_model or get_cache_model(self.cache, **self._cache_params)
@@ -406,29 +478,35 @@ class Session:
     def edit_host_prompt(self, text: str | None = None, *, append: str | None = None) -> None:
         """The host prompt file changed: a new ``text``, or ``append`` to the current one."""
         self._check_open()
+        # checked before anything changes: a rejected edit leaves the session's prompt as it was
+        _check_texts(SessionError, "edit_host_prompt", text=text, append=append)
         new = text if text is not None else self._state["host_prompt"]
         if append:
             new = new + append
-        self._state["host_prompt"] = new
-        self._note_event("host_prompt_edit")
+        self._note_event("host_prompt_edit", changes={"host_prompt": new})
 
     def compact(self, summary: str) -> None:
         """Replace the history by a summary (the agent's context compaction)."""
         self._check_open()
-        store = self._lab.store
+        _check_texts(SessionError, "compact", required=("summary",), summary=summary)
         msgs = [
             {"role": "user", "content": [{"type": "text", "text": COMPACTION_HEADER + summary}]},
             {"role": "assistant", "content": [{"type": "text", "text": COMPACTION_ACK}]},
         ]
-        with store.transaction():
+        seq = self._msg_seq
+
+        def write(store: Store) -> None:
             store.con.execute(
                 "UPDATE session_messages SET compacted = true WHERE session_id = ?", [self.id]
             ).fetchall()
-            store.write_messages(self.id, self._next_idx, [(self._msg_seq, msgs[0]), (self._msg_seq + 1, msgs[1])],
+            store.write_messages(self.id, self._next_idx, [(seq, msgs[0]), (seq + 1, msgs[1])],
                                  tokenizer=self._memo.tokenizer)
-        self._messages = msgs
-        self._msg_seq += 2
-        self._note_event("compaction")
+
+        def committed() -> None:
+            self._messages, self._msg_seq = msgs, seq + 2
+
+        # the history rewrite and its pending "compaction" event are one transaction
+        self._note_event("compaction", write=write, committed=committed)
 
     def restart(self) -> Session:
         """Drop every in-memory object and resume from the store alone; use the returned session."""
@@ -484,16 +562,23 @@ class Session:
                 result): each makes the assistant call a tool and adds one more request.
         """
         self._check_open()
+        if self._strategy is None:
+            raise SessionError(f"session {self.id!r} was imported ({self.source}); it has no strategy to build a "
+                               "request with: add requests with record(), or replay a scenario in a new session")
         at = self._next_at(at)
         calls = [_as_call(c) for c in tool_calls]
+        _check_texts(SessionError, f"turn {self._next_idx}", required=("user",), user=user, reply=reply,
+                     tool_calls=[[c.name, c.input, c.result] for c in calls])
         snapshot = self._snapshot()
+        commits = self._lab.store.commit_count
         try:
             # a user turn and its tool loop are one transaction: all of its requests are stored, or none
             with self._lab.store.transaction():
                 new_msgs = [{"role": "user", "content": [{"type": "text", "text": user}]}]
                 user_text: str | None = user
                 for call in calls:
-                    tool_id = "toolu_" + digest(f"{self.id}/{self._next_idx}".encode(), tag="tool")[:24]
+                    ns = self._id_namespace.get("session", self.id)
+                    tool_id = "toolu_" + digest(f"{ns}/{self._next_idx}".encode(), tag="tool")[:24]
                     use = {"role": "assistant", "content": [
                         {"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]}
                     self._request(new_msgs, use, at=at, user_text=user_text)
@@ -506,7 +591,9 @@ class Session:
                 final = None if reply is None else {"role": "assistant", "content": [{"type": "text", "text": reply}]}
                 return self._request(new_msgs, final, at=at, user_text=user_text)
         except BaseException:
-            self._restore(snapshot)
+            # rolled back: forget the turn; committed (a Ctrl-C that landed after COMMIT): keep it, as the store does
+            if self._lab.store.commit_count == commits:
+                self._restore(snapshot)
             raise
 
     def _snapshot(self) -> tuple:
@@ -540,9 +627,17 @@ class Session:
         at: datetime,
         user_text: str | None,
     ) -> Turn:
-        lab = self._lab
-        idx = self._next_idx
         messages = self._messages + new_msgs
+        prepared, state, deltas, events = self._build(messages, at=at)
+        return self._send_and_store(
+            prepared, at=at, events=list(events), user_text=user_text, new_msgs=new_msgs,
+            reply_msg=reply_msg, state=state, deltas=deltas, source_messages=messages,
+        )
+
+    def _build(self, messages: list[dict[str, Any]], *, at: datetime
+               ) -> tuple[PreparedRequest, dict[str, Any], DeltaTable, tuple[str, ...]]:
+        """The strategy's next request over ``messages``, with the state and delta rows it would write."""
+        idx = self._next_idx
         # a copy the strategy may change: the big immutable parts (host prompt, tools) are shared
         state = dict(self._state)
         state["extra"] = json.loads(json.dumps(self._state["extra"]))
@@ -553,7 +648,7 @@ class Session:
         events = tuple(self._pending_events)
         ctx = StrategyContext(
             session_id=self.id, project_id=self.project, request_index=idx, now=at, model=self.model,
-            host_prompt=self.host_prompt, tools=self._state["tools"], knowledge=lab._knowledge(self.project),
+            host_prompt=self.host_prompt, tools=self._state["tools"], knowledge=self._lab._knowledge(self.project),
             messages=messages, events=events, state=state, deltas=deltas,
             params=self._config.get("strategy_params", {}),
         )
@@ -564,50 +659,95 @@ class Session:
             raise
         except (ValueError, TypeError, KeyError) as exc:
             raise SessionError(f"turn {idx}: strategy {self.strategy!r} built an invalid request: {exc}") from exc
-        return self._send_and_store(
-            prepared, at=at, events=list(events), user_text=user_text, new_msgs=new_msgs,
-            reply_msg=reply_msg, state=state, deltas=deltas, source_messages=messages,
-        )
+        return prepared, state, deltas, events
+
+    def preview(self, user: str, *, at: datetime | None = None) -> PreparedRequest:
+        """The request ``step(user)`` would send next, built by the strategy but not sent or stored.
+
+        Nothing changes: no request, no state, no delta row. The Stepper's Restart uses it to check that a
+        session resumed from the store builds the same bytes as the object it replaced.
+
+        Example:
+            >>> before = s.preview("next question").body  # doctest: +SKIP
+            >>> s = s.restart()  # doctest: +SKIP
+            >>> s.preview("next question").body == before  # doctest: +SKIP
+            True
+        """
+        self._check_open()
+        if self._strategy is None:
+            raise SessionError(f"session {self.id!r} was imported ({self.source}); it has no strategy to preview")
+        messages = self._messages + [{"role": "user", "content": [{"type": "text", "text": user}]}]
+        return self._build(messages, at=self._next_at(at))[0]
 
     def record(self, body: dict[str, Any], *, at: datetime | None = None,
-               usage: Usage | dict[str, Any] | None = None) -> Turn:
+               usage: Usage | dict[str, Any] | None = None, request_id: str | None = None,
+               events: Iterable[str] = (), reply: list[dict[str, Any]] | None = None,
+               source_ref: str | None = None, dedupe_key: str | None = None,
+               prepared: PreparedRequest | None = None, dialect: str | None = None,
+               unlogged_prefix_tokens: int | None = None, usage_source: str | None = None) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
-        (measured) usage; without, the session's cache model simulates it. The strategy is not used."""
+        (measured) usage; without, the session's cache model simulates it. The strategy is not used.
+
+        ``source_ref`` (file:line) and ``dedupe_key`` are kept per request for imports; ``prepared`` lets
+        an importer pass a body it already segmented (its own dialect, unlogged prefix, shared prefix).
+        ``dialect`` (``anthropic``, ``openai-chat``, ``openai-responses``; detected when omitted) and
+        ``unlogged_prefix_tokens`` (a partial body's measured unlogged prefix) are passed to ``prepare``;
+        a ``usage`` dict is read in the body's dialect. The body is copied; what equals the previous
+        request's body is shared with it, so a growing history costs only its new tail.
+        """
         self._check_open()
         at = self._next_at(at)
-        try:
-            prepared = prepare(copy.deepcopy(body), memo=self._memo)
-        except (ValueError, TypeError) as exc:
-            raise SessionError(f"turn {self._next_idx}: {exc}") from None
+        if prepared is None:
+            try:
+                prepared = prepare(body, memo=self._memo, previous=self._prev, copy=True, dialect=dialect,
+                                   unlogged_prefix_tokens=unlogged_prefix_tokens)
+            except (ValueError, TypeError) as exc:
+                raise SessionError(f"request {self._next_idx}: {exc}") from None
         given = None
         if usage is not None:
-            given = usage if isinstance(usage, Usage) else Usage.from_anthropic(usage, source="imported")
-            if given.source == "simulated":
+            if isinstance(usage, Usage):
+                given = usage
+            elif prepared.dialect == "anthropic":
+                given = Usage.from_anthropic(usage, source="imported")
+            else:
+                try:
+                    given = Usage.from_openai(usage, api="chat" if prepared.dialect == "openai-chat" else "responses")
+                except ValueError as exc:
+                    raise SessionError(f"request {self._next_idx}: {exc}") from None
+            if usage_source is not None:
+                given = given.with_source(usage_source)  # e.g. a proxy log of our own simulator: simulated
+            elif given.source == "simulated":
                 given = given.with_source("imported")
         return self._send_and_store(
-            prepared, at=at, events=list(self._pending_events), user_text=None, new_msgs=[], reply_msg=None,
-            state=None, deltas=None, source_messages=None, given_usage=given,
+            prepared, at=at, events=list(self._pending_events) + list(events), user_text=None, new_msgs=[],
+            reply_msg=None, state=None, deltas=None, source_messages=None, given_usage=given,
+            given_request_id=request_id, given_reply=reply,
+            extra_columns={"source_ref": source_ref, "dedupe_key": dedupe_key},
         )
 
     def _send_and_store(
         self, prepared: PreparedRequest, *, at: datetime, events: list[str], user_text: str | None,
         new_msgs: list[dict], reply_msg: dict | None, state: dict | None, deltas: DeltaTable | None,
         source_messages: list[dict] | None, given_usage: Usage | None = None,
+        given_request_id: str | None = None, given_reply: list[dict[str, Any]] | None = None,
+        extra_columns: dict[str, Any] | None = None,
     ) -> Turn:
         store = self._lab.store
         idx = self._next_idx
+        commits, interrupted = store.commit_count, None
         cache = self._cache()
         cache_result: CacheResult | None = None
-        request_id = None
-        content = None
+        request_id = given_request_id
+        content = given_reply
         try:
             if given_usage is not None:
                 usage = given_usage  # measured figures are authoritative; the cache model only predicts
                 try:
-                    cache_result = cache.process(prepared, at)
+                    cache_result = cache.process(prepared, at).as_prediction()
                 except PromptCacheError:
-                    cache_result = None  # e.g. a model the cache model's table lacks
-                    self._cache_ready = False
+                    # e.g. a model the cache model's table lacks (Claude Code's "<synthetic>"): no prediction;
+                    # cache models raise before changing state, so the simulated cache goes on unchanged
+                    cache_result = None
             else:
                 resp = self.backend.send(prepared, at=at, cache=cache)
                 usage, cache_result, request_id = resp.usage, resp.cache_result, resp.request_id
@@ -632,13 +772,13 @@ class Session:
                 usage = Usage(usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens,
                               usage.cache_creation_5m_input_tokens, usage.cache_creation_1h_input_tokens, out,
                               usage.source, usage.raw)
-            ideal = self._ideal(prepared, at, events)
-            prices = self.prices
-            cost, cost_nc = prices.cost(usage, at), prices.cost_without_cache(usage, at)
+            ideal = self._ideal(prepared, at, events, usage)
+            cost, cost_nc = self._costs(prepared.model, usage, at)
             keys, nodes, node_rows = store.prefix_nodes(prepared, self._prev_keys, self._prev_nodes)
             rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
             rest_hash = digest(rest_body.encode(), tag="seg")
-            block_rows = store.new_blocks(prepared, rest_body, rest_hash)
+            block_rows = store.new_blocks(prepared, rest_body, rest_hash,
+                                          shared=common_prefix_length(keys, self._prev_keys))
             transport = "direct" if isinstance(self.backend, DirectSimulator) else "http"
             analysis = _analysis.analyse_turn(
                 previous=self._prev, current=prepared, usage=usage, cache_result=cache_result,
@@ -682,6 +822,7 @@ class Session:
                 "segment_map": encode_segment_map(cache_result.segment_states) if cache_result else None,
                 "transport": transport,
                 **analysis.columns,
+                **(extra_columns or {}),
             }
             turn_row["body_bytes"] = prepared_size(prepared)
             if content is not None:
@@ -697,9 +838,11 @@ class Session:
                 knowledge_rows=[], project_id=self.project, state_previous=self._state_written,
                 tokenizer=self._memo.tokenizer,
             )
-        except BaseException:
+        except BaseException as exc:
             self._cache_ready = False
-            raise
+            if store.commit_count == commits:
+                raise
+            interrupted = exc  # record()'s own transaction committed, then a Ctrl-C landed: keep the turn
         # committed: advance the in-memory state
         if source_messages is not None:
             self._messages = source_messages + added[len(new_msgs):]
@@ -713,6 +856,8 @@ class Session:
         self._prev_obs = analysis.state
         self._next_idx += 1
         self._pending_events = []
+        if interrupted is not None:
+            raise interrupted
         return Turn(
             session_id=self.id, index=idx, at=at, request=prepared.body, usage=usage, ideal_cache_read=ideal,
             total_tokens=prepared.total_tokens, cost_usd=cost, cost_no_cache_usd=cost_nc,
@@ -721,40 +866,28 @@ class Session:
             diff=analysis.diff, observation=analysis.observation, prompt_cache_info=analysis.prompt_cache_info,
         )
 
-    def _ideal(self, prepared: PreparedRequest, at: datetime, events: list[str]) -> int:
-        """What a perfectly cache-stable design could have read (brief: Foundation item 9).
-
-        The previous request's tokens, capped at this request's size; 0 on the first request, after a
-        model switch (even back to a model whose cache is still warm: the brief's rule) or a tool-set
-        change; after a gap only the prefixes whose TTL covers it; after a compaction, the tokens before
-        the first message; and 0 when that is below the provider's minimum cacheable length.
-        """
+    def _ideal(self, prepared: PreparedRequest, at: datetime, events: list[str], usage: Usage) -> int:
+        """What a perfectly cache-stable design could have read: the one rule of
+        :mod:`promptcache_nb.analysis._ideal`, from this request's and the previous one's stored totals
+        (measured when measured, never estimates), this session's cache model's TTLs and minimum."""
         prev = self._prev
-        if prev is None or prev.model != prepared.model:
-            return 0
-        tools_now = [s.content_hash for s in prepared.segments if s.kind == "tool"]
-        tools_before = [s.content_hash for s in prev.segments if s.kind == "tool"]
-        if tools_now != tools_before:
-            return 0
-        base = prev.total_tokens
-        if self._prev_at is not None:
+        points: list[tuple[int, float]] | None = None
+        gap = None
+        if prev is not None and self._prev_at is not None:
             gap = (at - self._prev_at).total_seconds()
             try:
                 points = self._cache().retention_points(prev)
             except InvalidRequestError:
                 points = [(prev.total_tokens, 300.0)]
-            if any(gap > ttl for _, ttl in points):
-                # a gap longer than the TTL in use: only prefixes whose lifetime covers it survive
-                base = max((tokens for tokens, ttl in points if gap <= ttl), default=0)
-        if "compaction" in events:
-            base = min(base, prepared.tokens_before_messages())
-        base = min(base, prepared.total_tokens)
         try:
             minimum = self._cache().min_cacheable_tokens(prepared.model)
         except PromptCacheError:
             minimum = 0
-        # a prefix shorter than the provider's minimum is never cached, however stable it is
-        return base if base >= minimum else 0
+        return _analysis.ideal_read(
+            prev, prepared, previous_total=getattr(self._prev_obs, "prompt_total", None),
+            current_total=usage.total_input_tokens, gap_seconds=gap, retention_points=points,
+            compaction="compaction" in events, minimum=minimum, cache_read=usage.cache_read_input_tokens,
+        ).tokens
 
     # -- reading back -------------------------------------------------------------------------
     def turns(self) -> pd.DataFrame:
@@ -763,6 +896,8 @@ class Session:
         df = self._lab.store.sql(
             f"SELECT {_TURN_SELECT} FROM turns WHERE session_id = ? ORDER BY idx", [self.id]
         )
+        # a label for reading: the user's text with invisible characters shown (the body keeps the raw text)
+        df["user_text"] = [visible(t) if isinstance(t, str) else t for t in df["user_text"]]
         return df
 
     def turn(self, index: int) -> Turn:
@@ -793,7 +928,8 @@ class Session:
         return None if ideal == 0 else float(df.cache_read_input_tokens.sum() / ideal)
 
     def __repr__(self) -> str:
-        return (f"Session({self.id!r}, strategy={self.strategy!r}, cache={self.cache!r}, model={self.model!r}, "
+        strategy = "imported" if self.strategy is None else repr(self.strategy)
+        return (f"Session({self.id!r}, strategy={strategy}, cache={self.cache!r}, model={self.model!r}, "
                 f"project={self.project!r}, turns={self._next_idx})")
 
 
@@ -843,6 +979,35 @@ def _history_reply(content: list[dict[str, Any]] | None) -> list[dict[str, Any]]
     return kept
 
 
+def _check_texts(error: type[PromptCacheError], where: str, *, required: tuple[str, ...] = (),
+                 **values: Any) -> None:
+    """Refuse at the boundary what can be neither stored nor sent: a lone surrogate (text decoded with
+    ``surrogateescape``, a broken ``\\ud83d`` JSON escape) is not UTF-8, and DuckDB and the API reject it.
+    Strings, and the strings inside JSON-like values, are checked; ``None`` means "not given"."""
+    for name, value in values.items():
+        if value is None:
+            if name in required:
+                raise error(f"{where}: {name} is required")
+            continue
+        if not isinstance(value, str | dict | list | tuple):
+            raise error(f"{where}: {name} must be a string, not {type(value).__name__}")
+        stack = [value]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, str):
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise error(f"{where}: {name} contains a lone surrogate {v[exc.start]!r} at character "
+                                f"{exc.start}; text must be valid Unicode (decode its source with "
+                                "errors='replace')") from None
+            elif isinstance(v, dict):
+                stack.extend(v)
+                stack.extend(v.values())
+            elif isinstance(v, list | tuple):
+                stack.extend(v)
+
+
 def _label(text: str | None, limit: int = 160) -> str | None:
     """The user_text column is a label for tables; the full text is in the request body."""
     if text is None or len(text) <= limit:
@@ -874,13 +1039,21 @@ class Lab:
     """
 
     def __init__(self, path: str | Path = ":memory:", *, tokenizer: Tokenizer | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, read_only: bool = False) -> None:
         self.path = str(path)
-        self.store = Store(path)
+        self.store = Store(path, read_only=read_only)
         self.tokenizer = tokenizer or DEFAULT_TOKENIZER
         self.progress = progress
         self._knowledge_cache: dict[str, list[KnowledgeEntry]] = {}
-        self._open: dict[str, Session] = {}
+        # Weak: sessions hold their Lab, never the reverse, so `del lab` (with no session left) closes the
+        # file at once instead of waiting for the garbage collector to break a Lab <-> Session cycle.
+        self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+        self._atomic_depth = 0  # > 0 inside atomic(): session objects advance before the outer COMMIT
+
+    @property
+    def read_only(self) -> bool:
+        """True when opened with ``read_only=True``: reading works, every write raises StoreError."""
+        return self.store.read_only
 
     def __enter__(self) -> Lab:
         return self
@@ -890,7 +1063,7 @@ class Lab:
 
     def close(self) -> None:
         """Close the store (releases the file lock). Sessions of this Lab stop working."""
-        for s in self._open.values():
+        for s in list(self._open.values()):
             s._closed = True
         self._open.clear()
         self.store.close()
@@ -907,6 +1080,37 @@ class Lab:
         if cached is None:
             cached = self._knowledge_cache[project] = self.store.knowledge(project)
         return cached
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Several changes as one transaction: all stored, or none (the Stepper's "Next turn").
+
+        Scenario events and the request they precede are applied inside the block. If anything raises,
+        the store rolls back and every open session object reloads from it, so a failed turn changes
+        nothing: no half-applied event, nothing left pending. After a ``restart`` event inside the block,
+        use the session object ``apply`` returned (or ``lab.active_session(id)``).
+
+        Example:
+            >>> with lab.atomic():  # doctest: +SKIP
+            ...     s.knowledge.remove(s.knowledge.id_for("tone"))
+            ...     s.step("Next question")
+        """
+        store = self.store
+        commits = store.commit_count
+        self._atomic_depth += 1
+        try:
+            with store.transaction():
+                yield
+        except BaseException:
+            if store.commit_count == commits:  # rolled back: no object may keep what the store lost
+                self._knowledge_cache.clear()
+                for s in list(self._open.values()):
+                    if not s._closed:
+                        s._load()
+                        s._cache_ready = False
+            raise
+        finally:
+            self._atomic_depth -= 1
 
     def active_session(self, session_id: str) -> Session | None:
         """The Session object currently open for ``session_id`` (the one a restart returned), if any."""
@@ -964,6 +1168,7 @@ class Lab:
             s = Session(self, row, backend=backend)
             self._open[id] = s
             return s
+        _check_texts(SessionError, "lab.session", system=system, tools=tools)
         strat = get_strategy(strategy)
         cache_model = get_cache_model(cache, **(cache_params or {}))
         model = cache_model.validate_model(model)
@@ -993,11 +1198,9 @@ class Lab:
         store = self.store
         with store.transaction():
             store.ensure_project(project, start)
-            store.con.execute(
-                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [session_id, project, strat.name, cache_model.name, model, start, canonical_json(config)],
-            ).fetchall()
-            store.write_state(session_id, state, start)
+            store.create_session({"id": session_id, "project_id": project, "strategy": strat.name,
+                                  "cache_model": cache_model.name, "model": model, "created_at": start,
+                                  "config": config}, state)
         s = Session(self, store.session_row(session_id), backend=backend)
         self._open[session_id] = s
         return s
@@ -1031,6 +1234,23 @@ class Lab:
             segment_states=decode_segment_map(row[18]),
         )
 
+    def import_log(self, paths: Any, *, format: str = "auto", project: str | None = None,  # noqa: A002
+                   progress: bool | None = None) -> Any:
+        """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
+
+        ``paths`` is a file, a directory (walked), a glob or a list. Each session's new requests are stored in
+        one transaction with their **measured** usage; importing the same file again adds only what is new.
+        Returns a :class:`~promptcache_nb.ImportResult` (``.sessions``, ``.requests``, ``.skipped``).
+
+        Example:
+            >>> res = lab.import_log("~/.claude/projects/-home-me-billing")  # doctest: +SKIP
+            >>> res.summary()  # doctest: +SKIP
+        """
+        from .importers import import_log
+
+        show = self.progress if progress is None else progress
+        return import_log(self, paths, format=format, project=project, progress=show)
+
     def resimulate(self, session_id: str, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:
         """A stored session replayed under another cache model (``pc.resimulate``)."""
         return _analysis.resimulate(self, session_id, cache, **kwargs)
@@ -1041,22 +1261,26 @@ class Lab:
         Returns the number of sessions moved. Knowledge stays with its project (Lore's moveSessions).
         """
         store = self.store
-        with store.transaction():
-            n, first = store.one("SELECT count(*), min(created_at) FROM sessions WHERE project_id = ?",
-                                 [from_project])
-            if n == 0:
-                return 0
-            store.ensure_project(to_project, first)  # the sessions' own clock, never the wall clock
-            store.con.execute("UPDATE sessions SET project_id = ? WHERE project_id = ?",
-                              [to_project, from_project]).fetchall()
-            store.con.execute(
-                "UPDATE session_prompt_deltas SET project_id = ? WHERE session_id IN "
-                "(SELECT id FROM sessions WHERE project_id = ?) AND project_id = ?",
-                [to_project, to_project, from_project],
-            ).fetchall()
-        for s in self._open.values():
-            if s.project == from_project:
-                s.project = to_project
+        commits = store.commit_count
+        try:
+            with store.transaction():
+                n, first = store.one("SELECT count(*), min(created_at) FROM sessions WHERE project_id = ?",
+                                     [from_project])
+                if n == 0:
+                    return 0
+                store.ensure_project(to_project, first)  # the sessions' own clock, never the wall clock
+                store.con.execute("UPDATE sessions SET project_id = ? WHERE project_id = ?",
+                                  [to_project, from_project]).fetchall()
+                store.con.execute(
+                    "UPDATE session_prompt_deltas SET project_id = ? WHERE session_id IN "
+                    "(SELECT id FROM sessions WHERE project_id = ?) AND project_id = ?",
+                    [to_project, to_project, from_project],
+                ).fetchall()
+        finally:
+            if store.commit_count != commits:  # moved (also when a Ctrl-C landed right after COMMIT)
+                for s in list(self._open.values()):
+                    if s.project == from_project:
+                        s.project = to_project
         return n
 
     def replay(
@@ -1089,12 +1313,21 @@ class Lab:
         s = self.session(strat.name, cache, sc.model, project=project_id, system=sc.host_prompt,
                          tools=list(sc.tools), start=sc.start, backend=backend, cache_params=cache_params,
                          strategy_params=strategy_params)
+        if project_id != base:
+            # Replaying again (a re-run cell): derive generated ids from the first replay's names, so the
+            # same scenario gives the same entry ids, bytes and token counts; knowledge stays separate.
+            sessions = self.sessions()
+            first = sessions[sessions["project_id"] == base]["id"]
+            s._state["extra"]["_id_namespace"] = {"project": base,
+                                                  "session": str(first.iloc[0]) if len(first) else s.id}
         for spec in sc.knowledge:
             s.knowledge.add(spec.title, spec.content, category=spec.category, key=spec.key, at=sc.start)
         s._pending_events = []
         s._persist_pending()
         show = self.progress if progress is None else progress
-        bar = _progress(total=sc.n_requests, desc=f"{sc.name} · {strat.name}", enabled=show)
+        played = sc.turns if stop_after is None else sc.turns[:stop_after]
+        bar = _progress(total=sum(1 + len(t.tool_calls) for t in played), desc=f"{sc.name} · {strat.name}",
+                        enabled=show)
         at = sc.start
         try:
             for i, turn in enumerate(sc.turns):

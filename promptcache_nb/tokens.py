@@ -92,13 +92,18 @@ def segment_tokens(kind: str, element: Any, tokenizer: Tokenizer = DEFAULT_TOKEN
         frame = MESSAGE_FRAME_TOKENS if kind.startswith("msg") else BLOCK_FRAME_TOKENS
         return count(element) + frame
     if kind == "tool":
-        schema = element.get("input_schema")
+        # Anthropic tools are flat with an input_schema; OpenAI Chat nests {"function": {..., "parameters"}},
+        # OpenAI Responses is flat with "parameters"
+        inner = element.get("function") if isinstance(element.get("function"), dict) else element
+        schema = inner.get("input_schema") if "input_schema" in inner else inner.get("parameters")
         return (
-            count(str(element.get("name", "")))
-            + count(str(element.get("description", "")))
+            count(str(inner.get("name", "")))
+            + count(str(inner.get("description", "")))
             + (count(_compact(schema)) if schema is not None else 0)
             + TOOL_FRAME_TOKENS
         )
+    if kind == "msg-whole" or kind == "item":
+        return _openai_tokens(element, count)
     frame = MESSAGE_FRAME_TOKENS if kind == "msg-start" else BLOCK_FRAME_TOKENS
     if not isinstance(element, dict):  # an empty content list, or something the API would reject
         return MESSAGE_FRAME_TOKENS + count(_compact(element))
@@ -119,6 +124,66 @@ def segment_tokens(kind: str, element: Any, tokenizer: Tokenizer = DEFAULT_TOKEN
     if btype in ("thinking", "redacted_thinking"):
         return count(str(element.get("thinking", element.get("data", "")))) + frame
     return count(_compact({k: v for k, v in element.items() if k != "cache_control"})) + frame
+
+
+_TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "summary_text": "text",
+               "reasoning_text": "text", "refusal": "refusal"}
+_MEDIA_PARTS = frozenset({"image_url", "input_image", "file", "input_file", "input_audio"})
+
+
+def _parts_tokens(content: Any, count: Any) -> int:
+    """Tokens of an OpenAI message's content: a string or a list of content parts."""
+    if isinstance(content, str):
+        return count(content)
+    if not isinstance(content, list):
+        return 0 if content is None else count(_compact(content))
+    n = 0
+    for part in content:
+        t = part.get("type") if isinstance(part, dict) else None
+        if t in _TEXT_PARTS:
+            n += count(str(part.get(_TEXT_PARTS[t], "")))
+        elif t in _MEDIA_PARTS:
+            n += IMAGE_TOKENS
+        else:
+            n += count(_compact(part))
+    return n
+
+
+def _call_tokens(name: Any, arguments: Any, count: Any) -> int:
+    args = arguments if isinstance(arguments, str) else _compact(arguments)
+    return count(str(name or "")) + count(args) + 4
+
+
+def _openai_tokens(element: Any, count: Any) -> int:
+    """A whole OpenAI Chat message (``msg-whole``) or Responses input item (``item``)."""
+    if not isinstance(element, dict):
+        return MESSAGE_FRAME_TOKENS + count(_compact(element))
+    t = element.get("type")
+    if t is None and "role" in element or t == "message":
+        n = _parts_tokens(element.get("content"), count) + MESSAGE_FRAME_TOKENS
+        for call in element.get("tool_calls") or ():
+            fn = (call.get("function") or call.get("custom") or {}) if isinstance(call, dict) else {}
+            n += _call_tokens(fn.get("name"), fn.get("arguments", fn.get("input", "")), count)
+        fc = element.get("function_call")
+        if isinstance(fc, dict):
+            n += _call_tokens(fc.get("name"), fc.get("arguments", ""), count)
+        for key in ("refusal", "reasoning_content"):
+            if isinstance(element.get(key), str):
+                n += count(element[key])
+        return n
+    if t == "function_call":
+        return _call_tokens(element.get("name"), element.get("arguments", ""), count) + BLOCK_FRAME_TOKENS
+    if t == "custom_tool_call":
+        return _call_tokens(element.get("name"), element.get("input", ""), count) + BLOCK_FRAME_TOKENS
+    if t in ("function_call_output", "custom_tool_call_output", "local_shell_call_output"):
+        return _parts_tokens(element.get("output"), count) + BLOCK_FRAME_TOKENS + 4
+    if t == "reasoning":
+        # the visible summary and content; encrypted_content is opaque (its tokens are not knowable here)
+        return (sum(_parts_tokens([p], count) for p in element.get("summary") or ())
+                + sum(_parts_tokens([p], count) for p in element.get("content") or ()) + BLOCK_FRAME_TOKENS)
+    if t == "item_reference" or (t is None and set(element) == {"id"}):
+        return BLOCK_FRAME_TOKENS  # the referenced item's content is held by the server, not the body
+    return count(_compact(element)) + BLOCK_FRAME_TOKENS
 
 
 class _Fit(Protocol):

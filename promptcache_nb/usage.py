@@ -4,6 +4,9 @@ Arithmetic (Anthropic's, provider_cache_rules.md §1.8):
 ``total_input = input_tokens + cache_read_input_tokens + cache_creation_input_tokens``, and
 ``cache_creation_input_tokens = cache_creation_5m_input_tokens + cache_creation_1h_input_tokens``.
 ``None`` means unknown, never 0.
+
+OpenAI reports the prompt *including* what was read from (and written to) the cache (§2.1, §2.2):
+:meth:`Usage.from_openai` converts it exactly to the same arithmetic.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class Usage:
         source: ``simulated`` (a cache model over *estimated* token counts), ``live`` (*measured*: a
             Messages endpoint's response) or ``imported`` (*measured*, from a log).
         raw: the provider's native usage payload, unchanged.
+        reasoning_tokens: the part of ``output_tokens`` spent reasoning, when the provider reports it
+            (OpenAI ``*_tokens_details.reasoning_tokens``); None when not reported.
     """
 
     input_tokens: int | None = None
@@ -38,6 +43,7 @@ class Usage:
     output_tokens: int | None = None
     source: UsageSource = "simulated"
     raw: dict[str, Any] | None = field(default=None, compare=False)
+    reasoning_tokens: int | None = None  # last: Usage(...) is built positionally around the code
 
     @property
     def total_input_tokens(self) -> int | None:
@@ -90,6 +96,79 @@ class Usage:
             raw=raw,
         )
 
+    @classmethod
+    def from_openai(cls, usage: Any, *, api: Literal["chat", "responses"] = "chat",
+                    source: UsageSource = "imported") -> Usage:
+        """Build from an OpenAI ``usage`` object or dict (Chat Completions or Responses), exactly.
+
+        Chat: ``prompt_tokens``, ``prompt_tokens_details.cached_tokens``, ``completion_tokens``,
+        ``completion_tokens_details.reasoning_tokens``. Responses: ``input_tokens``,
+        ``input_tokens_details.cached_tokens``, ``output_tokens``, ``output_tokens_details.reasoning_tokens``.
+        The prompt figure *includes* the cached tokens (provider_cache_rules.md §2.1) and, on models that
+        charge for cache writes, the written ones (``*_details.cache_write_tokens``, §2.2), so::
+
+            cache_read_input_tokens     = cached_tokens
+            cache_creation_input_tokens = cache_write_tokens, or 0 when not reported
+            input_tokens                = prompt - cached - written
+
+        and ``total_input_tokens`` is the prompt figure again. OpenAI writes have no 5m/1h TTLs: the split
+        is 0/0 when nothing was written and None (not applicable) when something was. Without any cached
+        figure (``*_details`` absent, as some OpenAI-compatible servers send) the split is unknown: input,
+        read and write are None. DeepSeek's ``prompt_cache_hit_tokens`` stands in
+        for a missing ``cached_tokens`` (the two are equal, §4). Figures are never adjusted.
+
+        Args:
+            usage: the ``usage`` object (an SDK model or its JSON dict).
+            api: ``chat`` (Chat Completions) or ``responses``.
+            source: ``imported`` (a log) or ``live`` (a response just received).
+
+        Raises:
+            ValueError: a shape it does not understand, naming the field (missing prompt figure, a count
+                that is not a non-negative int, cached + written above the prompt).
+
+        Example:
+            >>> u = Usage.from_openai({"prompt_tokens": 2006, "completion_tokens": 300,
+            ...                        "prompt_tokens_details": {"cached_tokens": 1920}})
+            >>> u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.total_input_tokens
+            (86, 1920, 0, 2006)
+        """
+        if api not in ("chat", "responses"):
+            raise ValueError(f"api: must be 'chat' or 'responses', got {api!r}")
+        raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else usage
+        if not isinstance(raw, dict):
+            raise ValueError(f"usage: must be an object, got {type(raw).__name__}")
+        raw = dict(raw)
+        chat = api == "chat"
+        prompt_key, output_key = ("prompt_tokens", "completion_tokens") if chat else ("input_tokens", "output_tokens")
+        prompt = _count(raw, prompt_key, "usage", required=True)
+        output = _count(raw, output_key, "usage")
+        details_key = "prompt_tokens_details" if chat else "input_tokens_details"
+        details = _details(raw, details_key)
+        cached = _count(details, "cached_tokens", f"usage.{details_key}")
+        written = _count(details, "cache_write_tokens", f"usage.{details_key}")
+        if cached is None and "prompt_cache_hit_tokens" in raw:
+            cached = _count(raw, "prompt_cache_hit_tokens", "usage")
+        out_key = "completion_tokens_details" if chat else "output_tokens_details"
+        reasoning = _count(_details(raw, out_key), "reasoning_tokens", f"usage.{out_key}")
+        if cached is None:
+            return cls(output_tokens=output, source=source, raw=raw, reasoning_tokens=reasoning)
+        written = written or 0
+        if cached + written > prompt:
+            what = f"usage.{details_key}.cached_tokens ({cached})" + (
+                f" + cache_write_tokens ({written})" if written else "")
+            raise ValueError(f"{what} exceeds usage.{prompt_key} ({prompt})")
+        return cls(
+            input_tokens=prompt - cached - written,
+            cache_read_input_tokens=cached,
+            cache_creation_input_tokens=written,
+            cache_creation_5m_input_tokens=None if written else 0,
+            cache_creation_1h_input_tokens=None if written else 0,
+            output_tokens=output,
+            source=source,
+            raw=raw,
+            reasoning_tokens=reasoning,
+        )
+
     def to_anthropic(self) -> dict[str, Any]:
         """The Messages API ``usage`` object for these figures."""
         return {
@@ -102,3 +181,24 @@ class Usage:
             },
             "output_tokens": self.output_tokens or 0,
         }
+
+
+def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False) -> int | None:
+    """A token count from a usage payload: a non-negative int, or None when absent (and not required)."""
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ValueError(f"{where}.{key}: missing")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where}.{key}: must be a non-negative int, got {value!r}")
+    return value
+
+
+def _details(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"usage.{key}: must be an object, got {type(value).__name__}")
+    return value

@@ -1,10 +1,20 @@
 """The quickstart in a real browser: JupyterLab on loopback, driven by Debian's chromium via Playwright.
 
-Runs a *copy* of notebooks/01_quickstart.ipynb (outputs stripped, in a temporary root), clicks
-"Next turn" three times, edits one knowledge entry through the editor's form, steps once more and
-checks the rendered DOM: the new turn number, the diff showing the edit, and the usage. Every
-non-loopback request is aborted, so the test never leaves the machine. Screenshots go to
-``test-output/browser/``; the final stepper screenshot is copied to ``docs/stepper.png`` for the README.
+Runs a *copy* of notebooks/01_quickstart.ipynb (outputs stripped, in a temporary root, plus one cell that
+shows a Compare widget), then drives the widgets as a student would:
+
+1. "Next turn" three times, an edit through the editor's form, "Next turn" (the diff shows the edit);
+2. the jam scenario of issue 13: remove an entry a later scenario event updates, then "Next turn" until
+   the scenario ends: the event is skipped with a notice, nothing fails;
+3. a hostile knowledge entry (bidi override, zero-width space, an ``<img onerror>``): no dialog, no
+   injected element, the override shown as ``⟨RLO⟩`` in the table, the picker and the diff;
+4. "Restart": the status line says the next request is byte-identical;
+5. Compare "Run to end": buttons disabled and a progress bar while it works, then the finished table;
+6. the *committed* notebooks rendered without a kernel (nbconvert, as GitHub or nbviewer would): the
+   widgets' static HTML snapshots are there.
+
+Every non-loopback request is aborted, so the test never leaves the machine. Screenshots go to
+``test-output/browser/``; with ``UPDATE_DOCS_SCREENSHOT=1`` the stepper screenshot becomes ``docs/stepper.png``.
 
 Needs /usr/bin/chromium (``make test`` installs it with apt); without it the test fails, it never skips.
 """
@@ -26,6 +36,7 @@ from urllib.parse import urlparse
 
 import nbformat
 import pytest
+from nbconvert import HTMLExporter
 
 pytestmark = pytest.mark.browser
 
@@ -37,6 +48,9 @@ DOCS_SHOT = ROOT / "docs" / "stepper.png"
 TOKEN = "pcnb-browser-test"
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 EDIT_MARKER = "retries are now five with a ten-minute delay (browser edit)"
+HOSTILE_TITLE = "evil\u202eexe.txt <img src=x onerror=alert(1)>"
+HOSTILE_CONTENT = "zero\u200bwidth <script>alert(2)</script>"
+COMPARE_CELL = "compare = pc.widgets.Compare(scenario)  # every strategy, a private in-memory Lab\ncompare"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -70,6 +84,7 @@ def lab_server(tmp_path):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
+    nb.cells.append(nbformat.v4.new_code_cell(COMPARE_CELL))
     nbformat.write(nb, root / "notebooks" / NOTEBOOK.name)
 
     home = tmp_path / "jhome"
@@ -142,14 +157,37 @@ def _wait_kernel_idle(page, base: str, path: str, *, timeout: float = 60, settle
     raise AssertionError(f"kernel for {path} not idle after {timeout} s: {sessions}")
 
 
-def _turn_number(page) -> int:
-    text = page.locator(".pcnb-stepper .pcnb-header [data-field=turn]").inner_text()
-    m = re.fullmatch(r"Turn (\d+)", text.strip())
+def _request_number(page) -> int:
+    text = page.locator(".pcnb-stepper .pcnb-header [data-field=request]").inner_text()
+    m = re.fullmatch(r"Request (\d+)", text.strip())
     assert m, f"unexpected stepper header {text!r}"
     return int(m.group(1))
 
 
-def test_quickstart_stepper_and_editor_in_chromium(lab_server):
+def _played(page) -> str:
+    return page.locator(".pcnb-stepper .pcnb-header [data-field=played]").inner_text().strip()
+
+
+def _next(page, stepper, next_btn) -> None:
+    """Click "Next turn" and wait until the click is done (the button is enabled again)."""
+    before = _request_number(page)
+    next_btn.click()
+    from playwright.sync_api import expect
+
+    expect(stepper.locator(".pcnb-header [data-field=request]")).not_to_have_text(f"Request {before}",
+                                                                                   timeout=60_000)
+    expect(next_btn).to_be_enabled(timeout=60_000)
+
+
+def _pick(editor, label_part: str) -> None:
+    select = editor.locator("select")
+    labels = [t.replace("\xa0", " ") for t in select.locator("option").all_text_contents()]
+    target = next((i for i, label in enumerate(labels) if label_part in label), None)
+    assert target is not None, f"no {label_part!r} entry in the editor's list: {labels}"
+    select.select_option(index=target)
+
+
+def test_quickstart_widgets_in_chromium(lab_server):
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (`make chromium`, or "
                     "`apt-get install -y chromium`); the browser test never downloads a browser")
@@ -158,6 +196,7 @@ def test_quickstart_stepper_and_editor_in_chromium(lab_server):
     OUT.mkdir(parents=True, exist_ok=True)
     blocked: list[str] = []
     console_errors: list[str] = []
+    dialogs: list[str] = []
     t0 = time.monotonic()
 
     def guard(route) -> None:
@@ -168,6 +207,10 @@ def test_quickstart_stepper_and_editor_in_chromium(lab_server):
             blocked.append(route.request.url)
             route.abort()
 
+    def on_dialog(dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
@@ -175,6 +218,7 @@ def test_quickstart_stepper_and_editor_in_chromium(lab_server):
             context.route("**/*", guard)
             page = context.new_page()
             page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            page.on("dialog", on_dialog)
             page.goto(f"{lab_server}/lab/tree/notebooks/{NOTEBOOK.name}?reset&token={TOKEN}")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
             _wait_kernel_idle(page, lab_server, NOTEBOOK.name)  # before Run All, or the command is lost
@@ -183,63 +227,148 @@ def test_quickstart_stepper_and_editor_in_chromium(lab_server):
             page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
             stepper = page.locator(".pcnb-stepper")
             expect(stepper).to_be_visible(timeout=60_000)
-            last_output = page.locator(".jp-OutputArea-output", has_text="'saved_usd'")
-            expect(last_output).to_be_visible(timeout=60_000)
+            compare = page.locator(".pcnb-compare-widget")
+            expect(compare).to_be_visible(timeout=120_000)  # the last cell
             _wait_kernel_idle(page, lab_server, NOTEBOOK.name, settle=0.5)
             expect(page.locator(".pcnb-error:visible")).to_have_count(0)
+            # an empty Compare shows no picture yet, and so no broken-image icon
+            expect(compare.locator("img")).to_be_hidden()
             stepper.scroll_into_view_if_needed()
             page.screenshot(path=str(OUT / "1_after_run_all.png"))
 
+            # -- 1. three scenario turns, then an edit through the editor's form ----------------------
             next_btn = stepper.get_by_role("button", name="Next turn")
-            start = _turn_number(page)
-            turn = start
+            start = _request_number(page)
             for _ in range(3):
-                next_btn.click()
-                expect(stepper.locator(".pcnb-header [data-field=turn]")).not_to_have_text(f"Turn {turn}")
-                new = _turn_number(page)
-                assert new > turn
-                turn = new
+                _next(page, stepper, next_btn)
+            assert _request_number(page) > start
             expect(stepper.locator(".pcnb-usage")).to_contain_text("cache read")
+            expect(stepper.locator(".pcnb-status")).to_contain_text("scenario turn 8 of 12")
             stepper.scroll_into_view_if_needed()
             page.screenshot(path=str(OUT / "2_after_three_clicks.png"))
 
             editor = page.locator(".pcnb-knowledge-editor")
             editor.scroll_into_view_if_needed()
             _wait_kernel_idle(page, lab_server, NOTEBOOK.name, settle=0.3)
-            select = editor.locator("select")
-            expect(select.locator("option", has_text="Airflow retries")).to_have_count(1)
-            # ipywidgets renders option labels with non-breaking spaces
-            labels = [t.replace("\xa0", " ") for t in select.locator("option").all_text_contents()]
-            target = next((i for i, label in enumerate(labels) if "Airflow retries" in label), None)
-            assert target is not None, f"no 'Airflow retries' entry in the editor's list: {labels}"
-            select.select_option(index=target)
+            _pick(editor, "Airflow retries")
             title = editor.locator(".widget-text input").first
             expect(title).to_have_value("Airflow retries")  # the kernel filled the form
             editor.locator("textarea").fill(f"Airflow {EDIT_MARKER}; every task must be idempotent.")
             editor.get_by_role("button", name="Save changes").click()
             expect(editor).to_contain_text("updated")
-            expect(stepper.locator(".pcnb-header")).to_contain_text("pending for the next turn")
+            expect(stepper.locator(".pcnb-header")).to_contain_text("pending for the next request")
             page.screenshot(path=str(OUT / "3_after_edit.png"))
 
-            next_btn.click()
-            expect(stepper.locator(".pcnb-header [data-field=turn]")).not_to_have_text(f"Turn {turn}")
-            final = _turn_number(page)
-            assert final > turn > start
+            _next(page, stepper, next_btn)
             expect(stepper.locator(".pcnb-header")).to_contain_text("knowledge_update:")
             expect(stepper.locator(".pcnb-diff")).to_contain_text(EDIT_MARKER)
             usage = stepper.locator(".pcnb-usage")
             expect(usage).to_contain_text("simulated (estimated tokens)")
             assert re.search(r"cache read\s+[\d,]+", usage.inner_text())
             expect(page.locator(".pcnb-error:visible")).to_have_count(0)
-
             stepper.scroll_into_view_if_needed()
-            page.screenshot(path=str(OUT / "4_final_page.png"))
+            page.screenshot(path=str(OUT / "4_after_edit_and_next.png"))
             # A viewport tall enough for the whole stepper (Lab clips what is outside its panel).
             page.set_viewport_size({"width": 1200, "height": 2600})
             page.wait_for_timeout(300)
             stepper.scroll_into_view_if_needed()
             shot = OUT / "stepper.png"
             stepper.screenshot(path=str(shot))
+            page.set_viewport_size({"width": 1400, "height": 1000})
+
+            # -- 2. the jam: remove the entry scenario turn 10 updates, then play to the end ----------
+            assert _played(page) == "9 of 12"
+            editor.scroll_into_view_if_needed()
+            _pick(editor, "Airflow retries")
+            expect(title).to_have_value("Airflow retries")
+            editor.get_by_role("button", name="Remove entry").click()
+            expect(editor.locator(".pcnb-status")).to_contain_text("removed")
+            _next(page, stepper, next_btn)
+            status = stepper.locator(".pcnb-status")
+            expect(status).to_contain_text("scenario turn 10 of 12")
+            expect(status).to_contain_text("skipped scenario event knowledge_update:")
+            expect(status).to_contain_text("(fact-airflow-retries) — you removed that entry")
+            stepper.scroll_into_view_if_needed()
+            page.screenshot(path=str(OUT / "5_jam_skipped.png"))
+            while _played(page) != "12 of 12":
+                _next(page, stepper, next_btn)
+            expect(page.locator(".pcnb-error:visible")).to_have_count(0)
+            expect(stepper.get_by_role("button", name="Run to end")).to_be_disabled()  # nothing left to run
+
+            # -- 3. a hostile knowledge entry, then a typed message that carries it --------------------
+            editor.scroll_into_view_if_needed()
+            _pick(editor, "(new entry)")
+            inputs = editor.locator(".widget-text input")
+            inputs.nth(0).fill(HOSTILE_TITLE)
+            inputs.nth(1).fill("note")
+            editor.locator("textarea").fill(HOSTILE_CONTENT)
+            editor.get_by_role("button", name="Add entry").click()
+            expect(editor.locator(".pcnb-status")).to_contain_text("added")
+            expect(editor.locator(".pcnb-knowledge")).to_contain_text("evil⟨RLO⟩exe.txt <img src=x onerror=alert(1)>")
+            expect(editor.locator(".pcnb-knowledge")).to_contain_text("zero⟨ZWSP⟩width <script>alert(2)</script>")
+            labels = editor.locator("select option").all_text_contents()
+            assert any("evil⟨RLO⟩exe.txt" in label for label in labels), labels
+            assert not any("\u202e" in label for label in labels), labels
+            stepper.locator("input[placeholder^='user message']").fill("Anything new in the notes?")
+            _next(page, stepper, next_btn)
+            expect(stepper.locator(".pcnb-status")).to_contain_text("your message")
+            expect(stepper.locator(".pcnb-diff")).to_contain_text("evil⟨RLO⟩exe.txt")
+            shown = page.locator(".pcnb-stepper, .pcnb-knowledge-editor").all_inner_texts()
+            assert shown and not any("\u202e" in text for text in shown)  # never a raw override in the DOM
+            expect(page.locator("img[src='x']")).to_have_count(0)
+            page.wait_for_timeout(300)
+            assert dialogs == [], f"a dialog opened: {dialogs}"
+            editor.scroll_into_view_if_needed()
+            page.screenshot(path=str(OUT / "6_hostile_entry.png"))
+
+            # -- 4. Restart: the status line checks the claim ------------------------------------------
+            stepper.scroll_into_view_if_needed()
+            stepper.get_by_role("button", name="Restart").click()
+            expect(stepper.locator(".pcnb-status")).to_contain_text(
+                "restarted from the store: next request is byte-identical", timeout=60_000)
+            expect(next_btn).to_be_enabled()
+            page.screenshot(path=str(OUT / "7_restart.png"))
+
+            # -- 5. Compare "Run to end": busy, a progress bar, then the finished table ----------------
+            compare.scroll_into_view_if_needed()
+            run_btn = compare.get_by_role("button", name="Run to end")
+            expect(run_btn).to_be_enabled()
+            run_btn.click()
+            progress = compare.locator(".pcnb-progress")
+            expect(progress).to_be_visible(timeout=30_000)
+            expect(run_btn).to_be_disabled()
+            expect(compare.get_by_role("button", name="Next turn (all)")).to_be_disabled()
+            expect(compare.locator(".pcnb-status[data-kind=busy]")).to_be_visible()
+            page.screenshot(path=str(OUT / "8_compare_running.png"))
+            expect(compare.locator("[data-field=played]")).to_have_text("12 of 12", timeout=180_000)
+            expect(progress).to_be_hidden(timeout=30_000)
+            expect(compare).to_contain_text("finished: every strategy played the whole scenario")
+            expect(compare.locator(".pcnb-status")).to_contain_text("played scenario turns 1–12 of 12")
+            expect(run_btn).to_be_disabled()  # finished: nothing to run, and no "type a user message"
+            assert "type a user message" not in compare.inner_text()
+            expect(compare.locator("img")).to_be_visible()
+            assert compare.locator("img").evaluate("img => img.naturalWidth") > 0
+            expect(page.locator(".pcnb-error:visible")).to_have_count(0)
+            compare.scroll_into_view_if_needed()
+            page.screenshot(path=str(OUT / "9_compare_finished.png"))
+
+            # -- 6. the committed notebooks without a kernel: static snapshots ------------------------
+            static = context.new_page()
+            static.on("dialog", on_dialog)
+            exporter = HTMLExporter()
+            for name, kind, text in (("02_seven_strategies.ipynb", "Compare", "12 of 12"),
+                                     ("01_quickstart.ipynb", "Stepper", "0 of 12")):
+                html, _ = exporter.from_notebook_node(nbformat.read(ROOT / "notebooks" / name, as_version=4))
+                static.set_content(html, wait_until="domcontentloaded")
+                snap = static.locator(f".pcnb-snapshot-{kind}").first
+                expect(snap).to_be_visible()
+                expect(snap).to_contain_text(text)
+                expect(static.get_by_text("Error displaying widget")).to_have_count(0)
+                if kind == "Compare":
+                    assert snap.locator("img").evaluate("img => img.naturalWidth") > 0
+                snap.scroll_into_view_if_needed()
+                static.screenshot(path=str(OUT / f"10_unrun_{name.split('_')[0]}_static.png"))
+            assert dialogs == [], f"a dialog opened: {dialogs}"
         except BaseException:
             page.screenshot(path=str(OUT / "failure.png"))
             print("console errors:", *console_errors[-20:], sep="\n  ")

@@ -45,6 +45,7 @@ def test_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert err.startswith("promptcache-nb: error:") and err.count("\n") == 1
     assert main(["replay", str(small_scenario()), "--strategy", "bogus", "--db", str(tmp_path / "y.duckdb")]) == 2
     assert "valid:" in capsys.readouterr().err
+    assert not (tmp_path / "y.duckdb").exists()  # checked before the store was created
 
 
 def test_console_script_installed():

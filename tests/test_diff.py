@@ -302,7 +302,8 @@ def test_excerpt_for_json_segments_and_repr_is_short_and_deterministic():
     assert d.excerpt.source == "json" and "_file" in d.excerpt.current
     r = repr(d)
     assert r == repr(pc.diff(a, b)) and "0x" not in r and len(r) < 150
-    assert r.startswith("PrefixDiff(path='messages[1].content[1]', byte=")
+    assert r.startswith("PrefixDiff(path='messages[1].content[1]', byte_offset=")  # the attribute names
+    assert f"token_offset={d.token_offset}," in r
 
 
 # -- HTML ----------------------------------------------------------------------------------------

@@ -108,6 +108,8 @@ def test_keep_warm_ping_avoids_the_rebuild(idle_session):
     totals = list(s.turns().total_tokens)
     out = pc.keep_warm(s, every="4m")
     assert out["pings"] == 1  # at +4m in the 6m40s gap; +8m is past the next request
+    assert repr(out).startswith("KeepWarm(every=4m00s, pings=1, rebuilds_avoided=1 of 1, ping_cost_usd=")
+    assert repr(out).endswith("turns=<4 requests>)") and out.pings == out["pings"]  # a short repr, no frame
     # the ping re-sends turn 1, reading everything turn 1 cached
     assert out["ping_cost_usd"] == pytest.approx(totals[1] * SONNET.cache_read / 1e6)
     assert (out["rebuilds_without"], out["rebuilds_with"], out["rebuilds_avoided"]) == (1, 0, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,8 @@ from promptcache_nb.scenario import (
 )
 from promptcache_nb.widgets import CompareController, KnowledgeController, StepperController, _html
 from promptcache_nb.widgets._controllers import scenario_position
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "data" / "scenarios"
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 EVIL = "<script>alert('x')</script> & \"quoted\""
@@ -70,7 +73,7 @@ def test_next_plays_the_scenario_and_applies_its_events(stepper):
     t0 = stepper.next()
     assert (t0.index, stepper.position, stepper.current) == (0, 1, 0)
     t1 = stepper.next()  # one tool call: two requests
-    assert (t1.index, stepper.position, stepper.n_turns) == (2, 2, 3)
+    assert (t1.index, stepper.position, stepper.n_requests) == (2, 2, 3)
     t2 = stepper.next()
     assert any(e.startswith("knowledge_update:") for e in t2.events)
     assert t2.at == T0 + timedelta(seconds=20 + 4 + 20)  # turn 0 starts the clock; tool calls take 4 s
@@ -105,7 +108,7 @@ def test_restart_event_and_button_follow_the_new_session(stepper):
     with pytest.raises(SessionError):
         first.turns()
     stepper.next()
-    assert stepper.remaining == 0 and stepper.n_turns == 6
+    assert stepper.remaining == 0 and stepper.n_requests == 6
 
 
 def test_typed_turns_do_not_advance_the_scenario(stepper):
@@ -131,24 +134,25 @@ def test_show_bounds_and_negative_index(stepper):
     stepper.next()
     stepper.next()
     assert stepper.show(-1).index == 2 and stepper.show(0).index == 0
-    with pytest.raises(SessionError, match="turns 0..2"):
+    with pytest.raises(SessionError, match="requests 0..2"):
         stepper.show(3)
 
 
 def test_segment_states_survive_a_restart(stepper):
     for _ in range(3):
         stepper.next()
-    live = [stepper.segment_states(i) for i in range(stepper.n_turns)]
+    live = [stepper.segment_states(i) for i in range(stepper.n_requests)]
     assert all(live) and set().union(*live) <= {"read", "write", "uncached"}
     stepper.restart()
     fresh = StepperController(stepper.session, stepper.scenario)
-    assert [fresh.segment_states(i) for i in range(fresh.n_turns)] == live
+    assert [fresh.segment_states(i) for i in range(fresh.n_requests)] == live
 
 
 def test_repr_is_short_and_deterministic(stepper):
     stepper.next()
     r = repr(stepper)
-    assert r == "StepperController(session='s001-naive', turn=0, n_turns=1, scenario='widget_test', played=1)"
+    assert r == ("StepperController(session='s001-naive', request=0, requests=1, scenario='widget_test', "
+                 "played='1 of 5')")
     assert "0x" not in r
 
 
@@ -163,7 +167,7 @@ def test_knowledge_add_edit_remove_apply_before_the_next_turn(stepper):
     assert k.edit("refunds", content="Refunds take two days.") is True
     assert k.edit("refunds", content="Refunds take two days.") is False
     k.remove("tone")
-    assert "pending for the next turn" in stepper.header_html()
+    assert "pending for the next request" in stepper.header_html()
     assert len(k.pending) == 3
     stepper.next()
     kinds = sorted(e.split(":")[0] for e in stepper.view().events)
@@ -217,7 +221,7 @@ def test_all_request_content_is_escaped(stepper):
         stepper.next()
     k = KnowledgeController(stepper)
     html_parts = [stepper.header_html(), k.table_html()]
-    for i in range(stepper.n_turns):
+    for i in range(stepper.n_requests):
         v = stepper.show(i)
         html_parts += [v.diff_html(), v.usage_html(), v.observation_html(), v.segment_map_html()]
     blob = "".join(html_parts)
@@ -274,17 +278,19 @@ def test_plots_return_fixed_size_figures_without_pyplot(stepper):
 def test_stepper_buttons_drive_the_same_methods(lab):
     sc = _scenario()
     st = pc.widgets.Stepper(lab.replay(sc, stop_after=0), sc)
-    assert repr(st) == "Stepper(session='s001-naive', turn=-1, n_turns=0, scenario='widget_test')"
+    assert repr(st) == "Stepper(session='s001-naive', request=-1, requests=0, scenario='widget_test', played='0 of 5')"
     st._next_btn.click()
     st._next_btn.click()  # a tool loop: requests 1 and 2, the view shows 1
-    assert (st.turn, st.n_turns) == (1, 3)
-    assert "Turn 1" in st._header.value and "cache read" in st._usage.value
+    assert (st.request, st.n_requests) == (1, 3)
+    assert "Request 1" in st._header.value and "cache read" in st._usage.value
     assert st.chart.requests == 3 and bytes(st.chart._image.value).startswith(b"\x89PNG")
     st._slider.value = 0
-    assert st.turn == 0 and "first request" in st.diff_view.html
+    assert st.request == 0 and "first request" in st.diff_view.html
+    assert st.chart.highlight == 0  # the chart marks the request the slider shows
     st._user.value, st._reply.value = "typed <b>", "ok"
     st._next_btn.click()
-    assert st.turn == 3 and st._user.value == "" and "typed &lt;b&gt;" in st._header.value
+    assert st.request == 3 and st._user.value == "" and "typed &lt;b&gt;" in st._header.value
+    assert st.status == "sent request 3: your message"
     st._restart_btn.click()
     assert st.session.n_turns == 4
 
@@ -310,7 +316,7 @@ def test_editor_form_edits_through_its_fields(lab):
     assert ed._title.value == "Refund policy" and ed.selected
     ed._content.value = "Refunds take one day (edited in the form)."
     ed._save_btn.click()
-    assert "updated" in ed._status.value and "pending for the next turn" in st._header.value
+    assert "updated" in ed._status.value and "pending for the next request" in st._header.value
     st._next_btn.click()
     assert "edited in the form" in st.diff_view.html
     ed.select("")
@@ -326,9 +332,9 @@ def test_editor_form_edits_through_its_fields(lab):
 def test_compare_widget_and_diffview_reprs(lab):
     cmp = pc.widgets.Compare(_scenario(), strategies=["naive"], lab=lab)
     cmp._next_btn.click()
-    assert cmp.played == 1 and "1/5" in cmp._header.value
+    assert cmp.played == 1 and "1 of 5" in cmp._header.value
     cmp._run_btn.click()
-    assert repr(cmp) == "Compare(scenario='widget_test', strategies=1, cache='anthropic', played=5)"
+    assert repr(cmp) == "Compare(scenario='widget_test', strategies=1, cache='anthropic', played='5 of 5')"
     s = cmp.controller.sessions[0]
     dv = pc.widgets.DiffView.for_turns(s.turn(2), previous=s.turn(1))
     assert repr(dv).startswith("DiffView(path=") and "0x" not in repr(dv)
@@ -346,25 +352,218 @@ def test_a_model_switch_shows_the_field_not_a_segment(lab):
     assert "model (top-level field)" in dv.html and "claude-haiku-4-5" in dv.html
 
 
-def test_a_failed_next_turn_does_not_apply_its_events_twice(lab):
-    class FailOnce(pc.DirectSimulator):
-        armed = False
+class FailOnce(pc.DirectSimulator):
+    """The network seam: the next send fails once when armed (an overloaded API)."""
 
-        def send(self, request, *, at, cache):
-            if self.armed:
-                self.armed = False
-                raise pc.OverloadedError("Overloaded")
-            return super().send(request, at=at, cache=cache)
+    armed = False
 
+    def send(self, request, *, at, cache):
+        if self.armed:
+            self.armed = False
+            raise pc.OverloadedError("Overloaded")
+        return super().send(request, at=at, cache=cache)
+
+
+def test_a_failed_scenario_turn_changes_nothing_and_can_be_retried(lab):
     sc = _scenario()
     backend = FailOnce()
     ctl = StepperController(lab.replay(sc, stop_after=0, backend=backend), sc)
     ctl.next()
     ctl.next()
+    k = KnowledgeController(ctl)
+    k.edit("tone", content="Be very brief.")  # the user's own pending edit survives the failure
     versions = ctl.session.knowledge.df().set_index("key").version.to_dict()
     backend.armed = True
     with pytest.raises(pc.OverloadedError):
-        ctl.next()  # turn 2: its knowledge update is applied, then the request fails
-    t = ctl.next()  # the retry sends the turn without re-applying the update
+        ctl.next()  # scenario turn 3: its knowledge update is applied, then the request fails
+    s = ctl.session
+    assert s.knowledge.df().set_index("key").version.to_dict() == versions  # the update was undone
+    assert s.pending_events == (f"knowledge_update:{s.knowledge.id_for('tone')[:8]}",)  # only the user's
+    assert (ctl.position, ctl.n_requests) == (2, 3) and "changed nothing" in ctl.status
+    t = ctl.next()  # the retry applies the scenario's update once
     assert ctl.session.knowledge.df().set_index("key").version.to_dict()["refunds"] == versions["refunds"] + 1
-    assert sum(e.startswith("knowledge_update:") for e in t.events) == 1
+    assert sum(e.startswith("knowledge_update:") for e in t.events) == 2  # the user's and the scenario's
+    while ctl.remaining:
+        ctl.next()
+    with pc.Lab(progress=False) as other:  # and the finished session equals one that never failed
+        ref = StepperController(other.replay(sc, stop_after=0), sc)
+        ref.next()
+        ref.next()
+        KnowledgeController(ref).edit("tone", content="Be very brief.")
+        while ref.remaining:
+            ref.next()
+        for i in range(ref.n_requests):
+            assert ctl.session.turn(i).body == ref.session.turn(i).body
+
+
+def test_a_scenario_event_on_an_entry_you_removed_is_skipped_not_a_jam(stepper):
+    """The jam from issue 13: remove an entry a later scenario event updates, then play to the end."""
+    k = KnowledgeController(stepper)
+    stepper.next()
+    stepper.next()
+    k.remove("refunds")  # scenario turn 3 updates it
+    t = stepper.next()
+    short = t.events[0].split(":")[1]
+    assert list(t.events) == [f"knowledge_remove:{short}"]  # the user's removal; the update was skipped
+    assert stepper.last_skipped == (f"knowledge_update:{short} (refunds) — you removed that entry",)
+    assert stepper.status == (f"scenario turn 3 of 5: sent request 3; skipped scenario event "
+                              f"knowledge_update:{short} (refunds) — you removed that entry")
+    while stepper.remaining:
+        stepper.next()
+    assert stepper.position == 5 and len(stepper.skipped) == 1
+
+
+def test_run_to_end_reports_progress_and_a_status(stepper):
+    seen = []
+    t = stepper.run(progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)] and t.index == 5
+    assert stepper.status == "played scenario turns 1–5 of 5: requests 0–5"
+    assert stepper.run() is None and stepper.status == "nothing to run: the scenario is finished"
+
+
+def test_restart_checks_the_next_request_is_byte_identical(stepper):
+    stepper.next()
+    stepper.next()
+    before = stepper.session.preview("And the policy?")
+    steps = []
+    s = stepper.restart(progress=lambda done, total: steps.append(done))
+    assert steps == [1, 2, 3]
+    assert s.preview("And the policy?").body == before.body
+    assert stepper.status.startswith("restarted from the store: next request is byte-identical (")
+
+
+def test_hostile_knowledge_is_escaped_and_its_invisible_characters_shown(lab):
+    sc = _scenario()
+    st = pc.widgets.Stepper(lab.replay(sc, stop_after=0), sc)
+    st.next()
+    ed = st.editor()
+    title = "evil\u202eexe.txt <img src=x onerror=alert(1)>"
+    ed.add(title, "zero\u200bwidth and a bell\x07, <script>alert(1)</script>", category="note")
+    st.next()
+    blobs = {"table": ed._table.value, "diff": st.diff_view.html, "snapshot": st.snapshot_html(),
+             "editor snapshot": ed.snapshot_html()}
+    for where, blob in blobs.items():
+        assert "\u202e" not in blob and "\u200b" not in blob, where
+        assert "<img src=x" not in blob and "<script>" not in blob, where
+    assert "⟨RLO⟩" in ed._table.value and "⟨RLO⟩" in st.diff_view.html and "⟨ZWSP⟩" in st.diff_view.html
+    labels = [label for label, _ in ed._pick.options]
+    assert any("evil⟨RLO⟩exe.txt" in label for label in labels) and not any("\u202e" in x for x in labels)
+    frame = st.session.knowledge.df()
+    assert "evil⟨RLO⟩exe.txt <img src=x onerror=alert(1)>" in set(frame.title)
+    assert ed._title.value == title  # the edit form holds the raw text, so saving it changes nothing
+    assert "contain invisible characters" in ed._status.value and "evil⟨RLO⟩exe.txt" in ed._status.value
+    ed.select("refunds")
+    assert "invisible" not in ed._status.value
+
+
+def test_text_html_keeps_lines_and_marks_trailing_spaces():
+    assert _html.text_html("a \nb\u202ec <") == (
+        'a<span style="background:#fde68a;color:#92400e;border-radius:2px;padding:0 1px" '
+        'title="1 trailing space(s)">·</span>\nb<span style="background:#fde68a;color:#92400e;'
+        'border-radius:2px;padding:0 1px" title="U+202E RIGHT-TO-LEFT OVERRIDE">⟨RLO⟩</span>c &lt;')
+    assert "word-break:break-all" not in _html._CELL  # diff text wraps between words
+
+
+def test_buttons_are_disabled_while_a_click_works(lab):
+    sc = _scenario()
+    st = pc.widgets.Stepper(lab.replay(sc, stop_after=0), sc)
+    during = []
+    real = st.controller.next
+
+    def spy(*args, **kwargs):
+        during.append((st._next_btn.disabled, st._run_btn.disabled, st._restart_btn.disabled,
+                       st._progress.layout.display, 'data-kind="busy"' in st._status.value))
+        return real(*args, **kwargs)
+
+    st.controller.next = spy
+    st._run_btn.click()
+    assert during and all(d == (True, True, True, None, True) for d in during)
+    assert (st._next_btn.disabled, st._run_btn.disabled, st._restart_btn.disabled) == (False, True, False)
+    assert st._progress.layout.display == "none" and st._progress.value == 5
+    assert "played scenario turns 1–5 of 5" in st._status.value
+    st._restart_btn.click()
+    assert "next request is byte-identical" in st._status.value
+
+
+def test_empty_widgets_show_no_broken_image_and_compare_finishes_cleanly(lab):
+    sc = _scenario()
+    st = pc.widgets.Stepper(lab.replay(sc, stop_after=0), sc)
+    assert st.chart._image.layout.display == "none" and "<img" not in st.snapshot_html()
+    cmp = pc.widgets.Compare(sc, strategies=["naive", "durable_delta"], lab=lab)
+    assert cmp._image.layout.display == "none" and not cmp._next_btn.disabled
+    seen = []
+    real = cmp.controller.run
+    cmp.controller.run = lambda turns=None, progress=None: real(
+        turns, progress=lambda d, n: (seen.append((d, n, cmp._progress.layout.display)), progress(d, n)))
+    cmp._run_btn.click()
+    assert seen[-1] == (10, 10, None) and len(seen) == 10
+    assert cmp._image.layout.display is None and cmp._next_btn.disabled and cmp._run_btn.disabled
+    assert "finished" in cmp._header.value and "type a user message" not in cmp._header.value
+    with pytest.raises(SessionError, match="is finished: every strategy has played all 5") as err:
+        cmp.next()
+    assert "type a user message" not in str(err.value)
+    assert cmp.status == "played scenario turns 1–5 of 5 under 2 strategies"
+
+
+def test_every_widget_has_a_static_html_snapshot(lab):
+    sc = _scenario()
+    st = pc.widgets.Stepper(lab.replay(sc, stop_after=0), sc)
+    st.next()
+    st.next()
+    cmp = pc.widgets.Compare(sc, strategies=["naive"], lab=lab)
+    cmp.run()
+    s = st.session
+    widgets = {"Stepper": st, "KnowledgeEditor": st.editor(), "Compare": cmp, "SavingsChart": st.chart,
+               "DiffView": pc.widgets.DiffView.for_turns(s.turn(1), previous=s.turn(0))}
+    for kind, w in widgets.items():
+        bundle = w._repr_mimebundle_()
+        assert set(bundle) == {"text/plain", "text/html", "application/vnd.jupyter.widget-view+json"}, kind
+        html = bundle["text/html"]
+        assert f"pcnb-snapshot-{kind}" in html and "static snapshot" in html, kind
+        assert html == w._repr_mimebundle_()["text/html"], kind  # deterministic
+    assert "Request 1" in widgets["Stepper"]._repr_mimebundle_()["text/html"]
+    assert "data:image/png;base64," in widgets["Compare"]._repr_mimebundle_()["text/html"]
+
+
+def test_replaying_twice_in_one_lab_gives_the_same_numbers(lab):
+    sc = pc.load_scenario(SCENARIOS / "knowledge_churn.yaml")
+    a = lab.replay(sc, strategy="durable_delta")
+    b = lab.replay(sc, strategy="durable_delta")
+    assert (a.project, b.project) == ("harbor/durable_delta", "harbor/durable_delta-2")
+    assert pc.summarize(a.turns()) == pc.summarize(b.turns())
+    assert [a.turn(i).body for i in range(a.n_turns)] == [b.turn(i).body for i in range(b.n_turns)]
+    assert [e.short_id for e in a.knowledge] == [e.short_id for e in b.knowledge]
+    assert not {e.id for e in a.knowledge} & {e.id for e in b.knowledge}  # still separate entries
+    a.knowledge.update(a.knowledge.id_for("pref-test-first"), content="Only in a.")
+    assert "Only in a." not in {e.content for e in b.knowledge}  # and separate knowledge
+    c = lab.replay(sc, strategy="naive")  # another strategy: its own names, as before
+    assert c.project == "harbor/naive"
+
+
+def test_diff_accepts_stored_bodies_as_bytes(stepper):
+    stepper.next()
+    stepper.next()
+    s = stepper.session
+    d = pc.diff(s.turn(0).body, s.turn(1).body)
+    assert d == pc.diff(s.turn(0).request, s.turn(1).request) or repr(d) == repr(
+        pc.diff(s.turn(0).request, s.turn(1).request))
+    assert repr(pc.diff(s.turn(0).body.decode(), s.turn(1).body)) == repr(d)
+    with pytest.raises(ValueError, match="not a JSON request body"):
+        pc.diff(b"not json", s.turn(1).body)
+
+
+def test_plots_mark_the_request_on_show_and_keep_labels_clear(stepper):
+    for _ in range(3):
+        stepper.next()
+    df = stepper.turns()
+    fig = plot_savings(df, highlight=2)
+    ax, ax2 = fig.axes
+    assert any(t.get_text() == "request 2" for t in ax.texts)
+    assert any(t.get_text() == "$0" for t in ax2.texts)
+    summary = pc.compare_df([stepper.session])
+    cfig = plot_compare(summary)
+    cfig.canvas.draw()
+    cax = cfig.axes[0]
+    legend = cax.get_legend().get_window_extent()
+    for label in cax.texts:  # the efficiency / cost labels above the bars
+        assert not legend.overlaps(label.get_window_extent())

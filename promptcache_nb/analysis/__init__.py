@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._ideal import IdealRead, carried_over, ideal_read, rebuilt_tokens
 from ._turn import (
     OBSERVATION_COLUMNS,
     TurnAnalysis,
@@ -12,14 +13,25 @@ from ._turn import (
 from .calibrate import Calibration, calibrate, load_calibration
 from .frames import compare_df, efficiency, summarize
 from .observe import Change, Observation, ObservationState, Snapshot, snapshot  # observe(): from .observe
-from .prices import Prices, prices_for
-from .resimulate import SELF_HOSTED, compare_caches, default_prices, load_turns, resimulate
-from .whatif import keep_warm, rebuilds, ttl_whatif
+from .prices import Prices, price_model_id, prices_for
+from .resimulate import (
+    SELF_HOSTED,
+    compare_caches,
+    default_prices,
+    load_turns,
+    request_prices,
+    resimulate,
+    simulate,
+)
+from .whatif import KeepWarm, keep_warm, rebuilds, ttl_whatif
 
 __all__ = [
     "default_prices",
-    "Calibration", "Change", "OBSERVATION_COLUMNS", "Observation", "ObservationState", "Prices",
-    "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "compare_caches", "compare_df",
-    "efficiency", "keep_warm", "load_calibration", "load_turns", "observation_state_from_store", "prices_for",
-    "rebuilds", "resimulate", "snapshot", "stored_diff_and_observation", "summarize", "ttl_whatif",
+    "Calibration", "Change", "IdealRead", "KeepWarm", "OBSERVATION_COLUMNS", "Observation", "ObservationState",
+    "Prices",
+    "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "carried_over", "compare_caches",
+    "compare_df", "efficiency", "ideal_read", "keep_warm", "load_calibration", "load_turns",
+    "observation_state_from_store", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
+    "request_prices", "resimulate", "simulate", "snapshot", "stored_diff_and_observation", "summarize",
+    "ttl_whatif",
 ]

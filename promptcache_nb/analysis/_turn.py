@@ -120,6 +120,11 @@ def _state_as_of(store: Any, session_id: str, upto: int | None) -> ObservationSt
         [session_id, last_idx, last_idx if read_idx is None else read_idx],
     )}
     snap = _snapshot_at(store, session_id, last_idx, sources.get(last_idx))
+    prompt_total = store.one(
+        """SELECT input_tokens + cache_read_input_tokens + cache_creation_input_tokens
+           FROM turns WHERE session_id = ? AND idx = ?""",
+        [session_id, last_idx],
+    )[0]
     last_read = read_snap = None
     if read_idx is not None:
         last_read = store.one(
@@ -128,7 +133,8 @@ def _state_as_of(store: Any, session_id: str, upto: int | None) -> ObservationSt
         )[0]
         read_snap = snap if read_idx == last_idx else _snapshot_at(store, session_id, read_idx,
                                                                    sources.get(read_idx))
-    return ObservationState(snap, last_read, read_snap, touch_at.astimezone(UTC) if touch_at else None)
+    return ObservationState(snap, last_read, read_snap, touch_at.astimezone(UTC) if touch_at else None,
+                            prompt_total)
 
 
 def observation_state_from_store(store: Any, session_id: str) -> ObservationState | None:

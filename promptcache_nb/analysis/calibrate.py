@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._util import model_base_id
 from ..errors import PromptCacheError
 from ..tokens import CalibratedTokenizer, Tokenizer
 
@@ -70,17 +71,12 @@ class Calibration:
         """Store this calibration in the lab's ``calibrations`` table (one transaction)."""
         store = lab.store
         fitted_at = self.fitted_at or datetime.now(UTC)
-        store.con.begin()
-        try:
+        with store.transaction():  # rolls back on failure, never after a COMMIT that went through
             store.con.execute(
                 "INSERT OR REPLACE INTO calibrations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [self.model, self.tokenizer, self.ratio, self.overhead, self.n, self.mean_abs_error_pct,
                  self.max_abs_error_pct, self.raw_mean_abs_error_pct, self.loo_mean_abs_error_pct, fitted_at],
             ).fetchall()
-            store.con.commit()
-        except BaseException:
-            store.con.rollback()
-            raise
 
     def __repr__(self) -> str:
         loo = "n/a" if self.loo_mean_abs_error_pct is None else f"{self.loo_mean_abs_error_pct:.2f}%"
@@ -91,19 +87,18 @@ class Calibration:
 
 
 def _measured(lab: Any, model: str | None) -> tuple[np.ndarray, np.ndarray]:
-    where = "usage_source IN ('live', 'imported') AND input_tokens IS NOT NULL " \
-            "AND cache_read_input_tokens IS NOT NULL AND cache_creation_input_tokens IS NOT NULL"
-    params: list[Any] = []
-    if model is not None:
-        where += " AND model = ?"
-        params.append(model)
     rows = lab.store.rows(
-        f"""SELECT total_tokens, input_tokens + cache_read_input_tokens + cache_creation_input_tokens
-            FROM turns WHERE {where} ORDER BY session_id, idx""",
-        params,
+        """SELECT model, total_tokens, input_tokens + cache_read_input_tokens + cache_creation_input_tokens
+           FROM turns
+           WHERE usage_source IN ('live', 'imported') AND input_tokens IS NOT NULL
+                 AND cache_read_input_tokens IS NOT NULL AND cache_creation_input_tokens IS NOT NULL
+           ORDER BY session_id, idx""",
     )
-    est = np.array([r[0] for r in rows], dtype=float)
-    meas = np.array([r[1] for r in rows], dtype=float)
+    if model is not None:  # one model, however its rows name it: dated snapshots and -latest aliases included
+        base = model_base_id(model)
+        rows = [r for r in rows if r[0] is not None and model_base_id(r[0]) == base]
+    est = np.array([r[1] for r in rows], dtype=float)
+    meas = np.array([r[2] for r in rows], dtype=float)
     return est, meas
 
 
@@ -112,7 +107,8 @@ def calibrate(lab: Any, model: str | None = None) -> Calibration:
 
     Args:
         lab: the :class:`~promptcache_nb.Lab` whose ``turns`` hold live or imported usage.
-        model: fit only this model's turns (exact id as stored); None pools every model (``"*"``).
+        model: fit only this model's turns, whatever snapshot or alias id they were stored under
+            (``claude-sonnet-4-5`` finds ``claude-sonnet-4-5-20250929``); None pools every model (``"*"``).
 
     Raises:
         PromptCacheError: fewer than 2 measured turns, or all of one size (the overhead is then

@@ -30,7 +30,7 @@ from typing import Any
 
 from .._util import digest, fmt_duration
 from ..request import PreparedRequest, canonical_bytes
-from ..request.diff import PrefixDiff, section_counts, visible, visible_html
+from ..request.diff import PrefixDiff, sections, visible, visible_html
 from ..usage import Usage
 
 MAX_STABLE_CACHE_READ_RATIO = 0.95  # applied as cache_read * 100 < previous * 95: exact at the edge
@@ -87,6 +87,8 @@ def _tool_fingerprint(content_hash: str, tool: Any) -> tuple[str, str, str] | No
     fp = _TOOL_FP.get(content_hash, False)
     if fp is not False:
         return fp  # type: ignore[return-value]
+    if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
+        tool = tool["function"]  # an OpenAI Chat tool: {"type": "function", "function": {name, ...}}
     name = str(tool.get("name") or "").strip() if isinstance(tool, dict) else ""
     if not name:
         fp = None  # OpenClaw's collectPromptCacheToolNames drops unnamed tools
@@ -115,12 +117,12 @@ def cache_retention(request: PreparedRequest) -> str:
 def snapshot(request: PreparedRequest, *, transport: str = "direct") -> Snapshot:
     """The OpenClaw snapshot of one request."""
     body = request.body
-    n_tools, n_sys = section_counts(body)
+    t0, sys_start, msg_start = sections(request)  # t0 = 1 after a partial body's unlogged prefix
     system = body.get("system")
     segs = request.segments
-    sys_hashes = [s.content_hash for s in segs[n_tools : n_tools + n_sys]]
+    sys_hashes = [s.content_hash for s in segs[sys_start:msg_start]]
     fps = sorted(
-        fp for s in segs[:n_tools] if (fp := _tool_fingerprint(s.content_hash, s.element)) is not None
+        fp for s in segs[t0:sys_start] if (fp := _tool_fingerprint(s.content_hash, s.element)) is not None
     )
     return Snapshot(
         provider=PROVIDER,
@@ -212,12 +214,15 @@ class ObservationState:
         last_read_snapshot: the snapshot of the request that set the baseline (complete-miss test).
         last_cache_touch_at: when a request last reported a cache read or write (OpenClaw's
             ``lastCacheTouchAt``).
+        prompt_total: the previous request's prompt total as stored (``input + cache read + cache
+            write``: measured when its usage was), for the next request's ideal read; None when unknown.
     """
 
     snapshot: Snapshot | None = None
     last_cache_read: int | None = None
     last_read_snapshot: Snapshot | None = None
     last_cache_touch_at: datetime | None = None
+    prompt_total: int | None = None
 
 
 @dataclass(frozen=True)
@@ -424,12 +429,15 @@ def observe(
         complete_miss=complete_miss, explanation=explanation, cache_reason=cache_reason,
         cache_detail=dict(cache_detail or {}), usage=usage, at=at, last_cache_touch_at=touch_at, diff=diff,
     )
-    return obs, ObservationState(snap, next_read, next_read_snap, touch_at)
+    return obs, ObservationState(snap, next_read, next_read_snap, touch_at,
+                                 usage.total_input_tokens if usage is not None else None)
 
 
 # -- plain words -------------------------------------------------------------------------------
 
 def _where(d: PrefixDiff) -> str:
+    if d.unlogged:
+        return "in the unlogged prefix (outside the logged content: the change cannot be located)"
     b, t = d.byte_offset, d.token_offset
     if b is None:
         return f"at {d.path}"
@@ -450,6 +458,7 @@ def _tokens_at(request: PreparedRequest, path: str | None) -> int | None:
 def _cause(reason: str, detail: dict[str, Any], *, d: PrefixDiff | None, current: PreparedRequest,
            usage: Usage | None, gap: float | None) -> str:
     write = usage.cache_creation_input_tokens if usage is not None else None
+    read = usage.cache_read_input_tokens if usage is not None else None
     if reason == "cold":
         if write:
             return f"Cold cache: this request wrote {write:,} tokens for the next ones to read."
@@ -490,11 +499,17 @@ def _cause(reason: str, detail: dict[str, Any], *, d: PrefixDiff | None, current
         return f"Prefix changed at {detail.get('divergence_path') or 'an earlier block'}."
     if reason == "model_switch":
         before = detail.get("previous_model", "the previous model")
-        return (f"Model switch: {before} -> {detail.get('model', current.model)}; caches are kept per model, "
-                "so nothing could be read.")
+        after = detail.get("model", current.model)
+        if read:  # back to a model whose cache was still warm
+            return (f"Model switch: {before} -> {after}; caches are kept per model, so this request read the "
+                    f"{read:,} tokens {after}'s cache still held from before, none of {before}'s.")
+        return f"Model switch: {before} -> {after}; caches are kept per model, so nothing could be read."
     if reason == "no_breakpoint":
         return "No breakpoint: the request has no cache_control marker, so nothing is read or written."
     if reason == "not_written":
+        if read:
+            return (f"Read {read:,} tokens from an earlier cache entry; the previous request left no entry "
+                    "covering more of this prefix.")
         return ("Not written: the previous request left no cache entry covering this prefix, so there was "
                 "nothing to read.")
     if reason == "evicted":
@@ -502,6 +517,50 @@ def _cause(reason: str, detail: dict[str, Any], *, d: PrefixDiff | None, current
     if reason == "unsupported":
         return "Unsupported: the provider cannot cache this request."
     return f"Cache model reason: {reason}."
+
+
+#: Measured and predicted reads disagree when their shares of the prompt differ by more than this ...
+PREDICTION_TOLERANCE = 0.1
+#: ... and by more than this many tokens (estimated and measured counts differ by ±20 % anyway).
+PREDICTION_NOISE_TOKENS = 256
+
+
+def prediction_gap(usage: Usage | None, detail: dict[str, Any]) -> tuple[int, int] | None:
+    """(predicted read, measured read) when a measured request's read disagrees with the cache model's
+    prediction (``detail["predicted_usage"]``); None when they agree or there is nothing to compare.
+
+    Reads are compared as shares of each side's prompt total (the prediction counts estimated tokens),
+    so an estimator off by 20 % is no disagreement; a read of 0 against a predicted 21k is.
+    """
+    predicted = detail.get("predicted_usage") or {}
+    p_read = predicted.get("cache_read_input_tokens")
+    if usage is None or not usage.measured or p_read is None or usage.cache_read_input_tokens is None:
+        return None
+    m_read = usage.cache_read_input_tokens
+    p_total = sum(predicted.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens",
+                                                   "cache_creation_input_tokens"))
+    m_total = usage.total_input_tokens or 0
+    p_share = p_read / p_total if p_total else 0.0
+    m_share = m_read / m_total if m_total else 0.0
+    if abs(p_share - m_share) > PREDICTION_TOLERANCE and abs(p_read - m_read) > PREDICTION_NOISE_TOKENS:
+        return p_read, m_read
+    return None
+
+
+def _with_prediction(cause: str, reason: str, detail: dict[str, Any], usage: Usage | None) -> str:
+    """The cache model's cause in its place: as is for simulated usage; for measured usage second to the
+    measured figures, and replaced by the disagreement when the measurement contradicts it."""
+    if usage is None or not usage.measured or "predicted_usage" not in detail:
+        return cause
+    gap = prediction_gap(usage, detail)
+    if gap is None:
+        lowered = cause[:1].lower() + cause[1:] if cause[1:2].islower() else cause  # "TTL" stays
+        return f"The simulator predicted the same: {lowered}"
+    p_read, m_read = gap
+    why = ("likely eviction" if m_read < p_read
+           else "the cache held more than the simulator modelled (a longer-lived entry, or an estimate off)")
+    return (f"The simulator expected to read {p_read:,} tokens (its reason: {reason}); the API read "
+            f"{m_read:,} — {why}.")
 
 
 def explain(
@@ -534,7 +593,8 @@ def explain(
         parts.append(f"Read {cache_read:,} cached tokens.")
     gap = (at - previous_at).total_seconds() if at is not None and previous_at is not None else None
     if cache_reason:
-        parts.append(_cause(cache_reason, cache_detail, d=diff, current=current, usage=usage, gap=gap))
+        cause = _cause(cache_reason, cache_detail, d=diff, current=current, usage=usage, gap=gap)
+        parts.append(_with_prediction(cause, cache_reason, cache_detail, usage))
     if diff is not None:
         if diff.pure_append:
             if diff.identical:

@@ -23,12 +23,14 @@ import pandas as pd
 from .._util import digest
 from ..cache import CacheModel, get_cache_model
 from ..cache._prefix import common_prefix_len
-from ..errors import SessionError
-from ..request import PreparedRequest, Segment, SegmentMemo, canonical_bytes, content_hash
+from ..errors import PriceError, PromptCacheError, SessionError
+from ..request import PreparedRequest, Segment, SegmentMemo, canonical_bytes, content_hash, prepare, rebuild_body
 from ..usage import Usage
-from .prices import Prices, prices_for
+from .prices import Prices, price_provider, prices_for
 
-#: Default price model per cache model (prices come from genai-prices; see :func:`prices_for`).
+#: The stand-in price model per cache model, for requests whose own model is another provider's (an
+#: Anthropic session re-simulated under OpenAI's cache is priced as ``gpt-5``). A request whose model is
+#: the provider's own is priced by its own id (``gpt-5.3-codex`` as ``gpt-5.3-codex``).
 PRICE_MODELS: dict[str, str] = {"openai": "gpt-5", "deepseek": "deepseek-chat"}
 
 #: vLLM is self-hosted: tokens cost nothing, the saving is compute. Explicit zeros, never a silent default.
@@ -160,6 +162,21 @@ class _Loader:
         self._totals[node] += seg.tokens
         return seg
 
+    def _generic(self, shape: dict[str, Any], rest: dict[str, Any], chain: list[str],
+                 previous: PreparedRequest | None) -> PreparedRequest:
+        elements = self.__dict__.setdefault("_elements", {})
+        triples = []
+        for node in chain:
+            _parent, kind, role, _bhash, body = self.nodes[node]
+            el = elements.get(node)
+            if el is None:
+                el = elements[node] = json.loads(body)
+                cc = el.get("cache_control") if isinstance(el, dict) else None
+                if isinstance(cc, dict) and self.ttl is not None:
+                    el = elements[node] = {**el, "cache_control": {**cc, "ttl": self.ttl}}
+            triples.append((kind, role, el))
+        return prepare(rebuild_body(shape, rest, triples), memo=self.memo, previous=previous)
+
     def turns(self) -> Iterator[StoredTurn]:
         """The session's requests in order.
 
@@ -169,6 +186,7 @@ class _Loader:
         prev_chain: list[str] = []
         prev_segs: tuple[Segment, ...] = ()
         prev_sys_str = False
+        generic: PreparedRequest | None = None
         tools: list[Any] = []
         system: list[Any] = []
         msgs: list[dict[str, Any]] = []
@@ -179,6 +197,13 @@ class _Loader:
                 rest["cache_control"] = {**rest["cache_control"], "ttl": self.ttl}
             sys_str = shape.get("system") == "str"
             chain = self._chain(row["tail_node"]) if row["tail_node"] is not None else []
+            if "dialect" in shape or "unlogged" in shape:
+                # OpenAI dialects and partial bodies: the one generic rebuild (request.rebuild_body + prepare)
+                generic = self._generic(shape, rest, chain, generic)
+                prev_chain, prev_segs = [], ()  # the incremental Messages rebuild starts over after it
+                yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], generic,
+                                 row["output_tokens"], row)
+                continue
             shared = common_prefix_len(chain, prev_chain) if sys_str == prev_sys_str else 0
             new = tuple(self._segment(node, sys_str) for node in chain[shared:])
             segs = prev_segs[:shared] + new
@@ -228,20 +253,18 @@ def load_turns(
 
 # -- prices -------------------------------------------------------------------------------------
 def _price_resolver(cache_name: str, session_row: dict[str, Any], *, price_model: str | None,
-                    prices: Prices | None) -> Callable[[str], Prices]:
-    """turn model -> Prices under ``cache_name``: explicit prices, else genai-prices, never a silent zero."""
+                    prices: Prices | None) -> Callable[[str], Prices | None]:
+    """turn model -> Prices under ``cache_name``: explicit prices, else genai-prices by each turn's own
+    model (:func:`request_prices`); None for a model without an exact price — never a silent zero."""
     if prices is not None:
         return lambda _model: prices
-    if price_model is None and cache_name == "vllm":
-        return lambda _model: SELF_HOSTED
     if price_model is None and cache_name == "anthropic" and session_row["config"].get("prices"):
         fixed = Prices(**session_row["config"]["prices"])  # the session's own explicit prices
         return lambda _model: fixed
-    model = price_model or PRICE_MODELS.get(cache_name)
-    if model is not None:
-        fixed = prices_for(model)
+    if price_model is not None:
+        fixed = prices_for(price_model)  # asked for by name: an unknown one is an error
         return lambda _model: fixed
-    return prices_for  # the turn's own model (anthropic, or a registered model without a default)
+    return lambda model: request_prices(cache_name, model)
 
 
 # -- re-simulation ------------------------------------------------------------------------------
@@ -249,7 +272,11 @@ def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str
     cache.reset()
     rows = []
     for t in turns:
-        result = cache.process(t.request, t.at)
+        result = simulate(cache, t.request, t.at)
+        if result is None:  # a model this cache model cannot simulate: no figures, never a crash
+            rows.append((t.idx, t.at, t.model, cache.name, t.request.total_tokens, None, None, None, None, None,
+                         t.output_tokens, "unsupported", None, None, None, {"model": t.model}))
+            continue
         u = result.usage
         usage = Usage(u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens,
                       u.cache_creation_5m_input_tokens, u.cache_creation_1h_input_tokens, t.output_tokens,
@@ -259,7 +286,8 @@ def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str
             t.idx, t.at, t.model, cache.name, t.request.total_tokens, usage.input_tokens,
             usage.cache_read_input_tokens, usage.cache_creation_input_tokens,
             usage.cache_creation_5m_input_tokens, usage.cache_creation_1h_input_tokens, usage.output_tokens,
-            result.reason, p.cost(usage, t.at), p.cost_without_cache(usage, t.at), usage.raw, result.detail,
+            result.reason, None if p is None else p.cost(usage, t.at),
+            None if p is None else p.cost_without_cache(usage, t.at), usage.raw, result.detail,
         ))
     df = pd.DataFrame(rows, columns=RESIM_COLUMNS)
     return df
@@ -323,7 +351,7 @@ def _resimulate_turns(turns: Sequence[StoredTurn], row: dict[str, Any], cache: s
     model = _cache_for(cache, row, params)
     price = _price_resolver(model.name, row, price_model=price_model, prices=prices)
     df = _replay(turns, model, price)
-    sources = sorted({price(m).source for m in set(df.model)}) if len(df) else []
+    sources = sorted({p.source for m in set(df.model) if (p := price(m)) is not None}) if len(df) else []
     df.attrs["prices"] = ", ".join(sources)
     df.attrs["cache"] = model.name
     return df
@@ -381,8 +409,35 @@ def compare_caches(
 
 
 def default_prices(cache_name: str, model: str) -> Prices:
-    """The price a session under ``cache_name`` pays by default: the session's own model on Anthropic,
-    ``PRICE_MODELS`` for other providers, explicit zeros for self-hosted vLLM. Never a silent zero."""
+    """The price a request of ``model`` pays under ``cache_name``: its own model's (exactly resolved), or
+    the provider's stand-in (``PRICE_MODELS``) when the model belongs to another provider (a Claude session
+    re-simulated under OpenAI's cache is priced as ``gpt-5``); explicit zeros for self-hosted vLLM.
+
+    Raises:
+        PriceError: no exact price for the model (never another model's price, never a silent zero).
+    """
     if cache_name == "vllm":
         return SELF_HOSTED
-    return prices_for(PRICE_MODELS.get(cache_name, model))
+    stand_in = PRICE_MODELS.get(cache_name)
+    if stand_in is not None:
+        provider = price_provider(model)
+        if provider is not None and provider != cache_name:
+            return prices_for(stand_in)
+    return prices_for(model)
+
+
+def request_prices(cache_name: str, model: str) -> Prices | None:
+    """:func:`default_prices`, or None when the model has no exact price (its cost is then NULL)."""
+    try:
+        return default_prices(cache_name, model)
+    except PriceError:
+        return None
+
+
+def simulate(cache: CacheModel, request: PreparedRequest, at: datetime) -> Any:
+    """``cache.process``, or None for a request the cache model cannot simulate (a model its table lacks,
+    Claude Code's ``<synthetic>`` entries...). Cache models raise those errors before changing any state."""
+    try:
+        return cache.process(request, at)
+    except PromptCacheError:
+        return None

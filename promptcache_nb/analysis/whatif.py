@@ -7,28 +7,32 @@ where (and why) the cache was rebuilt.
 * :func:`keep_warm` adds a ping every ``every`` during each gap between requests: the previous request
   re-sent with ``max_tokens: 0`` (rules §1.6 "pre-warming"), which reads — and so refreshes — the cached
   prefix. It reports the rebuilds the pings avoid and what they cost.
-* :func:`rebuilds` lists the turns that read less than the previous request left behind, with the cache
-  model's reason code and a one-line cause (TTL expiry, the segment that changed, model switch,
-  below-minimum prefix, lookback exceeded...).
+* :func:`rebuilds` lists the requests that had to write again what the cache held, each with its cause:
+  from the measured figures first (live or imported usage), from the cache model's reason otherwise.
 
-All figures are simulated over estimated tokens; costs use the session's prices (its explicit
-``prices=`` or genai-prices for each turn's model).
+The what-ifs are simulated over estimated tokens (a request whose model the cache model does not know
+gets no figures, never an error); costs use the session's prices (its explicit ``prices=`` or
+genai-prices for each turn's own model, NULL when it has no exact price).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import pandas as pd
 
 from .._util import fmt_duration, parse_duration
-from ..cache import AnthropicCache
+from ..cache import AnthropicCache, CacheModel, get_cache_model
+from ..errors import PromptCacheError
+from ..request import PreparedRequest, SegmentMemo, compute_diff, prepare
 from ..usage import Usage
-from .prices import Prices, prices_for
-from .resimulate import StoredTurn, _resolve, load_turns
+from ._ideal import carried_over, rebuilt_tokens, same_model
+from .prices import Prices
+from .resimulate import StoredTurn, _resolve, load_turns, request_prices, simulate
 
 WHATIF_COLUMNS = [
     "ttl", "idx", "at", "gap_seconds", "total_tokens", "input_tokens", "cache_read_input_tokens",
@@ -38,15 +42,27 @@ WHATIF_COLUMNS = [
 
 REBUILD_COLUMNS = [
     "idx", "at", "gap_seconds", "expected_read", "read", "lost_tokens", "reason", "cause", "changed_path",
-    "detail",
+    "detail", "measured", "explanation",
 ]
 
+#: Default noise floor of :func:`rebuilds` on measured usage, in tokens.
+NOISE_FLOOR = 256
 
-def _session_prices(row: dict[str, Any]) -> Any:
+#: Reason codes of measured rebuilds that the cache models do not use.
+UNLOGGED_PREFIX_CHANGED = "unlogged_prefix_changed"
+COMPACTION = "compaction"
+
+
+def _session_prices(row: dict[str, Any]) -> Callable[[str], Prices | None]:
     if row["config"].get("prices"):
         fixed = Prices(**row["config"]["prices"])
         return lambda _model: fixed
-    return prices_for
+    return lambda model: request_prices("anthropic", model)
+
+
+def _cost(price: Callable[[str], Prices | None], model: str, usage: Usage, at: Any) -> float | None:
+    p = price(model)
+    return None if p is None else p.cost(usage, at)
 
 
 def _anthropic(row: dict[str, Any]) -> AnthropicCache:
@@ -77,7 +93,8 @@ def ttl_whatif(
 
     Returns:
         Long format, one row per (ttl, turn): ``ttl, idx, at, gap_seconds``, the usage columns,
-        ``cache_reason`` and ``cost_usd``. Totals: ``df.groupby("ttl")[["cost_usd"]].sum()``.
+        ``cache_reason`` and ``cost_usd``. Totals: ``df.groupby("ttl")[["cost_usd"]].sum()``. A turn whose
+        model the Anthropic cache model does not know has no usage, ``cache_reason`` ``unsupported``.
 
     Example:
         >>> df = pc.ttl_whatif(s)                                  # doctest: +SKIP
@@ -95,12 +112,16 @@ def ttl_whatif(
         gaps = _gaps(turns)
         rows = []
         for t, gap in zip(turns, gaps, strict=True):
-            res = cache.process(t.request, t.at)
+            res = simulate(cache, t.request, t.at)
+            if res is None:
+                rows.append((ttl, t.idx, t.at, gap, t.request.total_tokens, None, None, None, None, None,
+                             t.output_tokens, "unsupported", None))
+                continue
             u = _with_output(res.usage, t.output_tokens)
             rows.append((ttl, t.idx, t.at, gap, t.request.total_tokens, u.input_tokens,
                          u.cache_read_input_tokens, u.cache_creation_input_tokens,
                          u.cache_creation_5m_input_tokens, u.cache_creation_1h_input_tokens, u.output_tokens,
-                         res.reason, price(t.model).cost(u, t.at)))
+                         res.reason, _cost(price, t.model, u, t.at)))
         frames.append(pd.DataFrame(rows, columns=WHATIF_COLUMNS))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=WHATIF_COLUMNS)
 
@@ -116,7 +137,7 @@ def keep_warm(
     session_id: str | None = None,
     max_gap: str | float | timedelta | None = None,
     ttl: str | None = None,
-) -> dict[str, Any]:
+) -> KeepWarm:
     """What a keep-warm ping every ``every`` would have saved, and cost.
 
     A ping re-sends the previous request with ``max_tokens: 0`` at ``prev + every``, ``prev + 2·every``...
@@ -130,12 +151,14 @@ def keep_warm(
         ttl: rewrite every breakpoint to this TTL first (``"5m"`` / ``"1h"``), as in :func:`ttl_whatif`.
 
     Returns:
-        A dict: ``every_seconds, pings, ping_cost_usd, rebuilds_without, rebuilds_with, rebuilds_avoided,
-        cost_without_usd`` (requests only), ``cost_with_usd`` (requests + pings), ``net_saving_usd``, and
-        ``turns``: a per-turn DataFrame of both runs.
+        A :class:`KeepWarm`: ``every_seconds, pings, ping_cost_usd, rebuilds_without, rebuilds_with,
+        rebuilds_avoided, cost_without_usd`` (requests only), ``cost_with_usd`` (requests + pings),
+        ``net_saving_usd``, and ``turns``: a per-request DataFrame of both runs. A rebuild is a request
+        that read less than the previous one carried over
+        (:func:`~promptcache_nb.analysis._ideal.carried_over`) and was no hit.
 
     Example:
-        >>> pc.keep_warm(s, every="4m")["rebuilds_avoided"]       # doctest: +SKIP
+        >>> pc.keep_warm(s, every="4m").rebuilds_avoided       # doctest: +SKIP
     """
     lab, sid = _resolve(session, session_id)
     row = lab.store.session_row(sid)
@@ -151,41 +174,89 @@ def keep_warm(
     pings = 0
     ping_cost = 0.0
     prev: StoredTurn | None = None
-    prev_total = 0
+    prev_total: int | None = None
     for t, gap in zip(turns, gaps, strict=True):
         n_pings = 0
         if prev is not None and (limit is None or gap <= limit):
             at = prev.at + step
             while at < t.at:
-                res = warm.process(prev.request, at)
-                ping_cost += price(prev.model).cost(_with_output(res.usage, 0), at) or 0.0
+                res = simulate(warm, prev.request, at)
+                if res is not None:
+                    ping_cost += _cost(price, prev.model, _with_output(res.usage, 0), at) or 0.0
                 n_pings += 1
                 at += step
         pings += n_pings
-        a, b = plain.process(t.request, t.at), warm.process(t.request, t.at)
-        ua, ub = _with_output(a.usage, t.output_tokens), _with_output(b.usage, t.output_tokens)
-        expected = min(prev_total, t.request.total_tokens)
-        p = price(t.model)
-        out_rows.append({
-            "idx": t.idx, "at": t.at, "gap_seconds": gap, "pings_before": n_pings,
-            "read_without": ua.cache_read_input_tokens, "read_with": ub.cache_read_input_tokens,
-            "reason_without": a.reason, "reason_with": b.reason,
-            "rebuild_without": _is_rebuild(t.idx, ua.cache_read_input_tokens, expected, a.reason),
-            "rebuild_with": _is_rebuild(t.idx, ub.cache_read_input_tokens, expected, b.reason),
-            "cost_without_usd": p.cost(ua, t.at), "cost_with_usd": p.cost(ub, t.at),
-        })
+        a, b = simulate(plain, t.request, t.at), simulate(warm, t.request, t.at)
+        expected = carried_over(prev_total, t.request.total_tokens)
+        if a is None or b is None:  # a model the cache model cannot simulate: no figures
+            out_rows.append({
+                "idx": t.idx, "at": t.at, "gap_seconds": gap, "pings_before": n_pings, "read_without": None,
+                "read_with": None, "reason_without": "unsupported", "reason_with": "unsupported",
+                "rebuild_without": False, "rebuild_with": False, "cost_without_usd": None, "cost_with_usd": None,
+            })
+        else:
+            ua, ub = _with_output(a.usage, t.output_tokens), _with_output(b.usage, t.output_tokens)
+            out_rows.append({
+                "idx": t.idx, "at": t.at, "gap_seconds": gap, "pings_before": n_pings,
+                "read_without": ua.cache_read_input_tokens, "read_with": ub.cache_read_input_tokens,
+                "reason_without": a.reason, "reason_with": b.reason,
+                "rebuild_without": _is_rebuild(t.idx, ua.cache_read_input_tokens, expected, a.reason),
+                "rebuild_with": _is_rebuild(t.idx, ub.cache_read_input_tokens, expected, b.reason),
+                "cost_without_usd": _cost(price, t.model, ua, t.at), "cost_with_usd": _cost(price, t.model, ub, t.at),
+            })
         prev, prev_total = t, t.request.total_tokens
     df = pd.DataFrame(out_rows)
     without = int(df.rebuild_without.sum()) if len(df) else 0
     with_ = int(df.rebuild_with.sum()) if len(df) else 0
     cost_without = float(df.cost_without_usd.sum()) if len(df) else 0.0
     cost_with = (float(df.cost_with_usd.sum()) if len(df) else 0.0) + ping_cost
-    return {
-        "every_seconds": step.total_seconds(), "pings": pings, "ping_cost_usd": ping_cost,
-        "rebuilds_without": without, "rebuilds_with": with_, "rebuilds_avoided": without - with_,
-        "cost_without_usd": cost_without, "cost_with_usd": cost_with,
-        "net_saving_usd": cost_without - cost_with, "turns": df,
-    }
+    return KeepWarm(
+        every_seconds=step.total_seconds(), pings=pings, ping_cost_usd=ping_cost, rebuilds_without=without,
+        rebuilds_with=with_, rebuilds_avoided=without - with_, cost_without_usd=cost_without,
+        cost_with_usd=cost_with, net_saving_usd=cost_without - cost_with, turns=df,
+    )
+
+
+@dataclass(frozen=True, repr=False)
+class KeepWarm:
+    """What :func:`keep_warm` found: the pings, the rebuilds they avoid, and the money either way.
+
+    Attributes:
+        every_seconds: the ping interval. pings: how many pings the gaps needed.
+        ping_cost_usd: what the pings cost (the tokens they read, or wrote once an entry had expired).
+        rebuilds_without / rebuilds_with: requests that had to write again what the cache held.
+        rebuilds_avoided: ``rebuilds_without - rebuilds_with``.
+        cost_without_usd: the requests alone. cost_with_usd: the requests plus the pings.
+        net_saving_usd: ``cost_without_usd - cost_with_usd`` (negative: the pings cost more).
+        turns: per-request DataFrame of both runs.
+
+    Item access (``result["pings"]``) works as it did when this was a dict.
+    """
+
+    every_seconds: float
+    pings: int
+    ping_cost_usd: float
+    rebuilds_without: int
+    rebuilds_with: int
+    rebuilds_avoided: int
+    cost_without_usd: float
+    cost_with_usd: float
+    net_saving_usd: float
+    turns: pd.DataFrame = field(compare=False)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def keys(self) -> list[str]:
+        return list(self.__dataclass_fields__)
+
+    def __repr__(self) -> str:
+        return (f"KeepWarm(every={fmt_duration(self.every_seconds)}, pings={self.pings}, "
+                f"rebuilds_avoided={self.rebuilds_avoided} of {self.rebuilds_without}, "
+                f"ping_cost_usd={self.ping_cost_usd:.4f}, net_saving_usd={self.net_saving_usd:.4f}, "
+                f"turns=<{len(self.turns)} requests>)")
 
 
 def _cause(reason: str | None, detail: dict[str, Any], gap: float | None) -> str:
@@ -212,53 +283,218 @@ def _cause(reason: str | None, detail: dict[str, Any], gap: float | None) -> str
     return str(reason)
 
 
-def rebuilds(session: Any, *, session_id: str | None = None) -> pd.DataFrame:
-    """The turns that read less than the previous request left behind, each with its cause.
+_REBUILD_SELECT = """SELECT idx, "at", model, total_tokens, input_tokens, cache_read_input_tokens,
+    cache_creation_input_tokens, usage_source, cache_reason, cache_detail, events
+    FROM turns WHERE session_id = ? ORDER BY idx"""
 
-    A rebuild is a request (not the first) whose cache read is below ``min(previous total, own total)``
-    and whose cache model did not report ``hit``. Reads and totals are the stored ones (measured when
-    the session was live or imported); the reason and detail are the session's cache model's (for an
-    Anthropic session: TTL expiry, prefix change with the segment that changed, model switch,
-    below-minimum prefix, lookback exceeded...). Turns stored without a reason are explained by
-    re-simulating the session under the Anthropic model.
+
+def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = NOISE_FLOOR) -> pd.DataFrame:
+    """The requests that had to write again what the cache held, each with its cause.
+
+    **Measured requests** (live or imported usage) are judged on their measured figures only. A rebuild
+    is what the request wrote of what the previous request held:
+    ``clamp(previous prompt total − cache read, 0, cache write)`` measured tokens
+    (:func:`~promptcache_nb.analysis._ideal.rebuilt_tokens`), counted only above ``noise_floor`` — so the
+    few uncached tail tokens of every request are never a rebuild, and a rebuild hidden behind a body that
+    looks like a pure append is found. The cause is the first that the evidence supports, in this order:
+    a model switch; a compaction (the ``compaction`` event, or a history that shrank); a TTL expiry (the
+    gap since the previous request, which last read or wrote the lost entries, is longer than their TTL);
+    a prefix change located in the body (segment path, byte, an excerpt of both sides); a prefix change
+    outside the logged content (a partial log: its unlogged prefix differs, or the API read less than it
+    while the logged part is unchanged); the 20-block lookback; the minimum cacheable length; else
+    unexplained — likely eviction. ``explanation`` states the measured figures, then the simulator's
+    prediction when it disagrees.
+
+    **Simulated requests** are judged as before: a request (not the first) whose cache read is below
+    what the previous request carried over and whose cache model did not report ``hit``, with the cache
+    model's reason (turns stored without one are re-simulated under the Anthropic model).
+
+    Args:
+        session: a Session (or a Lab, with ``session_id``).
+        noise_floor: measured rebuilds of at most this many tokens are ignored.
+
+    Returns:
+        One row per rebuild: ``idx, at, gap_seconds, expected_read, read, lost_tokens, reason, cause,
+        changed_path, detail`` (a dict of the evidence), ``measured`` and ``explanation``.
 
     Example:
         >>> pc.rebuilds(s)[["idx", "cause", "lost_tokens"]]        # doctest: +SKIP
     """
     lab, sid = _resolve(session, session_id)
-    df = lab.store.sql(
-        """SELECT idx, "at", total_tokens, input_tokens, cache_read_input_tokens, cache_creation_input_tokens,
-                  cache_reason, cache_detail FROM turns WHERE session_id = ? ORDER BY idx""",
-        [sid],
-    )
+    df = lab.store.sql(_REBUILD_SELECT, [sid])
     reasons = list(df.cache_reason)
     details = [json.loads(d) if isinstance(d, str) else {} for d in df.cache_detail]
-    if any(r is None for r in reasons):
+    measured = [s in ("live", "imported") for s in df.usage_source]
+    if any(r is None and not m for r, m in zip(reasons, measured, strict=True)):
         row = lab.store.session_row(sid)
         cache = _anthropic(row)
         for i, t in enumerate(load_turns(lab, sid)):
-            res = cache.process(t.request, t.at)
-            if reasons[i] is None:
+            res = simulate(cache, t.request, t.at)
+            if reasons[i] is None and not measured[i] and res is not None:
                 reasons[i], details[i] = res.reason, res.detail
+    evidence = _Evidence(lab, sid) if any(measured) else None
+    records = df.to_dict("records") if evidence is not None else []
     rows = []
     prev_total: int | None = None
     prev_at = None
     for i, r in enumerate(df.itertuples(index=False)):
         parts = (r.input_tokens, r.cache_read_input_tokens, r.cache_creation_input_tokens)
-        measured = None if any(pd.isna(p) for p in parts) else int(sum(parts))
-        total = measured if measured is not None else int(r.total_tokens)
+        known = None if any(pd.isna(p) for p in parts) else int(sum(parts))
+        total = known if known is not None else int(r.total_tokens)
         read = None if pd.isna(r.cache_read_input_tokens) else int(r.cache_read_input_tokens)
         gap = None if prev_at is None else (r.at - prev_at).total_seconds()
-        if prev_total is not None:
-            expected = min(prev_total, total)
+        if i and measured[i] and evidence is not None:
+            found = evidence.rebuild(i, records, details[i], reasons[i], noise_floor=noise_floor)
+            if found is not None:
+                rows.append({"idx": r.idx, "at": r.at, "gap_seconds": gap, **found, "measured": True})
+        elif prev_total is not None:
+            expected = carried_over(prev_total, total)
             if _is_rebuild(r.idx, read, expected, reasons[i]):
                 detail = details[i]
+                cause = _cause(reasons[i], detail, gap)
                 rows.append({
                     "idx": r.idx, "at": r.at, "gap_seconds": gap, "expected_read": expected, "read": read,
-                    "lost_tokens": expected - read, "reason": reasons[i],
-                    "cause": _cause(reasons[i], detail, gap),
+                    "lost_tokens": expected - read, "reason": reasons[i], "cause": cause,
                     "changed_path": detail.get("divergence_path") if reasons[i] == "prefix_changed" else None,
-                    "detail": detail,
+                    "detail": detail, "measured": False, "explanation": cause,
                 })
         prev_total, prev_at = total, r.at
     return pd.DataFrame(rows, columns=REBUILD_COLUMNS)
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)
+
+
+class _Evidence:
+    """The stored bodies of a session, for attributing its measured rebuilds (built on demand)."""
+
+    def __init__(self, lab: Any, session_id: str) -> None:
+        self.store = lab.store
+        self.sid = session_id
+        row = lab.store.session_row(session_id)
+        params = row["config"].get("cache_params", {})
+        try:
+            self.cache: CacheModel = get_cache_model(row["cache_model"], **params)
+        except PromptCacheError:
+            self.cache = AnthropicCache()
+        self.memo = SegmentMemo(lab.tokenizer)
+        self._requests: dict[int, PreparedRequest] = {}
+
+    def request(self, idx: int) -> PreparedRequest:
+        req = self._requests.get(idx)
+        if req is None:
+            req = self._requests[idx] = prepare(self.store.turn_body(self.sid, idx), memo=self.memo)
+        return req
+
+    def _ttl_beyond(self, req: PreparedRequest, measured_total: int, read: int) -> float:
+        """The shortest lifetime among ``req``'s cached prefixes longer than what was read (its whole
+        prefix's lifetime when none is)."""
+        try:
+            points = self.cache.retention_points(req)
+        except PromptCacheError:
+            points = [(req.total_tokens, 300.0)]
+        whole = req.total_tokens or 1
+        beyond = [ttl for tokens, ttl in points if tokens * measured_total > read * whole]
+        return min(beyond) if beyond else points[-1][1]
+
+    def rebuild(self, i: int, records: list[dict[str, Any]], detail: dict[str, Any],
+                predicted_reason: str | None, *, noise_floor: int) -> dict[str, Any] | None:
+        cur = records[i]
+        # the previous request that reached the API: entries such as Claude Code's "<synthetic>" ones carry
+        # no prompt (total 0) and touch no cache
+        j = i - 1
+        while j >= 0 and not _total(records[j]):
+            j -= 1
+        if j < 0:
+            return None
+        prev = records[j]
+        prev_total = _total(prev)
+        read, write = _int(cur["cache_read_input_tokens"]), _int(cur["cache_creation_input_tokens"])
+        lost = rebuilt_tokens(prev_total, read, write)
+        if lost <= noise_floor or prev_total is None or read is None or write is None:
+            return None
+        total = _total(cur)
+        evidence: dict[str, Any] = {"previous_total": prev_total, "read": read, "write": write,
+                                    "total": total}
+        reason, cause, path = self._attribute(cur, prev, prev_total, read, detail, predicted_reason, evidence)
+        text = (f"{cause[0].upper()}{cause[1:]}. Measured: the previous request held {prev_total:,} prompt tokens; "
+                f"this one read {read:,} and wrote {write:,}, so {lost:,} tokens were written again.")
+        predicted = (detail.get("predicted_usage") or {}).get("cache_read_input_tokens")
+        if predicted is not None:
+            evidence["predicted_read"] = predicted
+            if abs(predicted - read) > noise_floor:
+                text += f" The simulator expected to read {predicted:,} tokens; the API read {read:,}"
+                text += " — likely eviction." if reason == "evicted" else "."
+        return {"expected_read": carried_over(prev_total, total or 0), "read": read, "lost_tokens": lost,
+                "reason": reason, "cause": cause, "changed_path": path, "detail": evidence, "explanation": text}
+
+    def _attribute(self, cur: dict[str, Any], prev: dict[str, Any], prev_total: int, read: int, detail: dict[str, Any],
+                   predicted_reason: str | None, evidence: dict[str, Any]) -> tuple[str, str, str | None]:
+        before, now = prev["model"], cur["model"]
+        if not same_model(before, now):
+            evidence["previous_model"] = before
+            return "model_switch", f"model switch from {before} to {now}: caches are kept per model", None
+        cur_req, prev_req = self.request(int(cur["idx"])), self.request(int(prev["idx"]))
+        d = compute_diff(prev_req, cur_req)
+        events = json.loads(cur["events"]) if isinstance(cur["events"], str) else []
+        n_prev, n_cur = _history_length(prev_req), _history_length(cur_req)
+        if "compaction" in events or (d.index is not None and n_cur < n_prev and _in_history(d.path)):
+            evidence["messages"] = [n_prev, n_cur]
+            return (COMPACTION, f"compaction: the history was replaced by a summary ({n_prev} -> {n_cur} messages)",
+                    None)
+        # TTL: the previous request read or wrote everything it held, so its entries' lifetimes run from it
+        gap = (cur["at"] - prev["at"]).total_seconds()
+        ttl = self._ttl_beyond(prev_req, prev_total, read)
+        if gap > ttl:
+            evidence.update(gap_seconds=gap, ttl_seconds=ttl)
+            return "ttl_expired", f"TTL expiry: the {_ttl_name(ttl)} entry was idle {fmt_duration(gap)}", None
+        unlogged = cur_req.unlogged_prefix_tokens
+        if d.index is not None:
+            seg = cur_req.segments[d.index] if d.index < len(cur_req.segments) else prev_req.segments[d.index]
+            if seg.kind == "unlogged":
+                evidence.update(unlogged_before=prev_req.unlogged_prefix_tokens, unlogged_now=unlogged)
+                return (UNLOGGED_PREFIX_CHANGED, "prefix changed outside the logged content: the unlogged prefix "
+                        f"(system prompt, tools) went from {prev_req.unlogged_prefix_tokens or 0:,} to "
+                        f"{unlogged or 0:,} measured tokens", seg.path)
+            evidence.update(path=d.path, byte=d.byte_offset, excerpt=None if d.excerpt is None else str(d.excerpt))
+            where = d.path if d.byte_offset is None else f"{d.path} (byte {d.byte_offset:,})"
+            return "prefix_changed", f"prefix changed at {where}", d.path
+        if unlogged is not None and read < unlogged:
+            evidence["unlogged"] = unlogged
+            return (UNLOGGED_PREFIX_CHANGED, f"prefix changed outside the logged content: the API read {read:,} "
+                    f"tokens, less than the {unlogged:,}-token prefix the log does not hold (system prompt, tools), "
+                    "while the logged part is unchanged", None)
+        if predicted_reason == "lookback_exceeded":
+            return "lookback_exceeded", _cause(predicted_reason, detail, gap), None
+        try:
+            minimum = self.cache.min_cacheable_tokens(now)
+        except PromptCacheError:
+            minimum = 0
+        if predicted_reason == "below_minimum" or prev_total < minimum:
+            return "below_minimum", _cause("below_minimum", {"min_tokens": minimum, **detail}, gap), None
+        return ("evicted", "unexplained: nothing in the request or its timing explains it — likely eviction "
+                "(or another cache namespace)", None)
+
+
+def _total(row: dict[str, Any]) -> int | None:
+    parts = (row["input_tokens"], row["cache_read_input_tokens"], row["cache_creation_input_tokens"])
+    return None if any(pd.isna(p) for p in parts) else int(sum(parts))
+
+
+def _history_length(req: PreparedRequest) -> int:
+    body = req.body
+    history = body.get("messages", body.get("input"))
+    return len(history) if isinstance(history, list) else 0
+
+
+def _in_history(path: str | None) -> bool:
+    return path is not None and path.startswith(("messages", "input"))
+
+
+def _ttl_name(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return fmt_duration(seconds)

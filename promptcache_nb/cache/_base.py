@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -40,6 +40,18 @@ class CacheResult:
     segment_states: tuple[str, ...] = ()
     native: dict[str, Any] = field(default_factory=dict)
 
+    def as_prediction(self) -> CacheResult:
+        """This result with its usage copied into ``detail["predicted_usage"]``: how a request whose
+        measured usage is stored keeps what the simulator expected, to compare the two."""
+        predicted = {f: getattr(self.usage, f) for f in PREDICTED_FIELDS}
+        return replace(self, detail={**self.detail, "predicted_usage": predicted})
+
+
+PREDICTED_FIELDS = (
+    "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+    "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens",
+)
+
 
 class CacheModel(ABC):
     """A simulated provider prompt cache. Stateful: feed it a session's requests in order."""
@@ -49,7 +61,11 @@ class CacheModel(ABC):
 
     @abstractmethod
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
-        """Apply one request at time ``at`` (UTC) and return its usage (output_tokens unset)."""
+        """Apply one request at time ``at`` (UTC) and return its usage (output_tokens unset).
+
+        A request the model cannot simulate (an unknown model, an invalid breakpoint layout) raises a
+        :class:`~promptcache_nb.PromptCacheError` *before* any state changes, so callers holding measured
+        usage can skip it and go on with the same cache."""
 
     @abstractmethod
     def reset(self) -> None:

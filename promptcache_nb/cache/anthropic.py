@@ -11,14 +11,20 @@ Rules modelled, each cited where it is applied:
 * per-model minimum cacheable length, a dated table (§1.5); shorter prefixes are neither read nor written;
 * 5m and 1h TTLs, refreshed for free on every read; entries are visible only once the writing
   response has begun (``ttft_seconds``) (§1.6);
+* a read refreshes every live entry along the prefix it read, not only the entry it matched: the
+  cached content is "refreshed for no additional cost each time [it] is used" [A1][A2], and reading a
+  longer prefix uses the shorter ones' content. The docs do not say it in so many words (rules §1.4
+  "Refresh scope" lists it as ambiguous); measured logs settle it — a system-prompt entry is still read
+  11 minutes after its last write while the conversation after it is read every few seconds (issue 11).
+  ``refresh_along_prefix=False`` restores the narrower reading (only the matched entry);
 * 1h breakpoints must come before 5m ones; the bill splits as read = A, 1h write = B − A,
   5m write = C − B (§1.8);
 * caches keyed by model; ``tool_choice`` and thinking changes invalidate the messages level only;
   ``speed`` the system level (§1.3 table).
 
-Stated assumptions where the docs are silent: a read refreshes only the entry it matched; a string
-``content`` counts as one block; run coalescing of ``tool_use`` / ``tool_result`` blocks ([A4], 3P only)
-is off unless ``coalesce_tool_runs=True``; the 1h-after-5m order is treated as HTTP 400.
+Stated assumptions where the docs are silent: a string ``content`` counts as one block; run coalescing of
+``tool_use`` / ``tool_result`` blocks ([A4], 3P only) is off unless ``coalesce_tool_runs=True``; the
+1h-after-5m order is treated as HTTP 400.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
-from .._util import common_prefix_length
+from .._util import common_prefix_length, model_base_id
 from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest, canonical_json
 from ..usage import Usage
@@ -61,12 +67,20 @@ MIN_TABLE_AS_OF = "2026-04-16"
 
 
 def resolve_model(model: str) -> str:
-    """Map a model id (dated snapshots and ``-latest`` included) to its row of the minimum table."""
+    """Map a model id to its row of the minimum table, exactly: the id itself, its dated snapshots
+    (``claude-sonnet-4-5-20250929``, Vertex ``@20250929``), ``-latest``, the ``-0`` aliases of the 4.0
+    models (``claude-opus-4-0``) and Bedrock ids (``anthropic.claude-sonnet-4-5-20250929-v1:0``).
+
+    Never by prefix: ``claude-opus-4-9`` is not ``claude-opus-4`` (its minimum and price differ), so an id
+    the table lacks raises :class:`~promptcache_nb.UnknownModelError`.
+    """
     if model in MIN_CACHEABLE_TOKENS:
         return model
-    for known in sorted(MIN_CACHEABLE_TOKENS, key=len, reverse=True):
-        if model.startswith(known + "-"):
-            return known
+    base = model_base_id(model)
+    if base in MIN_CACHEABLE_TOKENS:
+        return base
+    if base.endswith("-0") and base[:-2] in MIN_CACHEABLE_TOKENS:
+        return base[:-2]
     raise UnknownModelError(model, list(MIN_CACHEABLE_TOKENS))
 
 
@@ -100,6 +114,8 @@ class AnthropicCache(CacheModel):
         min_tokens: override the per-model minimum table.
         lookback: positions checked per breakpoint (20 in the docs).
         coalesce_tool_runs: count a run of consecutive tool_use (or tool_result) blocks as one position.
+        refresh_along_prefix: a read refreshes every live entry along the prefix it read (default; see
+            the module docstring), or only the entry it matched (``False``).
     """
 
     name: ClassVar[str] = "anthropic"
@@ -112,8 +128,10 @@ class AnthropicCache(CacheModel):
         min_tokens: dict[str, int] | None = None,
         lookback: int = LOOKBACK_POSITIONS,
         coalesce_tool_runs: bool = False,
+        refresh_along_prefix: bool = True,
     ) -> None:
         self.ttft_seconds = ttft_seconds
+        self.refresh_along_prefix = refresh_along_prefix
         self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(min_tokens or {})}
         self.lookback = lookback
         self.coalesce_tool_runs = coalesce_tool_runs
@@ -128,7 +146,11 @@ class AnthropicCache(CacheModel):
         self._salts_now: tuple = ()
         self._prev_model: str | None = None
         self._prev_total = 0
+        self._prev_cacheable = 0
         self._prev_written: set[int] = set()
+        # entries known to lie on the previous request's chain: position -> entry (refresh along prefix)
+        self._along: dict[int, _Entry] = {}
+        self._shared_now = 0
 
     def validate_model(self, model: str) -> str:
         return resolve_model(model)
@@ -243,6 +265,7 @@ class AnthropicCache(CacheModel):
         # Reuse the previous request's chain for the shared leading run: O(new segments) per turn.
         prev_keys, prev_chain = self._prev_keys, self._prev_chain
         n = common_prefix_length(keys, prev_keys)
+        self._shared_now = n
         chain = prev_chain[:n]
         parent = chain[-1] if chain else b"root"
         for key in keys[n:]:
@@ -310,15 +333,24 @@ class AnthropicCache(CacheModel):
             if hit is not None:
                 break
         read = cum[hit] if hit is not None else 0
+        along = self._entries_along(model, chain, t) if self.refresh_along_prefix else None
         if hit is not None:
             e = self._entries[(model, chain[hit])]
             e.expires_at = t + TTL_SECONDS[e.ttl]  # free refresh on read (§1.6)
+            if along is not None:
+                for i, other in along.items():  # ... of every live entry the read went through
+                    if i < hit and other.visible_at <= t < other.expires_at:
+                        other.expires_at = t + TTL_SECONDS[other.ttl]
 
         writes = [(bp, ttl) for bp, ttl in marks if cum[bp] > read and cum[bp] >= minimum]
         for bp, ttl in writes:
-            self._entries[(model, chain[bp])] = _Entry(
+            entry = self._entries[(model, chain[bp])] = _Entry(
                 ttl, t + TTL_SECONDS[ttl], t + self.ttft_seconds, t, cum[bp]
             )
+            if along is not None:
+                along[bp] = entry
+        if along is not None:
+            self._along = along
         b = max((cum[bp] for bp, ttl in writes if ttl == "1h"), default=read)
         c = max((cum[bp] for bp, _ in writes), default=read)
         w1h, w5m = b - read, c - b
@@ -343,8 +375,24 @@ class AnthropicCache(CacheModel):
         self._prev_keys, self._prev_chain = keys, chain
         self._prev_segments, self._prev_salts = request.segments, self._salts_now
         self._prev_model, self._prev_total = model, total
+        self._prev_cacheable = c  # the longest prefix this request read or wrote: what it left cached
         self._prev_written = {bp for bp, _ in writes}
         return CacheResult(usage, reason, detail, states, usage.to_anthropic())
+
+    def _entries_along(self, model: str, chain: list[bytes], t: float) -> dict[int, _Entry]:
+        """Live entries on ``chain`` by position: the previous request's for the shared run (entries
+        never move), looked up for the new positions only — O(new segments) per request."""
+        if model == self._prev_model:
+            n = self._shared_now
+            along = {i: e for i, e in self._along.items() if i < n and e.expires_at > t}
+        else:
+            n, along = 0, {}
+        get = self._entries.get
+        for i in range(n, len(chain)):
+            e = get((model, chain[i]))
+            if e is not None and e.expires_at > t:
+                along[i] = e
+        return along
 
     def _reason(
         self, req, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail
@@ -355,8 +403,10 @@ class AnthropicCache(CacheModel):
         n = common_prefix_length(chain, self._prev_chain)
         detail["divergence_index"] = n
         detail["divergence_path"] = req.segments[n].path if n < len(req.segments) else None
-        possible = min(self._prev_total, cum[-1] if cum else 0)
-        if read >= possible:
+        # a hit reads everything the previous request left cached — up to its last breakpoint, which need not
+        # be its last block (a marker on the system prompt only: every later request reading it is a hit)
+        possible = min(self._prev_cacheable, cum[-1] if cum else 0)
+        if possible and read >= possible and self._prev_model == model:
             return "hit"
         if self._prev_model != model:
             detail["previous_model"] = self._prev_model

@@ -14,9 +14,11 @@ Rules modelled, each cited where it is applied:
   a processed prompt is cached "afterward on that machine" [O1] and refreshes what it used;
 * retention [O1][O3]: ``in_memory`` keeps a prefix while it is used at least every ``idle_ttl``
   (default 5 minutes, the low end of "5–10 minutes of inactivity") and never longer than ``max_age``
-  after it was computed ("up to a maximum of one hour"); ``24h`` keeps it up to 24 hours. Sources
-  disagree on the default ([O1] ``in_memory``; [O3] ``24h`` for non-ZDR organisations): we use
-  ``in_memory``;
+  after it was computed ("up to a maximum of one hour"); ``24h`` ("extended") keeps it up to 24 hours.
+  A request's own ``prompt_cache_retention`` field (``in_memory`` / ``24h``) wins over ``retention=``
+  for the prefixes it stores or uses: each prefix lives by the retention of the request that last
+  stored or used it. Sources disagree on the default ([O1] ``in_memory``; [O3] ``24h`` for non-ZDR
+  organisations): we use ``in_memory``;
 * usage is reported as ``prompt_tokens`` with ``prompt_tokens_details.cached_tokens`` a subset of it
   [O1]: in :class:`~promptcache_nb.Usage` that is read = cached, write = 0, uncached = prompt − cached.
 
@@ -67,6 +69,9 @@ class _Shard:
     used: dict[int, float] = field(default_factory=dict)
     prev_chain: list[int] = field(default_factory=list)
     prev_t: float = 0.0
+    # (idle ttl, max age) per node, only once a request asked for another retention than the default
+    life: dict[int, tuple[float, float]] | None = None
+    prev_life: tuple[float, float] | None = None
 
 
 class OpenAICache(CacheModel):
@@ -131,8 +136,17 @@ class OpenAICache(CacheModel):
         # Permissive: re-simulating an Anthropic-shaped session under OpenAI's rules keeps its model id.
         return model
 
+    def _life(self, request: PreparedRequest) -> tuple[float, float]:
+        """(idle ttl, max age) of the prefixes ``request`` stores: its ``prompt_cache_retention`` if any."""
+        asked = request.rest.get("prompt_cache_retention")
+        if asked == "24h":
+            return 86_400.0, 86_400.0
+        if asked == "in_memory" and self.retention == "24h":
+            return _seconds("5m"), _seconds("1h")
+        return self.idle_ttl, self.max_age
+
     def default_ttl_seconds(self, request: PreparedRequest) -> float:
-        return self.idle_ttl
+        return self._life(request)[0]
 
     def cached_for(self, lcp_tokens: int) -> int:
         """Tokens reported cached for a live shared prefix of ``lcp_tokens`` (1024 + k·128, or 0)."""
@@ -145,22 +159,25 @@ class OpenAICache(CacheModel):
         """(leading segments live in the shard, why the shard's latest prompt was dead if it was)."""
         if shard is None or not chain:
             return 0, None
-        written, used = shard.written, shard.used
+        written, used, life = shard.written, shard.used, shard.life
+        default = (self.idle_ttl, self.max_age)
         i, prev_w = 0, float("-inf")
         shared = common_prefix_len(chain, shard.prev_chain)
         if shared:
             # The shard's latest prompt left this run written (computed times non-decreasing along
             # it) and used at prev_t, and nothing touched the shard since: check it in O(1).
-            if t - shard.prev_t >= self.idle_ttl:
+            idle, max_age = shard.prev_life or default
+            if t - shard.prev_t >= idle:
                 return 0, "idle"
-            if t - written[chain[0]] >= self.max_age:
+            if t - written[chain[0]] >= max_age:
                 return 0, "max_age"
             i, prev_w = shared, written[chain[shared - 1]]
         while i < len(chain):
             node = chain[i]
             w = written.get(node)
+            idle, max_age = default if life is None else life.get(node, default)
             # a prefix computed before its own parent was recomputed belonged to the evicted parent
-            if w is None or w < prev_w or t - used[node] >= self.idle_ttl or t - w >= self.max_age:
+            if w is None or w < prev_w or t - used[node] >= idle or t - w >= max_age:
                 break
             prev_w = w
             i += 1
@@ -188,12 +205,20 @@ class OpenAICache(CacheModel):
             shard.used.update(dict.fromkeys(chain, t))
             shard.written.update(dict.fromkeys(chain[live:], t))
             shard.prev_chain, shard.prev_t = chain, t
+            life = self._life(request)
+            if shard.life is not None or life != (self.idle_ttl, self.max_age):
+                # a prefix lives by the retention of the request that last stored or used it
+                if shard.life is None:
+                    shard.life = {}
+                shard.life.update(dict.fromkeys(chain, life))
+                shard.prev_life = life
 
         native = {"prompt_tokens": n, "prompt_tokens_details": {"cached_tokens": cached}}
         usage = read_only_usage(n, cached, native)
+        asked = request.rest.get("prompt_cache_retention")
         detail: dict[str, Any] = {
-            "model": model, "retention": self.retention, "lcp_tokens": lcp, "min_tokens": self.min_tokens,
-            "increment": self.increment, "prompt_cache_key": pkey,
+            "model": model, "retention": asked if asked in RETENTIONS else self.retention, "lcp_tokens": lcp,
+            "min_tokens": self.min_tokens, "increment": self.increment, "prompt_cache_key": pkey,
             "hit_path": segment_path(request, live - 1) if cached else None,
         }
         reason = self._reason(request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail)

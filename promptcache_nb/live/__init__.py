@@ -1,11 +1,25 @@
-"""Backends: the in-process simulator, the live Anthropic API, a Messages-compatible simulator endpoint."""
+"""Backends: the in-process simulator, the live Anthropic API, a simulator endpoint, and a recording proxy."""
 
 from __future__ import annotations
 
 from ._base import Backend, BackendResponse, DirectSimulator
-from .anthropic_backend import AnthropicBackend
 from .server import ServedRequest, SimulatorServer
 
+
+def __getattr__(name: str) -> object:
+    # The anthropic SDK takes ~1.5 s to import: load it only when a live backend is asked for.
+    if name == "AnthropicBackend":
+        from .anthropic_backend import AnthropicBackend
+
+        return AnthropicBackend
+    if name == "RecordingProxy":  # imports starlette, uvicorn and httpx: only when a proxy is asked for
+        from .proxy import RecordingProxy
+
+        return RecordingProxy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "ServedRequest", "SimulatorServer",
+    "AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "RecordingProxy", "ServedRequest",
+    "SimulatorServer",
 ]

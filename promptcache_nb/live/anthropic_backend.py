@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import ipaddress
+import warnings
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -139,6 +140,16 @@ class AnthropicBackend(Backend):
         )
 
     def _call(self, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        if self.virtual_clock:
+            # A local endpoint (the simulator, `promptcache-nb serve`) replays a scenario's model on purpose:
+            # the SDK's "model is deprecated" warning on every call says nothing about it.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"The model '.*' is deprecated",
+                                        category=DeprecationWarning)
+                return self._send(kwargs)
+        return self._send(kwargs)
+
+    def _send(self, kwargs: dict[str, Any]) -> tuple[Any, Any]:
         messages = self._client.messages
         if self.stream:
             with messages.stream(**kwargs) as stream:

@@ -1,20 +1,29 @@
-"""A Messages-compatible endpoint that answers from a cache model: the live code path, offline.
+"""A Messages- and OpenAI-compatible endpoint that answers from a cache model: the live code path, offline.
 
 ``SimulatorServer`` speaks enough of ``POST /v1/messages`` for the official ``anthropic`` SDK (sync,
-async, ``stream=True`` and ``messages.stream``) to run unchanged against it, so the notebooks exercise
-exactly the code they would use against the real API. Each request body goes through the same
+async, ``stream=True`` and ``messages.stream``), and of ``POST /v1/chat/completions`` and ``POST /v1/responses``
+for the official ``openai`` SDK (sync and streamed), to run unchanged against it, so the notebooks exercise
+exactly the code they would use against the real APIs. Each request body goes through the same
 :func:`~promptcache_nb.request.prepare` and cache model as the in-process
 :class:`~promptcache_nb.live.DirectSimulator`, so the usage it reports is identical.
 
-What it reproduces (provider_cache_rules.md §1):
+What it reproduces (provider_cache_rules.md §1, §2):
 
 * caches isolated per workspace (§1.9): one cache model per API key — the key is reduced to a digest on
-  arrival and never stored, logged or echoed; within a workspace entries are keyed by model (§1.2);
+  arrival and never stored, logged or echoed; within a workspace entries are keyed by model (§1.2). Messages
+  calls use the ``cache`` model, OpenAI calls the ``openai_cache`` model (one each per key);
 * the ``usage`` object with the 5m/1h ``cache_creation`` split (§1.8), in the JSON response and in the
-  SSE ``message_start`` / ``message_delta`` events;
-* the API's error shape ``{"type": "error", "error": {"type", "message"}, "request_id"}`` with a
-  ``request-id`` header: 401 for a missing or refused key, 400 with the cache model's text (e.g. five
-  breakpoints), 404 for an unknown model, and injected 429 (with ``retry-after``) / 529 for tests.
+  SSE ``message_start`` / ``message_delta`` events; OpenAI's ``prompt_tokens_details.cached_tokens`` (Chat,
+  in the last chunk when ``stream_options.include_usage``) and ``input_tokens_details.cached_tokens``
+  (Responses, in ``response.completed``);
+* the APIs' error shapes — Anthropic's ``{"type": "error", "error": {"type", "message"}, "request_id"}``,
+  OpenAI's ``{"error": {"message", "type", "param", "code"}}`` — with a ``request-id`` (and, for OpenAI paths,
+  ``x-request-id``) header: 401 for a missing or refused key, 400 with the cache model's text (e.g. five
+  breakpoints), 404 for an unknown model or path, 405 for a wrong method, 413 for a body over the size limit,
+  408 for a body that does not arrive in time, and injected 429 (with ``retry-after``) / 529 for tests.
+
+Serving: uvicorn on a daemon thread (:mod:`promptcache_nb.live._asgi`); requests are answered on worker threads,
+and only requests of one workspace wait for each other, so a slow request never stalls other clients.
 
 Time: a cache replays a *scenario's* clock, not the wall clock, so a request may carry
 ``x-promptcache-at: <ISO-8601 UTC>`` (sent by :class:`~promptcache_nb.live.AnthropicBackend` only to
@@ -27,19 +36,23 @@ import argparse
 import json
 import logging
 import threading
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._util import digest
-from ..cache import CacheModel, get_cache_model
+from ..cache import CacheModel, cache_model_names, get_cache_model
 from ..errors import InvalidRequestError, UnknownModelError
-from ..request import SegmentMemo, prepare
+from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
+from ..usage import Usage
 from ._base import AT_HEADER, SIMULATED_REPLY, SIMULATOR_HEADER
+
+if TYPE_CHECKING:
+    from ._asgi import ServerThread
 
 log = logging.getLogger("promptcache_nb.server")
 
@@ -48,6 +61,8 @@ ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
@@ -58,12 +73,32 @@ _DEFAULT_MESSAGES = {
     401: "invalid x-api-key",
     403: "Your API key does not have permission to use the specified resource.",
     404: "Not found",
+    405: "Method not allowed",
+    408: "Request timed out",
     413: "Request exceeds the maximum allowed number of bytes.",
     429: "This request would exceed your organization's rate limit (injected by the simulator).",
     500: "Internal server error",
     529: "Overloaded",
 }
-_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+#: OpenAI's error ``type`` / ``code`` for the same statuses.
+_OPENAI_ERRORS = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "unsupported_country_region_territory"),
+    404: ("invalid_request_error", "model_not_found"),
+    405: ("invalid_request_error", None),
+    408: ("invalid_request_error", "timeout"),
+    413: ("invalid_request_error", "request_too_large"),
+    429: ("requests", "rate_limit_exceeded"),
+    500: ("server_error", None),
+    529: ("server_error", "overloaded"),
+}
+MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
+CHAT, RESPONSES = "/v1/chat/completions", "/v1/responses"
+_PATHS = (MESSAGES, COUNT_TOKENS, CHAT, RESPONSES)
+_OPENAI_PATHS = (CHAT, RESPONSES)
+#: How many answered requests :attr:`SimulatorServer.requests` keeps (oldest dropped first).
+MAX_SERVED = 100_000
 
 Reply = str | Callable[[dict[str, Any]], str]
 
@@ -99,12 +134,18 @@ class _Injected:
     retry_after: float | None
 
 
+#: What :meth:`SimulatorServer._respond` produces: status, headers, and the body — bytes, or for a streamed
+#: response the list of SSE events in order (the HTTP layer sends them one by one).
+_Answer = tuple[int, dict[str, str], bytes | list[bytes]]
+
+
 class SimulatorServer:
-    """A local ``/v1/messages`` endpoint backed by a promptcache_nb cache model.
+    """A local ``/v1/messages``, ``/v1/chat/completions`` and ``/v1/responses`` endpoint backed by cache models.
 
     Args:
-        cache: cache model name (``pc.CACHE_MODELS``); one instance per workspace (API key).
-        host: interface to bind; keep the loopback default unless you mean to serve a network.
+        cache: cache model name (``pc.CACHE_MODELS``) for Messages calls; one instance per workspace (API key).
+        host: interface to bind; keep the loopback default unless you mean to serve a network (the server
+            accepts any key; binding anything else logs a warning).
         port: 0 picks a free port (read :attr:`base_url` after :meth:`start`).
         cache_params: keyword arguments for the cache model (as ``lab.session(cache_params=...)``).
         tokenizer: token estimator; must match the Lab's for usage identical to the direct simulator.
@@ -112,6 +153,13 @@ class SimulatorServer:
             The key ``"bad"`` is always refused, so a test can provoke a 401 without configuration.
         reply: the assistant text, or ``fn(body) -> str``; the default matches the session's own
             simulated reply, so sessions through this server and in-process store the same rows.
+        openai_cache: cache model for the OpenAI paths (``openai`` by default; ``deepseek`` and ``vllm`` work
+            too); None answers them 404.
+        openai_cache_params: keyword arguments for ``openai_cache``.
+        stream_delay: seconds to wait between two streamed events, to watch (or test) a stream arrive.
+        max_body_bytes: larger request bodies get 413 without being read.
+        request_timeout: seconds a client has to send the request headers, and then the body (408).
+        max_workspaces: caches kept for at most this many API keys; the least recently used is forgotten.
 
     Example:
         >>> import anthropic
@@ -134,45 +182,60 @@ class SimulatorServer:
         tokenizer: Tokenizer | None = None,
         api_keys: Iterable[str] | None = None,
         reply: Reply = SIMULATED_REPLY,
+        openai_cache: str | None = "openai",
+        openai_cache_params: dict[str, Any] | None = None,
+        stream_delay: float = 0.0,
+        max_body_bytes: int = 32 * 1024 * 1024,
+        request_timeout: float = 30.0,
+        max_workspaces: int = 1024,
     ) -> None:
         get_cache_model(cache, **(cache_params or {}))  # fail now on a bad name or parameter
+        if openai_cache is not None:
+            get_cache_model(openai_cache, **(openai_cache_params or {}))
         self.cache = cache
+        self.openai_cache = openai_cache
         self.host = host
         self.port = port
-        self._cache_params = dict(cache_params or {})
+        self.stream_delay = stream_delay
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout = request_timeout
+        self.max_workspaces = max_workspaces
+        self._params = {cache: dict(cache_params or {})}
+        if openai_cache is not None and openai_cache != cache:
+            self._params[openai_cache] = dict(openai_cache_params or {})
+        elif openai_cache_params:
+            raise ValueError("openai_cache_params needs an openai_cache different from cache; use cache_params")
         self._memo = SegmentMemo(tokenizer or DEFAULT_TOKENIZER)
         self._accepted = None if api_keys is None else frozenset(_key_digest(k) for k in api_keys)
         self._reply = reply
+        # Guards the bookkeeping below, held for microseconds; a cache model has a lock of its own, so only
+        # requests to one workspace's cache wait for each other.
         self._lock = threading.RLock()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ServerThread | None = None
         self.reset()
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> SimulatorServer:
-        """Bind and serve in a daemon thread; returns self. Idempotent."""
-        if self._httpd is not None:
+        """Bind and serve on a daemon thread; returns self. Idempotent."""
+        if self._server is not None:
             return self
-        httpd = ThreadingHTTPServer((self.host, self.port), _Handler)
-        httpd.daemon_threads = True
-        httpd.simulator = self  # type: ignore[attr-defined]
-        self._httpd = httpd
-        self.port = httpd.server_address[1]
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"promptcache-sim:{self.port}", daemon=True)
-        self._thread.start()
+        from ._asgi import ServerThread, is_loopback
+
+        if not is_loopback(self.host):
+            log.warning("the simulator listens on %s and accepts any API key; bind 127.0.0.1 unless you mean "
+                        "to serve a network", self.host)
+        server = ServerThread(self._app(), host=self.host, port=self.port, name=f"promptcache-sim:{self.port}",
+                              header_timeout=self.request_timeout)
+        self.port = server.port
+        server.start()
+        self._server = server
         return self
 
     def stop(self) -> None:
         """Stop serving and close the socket. Idempotent; cache state is kept until :meth:`reset`."""
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
     def __enter__(self) -> SimulatorServer:
         return self.start()
@@ -182,40 +245,41 @@ class SimulatorServer:
 
     @property
     def running(self) -> bool:
-        return self._httpd is not None
+        return self._server is not None
 
     @property
     def base_url(self) -> str:
-        """``http://host:port`` — pass it as ``anthropic.Anthropic(base_url=...)``."""
-        if self._httpd is None:
+        """``http://host:port`` — pass it as ``anthropic.Anthropic(base_url=...)`` (``openai.OpenAI``: add ``/v1``)."""
+        if self._server is None:
             raise RuntimeError("the simulator is not running; call .start() or use `with SimulatorServer()`")
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
     def __repr__(self) -> str:
         where = self.base_url if self.running else "stopped"
-        return f"SimulatorServer(cache={self.cache!r}, {where}, workspaces={len(self._caches)})"
+        return f"SimulatorServer(cache={self.cache!r}, {where}, workspaces={self.workspaces})"
 
     # -- state --------------------------------------------------------------------------------
     def reset(self) -> None:
         """Forget every workspace's cache, the served-request log and any pending injected errors."""
         with self._lock:
-            self._caches: dict[str, CacheModel] = {}
+            self._caches: OrderedDict[tuple[str, str], tuple[CacheModel, threading.Lock]] = OrderedDict()
             self._workspace_names: dict[str, str] = {}
-            self._served: list[ServedRequest] = []
+            self._served: deque[ServedRequest] = deque(maxlen=MAX_SERVED)
             self._injected: deque[_Injected] = deque()
             self._seq = 0
 
     @property
     def requests(self) -> list[ServedRequest]:
-        """Every request answered so far, oldest first (retries included)."""
+        """Every request answered so far (the last 100,000), oldest first (retries included)."""
         with self._lock:
             return list(self._served)
 
     @property
     def workspaces(self) -> int:
         """How many distinct API keys (workspaces) have a cache."""
-        return len(self._caches)
+        with self._lock:
+            return len({ws for ws, _ in self._caches})
 
     def inject_error(self, status: int, *, times: int = 1, message: str | None = None,
                      retry_after: float | None = None) -> None:
@@ -235,54 +299,71 @@ class SimulatorServer:
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes
                ) -> tuple[int, dict[str, str], bytes]:
         """Answer one HTTP request: (status, headers, payload). Header names must be lower-case."""
+        status, out_headers, payload = self._respond(method, path, headers, body)
+        return status, out_headers, payload if isinstance(payload, bytes) else b"".join(payload)
+
+    def _respond(self, method: str, path: str, headers: dict[str, str], body: bytes,
+                 refused: tuple[int, str] | None = None) -> _Answer:
         with self._lock:
             self._seq += 1
             seq = self._seq
         request_id = f"req_sim_{seq:06d}"
         path = path.split("?", 1)[0].rstrip("/")
+        openai = path in _OPENAI_PATHS
         workspace = at = None
         stream = False
+        payload: bytes | list[bytes]
         try:
-            if path not in _PATHS or method != "POST":
+            if refused is not None:
+                raise _Reject(*refused)
+            if path not in _PATHS:
                 raise _Reject(404, f"{method} {path}: not found (served: POST {', '.join(_PATHS)})")
-            workspace = self._authenticate(headers)
+            if method != "POST":
+                raise _Reject(405, f"{method} {path}: method not allowed; use POST", {"allow": "POST"})
+            if openai and self.openai_cache is None:
+                raise _Reject(404, f"{path}: not served (SimulatorServer(openai_cache=None))")
+            workspace = self._authenticate(headers, openai=openai)
             self._maybe_injected()
-            payload = self._json(body)
-            stream = bool(payload.pop("stream", False))
+            body_json = self._json(body)
+            stream = bool(body_json.pop("stream", False))
             at = self._request_time(headers)
-            if path.endswith("count_tokens"):
-                status, out_headers, out = self._count_tokens(payload)
+            if path == COUNT_TOKENS:
+                status, out_headers, payload = self._count_tokens(body_json)
+            elif path == MESSAGES:
+                status, out_headers, payload = self._create(body_json, workspace, at, seq, stream)
             else:
-                status, out_headers, out = self._create(payload, workspace, at, seq, stream)
+                status, out_headers, payload = self._openai(path, body_json, workspace, at, seq, stream)
         except _Reject as rej:
             status = rej.status
             out_headers = {"content-type": "application/json", **rej.headers}
-            error = {"type": ERROR_TYPES.get(status, "api_error"), "message": rej.message}
-            out = json.dumps({"type": "error", "error": error, "request_id": request_id}).encode()
+            payload = _error_body(status, rej.message, request_id, openai=openai)
         except Exception:  # a simulator bug must still answer in the API's shape
             log.exception("simulator failed on %s %s (%s)", method, path, request_id)
             status = 500
             out_headers = {"content-type": "application/json"}
-            error = {"type": "api_error",
-                     "message": "internal simulator error (see the promptcache_nb.server log)"}
-            out = json.dumps({"type": "error", "error": error, "request_id": request_id}).encode()
+            payload = _error_body(500, "internal simulator error (see the promptcache_nb.server log)", request_id,
+                                  openai=openai)
         out_headers = {**out_headers, "request-id": request_id, SIMULATOR_HEADER: self.cache}
+        if openai:
+            out_headers["x-request-id"] = request_id
+            out_headers[SIMULATOR_HEADER] = self.openai_cache or self.cache
         with self._lock:
             name = self._workspace_names.get(workspace) if workspace else None
             self._served.append(ServedRequest(request_id, status, path, stream, name, at))
         log.debug("%s %s -> %d %s", method, path, status, request_id)
-        return status, out_headers, out
+        return status, out_headers, payload
 
-    def _authenticate(self, headers: dict[str, str]) -> str:
+    def _authenticate(self, headers: dict[str, str], *, openai: bool = False) -> str:
         key = headers.get("x-api-key")
         auth = headers.get("authorization", "")
         if not key and auth.lower().startswith("bearer "):
             key = auth[7:].strip()
         if not key:
-            raise _Reject(401, "x-api-key header is required")
+            raise _Reject(401, "You didn't provide an API key (Authorization: Bearer header)" if openai
+                          else "x-api-key header is required")
         ws = _key_digest(key)
         if key == "bad" or (self._accepted is not None and ws not in self._accepted):
-            raise _Reject(401, "invalid x-api-key")
+            raise _Reject(401, "Incorrect API key provided" if openai else "invalid x-api-key")
         return ws
 
     def _maybe_injected(self) -> None:
@@ -304,6 +385,8 @@ class SimulatorServer:
             payload = json.loads(body or b"null")
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise _Reject(400, f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise _Reject(400, "request body is nested too deeply") from None
         if not isinstance(payload, dict):
             raise _Reject(400, "request body must be a JSON object")
         return payload
@@ -321,70 +404,231 @@ class SimulatorServer:
             raise _Reject(400, f"{AT_HEADER}: expected an ISO-8601 time with a UTC offset, got {value!r}")
         return at.astimezone(UTC)
 
-    def _prepare(self, payload: dict[str, Any], *, need_max_tokens: bool):
-        fields = ("model", "max_tokens", "messages") if need_max_tokens else ("model", "messages")
-        for name in fields:
+    def _prepare(self, payload: dict[str, Any], *, required: tuple[str, ...], dialect: str = "anthropic",
+                 need_max_tokens: bool = False) -> PreparedRequest:
+        for name in required:
             if name not in payload:
                 raise _Reject(400, f"{name}: Field required")
         if not isinstance(payload["model"], str):
             raise _Reject(400, "model: Input should be a valid string")
         if need_max_tokens and (not isinstance(payload["max_tokens"], int) or payload["max_tokens"] < 0):
             raise _Reject(400, "max_tokens: Input should be a non-negative integer")
+        if "messages" in required:
+            _check_messages(payload["messages"], anthropic=dialect == "anthropic")
+        # No lock: the memo's dictionaries are only ever filled with the same value for a key.
+        try:
+            return prepare(payload, memo=self._memo, dialect=dialect)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise _Reject(400, str(exc)) from None
+
+    def _cache_for(self, workspace: str, name: str) -> tuple[CacheModel, threading.Lock]:
         with self._lock:
-            try:
-                return prepare(payload, memo=self._memo)
-            except (ValueError, TypeError) as exc:
-                raise _Reject(400, str(exc)) from None
+            key = (workspace, name)
+            entry = self._caches.get(key)
+            if entry is None:
+                entry = self._caches[key] = (get_cache_model(name, **self._params[name]), threading.Lock())
+                if workspace not in self._workspace_names:
+                    self._workspace_names[workspace] = f"ws{len(self._workspace_names) + 1}"
+                while len({ws for ws, _ in self._caches}) > self.max_workspaces:
+                    (old, _), _ = self._caches.popitem(last=False)
+                    for other in [k for k in self._caches if k[0] == old]:
+                        del self._caches[other]
+            self._caches.move_to_end(key)
+            return entry
 
-    def _cache_for(self, workspace: str) -> CacheModel:
-        cache = self._caches.get(workspace)
-        if cache is None:
-            cache = self._caches[workspace] = get_cache_model(self.cache, **self._cache_params)
-            self._workspace_names[workspace] = f"ws{len(self._workspace_names) + 1}"
-        return cache
-
-    def _count_tokens(self, payload: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-        prepared = self._prepare(payload, need_max_tokens=False)
-        out = json.dumps({"input_tokens": prepared.total_tokens}).encode()
-        return 200, {"content-type": "application/json"}, out
-
-    def _create(self, payload: dict[str, Any], workspace: str, at: datetime, seq: int, stream: bool
-                ) -> tuple[int, dict[str, str], bytes]:
-        prepared = self._prepare(payload, need_max_tokens=True)
-        with self._lock:
-            cache = self._cache_for(workspace)
+    def _process(self, prepared: PreparedRequest, workspace: str, name: str, at: datetime) -> Usage:
+        cache, lock = self._cache_for(workspace, name)
+        with lock:
             try:
                 cache.validate_model(prepared.model)
             except UnknownModelError:
                 raise _Reject(404, f"model: {prepared.model}") from None
             try:
-                result = cache.process(prepared, at)
+                return cache.process(prepared, at).usage
             except InvalidRequestError as exc:
                 raise _Reject(400, exc.api_message) from None
+
+    def _text(self, payload: dict[str, Any]) -> str:
+        return self._reply(payload) if callable(self._reply) else self._reply
+
+    def _output_tokens(self, text: str) -> int:
+        return segment_tokens("msg", {"type": "text", "text": text}, self._memo.tokenizer) if text else 0
+
+    def _count_tokens(self, payload: dict[str, Any]) -> _Answer:
+        prepared = self._prepare(payload, required=("model", "messages"))
+        out = json.dumps({"input_tokens": prepared.total_tokens}).encode()
+        return 200, {"content-type": "application/json"}, out
+
+    def _create(self, payload: dict[str, Any], workspace: str, at: datetime, seq: int, stream: bool) -> _Answer:
+        prepared = self._prepare(payload, required=("model", "max_tokens", "messages"), need_max_tokens=True)
+        usage = self._process(prepared, workspace, self.cache, at).to_anthropic()
         if payload["max_tokens"] == 0:  # pre-warming: prefill only, no output (§1.6)
             content: list[dict[str, Any]] = []
             stop_reason = "max_tokens"
         else:
-            text = self._reply(payload) if callable(self._reply) else self._reply
-            content = [{"type": "text", "text": text}]
+            content = [{"type": "text", "text": self._text(payload)}]
             stop_reason = "end_turn"
         tokenizer = self._memo.tokenizer
-        usage = result.usage.to_anthropic()
         usage["output_tokens"] = sum(segment_tokens("msg", block, tokenizer) for block in content)
         message = {
             "id": f"msg_sim_{seq:06d}", "type": "message", "role": "assistant", "model": prepared.model,
             "content": content, "stop_reason": stop_reason, "stop_sequence": None, "usage": usage,
         }
         if stream:
-            return 200, {"content-type": "text/event-stream", "cache-control": "no-cache"}, _sse(message)
+            return 200, _SSE_HEADERS, _sse(message)
         return 200, {"content-type": "application/json"}, json.dumps(message).encode()
+
+    # -- OpenAI -------------------------------------------------------------------------------
+    def _openai(self, path: str, payload: dict[str, Any], workspace: str, at: datetime, seq: int,
+                stream: bool) -> _Answer:
+        chat = path == CHAT
+        prepared = self._prepare(payload, required=("model", "messages") if chat else ("model", "input"),
+                                 dialect="openai-chat" if chat else "openai-responses")
+        assert self.openai_cache is not None
+        usage = self._process(prepared, workspace, self.openai_cache, at)
+        text = self._text(payload)
+        output = self._output_tokens(text)
+        prompt = usage.total_input_tokens or 0
+        cached = usage.cache_read_input_tokens or 0
+        created = int(at.timestamp())
+        if chat:
+            native = {
+                "prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output,
+                "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                              "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
+            }
+            completion = {
+                "id": f"chatcmpl-sim{seq:06d}", "object": "chat.completion", "created": created,
+                "model": prepared.model, "system_fingerprint": None,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                             "logprobs": None, "finish_reason": "stop"}],
+                "usage": native,
+            }
+            if stream:
+                options = payload.get("stream_options") or {}
+                return 200, _SSE_HEADERS, _chat_sse(completion, include_usage=bool(options.get("include_usage")))
+            return 200, {"content-type": "application/json"}, json.dumps(completion).encode()
+        native = {
+            "input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + output,
+        }
+        item = {"id": f"msg_sim{seq:06d}", "type": "message", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+        response = {
+            "id": f"resp_sim{seq:06d}", "object": "response", "created_at": created, "status": "completed",
+            "background": False, "error": None, "incomplete_details": None,
+            "instructions": payload.get("instructions"), "max_output_tokens": payload.get("max_output_tokens"),
+            "model": prepared.model, "output": [item], "parallel_tool_calls": True,
+            "previous_response_id": payload.get("previous_response_id"),
+            "prompt_cache_key": payload.get("prompt_cache_key"), "reasoning": {"effort": None, "summary": None},
+            "store": payload.get("store", True), "temperature": 1.0, "text": {"format": {"type": "text"}},
+            "tool_choice": "auto", "tools": payload.get("tools", []), "top_p": 1.0, "truncation": "disabled",
+            "usage": native, "user": None, "metadata": payload.get("metadata") or {},
+        }
+        if stream:
+            return 200, _SSE_HEADERS, _responses_sse(response)
+        return 200, {"content-type": "application/json"}, json.dumps(response).encode()
+
+    # -- HTTP ---------------------------------------------------------------------------------
+    def _app(self) -> Any:
+        import anyio
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response, StreamingResponse
+        from starlette.routing import Mount
+
+        from ._asgi import BodyError, read_body
+
+        async def drip(events: list[bytes]) -> Any:
+            for i, event in enumerate(events):
+                if i and self.stream_delay:
+                    await anyio.sleep(self.stream_delay)
+                yield event
+
+        async def endpoint(scope: Any, receive: Any, send: Any) -> None:
+            request = Request(scope, receive)
+            path = scope.get("raw_path", b"").decode("latin-1") or request.url.path
+            headers = dict(request.headers.items())
+            refused = None
+            try:
+                body = await read_body(request, limit=self.max_body_bytes, timeout=self.request_timeout)
+            except BodyError as exc:
+                if exc.status == 499:
+                    return  # the client left; nobody to answer
+                body, refused = b"", (exc.status, exc.message)
+            # CPU work (prepare, the cache model) runs on a worker thread: the event loop keeps serving.
+            status, out_headers, payload = await anyio.to_thread.run_sync(
+                self._respond, request.method, path, headers, body, refused)
+            if refused is not None:
+                out_headers["connection"] = "close"  # the unread rest of the body is still on the wire
+            response: Response
+            if isinstance(payload, list):
+                response = StreamingResponse(drip(payload), status_code=status, headers=out_headers)
+            else:
+                response = Response(payload, status_code=status, headers=out_headers)
+            await response(scope, receive, send)
+
+        return Starlette(routes=[Mount("/", app=endpoint)])
+
+
+_SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+
+def _check_messages(messages: Any, *, anthropic: bool) -> None:
+    """Refuse what the API refuses before any cache model sees it (the API's own wording where it has one)."""
+    if not isinstance(messages, list) or not messages:
+        raise _Reject(400, "messages: at least one message is required")
+    if not anthropic:
+        return  # Chat Completions roles and ordering are checked by request.prepare's OpenAI dialect
+    tool_uses: set[str] = set()
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("user", "assistant"):
+            hint = "; a system prompt goes in the top-level `system` field" if role == "system" else ""
+            raise _Reject(400, f"messages.{i}.role: Input should be 'user' or 'assistant'{hint}")
+        if i == 0 and role != "user":
+            raise _Reject(400, "messages.0.role: the first message must use the user role")
+        content = m.get("content")
+        if (content == "" or content == []) and not (role == "assistant" and i == len(messages) - 1):
+            raise _Reject(400, f"messages.{i}: all messages must have non-empty content except for the optional "
+                               "final assistant message")
+        blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        if role == "user":
+            for j, b in enumerate(blocks):
+                if b.get("type") == "tool_result" and b.get("tool_use_id") not in tool_uses:
+                    raise _Reject(400, f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
+                                       f"blocks: {b.get('tool_use_id')}. Each `tool_result` block must have a "
+                                       "corresponding `tool_use` block in the previous message.")
+        tool_uses = {b.get("id") for b in blocks if b.get("type") in ("tool_use", "server_tool_use")}
 
 
 def _key_digest(key: str) -> str:
     return digest(key.encode("utf-8"), tag="workspace")
 
 
-def _sse(message: dict[str, Any]) -> bytes:
+def _error_body(status: int, message: str, request_id: str, *, openai: bool) -> bytes:
+    if openai:
+        kind, code = _OPENAI_ERRORS.get(status, ("server_error", None))
+        return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
+    error = {"type": ERROR_TYPES.get(status, "api_error"), "message": message}
+    return json.dumps({"type": "error", "error": error, "request_id": request_id}).encode()
+
+
+def _event(name: str | None, data: Any) -> bytes:
+    head = f"event: {name}\n" if name else ""
+    body = data if isinstance(data, str) else json.dumps(data)
+    return f"{head}data: {body}\n\n".encode()
+
+
+def _halves(text: str) -> list[str]:
+    """The text in two deltas (so a client sees a real stream), dropping empty ones."""
+    cut = len(text) // 2
+    return [piece for piece in (text[:cut], text[cut:]) if piece]
+
+
+def _sse(message: dict[str, Any]) -> list[bytes]:
     """The Messages streaming events for a complete message (usage in message_start and message_delta)."""
     usage = message["usage"]
     start = {**message, "content": [], "stop_reason": None,
@@ -394,48 +638,64 @@ def _sse(message: dict[str, Any]) -> bytes:
         ("ping", {"type": "ping"}),
     ]
     for i, block in enumerate(message["content"]):
-        text = block["text"]
         events.append(("content_block_start", {"type": "content_block_start", "index": i,
                                                "content_block": {"type": "text", "text": ""}}))
-        cut = len(text) // 2
-        for piece in (text[:cut], text[cut:]):
-            if piece:
-                events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                       "delta": {"type": "text_delta", "text": piece}}))
+        for piece in _halves(block["text"]):
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                   "delta": {"type": "text_delta", "text": piece}}))
         events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
     final_usage = {k: usage[k] for k in (
         "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")}
     delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
     events.append(("message_delta", {"type": "message_delta", "usage": final_usage, "delta": delta}))
     events.append(("message_stop", {"type": "message_stop"}))
-    return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
+    return [_event(name, data) for name, data in events]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out in two writes; Nagle would stall each ~40 ms
-    server_version = "promptcache-sim"
-    sys_version = ""
+def _chat_sse(completion: dict[str, Any], *, include_usage: bool) -> list[bytes]:
+    """Chat Completions chunks: role, content deltas, finish_reason, then (when asked) usage with no choices."""
+    head = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
 
-    def _serve(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        body = self.rfile.read(length) if length else b""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        sim: SimulatorServer = self.server.simulator  # type: ignore[attr-defined]
-        status, out_headers, payload = sim.handle(self.command, self.path, headers, body)
-        self.send_response(status)
-        for name, value in out_headers.items():
-            self.send_header(name, value)
-        self.send_header("content-length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        out = {**head, "object": "chat.completion.chunk",
+               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if include_usage:
+            out["usage"] = None  # every chunk but the last carries a null usage (the API's documented shape)
+        return out
 
-    do_POST = _serve
-    do_GET = _serve
+    message = completion["choices"][0]["message"]
+    chunks = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
+    chunks += [chunk({"content": piece}, None) for piece in _halves(message["content"] or "")]
+    chunks.append(chunk({}, completion["choices"][0]["finish_reason"]))
+    if include_usage:
+        chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": completion["usage"]})
+    return [_event(None, c) for c in chunks] + [_event(None, "[DONE]")]
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        # The request line and status only; never headers (they carry the API key).
-        log.debug("%s - " + format, self.address_string(), *args)
+
+def _responses_sse(response: dict[str, Any]) -> list[bytes]:
+    """Responses events from ``response.created`` to ``response.completed`` (which carries the usage)."""
+    item = response["output"][0]
+    part = item["content"][0]
+    text = part["text"]
+    pending = {**response, "status": "in_progress", "output": [], "usage": None}
+    ids = {"item_id": item["id"], "output_index": 0}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": pending},
+        {"type": "response.in_progress", "response": pending},
+        {"type": "response.output_item.added", "output_index": 0,
+         "item": {**item, "status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", **ids, "content_index": 0,
+         "part": {**part, "text": ""}},
+    ]
+    events += [{"type": "response.output_text.delta", **ids, "content_index": 0, "delta": piece, "logprobs": []}
+               for piece in _halves(text)]
+    events += [
+        {"type": "response.output_text.done", **ids, "content_index": 0, "text": text, "logprobs": []},
+        {"type": "response.content_part.done", **ids, "content_index": 0, "part": part},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": response},
+    ]
+    return [_event(e["type"], {**e, "sequence_number": n}) for n, e in enumerate(events)]
 
 
 # -- CLI ----------------------------------------------------------------------------------------
@@ -443,7 +703,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     """The ``promptcache-nb serve`` options, for the CLI's subparser."""
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=8765, help="TCP port (0: any free port; default 8765)")
-    parser.add_argument("--cache", default="anthropic", help="cache model name (default: anthropic)")
+    parser.add_argument("--cache", default="anthropic",
+                        help=f"cache model: {', '.join(cache_model_names())} (default: anthropic)")
     parser.add_argument("--ttft", type=float, default=None, metavar="SECONDS",
                         help="delay before a written entry becomes readable (anthropic cache; default 0.5)")
     return parser
@@ -454,14 +715,14 @@ def run_serve(args: argparse.Namespace, *, ready: Callable[[SimulatorServer], No
     params = {} if args.ttft is None else {"ttft_seconds": args.ttft}
     server = SimulatorServer(args.cache, host=args.host, port=args.port, cache_params=params)
     server.start()
-    print(f"promptcache-nb simulator ({args.cache} cache) listening on {server.base_url}")
-    print(f"  export ANTHROPIC_BASE_URL={server.base_url}   # any API key works; caches are per key")
-    idle = threading.Event()
+    print(f"promptcache-nb simulator ({args.cache} cache) listening on {server.base_url}", flush=True)
+    print(f"  export ANTHROPIC_BASE_URL={server.base_url}   # any API key works; caches are per key", flush=True)
+    print(f"  export OPENAI_BASE_URL={server.base_url}/v1", flush=True)
     try:
         if ready is not None:
             ready(server)
         while server.running:
-            idle.wait(0.2)
+            time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     finally:

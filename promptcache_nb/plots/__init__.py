@@ -33,7 +33,7 @@ def _figure(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
-def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
+def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None, highlight: int | None = None) -> Figure:
     """Per-request stacked bars (cache read, cache write, uncached), the ideal read, and $ saved.
 
     Args:
@@ -41,9 +41,10 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
             ``cache_creation_input_tokens``, ``input_tokens``, ``ideal_cache_read``, ``cost_usd``,
             ``cost_no_cache_usd``).
         ax: draw on this axes instead of a new 8×4 in figure.
+        highlight: mark this request (its ``idx``): the one a Stepper's slider shows.
 
     The right axis is the cumulative dollars saved against sending the same requests with no caching
-    (``cost_no_cache_usd − cost_usd``); it goes down on turns whose cache writes cost more than they save.
+    (``cost_no_cache_usd − cost_usd``); it goes down on requests whose cache writes cost more than they save.
 
     Example:
         >>> fig = plot_savings(session.turns())  # doctest: +SKIP
@@ -56,6 +57,16 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     ax.bar(x, read, color=COLORS["read"], label="cache read")
     ax.bar(x, write, bottom=read, color=COLORS["write"], label="cache write")
     ax.bar(x, uncached, bottom=read + write, color=COLORS["uncached"], label="uncached")
+    totals = read + write + uncached
+    if highlight is not None and len(df) and highlight in set(x):
+        # an outline around the bar and a band behind it, labelled above the tallest bar (room made below)
+        i = list(x).index(highlight)
+        ax.axvspan(highlight - 0.5, highlight + 0.5, color=COLORS["ideal"], alpha=0.10, zorder=0, linewidth=0)
+        ax.bar([highlight], [max(totals[i], 1.0)], fill=False, edgecolor=COLORS["ideal"], linewidth=1.8, zorder=3)
+        top = float(totals.max())
+        ax.set_ylim(0, top * 1.12 or 1.0)
+        ax.annotate(f"request {highlight}", (highlight, top * 1.02), ha="center", va="bottom",
+                    fontsize="x-small", color=COLORS["ideal"])
     if "ideal_cache_read" in df and len(df):
         ax.step(x, df["ideal_cache_read"].fillna(0).to_numpy(dtype=float), where="mid", color=COLORS["ideal"],
                 linestyle="--", linewidth=1.5, label="ideal cache read")
@@ -70,8 +81,13 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
         ax2 = ax.twinx()
         (line,) = ax2.plot(x, saved.to_numpy(), color=COLORS["saved"], marker="o", markersize=3,
                            label="cumulative $ saved vs no cache")
-        ax2.axhline(0, color="#999999", linewidth=0.6)
-        ax2.set_ylabel("$ saved (cumulative)")
+        # the right axis's zero, drawn in the $ line's colour and labelled, so it never reads as a token level
+        ax2.axhline(0, color=COLORS["saved"], linewidth=0.8, linestyle=":", alpha=0.7)
+        ax2.annotate("$0", (1.0, 0.0), xycoords=("axes fraction", "data"), xytext=(-3, 2),
+                     textcoords="offset points", ha="right", va="bottom", fontsize="x-small",
+                     color=COLORS["saved"])
+        ax2.set_ylabel("$ saved (cumulative)", color=COLORS["saved"])
+        ax2.tick_params(axis="y", colors=COLORS["saved"])
         handles.append(line)
         labels.append(line.get_label())
     # Below the axes: inside, it would cover the first bars (usually the tallest writes).
@@ -107,7 +123,8 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     ax.set_title("input tokens per strategy (label: efficiency vs ideal, cost)")
     top = float((read + write + uncached).max()) if len(names) else 1.0
     ax.set_ylim(0, top * 1.3 or 1.0)  # room for the labels above the tallest bar
-    ax.legend(loc="upper left", fontsize="small", frameon=False)
+    # outside the axes, to the right: inside, it covered the first bar's label
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     return fig
 
 

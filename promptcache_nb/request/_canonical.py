@@ -1,28 +1,51 @@
 """Canonical JSON and request segments.
 
-A request is the exact JSON body of an Anthropic Messages API call. Wherever bytes are compared or
+A request is the exact JSON body of an API call in one of three *dialects*: ``anthropic`` (Messages),
+``openai-chat`` (Chat Completions) or ``openai-responses`` (Responses). Wherever bytes are compared or
 hashed we use one canonical serialization: ``json.dumps(sort_keys=True, separators=(",", ":"),
 ensure_ascii=False)`` encoded as UTF-8.
 
-A request splits into *segments*, in cache-prefix order tools → system → messages
-(provider_cache_rules.md §1.2): each tool, each system block (or the system string), each message
-content block (or a message's string content). Each segment has a path (``tools[3]``, ``system[2]``,
-``messages[5].content[0]``), a content hash that ignores ``cache_control`` (markers never change what
-matches) and a storage hash over its exact bytes.
+A request splits into *segments*, in the provider's cache-prefix order (docs/provider_cache_rules.md, which
+copies the rules from the team reference's §1.2 for Anthropic and §2.1 for OpenAI):
+
+* ``anthropic`` — tools → system → messages (§ "Anthropic prefix order"): each tool, each system block
+  (or the system string), each message content block (or a message's string content). Paths
+  ``tools[3]``, ``system[2]``, ``messages[5].content[0]``.
+* ``openai-chat`` — tools → structured-output schema → messages (§ "OpenAI prefix order"): each tool,
+  ``response_format``, each whole message (``messages[3]``: role, content, ``tool_calls``, ``tool_call_id``
+  ... in one segment, so every key round-trips).
+* ``openai-responses`` — tools → schema (``text``) → ``instructions`` → input (§ "OpenAI prefix order"):
+  each tool, ``text``, ``instructions``, the ``input`` string or each ``input[5]`` item.
+
+Each segment has a path, a content hash that ignores ``cache_control`` (markers never change what
+matches) and a storage hash over its exact bytes. A log that lacks part of the prompt (no system prompt,
+no tools) can be given a measured *unlogged prefix*: one synthetic segment first (path
+``(unlogged prefix)``, kind ``unlogged``) that carries the measured size and no content (§ "Unlogged
+prefix").
+
+Segment kinds: ``tool``, ``system``, ``schema``, ``msg-start`` (first block of an Anthropic message),
+``msg`` (a later block), ``msg-str`` (string content), ``msg-empty``, ``msg-whole`` (a whole OpenAI chat
+message), ``item`` (a Responses input item) and ``unlogged``.
 """
 
 from __future__ import annotations
 
+import copy as _copy
 import json
+import marshal
+import weakref
 from dataclasses import dataclass, field
-from itertools import accumulate
-from operator import attrgetter
-from typing import Any
+from itertools import accumulate, repeat
+from operator import attrgetter, eq
+from typing import Any, Literal
 
-from .._util import digest
+from .._util import common_prefix_length, digest
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 
+Dialect = Literal["anthropic", "openai-chat", "openai-responses"]
+DIALECTS: tuple[str, ...] = ("anthropic", "openai-chat", "openai-responses")
 TOP_LEVEL_SEGMENTED = ("tools", "system", "messages")
+UNLOGGED_PATH = "(unlogged prefix)"
 _TOKENS = attrgetter("tokens")
 _NBYTES = attrgetter("nbytes")
 
@@ -47,8 +70,8 @@ def content_hash(element: Any) -> str:
 class Segment:
     """One cacheable position of a request.
 
-    ``kind`` is ``tool``, ``system``, ``msg-start`` (first block of a message), ``msg`` (a later block),
-    ``msg-str`` (a message whose content is a string) or ``msg-empty``; ``role`` is set for messages.
+    ``kind`` is one of the kinds listed in the module docstring; ``role`` is set for messages (and
+    Responses message items).
     """
 
     path: str
@@ -70,15 +93,26 @@ class Segment:
 
     @property
     def level(self) -> str:
-        """tools, system or messages: the level of the Anthropic invalidation table."""
-        return "tools" if self.kind == "tool" else "system" if self.kind == "system" else "messages"
+        """tools, system or messages: the level of the Anthropic invalidation table.
+
+        The unlogged prefix stands for what a partial log lacks (tools and system), so it is ``tools``;
+        an OpenAI structured-output schema is "a prefix to the system message", so ``system``.
+        """
+        kind = self.kind
+        if kind == "tool" or kind == "unlogged":
+            return "tools"
+        return "system" if kind == "system" or kind == "schema" else "messages"
 
 
     @property
     def message_index(self) -> int | None:
-        if not self.path.startswith("messages["):
-            return None
-        return int(self.path[9 : self.path.index("]")])
+        """The index of the message (``messages[i]``) or Responses input item (``input[i]``)."""
+        path = self.path
+        if path.startswith("messages["):
+            return int(path[9 : path.index("]")])
+        if path.startswith("input["):
+            return int(path[6 : path.index("]")])
+        return None
 
 
 class SegmentMemo:
@@ -122,17 +156,32 @@ class SegmentMemo:
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    """A request body with its segments, token counts and shape; the unit every later stage uses."""
+    """A request body with its segments, token counts and shape; the unit every later stage uses.
+
+    ``shape`` records how the body's segmented fields looked (absent, string, list), the dialect when it
+    is not ``anthropic`` and the unlogged prefix's measured size when there is one: with ``rest`` (the
+    other top-level fields) and the segments it rebuilds the exact body (:func:`rebuild_body`).
+    """
 
     body: dict[str, Any] = field(repr=False)
     segments: tuple[Segment, ...]
-    shape: dict[str, str]
+    shape: dict[str, Any]
     rest: dict[str, Any]
     total_tokens: int
 
     @property
     def model(self) -> str:
         return str(self.body.get("model", ""))
+
+    @property
+    def dialect(self) -> str:
+        """``anthropic``, ``openai-chat`` or ``openai-responses``."""
+        return self.shape.get("dialect", "anthropic")
+
+    @property
+    def unlogged_prefix_tokens(self) -> int | None:
+        """Measured tokens of the prompt the log did not record (None: the body is complete)."""
+        return self.shape.get("unlogged")
 
     @property
     def canonical(self) -> bytes:
@@ -156,69 +205,353 @@ class PreparedRequest:
         return n
 
     def tokens_before_messages(self) -> int:
-        return sum(s.tokens for s in self.segments if s.kind in ("tool", "system"))
+        return sum(s.tokens for s in self.segments if s.kind in ("tool", "system", "schema", "unlogged"))
 
+
+class LoggedBody(dict):
+    """A request body rebuilt from its segments (``rebuild_body``, ``Store.turn_body``): a plain ``dict``
+    equal to the body as logged, which also remembers what :func:`prepare` needs to rebuild the very same
+    segments — the dialect when it is not ``anthropic`` and the unlogged prefix's measured size.
+
+    So ``prepare(store.turn_body(sid, i))`` is the stored request again, for every dialect and for partial
+    bodies, without every caller having to read the shape. Explicit ``prepare`` arguments win.
+    """
+
+    dialect: str | None = None
+    unlogged_prefix_tokens: int | None = None
+
+
+# -- dialects ---------------------------------------------------------------------------------------
+# Top-level keys only one API has (the OpenAI and Anthropic API references).
+_RESPONSES_KEYS = frozenset({
+    "input", "instructions", "previous_response_id", "max_output_tokens", "text", "reasoning", "include",
+    "truncation", "conversation", "prompt", "background", "max_tool_calls",
+})
+_ANTHROPIC_KEYS = frozenset({
+    "system", "stop_sequences", "top_k", "thinking", "mcp_servers", "container", "context_management",
+    "cache_control", "output_config", "speed",
+})
+_CHAT_KEYS = frozenset({
+    "max_completion_tokens", "response_format", "n", "logprobs", "top_logprobs", "stream_options",
+    "frequency_penalty", "presence_penalty", "logit_bias", "seed", "parallel_tool_calls", "reasoning_effort",
+    "modalities", "audio", "prediction", "functions", "function_call", "web_search_options", "stop", "store",
+    "user", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity",
+})
+_CHAT_ROLES: dict[str, frozenset[str]] = {
+    "system": frozenset({"role", "content", "name"}),
+    "developer": frozenset({"role", "content", "name"}),
+    "user": frozenset({"role", "content", "name"}),
+    # reasoning_content and prefix: DeepSeek's documented extensions of the assistant message
+    "assistant": frozenset({"role", "content", "name", "tool_calls", "function_call", "refusal", "audio",
+                            "annotations", "reasoning_content", "prefix"}),
+    "tool": frozenset({"role", "content", "tool_call_id"}),
+    "function": frozenset({"role", "content", "name"}),  # deprecated, still accepted by the API
+}
+_CHAT_PARTS: dict[str, frozenset[str]] = {
+    "system": frozenset({"text"}), "developer": frozenset({"text"}), "tool": frozenset({"text"}),
+    "function": frozenset({"text"}),
+    "user": frozenset({"text", "image_url", "input_audio", "file"}),
+    "assistant": frozenset({"text", "refusal"}),
+}
+_CHAT_ONLY_PARTS = frozenset({"image_url", "input_audio", "file", "refusal"})
+_ANTHROPIC_ONLY_PARTS = frozenset({
+    "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking", "server_tool_use",
+    "web_search_tool_result", "search_result", "container_upload", "mcp_tool_use", "mcp_tool_result",
+})
+_CHAT_TOOL_TYPES = frozenset({"function", "custom"})
+_RESPONSES_TOOL_TYPES = frozenset({
+    "function", "file_search", "computer", "computer_use_preview", "web_search", "web_search_2025_08_26",
+    "web_search_preview", "web_search_preview_2025_03_11", "mcp", "code_interpreter",
+    "programmatic_tool_calling", "image_generation", "local_shell", "shell", "custom", "namespace",
+    "tool_search", "apply_patch",
+})
+#: Responses input item types (the openai SDK's ``ResponseInputItemParam`` union).
+RESPONSES_ITEM_TYPES = frozenset({
+    "message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+    "reasoning", "web_search_call", "file_search_call", "computer_call", "computer_call_output",
+    "local_shell_call", "local_shell_call_output", "shell_call", "shell_call_output", "apply_patch_call",
+    "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
+    "image_generation_call", "code_interpreter_call", "tool_search_call", "tool_search_output",
+    "additional_tools", "configuration_update", "compaction", "compaction_trigger", "item_reference",
+    "program", "program_output",
+})
+_RESPONSES_ROLES = frozenset({"user", "assistant", "system", "developer"})
+_RESPONSES_PARTS = frozenset({"input_text", "input_image", "input_file", "input_audio", "output_text", "refusal"})
+
+
+_CHAT_MSG_KEYS = frozenset(_CHAT_ROLES["assistant"] | _CHAT_ROLES["tool"]) - {"role", "content"}
+
+
+def _message_evidence(m: Any) -> str | None:
+    """Which API a Messages/Chat message can only belong to, if any."""
+    if not isinstance(m, dict):
+        return None
+    if m.get("role") in ("system", "developer", "tool", "function") or (
+            len(m) > 2 and not _CHAT_MSG_KEYS.isdisjoint(m)):
+        return "openai-chat"
+    content = m.get("content")
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict):
+                t = part.get("type")
+                if t in _ANTHROPIC_ONLY_PARTS or "cache_control" in part:
+                    return "anthropic"
+                if t in _CHAT_ONLY_PARTS:
+                    return "openai-chat"
+    return None
+
+
+def detect_dialect(body: dict[str, Any]) -> str:
+    """The API a request body is written for: ``anthropic``, ``openai-chat`` or ``openai-responses``.
+
+    Decided by the first evidence found, cheapest first: top-level keys only one API has (``input`` /
+    ``instructions`` → Responses; ``system``, ``thinking`` ... → Anthropic; ``max_completion_tokens``,
+    ``response_format`` ... → Chat), then the tools' shape (``input_schema`` vs ``function``), then the
+    messages (roles ``system`` / ``developer`` / ``tool``, ``tool_calls``, content part types). A body
+    with no evidence at all (user/assistant text only) is read as ``anthropic``; pass ``dialect=`` to
+    :func:`prepare` to say otherwise.
+    """
+    keys = body.keys()
+    if not _RESPONSES_KEYS.isdisjoint(keys):
+        return "openai-responses"
+    if not _ANTHROPIC_KEYS.isdisjoint(keys):
+        return "anthropic"
+    if not _CHAT_KEYS.isdisjoint(keys):
+        return "openai-chat"
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        for tool in tools:
+            if isinstance(tool, dict):
+                if "input_schema" in tool:
+                    return "anthropic"
+                if "function" in tool or tool.get("type") == "function":
+                    return "openai-chat"
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for m in messages:
+            found = _message_evidence(m)
+            if found is not None:
+                return found
+    return "anthropic"
+
+
+# -- validation (one-line errors naming the field) ----------------------------------------------------
 
 def _check_body(body: dict[str, Any]) -> None:
-    """Reject shapes the Messages API rejects (and that could not round-trip byte for byte)."""
-    if not isinstance(body, dict):
-        raise TypeError(f"request body must be a dict, got {type(body).__name__}")
+    """Reject Messages shapes the API rejects (and that could not round-trip byte for byte)."""
+    _check_anthropic_top(body)
+    for i, block in enumerate(body.get("system") if isinstance(body.get("system"), list) else ()):
+        _check_system_block(i, block)
+    for i, m in enumerate(body.get("messages", [])):
+        _check_anthropic_message(i, m)
+
+
+def _check_anthropic_top(body: dict[str, Any]) -> None:
     if "tools" in body and not isinstance(body["tools"], list):
         raise ValueError("tools: must be a list of tool definitions (omit the key for none)")
     if "system" in body and not isinstance(body["system"], str | list):
         raise ValueError("system: must be a string or a list of text blocks (omit the key for none)")
-    for i, block in enumerate(body.get("system") if isinstance(body.get("system"), list) else ()):
-        if not isinstance(block, dict):
-            raise ValueError(f"system[{i}]: must be a content block object")
-    messages = body.get("messages", [])
-    if not isinstance(messages, list):
+    if not isinstance(body.get("messages", []), list):
         raise ValueError("messages: must be a list")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise ValueError(f"messages[{i}]: each message needs 'role' and 'content'")
-        extra = set(m) - {"role", "content"}
-        if extra:
-            raise ValueError(f"messages[{i}]: unsupported keys {sorted(extra)}")
-        content = m["content"]
-        if not isinstance(content, str | list):
-            raise ValueError(f"messages[{i}].content: must be a string or a list of content blocks")
-        for j, block in enumerate(content if isinstance(content, list) else ()):
-            if not isinstance(block, dict):
-                raise ValueError(f"messages[{i}].content[{j}]: must be a content block object")
+
+
+def _check_system_block(i: int, block: Any) -> None:
+    if not isinstance(block, dict):
+        raise ValueError(f"system[{i}]: must be a content block object")
+
+
+def _check_anthropic_message(i: int, m: Any) -> None:
+    if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        raise ValueError(f"messages[{i}]: each message needs 'role' and 'content'")
+    extra = set(m) - {"role", "content"}
+    if extra:
+        raise ValueError(f"messages[{i}]: unsupported keys {sorted(extra)}")
+    content = m["content"]
+    if not isinstance(content, str | list):
+        raise ValueError(f"messages[{i}].content: must be a string or a list of content blocks")
+    for j, block in enumerate(content if isinstance(content, list) else ()):
+        if not isinstance(block, dict):
+            raise ValueError(f"messages[{i}].content[{j}]: must be a content block object")
+
+
+def _check_tool(i: int, tool: Any, allowed: frozenset[str]) -> None:
+    if not isinstance(tool, dict):
+        raise ValueError(f"tools[{i}]: must be a tool definition object")
+    t = tool.get("type")
+    if t not in allowed:
+        raise ValueError(f"tools[{i}].type: unknown tool type {t!r}")
+    if allowed is _CHAT_TOOL_TYPES:
+        inner = tool.get(t)
+        if not isinstance(inner, dict) or not isinstance(inner.get("name"), str):
+            raise ValueError(f"tools[{i}].{t}: must be an object with a 'name'")
+
+
+def _check_chat_message(i: int, m: Any) -> None:
+    if not isinstance(m, dict):
+        raise ValueError(f"messages[{i}]: must be a message object")
+    role = m.get("role")
+    allowed = _CHAT_ROLES.get(role) if isinstance(role, str) else None
+    if allowed is None:
+        raise ValueError(f"messages[{i}].role: unknown role {role!r}")
+    for k in m:
+        if k not in allowed:
+            raise ValueError(f"messages[{i}].{k}: unknown key for a {role!r} message")
+    if "content" not in m:
+        if role != "assistant" or not (m.get("tool_calls") or m.get("function_call")):
+            raise ValueError(f"messages[{i}].content: missing")
+    content = m.get("content")
+    if content is None:
+        if role not in ("assistant", "function"):
+            raise ValueError(f"messages[{i}].content: must be a string or a list of content parts")
+    elif isinstance(content, list):
+        parts = _CHAT_PARTS[role]
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise ValueError(f"messages[{i}].content[{j}]: must be a content part object")
+            if part.get("type") not in parts:
+                raise ValueError(
+                    f"messages[{i}].content[{j}].type: unknown content part type {part.get('type')!r} "
+                    f"for a {role!r} message")
+    elif not isinstance(content, str):
+        raise ValueError(f"messages[{i}].content: must be a string or a list of content parts")
+    if role == "tool" and not isinstance(m.get("tool_call_id"), str):
+        raise ValueError(f"messages[{i}].tool_call_id: required (a string) for a 'tool' message")
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise ValueError(f"messages[{i}].tool_calls: must be a list")
+        for j, call in enumerate(calls):
+            t = call.get("type") if isinstance(call, dict) else None
+            if t not in _CHAT_TOOL_TYPES:
+                raise ValueError(f"messages[{i}].tool_calls[{j}].type: unknown tool call type {t!r}")
+            if not isinstance(call.get(t), dict):
+                raise ValueError(f"messages[{i}].tool_calls[{j}].{t}: must be an object")
+
+
+def _check_item(i: int, item: Any) -> None:
+    if not isinstance(item, dict):
+        raise ValueError(f"input[{i}]: must be an input item object")
+    t = item.get("type")
+    if t is None:
+        if "role" in item:
+            t = "message"  # an EasyInputMessage: the type is optional
+        elif set(item) == {"id"}:
+            return  # an item_reference: the type is optional
+        else:
+            raise ValueError(f"input[{i}].type: missing (an item needs a type, or role and content)")
+    if t not in RESPONSES_ITEM_TYPES:
+        raise ValueError(f"input[{i}].type: unknown item type {t!r}")
+    if t != "message":
+        return
+    role = item.get("role")
+    if role not in _RESPONSES_ROLES:
+        raise ValueError(f"input[{i}].role: unknown role {role!r}")
+    content = item.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            pt = part.get("type") if isinstance(part, dict) else None
+            if pt not in _RESPONSES_PARTS:
+                raise ValueError(f"input[{i}].content[{j}].type: unknown content part type {pt!r}")
+    elif not isinstance(content, str):
+        raise ValueError(f"input[{i}].content: must be a string or a list of content parts")
+
+
+# -- prepare ---------------------------------------------------------------------------------------
+
+def unlogged_segment(tokens: int) -> Segment:
+    """The synthetic first segment of a partial body: ``tokens`` measured, no content.
+
+    Its element is a small marker (``{"unlogged_prefix_tokens": N}``), so its hashes — and with them the
+    prefix chains of every cache model — change exactly when the measured size changes.
+    """
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"unlogged_prefix_tokens: must be a non-negative int, got {tokens!r}")
+    marker = {"unlogged_prefix_tokens": tokens}
+    h = digest(canonical_bytes(marker), tag="seg")
+    return Segment(UNLOGGED_PATH, "unlogged", None, h, h, tokens, None, marker, 0)
 
 
 def prepare(
     body: dict[str, Any], *, memo: SegmentMemo | None = None, trusted: bool = False,
-    previous: PreparedRequest | None = None,
+    previous: PreparedRequest | None = None, dialect: str | None = None,
+    unlogged_prefix_tokens: int | None = None, copy: bool = False,
 ) -> PreparedRequest:
-    """Split a Messages body into segments (hashes and estimated tokens).
+    """Split a request body into segments (hashes and estimated tokens), in cache-prefix order.
 
-    With ``trusted=True`` (bodies built by our strategies from immutable history objects) and the
-    ``previous`` request, messages that are the very same objects at the same index reuse the previous
-    request's segments wholesale, so a turn costs O(messages), not O(blocks), in Python.
+    Args:
+        body: an Anthropic Messages, OpenAI Chat Completions or OpenAI Responses body.
+        memo: per-segment hashing / token memo (the session's, so its tokenizer counts).
+        trusted: the body was built by our strategies from immutable history objects: with ``previous``,
+            messages that are the very same objects at the same index reuse its segments.
+        previous: the request before this one. For untrusted bodies (imports, ``Session.record``) every
+            tool, system block, message and input item that is *exactly* the previous body's at the same
+            index reuses its segments, so only the new tail is validated, hashed and counted. "Exactly"
+            is checked on ``marshal`` bytes (C speed): unlike ``==`` they tell ``1``, ``1.0`` and ``True``
+            apart (whose canonical JSON differs), so a reused segment's bytes are the current body's.
+            ``previous`` must not have been mutated since it was prepared.
+        dialect: ``anthropic``, ``openai-chat`` or ``openai-responses``; detected from the body when
+            omitted (:func:`detect_dialect`).
+        unlogged_prefix_tokens: measured tokens of a prompt prefix the log did not record (a partial
+            body): one synthetic ``unlogged`` segment first (see :func:`unlogged_segment`).
+        copy: the returned request owns its body: new parts are deep copies and unchanged parts are
+            ``previous.body``'s (already owned) objects — a deep copy at the cost of the new tail.
+
+    Raises:
+        ValueError: a shape the API would reject or this model does not understand, in one line that
+            names the field (``input[4].type: unknown item type 'foo'``).
+
+    Example:
+        >>> from promptcache_nb.request import prepare
+        >>> p = prepare({"model": "gpt-4o", "messages": [
+        ...     {"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi"}]})
+        >>> p.dialect, [s.path for s in p.segments]
+        ('openai-chat', ['messages[0]', 'messages[1]'])
     """
-    if not trusted:
-        _check_body(body)
+    if dialect is None:
+        dialect = getattr(body, "dialect", None)
+    if unlogged_prefix_tokens is None:
+        unlogged_prefix_tokens = getattr(body, "unlogged_prefix_tokens", None)
+    if not isinstance(body, dict):
+        raise TypeError(f"request body must be a dict, got {type(body).__name__}")
+    pinned = False  # an explicit "anthropic" the body alone would not tell: the shape must record it
+    if dialect is None:
+        dialect = detect_dialect(body)
+    elif dialect not in DIALECTS:
+        raise ValueError(f"dialect: must be one of {', '.join(DIALECTS)}, got {dialect!r}")
+    elif dialect == "anthropic":
+        pinned = detect_dialect(body) != "anthropic"
     memo = memo or SegmentMemo()
-    segs: list[Segment] = []
-    shape: dict[str, str] = {}
+    if trusted and dialect == "anthropic" and not copy and not pinned:
+        return _prepare_trusted(body, memo, previous, unlogged_prefix_tokens)
+    return _Builder(body, dialect, memo, previous, unlogged_prefix_tokens, copy, pinned).build()
 
-    cached = memo._segments if trusted else None
+
+def _prepare_trusted(
+    body: dict[str, Any], memo: SegmentMemo, previous: PreparedRequest | None, unlogged: int | None,
+) -> PreparedRequest:
+    """Messages bodies our strategies built from immutable history objects: messages that are the very
+    same objects at the same index reuse the previous request's segments wholesale, so a turn costs
+    O(messages), not O(blocks), in Python."""
+    segs: list[Segment] = []
+    shape: dict[str, Any] = {}
+
+    cached = memo._segments
 
     def add(path: str, kind: str, role: str | None, element: Any) -> None:
-        if cached is not None:
-            # the same history object at the same position: reuse its Segment (the common case)
-            seg = cached.get(id(element))
-            if (seg is not None and seg.element is element and seg.path == path and seg.kind == kind
-                    and seg.role == role):
-                segs.append(seg)
-                return
-        chash, bhash, cc, nbytes = memo.hashes(element, trusted=trusted)
+        # the same history object at the same position: reuse its Segment (the common case)
+        seg = cached.get(id(element))
+        if (seg is not None and seg.element is element and seg.path == path and seg.kind == kind
+                and seg.role == role):
+            segs.append(seg)
+            return
+        chash, bhash, cc, nbytes = memo.hashes(element, trusted=True)
         seg = Segment(path, kind, role, chash, bhash, memo.tokens(kind, chash, element), cc, element, nbytes)
-        if cached is not None and not isinstance(element, str):
+        if not isinstance(element, str):
             cached[id(element)] = seg
         segs.append(seg)
 
+    if unlogged is not None:
+        segs.append(unlogged_segment(unlogged))
     tools = body.get("tools")
     if tools is None:
         shape["tools"] = "absent"
@@ -238,17 +571,19 @@ def prepare(
             add(f"system[{i}]", "system", None, block)
     messages = body.get("messages")
     shape["messages"] = "absent" if messages is None else "list"
+    if unlogged is not None:
+        shape["unlogged"] = unlogged
     prev_msgs: list = []
     prev_spans: list[tuple[int, int]] = []
-    if trusted and previous is not None:
+    if previous is not None and previous.__dict__.get("_msg_spans") is not None:
         prev_msgs = previous.body.get("messages") or []
-        prev_spans = previous.__dict__.get("_msg_spans") or []
+        prev_spans = previous.__dict__["_msg_spans"]
     spans: list[tuple[int, int]] = []
     for i, msg in enumerate(messages or ()):
         start = len(segs)
         if i < len(prev_spans) and msg is prev_msgs[i]:
             a, b = prev_spans[i]
-            segs.extend(previous.segments[a:b])
+            segs.extend(previous.segments[a:b])  # type: ignore[union-attr]
             spans.append((start, len(segs)))
             continue
         role, content = msg["role"], msg["content"]
@@ -266,11 +601,302 @@ def prepare(
     return req
 
 
-def rebuild_body(shape: dict[str, str], rest: dict[str, Any], chain: list[tuple[str, str | None, Any]]) -> dict:
-    """Inverse of :func:`prepare`: a body from its shape, other fields and (kind, role, element) list."""
-    body: dict[str, Any] = dict(rest)
+_EXACT = object()  # placeholder of an element marshal cannot serialise: never equal to anything
+
+
+def _snapshots(units: list[Any]) -> list[Any]:
+    """Per-unit ``marshal`` (format 2) bytes: type-exact, C-speed, no object references or interning.
+
+    Equal bytes mean equal values of equal types (``1``, ``1.0`` and ``True`` differ, floats bit for
+    bit), hence equal canonical JSON. Format 2 is used because later formats add back-references that
+    depend on reference counts, which would make equal bodies look different.
+    """
+    try:
+        return list(map(marshal.dumps, units, repeat(2)))
+    except ValueError:  # something JSON-encodable marshal does not know: compare it as "different"
+        out = []
+        for u in units:
+            try:
+                out.append(marshal.dumps(u, 2))
+            except ValueError:
+                out.append(object())
+        return out
+
+
+class _Builder:
+    """One untrusted ``prepare``: sections in cache-prefix order, each a list of *units* (a tool, a
+    system block, a message, an input item) that turn into one or more segments."""
+
+    def __init__(self, body: dict[str, Any], dialect: str, memo: SegmentMemo,
+                 previous: PreparedRequest | None, unlogged: int | None, copy_: bool, pinned: bool) -> None:
+        self.body, self.dialect, self.memo, self.unlogged, self.copy = body, dialect, memo, unlogged, copy_
+        usable = (previous is not None and previous.dialect == dialect
+                  and previous.__dict__.get("_units") is not None)
+        self.previous = previous if usable else None
+        self.segs: list[Segment] = []
+        self.shape: dict[str, Any] = {} if dialect == "anthropic" and not pinned else {"dialect": dialect}
+        self.units: dict[str, list[tuple[int, int]]] = {}
+        self.snaps: dict[str, list[Any]] = {}
+        self.owned: dict[str, Any] = {}  # copy=True: segmented key -> the owned value
+        # the leading run of segments that are the previous request's objects at the same positions
+        self.run, self.run_len = self.previous is not None, 0
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def seg(self, path: str, kind: str, role: str | None, element: Any) -> None:
+        memo = self.memo
+        chash, bhash, cc, nbytes = memo.hashes(element, trusted=False)
+        self.segs.append(
+            Segment(path, kind, role, chash, bhash, memo.tokens(kind, chash, element), cc, element, nbytes))
+
+    def section(self, key: str, units: list[Any], emit: Any, *, scalar: bool = False) -> None:
+        """Segments of one section's units; units exactly equal to the previous body's at the same index
+        reuse its segments (and, with ``copy``, its objects).
+
+        The leading run of equal units is taken in bulk (slices, at C speed); only the units after it go
+        through the Python loop — usually just the new tail.
+        """
+        prev = self.previous
+        segs = self.segs
+        k = 0
+        tail: list[bool] = []  # reuse flags for units k.. that the previous body also has
+        prev_units = prev_spans = None
+        if prev is not None and prev.shape.get(key) == self.shape.get(key):  # same shape: str vs list
+            prev_spans = prev.__dict__["_units"].get(key)
+        if prev_spans:
+            prev_snaps = _prev_snapshots(prev, key)
+            cur = _snapshots(units)
+            n = min(len(cur), len(prev_snaps))
+            k = common_prefix_length(cur[:n], prev_snaps[:n])
+            tail = list(map(eq, cur[k:n], prev_snaps[k:n]))
+            # share the previous request's bytes for equal units: memory stays O(unique content)
+            self.snaps[key] = (prev_snaps[:k] + [p if r else c for c, p, r in zip(cur[k:n], prev_snaps[k:n], tail,
+                                                                                  strict=True)] + cur[n:])
+            prev_units = _units_of(prev.body, key)
+        spans: list[tuple[int, int]] = []
+        owned: list[Any] = []
+        if k:
+            a0 = prev_spans[0][0]  # type: ignore[index]
+            start = len(segs)
+            segs.extend(prev.segments[a0 : prev_spans[k - 1][1]])  # type: ignore[union-attr, index]
+            shift = start - a0
+            spans = prev_spans[:k] if shift == 0 else [(a + shift, b + shift) for a, b in prev_spans[:k]]  # type: ignore[index]
+            if self.copy:
+                owned = prev_units[:k]  # type: ignore[index]
+            if self.run and shift == 0:
+                self.run_len = len(segs)
+            else:
+                self.run = False
+        for i in range(k, len(units)):
+            unit = units[i]
+            start = len(segs)
+            j = i - k
+            if j < len(tail) and tail[j]:
+                a, b = prev_spans[i]  # type: ignore[index]
+                segs.extend(prev.segments[a:b])  # type: ignore[union-attr]
+                if self.copy:
+                    owned.append(prev_units[i])  # type: ignore[index]
+                if self.run and a == start:
+                    self.run_len = len(segs)
+                else:
+                    self.run = False
+            else:
+                self.run = False
+                if self.copy:
+                    unit = _copy.deepcopy(unit)
+                    owned.append(unit)
+                emit(i, unit)
+            spans.append((start, len(segs)))
+        self.units[key] = spans
+        if self.copy:
+            self.owned[key] = owned[0] if scalar else owned
+
+    # -- per dialect ------------------------------------------------------------------------------
+    def build(self) -> PreparedRequest:
+        body, shape, prev = self.body, self.shape, self.previous
+        if self.unlogged is not None:
+            first = prev.segments[0] if prev is not None and prev.segments else None
+            if first is not None and first.kind == "unlogged" and first.tokens == self.unlogged:
+                self.segs.append(first)
+                self.run_len = 1
+            else:
+                self.segs.append(unlogged_segment(self.unlogged))
+                self.run = False
+        segmented = getattr(self, "_" + self.dialect.replace("-", "_"))()
+        if self.unlogged is not None:
+            shape["unlogged"] = self.unlogged
+        rest = {k: v for k, v in body.items() if k not in segmented}
+        if self.copy:
+            rest = _copy.deepcopy(rest)
+            owned = self.owned
+            body = {k: (owned[k] if k in owned else rest[k]) for k in body}
+        req = PreparedRequest(body, tuple(self.segs), shape, rest, sum(map(_TOKENS, self.segs)))
+        object.__setattr__(req, "_units", self.units)
+        object.__setattr__(req, "_snaps", self.snaps)
+        if prev is not None:
+            object.__setattr__(req, "_prefix_of", (weakref.ref(prev), self.run_len))
+        if self.dialect == "anthropic":
+            object.__setattr__(req, "_msg_spans", self.units.get("messages", []))
+        return req
+
+    def _anthropic(self) -> tuple[str, ...]:
+        body, shape = self.body, self.shape
+        _check_anthropic_top(body)
+        tools = body.get("tools")
+        shape["tools"] = "absent" if tools is None else "list"
+        if tools is not None:
+            self.section("tools", tools, lambda i, t: self.seg(f"tools[{i}]", "tool", None, t))
+        system = body.get("system")
+        if system is None:
+            shape["system"] = "absent"
+        elif isinstance(system, str):
+            shape["system"] = "str"
+            self.section("system", [system], lambda i, s: self.seg("system", "system", None, s), scalar=True)
+        else:
+            shape["system"] = "list"
+
+            def system_block(i: int, block: Any) -> None:
+                _check_system_block(i, block)
+                self.seg(f"system[{i}]", "system", None, block)
+
+            self.section("system", system, system_block)
+        messages = body.get("messages")
+        shape["messages"] = "absent" if messages is None else "list"
+
+        def message(i: int, msg: Any) -> None:
+            _check_anthropic_message(i, msg)
+            role, content = msg["role"], msg["content"]
+            if isinstance(content, str):
+                self.seg(f"messages[{i}].content", "msg-str", role, content)
+            elif not content:
+                self.seg(f"messages[{i}].content", "msg-empty", role, content)
+            else:
+                for j, block in enumerate(content):
+                    self.seg(f"messages[{i}].content[{j}]", "msg-start" if j == 0 else "msg", role, block)
+
+        if messages is not None:
+            self.section("messages", messages, message)
+        return TOP_LEVEL_SEGMENTED
+
+    def _tools(self, allowed: frozenset[str]) -> list[str]:
+        tools = self.body.get("tools")
+        if tools is None:
+            self.shape["tools"] = "absent"
+            return []
+        if not isinstance(tools, list):
+            raise ValueError("tools: must be a list of tool definitions")
+        self.shape["tools"] = "list"
+
+        def tool(i: int, t: Any) -> None:
+            _check_tool(i, t, allowed)
+            self.seg(f"tools[{i}]", "tool", None, t)
+
+        self.section("tools", tools, tool)
+        return ["tools"]
+
+    def _schema(self, key: str) -> list[str]:
+        value = self.body.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: must be an object")
+        self.section(key, [value], lambda i, v: self.seg(key, "schema", None, v), scalar=True)
+        return [key]
+
+    def _openai_chat(self) -> list[str]:
+        body, shape = self.body, self.shape
+        if "input" in body or "system" in body:
+            raise ValueError(f"{'input' if 'input' in body else 'system'}: not a Chat Completions field")
+        segmented = self._tools(_CHAT_TOOL_TYPES) + self._schema("response_format")
+        messages = body.get("messages")
+        if messages is None:
+            shape["messages"] = "absent"
+            return segmented
+        if not isinstance(messages, list):
+            raise ValueError("messages: must be a list")
+        shape["messages"] = "list"
+
+        def message(i: int, m: Any) -> None:
+            _check_chat_message(i, m)
+            self.seg(f"messages[{i}]", "msg-whole", m["role"], m)
+
+        self.section("messages", messages, message)
+        return [*segmented, "messages"]
+
+    def _openai_responses(self) -> list[str]:
+        body, shape = self.body, self.shape
+        if "messages" in body or "system" in body:
+            raise ValueError(f"{'messages' if 'messages' in body else 'system'}: not a Responses field")
+        segmented = self._tools(_RESPONSES_TOOL_TYPES) + self._schema("text")
+        instructions = body.get("instructions")
+        if instructions is None:
+            shape["instructions"] = "absent"
+        elif isinstance(instructions, str):
+            shape["instructions"] = "str"
+            self.section("instructions", [instructions],
+                         lambda i, s: self.seg("instructions", "system", None, s), scalar=True)
+            segmented.append("instructions")
+        else:
+            raise ValueError("instructions: must be a string")
+        inp = body.get("input")
+        if inp is None:
+            shape["input"] = "absent"
+        elif isinstance(inp, str):
+            shape["input"] = "str"
+            self.section("input", [inp], lambda i, s: self.seg("input", "msg-str", "user", s), scalar=True)
+            segmented.append("input")
+        elif isinstance(inp, list):
+            shape["input"] = "list"
+
+            def item(i: int, it: Any) -> None:
+                _check_item(i, it)
+                self.seg(f"input[{i}]", "item", it.get("role"), it)
+
+            self.section("input", inp, item)
+            segmented.append("input")
+        else:
+            raise ValueError("input: must be a string or a list of input items")
+        return segmented
+
+
+def _units_of(body: dict[str, Any], key: str) -> list[Any]:
+    value = body.get(key)
+    return value if isinstance(value, list) else [value]
+
+
+def _prev_snapshots(prev: PreparedRequest, key: str) -> list[Any]:
+    """The previous request's per-unit bytes (computed from its body the first time they are needed)."""
+    snaps = prev.__dict__["_snaps"]
+    got = snaps.get(key)
+    if got is None:
+        got = snaps[key] = _snapshots(_units_of(prev.body, key))
+    return got
+
+
+def shared_prefix_of(p: PreparedRequest, previous: PreparedRequest) -> int:
+    """How many leading segments of ``p`` are ``previous``'s very Segment objects at the same positions, as
+    ``prepare(..., previous=previous)`` recorded it (0 when unknown). Everything keyed by segment content
+    (diffs, prefix chains, stored blocks) can start after them."""
+    rec = p.__dict__.get("_prefix_of")
+    return rec[1] if rec is not None and rec[0]() is previous else 0
+
+
+def rebuild_body(shape: dict[str, Any], rest: dict[str, Any], chain: list[tuple[str, str | None, Any]]) -> dict:
+    """Inverse of :func:`prepare`: a body from its shape, other fields and (kind, role, element) list.
+
+    The ``unlogged`` segment is not part of the body and is skipped. When the shape names a dialect or an
+    unlogged prefix the result is a :class:`LoggedBody` carrying both, so ``prepare(rebuild_body(...))``
+    rebuilds the same segments.
+    """
+    dialect = shape.get("dialect", "anthropic")
+    unlogged = shape.get("unlogged")
+    body: dict[str, Any] = dict(rest) if "dialect" not in shape and unlogged is None else LoggedBody(rest)
+    if isinstance(body, LoggedBody):
+        body.dialect = dialect
+        body.unlogged_prefix_tokens = unlogged
     if shape.get("tools") == "list":
         body["tools"] = []
+    if dialect != "anthropic":
+        return _rebuild_openai(body, shape, dialect, chain)
     if shape.get("system") == "list":
         body["system"] = []
     if shape.get("messages") == "list":
@@ -289,6 +915,27 @@ def rebuild_body(shape: dict[str, str], rest: dict[str, Any], chain: list[tuple[
             body["messages"].append({"role": role, "content": [element]})
         elif kind == "msg":
             body["messages"][-1]["content"].append(element)
-        else:
+        elif kind != "unlogged":
             raise ValueError(f"unknown segment kind {kind!r}")
+    return body
+
+
+def _rebuild_openai(body: dict[str, Any], shape: dict[str, Any], dialect: str,
+                    chain: list[tuple[str, str | None, Any]]) -> dict:
+    key = "messages" if dialect == "openai-chat" else "input"
+    if shape.get(key) == "list":
+        body[key] = []
+    for kind, _role, element in chain:
+        if kind == "tool":
+            body["tools"].append(element)
+        elif kind in ("msg-whole", "item"):
+            body[key].append(element)
+        elif kind == "schema":
+            body["response_format" if dialect == "openai-chat" else "text"] = element
+        elif kind == "system":
+            body["instructions"] = element
+        elif kind == "msg-str":
+            body["input"] = element
+        elif kind != "unlogged":
+            raise ValueError(f"unknown segment kind {kind!r} for {dialect}")
     return body

@@ -17,12 +17,22 @@ Volatile fields never change what the cache matches and are ignored for the dive
 :attr:`PrefixDiff.ignored_changes`: ``cache_control`` markers (and their moves), ``max_tokens``,
 ``stream``, ``metadata``, and the sampling parameters ``temperature``, ``top_p``, ``top_k``,
 ``stop_sequences``.
+
+OpenAI Chat Completions and Responses bodies diff the same way over their own segments (tools → schema
+→ system/instructions → messages/input, docs/provider_cache_rules.md § "OpenAI prefix order"); their
+volatile fields are :data:`OPENAI_VOLATILE_FIELDS` and only ``model`` is a cache-relevant field (the
+effect of the others on OpenAI's prefix is not documented: they are listed as ``other_changes``).
+
+A partial body's unlogged prefix (§ "Unlogged prefix") is one segment whose only content is its measured
+size. When the first divergence is there, :attr:`PrefixDiff.unlogged` is true and the diff says so plainly:
+the change lies outside the logged content and cannot be located (no byte or token offset, no excerpt).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import html
+import json
 import unicodedata
 import weakref
 from collections import Counter
@@ -33,7 +43,14 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 from .._util import common_prefix_length
-from ._canonical import PreparedRequest, SegmentMemo, canonical_bytes, canonical_json, prepare
+from ._canonical import (
+    PreparedRequest,
+    SegmentMemo,
+    canonical_bytes,
+    canonical_json,
+    prepare,
+    shared_prefix_of,
+)
 
 #: Top-level fields that never affect cache matching (ignored for the divergence, listed).
 VOLATILE_FIELDS = (
@@ -44,6 +61,15 @@ FIELD_LEVELS = {
     "model": "tools", "speed": "system", "tool_choice": "messages", "thinking": "messages",
     "output_config": "messages",
 }
+#: OpenAI top-level fields that never affect what the prefix cache matches (output limits, sampling,
+#: streaming, bookkeeping).
+OPENAI_VOLATILE_FIELDS = (
+    "logprobs", "max_completion_tokens", "max_output_tokens", "max_tokens", "metadata", "n", "seed", "stop",
+    "store", "stream", "stream_options", "temperature", "top_logprobs", "top_p",
+)
+#: OpenAI: caches are per model (§2.1); nothing else is documented to invalidate the prefix.
+OPENAI_FIELD_LEVELS = {"model": "tools"}
+_WHOLE_KINDS = ("msg-whole", "item")
 _EXCERPT_BEFORE = 40
 _EXCERPT_AFTER = 40
 
@@ -224,13 +250,22 @@ class _Info:
     """Per-request facts for diffing: what the cache matches per segment, as parallel lists (three C-speed
     ``map`` passes, no per-segment tuples), plus section starts and the breakpoints."""
 
-    __slots__ = ("_keys", "hashes", "kinds", "marks", "msg_start", "roles", "sys_start")
+    __slots__ = ("_keys", "hashes", "kinds", "marks", "msg_start", "roles", "sys_start", "tool_start")
 
-    def __init__(self, segs: Any, sys_start: int, msg_start: int, marks: tuple[str, ...]) -> None:
-        self.hashes: list[str] = list(map(_HASH, segs))
-        self.kinds: list[str] = list(map(_KIND, segs))
-        self.roles: list[str | None] = list(map(_ROLE_ATTR, segs))
-        self.sys_start, self.msg_start, self.marks = sys_start, msg_start, marks
+    def __init__(self, segs: Any, bounds: tuple[int, int, int], marks: tuple[str, ...],
+                 like: tuple[_Info, int] | None = None) -> None:
+        if like is None:
+            self.hashes: list[str] = list(map(_HASH, segs))
+            self.kinds: list[str] = list(map(_KIND, segs))
+            self.roles: list[str | None] = list(map(_ROLE_ATTR, segs))
+        else:  # the first k segments are another request's very objects: copy its lists (memcpy speed)
+            other, k = like
+            tail = segs[k:]
+            self.hashes = other.hashes[:k] + list(map(_HASH, tail))
+            self.kinds = other.kinds[:k] + list(map(_KIND, tail))
+            self.roles = other.roles[:k] + list(map(_ROLE_ATTR, tail))
+        self.tool_start, self.sys_start, self.msg_start = bounds
+        self.marks = marks
         self._keys: list[tuple[str, str | None, str]] | None = None
 
     @property
@@ -268,29 +303,50 @@ _INFO_MAX = 16
 
 
 def section_counts(body: dict[str, Any]) -> tuple[int, int]:
-    """(tool segments, system segments) of a body, as ``prepare`` splits it."""
+    """(tool segments, system segments) of a Messages body, as ``prepare`` splits it (see :func:`sections`
+    for any prepared request)."""
     tools, system = body.get("tools"), body.get("system")
     n_tools = 0 if tools is None else len(tools)
     n_sys = 0 if system is None else 1 if isinstance(system, str) else len(system)
     return n_tools, n_sys
 
 
-def _info(p: PreparedRequest) -> _Info:
+def sections(p: PreparedRequest) -> tuple[int, int, int]:
+    """Where the tools, system and messages levels start in ``p.segments`` (any dialect; the unlogged
+    prefix, when present, is segment 0, before the tools). The system level holds Anthropic system blocks,
+    and OpenAI's structured-output schema and Responses ``instructions``."""
+    shape, body, rest = p.shape, p.body, p.rest
+    t0 = 0 if shape.get("unlogged") is None else 1
+    n_tools = len(body["tools"]) if shape.get("tools") == "list" else 0
+    dialect = shape.get("dialect", "anthropic")
+    if dialect == "anthropic":
+        n_sys = section_counts(body)[1]
+    elif dialect == "openai-chat":
+        n_sys = int("response_format" in body and "response_format" not in rest)
+    else:
+        n_sys = int("text" in body and "text" not in rest) + int(shape.get("instructions") == "str")
+    return t0, t0 + n_tools, t0 + n_tools + n_sys
+
+
+def _info(p: PreparedRequest, like: PreparedRequest | None = None) -> _Info:
     # A session diffs request k against k-1, then k+1 against k: memoising by identity makes each
     # request's O(segments) pass happen once.
     hit = _INFO.get(id(p))
     if hit is not None and hit[0]() is p:
         return hit[1]
     segs = p.segments
-    body = p.body
-    n_tools, n_sys = section_counts(body)
     # C-speed passes (map/attrgetter/compress): this runs once per request on the session's hot path
     marked = compress(segs, map(_CACHE_CONTROL, segs))  # a marker is a non-empty dict
     marks = tuple(
         f"{s.path} ({s.cache_control.get('ttl', '5m') if isinstance(s.cache_control, dict) else '?'})"
         for s in marked
     )
-    info = _Info(segs, n_tools, n_tools + n_sys, marks)
+    reuse = None
+    k = shared_prefix_of(p, like) if like is not None else 0
+    other = _INFO.get(id(like)) if k else None
+    if other is not None and other[0]() is like:
+        reuse = (other[1], k)  # the leading segments are like's very objects: copy its lists
+    info = _Info(segs, sections(p), marks, reuse)
     if len(_INFO) >= _INFO_MAX:
         for k in [k for k, (ref, _) in _INFO.items() if ref() is None] or [next(iter(_INFO))]:
             del _INFO[k]
@@ -336,10 +392,14 @@ def _value_size(p: PreparedRequest, info: _Info, key: str) -> int:
     body = p.body
     value = body[key]
     segs = p.segments
-    if value is None or key not in ("tools", "system", "messages"):
+    if value is None or key in p.rest:
         return len(canonical_bytes(value))
     if key == "tools":
-        return _list_size(segs, 0, info.sys_start)
+        return _list_size(segs, info.tool_start, info.sys_start)
+    if "dialect" in p.shape and p.shape["dialect"] != "anthropic":
+        if isinstance(value, list):  # messages / input: one segment per element
+            return _list_size(segs, info.msg_start, len(segs))
+        return segs[_scalar_index(info, key)].nbytes
     if key == "system":
         if isinstance(value, str):
             return segs[info.sys_start].nbytes
@@ -362,16 +422,41 @@ def _key_offset(p: PreparedRequest, info: _Info, key: str) -> int:
     return max(1, off - 1)
 
 
+def _scalar_index(info: _Info, key: str) -> int:
+    """The segment of an OpenAI field that is one segment: the schema comes first after the tools,
+    ``instructions`` last before the input, a string ``input`` first of the messages level."""
+    if key in ("response_format", "text"):
+        return info.sys_start
+    return info.msg_start - 1 if key == "instructions" else info.msg_start
+
+
 def segment_offset(p: PreparedRequest, index: int) -> int:
     """Offset of segment ``index`` in ``canonical_bytes(p.body)``, from segment sizes alone.
 
-    ``canonical_bytes(p.body)[off : off + seg.nbytes] == canonical_bytes(seg.element)``.
+    ``canonical_bytes(p.body)[off : off + seg.nbytes] == canonical_bytes(seg.element)``. The unlogged
+    prefix is not in the body: its offset is 0 (and its size 0).
     """
     info = _info(p)
     segs = p.segments
     seg = segs[index]
-    if seg.kind == "tool":
-        return _key_offset(p, info, "tools") + 1 + sum(map(_NBYTES, segs[:index])) + index
+    kind = seg.kind
+    if kind == "unlogged":
+        return 0
+    if kind == "tool":
+        t0 = info.tool_start
+        return _key_offset(p, info, "tools") + 1 + sum(map(_NBYTES, segs[t0:index])) + index - t0
+    dialect = p.shape.get("dialect", "anthropic")
+    if dialect != "anthropic":
+        chat = dialect == "openai-chat"
+        if kind == "schema":
+            return _key_offset(p, info, "response_format" if chat else "text")
+        if kind == "system":
+            return _key_offset(p, info, "instructions")
+        if kind == "msg-str":
+            return _key_offset(p, info, "input")
+        m0 = info.msg_start
+        return (_key_offset(p, info, "messages" if chat else "input") + 1
+                + sum(map(_NBYTES, segs[m0:index])) + index - m0)
     if seg.kind == "system":
         base = _key_offset(p, info, "system")
         if isinstance(p.body.get("system"), str):
@@ -409,6 +494,10 @@ def _text_of(element: Any) -> str | None:
             return element["text"]
         if t == "tool_result" and isinstance(element.get("content"), str):
             return element["content"]
+        if (t is None or t == "message") and "role" in element and isinstance(element.get("content"), str):
+            return element["content"]  # an OpenAI message (chat, or a Responses message item)
+        if t in ("function_call_output", "custom_tool_call_output") and isinstance(element.get("output"), str):
+            return element["output"]
     return None
 
 
@@ -453,6 +542,22 @@ class PrefixDiff:
         """Same segments and no cache-relevant change (volatile fields may still differ)."""
         return self.pure_append and len(self.previous.segments) == len(self.current.segments)
 
+    @cached_property
+    def unlogged(self) -> bool:
+        """The first divergence is the unlogged prefix of a partial body: the measured size of what the log
+        did not record changed (or appeared), so the change lies outside the logged content and cannot be
+        located — no byte or token offset, no excerpt."""
+        i = self.index
+        if i is None or self.field is not None:
+            return False
+        return any(i < len(r.segments) and r.segments[i].kind == "unlogged" for r in (self.current, self.previous))
+
+    def _unlogged_sizes(self) -> str:
+        def size(r: PreparedRequest) -> str:
+            n = r.unlogged_prefix_tokens
+            return "none" if n is None else f"{n:,}"
+        return f"{size(self.previous)} -> {size(self.current)} tokens, measured"
+
     @property
     def appended(self) -> int:
         """Segments added at the end (pure append only; 0 otherwise)."""
@@ -463,7 +568,7 @@ class PrefixDiff:
         """(first differing byte in the current segment's stripped bytes, mapped exact offset, stripped
         length) for a segment divergence; Nones otherwise."""
         i = self.index
-        if i is None or self.field is not None or i >= len(self.current.segments):
+        if i is None or self.field is not None or i >= len(self.current.segments) or self.unlogged:
             return None, None, 0
         cur = self.current.segments[i]
         cur_plain, at, ins = _stripped(cur.element)
@@ -491,7 +596,7 @@ class PrefixDiff:
         keys, so ``messages`` precedes ``system`` and ``tools`` and appended turns would always win;
         that literal offset is :attr:`raw_byte_offset`.
         """
-        if self.index is None:
+        if self.index is None or self.unlogged:
             return None
         cur = self.current
         info = _info(cur)
@@ -513,8 +618,9 @@ class PrefixDiff:
     @cached_property
     def token_offset(self) -> int | None:
         """Estimated tokens before the divergence: whole segments before it, plus the divergent
-        segment's tokens in proportion to its matching bytes. ``None`` for a pure append."""
-        if self.index is None:
+        segment's tokens in proportion to its matching bytes. ``None`` for a pure append, and for a change
+        in the unlogged prefix (it cannot be located)."""
+        if self.index is None or self.unlogged:
             return None
         if self.field is not None or self.index >= len(self.current.segments):
             return self.shared_prefix_tokens
@@ -534,8 +640,9 @@ class PrefixDiff:
 
     @cached_property
     def excerpt(self) -> Excerpt | None:
-        """Both sides around the divergence, invisible characters made visible; None for a pure append."""
-        if self.index is None:
+        """Both sides around the divergence, invisible characters made visible; None for a pure append and
+        for a change in the unlogged prefix (there is no logged text to show)."""
+        if self.index is None or self.unlogged:
             return None
         if self.field is not None:
             old = self.previous.body.get(self.field, _ABSENT)
@@ -624,10 +731,9 @@ class PrefixDiff:
         p_seg = prev.segments[pi.msg_start + j]
         k = p_seg.message_index or 0
         if j >= len(ci) - ci.msg_start:
-            n_prev = len(prev.body.get("messages") or [])
-            n_cur = len(cur.body.get("messages") or [])
+            n_prev, n_cur = _history_length(prev), _history_length(cur)
             what = f"history shrank from {n_prev} to {n_cur} messages" if n_cur < n_prev else (
-                f"{p_seg.path.split('.', 1)[1] if '.' in p_seg.path else 'content'} removed")
+                f"{_within_message(p_seg)} removed")
             return HistoryRewrite(k, p_seg.role, what)
         c_seg = cur.segments[ci.msg_start + j]
         if c_seg.message_index != k or (c_seg.kind == "msg") != (p_seg.kind == "msg"):
@@ -635,7 +741,7 @@ class PrefixDiff:
         elif c_seg.role != p_seg.role:
             what = f"role {p_seg.role} -> {c_seg.role}"
         else:
-            where = p_seg.path.split(".", 1)[1] if "." in p_seg.path else "content"
+            where = _within_message(p_seg)
             t_old, t_new = _block_type(p_seg.element), _block_type(c_seg.element)
             what = f"{where} {t_old} changed" if t_old == t_new else f"{where} {t_old} -> {t_new}"
         return HistoryRewrite(k, p_seg.role, what)
@@ -654,6 +760,9 @@ class PrefixDiff:
             head = ("identical prefix" if self.identical
                     else f"pure append: +{self.appended} segment{'s' if self.appended != 1 else ''}")
             return f"{head}; shared prefix ~{self.shared_prefix_tokens:,} tokens"
+        if self.unlogged:
+            return (f"diverges in the unlogged prefix ({self._unlogged_sizes()}): the change lies outside the "
+                    "logged content and cannot be located")
         b, t = self.byte_offset, self.token_offset
         where = f"diverges at {self.path}"
         if b is not None:
@@ -664,7 +773,9 @@ class PrefixDiff:
         if self.index is None:
             return (f"PrefixDiff(pure_append=True, appended={self.appended}, "
                     f"shared_prefix_tokens={self.shared_prefix_tokens})")
-        return (f"PrefixDiff(path={self.path!r}, byte={self.byte_offset}, token={self.token_offset}, "
+        if self.unlogged:
+            return f"PrefixDiff(path={self.path!r}, unlogged=True, pure_append=False)"
+        return (f"PrefixDiff(path={self.path!r}, byte_offset={self.byte_offset}, token_offset={self.token_offset}, "
                 f"shared_prefix_tokens={self.shared_prefix_tokens}, pure_append=False)")
 
     def _repr_html_(self) -> str:
@@ -719,8 +830,24 @@ def _block_type(element: Any) -> str:
     if isinstance(element, str):
         return "text"
     if isinstance(element, dict):
-        return str(element.get("type", "block"))
+        t = element.get("type")
+        if t is None:
+            return "message" if "role" in element else "item_reference" if set(element) == {"id"} else "block"
+        return str(t)
     return "content"
+
+
+def _within_message(seg: Any) -> str:
+    """What part of its message a segment is: ``content[1]``, ``content``, or the whole ``message`` (OpenAI)."""
+    if "." in seg.path:
+        return seg.path.split(".", 1)[1]
+    return "message" if seg.kind in _WHOLE_KINDS else "content"
+
+
+def _history_length(p: PreparedRequest) -> int:
+    key = "input" if p.dialect == "openai-responses" else "messages"
+    value = p.body.get(key)
+    return len(value) if isinstance(value, list) else int(value is not None)
 
 
 def _excerpt(a: str, b: str, source: str) -> Excerpt:
@@ -751,13 +878,20 @@ def _field_changes(prev: dict[str, Any], cur: dict[str, Any], names: Any) -> lis
 
 def compute_diff(previous: PreparedRequest, current: PreparedRequest) -> PrefixDiff:
     """The diff of two prepared requests (the session's hot path: O(segments) at C speed, bytes lazily)."""
-    pi, ci = _info(previous), _info(current)
-    n = _common_run(pi, ci)
+    pi = _info(previous)
+    ci = _info(current, like=previous)
+    # segments prepare() reused from the previous request are equal by construction: compare after them
+    k = shared_prefix_of(current, previous)
+    n = k + _common_run(pi, ci, k, k)
     prest, crest = previous.rest, current.rest
-    field_changes = _field_changes(prest, crest, sorted(FIELD_LEVELS))
-    known = set(VOLATILE_FIELDS) | set(FIELD_LEVELS)
+    if current.dialect == "anthropic":
+        levels, volatile = FIELD_LEVELS, VOLATILE_FIELDS
+    else:
+        levels, volatile = OPENAI_FIELD_LEVELS, OPENAI_VOLATILE_FIELDS
+    field_changes = _field_changes(prest, crest, sorted(levels))
+    known = set(volatile) | set(levels)
     other = _field_changes(prest, crest, sorted((set(prest) | set(crest)) - known))
-    ignored = _field_changes(prest, crest, VOLATILE_FIELDS)
+    ignored = _field_changes(prest, crest, volatile)
     if pi.marks != ci.marks:
         ignored.append(FieldChange("breakpoints", ", ".join(pi.marks) or "(none)",
                                    ", ".join(ci.marks) or "(none)"))
@@ -765,7 +899,7 @@ def compute_diff(previous: PreparedRequest, current: PreparedRequest) -> PrefixD
     # the earliest position any cache-relevant field invalidates
     field, field_at = None, None
     for fc in field_changes:
-        level = FIELD_LEVELS[fc.path]
+        level = levels[fc.path]
         at = 0 if level == "tools" else ci.sys_start if level == "system" else ci.msg_start
         if field_at is None or at < field_at:
             field, field_at = fc.path, at
@@ -796,16 +930,25 @@ def _as_prepared(x: Any, memo: SegmentMemo) -> PreparedRequest:
     prepared = getattr(x, "prepared", None)  # a session Turn
     if isinstance(prepared, PreparedRequest):
         return prepared
+    if isinstance(x, bytes | bytearray | memoryview | str):  # a body as sent or stored (``Turn.body``)
+        try:
+            x = json.loads(bytes(x) if not isinstance(x, str) else x)
+        except ValueError as exc:
+            # the wrong kind of argument, like any other non-body: a TypeError that says what is taken
+            raise TypeError(f"diff() takes request bodies (dict, or JSON bytes/str such as Turn.body), "
+                            f"PreparedRequest or Turn; got {type(x).__name__} that is not JSON: {exc}") from None
     if isinstance(x, dict):
         return prepare(x, memo=memo)
-    raise TypeError(f"diff() takes request bodies (dict), PreparedRequest or Turn, got {type(x).__name__}")
+    raise TypeError(f"diff() takes request bodies (dict, or JSON bytes/str such as Turn.body), PreparedRequest or "
+                    f"Turn, got {type(x).__name__}")
 
 
 def diff(previous: Any, current: Any) -> PrefixDiff:
     """Where ``current``'s cache prefix stops matching ``previous``.
 
     Args:
-        previous: the earlier request — a Messages body (dict), a :class:`PreparedRequest` or a Turn.
+        previous: the earlier request — a request body (Messages, Chat Completions or Responses; a dict, or
+            its JSON as bytes/str, e.g. ``Turn.body``), a :class:`PreparedRequest` or a Turn.
         current: the later request, same choices.
 
     Example:

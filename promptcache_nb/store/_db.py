@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from .._util import common_prefix_length, digest
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..tokens import segment_tokens
-from ._migrations import applied, migrate
+from ._migrations import applied, migrate, rollback_if_active
 
 BLOCK_SIZE = 16_384
 _LOCK = re.compile(r"Conflicting lock is held in (.+?)(?:\.\s*See also|$)", re.S)
@@ -79,47 +81,157 @@ class Delta:
     content: dict[str, Any]
 
 
-# Stores open in this process, by resolved file path. DuckDB lets one process open a file twice, but two
-# Stores would each keep their own dedup sets; the second open is refused like another process's lock.
-_OPEN: weakref.WeakValueDictionary[str, Store] = weakref.WeakValueDictionary()
+# Stores open in this process, by file identity. DuckDB lets one process open a file twice, but two Stores
+# would each keep their own dedup sets (and two hard-linked names get two WAL files: one overwrites the
+# other's turns); the second open is refused like another process's lock. Keys: ("inode", st_dev, st_ino)
+# once the file exists, and ("path", resolved path) (a file not created yet, or recreated under the same name).
+_OPEN: weakref.WeakValueDictionary[tuple, Store] = weakref.WeakValueDictionary()
+
+
+def _file_keys(path: str) -> list[tuple]:
+    keys: list[tuple] = [("path", str(Path(path).resolve()))]
+    try:
+        st = os.stat(path)
+    except OSError:
+        return keys
+    return [("inode", st.st_dev, st.st_ino), *keys]
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _describe_header(head: bytes) -> str:
+    if head.startswith(b"SQLite format 3\x00"):
+        return "an SQLite database"
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "a binary file of another kind"
+    return "a text file"
+
+
+def _check_file(path: str, *, read_only: bool) -> None:
+    """Refuse what is not a DuckDB file before DuckDB sees it: DuckDB would try to load an extension for an
+    SQLite file (a download), and its own errors are several lines long."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if read_only:
+            raise StoreError(f"no store at {path!r}: the file does not exist (a read-only open never creates "
+                             "one); check the path") from None
+        return
+    except OSError as exc:
+        raise StoreError(f"cannot open store {path!r}: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise StoreError(f"cannot open store {path!r}: it is a directory; pass a file path such as runs.duckdb")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise StoreError(f"cannot open store {path!r}: {exc.strerror}") from None
+    if not head:
+        raise StoreError(f"store {path!r} is an empty file, not a DuckDB database; delete it or choose another path")
+    if head[8:12] != b"DUCK":  # DuckDB's main header: an 8-byte checksum, then the magic bytes
+        raise StoreError(f"store {path!r} is not a DuckDB database (it looks like {_describe_header(head)}); "
+                         "nothing was changed: choose another path")
+
+
+def _foreign_objects(con: duckdb.DuckDBPyConnection) -> list[str] | None:
+    """None when the database is a promptcache_nb store or empty; else the names of what it holds."""
+    tables = con.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND NOT temporary ORDER BY ALL").fetchall()
+    views = con.execute(
+        "SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = current_database() "
+        "AND NOT internal AND NOT temporary ORDER BY ALL").fetchall()
+    names = [n if s == "main" else f"{s}.{n}" for s, n in tables + views]
+    if "_migrations" in names:
+        ours = con.execute("SELECT count(*) FROM _migrations WHERE name = 'm001_initial'").fetchall()[0][0]
+        if ours:
+            return None
+    others = sorted(n for n in names if n != "_migrations")
+    return others or None
 
 
 class Store:
-    """A DuckDB file (or ``:memory:``) holding projects, sessions, turns, blocks and knowledge."""
+    """A DuckDB file (or ``:memory:``) holding projects, sessions, turns, blocks and knowledge.
 
-    def __init__(self, path: str | Path = ":memory:") -> None:
+    ``read_only=True`` opens an existing store for reading only: no migration, no write (a transaction
+    raises :class:`StoreError`), and a missing file is an error rather than a new store.
+    """
+
+    def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False) -> None:
         self.path = str(path)
+        self.read_only = read_only
         self.con = None  # type: ignore[assignment]
-        key = None if self.path.startswith(":memory:") else str(Path(self.path).resolve())
-        if key is not None:
-            other = _OPEN.get(key)
-            if other is not None and not other.closed:
-                raise StoreLockedError(self.path, "another pc.Lab in this process (close it first: lab.close())")
+        self.commit_count = 0  # outermost transactions committed: callers tell "stored" from "rolled back"
+        memory = self.path.startswith(":memory:")
+        if memory and read_only:
+            raise StoreError("an in-memory store cannot be opened read-only; pass the path of a store file")
+        if not memory:
+            for key in _file_keys(self.path):
+                other = _OPEN.get(key)
+                if other is not None and not other.closed:
+                    raise StoreLockedError(self.path, "another pc.Lab in this process (close it first: lab.close())")
+            _check_file(self.path, read_only=read_only)
         try:
             # 16 KiB blocks (DuckDB's default is 256 KiB): a store of a few MB is otherwise mostly the
             # per-table block granularity. Applies to new files only; existing files keep theirs.
             # zstd for the string columns at checkpoint: request bodies are repetitive JSON (a debug-level
             # DuckDB setting, but a documented one; reading is unaffected).
             config = {"default_block_size": str(BLOCK_SIZE), "force_compression": "zstd"}
-            self.con = duckdb.connect(self.path, config=config)
+            self.con = duckdb.connect(self.path, read_only=read_only, config=config)
         except duckdb.IOException as exc:
             m = _LOCK.search(str(exc))
             if m or "lock" in str(exc).lower():
                 holder = m.group(1).strip() if m else "another process"
                 raise StoreLockedError(self.path, holder) from None
-            raise StoreError(f"cannot open store {self.path!r}: {str(exc).splitlines()[0]}") from None
-        try:
-            self.migrations_applied_now = migrate(self.con)
+            raise StoreError(f"cannot open store {self.path!r}: {_one_line(exc)}") from None
         except duckdb.Error as exc:
+            raise StoreError(f"cannot open store {self.path!r}: {_one_line(exc)}") from None
+        try:
+            foreign = _foreign_objects(self.con)
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+                raise StoreError(
+                    f"store {self.path!r} is a DuckDB database of another application ({len(foreign)} "
+                    f"{'table' if len(foreign) == 1 else 'tables'} not made by promptcache_nb: {shown}); "
+                    "nothing was changed: open a new file instead")
+            if read_only:
+                self.migrations_applied_now: list[str] = []
+            else:
+                try:
+                    self.migrations_applied_now = migrate(self.con)
+                except duckdb.Error as exc:
+                    raise StoreError(f"store {self.path!r} could not be migrated: {_one_line(exc)}") from None
+            migrated = foreign is None and not (read_only and not self._has_table("blocks"))
+            self._known_blocks: set[str] = (
+                {r[0] for r in self.con.execute("SELECT hash FROM blocks").fetchall()} if migrated else set())
+            self._known_nodes: set[str] = (
+                {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()} if migrated else set())
+        except BaseException as exc:
             self.con.close()
-            raise StoreError(f"store {self.path!r} could not be migrated: {str(exc).splitlines()[0]}") from None
-        if key is not None:
-            _OPEN[key] = self
-        self._known_blocks: set[str] = {r[0] for r in self.con.execute("SELECT hash FROM blocks").fetchall()}
-        self._known_nodes: set[str] = {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()}
+            self.con = None  # type: ignore[assignment]
+            if isinstance(exc, duckdb.Error):
+                raise StoreError(f"cannot read store {self.path!r}: {_one_line(exc)}") from None
+            raise
+        if not memory:
+            for key in _file_keys(self.path):  # again: a new file has an inode only now
+                _OPEN[key] = self
         self._pending_known: dict[str, tuple] = {}
         self._pending_nodes: set[str] = set()
         self._tx_depth = 0
+        self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
+        self._columns_cache: dict[str, list[str]] = {}
+
+    def _has_table(self, name: str) -> bool:
+        return bool(self.con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND table_name = ?",
+            [name]).fetchall()[0][0])
 
     # -- plumbing -----------------------------------------------------------------------------
     @contextmanager
@@ -127,10 +239,14 @@ class Store:
         """One DuckDB transaction; nested uses join the outer one (a tool loop's requests commit together).
 
         Content-addressed rows written inside become "known" only when the outermost transaction commits,
-        so a rollback never leaves the in-memory dedup sets ahead of the file.
+        so a rollback never leaves the in-memory dedup sets ahead of the file. An interrupt (Ctrl-C) that
+        lands once COMMIT has finished is re-raised as itself and rolls nothing back: the data is stored,
+        ``commit_count`` says so, and callers advance their in-memory state accordingly.
         """
-        if self.con is None:
-            raise StoreError("the Lab is closed; open it again with pc.Lab(path)")
+        con = self._live()
+        if self.read_only:
+            raise StoreError(f"store {self.path!r} is open read-only (read_only=True); open it again without "
+                             "read_only to change it")
         if self._tx_depth:
             self._tx_depth += 1
             try:
@@ -138,22 +254,82 @@ class Store:
             finally:
                 self._tx_depth -= 1
             return
-        self.con.begin()
+        con.begin()
         self._tx_depth = 1
         self._pending_known = {}
         self._pending_nodes: set[str] = set()
+        committed = False
         try:
-            yield
-            self.con.commit()
-        except BaseException:
-            self.con.rollback()
-            self._pending_known, self._pending_nodes = {}, set()  # nothing of this transaction exists
-            raise
+            try:
+                yield
+            except BaseException:
+                rollback_if_active(con)
+                raise
+            try:
+                con.commit()
+            except duckdb.Error:
+                rollback_if_active(con)  # a failed COMMIT stored nothing
+                raise
+            except BaseException:
+                # an interrupt around COMMIT: stored iff no transaction is left to roll back
+                committed = not rollback_if_active(con)
+                raise
+            committed = True
+        except duckdb.Error as exc:
+            raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
         finally:
             self._tx_depth = 0
-        self._known_blocks.update(self._pending_known)
-        self._known_nodes.update(self._pending_nodes)
-        self._pending_known, self._pending_nodes = {}, set()
+            if committed:
+                self.commit_count += 1
+                self._known_blocks.update(self._pending_known)
+                self._known_nodes.update(self._pending_nodes)
+            self._pending_known, self._pending_nodes = {}, set()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction whose inserts (blocks, prefix nodes, messages, requests) are deferred and written in
+        bulk through DuckDB's appender when the block ends: imports and replays write a chunk of requests at
+        the cost of a few statements instead of several per request. Nothing is written on failure.
+
+        Reads inside the block do not see the deferred rows (callers keep what they need in memory).
+        """
+        if self._buffer is not None:
+            yield
+            return
+        with self.transaction():
+            self._buffer = {}
+            try:
+                yield
+                buffered, self._buffer = self._buffer, None
+                self._flush(buffered)
+            finally:
+                self._buffer = None
+
+    def _flush(self, buffered: dict[str, list[Any]]) -> None:
+        con = self._live()
+        for table in ("blocks", "prefix_nodes", "session_messages"):
+            rows = buffered.pop(table, None)
+            if rows:
+                with con.appender(table) as ap:
+                    ap.append_rows(rows)
+        turns = buffered.pop("turns", None)
+        if turns:
+            columns = self._table_columns("turns")
+            with con.appender("turns") as ap:
+                ap.append_rows([tuple(row.get(c) for c in columns) for row in turns])
+        for table, rows in buffered.items():  # anything else _insert deferred
+            with con.appender(table) as ap:
+                ap.append_rows(rows)
+
+    def _table_columns(self, table: str) -> list[str]:
+        cols = self._columns_cache.get(table)
+        if cols is None:
+            rows = self._live().execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+                [table]).fetchall()
+            cols = [r[0] for r in rows]
+            self._columns_cache[table] = cols
+        return cols
 
     def close(self) -> None:
         if self.con is not None:
@@ -165,7 +341,10 @@ class Store:
         return self.con is None
 
     def migrations(self) -> list[str]:
-        return applied(self.con)
+        con = self._live()
+        if not self._has_table("_migrations"):
+            return []
+        return applied(con)
 
     def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
         self._live()
@@ -173,7 +352,10 @@ class Store:
             # duckdb 2.0's DataFrame conversion trips a pandas 3 deprecation; not the user's concern
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.filterwarnings("ignore", message=".*inplace keyword.*")
-            return self.con.execute(query, params or []).df()
+            try:
+                return self.con.execute(query, params or []).df()
+            except duckdb.Error as exc:
+                raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
 
     def _live(self) -> duckdb.DuckDBPyConnection:
         if self.con is None:
@@ -181,27 +363,61 @@ class Store:
         return self.con
 
     def rows(self, query: str, params: list | dict | None = None) -> list[tuple]:
-        return self._live().execute(query, params or []).fetchall()
+        """All rows of a query; a DuckDB error (a corrupt block, a read-only store) is a one-line StoreError."""
+        con = self._live()
+        try:
+            return con.execute(query, params or []).fetchall()
+        except duckdb.Error as exc:
+            raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
 
     def one(self, query: str, params: list | dict | None = None) -> tuple | None:
-        rows = self._live().execute(query, params or []).fetchall()
+        rows = self.rows(query, params)
         return rows[0] if rows else None
 
     # -- projects and sessions ----------------------------------------------------------------
     def ensure_project(self, project_id: str, at: datetime) -> None:
         self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO NOTHING", [project_id, at]).fetchall()
 
+    _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
+                        "parent_id")
+
     def session_row(self, session_id: str) -> dict[str, Any] | None:
-        row = self.one(
-            "SELECT id, project_id, strategy, cache_model, model, created_at, config FROM sessions WHERE id = ?",
-            [session_id],
-        )
+        row = self.one(f"SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions WHERE id = ?", [session_id])
         if row is None:
             return None
-        keys = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config")
-        out = dict(zip(keys, row, strict=True))
+        out = dict(zip(self._SESSION_COLUMNS, row, strict=True))
         out["config"] = json.loads(out["config"])
         return out
+
+    def create_session(self, row: dict[str, Any], state: dict[str, Any]) -> None:
+        """Insert a session row (``config`` a dict) and its first state row (inside the caller's transaction)."""
+        values = {**row, "config": canonical_json(row["config"])}
+        cols = [c for c in self._SESSION_COLUMNS if c in values]
+        self.con.execute(
+            f"INSERT INTO sessions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+            [values[c] for c in cols],
+        ).fetchall()
+        self.write_state(row["id"], state, row["created_at"])
+
+    def update_session_config(self, session_id: str, config: dict[str, Any]) -> None:
+        self.con.execute("UPDATE sessions SET config = ? WHERE id = ?", [canonical_json(config), session_id]).fetchall()
+
+    def session_ids(self) -> list[str]:
+        return [r[0] for r in self.rows("SELECT id FROM sessions ORDER BY id")]
+
+    def session_count(self) -> int:
+        return self.one("SELECT count(*) FROM sessions")[0]
+
+    def dedupe_keys(self, session_id: str) -> set[str]:
+        """The import keys of a session's stored requests (re-importing a file skips these)."""
+        rows = self.rows("SELECT dedupe_key FROM turns WHERE session_id = ? AND dedupe_key IS NOT NULL", [session_id])
+        return {r[0] for r in rows}
+
+    def last_turn(self, session_id: str) -> dict[str, Any] | None:
+        """``idx``, ``at`` and ``events`` of a session's last stored request."""
+        row = self.one('SELECT idx, "at", events FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1',
+                       [session_id])
+        return None if row is None else {"idx": row[0], "at": row[1], "events": row[2]}
 
     def state_row(self, session_id: str) -> dict[str, Any]:
         row = self.one(
@@ -260,6 +476,9 @@ class Store:
     def _insert(self, table: str, rows: list[tuple]) -> None:
         # A few rows: one VALUES statement (~0.5 ms); many (a rewritten prefix): the appender.
         if not rows:
+            return
+        if self._buffer is not None:
+            self._buffer.setdefault(table, []).extend(rows)
             return
         if len(rows) <= 8:
             marks = "(" + ", ".join("?" * len(rows[0])) + ")"
@@ -384,9 +603,15 @@ class Store:
             parent = node
         return keys, nodes, new_rows
 
-    def new_blocks(self, req: PreparedRequest, rest_body: str, rest_hash: str) -> list[tuple]:
+    def new_blocks(self, req: PreparedRequest, rest_body: str, rest_hash: str, *, shared: int = 0) -> list[tuple]:
+        """``blocks`` rows for the request's segments not stored yet, and its ``rest`` row.
+
+        ``shared``: how many leading segments the request shares with the session's previous stored request
+        (the common run of chain keys, whose block hashes are in them): their blocks were written with that
+        request, so the walk starts after them — O(new segments) per turn instead of O(segments).
+        """
         rows, seen = [], set()
-        for s in req.segments:
+        for s in req.segments[shared:] if shared else req.segments:
             if s.block_hash in self._known_blocks or s.block_hash in seen:
                 continue
             body = canonical_json(s.element)
@@ -439,6 +664,9 @@ class Store:
                     ).fetchall()
             if state is not None:
                 self.write_state(turn_row["session_id"], state, turn_row["at"], previous=state_previous)
+            if self._buffer is not None:
+                self._buffer.setdefault("turns", []).append(dict(turn_row))
+                return
             cols = list(turn_row)
             quoted = ", ".join('"' + c + '"' for c in cols)
             con.execute(
@@ -447,7 +675,8 @@ class Store:
             ).fetchall()
 
     def turn_body(self, session_id: str, idx: int) -> dict[str, Any]:
-        """Rebuild a turn's exact request body from ``blocks`` + ``prefix_nodes`` + ``turns``."""
+        """Rebuild a turn's exact request body from ``blocks`` + ``prefix_nodes`` + ``turns`` (for OpenAI
+        dialects and partial bodies a ``LoggedBody`` that ``prepare`` turns back into the same segments)."""
         row = self.one("SELECT tail_node, rest_hash FROM turns WHERE session_id = ? AND idx = ?", [session_id, idx])
         if row is None:
             raise StoreError(f"session {session_id!r} has no turn {idx}")

@@ -180,28 +180,56 @@ def m004_transport(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE turns ADD COLUMN transport TEXT")
 
 
+@migration
+def m005_imports(con: duckdb.DuckDBPyConnection) -> None:
+    # Imported sessions (lab.import_log): no strategy, a source (format:file), a parent (sub-agents and
+    # compaction calls); each request keeps where it was read and a key that makes re-import idempotent.
+    con.execute("ALTER TABLE sessions ALTER COLUMN strategy DROP NOT NULL")
+    con.execute("ALTER TABLE sessions ADD COLUMN source TEXT")
+    con.execute("ALTER TABLE sessions ADD COLUMN parent_id TEXT")
+    con.execute("ALTER TABLE turns ADD COLUMN source_ref TEXT")
+    con.execute("ALTER TABLE turns ADD COLUMN dedupe_key TEXT")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 
 
+def rollback_if_active(con: duckdb.DuckDBPyConnection) -> bool:
+    """Roll back the open transaction; False when there is none (COMMIT finished, e.g. before a Ctrl-C landed,
+    or DuckDB already ended it). Never raises "no transaction is active" over the error being handled."""
+    try:
+        con.rollback()
+    except duckdb.TransactionException:
+        return False
+    return True
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Apply pending migrations; return the names applied now. Idempotent."""
-    con.execute("""
-        CREATE TABLE IF NOT EXISTS _migrations (
-            name TEXT PRIMARY KEY, applied_order INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL
-        )""")
-    done = set(applied(con))
+    """Apply pending migrations; return the names applied now. Idempotent.
+
+    Each migration, its ``_migrations`` row (and, the first time, the ``_migrations`` table itself) commit
+    together: a migration that fails leaves nothing behind.
+    """
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = current_schema() AND table_name = '_migrations'").fetchall()[0][0]
+    done = set(applied(con)) if exists else set()
     now_applied = []
     for i, fn in enumerate(MIGRATIONS):
         if fn.__name__ in done:
             continue
         con.begin()
         try:
+            con.execute("""
+                CREATE TABLE IF NOT EXISTS _migrations (
+                    name TEXT PRIMARY KEY, applied_order INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL
+                )""")
             fn(con)
             con.execute("INSERT INTO _migrations VALUES (?, ?, now())", [fn.__name__, i])
             con.commit()
         except BaseException:
-            con.rollback()
+            rollback_if_active(con)
             raise
         now_applied.append(fn.__name__)
     return now_applied

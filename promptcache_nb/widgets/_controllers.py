@@ -2,6 +2,9 @@
 
 The ipywidgets views in :mod:`._views` only forward clicks to these methods and copy the resulting
 :class:`TurnView` / rows into HTML. Tests and notebooks call the same methods a click calls.
+
+Words: a stored *request* is one Messages API call (``request 7``); a *scenario turn* is one user turn of a
+scenario, which sends one request, or several with a tool loop ("scenario turn 4 of 12").
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import pandas as pd
 
 from ..analysis import compare_df
 from ..errors import KnowledgeError, SessionError
-from ..request import PreparedRequest
-from ..scenario import Scenario, load_scenario
+from ..request import PreparedRequest, canonical_bytes
+from ..request import diff as _request_diff
+from ..scenario import Event, KnowledgeRemove, KnowledgeUpdate, Scenario, load_scenario
 from ..usage import Usage
 from . import _html
 
@@ -26,6 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..store import KnowledgeEntry
 
 Listener = Callable[[str], None]
+#: ``progress(done, total)``: called after each unit of a multi-request action (the views' progress bars).
+Progress = Callable[[int, int], None]
 
 
 def live_session(session: Session) -> Session:
@@ -45,6 +51,36 @@ def pending_events(session: Session) -> tuple[str, ...]:
     return session.pending_events
 
 
+def scenario_conflict(session: Session, event: Event) -> str | None:
+    """Why a scenario event cannot apply to the session as the user left it (None: it can).
+
+    A scenario updates or removes knowledge by key. In a Stepper the user may have removed that entry in
+    the editor first; the scenario event is then skipped (the user's edit wins) instead of failing the turn.
+    """
+    if not isinstance(event, KnowledgeUpdate | KnowledgeRemove):
+        return None
+    book = session.knowledge
+    try:
+        entry = book.get(book.id_for(event.key))
+    except KnowledgeError:
+        return "there is no entry with that key"
+    return "you removed that entry" if entry.deleted else None
+
+
+def event_label(session: Session, event: Event) -> str:
+    """``knowledge_update:dd2bb9e8 (fact-airflow-retries)``: the code the event would record, and its key."""
+    kind = "knowledge_update" if isinstance(event, KnowledgeUpdate) else (
+        "knowledge_remove" if isinstance(event, KnowledgeRemove) else type(event).__name__.lower())
+    key = getattr(event, "key", None)
+    if key is None:
+        return kind
+    try:
+        short = session.knowledge.id_for(key)[:8]
+    except KnowledgeError:
+        return f"{kind}:{key}"
+    return f"{kind}:{short} ({key})"
+
+
 def _row_dict(df: pd.DataFrame, index: int) -> dict[str, Any]:
     rows = df[df["idx"] == index]
     if rows.empty:
@@ -60,6 +96,14 @@ def _isna_scalar(v: Any) -> bool:
         return bool(pd.isna(v))
     except (TypeError, ValueError):
         return False
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _strategies(n: int) -> str:
+    return f"{n} {'strategy' if n == 1 else 'strategies'}"
 
 
 @dataclass(frozen=True)
@@ -112,6 +156,8 @@ class TurnView:
 class _Observable:
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
+        #: One line saying what the last action did (the views show it under their buttons).
+        self.status = ""
 
     def subscribe(self, fn: Listener) -> None:
         """Call ``fn(what)`` after every change (``"turn"``, ``"restart"``, ``"knowledge"``)."""
@@ -133,13 +179,18 @@ def scenario_position(scenario: Scenario, n_requests: int) -> int:
 
 
 class StepperController(_Observable):
-    """Step a session turn by turn — from a scenario or typed text — and look back at any turn.
+    """Step a session one scenario turn at a time — or send typed text — and look back at any request.
+
+    A scenario turn applies its events and sends its requests as one transaction (``Lab.atomic``): if
+    anything fails, nothing of it is stored or left pending, and "Next turn" can simply be pressed again.
+    A scenario event that conflicts with the user's own edit (updating or removing an entry the user
+    removed in the editor) is skipped, and ``status`` / ``last_skipped`` say so.
 
     Args:
         session: the session to drive (``lab.replay(scenario, strategy=..., stop_after=0)`` gives one
-            seeded with the scenario's knowledge and no turns yet).
+            seeded with the scenario's knowledge and no requests yet).
         scenario: a :class:`~promptcache_nb.Scenario` or a YAML path; ``next()`` continues it from the
-            session's position, applying each turn's events first.
+            session's position, applying each scenario turn's events first.
     """
 
     def __init__(self, session: Session, scenario: Scenario | str | Path | None = None) -> None:
@@ -149,13 +200,17 @@ class StepperController(_Observable):
             scenario = load_scenario(scenario)
         self.scenario: Scenario | None = scenario
         self.position = scenario_position(scenario, session.n_turns) if scenario is not None else 0
-        self._events_applied_for: int | None = None  # scenario turn whose events are already applied
         n = session.n_turns
         self.current: int | None = n - 1 if n else None
         self._states: dict[int, tuple[str, ...]] = {}
         #: first and last request index sent by the latest ``next()`` (a tool loop sends several).
         self.last_batch: tuple[int, int] | None = None
+        #: scenario events the latest ``next()`` skipped, each "code (key) — why".
+        self.last_skipped: tuple[str, ...] = ()
+        #: every skipped scenario event so far, in order.
+        self.skipped: list[str] = []
         self._views: dict[int, TurnView] = {}
+        self._quiet = False
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -165,7 +220,8 @@ class StepperController(_Observable):
         return self._session
 
     @property
-    def n_turns(self) -> int:
+    def n_requests(self) -> int:
+        """Requests stored in the session."""
         return self.session.n_turns
 
     @property
@@ -177,65 +233,167 @@ class StepperController(_Observable):
     def pending(self) -> tuple[str, ...]:
         return pending_events(self.session)
 
+    def _played(self) -> str:
+        sc = self.scenario
+        return "" if sc is None else f"scenario turn {self.position} of {len(sc.turns)}"
+
     # -- the buttons ---------------------------------------------------------------------------
     def next(self, user: str | None = None, reply: str | None = None) -> Turn:
         """The "Next turn" button: the next scenario turn, or ``user`` (and ``reply``) when given.
 
-        Returns the turn's last request (as ``Session.step`` does); the view shows the turn's *first*
+        Returns the scenario turn's last request (as ``Session.step`` does); the view shows its *first*
         request, where its events land (``last_batch`` holds both indexes).
         """
         s = self.session
         first = s.n_turns
+        self.last_skipped = ()
         if user is not None and user.strip():
-            t = s.step(user, reply)
+            try:
+                t = s.step(user, reply)
+            except Exception as exc:
+                self.status = f"request {first} failed; nothing was stored ({type(exc).__name__})"
+                raise
+            what = f"sent request {first}: your message"
         else:
-            if self.scenario is None:
-                raise SessionError(
-                    "no scenario to continue: type a user message, or pass scenario= to the stepper")
-            if self.remaining <= 0:
-                raise SessionError(
-                    f"scenario {self.scenario.name!r} is finished ({len(self.scenario.turns)} turns); "
-                    "type a user message to keep going"
-                )
-            turn = self.scenario.turns[self.position]
-            last = s.last_turn
-            at = self.scenario.start if last is None else last.at + turn.after
-            # events are committed when applied; a retry after a failed step must not apply them twice
-            if self._events_applied_for != self.position:
-                for event in turn.events:
-                    s = s.apply(event, at=at)
-                self._events_applied_for = self.position
-            self._session = s
-            t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
-            self.position += 1
+            t = self._scenario_turn(s, first)
+            what = self.status
         self._states[t.index] = t.segment_states
         # A turn with tool calls sends several requests; show its first, where the user message and
         # the turn's events (knowledge edits, tool changes…) land. The slider reaches the others.
         self.current = first
         self.last_batch = (first, t.index)
-        self._notify("turn")
+        self.status = what
+        if not self._quiet:
+            self._notify("turn")
         return t
 
-    def restart(self) -> Session:
-        """The "Restart" button: drop every in-memory object and resume from the store alone."""
-        self._session = self.session.restart()
+    def _scenario_turn(self, s: Session, first: int) -> Turn:
+        sc = self.scenario
+        if sc is None:
+            raise SessionError("no scenario to continue: type a user message, or pass scenario= to the stepper")
+        if self.remaining <= 0:
+            raise SessionError(
+                f"scenario {sc.name!r} is finished ({len(sc.turns)} scenario turns played); "
+                "type a user message to keep going"
+            )
+        turn = sc.turns[self.position]
+        last = s.last_turn
+        at = sc.start if last is None else last.at + turn.after
+        number = f"scenario turn {self.position + 1} of {len(sc.turns)}"
+        skipped: list[str] = []
+        lab = s._lab
+        try:
+            # its events and its requests are one transaction: a failure leaves nothing half-applied
+            with lab.atomic():
+                for event in turn.events:
+                    why = scenario_conflict(s, event)
+                    if why is not None:
+                        skipped.append(f"{event_label(s, event)} — {why}")
+                        continue
+                    s = s.apply(event, at=at)
+                t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+        except Exception as exc:
+            self._session = live_session(self._session)
+            self._views.clear()
+            self.status = (f"{number} failed and changed nothing (its events were undone; press Next turn to "
+                           f"retry): {type(exc).__name__}")
+            raise
+        self._session = s
+        self.position += 1
+        self.last_skipped = tuple(skipped)
+        self.skipped.extend(skipped)
+        sent = (f"sent request {first}" if t.index == first
+                else f"sent requests {first}–{t.index} (a tool loop)")
+        status = f"{number}: {sent}"
+        if skipped:
+            status += "; skipped scenario event " + "; ".join(skipped)
+        self.status = status
+        return t
+
+    def run(self, turns: int | None = None, *, progress: Progress | None = None) -> Turn | None:
+        """The "Run to end" button: play every remaining scenario turn (or ``turns`` more).
+
+        ``progress(done, total)`` is called after each scenario turn. Stops at the first failure (that
+        scenario turn changes nothing; the ones before it stay played). Returns the last request's Turn.
+        """
+        n = self.remaining if turns is None else max(0, min(turns, self.remaining))
+        if self.scenario is None or n == 0:
+            self.status = "nothing to run: the scenario is finished" if self.scenario else "no scenario to run"
+            return None
+        start, first_request = self.position, self.n_requests
+        skipped: list[str] = []
+        last = None
+        self._quiet = True
+        try:
+            for done in range(1, n + 1):
+                last = self.next()
+                skipped.extend(self.last_skipped)
+                if progress is not None:
+                    progress(done, n)
+        finally:
+            self._quiet = False
+            self._notify("turn")
+        total = len(self.scenario.turns)
+        self.last_skipped = tuple(skipped)
+        self.status = (f"played scenario turns {start + 1}–{self.position} of {total}: requests "
+                       f"{first_request}–{self.n_requests - 1}")
+        if skipped:
+            self.status += f"; skipped {_plural(len(skipped), 'scenario event')}: " + "; ".join(skipped)
+        return last
+
+    def _probe(self) -> str:
+        """A user message to build "the next request" with: the scenario's next one, else a fixed text."""
+        sc = self.scenario
+        if sc is not None and self.remaining > 0:
+            return sc.turns[self.position].user
+        return "(restart check)"
+
+    def restart(self, *, progress: Progress | None = None) -> Session:
+        """The "Restart" button: drop every in-memory object and resume from the store alone.
+
+        Checks the claim it makes: the next request is built before and after the restart
+        (``Session.preview``) and ``status`` says whether the bytes are identical.
+        """
+        old = self.session
+        probe = self._probe()
+        before = old.preview(probe) if old._strategy is not None else None
+        if progress is not None:
+            progress(1, 3)
+        new = old.restart()
+        self._session = new
         self._views.clear()
+        if progress is not None:
+            progress(2, 3)
+        after = new.preview(probe) if before is not None else None
+        if progress is not None:
+            progress(3, 3)
+        if before is None or after is None:
+            self.status = "restarted from the store (an imported session: no next request to compare)"
+        else:
+            a, b = canonical_bytes(before.body), canonical_bytes(after.body)
+            if a == b:
+                self.status = (f"restarted from the store: next request is byte-identical ({len(b):,} bytes, "
+                               "built before and after the restart)")
+            else:
+                where = _request_diff(before, after).path
+                self.status = (f"restarted from the store, but the next request differs at {where}: the "
+                               "strategy kept state outside the store (a bug worth reporting)")
         self._notify("restart")
-        return self._session
+        return new
 
     def show(self, index: int) -> TurnView:
-        """The turn slider: look back at stored request ``index`` (negative counts from the end)."""
-        n = self.n_turns
+        """The request slider: look back at stored request ``index`` (negative counts from the end)."""
+        n = self.n_requests
         if index < 0:
             index += n
         if not 0 <= index < n:
-            raise SessionError(f"session {self.session.id!r} has turns 0..{n - 1}; there is no turn {index}")
+            raise SessionError(f"session {self.session.id!r} has requests 0..{n - 1}; there is no request {index}")
         self.current = index
         return self.view(index)
 
     # -- reading -------------------------------------------------------------------------------
     def view(self, index: int | None = None) -> TurnView | None:
-        """The :class:`TurnView` of ``index`` (default: the one on show); None before the first turn."""
+        """The :class:`TurnView` of ``index`` (default: the one on show); None before the first request."""
         index = self.current if index is None else index
         if index is None:
             return None
@@ -258,14 +416,12 @@ class StepperController(_Observable):
         return v
 
     def segment_states(self, index: int) -> tuple[str, ...]:
-        """read / write / uncached per segment of stored request ``index``.
+        """read / write / uncached per segment of stored request ``index`` (stored with the request).
 
-        Turns rebuilt from the store carry no cache result, so for simulated sessions the session's
-        cache model is replayed over the stored requests (deterministic: the same decisions again).
-        Measured (live/imported) turns have no per-segment states unless this view stepped them.
+        Measured (live/imported) requests have no per-segment states unless this view stepped them.
         """
         if index not in self._states:
-            self._states[index] = self.session.turn(index).segment_states  # stored with the turn
+            self._states[index] = self.session.turn(index).segment_states
         return self._states.get(index, ())
 
     def turns(self) -> pd.DataFrame:
@@ -276,7 +432,7 @@ class StepperController(_Observable):
         v = self.view()
         sc = self.scenario
         return _html.header_html(
-            index=None if v is None else v.index, n_turns=self.n_turns, at=None if v is None else v.at,
+            index=None if v is None else v.index, n_requests=self.n_requests, at=None if v is None else v.at,
             events=() if v is None else v.events, user_text=None if v is None else v.user_text,
             scenario=None if sc is None else sc.name, position=self.position,
             n_scenario=None if sc is None else len(sc.turns), pending=self.pending,
@@ -285,13 +441,14 @@ class StepperController(_Observable):
         )
 
     def __repr__(self) -> str:
-        sc = "" if self.scenario is None else f", scenario={self.scenario.name!r}, played={self.position}"
-        return (f"StepperController(session={self.session.id!r}, turn={self.current}, "
-                f"n_turns={self.n_turns}{sc})")
+        sc = "" if self.scenario is None else (f", scenario={self.scenario.name!r}, "
+                                               f"played='{self.position} of {len(self.scenario.turns)}'")
+        return (f"StepperController(session={self.session.id!r}, request={self.current}, "
+                f"requests={self.n_requests}{sc})")
 
 
 class KnowledgeController(_Observable):
-    """List, add, edit and remove a session's knowledge entries; each change applies before the next turn.
+    """List, add, edit and remove a session's knowledge entries; each change applies before the next request.
 
     Args:
         source: a :class:`~promptcache_nb.Session`, or a :class:`StepperController` (or Stepper) whose
@@ -311,7 +468,11 @@ class KnowledgeController(_Observable):
         else:
             self._stepper = None
             self._session = source
-        self.message = ""
+
+    @property
+    def message(self) -> str:
+        """What the last change did (kept for compatibility: the same text as ``status``)."""
+        return self.status
 
     @property
     def session(self) -> Session:
@@ -324,7 +485,7 @@ class KnowledgeController(_Observable):
         return self.session.knowledge.list()
 
     def rows(self) -> list[dict[str, Any]]:
-        """title, category, short id, version (and id, key, content) of every current entry."""
+        """title, category, short id, version (and id, key, content) of every current entry (raw text)."""
         return [
             {"id": e.id, "short_id": e.short_id, "key": e.key, "title": e.title, "category": e.category,
              "version": e.version, "content": e.content}
@@ -343,13 +504,13 @@ class KnowledgeController(_Observable):
         by_title = [e for e in entries if e.title == entry]
         if len(by_title) == 1:
             return by_title[0].id
-        known = ", ".join(f"{e.short_id} ({e.title})" for e in entries) or "(none)"
+        known = ", ".join(f"{e.short_id} ({_html.visible(e.title)})" for e in entries) or "(none)"
         raise KnowledgeError(f"no single knowledge entry matches {entry!r}; current entries: {known}")
 
     def add(self, title: str, content: str, *, category: str = "note") -> str:
         """The "Add entry" button. Returns the new entry's id."""
         entry_id = self.session.knowledge.add(title, content, category=category or "note")
-        self.message = f"added {entry_id[:8]} ({title}); it applies before the next turn"
+        self.status = f"added {entry_id[:8]} ({_html.visible(title)}); it applies before the next request"
         self._notify("knowledge")
         return entry_id
 
@@ -361,8 +522,8 @@ class KnowledgeController(_Observable):
             if value is not None and not value.strip():
                 raise KnowledgeError(f"{name} must not be empty; to drop the entry use remove({entry!r})")
         changed = self.session.knowledge.update(entry_id, title=title, content=content, category=category)
-        self.message = (f"updated {entry_id[:8]}; it applies before the next turn" if changed
-                        else f"{entry_id[:8]} unchanged: nothing to save")
+        self.status = (f"updated {entry_id[:8]}; it applies before the next request" if changed
+                       else f"{entry_id[:8]} unchanged: nothing to save")
         self._notify("knowledge")
         return changed
 
@@ -370,7 +531,7 @@ class KnowledgeController(_Observable):
         """The "Remove entry" button."""
         entry_id = self.resolve(entry)
         self.session.knowledge.remove(entry_id)
-        self.message = f"removed {entry_id[:8]}; it applies before the next turn"
+        self.status = f"removed {entry_id[:8]}; it applies before the next request"
         self._notify("knowledge")
 
     @property
@@ -414,6 +575,7 @@ class CompareController(_Observable):
 
     @property
     def position(self) -> int:
+        """Scenario turns every strategy has played."""
         return min(st.position for st in self.steppers.values())
 
     @property
@@ -421,21 +583,48 @@ class CompareController(_Observable):
         return len(self.scenario.turns) - self.position
 
     @property
+    def finished(self) -> bool:
+        """True once every strategy has played every scenario turn."""
+        return self.remaining <= 0
+
+    @property
     def sessions(self) -> list[Session]:
         return [st.session for st in self.steppers.values()]
 
+    def _check_not_finished(self) -> None:
+        if self.finished:
+            raise SessionError(
+                f"scenario {self.scenario.name!r} is finished: every strategy has played all "
+                f"{len(self.scenario.turns)} scenario turns (the table and chart are the result)")
+
     def next(self) -> dict[str, Turn]:
         """The "Next turn (all)" button: every strategy plays the next scenario turn."""
+        self._check_not_finished()
         out = {name: st.next() for name, st in self.steppers.items()}
+        sent = sum(b[1] - b[0] + 1 for b in (st.last_batch for st in self.steppers.values()) if b)
+        self.status = (f"scenario turn {self.position} of {len(self.scenario.turns)}: "
+                       f"{_plural(sent, 'request')} under {_strategies(len(out))}")
         self._notify("turn")
         return out
 
-    def run(self, turns: int | None = None) -> pd.DataFrame:
-        """The "Run to end" button (or ``turns`` more); returns :meth:`summary`."""
-        n = self.remaining if turns is None else min(turns, self.remaining)
+    def run(self, turns: int | None = None, *, progress: Progress | None = None) -> pd.DataFrame:
+        """The "Run to end" button (or ``turns`` more); returns :meth:`summary`.
+
+        ``progress(done, total)`` is called after each strategy's scenario turn
+        (``total`` = scenario turns × strategies).
+        """
+        self._check_not_finished()
+        start = self.position
+        n = self.remaining if turns is None else max(0, min(turns, self.remaining))
+        total, done = n * len(self.steppers), 0
         for _ in range(n):
             for st in self.steppers.values():
                 st.next()
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+        self.status = (f"played scenario turns {start + 1}–{self.position} of {len(self.scenario.turns)} under "
+                       f"{_strategies(len(self.steppers))}")
         self._notify("turn")
         return self.summary()
 
@@ -458,4 +647,4 @@ class CompareController(_Observable):
 
     def __repr__(self) -> str:
         return (f"CompareController(scenario={self.scenario.name!r}, strategies={len(self.strategies)}, "
-                f"cache={self.cache!r}, played={self.position}/{len(self.scenario.turns)})")
+                f"cache={self.cache!r}, played='{self.position} of {len(self.scenario.turns)}')")

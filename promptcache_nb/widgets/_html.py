@@ -1,25 +1,32 @@
 """Pure HTML renderers shared by the widgets: no ipywidgets, no kernel, deterministic output.
 
-Every piece of request content passes through :func:`esc` (``html.escape``): prompts, tool results and
-knowledge come from users and logs, so they are data, never markup. Styles are inline because the
-widgets' HTML is inserted as-is into JupyterLab, VS Code and static exports alike.
+Every piece of request or knowledge content passes through :func:`text_html`: prompts, tool results and
+knowledge come from users and logs, so they are data, never markup, and their invisible characters (bidi
+controls, zero-width, control characters) are shown as markers by the one implementation in
+:mod:`promptcache_nb.request.diff` (``visible_html``). Other values go through :func:`esc`. Styles are
+inline because the widgets' HTML is inserted as-is into JupyterLab, VS Code and static exports alike.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..request import PreparedRequest, Segment, canonical_json
+from ..request.diff import visible as visible  # re-exported: plain-text markers (dropdown labels, status)
+from ..request.diff import visible_html
 from ..usage import Usage
 
 STATE_COLORS = {"read": "#2e8b57", "write": "#e0a030", "uncached": "#c8553d"}
 STATE_LABELS = {"read": "read from cache", "write": "written to cache", "uncached": "uncached"}
 
 _MONO = "font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:11.5px"
-_CELL = (f"{_MONO};line-height:1.35;white-space:pre-wrap;word-break:break-all;vertical-align:top;"
+# pre-wrap keeps the text's own line breaks; overflow-wrap breaks a line between words, and inside a word only
+# when one is longer than the column (a hash, a URL), never mid-word otherwise
+_CELL = (f"{_MONO};line-height:1.35;white-space:pre-wrap;overflow-wrap:anywhere;vertical-align:top;"
          "padding:3px 6px;")
 _PATH = "font-size:10.5px;color:#666;font-family:sans-serif;margin-bottom:1px;"
 _BOX = "border:1px solid #ddd;border-radius:4px;padding:6px 8px;margin:2px 0;line-height:1.4;"
@@ -42,6 +49,17 @@ EXCERPT_NEW = 700
 def esc(value: Any) -> str:
     """``html.escape`` of ``str(value)`` (quotes included, so it is safe in attributes too)."""
     return html.escape(str(value), quote=True)
+
+
+def text_html(value: Any) -> str:
+    """Request or knowledge text as HTML: escaped, invisible characters shown as highlighted markers.
+
+    Line breaks stay line breaks (the views use ``white-space: pre-wrap``); spaces at the end of a line are
+    marked too. The markers come from :func:`promptcache_nb.request.diff.visible_html`.
+    """
+    lines = str(value).split("\n")
+    last = len(lines) - 1
+    return "\n".join(visible_html(line, ends_line=i < last) for i, line in enumerate(lines))
 
 
 def fmt_int(n: Any) -> str:
@@ -80,7 +98,9 @@ def _common_prefix(a: str, b: str) -> int:
 
 
 def _excerpt(text: str, limit: int = EXCERPT) -> str:
-    return esc(text if len(text) <= limit else text[:limit] + f" … (+{len(text) - limit:,} chars)")
+    if len(text) <= limit:
+        return text_html(text)
+    return text_html(text[:limit]) + esc(f" … (+{len(text) - limit:,} chars)")
 
 
 def shared_segments(previous: PreparedRequest | None, current: PreparedRequest) -> int:
@@ -158,7 +178,7 @@ def _marked(text: str, j: int, mark_style: str) -> str:
     tail = text[j:]
     cut = len(tail) > CONTEXT_AFTER
     tail = tail[:CONTEXT_AFTER]
-    out = esc(head) + f'<mark style="{mark_style}">{esc(tail) or "∅"}</mark>'
+    out = text_html(head) + f'<mark style="{mark_style}">{text_html(tail) or "∅"}</mark>'
     return out + (f" … (+{len(text) - j - CONTEXT_AFTER:,} chars)" if cut else "")
 
 
@@ -193,8 +213,8 @@ def side_by_side_html(
             label = f'<div style="{_PATH}">{esc(ch.path)} (top-level field)</div>'
             rows.append(
                 '<tr data-role="divergence">'
-                f'<td style="{_CELL}{_OLD}">{label}<mark style="{_MARK_OLD}">{esc(ch.before)}</mark></td>'
-                f'<td style="{_CELL}{_NEW}">{label}<mark style="{_MARK_NEW}">{esc(ch.after)}</mark></td></tr>'
+                f'<td style="{_CELL}{_OLD}">{label}<mark style="{_MARK_OLD}">{text_html(ch.before)}</mark></td>'
+                f'<td style="{_CELL}{_NEW}">{label}<mark style="{_MARK_NEW}">{text_html(ch.after)}</mark></td></tr>'
             )
         start = k
     elif k < len(p) and k < len(c):
@@ -388,25 +408,28 @@ def error_html(exc: BaseException) -> str:
 
 
 def header_html(
-    *, index: int | None, n_turns: int, at: Any = None, events: Sequence[str] = (),
+    *, index: int | None, n_requests: int, at: Any = None, events: Sequence[str] = (),
     user_text: str | None = None,
     scenario: str | None = None, position: int | None = None, n_scenario: int | None = None,
     pending: Sequence[str] = (), batch: tuple[int, int] | None = None,
 ) -> str:
-    """"Turn i of n" plus when, which events preceded it and what the user said."""
+    """"Request i" (of those stored) plus when, which events preceded it, what the user said, and how far
+    the scenario is ("4 of 12 scenario turns played": a scenario turn is one user turn, which sends one
+    request, or several with a tool loop)."""
     if index is None:
-        title = f'<b data-field="turn">no turns yet</b> · {n_turns} stored'
+        title = f'<b data-field="request">no requests yet</b> · {n_requests} stored'
     else:
-        title = (f'<b data-field="turn">Turn {index}</b> '
-                 f'<span style="color:#555">(requests 0–{n_turns - 1} stored)</span>')
+        title = (f'<b data-field="request">Request {index}</b> '
+                 f'<span style="color:#555">(requests 0–{n_requests - 1} stored)</span>')
         if at is not None:
             title += f" · {esc(f'{at:%Y-%m-%d %H:%M:%S}')} UTC"
     if scenario is not None and n_scenario is not None:
-        title += f" · scenario <code>{esc(scenario)}</code>: {position}/{n_scenario} turns played"
+        title += (f' · scenario <code>{esc(scenario)}</code>: <span data-field="played">{position} of '
+                  f"{n_scenario}</span> scenario turns played")
     lines = [f"<div>{title}</div>"]
     if batch is not None and batch[0] != batch[1]:
         lines.append('<div style="font-size:12px">'
-                     f"this turn sent requests {batch[0]}–{batch[1]} (a tool loop); "
+                     f"this scenario turn sent requests {batch[0]}–{batch[1]} (a tool loop); "
                      "the slider shows each</div>")
     if index is not None:
         ev = ", ".join(f"<code>{esc(e)}</code>" for e in events) or "none"
@@ -415,10 +438,39 @@ def header_html(
             lines.append(f'<div style="font-size:12px">user: {_excerpt(user_text, 200)}</div>')
     if pending:
         lines.append(
-            '<div style="font-size:12px;color:#6a3d9a">pending for the next turn: '
+            '<div style="font-size:12px;color:#6a3d9a">pending for the next request: '
             + ", ".join(f"<code>{esc(e)}</code>" for e in pending) + "</div>"
         )
     return f'<div class="pcnb-header" style="font-size:13px">{"".join(lines)}</div>'
+
+
+def status_html(text: str, *, kind: str = "info") -> str:
+    """The one-line "what the last click did" under a widget's buttons (``kind``: info, busy, warn)."""
+    if not text:
+        return ""
+    color = {"info": "#1f3b73", "busy": "#555", "warn": "#8a5a00"}.get(kind, "#1f3b73")
+    return (f'<div class="pcnb-status" data-kind="{esc(kind)}" style="font-size:12.5px;color:{color};'
+            f'margin:2px 0">{esc(text)}</div>')
+
+
+def png_html(png: bytes, *, alt: str) -> str:
+    """A PNG inlined as a data URL (static snapshots: no kernel, no file next to the notebook)."""
+    if not png:
+        return ""
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img alt="{esc(alt)}" style="max-width:100%" src="data:image/png;base64,{data}">'
+
+
+def snapshot_html(kind: str, body: str) -> str:
+    """A widget's static snapshot: what a notebook shows where no kernel runs (GitHub, nbviewer, nbconvert).
+
+    The live widget view is preferred wherever ipywidgets runs; this HTML is the fallback beside it in the
+    same output, so an unrun notebook still shows the widget's state when its cell last ran.
+    """
+    return (f'<div class="pcnb-snapshot pcnb-snapshot-{esc(kind)}" style="{_BOX}">'
+            '<div style="font-size:11px;color:#777;margin-bottom:2px">static snapshot of the '
+            f"{esc(kind)} widget as its cell last ran (run the notebook for the live widget)</div>"
+            f"{body}</div>")
 
 
 def knowledge_table_html(rows: Sequence[dict[str, Any]], *, pending: Sequence[str] = ()) -> str:
@@ -429,15 +481,15 @@ def knowledge_table_html(rows: Sequence[dict[str, Any]], *, pending: Sequence[st
         body = "".join(
             f'<tr data-id="{esc(r["short_id"])}">'
             f'<td style="{_MONO};padding:2px 6px">{esc(r["short_id"])}</td>'
-            f'<td style="padding:2px 6px">{esc(r["title"])}</td>'
-            f'<td style="padding:2px 6px">{esc(r["category"])}</td>'
+            f'<td style="padding:2px 6px">{text_html(r["title"])}</td>'
+            f'<td style="padding:2px 6px">{text_html(r["category"])}</td>'
             f'<td style="padding:2px 6px;text-align:right">v{int(r["version"])}</td>'
             f'<td style="padding:2px 6px;color:#555;font-size:11.5px">{_excerpt(r["content"], 90)}</td></tr>'
             for r in rows
         )
     note = ""
     if pending:
-        note = ('<div style="font-size:12px;color:#6a3d9a">applies before the next turn: '
+        note = ('<div style="font-size:12px;color:#6a3d9a">applies before the next request: '
                 + ", ".join(f"<code>{esc(e)}</code>" for e in pending) + "</div>")
     return (
         f'<div class="pcnb-knowledge" style="{_BOX}font-size:12.5px"><b>knowledge</b> ({len(rows)} entries)'

@@ -2,9 +2,14 @@
 
 Each view builds stock widgets (no JavaScript of our own), forwards clicks to a kernel-side method with
 the same effect (``stepper.next()``, ``editor.edit(...)``), renders HTML produced by :mod:`._html`, and
-batches each refresh with ``hold_sync()``. A failing click shows the error in the widget itself (an
-``HTML`` box rather than an ``Output`` widget: output captured in an ``Output`` leaks into the cell's
-stdout under nbval and nbclient, see notebook_practice.md §1.6).
+batches each refresh with ``hold_sync()``. While a click works, the view's buttons are disabled, a
+progress bar moves for multi-request work, and a one-line status says what the click did. A failing
+click shows the error in the widget itself (an ``HTML`` box rather than an ``Output`` widget: output
+captured in an ``Output`` leaks into the cell's stdout under nbval and nbclient).
+
+Every view also has a static HTML snapshot (``text/html`` beside the widget view in its output), so a
+notebook opened without a kernel — on GitHub, nbviewer or through nbconvert — shows the state the widget
+had when its cell ran.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..session import Lab, Session, Turn
 
 PNG_DPI = 90
-_AUTO = W.Layout(width="max-content")  # full button labels (descriptions truncate otherwise)
+# full button labels: as wide as their text and never shrunk by a crowded row (descriptions truncate otherwise)
+_AUTO = W.Layout(width="max-content", flex="0 0 auto")
 
 
 @contextmanager
@@ -49,17 +55,72 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-class _ErrorBox:
-    """Mixin: run an action, show its exception in ``self._error`` and re-raise it."""
+def _image() -> W.Image:
+    # hidden until it has a picture: an empty Image renders as a broken-image icon
+    return W.Image(format="png", layout=W.Layout(max_width="100%", display="none"))
+
+
+def _set_image(image: W.Image, png: bytes) -> None:
+    image.value = png
+    image.layout.display = None if png else "none"
+
+
+class _View:
+    """Mixin: the error box, busy state (controls disabled, progress bar), the status line, the snapshot."""
 
     _error: W.HTML
+    _status: W.HTML
+    _progress: W.IntProgress
+    controller: Any
+
+    def _controls(self) -> list[W.Widget]:
+        """Widgets to disable while a click works."""
+        return []
+
+    def _sync_controls(self) -> None:
+        """Enable the controls that make sense in the current state (after a click finished)."""
+        for w in self._controls():
+            w.disabled = False
+
+    def _show_status(self, text: str, *, kind: str = "info") -> None:
+        self._status.value = _html.status_html(text, kind=kind)
+
+    @contextmanager
+    def _working(self, what: str, *, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
+        """Disable the controls, say ``what`` is happening, show a progress bar when ``total`` is given.
+
+        Yields ``progress(done, total)`` for the controller. State messages are sent at once (no
+        ``hold_sync`` here), so the browser shows the busy state while the kernel works.
+        """
+        for w in self._controls():
+            w.disabled = True
+        self._show_status(what + "…", kind="busy")
+        bar = self._progress
+        if total:
+            bar.max, bar.value, bar.description = total, 0, "working"
+            bar.layout.display = None
+
+        def progress(done: int, n: int) -> None:
+            if bar.max != n:
+                bar.max = n
+            bar.value = done
+            bar.layout.display = None
+
+        try:
+            yield progress
+        finally:
+            bar.layout.display = "none"
+            self._sync_controls()
 
     def _action(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a controller method; show its exception in the error box (and re-raise it)."""
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
             self._error.value = _html.error_html(exc)
             self._error.layout.display = None
+            status = getattr(self.controller, "status", "")
+            self._show_status(status or f"failed: {type(exc).__name__}", kind="warn")
             raise
         if self._error.value:
             self._error.value = ""
@@ -75,9 +136,62 @@ class _ErrorBox:
 
         return handler
 
+    # -- the static snapshot ------------------------------------------------------------------
+    def snapshot_html(self) -> str:
+        """The widget's current state as static HTML (what an unrun notebook shows)."""
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        bundle = W.Widget._repr_mimebundle_(self, **kwargs)  # type: ignore[arg-type]
+        if bundle is not None:
+            bundle["text/html"] = self.snapshot_html()
+        return bundle
+
+
+@contextmanager
+def _cell_progress(progress: Callable[[int, int], None], *, enabled: bool, total: int, desc: str
+                   ) -> Iterator[Callable[[int, int], None]]:
+    """``progress`` plus, when ``enabled`` in a kernel, a progress bar in the cell's output: for a call made
+    before the widget is on screen (``cmp.run(progress=True); cmp``), where the widget's own bar is not seen.
+
+    When the work ends the bar is replaced (same display id) by one line saying what was done, so a saved
+    notebook shows "84 of 84 done", never a bar frozen at 0 %.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - ipywidgets depends on IPython
+        get_ipython = None  # type: ignore[assignment]
+    if not enabled or total <= 0 or get_ipython is None or get_ipython() is None:
+        yield progress
+        return
+    from IPython.display import HTML, display
+
+    bar = W.IntProgress(value=0, min=0, max=total, description=desc, bar_style="info",
+                        style={"description_width": "initial"}, layout=W.Layout(width="640px"))
+    handle = display(bar, display_id=True)
+
+    def both(done: int, n: int) -> None:
+        progress(done, n)
+        bar.max, bar.value = n, done
+
+    try:
+        yield both
+    finally:
+        line = f"{desc}: {bar.value} of {bar.max} done"
+        if handle is not None:
+            handle.update(HTML(f'<div class="pcnb-progress-done" style="font-size:12px;color:#555">'
+                               f"{_html.esc(line)}</div>"))
+        bar.close()
+
 
 def _error_widget() -> W.HTML:
     return W.HTML("", layout=W.Layout(display="none"))
+
+
+def _progress_widget() -> W.IntProgress:
+    bar = W.IntProgress(value=0, min=0, max=1, bar_style="info", layout=W.Layout(display="none", width="420px"))
+    bar.add_class("pcnb-progress")
+    return bar
 
 
 class DiffView(W.VBox):
@@ -101,6 +215,7 @@ class DiffView(W.VBox):
         self._map = W.HTML()
         self._diff = W.HTML()
         super().__init__([self._map, self._diff])
+        self.add_class("pcnb-diffview")
         self.update(diff, previous=previous, current=current, states=states)
 
     @classmethod
@@ -141,6 +256,12 @@ class DiffView(W.VBox):
         """The rendered segment map and diff (what the browser shows)."""
         return self._map.value + self._diff.value
 
+    def snapshot_html(self) -> str:
+        return _html.snapshot_html("DiffView", self.html)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        return _View._repr_mimebundle_(self, **kwargs)  # type: ignore[arg-type]
+
     def __repr__(self) -> str:
         return f"DiffView(path={self.path!r})"
 
@@ -150,23 +271,31 @@ class SavingsChart(W.VBox):
 
     Args:
         source: a :class:`~promptcache_nb.Session` (re-read on :meth:`refresh`) or a ``turns()`` frame.
+        highlight: mark this request (the Stepper passes the one its slider shows).
 
     The chart itself is :func:`promptcache_nb.plots.plot_savings`; :meth:`figure` returns it for saving.
     """
 
     requests = T.Int(0, help="rows in the frame on show")
+    highlight = T.Int(None, allow_none=True, help="the request marked on the chart (None: none)")
 
-    def __init__(self, source: Session | pd.DataFrame) -> None:
+    def __init__(self, source: Session | pd.DataFrame, *, highlight: int | None = None) -> None:
         self._source = source
-        self._image = W.Image(format="png", layout=W.Layout(max_width="100%"))
+        self._image = _image()
         self._caption = W.HTML()
         super().__init__([self._image, self._caption])
+        self.add_class("pcnb-savings")
         self._df = pd.DataFrame()
-        self.refresh()
+        self.refresh(highlight=highlight)
 
     @property
     def df(self) -> pd.DataFrame:
         return self._df
+
+    @property
+    def png(self) -> bytes:
+        """The chart on show as PNG bytes (empty before the first request)."""
+        return bytes(self._image.value or b"")
 
     def _frame(self) -> pd.DataFrame:
         src = self._source
@@ -177,22 +306,24 @@ class SavingsChart(W.VBox):
         self._source = live_session(src)
         return self._source.turns()
 
-    def refresh(self, source: Session | pd.DataFrame | None = None) -> None:
-        """Redraw from ``source`` (or the session / frame given at construction)."""
+    def refresh(self, source: Session | pd.DataFrame | None = None, *, highlight: int | None = None) -> None:
+        """Redraw from ``source`` (or the session / frame given at construction), marking ``highlight``."""
         if source is not None:
             self._source = source
         df = self._frame()
         self._df = df
         if df.empty:
             with _batch(self, self._image, self._caption):
-                self._image.value = b""
-                self._caption.value = "<i>no requests yet</i>"
+                _set_image(self._image, b"")
+                self._caption.value = '<div style="font-size:12px;color:#777">savings chart: no requests yet</div>'
                 self.requests = 0
+                self.highlight = None
             return
+        self.highlight = highlight
         png = _png(self.figure())
         saved = float((df["cost_no_cache_usd"] - df["cost_usd"]).sum())
         with _batch(self, self._image, self._caption):
-            self._image.value = png
+            _set_image(self._image, png)
             self._caption.value = (
                 f'<div style="font-size:12px">{len(df)} requests · saved vs no caching: '
                 f'<b data-field="saved">{_html.fmt_usd(saved)}</b> · tokens '
@@ -201,19 +332,28 @@ class SavingsChart(W.VBox):
             self.requests = len(df)
 
     def figure(self) -> Figure:
-        """The chart as a matplotlib Figure (``plot_savings(df)``)."""
-        return plot_savings(self._df)
+        """The chart as a matplotlib Figure (``plot_savings(df, highlight=...)``)."""
+        return plot_savings(self._df, highlight=self.highlight)
+
+    def snapshot_html(self) -> str:
+        return _html.snapshot_html("SavingsChart", _html.png_html(self.png, alt="savings chart")
+                                   + self._caption.value)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        return _View._repr_mimebundle_(self, **kwargs)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return f"SavingsChart(requests={self.requests})"
 
 
-class Stepper(_ErrorBox, W.VBox):
-    """Step a session turn by turn and see what each request did to the cache.
+class Stepper(_View, W.VBox):
+    """Step a session one scenario turn at a time and see what each request did to the cache.
 
     Buttons and their kernel-side twins: "Next turn" → :meth:`next` (the next scenario turn, or the
-    typed user text and reply), "Restart" → :meth:`restart` (drop in-memory state, resume from the
-    store), the turn slider → :meth:`show`.
+    typed user text and reply), "Run to end" → :meth:`run`, "Restart" → :meth:`restart` (drop in-memory
+    state, resume from the store, check the next request is byte-identical), the request slider →
+    :meth:`show`. A failed scenario turn changes nothing; a scenario event that conflicts with your own
+    knowledge edit is skipped, and the status line says so.
 
     Args:
         session: a :class:`~promptcache_nb.Session`.
@@ -225,21 +365,27 @@ class Stepper(_ErrorBox, W.VBox):
         >>> stepper.next()  # doctest: +SKIP
     """
 
-    turn = T.Int(-1, help="index of the request on show (-1: none yet)")
-    n_turns = T.Int(0, help="requests stored in the session")
+    request = T.Int(-1, help="index of the request on show (-1: none yet)")
+    n_requests = T.Int(0, help="requests stored in the session")
 
     def __init__(self, session: Session, scenario: Scenario | str | Path | None = None) -> None:
         self.controller = StepperController(session, scenario)
         self._next_btn = W.Button(description="Next turn", button_style="primary", icon="step-forward",
                                   layout=_AUTO,
                                   tooltip="play the next scenario turn, or send the typed message")
+        self._run_btn = W.Button(description="Run to end", icon="fast-forward", layout=_AUTO,
+                                 tooltip="play every remaining scenario turn")
         self._restart_btn = W.Button(description="Restart", icon="refresh", layout=_AUTO,
                                      tooltip="drop in-memory state and resume the session from the store")
+        # the text boxes give way when the row is narrow; the buttons never do
         self._user = W.Text(placeholder="user message (empty: next scenario turn)",
-                            layout=W.Layout(width="320px"))
-        self._reply = W.Text(placeholder="assistant reply (optional)", layout=W.Layout(width="220px"))
-        self._slider = W.IntSlider(value=0, min=0, max=0, description="look back", continuous_update=False,
+                            layout=W.Layout(width="320px", flex="0 1 auto", min_width="140px"))
+        self._reply = W.Text(placeholder="assistant reply (optional)",
+                             layout=W.Layout(width="220px", flex="0 1 auto", min_width="110px"))
+        self._slider = W.IntSlider(value=0, min=0, max=0, description="request", continuous_update=False,
                                    disabled=True)
+        self._status = W.HTML()
+        self._progress = _progress_widget()
         self._header = W.HTML()
         self._error = _error_widget()
         self._usage = W.HTML(layout=W.Layout(width="38%"))
@@ -248,45 +394,86 @@ class Stepper(_ErrorBox, W.VBox):
         self.chart = SavingsChart(self.controller.turns())
         self._syncing = False
         super().__init__([
-            W.HBox([self._next_btn, self._restart_btn, self._user, self._reply]),
-            self._slider, self._header, self._error,
+            W.HBox([self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply]),
+            self._status, self._progress, self._slider, self._header, self._error,
             W.HBox([self._usage, self._observation]),
             self.diff_view, self.chart,
         ])
         self.add_class("pcnb-stepper")
         self._next_btn.on_click(self._clicked(self.next))
+        self._run_btn.on_click(self._clicked(self.run))
         self._restart_btn.on_click(self._clicked(self.restart))
         self._slider.observe(self._on_slider, names=["value"])
         self.controller.subscribe(self._on_change)
-        self._render(chart=False)
+        self._render()
+        self._sync_controls()
 
     @property
     def session(self) -> Session:
         """The live session (a new object after :meth:`restart`)."""
         return self.controller.session
 
+    @property
+    def status(self) -> str:
+        """What the last click did (one line)."""
+        return self.controller.status
+
+    def _controls(self) -> list[W.Widget]:
+        return [self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply, self._slider]
+
+    def _sync_controls(self) -> None:
+        c = self.controller
+        with _batch(self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply, self._slider):
+            self._next_btn.disabled = False  # typed text still works after the scenario ends
+            self._run_btn.disabled = c.remaining <= 0
+            self._restart_btn.disabled = False
+            self._user.disabled = self._reply.disabled = False
+            self._slider.disabled = c.n_requests <= 1
+
     # -- the buttons' kernel-side twins ----------------------------------------------------
     def next(self, user: str | None = None, reply: str | None = None) -> Turn:
         """Click "Next turn": ``user`` (default: the text box) or else the next scenario turn."""
         if user is None and self._user.value.strip():
             user, reply = self._user.value, (reply if reply is not None else (self._reply.value or None))
-        t = self._action(self.controller.next, user, reply)
-        with _batch(self._user, self._reply):
-            self._user.value = ""
-            self._reply.value = ""
-        self._render()
+        with self._working("sending the next request" if user else "playing the next scenario turn"):
+            t = self._action(self.controller.next, user, reply)
+            with _batch(self._user, self._reply):
+                self._user.value = ""
+                self._reply.value = ""
+            self._render()
+        self._show_status(self.controller.status, kind="warn" if self.controller.last_skipped else "info")
+        return t
+
+    def run(self, turns: int | None = None, *, progress: bool = False) -> Turn | None:
+        """Click "Run to end": play every remaining scenario turn (or ``turns`` more), with a progress bar.
+
+        ``progress=True`` also shows a progress bar in the cell (for a call made before the widget is
+        displayed).
+        """
+        c = self.controller
+        n = c.remaining if turns is None else max(0, min(turns, c.remaining))
+        try:
+            with (self._working(f"playing {n} scenario turns", total=n) as bar,
+                  _cell_progress(bar, enabled=progress, total=n, desc="scenario turns") as both):
+                t = self._action(c.run, turns, progress=both)
+        finally:
+            self._render()
+            self._sync_controls()
+        self._show_status(c.status, kind="warn" if c.last_skipped else "info")
         return t
 
     def restart(self) -> Session:
         """Click "Restart": resume from the store alone; returns the new session object."""
-        s = self._action(self.controller.restart)
-        self._render()
+        with self._working("restarting from the store", total=3) as progress:
+            s = self._action(self.controller.restart, progress=progress)
+            self._render()
+        self._show_status(self.controller.status)
         return s
 
     def show(self, index: int) -> TurnView:
         """Move the slider to stored request ``index``."""
         v = self._action(self.controller.show, index)
-        self._render(chart=False)
+        self._render()
         return v
 
     def editor(self) -> KnowledgeEditor:
@@ -303,13 +490,13 @@ class Stepper(_ErrorBox, W.VBox):
             pass
 
     def _on_change(self, what: str) -> None:
-        if what == "knowledge":  # an editor changed knowledge: show it as pending for the next turn
+        if what == "knowledge":  # an editor changed knowledge: show it as pending for the next request
             self._header.value = self.controller.header_html()
 
-    def _render(self, *, chart: bool = True) -> None:
+    def _render(self) -> None:
         c = self.controller
         v = c.view()
-        n = c.n_turns
+        n = c.n_requests
         with _batch(self, self._slider, self._header, self._usage, self._observation):
             self._syncing = True
             try:
@@ -321,24 +508,34 @@ class Stepper(_ErrorBox, W.VBox):
             self._header.value = c.header_html()
             self._usage.value = v.usage_html() if v is not None else ""
             self._observation.value = v.observation_html() if v is not None else ""
-            self.turn = -1 if v is None else v.index
-            self.n_turns = n
+            self.request = -1 if v is None else v.index
+            self.n_requests = n
         self.diff_view.show_view(v)
-        if chart:
-            self.chart.refresh(c.turns())
+        if self.chart.requests != n or self.chart.highlight != (None if v is None else v.index):
+            self.chart.refresh(c.turns(), highlight=None if v is None else v.index)
+
+    def snapshot_html(self) -> str:
+        parts = [self._status.value, self._header.value]
+        if self.request >= 0:
+            parts.append('<div style="display:flex;gap:6px"><div style="width:38%">'
+                         f'{self._usage.value}</div><div style="width:62%">{self._observation.value}</div></div>')
+        parts.append(self.diff_view.html)
+        parts.append(_html.png_html(self.chart.png, alt="savings chart") + self.chart._caption.value)
+        return _html.snapshot_html("Stepper", "".join(parts))
 
     def __repr__(self) -> str:
         sc = self.controller.scenario
-        tail = "" if sc is None else f", scenario={sc.name!r}"
-        return (f"Stepper(session={self.controller.session.id!r}, turn={self.turn}, "
-                f"n_turns={self.n_turns}{tail})")
+        tail = "" if sc is None else f", scenario={sc.name!r}, played='{self.controller.position} of {len(sc.turns)}'"
+        return (f"Stepper(session={self.controller.session.id!r}, request={self.request}, "
+                f"requests={self.n_requests}{tail})")
 
 
-class KnowledgeEditor(_ErrorBox, W.VBox):
-    """List, add, edit and remove knowledge entries; each change applies before the next turn.
+class KnowledgeEditor(_View, W.VBox):
+    """List, add, edit and remove knowledge entries; each change applies before the next request.
 
     Buttons and their kernel-side twins: "Add entry" → :meth:`add`, "Save changes" → :meth:`edit`,
-    "Remove entry" → :meth:`remove`; picking an entry → :meth:`select`.
+    "Remove entry" → :meth:`remove`; picking an entry → :meth:`select`. The list and the picker show
+    invisible characters (bidi controls, zero-width…) as markers; the edit fields hold the raw text.
 
     Args:
         source: a :class:`~promptcache_nb.Session`, or a :class:`Stepper` — then the stepper shows the
@@ -362,6 +559,7 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
         self._remove_btn = W.Button(description="Remove entry", icon="trash", button_style="danger",
                                     layout=_AUTO)
         self._status = W.HTML()
+        self._progress = _progress_widget()
         self._error = _error_widget()
         super().__init__([
             self._table, self._pick, self._title, self._category, self._content,
@@ -379,6 +577,9 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
     def session(self) -> Session:
         return self.controller.session
 
+    def _controls(self) -> list[W.Widget]:
+        return [self._add_btn, self._save_btn, self._remove_btn, self._pick]
+
     # -- the buttons' kernel-side twins ----------------------------------------------------
     def select(self, entry: str) -> None:
         """Pick an entry (id, short id, key or title) into the edit fields; ``""`` for a new one."""
@@ -387,11 +588,12 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
     def add(self, title: str | None = None, content: str | None = None, *,
             category: str | None = None) -> str:
         """Click "Add entry" (default: the title, category and content fields)."""
-        entry_id = self._action(
-            self.controller.add, self._title.value if title is None else title,
-            self._content.value if content is None else content,
-            category=self._category.value if category is None else category,
-        )
+        with self._working("adding the entry"):
+            entry_id = self._action(
+                self.controller.add, self._title.value if title is None else title,
+                self._content.value if content is None else content,
+                category=self._category.value if category is None else category,
+            )
         self._refresh(select=entry_id)
         return entry_id
 
@@ -408,7 +610,9 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
             entry = self._pick.value
             if title is None and content is None and category is None:
                 title, content, category = self._title.value, self._content.value, self._category.value
-        changed = self._action(self.controller.edit, entry, title=title, content=content, category=category)
+        with self._working("saving the entry"):
+            changed = self._action(self.controller.edit, entry, title=title, content=content,
+                                   category=category)
         self._refresh(select=self.controller.resolve(entry))
         return changed
 
@@ -418,20 +622,29 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
             if not self._pick.value:
                 self._action(_fail, "pick an entry to remove first")
             entry = self._pick.value
-        self._action(self.controller.remove, entry)
+        with self._working("removing the entry"):
+            self._action(self.controller.remove, entry)
         self._refresh(select="")
 
     # -- rendering ---------------------------------------------------------------------------
     def _on_pick(self, change: dict[str, Any]) -> None:
         entry_id = change["new"]
         row = next((r for r in self.controller.rows() if r["id"] == entry_id), None)
-        with _batch(self, self._title, self._category, self._content):
+        with _batch(self, self._title, self._category, self._content, self._status):
             self.selected = entry_id or ""
             if row is None:
                 self._title.value, self._category.value, self._content.value = "", "note", ""
             else:
                 self._title.value, self._category.value, self._content.value = (
                     row["title"], row["category"], row["content"])
+            self._status.value = _html.status_html(self.controller.status)
+            hidden = [] if row is None else [name for name in ("title", "category", "content")
+                                             if _hides_characters(row[name])]
+            if hidden:  # the fields hold the raw text, so a bidi override displays reversed there
+                self._status.value += _html.status_html(
+                    f"{row['short_id']}: its {' and '.join(hidden)} contain invisible characters (bidi "
+                    "controls, zero-width, control characters), shown as markers in the list above; the fields "
+                    f"hold the raw text. Title: {_html.visible(row['title'])}", kind="warn")
 
     def _on_change(self, what: str) -> None:
         self._refresh(select=self._pick.value)
@@ -439,7 +652,7 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
     def _refresh(self, *, select: str | None = None) -> None:
         rows = self.controller.rows()
         options = [("(new entry)", "")] + [
-            (f"{r['short_id']} · {r['title']} (v{r['version']})", r["id"]) for r in rows]
+            (f"{r['short_id']} · {_html.visible(r['title'])} (v{r['version']})", r["id"]) for r in rows]
         ids = {r["id"] for r in rows}
         target = select if select is not None else self._pick.value
         target = target if target in ids else ""
@@ -447,16 +660,24 @@ class KnowledgeEditor(_ErrorBox, W.VBox):
             self._table.value = self.controller.table_html()
             if list(self._pick.options) != options:
                 self._pick.options = options
-            self._status.value = (f'<div style="font-size:12px">{_html.esc(self.controller.message)}</div>'
-                                  if self.controller.message else "")
+            self._status.value = _html.status_html(self.controller.status)
             self.entries = len(rows)
         if self._pick.value != target:
             self._pick.value = target
         else:
             self._on_pick({"new": target})
 
+    def snapshot_html(self) -> str:
+        return _html.snapshot_html("KnowledgeEditor", self._table.value + self._status.value)
+
     def __repr__(self) -> str:
         return f"KnowledgeEditor(session={self.controller.session.id!r}, entries={self.entries})"
+
+
+def _hides_characters(text: str) -> bool:
+    """True when ``text`` has characters a text field shows misleadingly or not at all (bidi controls,
+    zero-width, control characters; newlines and tabs are fine)."""
+    return not text.isprintable() and any(not ch.isprintable() and ch not in "\n\t" for ch in text)
 
 
 def _fail(message: str) -> None:
@@ -465,10 +686,11 @@ def _fail(message: str) -> None:
     raise KnowledgeError(message)
 
 
-class Compare(_ErrorBox, W.VBox):
-    """One scenario under several strategies in lockstep: a table and a chart per strategy.
+class Compare(_View, W.VBox):
+    """One scenario under several strategies in lockstep: a table and a chart of all strategies.
 
-    Buttons and their kernel-side twins: "Next turn (all)" → :meth:`next`, "Run to end" → :meth:`run`.
+    Buttons and their kernel-side twins: "Next turn (all)" → :meth:`next`, "Run to end" → :meth:`run`
+    (with a progress bar). Once the scenario is finished both buttons are disabled.
 
     Args:
         scenario: a :class:`~promptcache_nb.Scenario` or YAML path.
@@ -485,27 +707,58 @@ class Compare(_ErrorBox, W.VBox):
         self._next_btn = W.Button(description="Next turn (all)", button_style="primary", icon="step-forward",
                                   layout=_AUTO)
         self._run_btn = W.Button(description="Run to end", icon="fast-forward", layout=_AUTO)
+        self._status = W.HTML()
+        self._progress = _progress_widget()
         self._header = W.HTML()
         self._error = _error_widget()
         self._table = W.HTML()
-        self._image = W.Image(format="png", layout=W.Layout(max_width="100%"))
-        super().__init__([W.HBox([self._next_btn, self._run_btn]), self._header, self._error, self._table,
-                          self._image])
-        self.add_class("pcnb-compare")
+        self._image = _image()
+        super().__init__([W.HBox([self._next_btn, self._run_btn]), self._status, self._progress, self._header,
+                          self._error, self._table, self._image])
+        self.add_class("pcnb-compare-widget")
         self._next_btn.on_click(self._clicked(self.next))
         self._run_btn.on_click(self._clicked(self.run))
         self._render()
+        self._sync_controls()
+
+    @property
+    def status(self) -> str:
+        """What the last click did (one line)."""
+        return self.controller.status
+
+    def _controls(self) -> list[W.Widget]:
+        return [self._next_btn, self._run_btn]
+
+    def _sync_controls(self) -> None:
+        done = self.controller.finished
+        with _batch(self._next_btn, self._run_btn):
+            self._next_btn.disabled = done
+            self._run_btn.disabled = done
 
     def next(self) -> dict[str, Turn]:
         """Click "Next turn (all)"."""
-        out = self._action(self.controller.next)
-        self._render()
+        with self._working(f"playing the next scenario turn under {len(self.controller.strategies)} strategies"):
+            out = self._action(self.controller.next)
+            self._render()
+        self._show_status(self.controller.status)
         return out
 
-    def run(self, turns: int | None = None) -> pd.DataFrame:
-        """Click "Run to end" (or play ``turns`` more); returns :meth:`summary`."""
-        df = self._action(self.controller.run, turns)
-        self._render()
+    def run(self, turns: int | None = None, *, progress: bool = False) -> pd.DataFrame:
+        """Click "Run to end" (or play ``turns`` more), with a progress bar; returns :meth:`summary`.
+
+        ``progress=True`` also shows a progress bar in the cell (for a call made before the widget is
+        displayed, as in ``cmp.run(progress=True); cmp``).
+        """
+        c = self.controller
+        n = c.remaining if turns is None else max(0, min(turns, c.remaining))
+        total = n * len(c.strategies)
+        with (self._working(f"playing {n} scenario turns under {len(c.strategies)} strategies",
+                            total=max(1, total)) as bar,
+              _cell_progress(bar, enabled=progress, total=total,
+                             desc=f"{c.scenario.name}: scenario turns × {len(c.strategies)} strategies") as both):
+            df = self._action(c.run, turns, progress=both)
+            self._render()
+        self._show_status(c.status)
         return df
 
     def summary(self) -> pd.DataFrame:
@@ -521,18 +774,24 @@ class Compare(_ErrorBox, W.VBox):
         sc = c.scenario
         played = c.position
         summary = c.summary()
+        state = ("finished: every strategy played the whole scenario" if c.finished
+                 else "press Next turn (all) or Run to end")
         header = (f'<div style="font-size:13px"><b>{_html.esc(sc.name)}</b> '
                   f'under {len(c.strategies)} strategies '
-                  f'(cache model <code>{_html.esc(c.cache)}</code>): <span data-field="played">{played}'
-                  f"/{len(sc.turns)}</span> scenario turns played</div>")
+                  f'(cache model <code>{_html.esc(c.cache)}</code>): <span data-field="played">{played} of '
+                  f"{len(sc.turns)}</span> scenario turns played · {state}</div>")
         png = _png(plot_compare(summary)) if played else b""
         with _batch(self, self._header, self._table, self._image):
             self._header.value = header
             self._table.value = _html.summary_table_html(summary.to_dict("records"))
-            self._image.value = png
+            _set_image(self._image, png)
             self.played = played
+
+    def snapshot_html(self) -> str:
+        return _html.snapshot_html("Compare", self._status.value + self._header.value + self._table.value
+                                   + _html.png_html(bytes(self._image.value or b""), alt="tokens per strategy"))
 
     def __repr__(self) -> str:
         c = self.controller
         return (f"Compare(scenario={c.scenario.name!r}, strategies={len(c.strategies)}, cache={c.cache!r}, "
-                f"played={self.played})")
+                f"played='{self.played} of {len(c.scenario.turns)}')")

@@ -1,0 +1,321 @@
+"""From readers' records to stored sessions: ``lab.import_log(paths)``.
+
+Readers (one module per format) are pure; this module groups their requests into sessions, sizes the unlogged
+prefix of partial bodies from measured usage, and writes each session's new requests in one transaction through
+``Session.record`` (so imported requests get the same diff, observation, ideal read and cost as any other).
+Re-importing a file adds only requests whose ``dedupe_key`` is not stored yet, so a growing log can be
+re-imported as it grows.
+"""
+
+from __future__ import annotations
+
+import glob
+import html
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from .._util import digest
+from ..errors import ImportFormatError, PromptCacheError, SessionError
+from ..request import prepare
+from ._registry import READERS, detect
+from ._types import ImportedRequest, ReadProgress, SkippedLine
+
+if TYPE_CHECKING:
+    from ..session import Lab, Session
+
+LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson")
+SKIPPED_COLUMNS = ["file", "line", "reason"]
+_SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "exchanges": "proxy", "otlp": "otel"}
+
+
+@dataclass
+class ImportResult:
+    """What :meth:`Lab.import_log` did.
+
+    Attributes:
+        sessions: the sessions that received requests (new or grown), in import order.
+        requests: how many requests were stored now (already-stored requests are not counted).
+        skipped: one row per line or entry not imported (``file``, ``line``, ``reason``).
+        unknown_models: model ids the price library does not know (their requests have a NULL cost).
+        files: the files read, with their format.
+    """
+
+    sessions: list[Session] = field(default_factory=list)
+    requests: int = 0
+    skipped: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SKIPPED_COLUMNS))
+    unknown_models: list[str] = field(default_factory=list)
+    files: list[tuple[str, str]] = field(default_factory=list)
+    already_stored: int = 0
+
+    def summary(self) -> pd.DataFrame:
+        """One row per session: source, requests, measured cache read %, breaks and cost."""
+        rows = []
+        for s in self.sessions:
+            df = s.turns()
+            total = (df.input_tokens.fillna(0) + df.cache_read_input_tokens.fillna(0)
+                     + df.cache_creation_input_tokens.fillna(0)).sum()
+            rows.append({
+                "session": s.id, "source": s.source, "parent": s.parent_id, "requests": len(df),
+                "model": s.model, "cache_read_pct": round(100 * df.cache_read_input_tokens.sum() / total, 1)
+                if total else None,
+                "breaks": int(df.broke.fillna(False).sum()),
+                "cost_usd": None if df.cost_usd.isna().all() else round(float(df.cost_usd.sum()), 4),
+            })
+        return pd.DataFrame(rows, columns=["session", "source", "parent", "requests", "model", "cache_read_pct",
+                                           "breaks", "cost_usd"])
+
+    def __repr__(self) -> str:
+        return (f"ImportResult({len(self.sessions)} sessions, {self.requests} new requests, "
+                f"{self.already_stored} already stored, {len(self.skipped)} skipped)")
+
+    def _repr_html_(self) -> str:
+        head = html.escape(repr(self))
+        parts = [f"<div class='pcnb-import'><p><b>{head}</b> — token figures are <b>measured</b> "
+                 "(usage reported by the endpoint)</p>", self.summary().to_html(index=False, escape=True)]
+        if self.unknown_models:
+            parts.append("<p>Models without a price (cost NULL): "
+                         + html.escape(", ".join(self.unknown_models)) + "</p>")
+        if len(self.skipped):
+            parts.append(f"<details><summary>{len(self.skipped)} skipped</summary>"
+                         + self.skipped.to_html(index=False, escape=True) + "</details>")
+        return "".join(parts) + "</div>"
+
+
+def expand_paths(paths: str | Path | Iterable[str | Path]) -> list[tuple[Path, bool]]:
+    """Files to read, each with whether the user named it directly (a named file must be a known format)."""
+    items = [paths] if isinstance(paths, str | Path) else list(paths)
+    out: list[tuple[Path, bool]] = []
+    for item in items:
+        p = Path(item).expanduser()
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in LOG_SUFFIXES
+                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            out.extend((f, False) for f in found)
+        elif p.is_file():
+            out.append((p, True))
+        elif any(ch in str(item) for ch in "*?["):
+            matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(str(item)), recursive=True))
+            out.extend((m, False) for m in matches if m.is_file())
+        else:
+            raise ImportFormatError(str(item), "no such file or directory")
+    seen: set[Path] = set()
+    unique = []
+    for f, named in out:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append((f, named))
+    return unique
+
+
+def session_id_for(fmt: str, session_key: str) -> str:
+    """A deterministic session id: the same log imports into the same session every time."""
+    key = (fmt + "\x1f" + session_key).encode()
+    return f"{_SHORT.get(fmt, fmt)}-{digest(key, tag='imp')[:10]}"
+
+
+def _cache_model_for(req: ImportedRequest) -> str:
+    provider = (req.provider or "").lower()
+    if provider in ("anthropic", "openai", "deepseek"):
+        return provider
+    if req.dialect != "anthropic":
+        return "openai"
+    return "anthropic"
+
+
+def import_log(
+    lab: Lab,
+    paths: str | Path | Sequence[str | Path],
+    *,
+    format: str = "auto",  # noqa: A002 - the public name users type
+    project: str | None = None,
+    progress: bool = True,
+) -> ImportResult:
+    """Import agent logs into ``lab``; see :meth:`Lab.import_log`."""
+    if format != "auto" and format not in READERS:
+        raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
+    result = ImportResult()
+    skipped: list[dict[str, Any]] = []
+    by_session: dict[str, list[ImportedRequest]] = {}
+    fmt_of: dict[str, str] = {}
+    file_of: dict[str, str] = {}
+    files = expand_paths(paths)
+    bar = _bar(len(files), "reading logs", progress)
+    try:
+        for path, named in files:
+            try:
+                reader = READERS[format] if format != "auto" else detect(path)
+            except ImportFormatError:
+                if named:
+                    raise
+                skipped.append({"file": str(path), "line": 0, "reason": "not a known log format"})
+                bar.update(1)
+                continue
+            try:
+                records = list(reader.read(path))
+            except ImportFormatError as exc:
+                if named:
+                    raise
+                reason = f"unreadable {reader.name} file: {exc.problem}"
+                skipped.append({"file": str(path), "line": 0, "reason": reason})
+                bar.update(1)
+                continue
+            result.files.append((str(path), reader.name))
+            for rec in records:
+                if isinstance(rec, ImportedRequest):
+                    by_session.setdefault(rec.session_key, []).append(rec)
+                    fmt_of.setdefault(rec.session_key, reader.name)
+                    file_of.setdefault(rec.session_key, str(path))
+                elif isinstance(rec, SkippedLine):
+                    skipped.append({"file": rec.file, "line": rec.line, "reason": rec.reason})
+                elif isinstance(rec, ReadProgress):
+                    pass  # dedupe keys make re-import idempotent; progress is informational
+            bar.update(1)
+    finally:
+        bar.close()
+
+    unknown: set[str] = set()
+    total = sum(len(v) for v in by_session.values())
+    bar = _bar(total, "storing requests", progress)
+    try:
+        # parents first, so a sub-agent's parent_id names a session that exists
+        keys = sorted(by_session, key=lambda k: (by_session[k][0].parent_key is not None, k))
+        for key in keys:
+            reqs = sorted(by_session[key], key=lambda r: r.at)  # stable: file order for equal times
+            fmt = fmt_of[key]
+            s, new, dup = _store_session(lab, key, fmt, file_of[key], reqs, project=project, skipped=skipped,
+                                         unknown=unknown, bar=bar)
+            result.already_stored += dup
+            if new:
+                result.sessions.append(s)
+                result.requests += new
+    finally:
+        bar.close()
+    result.skipped = pd.DataFrame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], columns=SKIPPED_COLUMNS)
+    result.unknown_models = sorted(unknown)
+    return result
+
+
+def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
+                   project: str | None, skipped: list[dict[str, Any]], unknown: set[str],
+                   bar: Any) -> tuple[Session, int, int]:
+    """Write one session's new requests in one transaction; returns (session, stored now, already stored).
+
+    A new session's row is created in that same transaction: a failure leaves nothing of the session behind.
+    """
+    store = lab.store
+    sid = session_id_for(fmt, key)
+    first = reqs[0]
+    s: Session | None = None
+    try:
+        with store.batch():
+            if store.session_row(sid) is None:
+                at = first.at.astimezone(UTC)
+                config = {
+                    "start": at.isoformat(), "step_seconds": 30, "cache_params": {}, "strategy_params": {},
+                    "prices": None, "calibration": None, "format": fmt, "session_key": key,
+                    "session_kind": first.session_kind, "unlogged_prefix_tokens": None,
+                }
+                proj = project or f"imported/{fmt}"
+                store.ensure_project(proj, at)
+                store.create_session(
+                    {"id": sid, "project_id": proj, "strategy": None, "cache_model": _cache_model_for(first),
+                     "model": first.model or "unknown", "created_at": at, "config": config,
+                     "source": f"{fmt}:{file}",
+                     "parent_id": session_id_for(fmt, first.parent_key) if first.parent_key else None},
+                    {"host_prompt": "", "tools": [], "model": first.model or "unknown", "extra": {}},
+                )
+            s = lab.session(id=sid)
+            todo, dup = _new_requests(s, key, reqs, skipped)
+            if not todo:
+                return s, 0, dup
+            for req, prepared in todo:
+                current = req
+                t = s.record(req.body, at=req.at, usage=req.usage, request_id=req.request_id, events=req.events,
+                             reply=req.reply, source_ref=req.source_ref, dedupe_key=req.dedupe_key,
+                             prepared=prepared, usage_source=req.usage.source)
+                if t.cost_usd is None:
+                    unknown.add(req.model)
+                bar.update(1)
+    except PromptCacheError as exc:
+        if s is not None:
+            s._closed = True  # its in-memory state ran ahead of the rolled-back store
+        where = current.source_ref if "current" in locals() else f"{file}"
+        raise SessionError(f"{where}: {exc}") from None
+    except BaseException:
+        if s is not None:
+            s._closed = True
+        raise
+    return s, len(todo), dup
+
+
+def _new_requests(s: Session, key: str, reqs: list[ImportedRequest],
+                  skipped: list[dict[str, Any]]) -> tuple[list[tuple[ImportedRequest, Any]], int]:
+    """The requests not stored yet, each segmented (extending the previous body's segments: linear ingest)."""
+    store = s._lab.store
+    known = store.dedupe_keys(s.id)
+    last = store.last_turn(s.id)
+    last_at = None if last is None else last["at"]
+    config = s._config
+    unlogged = config.get("unlogged_prefix_tokens")
+    prev = s._prev
+    todo: list[tuple[ImportedRequest, Any]] = []
+    dup = 0
+    for req in reqs:
+        if req.dedupe_key in known:
+            dup += 1
+            continue
+        known.add(req.dedupe_key)
+        file, line = _split_ref(req.source_ref)
+        if last_at is not None and req.at < last_at:
+            skipped.append({"file": file, "line": line, "reason": "older than the session's last stored request"})
+            continue
+        try:
+            if req.partial and unlogged is None:
+                # measured prompt total minus what the log holds (estimated): the unlogged system + tools
+                logged = prepare(req.body, memo=s._memo, dialect=req.dialect).total_tokens
+                measured = req.usage.total_input_tokens
+                unlogged = max(0, measured - logged) if measured is not None else 0
+                config["unlogged_prefix_tokens"] = unlogged
+                store.update_session_config(s.id, config)
+            prepared = prepare(req.body, memo=s._memo, previous=prev, dialect=req.dialect,
+                               unlogged_prefix_tokens=(unlogged or None) if req.partial else None)
+        except (ValueError, TypeError, PromptCacheError) as exc:
+            skipped.append({"file": file, "line": line, "reason": f"body not understood: {exc}"})
+            continue
+        todo.append((req, prepared))
+        prev = prepared
+    return todo, dup
+
+
+def _split_ref(ref: str) -> tuple[str, int]:
+    """``file:line`` (or ``file#entry``) → (file, line; 0 when the reference has no line number)."""
+    head, _, tail = ref.rpartition(":")
+    if head and tail.isdigit():
+        return head, int(tail)
+    file, _, entry = ref.partition("#")
+    m = re.search(r"\[(\d+)\]$", entry)  # file#interactions[3]: the 4th entry of a document
+    return file, int(m.group(1)) + 1 if m else 0
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled or total < 2:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)

@@ -1,0 +1,97 @@
+"""What an importer yields: typed records of requests read from an agent's log, with measured usage.
+
+Readers are pure: they parse files and yield :class:`ImportedRequest` / :class:`SkippedLine` values; they never
+touch the store. ``Lab.import_log`` groups requests into sessions and writes them (see ``_ingest.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from ..usage import Usage
+
+Dialect = Literal["anthropic", "openai-chat", "openai-responses"]
+SessionKind = Literal["main", "subagent", "compaction"]
+
+
+@dataclass(frozen=True)
+class ImportedRequest:
+    """One API request read from a log, with the usage the endpoint reported (**measured**).
+
+    Attributes:
+        session_key: groups requests into one session (unique within the whole import, e.g. the Claude Code
+            session uuid, the Codex rollout id, ``gen_ai.conversation.id``, or ``<file>`` for HTTP recordings).
+        dedupe_key: stable id of this request for idempotent re-import (request id, or ``file:line``).
+        at: when the request was sent (UTC, timezone-aware).
+        body: the request body as logged, in its own ``dialect`` (Anthropic Messages, OpenAI Chat
+            Completions or OpenAI Responses). For partial logs it holds only what the log has.
+        usage: measured usage converted to :class:`~promptcache_nb.Usage` (``source="imported"``).
+        model: the model id the request was sent to (from the body, else the response).
+        source_ref: ``file:line`` (or ``file#entry`` for JSON documents) where the request was read.
+        partial: True when the log lacks parts of the body (system prompt, tools): the unlogged prefix is
+            then sized from measured usage at ingest.
+        parent_key: session_key of the parent session (sub-agents, compaction calls).
+        session_kind: ``main``, ``subagent`` or ``compaction``.
+        events: event codes that happened before this request (``compaction``...).
+        request_id: the provider's request id when logged.
+        reply: the response content blocks when logged (not used for cache analysis).
+        provider: ``anthropic`` or ``openai`` (decides the default cache model).
+    """
+
+    session_key: str
+    dedupe_key: str
+    at: datetime
+    body: dict[str, Any]
+    usage: Usage
+    model: str
+    source_ref: str
+    dialect: Dialect = "anthropic"
+    partial: bool = False
+    parent_key: str | None = None
+    session_kind: SessionKind = "main"
+    events: tuple[str, ...] = ()
+    request_id: str | None = None
+    reply: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    provider: str = "anthropic"
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    """A line (or entry) an importer did not turn into a request, and why (shown in ``ImportResult.skipped``)."""
+
+    file: str
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReadProgress:
+    """Emitted by readers after the last complete line they consumed, so a growing file re-imports from here.
+
+    ``complete_through`` is the number of complete lines (JSON Lines formats) read; a truncated last line is
+    *not* counted: it is left for the next import.
+    """
+
+    file: str
+    complete_through: int
+
+
+Record = ImportedRequest | SkippedLine | ReadProgress
+
+
+class Reader(Protocol):
+    """An importer for one log format: says whether it handles a file (by content), then reads it."""
+
+    name: str
+
+    def sniff(self, path: Path, head: str) -> bool:
+        """True when ``head`` (the first ~64 KiB of the file, decoded UTF-8 with errors replaced) is this format."""
+        ...
+
+    def read(self, path: Path) -> Iterator[Record]:
+        """Yield every request (and skipped line) of ``path`` in file order."""
+        ...

@@ -1,0 +1,187 @@
+"""Reader for the recording proxy's own log: the ``exchanges`` JSON Lines format (version 1).
+
+The format
+==========
+One UTF-8 JSON object per line, terminated by ``\\n``, one line per *completed* HTTP call (the proxy writes the
+whole line with a single ``write`` after the response body, or its last SSE event, has been relayed). A last
+line without its trailing newline that is not a complete JSON object is a call still being written: readers
+leave it for the next import (a complete one, e.g. in a hand-edited file, is read). A malformed line elsewhere
+is skipped and reported with its line number. Keys are written in this order; readers ignore keys they do not
+know, and a line whose ``v`` is newer than the reader's is skipped naming the version.
+
+``EXCHANGES_FORMAT_VERSION = 1``. Fields:
+
+``v`` (int, required)
+    The format version, ``1``.
+``at`` (str, required)
+    When the proxy received the request: ISO 8601 in UTC with an explicit offset or ``Z``
+    (``"2026-03-02T09:14:07.512Z"``).
+``method`` (str, default ``"POST"``)
+    The HTTP method.
+``url`` (str, required)
+    The full upstream URL the call was forwarded to (no query-string secrets: the proxy drops ``key=``).
+``path`` (str, required)
+    The request path as the client sent it, e.g. ``"/v1/messages"``; readers choose the dialect from it
+    (``/v1/messages`` → Anthropic, ``/v1/chat/completions`` → OpenAI Chat, ``/v1/responses`` → OpenAI
+    Responses; anything else is skipped as ``endpoint not analysed: <path>``).
+``status`` (int or null, required)
+    The upstream's HTTP status; ``null`` when no response came back (then ``error`` says why).
+``request`` (object or null, required)
+    The request body, parsed JSON, exactly as the client sent it; ``null`` when the body was not JSON.
+``response`` (object or null, required)
+    The response body, parsed JSON, for a non-streamed response (including error bodies); ``null`` when
+    the response was streamed or not JSON.
+``sse`` (list, only for streamed responses)
+    The Server-Sent Events of a streamed response, in order, as either raw text chunks (a list of ``str``
+    whose concatenation is the stream as received) or parsed events (a list of
+    ``{"event": str | null, "data": <parsed JSON, or str when not JSON>}``). One line uses one form.
+``usage`` (object or null, required)
+    The provider's *native* usage object as extracted from ``response`` or ``sse`` by
+    :func:`promptcache_nb.importers._sse.usage_from_sse` (Anthropic: ``message_start`` usage with
+    ``output_tokens`` replaced by the final ``message_delta`` figure; OpenAI: the ``usage`` object unchanged);
+    ``null`` when the response reported none. Readers derive usage from ``response``/``sse`` when present and
+    fall back to this field, so a proxy that keeps no response bodies still yields usage.
+``request_id`` (str or null, required)
+    The provider's request id (``request-id`` or ``x-request-id`` response header), else the response's
+    ``id``; ``null`` when neither exists.
+``latency_ms`` (number or null, required)
+    Milliseconds from receiving the request to relaying the last response byte.
+``provider`` (str, optional)
+    ``"anthropic"`` or ``"openai"`` when the proxy knows it; readers otherwise infer it from ``path``.
+``simulated`` (bool, optional)
+    ``true`` when the upstream was promptcache_nb's own simulator endpoint (its ``x-promptcache-simulator``
+    response header): the usage is then imported as ``simulated`` (estimated tokens), never as measured.
+``error`` (str, optional)
+    One line saying why no response came back (connection refused, timeout, client went away).
+
+Credentials (``x-api-key``, ``authorization``, ``api-key``, cookies) are never written: the format has no
+request-header field at all.
+
+Example (one line, wrapped here)::
+
+    {"v": 1, "at": "2026-03-02T09:14:07.512Z", "method": "POST",
+     "url": "https://api.anthropic.com/v1/messages", "path": "/v1/messages", "status": 200,
+     "request": {"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": [...], "messages": [...]},
+     "response": {"id": "msg_01...", "type": "message", "content": [...], "usage": {...}},
+     "usage": {"input_tokens": 12, "cache_read_input_tokens": 4310, ...}, "request_id": "req_011C...",
+     "latency_ms": 1834.2}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .._util import SIMULATOR_HEADER
+from ._http import HttpExchange, convert_exchange, parse_iso_utc
+from ._sse import parse_sse
+from ._types import ImportedRequest, ReadProgress, Record, SkippedLine
+
+__all__ = ["EXCHANGES_FORMAT_VERSION", "ExchangesReader"]
+
+EXCHANGES_FORMAT_VERSION = 1
+"""The version this module reads and the proxy writes (the ``v`` field)."""
+
+_FIRST_KEYS = re.compile(r'^\s*\{\s*"v"\s*:\s*\d+\s*,\s*"at"\s*:')
+
+
+def _looks_like_exchange(obj: Any) -> bool:
+    return isinstance(obj, dict) and "request" in obj and ("path" in obj or "url" in obj) and "status" in obj
+
+
+class ExchangesReader:
+    """Reads the recording proxy's JSON Lines log (format above) — streamed and non-streamed calls alike."""
+
+    name = "exchanges"
+
+    def sniff(self, path: Path, head: str) -> bool:
+        """The first non-blank line is an exchange object (or, cut by the 64 KiB head, starts like one)."""
+        for line in head.splitlines():
+            if not line.strip():
+                continue
+            try:
+                return _looks_like_exchange(json.loads(line))
+            except ValueError:
+                # A first line longer than the head (a big system prompt): the proxy writes "v" and "at" first.
+                return bool(_FIRST_KEYS.match(line)) and '"path"' in line and '"request"' in line
+        return False
+
+    def read(self, path: Path) -> Iterator[Record]:
+        """Yield one record per line, then a :class:`ReadProgress` after the last complete line."""
+        file = str(path)
+        fallback = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+        complete = 0
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(fh, 1):
+                terminated = raw.endswith(b"\n")
+                if not raw.strip():
+                    complete = lineno if terminated else complete
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except ValueError as exc:
+                    if not terminated:
+                        break  # a call still being written: the next import reads it
+                    complete = lineno
+                    yield SkippedLine(file, lineno, f"malformed JSON line: {_short(exc)}")
+                    continue
+                complete = lineno
+                rec = self._record(obj, file=file, lineno=lineno, fallback=fallback)
+                if isinstance(rec, ImportedRequest):
+                    fallback = rec.at
+                yield rec
+        yield ReadProgress(file=file, complete_through=complete)
+
+    def _record(self, obj: Any, *, file: str, lineno: int, fallback: datetime) -> ImportedRequest | SkippedLine:
+        if not isinstance(obj, dict):
+            return SkippedLine(file, lineno, f"not an exchange: a JSON {type(obj).__name__}, not an object")
+        version = obj.get("v", EXCHANGES_FORMAT_VERSION)
+        if not isinstance(version, int) or version > EXCHANGES_FORMAT_VERSION:
+            return SkippedLine(file, lineno, f"exchanges format version {version!r} is newer than this reader "
+                                             f"({EXCHANGES_FORMAT_VERSION}); upgrade promptcache_nb")
+        started: datetime | None = None
+        if obj.get("at") is not None:
+            try:
+                started = parse_iso_utc(obj["at"])
+            except ValueError as exc:
+                return SkippedLine(file, lineno, f"at: {_short(exc)}")
+        status = obj.get("status")
+        if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+            return SkippedLine(file, lineno, f"status is {status!r}, not an HTTP status")
+        sse = obj.get("sse")
+        events: list[Any] | None = None
+        if sse is not None:
+            if not isinstance(sse, list):
+                return SkippedLine(file, lineno, "sse is not a list")
+            if all(isinstance(chunk, str) for chunk in sse):
+                events = list(parse_sse(sse))
+            elif all(isinstance(ev, dict) for ev in sse):
+                events = sse
+            else:
+                return SkippedLine(file, lineno, "sse mixes raw text chunks and parsed events")
+        request = obj.get("request")
+        response = obj.get("response")
+        usage = obj.get("usage")
+        request_id = obj.get("request_id")
+        ex = HttpExchange(
+            method=str(obj.get("method") or "POST"),
+            url=str(obj.get("path") or obj.get("url") or ""),
+            status=status,
+            request_body=request if isinstance(request, dict | str) else None,
+            response_body=response if isinstance(response, dict | str) else None,
+            started_at=started,
+            sse=events,
+            usage=usage if isinstance(usage, dict) else None,
+            request_id=request_id if isinstance(request_id, str) and request_id else None,
+            error=str(obj["error"]) if obj.get("error") else None,
+            response_headers={SIMULATOR_HEADER: "1"} if obj.get("simulated") is True else {},
+        )
+        return convert_exchange(ex, file=file, line=lineno, source_ref=f"{file}:{lineno}", fallback_at=fallback)
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:200]

@@ -1,0 +1,406 @@
+"""Reader for OpenTelemetry GenAI spans in the OTLP JSON encoding (format ``otlp``).
+
+Files: one ``ExportTraceServiceRequest`` document (``{"resourceSpans": [{"scopeSpans": [{"spans": [...]}]}]}``,
+as SDK file exporters write it, possibly pretty-printed), or JSON Lines of such documents, one per line (the
+collector's ``file`` exporter); the JSON Lines rules of :mod:`._jsonl` then apply. Attributes are
+``{"key", "value": {"stringValue" | "intValue" | "doubleValue" | "boolValue" | "arrayValue" | "kvlistValue"}}``,
+and ``intValue`` may be a string (64-bit integers are strings in OTLP JSON).
+
+* **A request** is a span with ``gen_ai.request.model`` or ``gen_ai.usage.input_tokens``, except agent, tool
+  and embedding operations (``invoke_agent`` spans may sum their children's usage: counting them would count
+  twice).
+* **Sessions** group by ``gen_ai.conversation.id``, else by the trace id. ``at`` is the span's start.
+* **Usage** (semantic conventions): ``gen_ai.usage.cache_read.input_tokens`` and
+  ``gen_ai.usage.cache_creation.input_tokens`` (older spellings ``gen_ai.usage.cache_read_input_tokens``,
+  ``gen_ai.usage.cache_creation_input_tokens``...) are *included* in ``gen_ai.usage.input_tokens``, so
+  uncached input = input − read − write. When that is negative the instrumentation reported Anthropic's
+  exclusive figures instead (``input_tokens`` already uncached), and input is taken as the uncached count.
+* **Bodies** come from ``gen_ai.system_instructions``, ``gen_ai.input.messages`` and ``gen_ai.tool.definitions``
+  (JSON strings in the semconv parts format, ``{"role", "parts": [{"type": "text", "content"}, ...]}``), captured
+  only when the agent opted in. Anthropic requests (``gen_ai.provider.name`` / older ``gen_ai.system``) become
+  Messages bodies, since the Anthropic cache works on blocks; every other provider becomes an OpenAI Chat
+  Completions body (the semconv message shape is the chat shape, and the OpenAI-compatible providers speak it).
+  Without captured content the body is ``{"model": m, "messages": []}``; a body lacking any of instructions,
+  messages or tool definitions is ``partial``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ..usage import Usage
+from ._jsonl import JsonLine, iter_json_lines
+from ._messages import append_message
+from ._types import Dialect, ImportedRequest, Record, SkippedLine
+
+__all__ = ["OtlpReader"]
+
+_HEAD = re.compile(r'^\s*\{\s*"resourceSpans"\s*:')
+_NOT_MODEL_CALLS = frozenset({"invoke_agent", "create_agent", "execute_tool", "invoke_workflow", "embeddings"})
+_READ_KEYS = ("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens",
+              "gen_ai.usage.input_tokens.cached")
+_WRITE_KEYS = ("gen_ai.usage.cache_creation.input_tokens", "gen_ai.usage.cache_creation_input_tokens",
+               "gen_ai.usage.cache_write_input_tokens", "gen_ai.usage.input_tokens.cache_write")
+_CONTENT_KEYS = ("gen_ai.system_instructions", "gen_ai.input.messages", "gen_ai.output.messages",
+                 "gen_ai.tool.definitions")
+# newer semconv may carry the content on this span event instead of the span
+_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+
+
+class OtlpReader:
+    """Reads OTLP JSON trace files holding GenAI spans (``otlp``); see the module docstring for the rules."""
+
+    name = "otlp"
+
+    def sniff(self, path: Path, head: str) -> bool:
+        return bool(_HEAD.match(head))
+
+    def read(self, path: Path) -> Iterator[Record]:
+        file = str(path)
+        with open(path, "rb") as fh:
+            first = fh.readline()
+        if _is_object(first):  # one document per line (or a one-line document)
+            for rec in iter_json_lines(path):
+                if isinstance(rec, JsonLine):
+                    yield from self._document(rec.obj, file, lambda k, n=rec.line: f"{file}:{n}")
+                else:
+                    yield rec
+            return
+        try:
+            doc = json.loads(path.read_bytes())
+        except ValueError as exc:
+            line = exc.lineno if isinstance(exc, json.JSONDecodeError) else 0
+            yield SkippedLine(file, line, f"not a valid OTLP JSON document ({str(exc)[:120]})")
+            return
+        if not isinstance(doc, dict):
+            yield SkippedLine(file, 0, "not an OTLP JSON document (the top level is not an object)")
+            return
+        yield from self._document(doc, file, lambda k: f"{file}#{k}")
+
+    def _document(self, doc: dict[str, Any], file: str, ref: Any) -> Iterator[Record]:
+        k = 0
+        for rs in _list(doc.get("resourceSpans")):
+            scopes = _list(rs.get("scopeSpans")) or _list(rs.get("instrumentationLibrarySpans"))
+            for ss in scopes:
+                for span in _list(ss.get("spans")):
+                    k += 1
+                    yield from self._span(span, file, ref(k))
+
+    def _span(self, span: Any, file: str, source_ref: str) -> Iterator[Record]:
+        line = _line_of(source_ref)
+        if not isinstance(span, dict):
+            yield SkippedLine(file, line, f"span {source_ref.rsplit('#', 1)[-1]} is not an object")
+            return
+        try:
+            attrs = _attributes(span.get("attributes"))
+            for event in _list(span.get("events")):
+                if isinstance(event, dict) and event.get("name") == _DETAILS_EVENT:
+                    for key, value in _attributes(event.get("attributes")).items():
+                        if key in _CONTENT_KEYS:
+                            attrs.setdefault(key, value)
+        except (ValueError, TypeError) as exc:
+            yield SkippedLine(file, line, f"span {span.get('name')!r}: bad attribute ({exc})")
+            return
+        if "gen_ai.request.model" not in attrs and "gen_ai.usage.input_tokens" not in attrs:
+            return  # not a GenAI span (HTTP, tool, database...)
+        if attrs.get("gen_ai.operation.name") in _NOT_MODEL_CALLS:
+            return
+        name = span.get("name")
+        model = attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model")
+        if not isinstance(model, str) or not model:
+            yield SkippedLine(file, line, f"span {name!r}: GenAI usage without gen_ai.request.model")
+            return
+        provider = _provider(attrs.get("gen_ai.provider.name") or attrs.get("gen_ai.system"), model)
+        try:
+            at = _nanos(span.get("startTimeUnixNano"))
+            usage = _usage(attrs, anthropic=provider == "anthropic")
+        except (ValueError, TypeError) as exc:
+            yield SkippedLine(file, line, f"span {name!r}: {exc}")
+            return
+        dialect: Dialect = "anthropic" if provider == "anthropic" else "openai-chat"
+        system = _parsed(attrs.get("gen_ai.system_instructions"))
+        messages = _parsed(attrs.get("gen_ai.input.messages"))
+        tools = _parsed(attrs.get("gen_ai.tool.definitions"))
+        output = _parsed(attrs.get("gen_ai.output.messages"))
+        if dialect == "anthropic":
+            body = _anthropic_body(model, system, messages, tools)
+            reply = [b for m in (output or []) if isinstance(m, dict) for b in _anthropic_blocks(m)] or None
+        else:
+            body = _chat_body(model, system, messages, tools)
+            reply = _chat_messages(output or []) or None
+        trace, span_id = span.get("traceId"), span.get("spanId")
+        conversation = attrs.get("gen_ai.conversation.id")
+        yield ImportedRequest(
+            session_key=str(conversation) if conversation else str(trace or file),
+            dedupe_key=f"{trace}/{span_id}" if trace and span_id else source_ref,
+            at=at,
+            body=body,
+            usage=usage,
+            model=model,
+            source_ref=source_ref,
+            dialect=dialect,
+            partial=messages is None or system is None or tools is None,
+            request_id=attrs.get("gen_ai.response.id"),
+            reply=reply,
+            provider=provider,
+        )
+
+
+# ---- OTLP values -----------------------------------------------------------------------------------------
+
+
+def _is_object(raw: bytes) -> bool:
+    try:
+        return isinstance(json.loads(raw), dict)
+    except ValueError:
+        return False
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _line_of(source_ref: str) -> int:
+    tail = source_ref.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _attributes(kvs: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in _list(kvs):
+        if isinstance(kv, dict) and isinstance(kv.get("key"), str):
+            out[kv["key"]] = _value(kv.get("value"))
+    return out
+
+
+def _value(v: Any) -> Any:
+    """An OTLP ``AnyValue`` as a Python value (``intValue`` may be a JSON string)."""
+    if not isinstance(v, dict):
+        return v
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "arrayValue" in v:
+        return [_value(x) for x in _list((v["arrayValue"] or {}).get("values"))]
+    if "kvlistValue" in v:
+        return _attributes((v["kvlistValue"] or {}).get("values"))
+    if "bytesValue" in v:
+        return v["bytesValue"]
+    return None
+
+
+def _nanos(value: Any) -> datetime:
+    if value is None:
+        raise ValueError("no startTimeUnixNano")
+    ns = int(value)
+    if ns <= 0:
+        raise ValueError(f"startTimeUnixNano {value!r} is not a time")
+    return datetime.fromtimestamp(ns // 1_000_000_000, UTC).replace(microsecond=(ns % 1_000_000_000) // 1000)
+
+
+def _count(attrs: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = attrs.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError(f"{key} is {value!r}, not a token count")
+        number = float(value)
+        if number < 0 or number != int(number):
+            raise ValueError(f"{key} is {value!r}, not a token count")
+        return int(number)
+    return None
+
+
+def _usage(attrs: dict[str, Any], *, anthropic: bool) -> Usage:
+    total = _count(attrs, ("gen_ai.usage.input_tokens",))
+    read = _count(attrs, _READ_KEYS)
+    write = _count(attrs, _WRITE_KEYS)
+    if read is not None or write is not None:  # one reported, the other was then zero
+        read, write = read or 0, write or 0
+    uncached = total
+    if total is not None and read is not None and write is not None:
+        uncached = total - read - write
+        if uncached < 0:
+            # The semconv says cache figures are included in input_tokens; a negative remainder means this
+            # instrumentation passed Anthropic's figures through, where input_tokens is already uncached.
+            uncached = total
+    # Spans carry no TTL split. Anthropic: as Usage.from_anthropic does for unsplit writes, all 5m. Other
+    # providers' writes have no TTLs: as Usage.from_openai, 0/0 without a write, None (not applicable) with one.
+    if anthropic:
+        w5, w1 = write, (None if write is None else 0)
+    else:
+        w5 = w1 = None if write else write
+    return Usage(
+        input_tokens=uncached,
+        cache_read_input_tokens=read,
+        cache_creation_input_tokens=write,
+        cache_creation_5m_input_tokens=w5,
+        cache_creation_1h_input_tokens=w1,
+        output_tokens=_count(attrs, ("gen_ai.usage.output_tokens",)),
+        source="imported",
+        raw={k: v for k, v in sorted(attrs.items()) if k.startswith("gen_ai.usage.")},
+    )
+
+
+def _provider(name: Any, model: str) -> str:
+    """The provider family that decides the cache model: ``anthropic``, ``openai``, ``deepseek`` or as named."""
+    text = str(name or "").lower()
+    if "anthropic" in text or (text.startswith(("aws.bedrock", "gcp.vertex")) and "claude" in model.lower()):
+        return "anthropic"
+    if "openai" in text:  # openai, azure.ai.openai
+        return "openai"
+    if "deepseek" in text:
+        return "deepseek"
+    if not text:
+        return "anthropic" if model.lower().startswith("claude") else "openai"
+    return text
+
+
+def _parsed(value: Any) -> Any:
+    """A content attribute: a JSON string (or already structured); None when absent or unreadable."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, list) else None
+
+
+# ---- semconv parts → request bodies ----------------------------------------------------------------------
+
+
+def _text_of(parts: Any) -> str:
+    return "\n".join(str(p.get("content", "")) for p in _list(parts) if isinstance(p, dict)
+                     and p.get("type") == "text")
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {"arguments": value}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def _result_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+        return "\n".join(str(p.get("content", "")) for p in value)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _anthropic_block(part: dict[str, Any]) -> dict[str, Any]:
+    kind = part.get("type")
+    if kind == "text":
+        return {"type": "text", "text": str(part.get("content", ""))}
+    if kind == "reasoning":
+        return {"type": "thinking", "thinking": str(part.get("content", ""))}
+    if kind == "tool_call":
+        return {"type": "tool_use", "id": part.get("id"), "name": part.get("name"),
+                "input": _arguments(part.get("arguments"))}
+    if kind == "tool_call_response":
+        return {"type": "tool_result", "tool_use_id": part.get("id"),
+                "content": _result_text(part.get("response", part.get("result")))}
+    if kind == "blob" and part.get("modality") == "image":
+        return {"type": "image", "source": {"type": "base64", "media_type": part.get("mime_type"),
+                                            "data": part.get("content")}}
+    if kind == "uri" and part.get("modality") == "image":
+        return {"type": "image", "source": {"type": "url", "url": part.get("uri")}}
+    # A part type with no Messages equivalent: kept as text of its JSON, so the request keeps its measured
+    # usage and a stable, comparable segment instead of being refused.
+    return {"type": "text", "text": json.dumps(part, ensure_ascii=False, sort_keys=True)}
+
+
+def _anthropic_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_anthropic_block(p) for p in _list(message.get("parts")) if isinstance(p, dict)]
+
+
+def _anthropic_body(model: str, system: list[Any] | None, messages: list[Any] | None,
+                    tools: list[Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model}
+    if tools:
+        body["tools"] = [{"name": t.get("name"), "description": t.get("description", ""),
+                          "input_schema": t.get("parameters") or {"type": "object"}}
+                         for t in tools if isinstance(t, dict)]
+    sys_blocks = [_anthropic_block(p) for p in system or [] if isinstance(p, dict)]
+    out: list[dict[str, Any]] = []
+    for m in messages or []:
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "system":  # the Messages API has one system prompt
+            sys_blocks.extend(_anthropic_blocks(m))
+            continue
+        # tool results travel in user turns in the Messages API
+        append_message(out, "assistant" if m.get("role") == "assistant" else "user", _anthropic_blocks(m))
+    if sys_blocks:
+        body["system"] = sys_blocks
+    body["messages"] = out
+    return body
+
+
+def _chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        role = str(m.get("role") or "user")
+        parts = [p for p in _list(m.get("parts")) if isinstance(p, dict)]
+        if role == "tool":
+            for p in parts:
+                if p.get("type") == "tool_call_response":
+                    out.append({"role": "tool", "tool_call_id": p.get("id"),
+                                "content": _result_text(p.get("response", p.get("result")))})
+            continue
+        msg: dict[str, Any] = {"role": role}
+        content = [_chat_part(p) for p in parts if p.get("type") not in ("tool_call", "reasoning")]
+        # Chat Completions has no field to send reasoning back: reasoning parts are dropped
+        if all(c["type"] == "text" for c in content):
+            msg["content"] = "\n".join(c["text"] for c in content) if content else None
+        else:
+            msg["content"] = content
+        calls = [{"id": p.get("id"), "type": "function",
+                  "function": {"name": p.get("name"), "arguments": p["arguments"] if isinstance(
+                      p.get("arguments"), str) else json.dumps(p.get("arguments") or {}, ensure_ascii=False)}}
+                 for p in parts if p.get("type") == "tool_call"]
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def _chat_part(part: dict[str, Any]) -> dict[str, Any]:
+    kind = part.get("type")
+    if kind == "text":
+        return {"type": "text", "text": str(part.get("content", ""))}
+    if kind == "uri" and part.get("modality") == "image":
+        return {"type": "image_url", "image_url": {"url": part.get("uri")}}
+    if kind == "blob" and part.get("modality") == "image":
+        url = f"data:{part.get('mime_type')};base64,{part.get('content')}"
+        return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "text", "text": json.dumps(part, ensure_ascii=False, sort_keys=True)}  # as for Messages
+
+
+def _chat_body(model: str, system: list[Any] | None, messages: list[Any] | None,
+               tools: list[Any] | None) -> dict[str, Any]:
+    out: list[dict[str, Any]] = []
+    if system:
+        out.append({"role": "system", "content": _text_of(system)})
+    out.extend(_chat_messages(messages or []))
+    body: dict[str, Any] = {"model": model, "messages": out}
+    if tools:
+        body["tools"] = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters")
+                                                           if k in t}} for t in tools if isinstance(t, dict)]
+    return body

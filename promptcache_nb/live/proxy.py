@@ -1,0 +1,577 @@
+"""A recording proxy: put it between an agent and its API, get one ``exchanges`` JSON line per call.
+
+An agent that reads ``ANTHROPIC_BASE_URL`` (Claude Code, the anthropic SDKs) or ``OPENAI_BASE_URL`` (the openai
+SDKs, many CLIs) is pointed at :attr:`RecordingProxy.url` and works as before::
+
+    promptcache-nb proxy --upstream https://api.anthropic.com --log calls.jsonl
+    ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude
+
+and later ``lab.import_log("calls.jsonl")`` picks up what is new. It writes JSON Lines, not DuckDB, on purpose:
+it runs for days beside a notebook that holds the store open.
+
+What is forwarded: every request — method, path, query string, headers (minus hop-by-hop headers, ``Host`` and
+``Content-Length``, which the upstream connection sets) and body, byte for byte — and every response: status,
+headers (minus hop-by-hop) and body, relayed chunk by chunk as the upstream sends it (a streamed response is
+never buffered whole). One exception: ``Accept-Encoding`` is narrowed to the encodings this process can decode
+(gzip, deflate, and br / zstd when ``brotli`` / ``zstandard`` are installed), so the log can always read the
+usage; the client still receives the upstream's bytes and ``Content-Encoding`` unchanged.
+
+What is written (the ``exchanges`` format, version 1, defined in :mod:`promptcache_nb.importers.exchanges`):
+one line per completed call, appended with a single unbuffered ``write`` under a lock (the file is opened per
+line, so a rotated log is recreated) — a crash loses at most the calls in flight, and a reader leaves a
+half-written last line for the next import. The line is written before the client sees the response end.
+Keys in this order::
+
+    {"v": 1, "at": "2026-03-02T09:14:07.512Z", "method": "POST",
+     "url": "https://api.anthropic.com/v1/messages?beta=true", "path": "/v1/messages", "status": 200,
+     "request": {...body...}, "response": {...JSON body, or null when streamed...},
+     "sse": [{"event": "message_start", "data": {...}}, ...],          # streamed responses only
+     "usage": {...native usage...}, "request_id": "req_011C...", "latency_ms": 1834.2,
+     "provider": "anthropic",                                           # when the path says it
+     "error": "..."}                                                    # only when no complete response
+
+``path`` excludes the query string (Claude Code calls ``/v1/messages?beta=true``); ``url`` keeps it, minus any
+parameter whose name looks like a credential (``key``, ``token``, ``secret``...). Calls to other paths (model
+lists, token counting) are forwarded and logged too; importers skip them by path. A call the proxy itself
+refused or could not forward has ``"status": null`` and an ``error``: the upstream unreachable (the client got
+502), timed out (504), a body over the size limit (413) or too slow (408).
+
+Keys: request headers are forwarded and never written — the format has no header field — and are never logged
+by this module; credentials in the upstream URL (``https://user:pass@host``) are sent as HTTP Basic auth when
+the client sent no ``Authorization`` of its own, and shown nowhere (``repr``, log lines, error bodies). httpx
+logs each upstream URL at INFO: a filter on the ``httpx`` logger redacts credential-named query parameters there.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import anyio
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount
+
+from .._util import SIMULATOR_HEADER
+from ..importers._sse import SseEvent, SseParser, usage_from_sse
+from ..importers.exchanges import EXCHANGES_FORMAT_VERSION
+from ._asgi import MAX_BODY_BYTES, REQUEST_TIMEOUT, BodyError, ServerThread, is_loopback, read_body, url_host
+
+log = logging.getLogger("promptcache_nb.proxy")
+
+__all__ = ["RecordingProxy"]
+
+#: RFC 9110 §7.6.1 connection-specific headers, plus the de-facto ``proxy-connection``: never forwarded.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
+    "trailer", "trailers", "transfer-encoding", "upgrade",
+})
+#: A header or query parameter whose name matches this carries a credential.
+SECRET_NAME = re.compile(r"key|token|secret|auth|cookie|password|passwd|session|signature|credential|sig$",
+                         re.IGNORECASE)
+#: Upstream timeouts: a model can think for minutes between two streamed events.
+UPSTREAM_TIMEOUT = httpx.Timeout(connect=30.0, read=900.0, write=120.0, pool=60.0)
+
+
+class RecordingProxy:
+    """Forward an agent's API calls to ``upstream`` and append one ``exchanges`` line per call to ``log``.
+
+    Args:
+        upstream: the API's origin, e.g. ``https://api.anthropic.com`` or ``https://api.openai.com`` (a path
+            prefix is kept: the client's path is appended to it; a query string or fragment is ignored).
+        log: the JSON Lines file to append to (created with its parent directory).
+        host: interface to bind; the loopback default keeps the proxy (which forwards any key it is given)
+            off the network. Binding anything else logs a warning.
+        port: TCP port; 0 picks a free one (read :attr:`url`).
+        max_body_bytes: larger request bodies get 413 without being forwarded.
+        request_timeout: seconds a client has to send the request headers, and then the body (408).
+
+    Example:
+        >>> import anthropic, promptcache_nb as pc
+        >>> with pc.SimulatorServer() as api, pc.RecordingProxy(api.base_url, "calls.jsonl") as proxy:
+        ...     client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-local", max_retries=0)
+        ...     msg = client.messages.create(model="claude-sonnet-4-5", max_tokens=64,
+        ...                                  messages=[{"role": "user", "content": "hi"}])
+        ...     client.close()
+        >>> proxy.recorded
+        1
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        log: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        url = httpx.URL(upstream)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"upstream must be an http(s) URL such as https://api.anthropic.com, got "
+                             f"{_without_credentials(url)!r}")
+        self._basic_auth: bytes | None = None
+        if url.userinfo:
+            pair = f"{url.username}:{url.password or ''}".encode()
+            self._basic_auth = b"Basic " + base64.b64encode(pair)
+        self._upstream = url.copy_with(username=None, password=None, query=None, fragment=None)
+        #: The upstream origin (and path prefix), without credentials.
+        self.upstream: str = str(self._upstream).rstrip("/")
+        self.log_path = Path(log)
+        self.host = host
+        self.port = port
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout = request_timeout
+        #: Lines written since :meth:`start`.
+        self.recorded = 0
+        self._lock = threading.Lock()
+        self._server: ServerThread | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> RecordingProxy:
+        """Create the log (and its directory), bind, and serve on a daemon thread; returns self. Idempotent."""
+        if self._server is not None:
+            return self
+        if not is_loopback(self.host):
+            log.warning("the recording proxy listens on %s: anyone who can reach it can use the API keys "
+                        "sent through it; bind 127.0.0.1 unless you mean it", self.host)
+        _install_httpx_log_filter()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.touch()  # fail here, not at the first call, when the log cannot be written
+        app = Starlette(routes=[Mount("/", app=self._asgi)], lifespan=self._lifespan)
+        server = ServerThread(app, host=self.host, port=self.port, name=f"promptcache-proxy:{self.port}",
+                              header_timeout=self.request_timeout)
+        self.port = server.port
+        server.start()
+        self._server = server
+        return self
+
+    def close(self) -> None:
+        """Stop serving (calls in flight get a few seconds to finish, and are recorded). Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    def __enter__(self) -> RecordingProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``: set ``ANTHROPIC_BASE_URL`` to it (``OPENAI_BASE_URL`` to it plus ``/v1``)."""
+        if self._server is None:
+            raise RuntimeError("the proxy is not running; call .start() or use `with RecordingProxy(...)`")
+        return f"http://{url_host(self.host)}:{self.port}"
+
+    def __repr__(self) -> str:
+        where = self.url if self.running else "stopped"
+        return (f"RecordingProxy(upstream={self.upstream!r}, log={str(self.log_path)!r}, {where}, "
+                f"recorded={self.recorded})")
+
+    @asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        # trust_env=False: no proxy variables, and above all no ~/.netrc credentials added behind our back
+        async with httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT, follow_redirects=False, trust_env=False) as client:
+            self._client = client
+            yield
+        self._client = None
+
+    # -- one call -----------------------------------------------------------------------------
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        # every method and path is forwarded: the upstream decides what exists
+        response = await self._endpoint(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def _endpoint(self, request: Request) -> Response | _Exchange:
+        call = _Exchange(self, request)
+        try:
+            body = await read_body(request, limit=self.max_body_bytes, timeout=self.request_timeout)
+        except BodyError as exc:
+            if exc.status != 499:  # a client that left sees nothing; the others get the error
+                call.finish(error=f"refused by the proxy: {exc.message}")
+            return _error_response(exc.status, exc.message)
+        call.body = body
+        return call
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        try:
+            text = json.dumps(entry, ensure_ascii=False, separators=(", ", ": "))
+            line = (text + "\n").encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate decoded from a \\ud8xx escape: keep it escaped
+            line = (json.dumps(entry, separators=(", ", ": ")) + "\n").encode("ascii")
+        # Opened per line: a log rotated or removed while the proxy runs (for days) is recreated, and nothing
+        # waits in a buffer. The cost (~20 us) is nothing beside an LLM call.
+        with self._lock:
+            try:
+                with self.log_path.open("ab", buffering=0) as fh:  # one write(2) per line, O_APPEND
+                    fh.write(line)
+            except OSError as exc:
+                log.error("could not append the call to %s to %s: %s", entry["path"], self.log_path, exc)
+                return
+            self.recorded += 1
+
+
+class _Exchange:
+    """One proxied call. An ASGI response: it sends the request upstream, relays the answer, writes the line."""
+
+    def __init__(self, proxy: RecordingProxy, request: Request) -> None:
+        self.proxy = proxy
+        self.request = request
+        self.at = datetime.now(UTC)
+        self.t0 = time.perf_counter()
+        self.body = b""
+        self.status: int | None = None
+        self.headers: httpx.Headers | None = None
+        self.recorder: _Recorder | None = None
+        self.error: str | None = None
+        self.done = False
+        self._finished = False
+        raw_path = request.scope.get("raw_path") or request.url.path.encode()
+        self.raw_path = raw_path.decode("latin-1")
+        self.query = request.scope.get("query_string", b"").decode("latin-1")
+
+    # the ASGI interface: Starlette awaits the endpoint's return value with these arguments
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async with anyio.create_task_group() as tg:
+            async def watch() -> None:
+                # The body is read; the next message is the client hanging up. Stop the upstream call then:
+                # a model generating for nobody still costs tokens.
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                if not self.done:
+                    self.error = "the client closed the connection before the response was complete"
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            try:
+                await self._relay(send)
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _relay(self, send: Any) -> None:
+        proxy = self.proxy
+        assert proxy._client is not None
+        upstream_url = str(proxy._upstream).rstrip("/") + self.raw_path + (f"?{self.query}" if self.query else "")
+        try:
+            request = httpx.Request(self.request.method, upstream_url, headers=self._forward_headers(),
+                                    content=self.body)
+            response = await proxy._client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            await self._fail(send, 504, f"upstream {proxy.upstream} timed out ({type(exc).__name__})")
+            return
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            await self._fail(send, 502, f"upstream {proxy.upstream} unreachable ({type(exc).__name__}: "
+                                        f"{self._scrub(str(exc))})")
+            return
+        self.status = response.status_code
+        self.headers = response.headers
+        self.recorder = _Recorder(response.headers, limit=proxy.max_body_bytes)
+        out_headers = [(k, v) for k, v in response.headers.raw if k.lower().decode("latin-1") not in HOP_BY_HOP]
+        # The line is written before the client can see the response end, so a caller that reads the log right
+        # after its call returned finds the call there. A stream is relayed event by event (nothing held back); a
+        # plain body holds back its latest chunk until the next arrives, to send it after the line.
+        streamed = self.recorder.streamed
+        held = b""
+        try:
+            await send({"type": "http.response.start", "status": response.status_code, "headers": out_headers})
+            try:
+                async for chunk in response.aiter_raw():
+                    self.recorder.feed(chunk)
+                    if not streamed:
+                        chunk, held = held, chunk
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as exc:
+                self.error = f"the upstream broke off the response ({type(exc).__name__})"
+                if "content-length" in response.headers:
+                    raise  # the client must see a short body as a broken connection, not as complete
+            self.done = self.error is None
+            self.finish()
+            await send({"type": "http.response.body", "body": held, "more_body": False})
+        finally:
+            if not self.done and self.error is None:  # cancelled (the proxy is shutting down) or a bug
+                self.error = "the proxy stopped before the response was complete"
+            self.finish()
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+
+    async def _fail(self, send: Any, status: int, message: str) -> None:
+        log.warning("%s %s: %s", self.request.method, self.raw_path, message)
+        self.finish(error=message)
+        await _error_response(status, message)(self.request.scope, _no_receive, send)
+
+    def _forward_headers(self) -> list[tuple[bytes, bytes]]:
+        raw: list[tuple[bytes, bytes]] = self.request.scope["headers"]
+        named_in_connection = set()
+        for name, value in raw:
+            if name.lower() == b"connection":
+                named_in_connection |= {t.strip().lower() for t in value.decode("latin-1").split(",")}
+        out: list[tuple[bytes, bytes]] = []
+        has_auth = False
+        for name, value in raw:
+            lname = name.lower().decode("latin-1")
+            if lname in HOP_BY_HOP or lname in named_in_connection or lname in ("host", "content-length"):
+                continue
+            if lname == "accept-encoding":
+                value = _decodable_encodings(value)
+            has_auth = has_auth or lname == "authorization"
+            out.append((name, value))
+        if self.proxy._basic_auth is not None and not has_auth:
+            out.append((b"authorization", self.proxy._basic_auth))
+        return out
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without any credential this call carries (header values, the upstream's password)."""
+        secrets = [v.decode("latin-1") for k, v in self.request.scope["headers"]
+                   if SECRET_NAME.search(k.decode("latin-1"))]
+        if self.proxy._basic_auth:
+            secrets.append(base64.b64decode(self.proxy._basic_auth[6:]).decode().partition(":")[2])
+        for secret in secrets:
+            for part in (secret, *secret.split()):  # "Bearer sk-..." and the bare "sk-..."
+                if len(part) >= 6:
+                    text = text.replace(part, "[redacted]")
+        return text
+
+    def finish(self, *, error: str | None = None) -> None:
+        """Write this call's line (once)."""
+        if self._finished:
+            return
+        self._finished = True
+        error = error or self.error
+        latency = round((time.perf_counter() - self.t0) * 1000, 1)
+        path = self.raw_path  # as the client sent it (percent-encoding kept), without the query string
+        entry: dict[str, Any] = {
+            "v": EXCHANGES_FORMAT_VERSION,
+            "at": self.at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "method": self.request.method,
+            "url": self._logged_url(),
+            "path": path,
+            "status": self.status,
+            "request": _json_or_none(self.body),
+            "response": None,
+        }
+        provider = _provider(path)
+        usage = response_id = None
+        rec = self.recorder
+        if rec is not None:
+            rec.close()
+            if rec.streamed:
+                entry["sse"] = [{"event": e.event, "data": _json_or_text(e.data)} for e in rec.events]
+                if rec.events:
+                    summary = usage_from_sse(rec.events, provider or "auto")
+                    usage, response_id = summary.usage, summary.response_id
+            else:
+                entry["response"] = response = rec.json()
+                if isinstance(response, dict):
+                    usage = response.get("usage") if isinstance(response.get("usage"), dict) else None
+                    response_id = response.get("id") if isinstance(response.get("id"), str) else None
+        headers = self.headers or {}
+        entry["usage"] = usage
+        entry["request_id"] = headers.get("request-id") or headers.get("x-request-id") or response_id
+        entry["latency_ms"] = latency
+        if provider:
+            entry["provider"] = provider
+        if headers.get(SIMULATOR_HEADER) is not None:
+            entry["simulated"] = True  # our own simulator answered: its usage is an estimate, never measured
+        if error:
+            entry["error"] = self._scrub(error)
+        log.debug("%s %s -> %s in %.0f ms", entry["method"], path, self.status, latency)
+        self.proxy._write(entry)
+
+    def _logged_url(self) -> str:
+        base = str(self.proxy._upstream).rstrip("/") + self.raw_path
+        if not self.query:
+            return base
+        pairs = parse_qsl(self.query, keep_blank_values=True)
+        kept = [(k, v) for k, v in pairs if not SECRET_NAME.search(k)]
+        if len(kept) == len(pairs):
+            return f"{base}?{self.query}"
+        return f"{base}?{urlencode(kept)}" if kept else base
+
+
+async def _no_receive() -> dict[str, Any]:
+    return {"type": "http.disconnect"}
+
+
+def _error_response(status: int, message: str) -> JSONResponse:
+    # The shape both SDKs read: Anthropic's {"type": "error", "error": {...}}; OpenAI reads error.message too.
+    kind = {408: "timeout_error", 413: "request_too_large", 502: "api_error", 504: "timeout_error"}
+    error = {"type": kind.get(status, "api_error"), "message": f"promptcache-nb proxy: {message}"}
+    return JSONResponse({"type": "error", "error": error}, status_code=status)
+
+
+def _provider(path: str) -> str | None:
+    path = path.rstrip("/")
+    if path.endswith(("/messages", "/messages/count_tokens", "/messages/batches")):
+        return "anthropic"
+    if path.endswith(("/chat/completions", "/responses", "/completions", "/embeddings")):
+        return "openai"
+    return None
+
+
+def _json_or_none(data: bytes) -> Any:
+    if not data:
+        return None
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def _json_or_text(data: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return data
+
+
+def _without_credentials(url: httpx.URL) -> str:
+    return str(url.copy_with(username=None, password=None))
+
+
+class _RedactUrlFilter(logging.Filter):
+    """httpx logs each request's URL at INFO; a credential in its query string (``?key=``) must not follow it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
+            record.args = tuple(_redact_query(a) if isinstance(a, httpx.URL) else a for a in record.args)
+        return True
+
+
+def _redact_query(url: httpx.URL) -> httpx.URL:
+    params = url.params
+    if not any(SECRET_NAME.search(k) for k in params):
+        return url
+    return url.copy_with(params=[(k, "[redacted]" if SECRET_NAME.search(k) else v) for k, v in params.multi_items()])
+
+
+def _install_httpx_log_filter() -> None:
+    logger = logging.getLogger("httpx")
+    if not any(isinstance(f, _RedactUrlFilter) for f in logger.filters):
+        logger.addFilter(_RedactUrlFilter())
+
+
+# -- content encodings: relay the bytes as sent, decode a copy for the log -----------------------------
+def _optional_decoders() -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    try:
+        import brotli  # type: ignore[import-not-found]
+
+        found["br"] = lambda: brotli.Decompressor()
+    except ImportError:
+        pass
+    try:
+        import zstandard  # type: ignore[import-not-found]
+
+        found["zstd"] = lambda: zstandard.ZstdDecompressor().decompressobj()
+    except ImportError:
+        pass
+    return found
+
+
+_OPTIONAL = _optional_decoders()
+DECODABLE = frozenset({"gzip", "x-gzip", "deflate", "identity", *_OPTIONAL})
+
+
+def _decodable_encodings(value: bytes) -> bytes:
+    """An ``Accept-Encoding`` value keeping only the codings this process can decode."""
+    kept = []
+    for part in value.decode("latin-1").split(","):
+        coding = part.split(";", 1)[0].strip().lower()
+        if coding in DECODABLE:
+            kept.append(part.strip())
+    return ", ".join(kept).encode("latin-1") if kept else b"identity"
+
+
+class _Decoder:
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        if coding in ("gzip", "x-gzip", "deflate"):
+            self._obj: Any = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, auto-detected
+        else:
+            self._obj = _OPTIONAL[coding]()
+        self._first = True
+
+    def decode(self, data: bytes) -> bytes:
+        if self._first and self.coding == "deflate" and data:
+            self._first = False
+            try:
+                return self._obj.decompress(data)
+            except zlib.error:  # "deflate" sent as a raw stream without the zlib header (RFC 9110 allows neither)
+                self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
+        if self.coding == "br":
+            return self._obj.process(data)
+        return self._obj.decompress(data)
+
+    def flush(self) -> bytes:
+        return self._obj.flush() if hasattr(self._obj, "flush") and self.coding != "br" else b""
+
+
+class _Recorder:
+    """A decoded copy of one response for the log: SSE events as they arrive, or the JSON body (bounded)."""
+
+    def __init__(self, headers: httpx.Headers, *, limit: int) -> None:
+        self.streamed = headers.get("content-type", "").lower().startswith("text/event-stream")
+        codings = [c.strip().lower() for c in headers.get("content-encoding", "").split(",") if c.strip()]
+        codings = [c for c in codings if c != "identity"]
+        self._decoder: _Decoder | None = None
+        self._readable = len(codings) <= 1 and all(c in DECODABLE for c in codings)
+        if codings and self._readable:
+            self._decoder = _Decoder(codings[0])
+        self._parser = SseParser() if self.streamed else None
+        self.events: list[SseEvent] = []
+        self._buf = bytearray()
+        self._limit = limit
+
+    def feed(self, chunk: bytes) -> None:
+        if not self._readable:
+            return
+        try:
+            data = self._decoder.decode(chunk) if self._decoder is not None else chunk
+        except Exception:  # noqa: BLE001 - a corrupt copy (zlib.error, brotli.error...) must never break the relay
+            self._readable = False
+            return
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
+        if self._parser is not None:
+            self.events.extend(self._parser.feed(data))
+        elif len(self._buf) + len(data) <= self._limit:
+            self._buf += data
+        else:
+            self._readable = False  # too large to keep for the log; usage then stays unknown
+            self._buf = bytearray()
+
+    def close(self) -> None:
+        if self._readable and self._decoder is not None:
+            try:
+                self._take(self._decoder.flush())
+            except Exception:  # noqa: BLE001
+                self._readable = False
+        if self._parser is not None:
+            self.events.extend(self._parser.close())
+            self._parser = None
+
+    def json(self) -> Any:
+        return _json_or_none(bytes(self._buf)) if self._readable else None

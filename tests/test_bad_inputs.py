@@ -1,0 +1,199 @@
+"""The bad-input corpus (issue 15): every malformed input is one clean line, never a traceback, a hang or a change.
+
+Data-driven by folder: ``tests/bad_inputs/<kind>/expected.yaml`` maps each case file to a substring of the
+error it must raise; ``{make: NAME, expect: ...}`` cases are built at run time (binary files, symbolic links).
+A new kind of input is a new folder plus one entry in ``KINDS``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+import promptcache_nb as pc
+
+CORPUS = Path(__file__).resolve().parent / "bad_inputs"
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "data" / "scenarios" / "tiny.yaml"
+GOOD_TURNS = "turns:\n  - user: hi\n    reply: yo\n"
+
+
+# -- builders of run-time cases ----------------------------------------------------------------------------
+def _sqlite(path: Path) -> None:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL)")
+    con.execute("INSERT INTO orders VALUES (1, 9.99)")
+    con.commit()
+    con.close()
+
+
+def _duckdb(path: Path, *statements: str) -> None:
+    con = duckdb.connect(str(path))
+    for sql in statements:
+        con.execute(sql)
+    con.close()
+
+
+def _store(path: Path) -> bytes:
+    with pc.Lab(path, progress=False) as lab:
+        lab.replay(TINY)
+    return path.read_bytes()
+
+
+def _truncated(path: Path) -> None:
+    data = _store(path)
+    path.write_bytes(data[: 3 * 4096 + 1024])  # the headers survive, the blocks do not
+
+
+def _corrupt(path: Path) -> None:
+    data = _store(path)
+    # every block after the three 4 KiB headers overwritten: each block's checksum fails
+    path.write_bytes(data[: 3 * 4096] + bytes([0xAB]) * (len(data) - 3 * 4096))
+
+
+def _symlink_outside(folder: Path) -> Path:
+    outside = folder / "outside.md"
+    outside.write_text("secret\n")
+    (folder / "scenario").mkdir()
+    os.symlink(outside, folder / "scenario" / "prompt.md")
+    sc = folder / "scenario" / "symlink_outside.yaml"
+    sc.write_text("model: claude-sonnet-4-5\nhost_prompt_file: prompt.md\n" + GOOD_TURNS)
+    return sc
+
+
+def _tools_symlink_outside(folder: Path) -> Path:
+    outside = folder / "tools.yaml"
+    outside.write_text("- name: search\n")
+    (folder / "scenario").mkdir()
+    os.symlink(outside, folder / "scenario" / "tools.yaml")
+    sc = folder / "scenario" / "tools_file_symlink_outside.yaml"
+    sc.write_text("model: claude-sonnet-4-5\nhost_prompt: You help.\ntools_file: tools.yaml\n" + GOOD_TURNS)
+    return sc
+
+
+def _in(folder: Path, name: str, build: Callable[[Path], object]) -> Path:
+    build(folder / name)
+    return folder / name
+
+
+MAKERS: dict[str, Callable[[Path, str], Path]] = {
+    "sqlite": lambda d, n: _in(d, n, _sqlite),
+    "foreign_duckdb": lambda d, n: _in(d, n, lambda p: _duckdb(
+        p, "CREATE TABLE orders (id INT)", "CREATE TABLE customers (id INT)", "CREATE TABLE items (id INT)")),
+    "foreign_name_clash": lambda d, n: _in(d, n, lambda p: _duckdb(p, "CREATE TABLE sessions (who TEXT)")),
+    "foreign_view": lambda d, n: _in(d, n, lambda p: _duckdb(
+        p, "CREATE SCHEMA report", "CREATE VIEW report.summary AS SELECT 42 AS answer")),
+    "truncated_store": lambda d, n: _in(d, n, _truncated),
+    "corrupt_store": lambda d, n: _in(d, n, _corrupt),
+    "directory": lambda d, n: _in(d, n, lambda p: p.mkdir()),
+    "missing": lambda d, n: d / n,
+    "symlink_outside": lambda d, n: _symlink_outside(d),
+    "tools_symlink_outside": lambda d, n: _tools_symlink_outside(d),
+}
+
+
+# -- how each kind of input is loaded ----------------------------------------------------------------------
+def _load_scenario(path: Path, case: dict) -> None:
+    pc.load_scenario(path)
+
+
+def _files_state(path: Path) -> dict[str, str]:
+    """Every file beside (and under) the store, with a digest: opening a bad store must change none."""
+    out = {}
+    for p in sorted(path.parent.rglob("*")):
+        if p.is_file():
+            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _open_store(path: Path, case: dict) -> None:
+    before = _files_state(path)
+    try:
+        with pc.Lab(path, progress=False, read_only=case.get("read_only", False)) as lab:
+            for sid in lab.sessions().id:  # a store that opens must also read back without raw errors
+                s = lab.session(id=sid)
+                s.turns()
+                for i in range(s.n_turns):
+                    s.turn(i)
+    finally:
+        assert _files_state(path) == before, "a refused store was modified"
+        assert not Path(str(path) + ".wal").exists()
+
+
+@dataclass(frozen=True)
+class Kind:
+    load: Callable[[Path, dict], None]
+    error: type[pc.PromptCacheError]
+
+
+KINDS: dict[str, Kind] = {
+    "scenarios": Kind(_load_scenario, pc.ScenarioError),
+    "stores": Kind(_open_store, pc.StoreError),
+}
+
+
+def _cases() -> list:
+    out = []
+    for folder in sorted(p for p in CORPUS.iterdir() if p.is_dir()):
+        expected = yaml.safe_load((folder / "expected.yaml").read_text(encoding="utf-8"))
+        for name, spec in sorted(expected.items()):
+            case = spec if isinstance(spec, dict) else {"expect": spec}
+            out.append(pytest.param(folder.name, name, case, id=f"{folder.name}/{name}"))
+    return out
+
+
+CASES = _cases()
+
+
+def test_corpus_is_complete():
+    """Every file of a kind's folder is a listed case or an aid under ``_files/``; every kind has a loader."""
+    for folder in (p for p in CORPUS.iterdir() if p.is_dir()):
+        assert folder.name in KINDS, f"no loader for tests/bad_inputs/{folder.name}: add it to KINDS"
+        listed = set(yaml.safe_load((folder / "expected.yaml").read_text(encoding="utf-8")))
+        on_disk = {p.name for p in folder.iterdir() if p.is_file() and p.name != "expected.yaml"}
+        assert on_disk <= listed, f"unlisted case files in {folder}: {sorted(on_disk - listed)}"
+
+
+@pytest.mark.parametrize(("kind", "name", "case"), CASES)
+def test_bad_input_is_one_clean_line(kind, name, case, tmp_path):
+    spec = KINDS[kind]
+    if "make" in case:
+        path = MAKERS[case["make"]](tmp_path, name)
+    else:
+        path = CORPUS / kind / name
+        assert path.exists(), f"{path} is listed in expected.yaml but missing"
+    with pytest.raises(spec.error) as info:
+        spec.load(path, case)
+    msg = str(info.value)
+    assert isinstance(info.value, pc.PromptCacheError)
+    assert "\n" not in msg, msg
+    assert path.name in msg, msg
+    assert case["expect"] in msg, msg
+    assert "Traceback" not in msg
+
+
+def test_alias_bomb_fails_fast_in_a_fresh_process():
+    """The 9-level "billion laughs" (~300 bytes) is refused at its first anchor, not expanded: a regression
+    would take minutes and gigabytes, so it runs where a timeout can stop it."""
+    bomb = CORPUS / "scenarios" / "alias_bomb.yaml"
+    assert bomb.stat().st_size < 400
+    code = textwrap.dedent(f"""
+        import promptcache_nb as pc
+        try:
+            pc.load_scenario({str(bomb)!r})
+        except pc.ScenarioError as exc:
+            print(exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "anchors and aliases" in out.stdout
