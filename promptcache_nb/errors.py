@@ -35,6 +35,27 @@ class UnknownNameError(PromptCacheError, ValueError):
         super().__init__(f"unknown {kind} {name!r}; valid: {', '.join(self.valid)}")
 
 
+class InvalidOptionError(PromptCacheError, ValueError):
+    """A strategy or cache-model option is unknown, or its value has the wrong type.
+
+    The message is one line naming the valid options, e.g. ``cache model 'openai': unknown option
+    'idle_tll' (did you mean 'idle_ttl'?); valid options: idle_ttl, increment, ...``.
+
+    Attributes:
+        owner: what the options belong to (``cache model 'openai'``, ``strategy 'durable_delta'``).
+        options: the offending option names. problem: what is wrong with them.
+        valid: the option names the owner accepts, sorted.
+    """
+
+    def __init__(self, owner: str, options: list[str] | tuple[str, ...], problem: str,
+                 valid: list[str] | tuple[str, ...]) -> None:
+        self.owner = owner
+        self.options = tuple(options)
+        self.problem = problem
+        self.valid = tuple(sorted(valid))
+        super().__init__(f"{owner}: {problem}; valid options: {', '.join(self.valid) or '(none)'}")
+
+
 class UnknownStrategyError(UnknownNameError):
     def __init__(self, name: str, valid: list[str] | tuple[str, ...]) -> None:
         super().__init__("strategy", name, valid)

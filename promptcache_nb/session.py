@@ -80,7 +80,8 @@ class Turn:
         at: UTC time the request was sent.
         request: the exact Messages body (dict).
         usage: :class:`~promptcache_nb.Usage` — ``usage.label`` says measured or simulated.
-        ideal_cache_read: what a perfectly cache-stable design could have read (estimated tokens).
+        ideal_cache_read: what a perfectly cache-stable design could have read, in the usage's own
+            tokens (measured when the usage is measured; never below the request's own read).
         diff: :class:`~promptcache_nb.PrefixDiff` against the previous request (None on the first).
         observation: :class:`~promptcache_nb.Observation` (OpenClaw semantics) or None.
     """
@@ -1029,6 +1030,10 @@ def _as_call(c: Any) -> Any:
 class Lab:
     """A DuckDB-backed workspace of sessions. ``pc.Lab()`` is in-memory; ``pc.Lab("runs.duckdb")`` a file.
 
+    One Lab per file per process (hard and symbolic links included). A file that is not a promptcache_nb store
+    (another application's DuckDB database, SQLite, text) is refused unchanged. ``read_only=True`` opens an
+    existing store to read: it never creates or migrates the file, and every write raises StoreError.
+
     Example:
         >>> import promptcache_nb as pc
         >>> with pc.Lab() as lab:
@@ -1170,6 +1175,7 @@ class Lab:
             return s
         _check_texts(SessionError, "lab.session", system=system, tools=tools)
         strat = get_strategy(strategy)
+        strategy_params = strat.check_params(strategy_params)  # a misspelt option fails here, naming the valid ones
         cache_model = get_cache_model(cache, **(cache_params or {}))
         model = cache_model.validate_model(model)
         if prices is None:
@@ -1189,7 +1195,7 @@ class Lab:
                 "model": calibration.model, "ratio": float(calibration.ratio),
                 "overhead": float(calibration.overhead)},
             "start": start.isoformat(), "step_seconds": parse_duration(step).total_seconds(),
-            "cache_params": cache_params or {}, "strategy_params": strategy_params or {},
+            "cache_params": cache_params or {}, "strategy_params": strategy_params,
             "prices": None if prices is None else {k: getattr(prices, k) for k in
                                                    ("input", "output", "cache_read", "cache_write_5m",
                                                     "cache_write_1h", "source")},
@@ -1335,9 +1341,13 @@ class Lab:
                     break
                 if i > 0:
                     at = at + turn.after
-                for event in turn.events:
-                    s = s.apply(event, at=at)
-                t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+                # a scenario turn's events and its requests are one transaction (as the Stepper's "Next
+                # turn"): a kill between an event and its request leaves neither, so continuing the scenario
+                # from the stored position never applies an event twice
+                with self.atomic():
+                    for event in turn.events:
+                        s = s.apply(event, at=at)
+                    t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
                 at = t.at
                 bar.update(1 + len(turn.tool_calls))
         except PromptCacheError as exc:

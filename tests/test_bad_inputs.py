@@ -97,6 +97,7 @@ MAKERS: dict[str, Callable[[Path, str], Path]] = {
     "truncated_store": lambda d, n: _in(d, n, _truncated),
     "corrupt_store": lambda d, n: _in(d, n, _corrupt),
     "directory": lambda d, n: _in(d, n, lambda p: p.mkdir()),
+    "fifo": lambda d, n: _in(d, n, os.mkfifo),  # reading one would block forever
     "missing": lambda d, n: d / n,
     "symlink_outside": lambda d, n: _symlink_outside(d),
     "tools_symlink_outside": lambda d, n: _tools_symlink_outside(d),

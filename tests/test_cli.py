@@ -54,3 +54,30 @@ def test_console_script_installed():
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
     for cmd in ("demo", "replay", "sql", "serve"):
         assert cmd in out
+
+
+def test_demo_names_the_model_that_prices_it_and_keeps_small_costs(tmp_path, capsys):
+    out_dir = tmp_path / "demo"
+    assert main(["demo", "--scenario", "tiny", "--cache", "openai", "--strategies", "naive,durable_delta",
+                 "--out", str(out_dir), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "costs priced as gpt-5 (genai-prices openai/gpt-5), openai's stand-in for claude-sonnet-4-5" in out
+    html = (out_dir / "report.html").read_text()
+    assert "costs priced as gpt-5" in html and "<td>0.0073</td>" in html  # four decimals, not 0.01
+    # a typo in --strategies fails before the old demo store is replaced
+    before = (out_dir / "demo.duckdb").stat().st_mtime_ns
+    assert main(["demo", "--scenario", "tiny", "--strategies", "naive,bogus", "--out", str(out_dir)]) == 2
+    assert (out_dir / "demo.duckdb").stat().st_mtime_ns == before
+
+
+def test_help_lists_defaults_and_valid_names_without_markup():
+    from promptcache_nb.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    texts = [parser.format_help()] + [p.format_help() for p in sub.choices.values()]
+    assert not any("``" in t for t in texts)  # no RST markup
+    replay = " ".join(sub.choices["replay"].format_help().split())
+    assert "durable_delta (default: naive)" in replay and "anthropic, deepseek, openai, vllm (default: anthropic)" in replay
+    assert "(default: build/demo)" in " ".join(sub.choices["demo"].format_help().split())
+

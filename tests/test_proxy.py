@@ -165,7 +165,8 @@ def test_anthropic_sync_and_streaming_usage_identical_to_direct_and_logged(api, 
     assert [line["usage"] for line in logged] == [dump(u) for u in got["via"]]
     first, streamed = logged[0], logged[1]
     assert list(first) == ["v", "at", "method", "url", "path", "status", "request", "response", "usage",
-                           "request_id", "latency_ms", "provider"]
+                           "request_id", "latency_ms", "provider", "simulated"]
+    assert first["simulated"] is True  # the upstream was our simulator: its usage must never read as measured
     assert first["v"] == 1 and first["status"] == 200 and first["provider"] == "anthropic"
     assert first["request"] == messages_body() and first["response"]["content"][0]["text"] == "(simulated reply)"
     assert first["request_id"] == api.requests[0].request_id and first["latency_ms"] > 0
@@ -190,7 +191,7 @@ def test_exchanges_reader_reads_the_same_usage(api, proxy, log_path):
     assert len(records) == 3
     for record, sdk in zip(records[:2], (plain, streamed), strict=True):
         assert record.usage == pc.Usage.from_anthropic(sdk, source=record.usage.source)
-        assert record.usage.source == "imported"
+        assert record.usage.source == "simulated"  # the simulator's x-promptcache-simulator header, logged
     assert records[2].usage.cache_read_input_tokens == chat.prompt_tokens_details.cached_tokens
     assert records[2].usage.total_input_tokens == chat.prompt_tokens
     assert records[2].dialect == "openai-chat"

@@ -43,3 +43,19 @@ def test_schema_tables_are_documented():
     for table in ("projects", "sessions", "blocks", "prefix_nodes", "turns", "knowledge", "session_state",
                   "session_messages", "session_prompt_deltas", "calibrations"):
         assert f"`{table}`" in README, table
+
+
+def test_ttl_what_if_figures_are_the_output(reference_scenario):
+    """The README's TTL what-if sentence is what ``ttl_whatif`` / ``keep_warm`` print (issue 13: they drifted)."""
+    with pc.Lab(progress=False) as lab:
+        s = lab.replay(reference_scenario, strategy="durable_delta")
+        totals = pc.ttl_whatif(s, ttls=("5m", "1h")).groupby("ttl")[["cache_read_input_tokens", "cost_usd"]].sum()
+        warm = pc.keep_warm(s, every="4m")
+    read, cost = totals["cache_read_input_tokens"], totals["cost_usd"]
+    sentence = " ".join(README.split())
+    assert (f"all-1h reads more ({int(read['1h']):,} vs {int(read['5m']):,} tokens) but costs more "
+            f"(${cost['1h']:.3f} vs ${cost['5m']:.3f}") in sentence
+    assert (f"a ping every 4 minutes costs ${warm.ping_cost_usd:.3f} and avoids the one rebuild" in sentence
+            and warm.rebuilds_avoided == warm.rebuilds_without == 1)
+    assert f"saving ${warm.net_saving_usd:.3f}." in sentence
+

@@ -283,7 +283,7 @@ def test_removed_key_added_again_resolves_to_the_live_entry(tmp_path):
 def test_record_rejects_shapes_the_api_rejects(body, where):
     with pc.Lab(progress=False) as lab:
         s = lab.session()
-        with pytest.raises(pc.SessionError, match=rf"turn 0: {re.escape(where)}"):
+        with pytest.raises(pc.SessionError, match=rf"request 0: {re.escape(where)}"):
             s.record(body, at=T0)
         assert lab.sql("select count(*) n from turns").n[0] == 0
 

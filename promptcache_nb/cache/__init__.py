@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UnknownCacheModelError
@@ -25,14 +26,38 @@ def cache_model_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def get_cache_model(name: str | CacheModel, **params: Any) -> CacheModel:
-    """A fresh cache model by name (``anthropic``...), or the instance itself."""
-    if isinstance(name, CacheModel):
-        return name
+def cache_model_class(name: str) -> type[CacheModel]:
+    """The registered class of a cache model name; raises UnknownCacheModelError listing the valid ones."""
     cls = _REGISTRY.get(name)
     if cls is None:
         raise UnknownCacheModelError(name, list(_REGISTRY))
-    return cls(**params)
+    return cls
+
+
+def check_cache_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``params`` validated against the cache model's :attr:`~CacheModel.Options`: the options set, with
+    their validated values. Raises :class:`~promptcache_nb.InvalidOptionError` (one line naming the valid
+    options) on an unknown name or a wrong type."""
+    cls = cache_model_class(name)
+    return cls.Options.check(params, owner=f"cache model {name!r}").explicit()
+
+
+def get_cache_model(name: str | CacheModel, **params: Any) -> CacheModel:
+    """A fresh cache model by name (``anthropic``...), or the instance itself.
+
+    ``params`` are the cache model's options (:attr:`CacheModel.Options`); an unknown or mistyped one
+    raises :class:`~promptcache_nb.InvalidOptionError` naming the valid ones.
+
+    Example:
+        >>> import promptcache_nb as pc
+        >>> pc.get_cache_model("openai", idle_ttl="10m").idle_ttl
+        600.0
+    """
+    if isinstance(name, CacheModel):
+        if params:
+            raise TypeError("pass cache parameters to the cache model's constructor, not with an instance")
+        return name
+    return cache_model_class(name)(**check_cache_params(name, params))
 
 
 __all__ = [
@@ -43,7 +68,9 @@ __all__ = [
     "DeepSeekCache",
     "OpenAICache",
     "VLLMCache",
+    "cache_model_class",
     "cache_model_names",
+    "check_cache_params",
     "get_cache_model",
     "register_cache_model",
 ]

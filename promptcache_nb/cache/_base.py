@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
 
+from .._options import Options
 from ..request import PreparedRequest
 from ..usage import Usage
 
@@ -58,6 +59,8 @@ class CacheModel(ABC):
 
     name: ClassVar[str]
     known_models: ClassVar[tuple[str, ...]] = ()
+    #: The constructor's keyword parameters as a typed model (what ``get_cache_model`` validates).
+    Options: ClassVar[type[Options]] = Options
 
     @abstractmethod
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:

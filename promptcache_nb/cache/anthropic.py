@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
+from pydantic import Field
+
+from .._options import Options
 from .._util import common_prefix_length, model_base_id
 from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest, canonical_json
@@ -105,6 +108,20 @@ def _h(parent: bytes, key: str) -> bytes:
     return hashlib.sha256(parent + key.encode()).digest()[:16]
 
 
+class AnthropicOptions(Options):
+    """Parameters of :class:`AnthropicCache`."""
+
+    ttft_seconds: float = Field(0.5, ge=0, description="seconds before an entry written by a request becomes "
+                                "readable (the response must have begun, §1.6)")
+    min_tokens: dict[str, int] | None = Field(None, description="per-model overrides of the minimum "
+                                              "cacheable length table")
+    lookback: int = Field(LOOKBACK_POSITIONS, ge=1, description="positions checked per breakpoint (20)")
+    coalesce_tool_runs: bool = Field(False, description="count a run of consecutive tool_use (or "
+                                     "tool_result) blocks as one position")
+    refresh_along_prefix: bool = Field(True, description="a read refreshes every live entry along the prefix "
+                                       "it read (True) or only the entry it matched (False)")
+
+
 class AnthropicCache(CacheModel):
     """Simulated Anthropic prompt cache for one workspace.
 
@@ -120,6 +137,7 @@ class AnthropicCache(CacheModel):
 
     name: ClassVar[str] = "anthropic"
     known_models: ClassVar[tuple[str, ...]] = tuple(MIN_CACHEABLE_TOKENS)
+    Options: ClassVar[type[Options]] = AnthropicOptions
 
     def __init__(
         self,

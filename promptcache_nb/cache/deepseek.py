@@ -30,6 +30,9 @@ from bisect import bisect_right
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from pydantic import Field
+
+from .._options import Duration, Options
 from .._util import parse_duration
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
@@ -43,6 +46,16 @@ from ._prefix import (
 )
 
 UNIT_TOKENS = 64
+
+
+class DeepSeekOptions(Options):
+    """Parameters of :class:`DeepSeekCache`."""
+
+    unit: int = Field(UNIT_TOKENS, ge=1, description="storage unit in tokens (64)")
+    construction_delay: Duration = Field(2.0, description="before a request's prompt is usable by later ones "
+                                         "(a duration: '2s', seconds, or a timedelta)")
+    lifetime: Duration = Field("6h", description="an unused prefix is cleared after this long (a duration: "
+                               "'6h', seconds, or a timedelta)")
 
 
 class DeepSeekCache(CacheModel):
@@ -59,6 +72,7 @@ class DeepSeekCache(CacheModel):
     """
 
     name: ClassVar[str] = "deepseek"
+    Options: ClassVar[type[Options]] = DeepSeekOptions
 
     def __init__(
         self,

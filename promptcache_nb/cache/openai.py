@@ -37,8 +37,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
+from pydantic import Field
+
+from .._options import Duration, Options
 from .._util import parse_duration
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
@@ -74,6 +77,23 @@ class _Shard:
     prev_life: tuple[float, float] | None = None
 
 
+class OpenAIOptions(Options):
+    """Parameters of :class:`OpenAICache`."""
+
+    retention: Literal["in_memory", "24h"] = Field("in_memory", description="'in_memory' or '24h' "
+                                                   "(prompt_cache_retention)")
+    idle_ttl: Duration = Field("5m", description="in_memory only: a prefix unused this long is gone "
+                               "(a duration: '5m', seconds, or a timedelta)")
+    max_age: Duration = Field("1h", description="in_memory only: the cap on a prefix's lifetime after it was "
+                              "computed (a duration: '1h', seconds, or a timedelta)")
+    min_tokens: int = Field(MIN_TOKENS, ge=1, description="shortest cacheable prompt (1,024)")
+    increment: int = Field(INCREMENT, ge=1, description="cached counts step by this many tokens above "
+                           "min_tokens (128)")
+    routing_tokens: int = Field(ROUTING_TOKENS, ge=0, description="how many leading tokens pick the machine")
+    prompt_cache_key: str | None = Field(None, description="the routing key when the body has no "
+                                         "prompt_cache_key field")
+
+
 class OpenAICache(CacheModel):
     """Simulated OpenAI prompt cache (classic, automatic) for one organisation.
 
@@ -92,6 +112,7 @@ class OpenAICache(CacheModel):
     """
 
     name: ClassVar[str] = "openai"
+    Options: ClassVar[type[Options]] = OpenAIOptions
 
     def __init__(
         self,

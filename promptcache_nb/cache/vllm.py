@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
+from pydantic import Field
+
+from .._options import Options
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
 from ._prefix import (
@@ -67,6 +70,15 @@ class _Node:
     heap_seq: int = -1
 
 
+class VLLMOptions(Options):
+    """Parameters of :class:`VLLMCache`."""
+
+    block_size: int = Field(BLOCK_SIZE, ge=1, description="tokens per KV block (16)")
+    num_blocks: int | None = Field(NUM_BLOCKS, ge=1, description="KV blocks in the pool; None for an "
+                                   "unbounded pool (no eviction)")
+    cache_salt: str | None = Field(None, description="namespace salt when the body has no cache_salt field")
+
+
 class VLLMCache(CacheModel):
     """Simulated vLLM prefix cache (one server, one KV pool).
 
@@ -81,6 +93,7 @@ class VLLMCache(CacheModel):
     """
 
     name: ClassVar[str] = "vllm"
+    Options: ClassVar[type[Options]] = VLLMOptions
 
     def __init__(self, *, block_size: int = BLOCK_SIZE, num_blocks: int | None = NUM_BLOCKS,
                  cache_salt: str | None = None) -> None:

@@ -232,7 +232,8 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                      "parent_id": session_id_for(fmt, first.parent_key) if first.parent_key else None},
                     {"host_prompt": "", "tools": [], "model": first.model or "unknown", "extra": {}},
                 )
-            s = lab.session(id=sid)
+            # keep the Session object a notebook already holds (opening it again would close that one)
+            s = lab.active_session(sid) or lab.session(id=sid)
             todo, dup = _new_requests(s, key, reqs, skipped)
             if not todo:
                 return s, 0, dup

@@ -228,7 +228,7 @@ def load_scenario(path: str | Path, *, allow_outside: bool = False) -> Scenario:
 
 
 def _read_text(p: Path, where: str, line: int | None, field: str, *, shown: str | None = None) -> str:
-    shown = shown or str(p)
+    shown = shown or ("it" if field == "file" else str(p))  # the scenario itself is already named up front
     try:
         st = p.stat()
         if stat.S_ISDIR(st.st_mode):

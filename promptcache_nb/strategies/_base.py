@@ -13,8 +13,10 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from .._options import Options
 from .._util import digest
 from ..store import Delta, KnowledgeEntry
 
@@ -54,7 +56,9 @@ class StrategyContext:
     """Everything a strategy may read, and the two places it may write (``state``, ``deltas``).
 
     ``messages`` is the conversation as the agent knows it, the current user message (or tool result)
-    last. Treat it and its dicts as read-only: they are shared with the session's history.
+    last. Treat it and its dicts as read-only: they are shared with the session's history. ``params`` are
+    the strategy's options as the session stored them (checked against :attr:`Strategy.Options` when the
+    session was created).
     """
 
     session_id: str
@@ -96,10 +100,18 @@ class Strategy(ABC):
     name: ClassVar[str]
     title: ClassVar[str]
     source: ClassVar[str]
+    #: The strategy's parameters (``lab.session(strategy_params=...)``) as a typed model; none by default.
+    Options: ClassVar[type[Options]] = Options
 
     @abstractmethod
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
         """Return the Messages API body for the next request."""
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """``params`` validated against :attr:`Options`: the options set, with their validated values.
+        Raises :class:`~promptcache_nb.InvalidOptionError` (one line naming the valid options)."""
+        return cls.Options.check(params, owner=f"strategy {cls.name!r}").explicit()
 
     def __repr__(self) -> str:
         return f"<strategy {self.name}: {self.title}>"

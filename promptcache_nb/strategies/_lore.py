@@ -17,6 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pydantic import Field
+
+from .._options import Options
 from ..store import Delta, KnowledgeEntry
 from ._base import (
     DEFAULT_MAX_TOKENS,
@@ -179,7 +182,15 @@ def delta_message(text: str) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
+class DeltaOptions(Options):
+    """Options of the delta strategies (``volatile_delta``, ``durable_delta``)."""
+
+    delta_budget_tokens: int = Field(DELTA_BUDGET_TOKENS, ge=1, description="estimated-token budget of one "
+                                     "knowledge delta message; changed entries beyond it are listed by id only")
+
+
 def budget_tokens(ctx: StrategyContext) -> int:
+    # read leniently: a session stored before options were checked keeps loading (its extra keys ignored)
     return int(ctx.params.get("delta_budget_tokens", DELTA_BUDGET_TOKENS))
 
 

@@ -50,6 +50,7 @@ class DurableDelta(Strategy):
     """Lore #747: pinned system[2] plus cumulative knowledge deltas replayed at fixed positions."""
 
     name: ClassVar[str] = "durable_delta"
+    Options: ClassVar[type[_lore.Options]] = _lore.DeltaOptions
     title: ClassVar[str] = "pinned knowledge + durable, replayed prompt deltas"
     source: ClassVar[str] = "Lore PR #747 (BYK/loreai, closes #740)"
 

@@ -30,6 +30,7 @@ class VolatileDelta(Strategy):
     """#740 proposal: pinned system[2] plus a one-request knowledge delta at the tail."""
 
     name: ClassVar[str] = "volatile_delta"
+    Options: ClassVar[type[_lore.Options]] = _lore.DeltaOptions
     title: ClassVar[str] = "pinned knowledge + one-turn delta message"
     source: ClassVar[str] = "Lore issue #740 proposal (BYK/loreai), before PR #747"
 

@@ -1,15 +1,18 @@
 """Notebook widgets: thin ipywidgets views over pure controllers (``pc.widgets``).
 
-- :class:`Stepper` — step a session ("Next turn", "Restart", a look-back slider) and see each request's
-  diff, segment map, usage, observation and the running savings chart.
+- :class:`Stepper` — step a session one scenario turn at a time ("Next turn", "Run to end", "Restart", a
+  request slider) and see each request's diff, segment map, usage, observation and the savings chart.
 - :class:`KnowledgeEditor` — list, add, edit and remove knowledge entries between turns.
 - :class:`DiffView` — the escaped side-by-side prefix diff plus the segment map.
 - :class:`SavingsChart` — :func:`promptcache_nb.plots.plot_savings` as a widget.
 - :class:`Compare` — one scenario under several strategies in lockstep.
 
 Every button has a kernel-side twin (``stepper.next()``, ``editor.edit(...)``) and every view a controller
-(``stepper.controller``) that works without a kernel. The views import ipywidgets on first use, so
-``import promptcache_nb`` stays light for the CLI.
+(``stepper.controller``) that works without a kernel. While a click works its buttons are disabled, a
+progress bar moves for multi-request work, and a status line says what it did; every view also renders a
+static HTML snapshot for notebooks opened without a kernel. A *request* is one stored API call; a
+*scenario turn* is one user turn (one request, or several with a tool loop). The views import ipywidgets
+on first use, so ``import promptcache_nb`` stays light for the CLI.
 """
 
 from __future__ import annotations

@@ -211,6 +211,16 @@ class StepperController(_Observable):
         self.skipped: list[str] = []
         self._views: dict[int, TurnView] = {}
         self._quiet = False
+        self._last_at: tuple[int, datetime] | None = None  # (requests stored, the last one's time)
+
+    def _previous_at(self, s: Session) -> datetime | None:
+        """When the last stored request was sent (a scenario turn's clock starts there)."""
+        n = s.n_turns
+        if n == 0:
+            return None
+        if self._last_at is None or self._last_at[0] != n:  # first use, or requests sent around us
+            self._last_at = (n, s.last_turn.at)  # a Turn rebuilt from the store: not on every click
+        return self._last_at[1]
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -258,6 +268,7 @@ class StepperController(_Observable):
             t = self._scenario_turn(s, first)
             what = self.status
         self._states[t.index] = t.segment_states
+        self._last_at = (t.index + 1, t.at)
         # A turn with tool calls sends several requests; show its first, where the user message and
         # the turn's events (knowledge edits, tool changes…) land. The slider reaches the others.
         self.current = first
@@ -277,8 +288,8 @@ class StepperController(_Observable):
                 "type a user message to keep going"
             )
         turn = sc.turns[self.position]
-        last = s.last_turn
-        at = sc.start if last is None else last.at + turn.after
+        last_at = self._previous_at(s)
+        at = sc.start if last_at is None else last_at + turn.after
         number = f"scenario turn {self.position + 1} of {len(sc.turns)}"
         skipped: list[str] = []
         lab = s._lab

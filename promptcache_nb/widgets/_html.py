@@ -384,9 +384,9 @@ def observation_html(
             verdict += f" (previous request read {fmt_int(prev_read)})"
         parts.append(f"<div>{verdict}</div>")
     if changes:
-        parts.append("<div>changes: " + "; ".join(f"<code>{esc(c)}</code>" for c in changes) + "</div>")
+        parts.append("<div>changes: " + "; ".join(f"<code>{text_html(c)}</code>" for c in changes) + "</div>")
     if explanation is not None and not _isna(explanation) and str(explanation):
-        parts.append(f'<div data-field="explanation">{esc(explanation)}</div>')
+        parts.append(f'<div data-field="explanation">{text_html(explanation)}</div>')  # may quote content
     if not parts and cache_reason:
         where = (cache_detail or {}).get("divergence_path")
         text = f"cache model reason <code>{esc(cache_reason)}</code>"
