@@ -30,6 +30,7 @@ demo: $(BASE_STAMP)
 ## make test: unit tests, notebooks under nbval, and the real-browser test
 test: $(DEV_STAMP) chromium
 	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
+	$(VENV)/bin/mypy
 	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider tests
 	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
@@ -54,6 +55,7 @@ bench: $(BASE_STAMP)
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

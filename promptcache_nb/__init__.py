@@ -8,7 +8,7 @@ from __future__ import annotations
 from . import analysis, plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from ._data import data_path
 from .analysis import Change, Observation, Prices, compare_df, efficiency, prices_for, summarize
-from .analysis.calibrate import Calibration, calibrate, load_calibration
+from .analysis.calibrate import Calibration, CalibrationWarning, calibrate, load_calibration
 from .analysis.resimulate import compare_caches, resimulate
 from .analysis.whatif import keep_warm, rebuilds, ttl_whatif
 from .cache import (
@@ -44,14 +44,22 @@ from .errors import (
     UnpricedModelWarning,
 )
 from .importers import ImportedRequest, ImportResult
-from .live import Backend, BackendResponse, DirectSimulator, SimulatorServer
+from .live import Backend, BackendResponse, DirectSimulator, SimulatorServer, TokenCount, count_tokens
 from .request import PrefixDiff, PreparedRequest, Segment, canonical_bytes, prepare
 from .request.diff import diff
 from .scenario import Scenario, ToolCall, load_scenario
 from .session import KnowledgeBook, Lab, Session, Turn
 from .store import KnowledgeEntry
 from .strategies import Strategy, StrategyContext, register_strategy, strategy_names
-from .tokens import CalibratedTokenizer, CharsTokenizer, HeuristicTokenizer, Tokenizer
+from .tokens import (
+    BPETokenizer,
+    CalibratedTokenizer,
+    CharsTokenizer,
+    HeuristicTokenizer,
+    ModelTokenizer,
+    Tokenizer,
+    tokenizer_family,
+)
 from .usage import Usage
 
 __version__ = "0.1.0"
@@ -79,6 +87,7 @@ __all__ = [
     "APIError",
     "AnthropicBackend",
     "AuthenticationError",
+    "BPETokenizer",
     "Backend",
     "BackendResponse",
     "CACHE_MODELS",
@@ -86,6 +95,7 @@ __all__ = [
     "CacheResult",
     "CalibratedTokenizer",
     "Calibration",
+    "CalibrationWarning",
     "Change",
     "CharsTokenizer",
     "DeepSeekCache",
@@ -100,6 +110,7 @@ __all__ = [
     "KnowledgeEntry",
     "KnowledgeError",
     "Lab",
+    "ModelTokenizer",
     "Observation",
     "OpenAICache",
     "OverloadedError",
@@ -122,6 +133,7 @@ __all__ = [
     "StoreLockedError",
     "Strategy",
     "StrategyContext",
+    "TokenCount",
     "Tokenizer",
     "ToolCall",
     "Turn",
@@ -137,6 +149,7 @@ __all__ = [
     "canonical_bytes",
     "compare_caches",
     "compare_df",
+    "count_tokens",
     "data_path",
     "diff",
     "efficiency",
@@ -153,6 +166,7 @@ __all__ = [
     "resimulate",
     "strategy_names",
     "summarize",
+    "tokenizer_family",
     "ttl_whatif",
     "widgets",
 ]

@@ -12,12 +12,14 @@ class PromptCacheError(Exception):
 class StoreLockedError(PromptCacheError):
     """The DuckDB file is held read-write by another process (another kernel, a CLI, a test)."""
 
-    def __init__(self, path: str, holder: str) -> None:
+    def __init__(self, path: str, holder: str, detail: str | None = None) -> None:
         self.path = path
         self.holder = holder
+        #: what kind of lock it is and what that allows (a writer shuts out read-only viewers too)
+        self.detail = detail
         super().__init__(
-            f"store {path!r} is locked by {holder}; close that Lab (lab.close()) or kernel, "
-            "or open a different file"
+            f"store {path!r} is locked by {holder}{', ' + detail if detail else ''}; close that Lab (lab.close()) "
+            "or kernel, or open a different file"
         )
 
 

@@ -5,17 +5,21 @@ from __future__ import annotations
 import base64
 import html
 import io
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from .plots import plot_compare, plot_cumulative_cost
+from .request.diff import visible
 
 
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    with warnings.catch_warnings():  # a name in a script the font lacks is drawn as boxes, not an error
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=110)
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -43,7 +47,7 @@ def _format(summary: pd.DataFrame) -> pd.DataFrame:
         elif col.endswith("_usd"):
             out[label] = [_usd(v) for v in values]
         else:
-            out[label] = values.astype(str).tolist()
+            out[label] = [visible(str(v)) for v in values]  # names are data: no bidi, no lone surrogate
     return out
 
 
@@ -59,8 +63,13 @@ def write_report(path: str | Path, summary: pd.DataFrame, frames: dict[str, pd.D
     """Write an HTML page with the summary table and two charts; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # every name and note is shown as data: escaped, invisible characters as markers (``⟨RLO⟩``)
+    if "strategy" in summary:
+        summary = summary.assign(strategy=[visible(str(v)) for v in summary["strategy"]])
+    frames = {visible(str(name)): df for name, df in frames.items()}
+    title = visible(title)
     table = _format(summary).to_html(index=False, escape=True)
-    notes_html = "".join(f"<li>{html.escape(n)}</li>" for n in (notes or []))
+    notes_html = "".join(f"<li>{html.escape(visible(n))}</li>" for n in (notes or []))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}

@@ -13,9 +13,9 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -51,8 +51,8 @@ from .scenario import (
 )
 from .store import Delta, KnowledgeEntry, Store
 from .strategies import DeltaTable, StrategyContext, get_strategy
-from .tokens import DEFAULT_TOKENIZER, CalibratedTokenizer, Tokenizer, segment_tokens
-from .usage import Usage
+from .tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens, session_tokenizer
+from .usage import Usage, UsageSource
 
 # a scenario's models are checked when it loads, against the table Lab.session validates with
 set_model_check(get_cache_model("anthropic").validate_model)
@@ -268,8 +268,11 @@ class KnowledgeBook:
     def _write(self, entry: KnowledgeEntry, event: str) -> None:
         # the entry's new version and its pending event commit together: a kill in between keeps neither
         lab = self._s._lab
-        self._s._note_event(event, write=lambda store: store.write_knowledge(entry),
-                            committed=lambda: lab._knowledge_cache.pop(entry.project_id, None))
+
+        def forget_cached() -> None:
+            lab._knowledge_cache.pop(entry.project_id, None)
+
+        self._s._note_event(event, write=lambda store: store.write_knowledge(entry), committed=forget_cached)
 
     def __repr__(self) -> str:
         return f"KnowledgeBook(project={self._s.project!r}, entries={len(self)})"
@@ -291,16 +294,16 @@ class Session:
         self.source: str | None = row.get("source")
         self.parent_id: str | None = row.get("parent_id")
         self._cache_params = cfg.get("cache_params", {})
-        self._cache_model: CacheModel | None = None
-        self._cache_ready = False
+        #: Which sessions share this session's simulated provider cache: ``session`` (its own),
+        #: ``project`` or ``lab`` (every session of the scope with the same cache model and parameters).
+        self.cache_scope: str = cache_scope_of(row)
         self.backend: Backend = backend or DirectSimulator()
         self._prices = Prices(**cfg["prices"]) if cfg.get("prices") else None
         self._step_gap = timedelta(seconds=cfg.get("step_seconds", 30))
         self._start = datetime.fromisoformat(cfg["start"])
-        cal = cfg.get("calibration")
-        # an opted-in calibration scales every estimate of this session (ratio per text; README "Calibration")
-        tokenizer = lab.tokenizer if not cal else CalibratedTokenizer(lab.tokenizer, SimpleNamespace(**cal))
-        self._memo = SegmentMemo(tokenizer)
+        # an opted-in calibration scales every estimate of this session (ratio per text; README "Calibration");
+        # session_tokenizer is the one place that decides it, for every path that counts this session's requests
+        self._memo = SegmentMemo(session_tokenizer(lab.tokenizer, cfg.get("calibration")))
         self._closed = False
         self._load()
 
@@ -311,10 +314,9 @@ class Session:
         self._messages = store.messages(self.id)
         self._msg_seq = store.message_count(self.id)
         self._deltas: list[Delta] = store.deltas(self.id)
-        last = store.one(
-            'SELECT idx, "at", events FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1', [self.id]
-        )
+        last = store.last_turn(self.id)
         self._pending_events: list[str] = []
+        self._resume_turns: tuple[Any, list[Any]] | None = None  # (window start, turns) for Lab._rebuild_cache
         # session_state columns as last written (None: unknown, so the next write rewrites the row)
         self._state_written: dict[str, Any] | None = None
         self._prev: PreparedRequest | None = None
@@ -325,15 +327,37 @@ class Session:
         if last is None:
             self._next_idx = 0
         else:
-            self._next_idx = last[0] + 1
-            self._prev_at = last[1].astimezone(UTC)
-            self._prev = prepare(store.turn_body(self.id, last[0]), memo=self._memo)
+            self._next_idx = last["idx"] + 1
+            self._prev_at = last["at"].astimezone(UTC)
+            # the last request, and the last one whose cache read is known (the observation's baseline), in
+            # one bulk rebuild with the session's memo: never one body query and count per request
+            since = last["at"]
+            marks = store.usage_marks(self.id)
+            if marks is not None and marks.read_idx is not None and marks.read_idx != marks.last_idx:
+                read_at = store.turn_row(self.id, marks.read_idx, ("at",))
+                if read_at is not None:
+                    since = min(since, read_at["at"])
+            # A session-scoped cache the Lab holds no ready copy of is rebuilt from a window before the last
+            # request (Lab._rebuild_cache): load that window now, with the requests above, in the same queries.
+            window = self._lab._cache_window(self, last["at"])
+            if window is not None:
+                since = min(since, window) if window is not _ALL else None
+            turns = _analysis.load_turns(self._lab, self.id, since=since, memo=self._memo)
+            if window is not None:
+                self._resume_turns = (window, turns)
+            loaded = {t.idx: t.request for t in turns}
+            self._prev = loaded[last["idx"]]
             self._prev_keys, self._prev_nodes, _ = store.prefix_nodes(self._prev, [], [])
-            self._prev_obs = _analysis.observation_state_from_store(store, self.id)
+            self._prev_obs = _analysis.observation_state_from_store(store, self.id, requests=loaded)
         self._state_written = store.state_columns(self._state)
         pending = self._state["extra"].get("_pending_events")
         if pending:
             self._pending_events = list(pending)
+
+    @property
+    def lab(self) -> Lab:
+        """The Lab this session belongs to (its store, tokenizer and path)."""
+        return self._lab
 
     @property
     def knowledge(self) -> KnowledgeBook:
@@ -444,19 +468,20 @@ class Session:
 
     # -- the cache model ----------------------------------------------------------------------
     def _cache(self) -> CacheModel:
-        """The session's simulated provider cache, rebuilt from stored turns after a restart."""
-        if self._cache_model is None:
-            self._cache_model = get_cache_model(self.cache, **self._cache_params)
-        if not self._cache_ready:
-            self._cache_model.reset()
-            store = self._lab.store
-            for idx, at in store.rows('SELECT idx, "at" FROM turns WHERE session_id = ? ORDER BY idx', [self.id]):
-                req = prepare(store.turn_body(self.id, idx), memo=self._memo)
-                # a stored request the model cannot simulate (an unknown model, stored with measured usage)
-                # is skipped, as when it was recorded: it never breaks the session
-                _analysis.simulate(self._cache_model, req, at.astimezone(UTC))
-            self._cache_ready = True
-        return self._cache_model
+        """The session's simulated provider cache: the Lab's instance for this session's cache scope, made
+        current for this session's requests (rebuilt from the store when the Lab has none ready)."""
+        model = self._lab._scope_cache(self).model
+        model.stream(self.id)
+        return model
+
+    def _scope_key(self) -> tuple[str, str, str, str]:
+        """(scope, its owner, cache model, parameters): sessions with equal keys share one cache."""
+        owner = self.id if self.cache_scope == "session" else self.project if self.cache_scope == "project" else ""
+        return (self.cache_scope, owner, self.cache, canonical_json(self._cache_params))
+
+    def _cache_stale(self) -> None:
+        """The simulated cache may have seen a request the store did not keep: rebuild it before its next use."""
+        self._lab._drop_cache(self._scope_key())
 
     # -- events -------------------------------------------------------------------------------
     def set_tools(self, tools: list[dict[str, Any]]) -> None:
@@ -474,7 +499,8 @@ class Session:
         self._note_event(f"model_switch:{model}", changes={"model": model})
 
     def _cache_for_validation(self) -> CacheModel:
-        return self._cache_model or get_cache_model(self.cache, **self._cache_params)
+        entry = self._lab._caches.get(self._scope_key())
+        return entry.model if entry is not None else get_cache_model(self.cache, **self._cache_params)
 
     def edit_host_prompt(self, text: str | None = None, *, append: str | None = None) -> None:
         """The host prompt file changed: a new ``text``, or ``append`` to the current one."""
@@ -607,7 +633,7 @@ class Session:
         (self._messages, self._msg_seq, self._state, self._state_written, self._deltas, self._prev,
          self._prev_at, self._prev_keys, self._prev_nodes, self._prev_obs, self._next_idx,
          self._pending_events) = snapshot
-        self._cache_ready = False  # the simulated provider cache saw requests that were not stored
+        self._cache_stale()  # the simulated provider cache saw requests that were not stored
 
     def _next_at(self, at: datetime | None) -> datetime:
         if at is None:
@@ -638,6 +664,9 @@ class Session:
     def _build(self, messages: list[dict[str, Any]], *, at: datetime
                ) -> tuple[PreparedRequest, dict[str, Any], DeltaTable, tuple[str, ...]]:
         """The strategy's next request over ``messages``, with the state and delta rows it would write."""
+        if self._strategy is None:
+            raise SessionError(f"session {self.id!r} was imported ({self.source}); it has no strategy to build a "
+                               "request with: add requests with record(), or replay a scenario in a new session")
         idx = self._next_idx
         # a copy the strategy may change: the big immutable parts (host prompt, tools) are shared
         state = dict(self._state)
@@ -675,8 +704,6 @@ class Session:
             True
         """
         self._check_open()
-        if self._strategy is None:
-            raise SessionError(f"session {self.id!r} was imported ({self.source}); it has no strategy to preview")
         messages = self._messages + [{"role": "user", "content": [{"type": "text", "text": user}]}]
         return self._build(messages, at=self._next_at(at))[0]
 
@@ -685,7 +712,7 @@ class Session:
                events: Iterable[str] = (), reply: list[dict[str, Any]] | None = None,
                source_ref: str | None = None, dedupe_key: str | None = None,
                prepared: PreparedRequest | None = None, dialect: str | None = None,
-               unlogged_prefix_tokens: int | None = None, usage_source: str | None = None) -> Turn:
+               unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
         (measured) usage; without, the session's cache model simulates it. The strategy is not used.
 
@@ -756,12 +783,12 @@ class Session:
                 # backends); the endpoint's own answer is used when the caller asked for it (reply=None).
                 content = resp.content if reply_msg is None else None
         except APIError as exc:
-            self._cache_ready = False
+            self._cache_stale()
             if exc.turn is None:
                 raise exc.at_turn(idx) from None
             raise
         except BaseException:
-            self._cache_ready = False  # the simulated cache may have moved; rebuild it from the store
+            self._cache_stale()  # the simulated cache may have moved; rebuild it from the store
             raise
         try:
             if content is None and reply_msg is not None:
@@ -796,6 +823,7 @@ class Session:
                     msg_rows.append((seq, m))
                     seq += 1
             # the session_state row is rewritten only when it changed (most turns it does not)
+            state_to_write: dict[str, Any] | None
             if state is not None:
                 state_to_write = state
             else:
@@ -840,7 +868,7 @@ class Session:
                 tokenizer=self._memo.tokenizer,
             )
         except BaseException as exc:
-            self._cache_ready = False
+            self._cache_stale()
             if store.commit_count == commits:
                 raise
             interrupted = exc  # record()'s own transaction committed, then a Ctrl-C landed: keep the turn
@@ -1027,12 +1055,43 @@ def _as_call(c: Any) -> Any:
     raise TypeError(f"tool_calls items must be ToolCall or dict, got {type(c).__name__}")
 
 
+_ALL = object()  # a cache rebuild window that starts at the first request
+
+#: Who shares a simulated provider cache (``lab.session(cache_scope=...)``).
+CACHE_SCOPES = ("session", "project", "lab")
+
+
+def cache_scope_of(row: dict[str, Any]) -> str:
+    """A stored session's cache scope: as configured, else ``project`` for an imported session (its sub-agents
+    and compaction calls read the parent's entries) and ``session`` for a simulated one."""
+    scope = row["config"].get("cache_scope")
+    if scope is None:
+        scope = "project" if row.get("strategy") is None else "session"
+    return scope
+
+
+def _scope_key_of(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    """:meth:`Session._scope_key` of a stored session row."""
+    scope = cache_scope_of(row)
+    owner = row["id"] if scope == "session" else row["project_id"] if scope == "project" else ""
+    return (scope, owner, row["cache_model"], canonical_json(row["config"].get("cache_params", {})))
+
+
+@dataclass
+class _ScopeCache:
+    """A simulated provider cache shared by the sessions of one cache scope."""
+
+    model: CacheModel
+    ready: bool = False
+
+
 class Lab:
     """A DuckDB-backed workspace of sessions. ``pc.Lab()`` is in-memory; ``pc.Lab("runs.duckdb")`` a file.
 
     One Lab per file per process (hard and symbolic links included). A file that is not a promptcache_nb store
     (another application's DuckDB database, SQLite, text) is refused unchanged. ``read_only=True`` opens an
     existing store to read: it never creates or migrates the file, and every write raises StoreError.
+    ``trace`` (e.g. ``print``) is called as ``trace(sql, params)`` before each SQL statement the store runs.
 
     Example:
         >>> import promptcache_nb as pc
@@ -1044,9 +1103,10 @@ class Lab:
     """
 
     def __init__(self, path: str | Path = ":memory:", *, tokenizer: Tokenizer | None = None,
-                 progress: bool = True, read_only: bool = False) -> None:
+                 progress: bool = True, read_only: bool = False,
+                 trace: Callable[[str, Any], None] | None = None) -> None:
         self.path = str(path)
-        self.store = Store(path, read_only=read_only)
+        self.store = Store(path, read_only=read_only, trace=trace)  # trace=print: every statement, as it runs
         self.tokenizer = tokenizer or DEFAULT_TOKENIZER
         self.progress = progress
         self._knowledge_cache: dict[str, list[KnowledgeEntry]] = {}
@@ -1054,6 +1114,9 @@ class Lab:
         # file at once instead of waiting for the garbage collector to break a Lab <-> Session cycle.
         self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self._atomic_depth = 0  # > 0 inside atomic(): session objects advance before the outer COMMIT
+        # The simulated provider caches, one per cache scope (Session._scope_key): they outlive Session objects
+        # (a provider's cache does not restart with the agent) and are rebuilt from the store when missing.
+        self._caches: dict[tuple[str, str, str, str], _ScopeCache] = {}
 
     @property
     def read_only(self) -> bool:
@@ -1078,7 +1141,7 @@ class Lab:
         return f"Lab({self.path!r}, {state})"
 
     def _count(self, table: str) -> int:
-        return self.store.one(f"SELECT count(*) FROM {table}")[0]
+        return int(self.store.scalar(f"SELECT count(*) FROM {table}"))
 
     def _knowledge(self, project: str) -> list[KnowledgeEntry]:
         cached = self._knowledge_cache.get(project)
@@ -1109,10 +1172,10 @@ class Lab:
         except BaseException:
             if store.commit_count == commits:  # rolled back: no object may keep what the store lost
                 self._knowledge_cache.clear()
+                self._caches.clear()  # simulated caches saw requests the store lost: rebuilt on next use
                 for s in list(self._open.values()):
                     if not s._closed:
                         s._load()
-                        s._cache_ready = False
             raise
         finally:
             self._atomic_depth -= 1
@@ -1139,7 +1202,7 @@ class Lab:
         project: str = "default",
         system: str = "",
         tools: list[dict[str, Any]] | None = None,
-        id: str | None = None,  # noqa: A002 - the brief's name
+        id: str | None = None,  # noqa: A002 - the README's name
         start: datetime | None = None,
         step: str | timedelta = "30s",
         backend: Backend | None = None,
@@ -1147,6 +1210,7 @@ class Lab:
         strategy_params: dict[str, Any] | None = None,
         prices: Prices | None = None,
         calibration: Any = None,
+        cache_scope: str | None = None,
     ) -> Session:
         """Create a session, or resume one from the store with ``id=``.
 
@@ -1161,6 +1225,11 @@ class Lab:
             prices: explicit prices for a model genai-prices does not know.
             calibration: opt in to a token-estimate calibration: a ``pc.Calibration``, or ``"stored"`` for
                 the latest one saved in this Lab for ``model`` (``pc.calibrate(...).save(lab)``).
+            cache_scope: who shares the simulated provider cache (a provider caches per workspace, not per
+                conversation): ``"session"`` (the default: this session alone), ``"project"`` (every session
+                of ``project`` with the same cache model and parameters: a sub-agent or a compaction call
+                that re-sends the parent's prefix reads the parent's entries) or ``"lab"`` (every session of
+                this Lab). Imported sessions default to ``"project"``.
         """
         if id is not None:
             row = self.store.session_row(id)
@@ -1174,6 +1243,8 @@ class Lab:
             self._open[id] = s
             return s
         _check_texts(SessionError, "lab.session", system=system, tools=tools)
+        if cache_scope is not None and cache_scope not in CACHE_SCOPES:
+            raise SessionError(f"cache_scope={cache_scope!r}: use one of {', '.join(map(repr, CACHE_SCOPES))}")
         strat = get_strategy(strategy)
         strategy_params = strat.check_params(strategy_params)  # a misspelt option fails here, naming the valid ones
         cache_model = get_cache_model(cache, **(cache_params or {}))
@@ -1196,6 +1267,7 @@ class Lab:
                 "overhead": float(calibration.overhead)},
             "start": start.isoformat(), "step_seconds": parse_duration(step).total_seconds(),
             "cache_params": cache_params or {}, "strategy_params": strategy_params,
+            "cache_scope": cache_scope or "session",
             "prices": None if prices is None else {k: getattr(prices, k) for k in
                                                    ("input", "output", "cache_read", "cache_write_5m",
                                                     "cache_write_1h", "source")},
@@ -1207,9 +1279,77 @@ class Lab:
             store.create_session({"id": session_id, "project_id": project, "strategy": strat.name,
                                   "cache_model": cache_model.name, "model": model, "created_at": start,
                                   "config": config}, state)
-        s = Session(self, store.session_row(session_id), backend=backend)
+        row = store.session_row(session_id)
+        assert row is not None  # created just above, in the committed transaction
+        s = Session(self, row, backend=backend)
         self._open[session_id] = s
         return s
+
+    # -- simulated provider caches, one per cache scope ---------------------------------------
+    def _scope_cache(self, session: Session) -> _ScopeCache:
+        """The cache of ``session``'s scope, rebuilt from the store when the Lab holds none ready."""
+        key = session._scope_key()
+        entry = self._caches.get(key)
+        if entry is None:
+            entry = self._caches[key] = _ScopeCache(get_cache_model(session.cache, **session._cache_params))
+        if not entry.ready:
+            self._rebuild_cache(key, entry, session)
+        return entry
+
+    def _cache_window(self, session: Session, last_at: datetime) -> Any:
+        """Where a rebuild of ``session``'s cache would start (``_ALL``: every request), when the Lab holds no
+        ready cache for it and its scope is the session alone; None otherwise."""
+        if session.cache_scope != "session":
+            return None
+        entry = self._caches.get(session._scope_key())
+        if entry is not None and entry.ready:
+            return None
+        model = entry.model if entry is not None else get_cache_model(session.cache, **session._cache_params)
+        horizon = model.state_horizon_seconds()
+        return _ALL if horizon is None else last_at - timedelta(seconds=horizon)
+
+    def _drop_cache(self, key: tuple[str, str, str, str]) -> None:
+        entry = self._caches.get(key)
+        if entry is not None:
+            entry.ready = False
+
+    def _rebuild_cache(self, key: tuple[str, str, str, str], entry: _ScopeCache, session: Session) -> None:
+        """Rebuild a scope's cache from the requests that can still matter: those sent within the cache model's
+        :meth:`~promptcache_nb.CacheModel.state_horizon_seconds` before the scope's last request (every entry
+        alive after it was written or refreshed by one of them), all requests when it has no horizon (LRU).
+        Their bodies are rebuilt in bulk, and the sessions' requests are replayed in time order."""
+        model = entry.model
+        model.reset()
+        model.forget_streams()
+        if session.cache_scope == "session":
+            members = [session.id]
+        else:
+            members = [r["id"] for r in self.store.session_rows(session.cache)
+                       if _scope_key_of(r) == key]
+        horizon = model.state_horizon_seconds()
+        last = self.store.last_request_at(members) if horizon is not None else None
+        since = None if last is None else last - timedelta(seconds=horizon)  # type: ignore[operand]
+        requests: list[tuple[datetime, str, int, PreparedRequest]] = []
+        for sid in members:
+            open_ = self._open.get(sid)
+            memo = open_._memo if open_ is not None and not open_._closed else None
+            preloaded, open_resume = None, open_._resume_turns if open_ is not None else None
+            if open_resume is not None:
+                open_._resume_turns = None
+                start, turns = open_resume
+                if start is _ALL and since is None or start is not _ALL and since is not None and start <= since:
+                    preloaded = [t for t in turns if since is None or t.at >= since]
+            if preloaded is None:
+                preloaded = _analysis.load_turns(self, sid, since=since, memo=memo)
+            requests.extend((t.at, sid, t.idx, t.request) for t in preloaded)
+        if len(members) > 1:
+            requests.sort(key=lambda r: r[:3])
+        for at, sid, _idx, request in requests:
+            model.stream(sid)
+            # a stored request the model cannot simulate (an unknown model, stored with measured usage) is
+            # skipped, as when it was recorded: it never breaks the session
+            _analysis.simulate(model, request, at)
+        entry.ready = True
 
     def _turn_from_store(self, session_id: str, index: int, memo: SegmentMemo | None = None) -> Turn:
         store = self.store
@@ -1271,7 +1411,7 @@ class Lab:
         try:
             with store.transaction():
                 n, first = store.one("SELECT count(*), min(created_at) FROM sessions WHERE project_id = ?",
-                                     [from_project])
+                                     [from_project]) or (0, None)  # an aggregate: always one row
                 if n == 0:
                     return 0
                 store.ensure_project(to_project, first)  # the sessions' own clock, never the wall clock

@@ -1,17 +1,40 @@
 """Token counting. Every count here is an *estimate*: only an endpoint's ``usage`` is a measurement.
 
-No tokenizer download happens at run time. The default :class:`HeuristicTokenizer` splits text the way
-BPE pre-tokenizers do (words, number groups, punctuation runs, whitespace) and charges each piece by
-its length and script. Its error against Claude's real tokenizer is unknown until calibrated against
-measured usage (see :func:`promptcache_nb.calibrate`); treat absolute figures as ±20 %.
+The estimator is chosen by the request's model (:func:`tokenizer_family`, :class:`ModelTokenizer`, the
+default of every Lab):
+
+* **OpenAI** models count their text with the exact BPE of their encoding — ``o200k_base`` (GPT-4o,
+  GPT-4.1, GPT-5, o-series) or ``cl100k_base`` (GPT-4, GPT-3.5) — from the ranks bundled in the
+  ``bpe-openai`` wheel (MIT; the ``o200k_base`` ranks are byte-identical to OpenAI's published file, sha256
+  ``446a9538…``). Nothing is downloaded at run time. The text is exact; the per-message frame is not.
+* **Claude** models use :class:`HeuristicTokenizer`, per tokenizer generation: ``claude-v3`` (Claude 3 …
+  Opus 4.6, Sonnet 4.x, Haiku 4.5) as is; ``claude-v4.7`` (Opus 4.7–4.9) and ``claude-v5`` (the 5
+  models), whose newer tokenizer yields more tokens for the same text
+  (docs/provider_cache_rules.md#token-counts: 1.0–1.35× per Anthropic, 1.22× on code and 1.44× on English
+  per ctok), scaled by a prior ratio of :data:`NEWER_CLAUDE_RATIO` until a measured calibration of the
+  family replaces it.
+* **Everyone else** (DeepSeek, Gemini, vLLM-served models…) uses the heuristic too, and says so: the
+  estimator's :attr:`Tokenizer.name` is recorded on every prepared request (``PreparedRequest.tokenizer``).
+
+Anthropic's tokenizer is not public: against Claude's real counts the heuristic's error is unknown until
+calibrated against measured usage (:func:`promptcache_nb.calibrate`); treat absolute figures as ±20 %.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import math
 import re
+import threading
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol, runtime_checkable
+
+from ._util import model_base_id
 
 # Pieces: letters (with one leading space, like GPT/Claude pre-tokenizers), digit groups of up to 3,
 # punctuation runs, newlines, other whitespace.
@@ -20,7 +43,12 @@ _PIECE = re.compile(r" ?[^\W\d_]+| ?\d{1,3}| ?[^\s\w]+|\n+|\s+", re.UNICODE)
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """Anything with a name and a ``count(text) -> int``."""
+    """Anything with a name and a ``count(text) -> int``.
+
+    A tokenizer may also offer ``for_model(model) -> Tokenizer`` (as :class:`ModelTokenizer` does): the
+    estimator for one model's requests. :func:`~promptcache_nb.prepare` asks for it once per request body;
+    a tokenizer without it counts every model's text the same way.
+    """
 
     name: str
 
@@ -68,7 +96,205 @@ class CharsTokenizer:
         return math.ceil(len(text) / 4)
 
 
-DEFAULT_TOKENIZER: Tokenizer = HeuristicTokenizer()
+# -- one estimator per model family -----------------------------------------------------------------
+CLAUDE_V3 = "claude-v3"
+CLAUDE_V47 = "claude-v4.7"
+CLAUDE_V5 = "claude-v5"
+OPENAI_O200K = "openai-o200k"
+OPENAI_CL100K = "openai-cl100k"
+#: The tokenizer families :func:`tokenizer_family` names (besides ``deepseek``, ``gemini`` and
+#: ``model:<id>`` for a model of no known family, which never pools with another).
+FAMILIES = (CLAUDE_V3, CLAUDE_V47, CLAUDE_V5, OPENAI_O200K, OPENAI_CL100K, "deepseek", "gemini")
+
+#: Prior scale of the heuristic for the Claude families with the newer tokenizer, until a measured calibration
+#: of the family replaces it (``lab.session(calibration="stored")``). Issue 11 measured the unscaled
+#: heuristic 25-30 % low on these models; docs/provider_cache_rules.md#token-counts gives the new tokenizer
+#: 1.0-1.35× the old one per Anthropic, 1.22× on code and 1.44× on English per ctok. Agent traffic mixes code
+#: and prose.
+NEWER_CLAUDE_RATIO = 1.35
+
+# Claude 4.7-4.9 share the tokenizer Opus 4.7 introduced; the 5 models keep its vocabulary with another
+# message frame (ctok's v4.7 and v5 families, §8). Every other Claude id (Claude 3 ... Opus 4.6, Sonnet 4.x,
+# Haiku 4.5, and ids this table does not know) is the earlier generation.
+_CLAUDE_V47 = re.compile(r"^claude-[a-z]+-4-[7-9](?:$|[-@.])")
+_CLAUDE_V5 = re.compile(r"^claude-[a-z]+-5(?:$|[-@.])")
+# tiktoken's model table (model.py), longest prefixes first: gpt-4o and gpt-4.1 are o200k, plain gpt-4 cl100k.
+_O200K = re.compile(r"^(?:gpt-4o|chatgpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|gpt-oss|o1|o3|o4|codex-|computer-use)")
+_CL100K = re.compile(r"^(?:gpt-4|gpt-3\.5|gpt-35|text-embedding-3|text-embedding-ada-002)")
+
+
+@lru_cache(maxsize=1024)
+def tokenizer_family(model: str | None) -> str:
+    """The tokenizer family of a model id: dated snapshots, ``-latest`` aliases, Bedrock and Vertex ids and an
+    ``openai/`` style provider prefix resolved; a family name maps to itself.
+
+    Example:
+        >>> tokenizer_family("claude-sonnet-4-5-20250929"), tokenizer_family("claude-opus-4-7")
+        ('claude-v3', 'claude-v4.7')
+        >>> tokenizer_family("gpt-4.1-2025-04-14"), tokenizer_family("gpt-4-0613")
+        ('openai-o200k', 'openai-cl100k')
+    """
+    raw = (model or "").strip()
+    if raw in FAMILIES or raw.startswith("model:"):
+        return raw
+    base = model_base_id(raw.rsplit("/", 1)[-1]) if raw else ""
+    if base.startswith("claude-"):
+        if _CLAUDE_V5.match(base):
+            return CLAUDE_V5
+        if _CLAUDE_V47.match(base):
+            return CLAUDE_V47
+        return CLAUDE_V3
+    if _O200K.match(base):
+        return OPENAI_O200K
+    if _CL100K.match(base):
+        return OPENAI_CL100K
+    if base.startswith("deepseek"):
+        return "deepseek"
+    if base.startswith("gemini"):
+        return "gemini"
+    return f"model:{base or 'unknown'}"
+
+
+_BPE_LOCK = threading.Lock()
+_BPE: dict[str, Any] = {}
+
+
+def _bpe_bindings() -> Any:
+    """The compiled tokenizer of ``bpe-openai`` (ranks embedded in the extension).
+
+    Its package ``__init__`` parses every bundled ranks file in Python (~1.5 s) for a tiktoken-compatible API
+    we do not use, so the extension module is loaded on its own; any surprise in the package's layout falls
+    back to the ordinary import.
+    """
+    try:
+        spec = importlib.util.find_spec("bpe_openai")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("bpe_openai")
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+        path = next(p for p in folder.iterdir() if p.name.startswith("_bindings.") and p.name.endswith(suffixes))
+        ext = importlib.util.spec_from_file_location("bpe_openai._bindings", path)
+        module = importlib.util.module_from_spec(ext)  # type: ignore[arg-type]
+        ext.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    except (ImportError, StopIteration, OSError, AttributeError):
+        try:
+            from bpe_openai import _bindings
+        except ImportError:
+            raise ImportError(
+                "counting OpenAI tokens exactly needs the bpe-openai package (a dependency of promptcache_nb): "
+                "pip install bpe-openai"
+            ) from None
+        return _bindings
+
+
+class BPETokenizer:
+    """OpenAI's exact byte-pair encoding of a text, offline: ``o200k_base`` or ``cl100k_base``.
+
+    The ranks come with the ``bpe-openai`` wheel (MIT, embedded in its compiled extension; verified
+    token-for-token against tiktoken 0.14 on the same ranks), so nothing is downloaded. Loaded on the first
+    count (~0.3 s), then ~10 MB/s. Special-token text (``<|endoftext|>``) is counted as ordinary text.
+
+    Example:
+        >>> BPETokenizer("o200k_base").count("hello world")
+        2
+    """
+
+    ENCODINGS = ("o200k_base", "cl100k_base")
+
+    def __init__(self, encoding: str = "o200k_base") -> None:
+        if encoding not in self.ENCODINGS:
+            raise ValueError(f"encoding must be one of {', '.join(self.ENCODINGS)}, got {encoding!r}")
+        self.name = encoding
+
+    def _backend(self) -> Any:
+        backend = _BPE.get(self.name)
+        if backend is None:
+            with _BPE_LOCK:
+                backend = _BPE.get(self.name)
+                if backend is None:
+                    backend = _BPE[self.name] = _bpe_bindings().tokenizer_for_encoding(self.name)
+        return backend
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        try:
+            return int(self._backend().count(text))
+        except UnicodeEncodeError:  # a lone surrogate: count it as the U+FFFD the API would see
+            return int(self._backend().count(text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")))
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids (for tests and curious readers)."""
+        return list(self._backend().encode(text)) if text else []
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer({self.name!r})"
+
+
+class ModelTokenizer:
+    """The estimator chosen by the request's model: the default tokenizer of every Lab.
+
+    ``for_model(model)`` gives, by :func:`tokenizer_family`: the exact :class:`BPETokenizer` for OpenAI
+    models; ``default`` scaled by ``ratios[family]`` for the Claude families with the newer tokenizer
+    (:data:`NEWER_CLAUDE_RATIO`); ``default`` itself for ``claude-v3`` and every other model. ``count(text)``
+    (no model known) is ``default``'s.
+
+    Args:
+        default: the estimator of Claude and other models (:class:`HeuristicTokenizer`).
+        ratios: per-family prior scales of ``default`` (merged over the built-in ones; ``1.0`` turns one off).
+        exact_openai: count OpenAI models with their BPE (True) or with ``default`` (False).
+
+    Example:
+        >>> tok = ModelTokenizer()
+        >>> tok.for_model("gpt-4.1").name, tok.for_model("claude-sonnet-4-5").name
+        ('o200k_base', 'heuristic-v1')
+        >>> tok.for_model("claude-opus-4-7").name
+        'heuristic-v1*1.35[claude-v4.7]'
+    """
+
+    name = "per-model-v1"
+
+    def __init__(self, default: Tokenizer | None = None, *, ratios: Mapping[str, float] | None = None,
+                 exact_openai: bool = True) -> None:
+        self.default = default or HeuristicTokenizer()
+        self.ratios = {CLAUDE_V47: NEWER_CLAUDE_RATIO, CLAUDE_V5: NEWER_CLAUDE_RATIO, **(ratios or {})}
+        self.exact_openai = exact_openai
+        self._families: dict[str, Tokenizer] = {}
+
+    def for_family(self, family: str) -> Tokenizer:
+        """The estimator of one tokenizer family (built once)."""
+        tok = self._families.get(family)
+        if tok is None:
+            if self.exact_openai and family == OPENAI_O200K:
+                tok = BPETokenizer("o200k_base")
+            elif self.exact_openai and family == OPENAI_CL100K:
+                tok = BPETokenizer("cl100k_base")
+            elif self.ratios.get(family, 1.0) != 1.0:
+                tok = CalibratedTokenizer(self.default, SimpleNamespace(model=family, ratio=self.ratios[family]))
+            else:
+                tok = self.default
+            self._families[family] = tok
+        return tok
+
+    def for_model(self, model: str | None) -> Tokenizer:
+        """The estimator of ``model``'s requests."""
+        return self.for_family(tokenizer_family(model))
+
+    def count(self, text: str) -> int:
+        return self.default.count(text)
+
+    def __repr__(self) -> str:
+        return f"ModelTokenizer(default={self.default.name!r}, exact_openai={self.exact_openai})"
+
+
+def estimator_for(tokenizer: Tokenizer, model: str | None) -> Tokenizer:
+    """The estimator ``tokenizer`` uses for ``model`` (itself when it counts every model alike)."""
+    pick = getattr(tokenizer, "for_model", None)
+    return pick(model) if pick is not None else tokenizer
+
+
+DEFAULT_TOKENIZER: Tokenizer = ModelTokenizer()
 
 # Fixed framing the API adds around blocks (role markers, tool wrappers). Estimates, not documented.
 MESSAGE_FRAME_TOKENS = 4
@@ -187,9 +413,13 @@ def _openai_tokens(element: Any, count: Any) -> int:
 
 
 class _Fit(Protocol):
-    model: str
-    ratio: float
-    overhead: float
+    # read-only members: a frozen Calibration satisfies them
+    @property
+    def model(self) -> str: ...
+    @property
+    def ratio(self) -> float: ...
+    @property
+    def overhead(self) -> float: ...
 
 
 class CalibratedTokenizer:
@@ -211,10 +441,38 @@ class CalibratedTokenizer:
         self.base = base
         self.calibration = calibration
         self.name = f"{base.name}*{calibration.ratio:.4g}[{calibration.model}]"
+        self._models: dict[int, Tokenizer] = {}
 
     def count(self, text: str) -> int:
         n = self.base.count(text)
         return round(n * self.calibration.ratio) if n else 0
 
+    def for_model(self, model: str | None) -> Tokenizer:
+        """The estimator of ``model``'s requests: ``base``'s, scaled when the calibration covers ``model``
+        (its family, or every model for a pooled ``"*"`` one); a calibration of one family never scales
+        another's counts."""
+        inner = estimator_for(self.base, model)
+        target = getattr(self.calibration, "model", "*")
+        if target not in ("*", None) and tokenizer_family(target) != tokenizer_family(model):
+            return inner
+        if inner is self.base:
+            return self
+        tok = self._models.get(id(inner))
+        if tok is None:
+            tok = self._models[id(inner)] = CalibratedTokenizer(inner, self.calibration)
+        return tok
+
     def __repr__(self) -> str:
         return f"CalibratedTokenizer({self.base.name!r}, ratio={self.calibration.ratio:.4g})"
+
+
+def session_tokenizer(base: Tokenizer, calibration: Mapping[str, Any] | None) -> Tokenizer:
+    """The tokenizer of a session: the Lab's ``base``, scaled by the calibration the session opted in to
+    (its stored ``config["calibration"]``: ``model``, ``ratio``, ``overhead``).
+
+    The one place this is decided: recording, resuming, re-simulating, what-ifs and rebuild evidence all count
+    a session's requests with it, so a request stored as N estimated tokens re-simulates as N.
+    """
+    if not calibration:
+        return base
+    return CalibratedTokenizer(base, SimpleNamespace(**calibration))

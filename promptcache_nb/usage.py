@@ -1,6 +1,6 @@
 """The typed usage record every stage shares.
 
-Arithmetic (Anthropic's, provider_cache_rules.md §1.8):
+Arithmetic (Anthropic's, docs/provider_cache_rules.md#anthropic-usage):
 ``total_input = input_tokens + cache_read_input_tokens + cache_creation_input_tokens``, and
 ``cache_creation_input_tokens = cache_creation_5m_input_tokens + cache_creation_1h_input_tokens``.
 ``None`` means unknown, never 0.
@@ -12,7 +12,7 @@ OpenAI reports the prompt *including* what was read from (and written to) the ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 UsageSource = Literal["simulated", "live", "imported"]
 
@@ -104,7 +104,7 @@ class Usage:
         Chat: ``prompt_tokens``, ``prompt_tokens_details.cached_tokens``, ``completion_tokens``,
         ``completion_tokens_details.reasoning_tokens``. Responses: ``input_tokens``,
         ``input_tokens_details.cached_tokens``, ``output_tokens``, ``output_tokens_details.reasoning_tokens``.
-        The prompt figure *includes* the cached tokens (provider_cache_rules.md §2.1) and, on models that
+        The prompt figure *includes* the cached tokens (docs/provider_cache_rules.md#openai-usage) and, on models that
         charge for cache writes, the written ones (``*_details.cache_write_tokens``, §2.2), so::
 
             cache_read_input_tokens     = cached_tokens
@@ -183,6 +183,10 @@ class Usage:
         }
 
 
+@overload
+def _count(obj: dict[str, Any], key: str, where: str, *, required: Literal[True]) -> int: ...
+@overload
+def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False) -> int | None: ...
 def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False) -> int | None:
     """A token count from a usage payload: a non-negative int, or None when absent (and not required)."""
     value = obj.get(key)

@@ -1,4 +1,4 @@
-"""The Anthropic cache model against the documented rules (provider_cache_rules.md §1)."""
+"""The Anthropic cache model against the documented rules (docs/provider_cache_rules.md#anthropic-breakpoints and after)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""OpenAI, DeepSeek and vLLM cache models against their documented rules (provider_cache_rules.md §2, §4,
-§5), and re-simulating stored sessions under them.
+"""OpenAI, DeepSeek and vLLM cache models against their documented rules (docs/provider_cache_rules.md#openai-automatic-caching,
+#deepseek, #vllm), and re-simulating stored sessions under them.
 
 Requests are hand-built: one user message of text blocks, each given a fixed token count, so a request is
 a list of (label, tokens) and every expected figure is arithmetic from the rule being tested.

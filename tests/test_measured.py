@@ -298,7 +298,7 @@ def test_each_request_is_priced_by_its_own_model(lab):
     assert dated.cost_usd == pytest.approx((1_000 * 3 + 10_000 * 0.30 + 2_000 * 3.75 + 500 * 15) / 1e6)
 
 
-# documented per-MTok rates (provider_cache_rules.md [O4], OpenAI pricing): input, cached input, output
+# documented per-MTok rates (docs/provider_cache_rules.md#openai-automatic-caching [O4], OpenAI pricing): input, cached input, output
 OPENAI_RATES = {"gpt-5-mini": (0.25, 0.025, 2.0), "gpt-4.1": (2.0, 0.5, 8.0), "gpt-5.3-codex": (1.75, 0.175, 14.0)}
 
 

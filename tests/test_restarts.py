@@ -1,4 +1,4 @@
-"""Durability (seed_designs.md §5.3): for every strategy, the request after a restart — in-process with
+"""Durability (invariant 3 of docs/seed_designs.md#invariants): for every strategy, the request after a restart — in-process with
 ``s.restart()``, or after closing a file-backed Lab and reopening it in a new process — is byte-identical
 to the uninterrupted session's request. Restart points cover a plain turn boundary, right after a
 knowledge change (before and after the request that surfaces it) and inside tool loops (a crash at the

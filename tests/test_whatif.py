@@ -1,4 +1,4 @@
-"""TTL what-if, keep-warm pings and rebuild attribution (rules §1.4-1.7) on recorded sessions whose
+"""TTL what-if, keep-warm pings and rebuild attribution (docs/provider_cache_rules.md#anthropic-lookback to docs/provider_cache_rules.md#anthropic-pricing) on recorded sessions whose
 right answers follow from the stored totals: every body uses top-level automatic caching, so a request
 writes (or reads) everything up to its last block."""
 
@@ -164,3 +164,99 @@ def test_rebuilds_explains_turns_stored_without_a_reason(idle_session):
     s._lab.store.con.execute("UPDATE turns SET cache_reason = NULL, cache_detail = NULL").fetchall()
     df = pc.rebuilds(s)
     assert list(df.idx) == [2] and df.reason[0] == "ttl_expired"
+
+
+# -- partial Claude Code bodies: the client's breakpoints (AnthropicCache(assume_client_breakpoints=True)) --
+
+@pytest.fixture(scope="module")
+def claude_code():
+    """The example Claude Code session (11 requests, no parent): partial bodies without any cache_control."""
+    with pc.Lab(progress=False) as lab:
+        result = lab.import_log(pc.data_path("logs"))
+        s = next(s for s in result.sessions
+                 if s.source.startswith("claude-code") and s.parent_id is None and len(s.turns()) == 11)
+        yield s
+
+
+def test_claude_code_bodies_stay_as_logged(claude_code):
+    import json
+    from pathlib import Path
+
+    from promptcache_nb.importers._registry import READERS
+    from promptcache_nb.request import canonical_bytes
+
+    s = claude_code
+    path = Path(s.source.split(":", 1)[1])
+    logged = [r.body for r in READERS["claude-code"].read(path)
+              if isinstance(r, pc.ImportedRequest) and r.model != "<synthetic>"]
+    stored = [s._lab.store.turn_body(s.id, i) for i in range(11)]
+    assert [canonical_bytes(b) for b in stored] == [canonical_bytes(b) for b in logged]  # byte-identical
+    assert not any("cache_control" in json.dumps(b) for b in stored)  # the breakpoints exist only in the model
+    assert s._config["cache_params"] == {"client_ttls": ["1h", "5m"]}  # from the measured 5m/1h write split
+
+
+def test_claude_code_session_simulates_the_clients_breakpoints(claude_code):
+    s = claude_code
+    df = s.turns()
+    assert list(df.cache_reason) == ["cold", "hit", "hit", "hit", "hit", "hit", "ttl_expired", "hit", "hit",
+                                     "prefix_changed", "hit"]
+    detail = s.turn(6).cache_detail
+    assert detail["assumed_breakpoints"] and detail["breakpoints"][0] == "(unlogged prefix)"
+    assert detail["breakpoint_ttls"] == ["1h", "5m"]
+    # the simulator reads what the API read after the 6m18s gap: the 1h system-prompt entry, 14,210 tokens
+    assert detail["predicted_usage"]["cache_read_input_tokens"] == df.cache_read_input_tokens[6] == 14_210
+    # the layout is a documented option: off, nothing is ever cached (the old behaviour)
+    off = pc.resimulate(s, cache="anthropic", assume_client_breakpoints=False)
+    assert set(off.cache_reason[1:]) == {"no_breakpoint"} and off.cache_read_input_tokens.sum() == 0
+
+
+def test_ttl_whatif_on_claude_code(claude_code):
+    df = pc.ttl_whatif(claude_code)
+    five, hour = df[df.ttl == "5m"].set_index("idx"), df[df.ttl == "1h"].set_index("idx")
+    # 5m everywhere: the 6m18s gap before request 6 loses the whole prefix, system prompt included
+    assert (five.cache_reason[6], five.cache_read_input_tokens[6]) == ("ttl_expired", 0)
+    assert five.cache_creation_input_tokens[6] == five.total_tokens[6]
+    # 1h everywhere: request 6 reads everything request 5 held
+    assert (hour.cache_reason[6], hour.cache_read_input_tokens[6]) == ("hit", hour.total_tokens[5])
+    assert hour.cache_read_input_tokens.sum() == 150_829 and five.cache_read_input_tokens.sum() == 135_165
+    assert hour.cost_usd.sum() == pytest.approx(0.1675, abs=5e-4)
+    assert five.cost_usd.sum() == pytest.approx(0.1848, abs=5e-4)
+    # elsewhere both read what the previous request left (a hit), except the history edit at request 9
+    assert [i for i in range(1, 11) if hour.cache_reason[i] != "hit"] == [9]
+
+
+def test_keep_warm_on_claude_code_avoids_the_rebuild_at_request_6(claude_code):
+    kw = pc.keep_warm(claude_code, every="4m")
+    turns = kw.turns.set_index("idx")
+    assert (kw.pings, kw.rebuilds_without, kw.rebuilds_with, kw.rebuilds_avoided) == (2, 2, 1, 1)
+    assert bool(turns.rebuild_without[6]) and not turns.rebuild_with[6] and turns.reason_with[6] == "hit"
+    assert turns.pings_before[6] == 1 and turns.read_with[6] == 15_664  # everything request 5 held
+    assert bool(turns.rebuild_with[9])  # a history edit no ping can prevent
+    # with the client's 1h system-prompt entry, only 1.5k tokens were at stake: the pings cost more
+    assert kw.ping_cost_usd == pytest.approx(0.0095, abs=2e-4)
+    assert kw.net_saving_usd == pytest.approx(-0.0045, abs=2e-4)
+    # with every breakpoint at 5m the whole prefix was at stake: the same pings pay for themselves
+    assert pc.keep_warm(claude_code, every="4m", ttl="5m").net_saving_usd == pytest.approx(0.0446, abs=5e-4)
+
+
+def test_client_breakpoint_options():
+    from promptcache_nb.cache.anthropic import AnthropicCache, client_ttls_from_usage
+
+    assert client_ttls_from_usage([pc.Usage(4, 0, 14259, 49, 14210), pc.Usage(3, 14259, 422, 422, 0)]) == ("1h", "5m")
+    assert client_ttls_from_usage([pc.Usage(4, 0, 3147, 3147, 0)]) == ("5m", "5m")
+    assert client_ttls_from_usage([pc.Usage(4, 0, 500, 0, 500)]) == ("1h", "1h")
+    assert client_ttls_from_usage([pc.Usage(4, 0, 0, None, None)]) is None
+    with pytest.raises(pc.PromptCacheError, match="client_ttls"):
+        pc.get_cache_model("anthropic", client_ttls=("5m", "1h"))  # 1h must come first
+    # an explicit marker anywhere: the body says what it wants, nothing is assumed
+    cache = AnthropicCache()
+    marked = {"model": "claude-sonnet-4-5", "max_tokens": 8, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi " * 900, "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]}
+    req = prepare(marked, unlogged_prefix_tokens=5_000)
+    assert [req.segments[i].path for i, _ in cache.breakpoints(req)] == ["messages[0].content[0]"]
+    bare = prepare({**marked, "messages": [{"role": "user", "content": "hi " * 900}]}, unlogged_prefix_tokens=5_000)
+    assert cache.breakpoints(bare) == [(0, "5m"), (1, "5m")]
+    assert AnthropicCache(assume_client_breakpoints=False).breakpoints(bare) == []
+    complete = prepare({**marked, "messages": [{"role": "user", "content": "hi " * 900}]})  # not partial
+    assert cache.breakpoints(complete) == []

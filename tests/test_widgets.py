@@ -567,3 +567,18 @@ def test_plots_mark_the_request_on_show_and_keep_labels_clear(stepper):
     legend = cax.get_legend().get_window_extent()
     for label in cax.texts:  # the efficiency / cost labels above the bars
         assert not legend.overlaps(label.get_window_extent())
+
+
+def test_report_shows_names_as_data_and_small_costs(tmp_path):
+    import pandas as pd
+
+    from promptcache_nb.report import write_report
+
+    name = "evil\u202e<b>x"
+    summary = pd.DataFrame([{"strategy": name, "cache": "anthropic", "requests": 2, "cache_read_pct": 40.0,
+                             "efficiency": 0.5, "cache_read": 400, "cache_write": 300, "uncached": 300,
+                             "breaks": 1, "cost_usd": 0.004, "cost_no_cache_usd": 0.0061, "saved_usd": 0.0021}])
+    frames = {name: pd.DataFrame({"idx": [0, 1], "cost_usd": [0.002, 0.002]})}
+    html = write_report(tmp_path / "r.html", summary, frames, title=f"t{name}", notes=[name]).read_text()
+    assert "\u202e" not in html and "<b>x" not in html
+    assert "evil⟨RLO⟩&lt;b&gt;x" in html and "<td>0.0040</td>" in html and "<td>0.0021</td>" in html

@@ -70,7 +70,15 @@ def same_model(a: str | None, b: str | None) -> bool:
 
 
 def tools_of(request: PreparedRequest) -> list[str]:
-    return [s.content_hash for s in request.segments if s.kind == "tool"]
+    """Content hashes of the request's tool definitions (tools come first, after an unlogged prefix: the
+    walk stops at the first other segment, so it costs O(tools), not O(segments))."""
+    out = []
+    for s in request.segments:
+        if s.kind == "tool":
+            out.append(s.content_hash)
+        elif s.kind != "unlogged":
+            break
+    return out
 
 
 def _scaled(estimated_part: int, estimated_whole: int, total: int) -> int:

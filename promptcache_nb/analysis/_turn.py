@@ -23,6 +23,7 @@ tokens) plus byte work inside the one divergent segment.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -30,11 +31,13 @@ from typing import Any
 from ..cache import CacheResult
 from ..request import PreparedRequest, SegmentMemo, canonical_json, prepare
 from ..request.diff import PrefixDiff, compute_diff
+from ..store import Store
 from ..usage import Usage
 from .observe import (
     Change,
     Observation,
     ObservationState,
+    Snapshot,
     default_transport,
     is_meaningful_drop,
     observe,
@@ -92,58 +95,52 @@ def analyse_turn(
 
 # -- rebuilding from the store ------------------------------------------------------------------
 
-def _snapshot_at(store: Any, session_id: str, idx: int, source: tuple | None) -> Any:
-    """``source`` is the row's (usage_source, transport); rows from before m004 have no transport."""
-    body = store.turn_body(session_id, idx)
-    usage_source, transport = source or (None, None)
-    return snapshot(prepare(body), transport=transport or ("http" if usage_source == "live" else "direct"))
+def _snapshot_at(store: Store, session_id: str, idx: int, row: dict[str, Any] | None,
+                 requests: Mapping[int, PreparedRequest] | None = None) -> Snapshot:
+    """``row`` holds the request's ``usage_source`` and ``transport``; rows from before m004 have no transport.
+    ``requests``: requests already rebuilt (by index), used instead of reading the body again."""
+    got = requests.get(idx) if requests is not None else None
+    prepared = got if got is not None else prepare(store.turn_body(session_id, idx))
+    usage_source, transport = (row["usage_source"], row["transport"]) if row else (None, None)
+    return snapshot(prepared, transport=transport or ("http" if usage_source == "live" else "direct"))
 
 
-def _state_as_of(store: Any, session_id: str, upto: int | None) -> ObservationState | None:
-    where, params = "session_id = ?", [session_id]
-    if upto is not None:
-        where += " AND idx <= ?"
-        params.append(upto)
-    row = store.one(
-        f"""SELECT max(idx),
-                   max(idx) FILTER (WHERE cache_read_input_tokens IS NOT NULL),
-                   max("at") FILTER (WHERE cache_read_input_tokens IS NOT NULL
-                                     OR cache_creation_input_tokens IS NOT NULL)
-            FROM turns WHERE {where}""",
-        params,
-    )
-    if row is None or row[0] is None:
+def _prompt_total(row: dict[str, Any]) -> int | None:
+    parts = (row["input_tokens"], row["cache_read_input_tokens"], row["cache_creation_input_tokens"])
+    return None if any(p is None for p in parts) else sum(parts)
+
+
+_STATE_COLUMNS = ("usage_source", "transport", "input_tokens", "cache_read_input_tokens",
+                  "cache_creation_input_tokens")
+
+
+def _state_as_of(store: Store, session_id: str, upto: int | None,
+                 requests: Mapping[int, PreparedRequest] | None = None) -> ObservationState | None:
+    marks = store.usage_marks(session_id, upto)
+    if marks is None:
         return None
-    last_idx, read_idx, touch_at = row
-    sources = {r[0]: (r[1], r[2]) for r in store.rows(
-        "SELECT idx, usage_source, transport FROM turns WHERE session_id = ? AND idx IN (?, ?)",
-        [session_id, last_idx, last_idx if read_idx is None else read_idx],
-    )}
-    snap = _snapshot_at(store, session_id, last_idx, sources.get(last_idx))
-    prompt_total = store.one(
-        """SELECT input_tokens + cache_read_input_tokens + cache_creation_input_tokens
-           FROM turns WHERE session_id = ? AND idx = ?""",
-        [session_id, last_idx],
-    )[0]
+    last = store.turn_row(session_id, marks.last_idx, _STATE_COLUMNS)
+    snap = _snapshot_at(store, session_id, marks.last_idx, last, requests)
     last_read = read_snap = None
-    if read_idx is not None:
-        last_read = store.one(
-            "SELECT cache_read_input_tokens FROM turns WHERE session_id = ? AND idx = ?",
-            [session_id, read_idx],
-        )[0]
-        read_snap = snap if read_idx == last_idx else _snapshot_at(store, session_id, read_idx,
-                                                                   sources.get(read_idx))
-    return ObservationState(snap, last_read, read_snap, touch_at.astimezone(UTC) if touch_at else None,
-                            prompt_total)
+    if marks.read_idx is not None:
+        read_row = last if marks.read_idx == marks.last_idx else store.turn_row(session_id, marks.read_idx,
+                                                                                _STATE_COLUMNS)
+        last_read = read_row["cache_read_input_tokens"] if read_row else None
+        read_snap = snap if marks.read_idx == marks.last_idx else _snapshot_at(store, session_id, marks.read_idx,
+                                                                                read_row, requests)
+    return ObservationState(snap, last_read, read_snap, marks.touch_at.astimezone(UTC) if marks.touch_at else None,
+                            _prompt_total(last) if last else None)
 
 
-def observation_state_from_store(store: Any, session_id: str) -> ObservationState | None:
-    """Rebuild the state ``analyse_turn`` needs after a restart (from stored usage and bodies)."""
-    return _state_as_of(store, session_id, None)
+def observation_state_from_store(store: Store, session_id: str, *,
+                                 requests: Mapping[int, PreparedRequest] | None = None) -> ObservationState | None:
+    """Rebuild the state ``analyse_turn`` needs after a restart (from stored usage and bodies; ``requests``:
+    the session's last requests already rebuilt, by index)."""
+    return _state_as_of(store, session_id, None, requests)
 
 
 def stored_diff_and_observation(
-    store: Any, session_id: str, index: int, prev_body: dict | None, body: dict, *, memo: SegmentMemo | None = None
+    store: Store, session_id: str, index: int, prev_body: dict | None, body: dict, *, memo: SegmentMemo | None = None
 ) -> tuple[PrefixDiff | None, Observation]:
     """Diff and observation of a stored turn (``Lab._turn_from_store``); ``prev_body`` None for turn 0.
 
@@ -154,46 +151,40 @@ def stored_diff_and_observation(
     cur_p = prepare(body, memo=memo)
     prev_p = None if prev_body is None else prepare(prev_body, memo=memo)
     d = None if prev_p is None else compute_diff(prev_p, cur_p)
-    row = store.one(
-        """SELECT "at", input_tokens, cache_read_input_tokens, cache_creation_input_tokens,
-                  cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source,
-                  cache_reason, cache_detail, events, broke, previous_cache_read, changes, explanation,
-                  transport
-           FROM turns WHERE session_id = ? AND idx = ?""",
-        [session_id, index],
-    )
+    row = store.turn_row(session_id, index, _OBSERVED_COLUMNS)
     if row is None:
         raise LookupError(f"session {session_id!r} has no turn {index}")
-    at = row[0].astimezone(UTC)
-    usage = Usage(row[1], row[2], row[3], row[4], row[5], row[6], row[7])
-    detail = json.loads(row[9]) if row[9] else {}
-    events = json.loads(row[10]) if row[10] else []
-    transport = row[15] or default_transport(usage)
-    if row[13] is None or row[14] is None:
-        prev_at_row = store.one('SELECT "at" FROM turns WHERE session_id = ? AND idx = ?',
-                                [session_id, index - 1])
+    at = row["at"].astimezone(UTC)
+    usage = Usage(*(row[c] for c in _USAGE_COLUMNS))
+    detail = json.loads(row["cache_detail"]) if row["cache_detail"] else {}
+    events = json.loads(row["events"]) if row["events"] else []
+    transport = row["transport"] or default_transport(usage)
+    if row["changes"] is None or row["explanation"] is None:
+        prev = store.turn_row(session_id, index - 1, ("at",)) if index else None
         obs, _ = observe(
             cur_p, usage, state=_state_as_of(store, session_id, index - 1) if index else None, diff=d,
             previous=prev_p,
-            cache_reason=row[8], cache_detail=detail, at=at,
-            previous_at=prev_at_row[0].astimezone(UTC) if prev_at_row else None, events=events,
+            cache_reason=row["cache_reason"], cache_detail=detail, at=at,
+            previous_at=prev["at"].astimezone(UTC) if prev else None, events=events,
             transport=transport,
         )
         return d, obs
-    touch = store.one(
-        """SELECT max("at") FILTER (WHERE cache_read_input_tokens IS NOT NULL
-                                    OR cache_creation_input_tokens IS NOT NULL)
-           FROM turns WHERE session_id = ? AND idx <= ?""",
-        [session_id, index],
-    )[0]
-    cache_read, previous, broke = row[2], row[12], row[11]
+    marks = store.usage_marks(session_id, index)
+    touch = marks.touch_at if marks is not None else None
+    cache_read, previous, broke = row["cache_read_input_tokens"], row["previous_cache_read"], row["broke"]
     complete_miss = bool(broke) and cache_read == 0 and previous is not None and not is_meaningful_drop(
         previous, cache_read)
     obs = Observation(
         snapshot=snapshot(cur_p, transport=transport),
-        changes=tuple(Change(c["code"], c["detail"]) for c in json.loads(row[13])),
+        changes=tuple(Change(c["code"], c["detail"]) for c in json.loads(row["changes"])),
         broke=broke, previous_cache_read=previous, cache_read=cache_read, complete_miss=complete_miss,
-        explanation=row[14], cache_reason=row[8], cache_detail=detail, usage=usage, at=at,
+        explanation=row["explanation"], cache_reason=row["cache_reason"], cache_detail=detail, usage=usage, at=at,
         last_cache_touch_at=touch.astimezone(UTC) if touch else None, diff=d,
     )
     return d, obs
+
+
+_USAGE_COLUMNS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+                  "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source")
+_OBSERVED_COLUMNS = ("at", *_USAGE_COLUMNS, "cache_reason", "cache_detail", "events", "broke", "previous_cache_read",
+                     "changes", "explanation", "transport")

@@ -1,4 +1,5 @@
-"""Cache-break observation with OpenClaw's semantics (seed_designs.md §2.1–2.3, invariant §5.5).
+"""Cache-break observation with OpenClaw's semantics (docs/seed_designs.md#openclaw-break-heuristic;
+invariant 5 of docs/seed_designs.md#invariants).
 
 Per request we take a :class:`Snapshot` — model, cache retention, transport, stream strategy, a system
 prompt digest and a tool digest — and compare it with the previous request's, emitting
@@ -28,7 +29,8 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any
 
-from .._util import digest, fmt_duration
+from .._util import digest
+from ..cache._reasons import explain_reason, where
 from ..request import PreparedRequest, canonical_bytes
 from ..request.diff import PrefixDiff, sections, visible, visible_html
 from ..usage import Usage
@@ -435,90 +437,6 @@ def observe(
 
 # -- plain words -------------------------------------------------------------------------------
 
-def _where(d: PrefixDiff) -> str:
-    if d.unlogged:
-        return "in the unlogged prefix (outside the logged content: the change cannot be located)"
-    b, t = d.byte_offset, d.token_offset
-    if b is None:
-        return f"at {d.path}"
-    return f"at {d.path} (byte {b:,}, ~token {t:,})"
-
-
-def _tokens_at(request: PreparedRequest, path: str | None) -> int | None:
-    if path is None:
-        return None
-    run = 0
-    for s in request.segments:
-        run += s.tokens
-        if s.path == path:
-            return run
-    return None
-
-
-def _cause(reason: str, detail: dict[str, Any], *, d: PrefixDiff | None, current: PreparedRequest,
-           usage: Usage | None, gap: float | None) -> str:
-    write = usage.cache_creation_input_tokens if usage is not None else None
-    read = usage.cache_read_input_tokens if usage is not None else None
-    if reason == "cold":
-        if write:
-            return f"Cold cache: this request wrote {write:,} tokens for the next ones to read."
-        return "Cold cache: nothing was cached before this request."
-    if reason == "hit":
-        return "The cache read everything the previous request left cached."
-    if reason == "ttl_expired":
-        secs = detail.get("expired_after_seconds", gap)
-        ttl = detail.get("expired_ttl", "5m")
-        since = f"{fmt_duration(secs)} before this request" if secs is not None else "too long ago"
-        return (f"TTL expired: the cached prefix was last used {since}, longer than its {ttl} TTL, so it "
-                "had to be written again.")
-    if reason == "below_minimum":
-        marks = detail.get("breakpoints") or []
-        tokens = _tokens_at(current, marks[-1]) if marks else None
-        size = f"~{tokens:,} tokens" if tokens is not None else "too short"
-        return (f"Below the minimum: the prompt up to the last breakpoint is {size}, under "
-                f"{detail.get('model', current.model)}'s {detail.get('min_tokens', 0):,}-token minimum, so "
-                "nothing is read or written.")
-    if reason == "lookback_exceeded":
-        path = detail.get("unreached_path", "an earlier block")
-        tokens = detail.get("unreached_tokens")
-        size = f" (~{tokens:,} tokens)" if tokens is not None else ""
-        return (f"Lookback exceeded: a live cache entry ends at {path}{size}, but every breakpoint is 20 or "
-                "more blocks after it, beyond the 20-block lookback; add a breakpoint closer to it.")
-    if reason == "prefix_changed":
-        if d is not None and d.path is not None:
-            shared, t = d.shared_prefix_tokens, d.token_offset
-            text = f"Prefix changed {_where(d)}"
-            if shared:
-                text += f": the cache could reuse at most the ~{shared:,} tokens of whole blocks before it"
-            else:
-                text += ": no whole block before it was unchanged"
-            if t is not None and t > shared and d.field is None:
-                text += (f" (the ~{t - shared:,} unchanged tokens at the start of {d.path} do not count: the "
-                         "cache matches whole blocks)")
-            return text + "; everything after was sent again."
-        return f"Prefix changed at {detail.get('divergence_path') or 'an earlier block'}."
-    if reason == "model_switch":
-        before = detail.get("previous_model", "the previous model")
-        after = detail.get("model", current.model)
-        if read:  # back to a model whose cache was still warm
-            return (f"Model switch: {before} -> {after}; caches are kept per model, so this request read the "
-                    f"{read:,} tokens {after}'s cache still held from before, none of {before}'s.")
-        return f"Model switch: {before} -> {after}; caches are kept per model, so nothing could be read."
-    if reason == "no_breakpoint":
-        return "No breakpoint: the request has no cache_control marker, so nothing is read or written."
-    if reason == "not_written":
-        if read:
-            return (f"Read {read:,} tokens from an earlier cache entry; the previous request left no entry "
-                    "covering more of this prefix.")
-        return ("Not written: the previous request left no cache entry covering this prefix, so there was "
-                "nothing to read.")
-    if reason == "evicted":
-        return "Evicted: the cache entry was dropped for capacity before its TTL ran out."
-    if reason == "unsupported":
-        return "Unsupported: the provider cannot cache this request."
-    return f"Cache model reason: {reason}."
-
-
 #: Measured and predicted reads disagree when their shares of the prompt differ by more than this ...
 PREDICTION_TOLERANCE = 0.1
 #: ... and by more than this many tokens (estimated and measured counts differ by ±20 % anyway).
@@ -593,7 +511,7 @@ def explain(
         parts.append(f"Read {cache_read:,} cached tokens.")
     gap = (at - previous_at).total_seconds() if at is not None and previous_at is not None else None
     if cache_reason:
-        cause = _cause(cache_reason, cache_detail, d=diff, current=current, usage=usage, gap=gap)
+        cause = explain_reason(cache_reason, cache_detail, gap=gap, request=current, usage=usage, diff=diff)
         parts.append(_with_prediction(cause, cache_reason, cache_detail, usage))
     if diff is not None:
         if diff.pure_append:
@@ -603,7 +521,7 @@ def explain(
                 parts.append(f"The request only appended {diff.appended} segment"
                              f"{'s' if diff.appended != 1 else ''} to the previous one.")
         elif cache_reason != "prefix_changed":
-            parts.append(f"Its prefix diverges from the previous request {_where(diff)}; "
+            parts.append(f"Its prefix diverges from the previous request {where(diff)}; "
                          f"~{diff.shared_prefix_tokens:,} tokens are shared.")
         if diff.tools_reordered:
             parts.append("The tools are the same set in another order: OpenClaw's sorted tool digest "

@@ -49,18 +49,18 @@ class Prices:
 
     def cost(self, usage: Usage, at: datetime | None = None) -> float | None:
         """Cost of one request sent at ``at``; None when the usage is unknown."""
-        parts = (usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens)
-        if any(p is None for p in parts):
+        uncached, read, write = usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens
+        if uncached is None or read is None or write is None:
             return None
         w1h = usage.cache_creation_1h_input_tokens or 0
         if self.model_ref is not None:
-            return _library_cost(self.model_ref, self.provider_id, at, total=usage.total_input_tokens,
-                                 read=usage.cache_read_input_tokens, write=usage.cache_creation_input_tokens,
+            return _library_cost(self.model_ref, self.provider_id, at, total=uncached + read + write,
+                                 read=read, write=write,
                                  write_1h=w1h, output=usage.output_tokens or 0, reasoning=_reasoning(usage))
-        w5m = (usage.cache_creation_input_tokens or 0) - w1h
+        w5m = write - w1h
         total = (
-            usage.input_tokens * self.input
-            + usage.cache_read_input_tokens * self.cache_read
+            uncached * self.input
+            + read * self.cache_read
             + w5m * self.cache_write_5m
             + w1h * self.cache_write_1h
             + (usage.output_tokens or 0) * self.output

@@ -25,7 +25,11 @@ from ..cache import CacheModel, get_cache_model
 from ..cache._prefix import common_prefix_len
 from ..errors import PriceError, PromptCacheError, SessionError
 from ..request import PreparedRequest, Segment, SegmentMemo, canonical_bytes, content_hash, prepare, rebuild_body
+from ..request._canonical import mark_prefix
+from ..store import Store, StoredNode
+from ..tokens import session_tokenizer
 from ..usage import Usage
+from .frames import SUMMARY_ALIASES, usage_totals
 from .prices import Prices, price_provider, prices_for
 
 #: The stand-in price model per cache model, for requests whose own model is another provider's (an
@@ -43,8 +47,9 @@ RESIM_COLUMNS = [
 ]
 
 COMPARE_COLUMNS = [
-    "cache", "prices", "requests", "total_input", "cache_read", "cache_write", "uncached", "read_pct",
+    "cache", "prices", "requests", "total_input", "cache_read", "cache_write", "uncached", "cache_read_pct",
     "cost_usd", "cost_no_cache_usd", "saved_usd",
+    "read_pct",  # the old name of cache_read_pct (frames.SUMMARY_ALIASES), kept working
 ]
 
 
@@ -72,7 +77,7 @@ _TURN_FIELDS = (
 def _resolve(lab_or_session: Any, session_id: str | None) -> tuple[Any, str]:
     """(lab, session id) from ``(lab, id)`` or a Session."""
     if session_id is None:
-        lab = getattr(lab_or_session, "_lab", None)
+        lab = getattr(lab_or_session, "lab", None)
         sid = getattr(lab_or_session, "id", None)
         if lab is None or sid is None:
             raise TypeError("pass a Session, or a Lab and a session_id")
@@ -81,59 +86,57 @@ def _resolve(lab_or_session: Any, session_id: str | None) -> tuple[Any, str]:
 
 
 class _Loader:
-    """All of a session's stored requests, built from the prefix tree with one Segment per node."""
+    """A session's stored requests (all, or those sent ``since`` a time), built from the prefix tree with one
+    Segment per node: the one bulk rebuild of stored bodies (re-simulation, what-ifs, and a session resuming
+    its simulated cache), three queries for any number of requests, every dialect and partial bodies.
 
-    def __init__(self, lab: Any, session_id: str, *, ttl: str | None = None) -> None:
-        store = lab.store
-        if store.session_row(session_id) is None:
-            known = [r[0] for r in store.rows("SELECT id FROM sessions ORDER BY id")]
+    ``memo`` is the session's own (its tokenizer, and counts it already made); by default a new one with the
+    session's tokenizer.
+    """
+
+    def __init__(self, lab: Any, session_id: str, *, ttl: str | None = None, since: datetime | None = None,
+                 memo: SegmentMemo | None = None) -> None:
+        store: Store = lab.store
+        session_row = store.session_row(session_id)
+        if session_row is None:
+            known = store.session_ids()
             raise SessionError(
                 f"no session {session_id!r} in {lab.path!r}; known: {', '.join(known) or '(none)'}")
         self.session_id = session_id
         self.ttl = ttl
-        cols = ", ".join('"' + c + '"' for c in _TURN_FIELDS)
-        self.rows = [dict(zip(_TURN_FIELDS, r, strict=True)) for r in store.rows(
-            f"SELECT {cols} FROM turns WHERE session_id = ? ORDER BY idx", [session_id])]
-        rests = store.rows(
-            "SELECT hash, body FROM blocks WHERE hash IN "
-            "(SELECT DISTINCT rest_hash FROM turns WHERE session_id = ?)",
-            [session_id],
-        )
-        self.rests = {h: json.loads(b) for h, b in rests}
-        nodes = store.rows(
-            """WITH RECURSIVE chain(id) AS (
-                   SELECT DISTINCT tail_node FROM turns WHERE session_id = ? AND tail_node IS NOT NULL
-                   UNION
-                   SELECT p.parent FROM prefix_nodes p JOIN chain c ON p.id = c.id WHERE p.parent IS NOT NULL)
-               SELECT n.id, n.parent, n.kind, n.role, n.block_hash, b.body
-               FROM chain c JOIN prefix_nodes n ON n.id = c.id JOIN blocks b ON b.hash = n.block_hash""",
-            [session_id],
-        )
-        self.nodes = {r[0]: r[1:] for r in nodes}
-        self.memo = SegmentMemo(lab.tokenizer)
-        self._segs: dict[tuple[str, bool], Segment] = {}
+        self.rows = store.turn_rows(session_id, _TURN_FIELDS, since=since)
+        self.rests = {h: json.loads(b) for h, b in store.rest_bodies(session_id, since=since).items()}
+        self.nodes: dict[str, StoredNode] = store.session_nodes(session_id, since=since) if self.rows else {}
+        # the session's own tokenizer (its opted-in calibration included): a request re-simulates as it was stored
+        self.memo = memo or SegmentMemo(session_tokenizer(lab.tokenizer, session_row["config"].get("calibration")))
+        self._view = self.memo  # the memo of the current request's model (SegmentMemo.for_model)
+        self._segs: dict[tuple[str, bool, int], Segment] = {}  # (node, system is a str, id(view))
         self._counters: dict[str, tuple[int, int, int, int]] = {}  # node -> tools, system, messages, block
         self._chains: dict[str, list[str]] = {}
-        self._totals: dict[str, int] = {}  # node -> estimated tokens from the root through it
+        self._totals: dict[tuple[int, str], int] = {}  # (id(view), node) -> estimated tokens through the node
 
     def _chain(self, tail: str) -> list[str]:
         """Node ids from the root to ``tail``; reuses the chain of an ancestor already seen."""
         got = self._chains.get(tail)
         if got is not None:
             return got
-        new, node = [], tail
+        new: list[str] = []
+        node: str | None = tail
         while node is not None and node not in self._chains:
             new.append(node)
-            node = self.nodes[node][0]
+            node = self.nodes[node].parent
         chain = (list(self._chains[node]) if node is not None else []) + new[::-1]
         self._chains[tail] = chain
         return chain
 
     def _segment(self, node: str, sys_str: bool) -> Segment:
-        seg = self._segs.get((node, sys_str))
+        view = self._view
+        vid = id(view)
+        seg = self._segs.get((node, sys_str, vid))
         if seg is not None:
             return seg
-        parent, kind, role, bhash, body = self.nodes[node]
+        n = self.nodes[node]
+        parent, kind, role, bhash, body = n.parent, n.kind, n.role, n.block_hash, n.body
         nt, ns, nm, nb = self._counters[parent] if parent is not None else (0, 0, 0, 0)
         if kind == "tool":
             path, nt = f"tools[{nt}]", nt + 1
@@ -146,7 +149,7 @@ class _Loader:
         else:  # msg-str, msg-empty
             path, nm, nb = f"messages[{nm}].content", nm + 1, 0
         self._counters[node] = (nt, ns, nm, nb)
-        self._totals[node] = (self._totals[parent] if parent is not None else 0)
+        total = self._totals[(vid, parent)] if parent is not None else 0
         element = json.loads(body)
         cc = element.get("cache_control") if isinstance(element, dict) else None
         nbytes = len(body.encode())
@@ -156,10 +159,10 @@ class _Loader:
             exact = canonical_bytes(element)
             bhash, nbytes = digest(exact, tag="seg"), len(exact)
         chash = bhash if cc is None else content_hash(element)
-        tokens = self.memo.tokens(kind, chash, element)
+        tokens = view.tokens(kind, chash, element)
         seg = Segment(path, kind, role, chash, bhash, tokens, cc, element, nbytes)
-        self._segs[(node, sys_str)] = seg
-        self._totals[node] += seg.tokens
+        self._segs[(node, sys_str, vid)] = seg
+        self._totals[(vid, node)] = total + seg.tokens
         return seg
 
     def _generic(self, shape: dict[str, Any], rest: dict[str, Any], chain: list[str],
@@ -167,7 +170,8 @@ class _Loader:
         elements = self.__dict__.setdefault("_elements", {})
         triples = []
         for node in chain:
-            _parent, kind, role, _bhash, body = self.nodes[node]
+            n = self.nodes[node]
+            kind, role, body = n.kind, n.role, n.body
             el = elements.get(node)
             if el is None:
                 el = elements[node] = json.loads(body)
@@ -186,6 +190,7 @@ class _Loader:
         prev_chain: list[str] = []
         prev_segs: tuple[Segment, ...] = ()
         prev_sys_str = False
+        prev_req: PreparedRequest | None = None
         generic: PreparedRequest | None = None
         tools: list[Any] = []
         system: list[Any] = []
@@ -204,6 +209,9 @@ class _Loader:
                 yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], generic,
                                  row["output_tokens"], row)
                 continue
+            view = self.memo.for_model(rest.get("model"))
+            if view is not self._view:  # another estimator (a model switch): nothing carries over
+                self._view, prev_chain, prev_segs = view, [], ()
             shared = common_prefix_len(chain, prev_chain) if sys_str == prev_sys_str else 0
             new = tuple(self._segment(node, sys_str) for node in chain[shared:])
             segs = prev_segs[:shared] + new
@@ -236,19 +244,23 @@ class _Loader:
                 body["system"] = system
             if shape.get("messages") == "list":
                 body["messages"] = msgs
-            total = self._totals[chain[-1]] if chain else 0
-            req = PreparedRequest(body, segs, shape, rest, total)
-            prev_chain, prev_segs, prev_sys_str = chain, segs, sys_str
+            total = self._totals[(id(view), chain[-1])] if chain else 0
+            req = PreparedRequest(body, segs, shape, rest, total, view.tokenizer.name)
+            if shared and prev_req is not None:
+                mark_prefix(req, prev_req, shared)  # per-segment sums extend the previous request's
+            prev_chain, prev_segs, prev_sys_str, prev_req = chain, segs, sys_str, req
             yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], req, row["output_tokens"],
                              row)
 
 
 def load_turns(
-    lab_or_session: Any, session_id: str | None = None, *, ttl: str | None = None
+    lab_or_session: Any, session_id: str | None = None, *, ttl: str | None = None, since: datetime | None = None,
+    memo: SegmentMemo | None = None,
 ) -> list[StoredTurn]:
-    """A stored session's requests, rebuilt from the store (``ttl`` rewrites every ``cache_control`` ttl)."""
+    """A stored session's requests, rebuilt from the store in bulk (``ttl`` rewrites every ``cache_control``
+    ttl; ``since``: only the requests sent at or after it; ``memo``: the session's segment memo)."""
     lab, sid = _resolve(lab_or_session, session_id)
-    return list(_Loader(lab, sid, ttl=ttl).turns())
+    return list(_Loader(lab, sid, ttl=ttl, since=since, memo=memo).turns())
 
 
 # -- prices -------------------------------------------------------------------------------------
@@ -268,9 +280,9 @@ def _price_resolver(cache_name: str, session_row: dict[str, Any], *, price_model
 
 
 # -- re-simulation ------------------------------------------------------------------------------
-def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str], Prices]) -> pd.DataFrame:
+def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str], Prices | None]) -> pd.DataFrame:
     cache.reset()
-    rows = []
+    rows: list[tuple] = []  # RESIM_COLUMNS
     for t in turns:
         result = simulate(cache, t.request, t.at)
         if result is None:  # a model this cache model cannot simulate: no figures, never a crash
@@ -358,18 +370,10 @@ def _resimulate_turns(turns: Sequence[StoredTurn], row: dict[str, Any], cache: s
 
 
 def summarize_usage(df: pd.DataFrame) -> dict[str, Any]:
-    """Totals of a :func:`resimulate` frame: read, write, uncached, read %, cost."""
-    read = int(df.cache_read_input_tokens.sum())
-    write = int(df.cache_creation_input_tokens.sum())
-    uncached = int(df.input_tokens.sum())
-    total = read + write + uncached
-    cost, cost_nc = float(df.cost_usd.sum()), float(df.cost_no_cache_usd.sum())
-    return {
-        "requests": len(df), "total_input": total, "cache_read": read, "cache_write": write,
-        "uncached": uncached, "read_pct": round(100 * read / total, 1) if total else 0.0,
-        "cost_usd": round(cost, 4), "cost_no_cache_usd": round(cost_nc, 4),
-        "saved_usd": round(cost_nc - cost, 4),
-    }
+    """Totals of a :func:`resimulate` frame (:func:`~promptcache_nb.analysis.frames.usage_totals`), with the
+    old ``read_pct`` name beside ``cache_read_pct``."""
+    totals = usage_totals(df)
+    return {**totals, **{old: totals[new] for old, new in SUMMARY_ALIASES.items()}}
 
 
 def compare_caches(
@@ -390,7 +394,8 @@ def compare_caches(
 
     Returns:
         One row per cache: ``cache, prices, requests, total_input, cache_read, cache_write, uncached,
-        read_pct, cost_usd, cost_no_cache_usd, saved_usd`` (tokens estimated; costs in USD).
+        cache_read_pct, cost_usd, cost_no_cache_usd, saved_usd`` (tokens estimated; costs in USD) — the
+        columns of :func:`~promptcache_nb.compare_df` — and ``read_pct``, the old name of ``cache_read_pct``.
 
     Example:
         >>> pc.compare_caches(s)  # doctest: +SKIP

@@ -3,10 +3,11 @@ where (and why) the cache was rebuilt.
 
 * :func:`ttl_whatif` rewrites every ``cache_control`` ttl of every stored body (explicit markers and the
   top-level automatic one) and replays the session: per-turn usage and cost with 5m vs 1h entries
-  (1h writes cost 2× base input, 5m writes 1.25×; reads refresh either for free — rules §1.6-1.7).
+  (1h writes cost 2× base input, 5m writes 1.25×; reads refresh either for free —
+  docs/provider_cache_rules.md#anthropic-pricing).
 * :func:`keep_warm` adds a ping every ``every`` during each gap between requests: the previous request
-  re-sent with ``max_tokens: 0`` (rules §1.6 "pre-warming"), which reads — and so refreshes — the cached
-  prefix. It reports the rebuilds the pings avoid and what they cost.
+  re-sent with ``max_tokens: 0`` (pre-warming, docs/provider_cache_rules.md#anthropic-ttl-and-refresh), which
+  reads — and so refreshes — the cached prefix. It reports the rebuilds the pings avoid and what they cost.
 * :func:`rebuilds` lists the requests that had to write again what the cache held, each with its cause:
   from the measured figures first (live or imported usage), from the cache model's reason otherwise.
 
@@ -26,9 +27,10 @@ from typing import Any
 import pandas as pd
 
 from .._util import fmt_duration, parse_duration
-from ..cache import AnthropicCache, CacheModel, get_cache_model
+from ..cache import AnthropicCache, CacheModel, Reason, explain_reason, get_cache_model
 from ..errors import PromptCacheError
 from ..request import PreparedRequest, SegmentMemo, compute_diff, prepare
+from ..tokens import session_tokenizer
 from ..usage import Usage
 from ._ideal import carried_over, rebuilt_tokens, same_model
 from .prices import Prices
@@ -49,8 +51,8 @@ REBUILD_COLUMNS = [
 NOISE_FLOOR = 256
 
 #: Reason codes of measured rebuilds that the cache models do not use.
-UNLOGGED_PREFIX_CHANGED = "unlogged_prefix_changed"
-COMPACTION = "compaction"
+UNLOGGED_PREFIX_CHANGED = Reason.UNLOGGED_PREFIX_CHANGED.value
+COMPACTION = Reason.COMPACTION.value
 
 
 def _session_prices(row: dict[str, Any]) -> Callable[[str], Prices | None]:
@@ -65,9 +67,11 @@ def _cost(price: Callable[[str], Prices | None], model: str, usage: Usage, at: A
     return None if p is None else p.cost(usage, at)
 
 
-def _anthropic(row: dict[str, Any]) -> AnthropicCache:
+def _anthropic(row: dict[str, Any], ttl: str | None = None) -> CacheModel:
     params = row["config"].get("cache_params", {}) if row["cache_model"] == "anthropic" else {}
-    return AnthropicCache(**params)
+    if ttl is not None:  # the what-if TTL applies to the breakpoints assumed on partial bodies too
+        params = {**params, "client_ttls": (ttl, ttl)}
+    return get_cache_model("anthropic", **params)
 
 
 def _with_output(usage: Usage, output: int | None) -> Usage:
@@ -108,9 +112,9 @@ def ttl_whatif(
         if ttl not in ("5m", "1h"):
             raise ValueError(f"ttl must be '5m' or '1h' (Anthropic's two TTLs), got {ttl!r}")
         turns = load_turns(lab, sid, ttl=ttl)
-        cache = _anthropic(row)
+        cache = _anthropic(row, ttl)
         gaps = _gaps(turns)
-        rows = []
+        rows: list[tuple] = []  # WHATIF_COLUMNS
         for t, gap in zip(turns, gaps, strict=True):
             res = simulate(cache, t.request, t.at)
             if res is None:
@@ -169,7 +173,7 @@ def keep_warm(
     limit = None if max_gap is None else parse_duration(max_gap).total_seconds()
     turns = load_turns(lab, sid, ttl=ttl)
     gaps = _gaps(turns)
-    plain, warm = _anthropic(row), _anthropic(row)
+    plain, warm = _anthropic(row, ttl), _anthropic(row, ttl)
     out_rows = []
     pings = 0
     ping_cost = 0.0
@@ -177,7 +181,7 @@ def keep_warm(
     prev_total: int | None = None
     for t, gap in zip(turns, gaps, strict=True):
         n_pings = 0
-        if prev is not None and (limit is None or gap <= limit):
+        if prev is not None and gap is not None and (limit is None or gap <= limit):
             at = prev.at + step
             while at < t.at:
                 res = simulate(warm, prev.request, at)
@@ -260,32 +264,12 @@ class KeepWarm:
 
 
 def _cause(reason: str | None, detail: dict[str, Any], gap: float | None) -> str:
-    """One line a notebook reader can act on."""
-    if reason == "ttl_expired":
-        ttl = detail.get("expired_ttl") or detail.get("expired") or "cached"
-        idle = detail.get("expired_after_seconds", detail.get("idle_seconds", gap))
-        return "TTL expiry" if idle is None else f"TTL expiry: the {ttl} entry was idle {fmt_duration(idle)}"
-    if reason == "prefix_changed":
-        return f"prefix changed at {detail.get('divergence_path')}"
-    if reason == "model_switch":
-        return f"model switch from {detail.get('previous_model')}"
-    if reason == "below_minimum":
-        return f"prefix below the {detail.get('min_tokens', 'minimum')}-token minimum: nothing was cached"
-    if reason == "lookback_exceeded":
-        return (f"breakpoint too far back: the entry at {detail.get('unreached_path')} lies beyond the "
-                "20-position lookback")
-    if reason == "no_breakpoint":
-        return "no cache_control in the request"
-    if reason == "not_written":
-        return "the previous request wrote no entry covering this prefix"
-    if reason == "evicted":
-        return "evicted under capacity pressure"
-    return str(reason)
+    """One line a notebook reader can act on (:func:`~promptcache_nb.cache.explain_reason`, short)."""
+    return explain_reason(reason, detail, short=True, gap=gap)
 
 
-_REBUILD_SELECT = """SELECT idx, "at", model, total_tokens, input_tokens, cache_read_input_tokens,
-    cache_creation_input_tokens, usage_source, cache_reason, cache_detail, events
-    FROM turns WHERE session_id = ? ORDER BY idx"""
+_REBUILD_COLUMNS = ("idx", "at", "model", "total_tokens", "input_tokens", "cache_read_input_tokens",
+                    "cache_creation_input_tokens", "usage_source", "cache_reason", "cache_detail", "events")
 
 
 def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = NOISE_FLOOR) -> pd.DataFrame:
@@ -321,7 +305,7 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
         >>> pc.rebuilds(s)[["idx", "cause", "lost_tokens"]]        # doctest: +SKIP
     """
     lab, sid = _resolve(session, session_id)
-    df = lab.store.sql(_REBUILD_SELECT, [sid])
+    df = lab.store.turns_frame(sid, _REBUILD_COLUMNS)
     reasons = list(df.cache_reason)
     details = [json.loads(d) if isinstance(d, str) else {} for d in df.cache_detail]
     measured = [s in ("live", "imported") for s in df.usage_source]
@@ -334,7 +318,7 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
                 reasons[i], details[i] = res.reason, res.detail
     evidence = _Evidence(lab, sid) if any(measured) else None
     records = df.to_dict("records") if evidence is not None else []
-    rows = []
+    rows: list[dict[str, Any]] = []
     prev_total: int | None = None
     prev_at = None
     for i, r in enumerate(df.itertuples(index=False)):
@@ -349,7 +333,7 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
                 rows.append({"idx": r.idx, "at": r.at, "gap_seconds": gap, **found, "measured": True})
         elif prev_total is not None:
             expected = carried_over(prev_total, total)
-            if _is_rebuild(r.idx, read, expected, reasons[i]):
+            if read is not None and _is_rebuild(r.idx, read, expected, reasons[i]):
                 detail = details[i]
                 cause = _cause(reasons[i], detail, gap)
                 rows.append({
@@ -378,7 +362,7 @@ class _Evidence:
             self.cache: CacheModel = get_cache_model(row["cache_model"], **params)
         except PromptCacheError:
             self.cache = AnthropicCache()
-        self.memo = SegmentMemo(lab.tokenizer)
+        self.memo = SegmentMemo(session_tokenizer(lab.tokenizer, row["config"].get("calibration")))
         self._requests: dict[int, PreparedRequest] = {}
 
     def request(self, idx: int) -> PreparedRequest:
@@ -441,30 +425,25 @@ class _Evidence:
         n_prev, n_cur = _history_length(prev_req), _history_length(cur_req)
         if "compaction" in events or (d.index is not None and n_cur < n_prev and _in_history(d.path)):
             evidence["messages"] = [n_prev, n_cur]
-            return (COMPACTION, f"compaction: the history was replaced by a summary ({n_prev} -> {n_cur} messages)",
-                    None)
+            return COMPACTION, _cause(COMPACTION, evidence, None), None
         # TTL: the previous request read or wrote everything it held, so its entries' lifetimes run from it
         gap = (cur["at"] - prev["at"]).total_seconds()
         ttl = self._ttl_beyond(prev_req, prev_total, read)
         if gap > ttl:
             evidence.update(gap_seconds=gap, ttl_seconds=ttl)
-            return "ttl_expired", f"TTL expiry: the {_ttl_name(ttl)} entry was idle {fmt_duration(gap)}", None
+            return "ttl_expired", _cause("ttl_expired", {"expired_ttl": _ttl_name(ttl)}, gap), None
         unlogged = cur_req.unlogged_prefix_tokens
         if d.index is not None:
             seg = cur_req.segments[d.index] if d.index < len(cur_req.segments) else prev_req.segments[d.index]
             if seg.kind == "unlogged":
                 evidence.update(unlogged_before=prev_req.unlogged_prefix_tokens, unlogged_now=unlogged)
-                return (UNLOGGED_PREFIX_CHANGED, "prefix changed outside the logged content: the unlogged prefix "
-                        f"(system prompt, tools) went from {prev_req.unlogged_prefix_tokens or 0:,} to "
-                        f"{unlogged or 0:,} measured tokens", seg.path)
+                return UNLOGGED_PREFIX_CHANGED, _cause(UNLOGGED_PREFIX_CHANGED, evidence, gap), seg.path
             evidence.update(path=d.path, byte=d.byte_offset, excerpt=None if d.excerpt is None else str(d.excerpt))
             where = d.path if d.byte_offset is None else f"{d.path} (byte {d.byte_offset:,})"
-            return "prefix_changed", f"prefix changed at {where}", d.path
+            return "prefix_changed", _cause("prefix_changed", {"divergence_path": where}, gap), d.path
         if unlogged is not None and read < unlogged:
             evidence["unlogged"] = unlogged
-            return (UNLOGGED_PREFIX_CHANGED, f"prefix changed outside the logged content: the API read {read:,} "
-                    f"tokens, less than the {unlogged:,}-token prefix the log does not hold (system prompt, tools), "
-                    "while the logged part is unchanged", None)
+            return UNLOGGED_PREFIX_CHANGED, _cause(UNLOGGED_PREFIX_CHANGED, evidence, gap), None
         if predicted_reason == "lookback_exceeded":
             return "lookback_exceeded", _cause(predicted_reason, detail, gap), None
         try:

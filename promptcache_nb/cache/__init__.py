@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UnknownCacheModelError
-from ._base import REASONS, CacheModel, CacheResult
+from ._base import CacheModel, CacheResult
+from ._reasons import REASONS, Reason, explain_reason
 from .anthropic import AnthropicCache
 from .deepseek import DeepSeekCache
 from .openai import OpenAICache
@@ -67,10 +68,12 @@ __all__ = [
     "CacheResult",
     "DeepSeekCache",
     "OpenAICache",
+    "Reason",
     "VLLMCache",
     "cache_model_class",
     "cache_model_names",
     "check_cache_params",
+    "explain_reason",
     "get_cache_model",
     "register_cache_model",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
@@ -10,21 +11,7 @@ from typing import Any, ClassVar
 from .._options import Options
 from ..request import PreparedRequest
 from ..usage import Usage
-
-# Why a request read less than the previous request left behind. Stable codes, used in the store.
-REASONS = (
-    "hit",  # read everything the previous request made cacheable
-    "cold",  # first request of the session: nothing to read yet
-    "model_switch",  # caches are keyed by model
-    "below_minimum",  # prefix shorter than the model's minimum cacheable length
-    "ttl_expired",  # an entry matched but had outlived its TTL
-    "lookback_exceeded",  # a live entry exists, further back than the 20-position lookback
-    "prefix_changed",  # the bytes before the previous breakpoint changed
-    "no_breakpoint",  # nothing in the request asks for caching
-    "not_written",  # the previous request wrote no entry covering what this one re-sends
-    "evicted",  # capacity eviction (LRU caches)
-    "unsupported",  # the provider cannot cache this request at all
-)
+from ._reasons import REASONS, Reason  # noqa: F401 - re-exported: the codes ``CacheResult.reason`` takes
 
 
 @dataclass(frozen=True)
@@ -36,7 +23,7 @@ class CacheResult:
     """
 
     usage: Usage
-    reason: str
+    reason: str  # a :class:`Reason` code
     detail: dict[str, Any] = field(default_factory=dict)
     segment_states: tuple[str, ...] = ()
     native: dict[str, Any] = field(default_factory=dict)
@@ -90,3 +77,52 @@ class CacheModel(ABC):
         """(prefix tokens, lifetime in seconds) pairs: how much of ``request`` a later request could still
         read after a gap. The ideal cache read after a gap keeps the longest prefix whose lifetime covers it."""
         return [(request.total_tokens, self.default_ttl_seconds(request))]
+
+    def state_horizon_seconds(self) -> float | None:
+        """The longest an entry can live without being touched (seconds), or None when nothing bounds it.
+
+        Resuming a session rebuilds the simulated cache from the stored requests: every entry still alive
+        after the last request was written or refreshed by a request at most this long before it, so only
+        those requests are replayed (a cold start at the window's edge). None (an LRU cache without TTL)
+        means the state may depend on every request ever sent: all are replayed.
+        """
+        return None
+
+    # -- request streams: one cache shared by several sessions --------------------------------------------
+    #: Attributes that describe "the previous request" of the request stream being processed — what reason
+    #: codes compare against and what incremental shortcuts extend. A cache shared by several sessions (a
+    #: project's sub-agents and compaction calls reading the parent's entries) keeps one set per session
+    #: (:meth:`stream`), so a session's reasons never compare against another session's request.
+    stream_state: ClassVar[tuple[str, ...]] = ()
+
+    def stream(self, key: Hashable) -> None:
+        """Make ``key``'s request stream current: later :meth:`process` calls compare against that stream's
+        previous request. Entries are shared by every stream; a model only ever used by one stream never
+        switches (its first stream after :meth:`reset` keeps the model's own state)."""
+        d = self.__dict__
+        if "_stream_key" not in d:
+            self._stream_key = key
+            return
+        current = d["_stream_key"]
+        if current == key:
+            return
+        streams: dict[Hashable, dict[str, Any]] = d.setdefault("_streams", {})
+        streams[current] = {a: getattr(self, a) for a in self.stream_state}
+        saved = streams.pop(key, None)
+        if saved is None:  # a new stream has no previous request: a reset model's values
+            fresh = object.__new__(type(self))
+            fresh.__dict__.update(d)
+            type(self).reset(fresh)
+            saved = {a: getattr(fresh, a) for a in self.stream_state}
+        for a, v in saved.items():
+            setattr(self, a, v)
+        self._stream_key = key
+        self._stream_switched()
+
+    def _stream_switched(self) -> None:  # noqa: B027 - a hook: most models keep no such shortcut
+        """Another stream may have run since this one's last request: drop shortcuts that assumed not."""
+
+    def forget_streams(self) -> None:
+        """After :meth:`reset`: no stream has a previous request any more."""
+        self.__dict__.pop("_streams", None)
+        self.__dict__.pop("_stream_key", None)

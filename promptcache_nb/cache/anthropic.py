@@ -1,4 +1,5 @@
-"""Anthropic prompt caching, as documented (provider_cache_rules.md §1; sources [A1]-[A3]).
+"""Anthropic prompt caching, as documented (docs/provider_cache_rules.md#anthropic-breakpoints and
+the Anthropic sections after it, whose "notes §1.x" the section numbers below refer to; sources [A1]-[A3]).
 
 Rules modelled, each cited where it is applied:
 
@@ -13,9 +14,10 @@ Rules modelled, each cited where it is applied:
   response has begun (``ttft_seconds``) (§1.6);
 * a read refreshes every live entry along the prefix it read, not only the entry it matched: the
   cached content is "refreshed for no additional cost each time [it] is used" [A1][A2], and reading a
-  longer prefix uses the shorter ones' content. The docs do not say it in so many words (rules §1.4
-  "Refresh scope" lists it as ambiguous); measured logs settle it — a system-prompt entry is still read
-  11 minutes after its last write while the conversation after it is read every few seconds (issue 11).
+  longer prefix uses the shorter ones' content. The docs do not say it in so many words
+  (docs/provider_cache_rules.md#anthropic-lookback lists the refresh scope as ambiguous); measured logs
+  settle it — a system-prompt entry is still read 11 minutes after its last write while the conversation
+  after it is read every few seconds (issue 11).
   ``refresh_along_prefix=False`` restores the narrower reading (only the matched entry);
 * 1h breakpoints must come before 5m ones; the bill splits as read = A, 1h write = B − A,
   5m write = C − B (§1.8);
@@ -25,21 +27,37 @@ Rules modelled, each cited where it is applied:
 Stated assumptions where the docs are silent: a string ``content`` counts as one block; run coalescing of
 ``tool_use`` / ``tool_result`` blocks ([A4], 3P only) is off unless ``coalesce_tool_runs=True``; the
 1h-after-5m order is treated as HTTP 400.
+
+**The client's breakpoints on partial bodies** (``assume_client_breakpoints``, on by default). A log that
+lacks the system prompt and tools (a Claude Code transcript, imported with ``partial=True``) also lacks the
+``cache_control`` markers the client put on them, so its bodies carry no marker at all and would read as
+``no_breakpoint``. For such a body — an unlogged prefix and no marker anywhere — the model assumes the
+layout Claude Code sends: a breakpoint at the end of the system prompt (the unlogged prefix) and one on
+the last block of the conversation, which moves forward every turn ("on a normal turn, the prefix is the
+entire previous request", code.claude.com/docs/en/prompt-caching [A6]; third-party captures of its
+requests show ``cache_control`` on the system blocks and the latest message, none on the tools:
+akaszubski/anyclaude-local#6, diegosouzapw/OmniRoute#8934). Each breakpoint's TTL is ``client_ttls``
+(prefix, conversation); importing sets it from the measured 5m/1h write split of the session's requests
+(:func:`client_ttls_from_usage`: Claude Code writes its system prompt with a 1h TTL and the conversation
+with 5m when both appear). The stored body is never changed: the markers exist only in the simulation.
 """
 
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .._options import Options
 from .._util import common_prefix_length, model_base_id
 from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest, canonical_json
+from ..request._canonical import prefix_record
 from ..usage import Usage
 from ._base import CacheModel, CacheResult
 
@@ -87,6 +105,28 @@ def resolve_model(model: str) -> str:
     raise UnknownModelError(model, list(MIN_CACHEABLE_TOKENS))
 
 
+def client_ttls_from_usage(usages: Iterable[Any]) -> tuple[str, str] | None:
+    """The TTLs a client gave its (prefix, last block) breakpoints, read from measured usage: the
+    ``cache_creation`` 5m/1h split tells which TTL the client asked for (log_formats.md, Claude Code).
+
+    A 1h write anywhere means the prefix was written with 1h; a 5m write means the conversation was (1h
+    before 5m is the only order the API accepts, §1.8); only 1h writes: both 1h. None when no request
+    reports a split (unknown: the API's default, 5m, applies).
+
+    Example:
+        >>> from promptcache_nb import Usage
+        >>> client_ttls_from_usage([Usage(4, 0, 14259, 49, 14210), Usage(3, 14259, 422, 422, 0)])
+        ('1h', '5m')
+    """
+    w5 = w1h = 0
+    for u in usages:
+        w5 += getattr(u, "cache_creation_5m_input_tokens", None) or 0
+        w1h += getattr(u, "cache_creation_1h_input_tokens", None) or 0
+    if not w5 and not w1h:
+        return None
+    return ("1h" if w1h else "5m", "5m" if w5 else "1h")
+
+
 @dataclass
 class _Entry:
     ttl: str
@@ -120,6 +160,19 @@ class AnthropicOptions(Options):
                                      "tool_result) blocks as one position")
     refresh_along_prefix: bool = Field(True, description="a read refreshes every live entry along the prefix "
                                        "it read (True) or only the entry it matched (False)")
+    assume_client_breakpoints: bool = Field(True, description="a partial body (an unlogged prefix) with no "
+                                            "cache_control anywhere gets the client's layout: a breakpoint at "
+                                            "the end of the unlogged prefix and one on the last block")
+    client_ttls: tuple[Literal["5m", "1h"], Literal["5m", "1h"]] = Field(
+        ("5m", "5m"), description="TTLs of the assumed breakpoints: (unlogged prefix, last block)")
+
+    @field_validator("client_ttls")
+    @classmethod
+    def _ttl_order(cls, value: tuple[str, str]) -> tuple[str, str]:
+        if value == ("5m", "1h"):
+            raise ValueError("a 1h breakpoint must not come after a 5m one: use ('1h', '5m'), ('1h', '1h') or "
+                             "('5m', '5m')")
+        return value
 
 
 class AnthropicCache(CacheModel):
@@ -133,6 +186,9 @@ class AnthropicCache(CacheModel):
         coalesce_tool_runs: count a run of consecutive tool_use (or tool_result) blocks as one position.
         refresh_along_prefix: a read refreshes every live entry along the prefix it read (default; see
             the module docstring), or only the entry it matched (``False``).
+        assume_client_breakpoints: give a partial body without any ``cache_control`` the client's
+            breakpoints (end of the unlogged prefix, last block; see the module docstring).
+        client_ttls: the TTLs of those two assumed breakpoints, ``(prefix, last block)``.
     """
 
     name: ClassVar[str] = "anthropic"
@@ -147,7 +203,14 @@ class AnthropicCache(CacheModel):
         lookback: int = LOOKBACK_POSITIONS,
         coalesce_tool_runs: bool = False,
         refresh_along_prefix: bool = True,
+        assume_client_breakpoints: bool = True,
+        client_ttls: Iterable[str] = ("5m", "5m"),
     ) -> None:
+        ttls = tuple(client_ttls)
+        if len(ttls) != 2 or any(t not in TTL_SECONDS for t in ttls) or ttls == ("5m", "1h"):
+            raise ValueError(f"client_ttls: expected (prefix, last block) TTLs, 1h before 5m, got {ttls!r}")
+        self.assume_client_breakpoints = assume_client_breakpoints
+        self.client_ttls: tuple[str, str] = ttls  # type: ignore[assignment]
         self.ttft_seconds = ttft_seconds
         self.refresh_along_prefix = refresh_along_prefix
         self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(min_tokens or {})}
@@ -167,8 +230,20 @@ class AnthropicCache(CacheModel):
         self._prev_cacheable = 0
         self._prev_written: set[int] = set()
         # entries known to lie on the previous request's chain: position -> entry (refresh along prefix)
-        self._along: dict[int, _Entry] = {}
+        self._along: dict[int, _Entry] | None = {}  # None: unknown (another stream ran since)
         self._shared_now = 0
+
+    stream_state: ClassVar[tuple[str, ...]] = (
+        "_prev_keys", "_prev_chain", "_prev_segments", "_prev_salts", "_prev_model", "_prev_total",
+        "_prev_cacheable", "_prev_written", "_along",
+    )
+
+    def _stream_switched(self) -> None:
+        self._along = None  # another stream may have written entries on this chain since
+
+    def state_horizon_seconds(self) -> float:
+        """One hour: the longest TTL (§1.6); an entry untouched for that long has expired."""
+        return max(TTL_SECONDS.values())
 
     def validate_model(self, model: str) -> str:
         return resolve_model(model)
@@ -177,20 +252,35 @@ class AnthropicCache(CacheModel):
     def breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
         """(segment index, ttl) of every breakpoint, validated as the API does (HTTP 400 otherwise).
 
-        Computed once per request (the session asks again for the ideal read of the next turn).
+        Computed once per request and layout (the session asks again for the ideal read of the next turn).
         """
-        marks = req.__dict__.get("_anthropic_breakpoints")
-        if marks is None:
-            marks = self._breakpoints(req)
-            object.__setattr__(req, "_anthropic_breakpoints", marks)
+        layout = (self.assume_client_breakpoints, self.client_ttls)
+        got = req.__dict__.get("_anthropic_breakpoints")
+        if got is None or got[0] != layout:
+            got = (layout, self._breakpoints(req))
+            object.__setattr__(req, "_anthropic_breakpoints", got)
+        return got[1]
+
+    def _explicit_marks(self, req: PreparedRequest) -> list[tuple[int, str]]:
+        """(index, ttl) of every segment's own ``cache_control``: the previous request's for the leading
+        segments the two share as the very same objects, a walk over the new ones only (O(new segments))."""
+        prev, k = prefix_record(req)
+        known = prev.__dict__.get("_anthropic_explicit") if prev is not None and k else None
+        marks: list[tuple[int, str]] = [m for m in known if m[0] < k] if known is not None else []
+        segs = req.segments
+        for i in range(k if known is not None else 0, len(segs)):
+            cc = segs[i].cache_control
+            if cc is not None:
+                marks.append((i, self._ttl_of(cc)))
+        object.__setattr__(req, "_anthropic_explicit", tuple(marks))
         return marks
 
     def _breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
-        marks: list[tuple[int, str]] = []
-        for i, seg in enumerate(req.segments):
-            if seg.cache_control is not None:
-                marks.append((i, self._ttl_of(seg.cache_control)))
+        marks = self._explicit_marks(req)
         auto = req.rest.get("cache_control")
+        if (not marks and auto is None and self.assume_client_breakpoints and req.segments
+                and req.segments[0].kind == "unlogged"):
+            return self._client_breakpoints(req)
         if auto is not None:
             ttl = self._ttl_of(auto)
             target = self._last_eligible(req)
@@ -221,6 +311,16 @@ class AnthropicCache(CacheModel):
                 raise InvalidRequestError(
                     "cache_control: a ttl='1h' cache_control block must not come after a ttl='5m' block"
                 )
+        return marks
+
+    def _client_breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
+        """The layout the client sent and the log dropped: the end of the unlogged prefix, and automatic
+        caching on the last eligible block (module docstring)."""
+        prefix_ttl, tail_ttl = self.client_ttls
+        marks = [(0, prefix_ttl)]
+        last = self._last_eligible(req)
+        if last is not None and last > 0:
+            marks.append((last, tail_ttl))
         return marks
 
     @staticmethod
@@ -380,7 +480,10 @@ class AnthropicCache(CacheModel):
             cache_creation_1h_input_tokens=w1h,
             source="simulated",
         )
-        states = tuple("read" if x <= read and read else "write" if x <= c else "uncached" for x in cum)
+        # read, write, uncached: three runs, found by bisection of the cumulative sums
+        n_read = bisect_right(cum, read) if read else 0
+        n_write = bisect_right(cum, c)
+        states = ("read",) * n_read + ("write",) * (n_write - n_read) + ("uncached",) * (len(cum) - n_write)
         detail: dict[str, Any] = {
             "breakpoints": [request.segments[bp].path for bp, _ in marks],
             "breakpoint_ttls": [ttl for _, ttl in marks],
@@ -389,6 +492,8 @@ class AnthropicCache(CacheModel):
             "min_tokens": minimum,
             "model": model,
         }
+        if marks and marks[0][0] == 0 and request.segments[0].kind == "unlogged":
+            detail["assumed_breakpoints"] = True  # the client's layout, not markers of the logged body
         reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)
         self._prev_keys, self._prev_chain = keys, chain
         self._prev_segments, self._prev_salts = request.segments, self._salts_now
@@ -400,7 +505,7 @@ class AnthropicCache(CacheModel):
     def _entries_along(self, model: str, chain: list[bytes], t: float) -> dict[int, _Entry]:
         """Live entries on ``chain`` by position: the previous request's for the shared run (entries
         never move), looked up for the new positions only — O(new segments) per request."""
-        if model == self._prev_model:
+        if model == self._prev_model and self._along is not None:
             n = self._shared_now
             along = {i: e for i, e in self._along.items() if i < n and e.expires_at > t}
         else:

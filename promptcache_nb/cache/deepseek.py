@@ -1,4 +1,4 @@
-"""DeepSeek context caching on disk, the 2024 launch rules (provider_cache_rules.md §4 [D1][D3]).
+"""DeepSeek context caching on disk, the 2024 launch rules (docs/provider_cache_rules.md#deepseek [D1][D3]).
 
 Rules modelled (the "legacy" pseudo-algorithm of §4):
 
@@ -98,6 +98,12 @@ class DeepSeekCache(CacheModel):
         self._last_chain: list[int] = []  # the previous request of the same model, fully written
         self._last_t = 0.0
         self._prev: dict[str, Any] | None = None
+
+    stream_state: ClassVar[tuple[str, ...]] = ("_prev",)
+
+    def state_horizon_seconds(self) -> float:
+        """``lifetime``: a prefix unused that long is cleared [D1]."""
+        return self.lifetime
 
     def validate_model(self, model: str) -> str:
         return model

@@ -1,4 +1,7 @@
-"""OpenAI automatic prompt caching, classic behaviour (gpt-4o … gpt-5.5), provider_cache_rules.md §2.1.
+"""OpenAI automatic prompt caching, classic behaviour (gpt-4o … gpt-5.5).
+
+The rules: docs/provider_cache_rules.md#openai-automatic-caching (notes §2.1; §2.2 and §2.3 below are the sections
+after it).
 
 Rules modelled, each cited where it is applied:
 
@@ -152,6 +155,15 @@ class OpenAICache(CacheModel):
         self._chains = ChainInterner()
         self._shards: dict[tuple[int, str | None], _Shard] = {}
         self._prev: dict[str, Any] | None = None
+
+    stream_state: ClassVar[tuple[str, ...]] = ("_prev",)
+
+    def state_horizon_seconds(self) -> float:
+        """``max_age`` for ``in_memory`` (no prefix outlives it, used or not), 24 hours for ``24h``. A request
+        of an ``in_memory`` model that asks ``prompt_cache_retention="24h"`` keeps its prefixes longer than
+        this horizon: create the model with ``retention="24h"`` for such traffic, so a resumed session
+        replays far enough back."""
+        return 86_400.0 if self.retention == "24h" else max(self.max_age, self.idle_ttl)
 
     def validate_model(self, model: str) -> str:
         # Permissive: re-simulating an Anthropic-shaped session under OpenAI's rules keeps its model id.

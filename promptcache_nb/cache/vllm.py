@@ -1,4 +1,4 @@
-"""vLLM automatic prefix caching, V1 engine (provider_cache_rules.md §5 [V1]-[V4]).
+"""vLLM automatic prefix caching, V1 engine (docs/provider_cache_rules.md#vllm [V1]-[V4]).
 
 Rules modelled (the §5 pseudo-algorithm):
 
@@ -119,6 +119,10 @@ class VLLMCache(CacheModel):
         self._last_root: int | None = None
         self._last_chain: list[int] = []  # the previous scheduled request: all its full blocks cached
         self._prev: dict[str, Any] | None = None
+
+    #: No TTL (state_horizon_seconds is None): an unused block stays until allocations evict it, so the
+    #: pool after a request depends on every request before it; a resumed session replays all of them.
+    stream_state: ClassVar[tuple[str, ...]] = ("_prev",)
 
     def validate_model(self, model: str) -> str:
         return model

@@ -5,9 +5,24 @@ Formats: ``claude-code``, ``codex``, ``vcr``, ``har``, ``exchanges`` (the record
 
 from __future__ import annotations
 
-from ._ingest import ImportResult, import_log
+from typing import TYPE_CHECKING, Any
+
 from ._registry import READERS, detect
 from ._types import ImportedRequest, Reader, ReadProgress, SkippedLine
+
+if TYPE_CHECKING:
+    from ._ingest import ImportResult, import_log
+
+
+def __getattr__(name: str) -> Any:
+    # The ingest stores requests through a Lab's sessions (analysis, cache models, session): it is loaded on
+    # first use, so the readers — and the recording proxy, which reuses the SSE parser — stay below the store.
+    if name in ("ImportResult", "import_log"):
+        from . import _ingest
+
+        return getattr(_ingest, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["READERS", "ImportResult", "ImportedRequest", "ReadProgress", "Reader", "SkippedLine", "detect",
            "import_log"]

@@ -22,8 +22,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from .._util import digest
+from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
+from ..cache.anthropic import client_ttls_from_usage
 from ..errors import ImportFormatError, PromptCacheError, SessionError
 from ..request import prepare
+from ..request.diff import visible
 from ._registry import READERS, detect
 from ._types import ImportedRequest, ReadProgress, SkippedLine
 
@@ -45,6 +48,9 @@ class ImportResult:
         skipped: one row per line or entry not imported (``file``, ``line``, ``reason``).
         unknown_models: model ids the price library does not know (their requests have a NULL cost).
         files: the files read, with their format.
+        calibrations: one row per tokenizer family of the imported models: the token-estimate calibration
+            fitted on the lab's measured requests of that family, and whether it was saved
+            (:func:`~promptcache_nb.analysis.calibrate.calibrate_families`; measured figures never change).
     """
 
     sessions: list[Session] = field(default_factory=list)
@@ -53,6 +59,7 @@ class ImportResult:
     unknown_models: list[str] = field(default_factory=list)
     files: list[tuple[str, str]] = field(default_factory=list)
     already_stored: int = 0
+    calibrations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAMILY_COLUMNS))
 
     def summary(self) -> pd.DataFrame:
         """One row per session: source, requests, measured cache read %, breaks and cost."""
@@ -76,15 +83,20 @@ class ImportResult:
                 f"{self.already_stored} already stored, {len(self.skipped)} skipped)")
 
     def _repr_html_(self) -> str:
+        # file names, models and skipped lines are data: escaped, invisible characters (and lone surrogates) as
+        # markers, as everywhere else (request.diff.visible)
+        def shown(df: pd.DataFrame) -> str:
+            return df.map(lambda v: visible(v) if isinstance(v, str) else v).to_html(index=False, escape=True)
+
         head = html.escape(repr(self))
         parts = [f"<div class='pcnb-import'><p><b>{head}</b> — token figures are <b>measured</b> "
-                 "(usage reported by the endpoint)</p>", self.summary().to_html(index=False, escape=True)]
+                 "(usage reported by the endpoint)</p>", shown(self.summary())]
         if self.unknown_models:
             parts.append("<p>Models without a price (cost NULL): "
-                         + html.escape(", ".join(self.unknown_models)) + "</p>")
+                         + html.escape(visible(", ".join(self.unknown_models))) + "</p>")
         if len(self.skipped):
             parts.append(f"<details><summary>{len(self.skipped)} skipped</summary>"
-                         + self.skipped.to_html(index=False, escape=True) + "</details>")
+                         + shown(self.skipped) + "</details>")
         return "".join(parts) + "</div>"
 
 
@@ -119,6 +131,15 @@ def session_id_for(fmt: str, session_key: str) -> str:
     """A deterministic session id: the same log imports into the same session every time."""
     key = (fmt + "\x1f" + session_key).encode()
     return f"{_SHORT.get(fmt, fmt)}-{digest(key, tag='imp')[:10]}"
+
+
+def _cache_params(reqs: list[ImportedRequest]) -> dict[str, Any]:
+    """A partial Anthropic log's cache parameters: the TTLs its client gave the breakpoints the log dropped,
+    from the measured 5m/1h write split (``AnthropicCache(client_ttls=...)``)."""
+    if _cache_model_for(reqs[0]) != "anthropic" or not any(r.partial for r in reqs):
+        return {}
+    ttls = client_ttls_from_usage(r.usage for r in reqs)
+    return {} if ttls is None else {"client_ttls": list(ttls)}
 
 
 def _cache_model_for(req: ImportedRequest) -> str:
@@ -200,6 +221,8 @@ def import_log(
         bar.close()
     result.skipped = pd.DataFrame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], columns=SKIPPED_COLUMNS)
     result.unknown_models = sorted(unknown)
+    if result.requests:  # each measured request is an exact prompt total: calibrate the estimator per family
+        result.calibrations = calibrate_families(lab, {r.model for v in by_session.values() for r in v if r.model})
     return result
 
 
@@ -219,9 +242,12 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
             if store.session_row(sid) is None:
                 at = first.at.astimezone(UTC)
                 config = {
-                    "start": at.isoformat(), "step_seconds": 30, "cache_params": {}, "strategy_params": {},
+                    "start": at.isoformat(), "step_seconds": 30, "cache_params": _cache_params(reqs),
+                    "strategy_params": {},
                     "prices": None, "calibration": None, "format": fmt, "session_key": key,
                     "session_kind": first.session_kind, "unlogged_prefix_tokens": None,
+                    # one provider cache per project: sub-agents and compaction calls read the parent's entries
+                    "cache_scope": "project",
                 }
                 proj = project or f"imported/{fmt}"
                 store.ensure_project(proj, at)

@@ -205,6 +205,7 @@ class StreamSummary:
 def _as_pairs(events: Iterable[SseEvent | Mapping[str, Any]]) -> list[tuple[str | None, Any]]:
     """(event name, parsed data) for each event; data that is not JSON stays a string."""
     pairs: list[tuple[str | None, Any]] = []
+    data: Any  # the event's text, parsed when it is JSON
     for ev in events:
         if isinstance(ev, SseEvent):
             name, data = ev.event, ev.data

@@ -84,7 +84,7 @@ class HarReader:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("request"), Mapping):
             return SkippedLine(file, i + 1, "entry has no request object")
         request = entry["request"]
-        response = entry.get("response") if isinstance(entry.get("response"), Mapping) else {}
+        response: Mapping[str, Any] = entry["response"] if isinstance(entry.get("response"), Mapping) else {}
         started = None
         if entry.get("startedDateTime"):
             try:
@@ -96,7 +96,7 @@ class HarReader:
             status = None  # HAR writes 0 (or omits the response) for blocked and failed requests
         resp_headers = {k: v for k, v in headers_dict(response.get("headers")).items() if k != "content-encoding"}
         req_headers = {k: v for k, v in headers_dict(request.get("headers")).items() if k != "content-encoding"}
-        content = response.get("content") if isinstance(response.get("content"), Mapping) else {}
+        content: Mapping[str, Any] = response["content"] if isinstance(response.get("content"), Mapping) else {}
         if content.get("mimeType") and "content-type" not in resp_headers:
             resp_headers["content-type"] = str(content["mimeType"])
         ex = HttpExchange(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._base import Backend, BackendResponse, DirectSimulator
+from ._count import TokenCount, count_tokens
 from .server import ServedRequest, SimulatorServer
 
 
@@ -21,5 +22,5 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "RecordingProxy", "ServedRequest",
-    "SimulatorServer",
+    "SimulatorServer", "TokenCount", "count_tokens",
 ]

@@ -33,6 +33,10 @@ from ..request import PreparedRequest
 from ..usage import Usage
 from ._base import AT_HEADER, SIMULATOR_HEADER, Backend, BackendResponse
 
+#: Messages fields that shape the output, not the input: left out of a ``count_tokens`` call.
+_NOT_INPUT = frozenset({"max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences", "metadata",
+                        "service_tier", "inference_geo", "diagnostics"})
+
 PREDICTED_FIELDS = (
     "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
     "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens",
@@ -157,6 +161,32 @@ class AnthropicBackend(Backend):
                 return message, stream.response.headers
         raw = messages.with_raw_response.create(**kwargs)
         return raw.parse(), raw.headers
+
+    def count_tokens(self, body: dict[str, Any]) -> tuple[int, bool]:
+        """``POST /v1/messages/count_tokens`` for a Messages ``body`` (free, with its own rate limit):
+        ``(input tokens, answered by a simulator endpoint)``. Fields that do not change the input
+        (``max_tokens``, sampling, ``stream``...) are left out; fields the SDK does not know go in ``extra_body``.
+        """
+        messages = self._client.messages
+        accepted = frozenset(inspect.signature(messages.count_tokens).parameters)
+        kwargs: dict[str, Any] = {k: v for k, v in body.items() if k in accepted}
+        extra = {k: v for k, v in body.items()
+                 if k not in accepted and k not in self._known and k not in _NOT_INPUT}
+        if extra:
+            kwargs["extra_body"] = extra
+        try:
+            with warnings.catch_warnings():
+                if self.virtual_clock:  # a local endpoint replays old models on purpose (see _call)
+                    warnings.filterwarnings("ignore", message=r"The model '.*' is deprecated",
+                                            category=DeprecationWarning)
+                raw = messages.with_raw_response.count_tokens(**kwargs)
+        except anthropic.APIStatusError as exc:
+            raise self._status_error(exc) from None
+        except anthropic.APIConnectionError as exc:
+            raise APIConnectionError(f"{self.base_url}: {self._redact(str(exc))}") from None
+        except anthropic.AnthropicError as exc:  # e.g. no key configured
+            raise APIError(self._redact(str(exc)), error_type="client_error") from None
+        return int(raw.parse().input_tokens), raw.headers.get(SIMULATOR_HEADER) is not None
 
     @staticmethod
     def _predict(request: PreparedRequest, at: datetime, cache: CacheModel) -> CacheResult | None:

@@ -51,7 +51,7 @@ import re
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -198,7 +198,7 @@ class RecordingProxy:
         self._client = None
 
     # -- one call -----------------------------------------------------------------------------
-    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _asgi(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         # every method and path is forwarded: the upstream decides what exists
         response = await self._endpoint(Request(scope, receive))
         await response(scope, receive, send)
@@ -252,7 +252,7 @@ class _Exchange:
         self.query = request.scope.get("query_string", b"").decode("latin-1")
 
     # the ASGI interface: Starlette awaits the endpoint's return value with these arguments
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         async with anyio.create_task_group() as tg:
             async def watch() -> None:
                 # The body is read; the next message is the client hanging up. Stop the upstream call then:
@@ -386,7 +386,7 @@ class _Exchange:
                 if isinstance(response, dict):
                     usage = response.get("usage") if isinstance(response.get("usage"), dict) else None
                     response_id = response.get("id") if isinstance(response.get("id"), str) else None
-        headers = self.headers or {}
+        headers: Mapping[str, str] = self.headers or {}
         entry["usage"] = usage
         entry["request_id"] = headers.get("request-id") or headers.get("x-request-id") or response_id
         entry["latency_ms"] = latency

@@ -7,7 +7,8 @@ exactly the code they would use against the real APIs. Each request body goes th
 :func:`~promptcache_nb.request.prepare` and cache model as the in-process
 :class:`~promptcache_nb.live.DirectSimulator`, so the usage it reports is identical.
 
-What it reproduces (provider_cache_rules.md §1, §2):
+What it reproduces (docs/provider_cache_rules.md#anthropic-breakpoints onwards,
+docs/provider_cache_rules.md#openai-automatic-caching onwards; "§1.9" below is the notes section each one names):
 
 * caches isolated per workspace (§1.9): one cache model per API key — the key is reduced to a digest on
   arrival and never stored, logged or echoed; within a workspace entries are keyed by model (§1.2). Messages
@@ -582,7 +583,7 @@ def _check_messages(messages: Any, *, anthropic: bool) -> None:
         raise _Reject(400, "messages: at least one message is required")
     if not anthropic:
         return  # Chat Completions roles and ordering are checked by request.prepare's OpenAI dialect
-    tool_uses: set[str] = set()
+    tool_uses: set[Any] = set()  # the previous message's tool_use ids (as sent: any JSON value)
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
         if role not in ("user", "assistant"):

@@ -23,6 +23,12 @@ COLORS = {
 }
 
 
+def _literal(name: str) -> str:
+    """A name drawn as itself: two ``$`` in a label would make matplotlib parse the text between them as
+    math (and raise on what is not valid TeX, e.g. a strategy named ``$frac{$``)."""
+    return name.replace("$", r"\$")
+
+
 def _figure(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:
     # Figure() rather than plt.figure(): no pyplot state, so library calls never pop up or leak figures.
     from matplotlib.figure import Figure
@@ -106,7 +112,7 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
         ax: draw on this axes instead of a new 9×3.4 in figure.
     """
     fig, ax = _figure(ax, COMPARE_SIZE)
-    names = summary["strategy"].astype(str).tolist()
+    names = [_literal(n) for n in summary["strategy"].astype(str)]
     x = list(range(len(names)))
     read = summary["cache_read"].to_numpy(dtype=float)
     write = summary["cache_write"].to_numpy(dtype=float)
@@ -132,7 +138,7 @@ def plot_cumulative_cost(frames: dict[str, pd.DataFrame], *, ax: Axes | None = N
     """Cumulative cost per strategy over requests."""
     fig, ax = _figure(ax, SAVINGS_SIZE)
     for name, df in frames.items():
-        ax.plot(df["idx"], df["cost_usd"].cumsum(), label=name)
+        ax.plot(df["idx"], df["cost_usd"].cumsum(), label=_literal(str(name)))
     ax.set_xlabel("request")
     ax.set_ylabel("cumulative cost (USD)")
     ax.legend(fontsize="small", frameon=False)

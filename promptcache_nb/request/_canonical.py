@@ -5,23 +5,23 @@ A request is the exact JSON body of an API call in one of three *dialects*: ``an
 hashed we use one canonical serialization: ``json.dumps(sort_keys=True, separators=(",", ":"),
 ensure_ascii=False)`` encoded as UTF-8.
 
-A request splits into *segments*, in the provider's cache-prefix order (docs/provider_cache_rules.md, which
-copies the rules from the team reference's §1.2 for Anthropic and §2.1 for OpenAI):
+A request splits into *segments*, in the provider's cache-prefix order (docs/provider_cache_rules.md):
 
-* ``anthropic`` — tools → system → messages (§ "Anthropic prefix order"): each tool, each system block
-  (or the system string), each message content block (or a message's string content). Paths
+* ``anthropic`` — tools → system → messages (docs/provider_cache_rules.md#anthropic-prefix-order): each
+  tool, each system block (or the system string), each message content block (or a message's string content). Paths
   ``tools[3]``, ``system[2]``, ``messages[5].content[0]``.
-* ``openai-chat`` — tools → structured-output schema → messages (§ "OpenAI prefix order"): each tool,
+* ``openai-chat`` — tools → structured-output schema → messages
+  (docs/provider_cache_rules.md#openai-prefix-order): each tool,
   ``response_format``, each whole message (``messages[3]``: role, content, ``tool_calls``, ``tool_call_id``
   ... in one segment, so every key round-trips).
-* ``openai-responses`` — tools → schema (``text``) → ``instructions`` → input (§ "OpenAI prefix order"):
-  each tool, ``text``, ``instructions``, the ``input`` string or each ``input[5]`` item.
+* ``openai-responses`` — tools → schema (``text``) → ``instructions`` → input (same section): each tool,
+  ``text``, ``instructions``, the ``input`` string or each ``input[5]`` item.
 
 Each segment has a path, a content hash that ignores ``cache_control`` (markers never change what
 matches) and a storage hash over its exact bytes. A log that lacks part of the prompt (no system prompt,
 no tools) can be given a measured *unlogged prefix*: one synthetic segment first (path
-``(unlogged prefix)``, kind ``unlogged``) that carries the measured size and no content (§ "Unlogged
-prefix").
+``(unlogged prefix)``, kind ``unlogged``) that carries the measured size and no content
+(docs/provider_cache_rules.md#unlogged-prefix).
 
 Segment kinds: ``tool``, ``system``, ``schema``, ``msg-start`` (first block of an Anthropic message),
 ``msg`` (a later block), ``msg-str`` (string content), ``msg-empty``, ``msg-whole`` (a whole OpenAI chat
@@ -35,8 +35,8 @@ import json
 import marshal
 import weakref
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
-from operator import attrgetter, eq
+from itertools import accumulate, compress, count, repeat
+from operator import attrgetter, eq, is_not
 from typing import Any, Literal
 
 from .._util import common_prefix_length, digest
@@ -120,6 +120,10 @@ class SegmentMemo:
 
     Elements passed with ``trusted=True`` are keyed by identity (strategies rebuild bodies from the
     same history objects every turn and never mutate them); everything else by content hash.
+
+    A tokenizer that picks an estimator per model (``for_model``, the default
+    :class:`~promptcache_nb.tokens.ModelTokenizer`) gets one view per estimator (:meth:`for_model`): hashes
+    are shared, token counts and segments are not.
     """
 
     def __init__(self, tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> None:
@@ -127,6 +131,22 @@ class SegmentMemo:
         self._by_id: dict[int, tuple[Any, str, str, dict | None, int]] = {}
         self._tokens: dict[tuple[str, str], int] = {}
         self._segments: dict[int, Segment] = {}  # trusted elements: the Segment last built for them
+        self._views: dict[int, tuple[Tokenizer, SegmentMemo]] = {}
+
+    def for_model(self, model: Any) -> SegmentMemo:
+        """The memo counting with ``model``'s estimator (itself when its tokenizer counts every model alike)."""
+        pick = getattr(self.tokenizer, "for_model", None)
+        if pick is None:
+            return self
+        tok = pick(model if isinstance(model, str) else str(model or ""))
+        if tok is self.tokenizer:
+            return self
+        got = self._views.get(id(tok))
+        if got is None:
+            view = SegmentMemo(tok)
+            view._by_id = self._by_id  # hashes do not depend on the tokenizer
+            got = self._views[id(tok)] = (tok, view)
+        return got[1]
 
     def hashes(self, element: Any, *, trusted: bool) -> tuple[str, str, dict | None, int]:
         """(content hash, storage hash, cache_control, canonical byte length) of one segment."""
@@ -161,6 +181,7 @@ class PreparedRequest:
     ``shape`` records how the body's segmented fields looked (absent, string, list), the dialect when it
     is not ``anthropic`` and the unlogged prefix's measured size when there is one: with ``rest`` (the
     other top-level fields) and the segments it rebuilds the exact body (:func:`rebuild_body`).
+    ``tokenizer`` names the estimator that counted its tokens (``o200k_base``, ``heuristic-v1``...).
     """
 
     body: dict[str, Any] = field(repr=False)
@@ -168,6 +189,7 @@ class PreparedRequest:
     shape: dict[str, Any]
     rest: dict[str, Any]
     total_tokens: int
+    tokenizer: str = field(default="", compare=False)
 
     @property
     def model(self) -> str:
@@ -188,10 +210,12 @@ class PreparedRequest:
         return canonical_bytes(self.body)
 
     def cumulative_tokens(self) -> list[int]:
-        """Tokens through each segment (computed once per request; treat as read-only)."""
+        """Tokens through each segment (computed once per request, extending the previous request's sums
+        over the leading segments the two share; treat as read-only)."""
         cum = self.__dict__.get("_cum")
         if cum is None:
-            cum = list(accumulate(map(_TOKENS, self.segments)))
+            prev, k = prefix_record(self)
+            cum = extend_cumulative(self.segments, prev, k)
             object.__setattr__(self, "_cum", cum)
         return cum
 
@@ -200,7 +224,13 @@ class PreparedRequest:
         """Bytes of the segments' canonical JSON (envelopes not counted)."""
         n = self.__dict__.get("_nbytes")
         if n is None:
-            n = sum(map(_NBYTES, self.segments))
+            prev, k = prefix_record(self)
+            pn = prev.__dict__.get("_nbytes") if prev is not None else None
+            segs = self.segments
+            if pn is not None and k:  # the previous request's size, its tail after the shared run swapped
+                n = pn - sum(map(_NBYTES, prev.segments[k:])) + sum(map(_NBYTES, segs[k:]))  # type: ignore[union-attr]
+            else:
+                n = sum(map(_NBYTES, segs))
             object.__setattr__(self, "_nbytes", n)
         return n
 
@@ -340,7 +370,8 @@ def detect_dialect(body: dict[str, Any]) -> str:
 def _check_body(body: dict[str, Any]) -> None:
     """Reject Messages shapes the API rejects (and that could not round-trip byte for byte)."""
     _check_anthropic_top(body)
-    for i, block in enumerate(body.get("system") if isinstance(body.get("system"), list) else ()):
+    system = body.get("system")
+    for i, block in enumerate(system if isinstance(system, list) else ()):
         _check_system_block(i, block)
     for i, m in enumerate(body.get("messages", [])):
         _check_anthropic_message(i, m)
@@ -391,7 +422,7 @@ def _check_chat_message(i: int, m: Any) -> None:
         raise ValueError(f"messages[{i}]: must be a message object")
     role = m.get("role")
     allowed = _CHAT_ROLES.get(role) if isinstance(role, str) else None
-    if allowed is None:
+    if allowed is None or not isinstance(role, str):
         raise ValueError(f"messages[{i}].role: unknown role {role!r}")
     for k in m:
         if k not in allowed:
@@ -480,7 +511,8 @@ def prepare(
 
     Args:
         body: an Anthropic Messages, OpenAI Chat Completions or OpenAI Responses body.
-        memo: per-segment hashing / token memo (the session's, so its tokenizer counts).
+        memo: per-segment hashing / token memo (the session's, so its tokenizer counts); the estimator of
+            the body's ``model`` is used (:meth:`SegmentMemo.for_model`).
         trusted: the body was built by our strategies from immutable history objects: with ``previous``,
             messages that are the very same objects at the same index reuse its segments.
         previous: the request before this one. For untrusted bodies (imports, ``Session.record``) every
@@ -520,7 +552,7 @@ def prepare(
         raise ValueError(f"dialect: must be one of {', '.join(DIALECTS)}, got {dialect!r}")
     elif dialect == "anthropic":
         pinned = detect_dialect(body) != "anthropic"
-    memo = memo or SegmentMemo()
+    memo = (memo or SegmentMemo()).for_model(body.get("model"))  # the estimator of this body's model
     if trusted and dialect == "anthropic" and not copy and not pinned:
         return _prepare_trusted(body, memo, previous, unlogged_prefix_tokens)
     return _Builder(body, dialect, memo, previous, unlogged_prefix_tokens, copy, pinned).build()
@@ -575,11 +607,27 @@ def _prepare_trusted(
         shape["unlogged"] = unlogged
     prev_msgs: list = []
     prev_spans: list[tuple[int, int]] = []
-    if previous is not None and previous.__dict__.get("_msg_spans") is not None:
+    if (previous is not None and previous.__dict__.get("_msg_spans") is not None
+            and previous.tokenizer == memo.tokenizer.name):
         prev_msgs = previous.body.get("messages") or []
         prev_spans = previous.__dict__["_msg_spans"]
     spans: list[tuple[int, int]] = []
-    for i, msg in enumerate(messages or ()):
+    msgs = messages or []
+    m0 = len(segs)  # where the messages start
+    # the leading run of segments that are the previous request's very objects at the same positions
+    run = identity_prefix(segs, previous.segments) if prev_spans else 0  # type: ignore[union-attr]
+    k = identity_prefix(msgs, prev_msgs) if prev_spans else 0
+    k = min(k, len(prev_spans))
+    if k:
+        # the leading messages that are the previous body's very objects: their segments and spans in one
+        # slice each, so a turn's Python work is its new messages only
+        a0, b0 = prev_spans[0][0], prev_spans[k - 1][1]
+        segs.extend(previous.segments[a0:b0])  # type: ignore[union-attr]
+        spans = prev_spans[:k] if a0 == m0 else [(a + m0 - a0, b + m0 - a0) for a, b in prev_spans[:k]]
+        if run == m0 and a0 == m0:
+            run = b0
+    for i in range(k, len(msgs)):
+        msg = msgs[i]
         start = len(segs)
         if i < len(prev_spans) and msg is prev_msgs[i]:
             a, b = prev_spans[i]
@@ -595,9 +643,12 @@ def _prepare_trusted(
             for j, block in enumerate(content):
                 add(f"messages[{i}].content[{j}]", "msg-start" if j == 0 else "msg", role, block)
         spans.append((start, len(segs)))
-    rest = {k: v for k, v in body.items() if k not in TOP_LEVEL_SEGMENTED}
-    req = PreparedRequest(body, tuple(segs), shape, rest, sum(map(_TOKENS, segs)))
+    rest = {key: v for key, v in body.items() if key not in TOP_LEVEL_SEGMENTED}
+    cum = extend_cumulative(segs, previous, run)
+    req = PreparedRequest(body, tuple(segs), shape, rest, cum[-1] if cum else 0, memo.tokenizer.name)
     object.__setattr__(req, "_msg_spans", spans)
+    object.__setattr__(req, "_cum", cum)
+    mark_prefix(req, previous, run)
     return req
 
 
@@ -614,7 +665,7 @@ def _snapshots(units: list[Any]) -> list[Any]:
     try:
         return list(map(marshal.dumps, units, repeat(2)))
     except ValueError:  # something JSON-encodable marshal does not know: compare it as "different"
-        out = []
+        out: list[Any] = []
         for u in units:
             try:
                 out.append(marshal.dumps(u, 2))
@@ -631,7 +682,8 @@ class _Builder:
                  previous: PreparedRequest | None, unlogged: int | None, copy_: bool, pinned: bool) -> None:
         self.body, self.dialect, self.memo, self.unlogged, self.copy = body, dialect, memo, unlogged, copy_
         usable = (previous is not None and previous.dialect == dialect
-                  and previous.__dict__.get("_units") is not None)
+                  and previous.__dict__.get("_units") is not None
+                  and previous.tokenizer == memo.tokenizer.name)  # its segments' counts are this estimator's
         self.previous = previous if usable else None
         self.segs: list[Segment] = []
         self.shape: dict[str, Any] = {} if dialect == "anthropic" and not pinned else {"dialect": dialect}
@@ -662,7 +714,7 @@ class _Builder:
         prev_units = prev_spans = None
         if prev is not None and prev.shape.get(key) == self.shape.get(key):  # same shape: str vs list
             prev_spans = prev.__dict__["_units"].get(key)
-        if prev_spans:
+        if prev is not None and prev_spans:
             prev_snaps = _prev_snapshots(prev, key)
             cur = _snapshots(units)
             n = min(len(cur), len(prev_snaps))
@@ -729,7 +781,9 @@ class _Builder:
             rest = _copy.deepcopy(rest)
             owned = self.owned
             body = {k: (owned[k] if k in owned else rest[k]) for k in body}
-        req = PreparedRequest(body, tuple(self.segs), shape, rest, sum(map(_TOKENS, self.segs)))
+        cum = extend_cumulative(self.segs, prev, self.run_len)
+        req = PreparedRequest(body, tuple(self.segs), shape, rest, cum[-1] if cum else 0, self.memo.tokenizer.name)
+        object.__setattr__(req, "_cum", cum)
         object.__setattr__(req, "_units", self.units)
         object.__setattr__(req, "_snaps", self.snaps)
         if prev is not None:
@@ -856,6 +910,45 @@ class _Builder:
         else:
             raise ValueError("input: must be a string or a list of input items")
         return segmented
+
+
+def prefix_record(p: PreparedRequest) -> tuple[PreparedRequest | None, int]:
+    """(the previous request, how many leading segments ``p`` shares with it as the very same objects), as
+    ``prepare(..., previous=...)`` or the stored-request loader recorded it; (None, 0) when unknown."""
+    rec = p.__dict__.get("_prefix_of")
+    if rec is None:
+        return None, 0
+    prev = rec[0]()
+    return (prev, rec[1]) if prev is not None else (None, 0)
+
+
+def extend_cumulative(segments: Any, previous: PreparedRequest | None, shared: int) -> list[int]:
+    """Cumulative tokens of ``segments``: ``previous``'s sums for the first ``shared`` (its very segments),
+    then only the new tail is added up — O(new segments) per request, the shared run a list copy."""
+    pcum = previous.__dict__.get("_cum") if previous is not None and shared else None
+    if pcum is None or len(pcum) < shared:
+        return list(accumulate(map(_TOKENS, segments)))
+    cum = pcum[:shared]
+    tail = accumulate(map(_TOKENS, segments[shared:]), initial=pcum[shared - 1])
+    next(tail)  # the initial value itself
+    cum.extend(tail)
+    return cum
+
+
+def identity_prefix(a: Any, b: Any) -> int:
+    """How many leading items of ``a`` and ``b`` are the very same objects (C-speed, stops at the first
+    difference; equal but distinct objects do not count)."""
+    n = min(len(a), len(b))
+    return next(compress(count(), map(is_not, a[:n] if len(a) > n else a, b[:n] if len(b) > n else b)), n)
+
+
+def mark_prefix(p: PreparedRequest, previous: PreparedRequest | None, shared: int) -> None:
+    """Record that ``p``'s first ``shared`` segments are ``previous``'s very objects (see
+    :func:`shared_prefix_of`): per-segment lists derived from ``previous`` (cumulative tokens, keys, hashes)
+    are then extended rather than recomputed."""
+    if previous is None:
+        return
+    object.__setattr__(p, "_prefix_of", (weakref.ref(previous), shared))
 
 
 def _units_of(body: dict[str, Any], key: str) -> list[Any]:

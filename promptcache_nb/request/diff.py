@@ -1,8 +1,8 @@
 """Prefix diff: where the cache prefix of one request stops matching the request before it.
 
 Anthropic's cache matches exact prefixes in the order tools → system → messages
-(provider_cache_rules.md §1.2), so the question for two consecutive requests is "where is the first
-position the cache can no longer match?". :func:`diff` answers it at three levels:
+(docs/provider_cache_rules.md#anthropic-prefix-order), so the question for two consecutive requests is
+"where is the first position the cache can no longer match?". :func:`diff` answers it at three levels:
 
 * **segment path** — ``system[2]``, ``messages[7].content[0]``, ``tools[4]`` (or a top-level field such as
   ``model`` or ``tool_choice`` when that field invalidates the cache before any segment differs);
@@ -19,13 +19,14 @@ Volatile fields never change what the cache matches and are ignored for the dive
 ``stop_sequences``.
 
 OpenAI Chat Completions and Responses bodies diff the same way over their own segments (tools → schema
-→ system/instructions → messages/input, docs/provider_cache_rules.md § "OpenAI prefix order"); their
+→ system/instructions → messages/input, docs/provider_cache_rules.md#openai-prefix-order); their
 volatile fields are :data:`OPENAI_VOLATILE_FIELDS` and only ``model`` is a cache-relevant field (the
 effect of the others on OpenAI's prefix is not documented: they are listed as ``other_changes``).
 
-A partial body's unlogged prefix (§ "Unlogged prefix") is one segment whose only content is its measured
-size. When the first divergence is there, :attr:`PrefixDiff.unlogged` is true and the diff says so plainly:
-the change lies outside the logged content and cannot be located (no byte or token offset, no excerpt).
+A partial body's unlogged prefix (docs/provider_cache_rules.md#unlogged-prefix) is one segment whose only
+content is its measured size. When the first divergence is there, :attr:`PrefixDiff.unlogged` is true and the
+diff says so plainly: the change lies outside the logged content and cannot be located (no byte or token
+offset, no excerpt).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from ._canonical import (
 )
 
 #: Top-level fields that never affect cache matching (ignored for the divergence, listed).
-VOLATILE_FIELDS = (
+VOLATILE_FIELDS: tuple[str, ...] = (
     "cache_control", "max_tokens", "metadata", "stop_sequences", "stream", "temperature", "top_k", "top_p",
 )
 #: Top-level fields that invalidate the cache from a level on (the §1.3 table, as cache/anthropic.py keys it).
@@ -250,9 +251,9 @@ class _Info:
     """Per-request facts for diffing: what the cache matches per segment, as parallel lists (three C-speed
     ``map`` passes, no per-segment tuples), plus section starts and the breakpoints."""
 
-    __slots__ = ("_keys", "hashes", "kinds", "marks", "msg_start", "roles", "sys_start", "tool_start")
+    __slots__ = ("_keys", "hashes", "kinds", "mark_at", "marks", "msg_start", "roles", "sys_start", "tool_start")
 
-    def __init__(self, segs: Any, bounds: tuple[int, int, int], marks: tuple[str, ...],
+    def __init__(self, segs: Any, bounds: tuple[int, int, int], mark_at: tuple[tuple[int, str], ...],
                  like: tuple[_Info, int] | None = None) -> None:
         if like is None:
             self.hashes: list[str] = list(map(_HASH, segs))
@@ -265,7 +266,8 @@ class _Info:
             self.kinds = other.kinds[:k] + list(map(_KIND, tail))
             self.roles = other.roles[:k] + list(map(_ROLE_ATTR, tail))
         self.tool_start, self.sys_start, self.msg_start = bounds
-        self.marks = marks
+        self.mark_at = mark_at  # (segment index, "path (ttl)") of each cache_control marker
+        self.marks = tuple(m for _, m in mark_at)
         self._keys: list[tuple[str, str | None, str]] | None = None
 
     @property
@@ -335,18 +337,20 @@ def _info(p: PreparedRequest, like: PreparedRequest | None = None) -> _Info:
     if hit is not None and hit[0]() is p:
         return hit[1]
     segs = p.segments
-    # C-speed passes (map/attrgetter/compress): this runs once per request on the session's hot path
-    marked = compress(segs, map(_CACHE_CONTROL, segs))  # a marker is a non-empty dict
-    marks = tuple(
-        f"{s.path} ({s.cache_control.get('ttl', '5m') if isinstance(s.cache_control, dict) else '?'})"
-        for s in marked
-    )
     reuse = None
     k = shared_prefix_of(p, like) if like is not None else 0
     other = _INFO.get(id(like)) if k else None
+    start, mark_at = 0, []
     if other is not None and other[0]() is like:
         reuse = (other[1], k)  # the leading segments are like's very objects: copy its lists
-    info = _Info(segs, sections(p), marks, reuse)
+        start, mark_at = k, [m for m in other[1].mark_at if m[0] < k]  # ... and its markers among them
+    # C-speed passes (map/attrgetter/compress) over the segments after the shared run only
+    tail = segs[start:] if start else segs
+    for i, s in zip(compress(range(start, len(segs)), map(_CACHE_CONTROL, tail)),
+                    compress(tail, map(_CACHE_CONTROL, tail)), strict=True):  # a marker is a non-empty dict
+        cc = s.cache_control
+        mark_at.append((i, f"{s.path} ({cc.get('ttl', '5m') if isinstance(cc, dict) else '?'})"))
+    info = _Info(segs, sections(p), tuple(mark_at), reuse)
     if len(_INFO) >= _INFO_MAX:
         for k in [k for k, (ref, _) in _INFO.items() if ref() is None] or [next(iter(_INFO))]:
             del _INFO[k]
@@ -916,7 +920,7 @@ def compute_diff(previous: PreparedRequest, current: PreparedRequest) -> PrefixD
     else:
         index = path = field = None
         shared_at = n
-    shared = sum(map(_TOKENS, current.segments[:shared_at]))
+    shared = current.cumulative_tokens()[shared_at - 1] if shared_at else 0
     return PrefixDiff(
         previous=previous, current=current, index=index, path=path, field=field,
         shared_prefix_tokens=shared, pure_append=index is None, field_changes=tuple(field_changes),

@@ -277,7 +277,7 @@ def _validate(ctx: _Ctx, model: Any, value: Any, *, prefix: tuple = ()) -> None:
         model.model_validate(value)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
-        found = []
+        found: list[tuple[int, int, tuple, str, str]] = []  # (line, order, loc, problem, error type)
         for err in errors:
             loc = prefix + tuple(err["loc"])
             kind = err["type"]

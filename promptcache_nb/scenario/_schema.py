@@ -168,7 +168,7 @@ class ScenarioM(_Strict):
     """The top level. ``host_prompt`` xor ``host_prompt_file``, ``tools`` xor ``tools_file``: checked by the loader,
     which reads the files."""
 
-    name: Text = None  # type: ignore[assignment] - absent: the file's stem; present: a non-empty string
+    name: Text = None  # type: ignore[assignment]  # absent: the file's stem; present: a non-empty string
     description: StrictStr = ""
     model: Text
     start: Any = None

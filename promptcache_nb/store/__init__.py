@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._db import Delta, KnowledgeEntry, Store, fnv1a
+from ._db import Delta, KnowledgeEntry, Store, StoredNode, Tracer, UsageMarks, fnv1a
 from ._migrations import MIGRATIONS, migrate
 
-__all__ = ["MIGRATIONS", "Delta", "KnowledgeEntry", "Store", "fnv1a", "migrate"]
+__all__ = ["MIGRATIONS", "Delta", "KnowledgeEntry", "Store", "StoredNode", "Tracer", "UsageMarks", "fnv1a", "migrate"]

@@ -8,18 +8,17 @@ import re
 import stat
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import duckdb
 import pandas as pd
 
+from .._types import Delta, KnowledgeEntry, fnv1a  # noqa: F401 - fnv1a re-exported (store.fnv1a)
 from .._util import common_prefix_length, digest
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
@@ -27,15 +26,8 @@ from ..tokens import segment_tokens
 from ._migrations import applied, migrate, rollback_if_active
 
 BLOCK_SIZE = 16_384
-_LOCK = re.compile(r"Conflicting lock is held in (.+?)(?:\.\s*See also|$)", re.S)
-
-
-def fnv1a(text: str) -> str:
-    """32-bit FNV-1a hex, as Lore keys pinned entries (``id:fnv1a(title + "\\x1f" + content)``)."""
-    h = 0x811C9DC5
-    for b in text.encode("utf-8"):
-        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
-    return f"{h:08x}"
+# the holder ("/usr/bin/python3 (PID 123)"), without DuckDB's advice for its own CLI that may follow it
+_LOCK = re.compile(r"Conflicting lock is held in (.+?)(?:\.\s*(?:However|See also)|$)", re.S)
 
 
 _CHAIN_KEY = attrgetter("chain_key")
@@ -46,39 +38,6 @@ def _tools_json(tools: list[Any]) -> str:
     if _TOOLS_JSON[0] is not tools:
         _TOOLS_JSON[0], _TOOLS_JSON[1] = tools, canonical_json(tools)
     return _TOOLS_JSON[1]
-
-
-@dataclass(frozen=True)
-class KnowledgeEntry:
-    """One version of a long-term knowledge entry (project-scoped)."""
-
-    id: str
-    project_id: str
-    version: int
-    title: str
-    content: str
-    category: str
-    deleted: bool
-    updated_at: datetime
-    key: str | None = None
-
-    @property
-    def short_id(self) -> str:
-        return self.id[:8]
-
-    @cached_property
-    def pin_key(self) -> str:
-        """``id:hash(title, content)``: changes only when the entry materially changes."""
-        return f"{self.id}:{fnv1a(self.title + chr(0x1F) + self.content)}"
-
-
-@dataclass(frozen=True)
-class Delta:
-    """A ``session_prompt_deltas`` row."""
-
-    seq: int
-    selector: dict[str, Any]
-    content: dict[str, Any]
 
 
 # Stores open in this process, by file identity. DuckDB lets one process open a file twice, but two Stores
@@ -157,17 +116,61 @@ def _foreign_objects(con: duckdb.DuckDBPyConnection) -> list[str] | None:
     return others or None
 
 
+#: A statement tracer: called with each statement's SQL and its bind parameters (None when it has none).
+Tracer = Callable[[str, Any], None]
+
+
+class _TracedConnection:
+    """A DuckDB connection that reports every statement to ``trace(sql, params)`` before running it — the
+    one place a Store's statements pass through, so ``pc.Lab(path, trace=print)`` shows them all (migrations,
+    reads, writes; ``BEGIN``/``COMMIT``/``ROLLBACK``; an appender as ``APPEND <table>``), as sqlite-utils'
+    ``Database(tracer=print)`` does."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, trace: Tracer) -> None:
+        self._con = con
+        self._trace = trace
+
+    def execute(self, query: str, parameters: Any = None) -> duckdb.DuckDBPyConnection:
+        self._trace(query, parameters)
+        return self._con.execute(query, parameters)
+
+    def appender(self, table: str) -> Any:
+        self._trace(f"APPEND {table}", None)
+        return self._con.appender(table)
+
+    def begin(self) -> duckdb.DuckDBPyConnection:
+        self._trace("BEGIN", None)
+        return self._con.begin()
+
+    def commit(self) -> duckdb.DuckDBPyConnection:
+        self._trace("COMMIT", None)
+        return self._con.commit()
+
+    def rollback(self) -> duckdb.DuckDBPyConnection:
+        self._trace("ROLLBACK", None)
+        return self._con.rollback()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._con, name)
+
+
 class Store:
     """A DuckDB file (or ``:memory:``) holding projects, sessions, turns, blocks and knowledge.
 
     ``read_only=True`` opens an existing store for reading only: no migration, no write (a transaction
-    raises :class:`StoreError`), and a missing file is an error rather than a new store.
+    raises :class:`StoreError`), and a missing file is an error rather than a new store. ``trace`` (e.g.
+    ``print``) is called as ``trace(sql, params)`` before each statement the store runs.
+
+    Every SQL statement of the package lives in this class; callers get dict rows or typed records.
     """
 
-    def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False) -> None:
+    def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False,
+                 trace: Tracer | None = None) -> None:
         self.path = str(path)
         self.read_only = read_only
-        self.con = None  # type: ignore[assignment]
+        self.trace = trace
+        # None once closed (``closed``); public methods reach it through _live(), which says so
+        self.con: duckdb.DuckDBPyConnection = None  # type: ignore[assignment]
         self.commit_count = 0  # outermost transactions committed: callers tell "stored" from "rolled back"
         memory = self.path.startswith(":memory:")
         if memory and read_only:
@@ -183,13 +186,23 @@ class Store:
             # per-table block granularity. Applies to new files only; existing files keep theirs.
             # zstd for the string columns at checkpoint: request bodies are repetitive JSON (a debug-level
             # DuckDB setting, but a documented one; reading is unaffected).
-            config = {"default_block_size": str(BLOCK_SIZE), "force_compression": "zstd"}
+            config: dict[str, str | bool | int | float | list[str]] = {
+                "default_block_size": str(BLOCK_SIZE), "force_compression": "zstd"}
             self.con = duckdb.connect(self.path, read_only=read_only, config=config)
+            if trace is not None:
+                self.con = cast(duckdb.DuckDBPyConnection, _TracedConnection(self.con, trace))
         except duckdb.IOException as exc:
             m = _LOCK.search(str(exc))
             if m or "lock" in str(exc).lower():
                 holder = m.group(1).strip() if m else "another process"
-                raise StoreLockedError(self.path, holder) from None
+                if "read-only mode" in str(exc):  # DuckDB says so when the holder only reads
+                    detail = "a read-only viewer (pc.Lab(path, read_only=True) can open it beside that one)"
+                elif read_only:
+                    detail = ("which has it open for writing: while a writer holds the file no other process "
+                              "can open it, read_only=True included")
+                else:
+                    detail = None
+                raise StoreLockedError(self.path, holder, detail) from None
             raise StoreError(f"cannot open store {self.path!r}: {_one_line(exc)}") from None
         except duckdb.Error as exc:
             raise StoreError(f"cannot open store {self.path!r}: {_one_line(exc)}") from None
@@ -215,7 +228,7 @@ class Store:
                 {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()} if migrated else set())
         except BaseException as exc:
             self.con.close()
-            self.con = None  # type: ignore[assignment]
+            self.con = None  # type: ignore[assignment]  # closed: `closed` and _live() check for None
             if isinstance(exc, duckdb.Error):
                 raise StoreError(f"cannot read store {self.path!r}: {_one_line(exc)}") from None
             raise
@@ -257,7 +270,7 @@ class Store:
         con.begin()
         self._tx_depth = 1
         self._pending_known = {}
-        self._pending_nodes: set[str] = set()
+        self._pending_nodes = set()
         committed = False
         try:
             try:
@@ -334,7 +347,7 @@ class Store:
     def close(self) -> None:
         if self.con is not None:
             self.con.close()
-            self.con = None  # type: ignore[assignment]
+            self.con = None  # type: ignore[assignment]  # closed: `closed` and _live() check for None
 
     @property
     def closed(self) -> bool:
@@ -374,6 +387,11 @@ class Store:
         rows = self.rows(query, params)
         return rows[0] if rows else None
 
+    def scalar(self, query: str, params: list | dict | None = None) -> Any:
+        """The first column of the first row (None when there is no row): an aggregate's value."""
+        row = self.one(query, params)
+        return None if row is None else row[0]
+
     # -- projects and sessions ----------------------------------------------------------------
     def ensure_project(self, project_id: str, at: datetime) -> None:
         self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO NOTHING", [project_id, at]).fetchall()
@@ -405,8 +423,20 @@ class Store:
     def session_ids(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT id FROM sessions ORDER BY id")]
 
+    def session_rows(self, cache_model: str | None = None) -> list[dict[str, Any]]:
+        """Every session's row (``config`` a dict), by id; only those simulated with ``cache_model`` when given."""
+        where, params = ("WHERE cache_model = ?", [cache_model]) if cache_model is not None else ("", [])
+        rows = self.query(f"SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions {where} ORDER BY id", params)
+        for r in rows:
+            r["config"] = json.loads(r["config"])
+        return rows
+
+    def last_request_at(self, session_ids: Sequence[str]) -> datetime | None:
+        """When the last request of any of ``session_ids`` was sent (None before any)."""
+        return self.scalar('SELECT max("at") FROM turns WHERE session_id IN (SELECT unnest(?))', [list(session_ids)])
+
     def session_count(self) -> int:
-        return self.one("SELECT count(*) FROM sessions")[0]
+        return int(self.scalar("SELECT count(*) FROM sessions"))
 
     def dedupe_keys(self, session_id: str) -> set[str]:
         """The import keys of a session's stored requests (re-importing a file skips these)."""
@@ -510,7 +540,7 @@ class Store:
         return KnowledgeEntry(*row) if row else None
 
     def knowledge_count(self, project_id: str) -> int:
-        return self.one("SELECT count(DISTINCT id) FROM knowledge WHERE project_id = ?", [project_id])[0]
+        return int(self.scalar("SELECT count(DISTINCT id) FROM knowledge WHERE project_id = ?", [project_id]))
 
     def write_knowledge(self, e: KnowledgeEntry) -> None:
         self.con.execute(
@@ -558,7 +588,7 @@ class Store:
         return self.resolve_refs([json.loads(r[0]) for r in rows])
 
     def write_messages(self, session_id: str, turn_idx: int, messages: list[tuple[int, dict]],
-                       extra_blocks: list[tuple] = (), tokenizer: Any = None) -> None:
+                       extra_blocks: Sequence[tuple] = (), tokenizer: Any = None) -> None:
         """Append conversation messages (inside the caller's transaction), with their new blocks."""
         pending: dict[str, tuple] = {r[0]: r for r in extra_blocks if r[0] not in self._pending_known}
         rows = [(session_id, seq, turn_idx, self.message_ref(m, pending, tokenizer), False) for seq, m in messages]
@@ -567,7 +597,7 @@ class Store:
         self._insert("session_messages", rows)
 
     def message_count(self, session_id: str) -> int:
-        return self.one("SELECT count(*) FROM session_messages WHERE session_id = ?", [session_id])[0]
+        return int(self.scalar("SELECT count(*) FROM session_messages WHERE session_id = ?", [session_id]))
 
     def deltas(self, session_id: str) -> list[Delta]:
         out = []
@@ -610,7 +640,8 @@ class Store:
         (the common run of chain keys, whose block hashes are in them): their blocks were written with that
         request, so the walk starts after them — O(new segments) per turn instead of O(segments).
         """
-        rows, seen = [], set()
+        rows: list[tuple[str, str, str, int | None, int]] = []  # (hash, kind, body, tokens, bytes)
+        seen: set[str] = set()
         for s in req.segments[shared:] if shared else req.segments:
             if s.block_hash in self._known_blocks or s.block_hash in seen:
                 continue
@@ -681,7 +712,7 @@ class Store:
         if row is None:
             raise StoreError(f"session {session_id!r} has no turn {idx}")
         tail, rest_hash = row
-        rest = json.loads(self.one("SELECT body FROM blocks WHERE hash = ?", [rest_hash])[0])
+        rest = json.loads(self.scalar("SELECT body FROM blocks WHERE hash = ?", [rest_hash]))
         chain: list[tuple[str, str | None, Any]] = []
         if tail is not None:
             rows = self.rows(
@@ -696,3 +727,154 @@ class Store:
             )
             chain = [(k, r, json.loads(body)) for k, r, body in rows]
         return rebuild_body(rest["shape"], rest["rest"], chain)
+
+    # -- reads for analysis: dict rows and typed records, never positions -----------------------------------
+    def query(self, sql: str, params: list | dict | None = None) -> list[dict[str, Any]]:
+        """All rows of a query as dicts keyed by column name (sqlite-utils' ``db.query``)."""
+        con = self._live()
+        try:
+            cur = con.execute(sql, params or [])
+            names = [d[0] for d in cur.description or ()]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        except duckdb.Error as exc:
+            raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
+
+    def _turn_columns(self, columns: Sequence[str] | None) -> str:
+        known = self._table_columns("turns")
+        if columns is None:
+            columns = known
+        unknown = [c for c in columns if c not in known]
+        if unknown:
+            raise StoreError(f"turns has no column {', '.join(map(repr, unknown))}; columns: {', '.join(known)}")
+        return ", ".join('"' + c + '"' for c in columns)
+
+    def turn_row(self, session_id: str, idx: int, columns: Sequence[str] | None = None) -> dict[str, Any] | None:
+        """One stored request's ``turns`` columns (all, or ``columns``) as a dict; None when it does not exist.
+        JSON columns (``cache_detail``, ``events``, ``changes``...) are returned as stored text."""
+        rows = self.query(f"SELECT {self._turn_columns(columns)} FROM turns WHERE session_id = ? AND idx = ?",
+                          [session_id, idx])
+        return rows[0] if rows else None
+
+    def turn_rows(self, session_id: str, columns: Sequence[str] | None = None, *,
+                  since: datetime | None = None) -> list[dict[str, Any]]:
+        """A session's stored requests in order, as dicts of their ``turns`` columns (all, or ``columns``);
+        with ``since``, only those sent at or after it."""
+        where, params = _since(session_id, since)
+        return self.query(f"SELECT {self._turn_columns(columns)} FROM turns WHERE {where} ORDER BY idx", params)
+
+    def turns_frame(self, session_id: str, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        """:meth:`turn_rows` as a DataFrame, with DuckDB's own column types (NULL integers as NaN)."""
+        return self.sql(f"SELECT {self._turn_columns(columns)} FROM turns WHERE session_id = ? ORDER BY idx",
+                        [session_id])
+
+    def usage_marks(self, session_id: str, upto: int | None = None) -> UsageMarks | None:
+        """Where a session's usage stands after request ``upto`` (default: the last): see :class:`UsageMarks`.
+        None when it has no request yet."""
+        where = "session_id = ?" if upto is None else "session_id = ? AND idx <= ?"
+        params: list[Any] = [session_id] if upto is None else [session_id, upto]
+        rows = self.query(
+            f"""SELECT max(idx) AS last_idx,
+                       max(idx) FILTER (WHERE cache_read_input_tokens IS NOT NULL) AS read_idx,
+                       max("at") FILTER (WHERE cache_read_input_tokens IS NOT NULL
+                                         OR cache_creation_input_tokens IS NOT NULL) AS touch_at
+                FROM turns WHERE {where}""",
+            params,
+        )
+        if not rows or rows[0]["last_idx"] is None:
+            return None
+        return UsageMarks(**rows[0])
+
+    def rest_bodies(self, session_id: str, *, since: datetime | None = None) -> dict[str, str]:
+        """The ``rest`` blocks (a body's shape and its top-level fields) of a session's requests (``since``: sent
+        at or after it): hash -> JSON."""
+        where, params = _since(session_id, since)
+        return {r["hash"]: r["body"] for r in self.query(
+            f"SELECT hash, body FROM blocks WHERE hash IN (SELECT DISTINCT rest_hash FROM turns WHERE {where})",
+            params)}
+
+    def session_nodes(self, session_id: str, *, since: datetime | None = None) -> dict[str, StoredNode]:
+        """Every prefix node a session's requests (``since``: sent at or after it) run through (node id ->
+        :class:`StoredNode`), in one query."""
+        where, params = _since(session_id, since)
+        rows = self.query(
+            f"""WITH RECURSIVE chain(id) USING KEY (id) AS (
+                   SELECT DISTINCT tail_node FROM turns WHERE {where} AND tail_node IS NOT NULL
+                   UNION
+                   SELECT p.parent FROM prefix_nodes p JOIN chain c ON p.id = c.id WHERE p.parent IS NOT NULL)
+               SELECT n.id, n.parent, n.kind, n.role, n.block_hash, b.body
+               FROM chain c JOIN prefix_nodes n ON n.id = c.id JOIN blocks b ON b.hash = n.block_hash""",
+            params,
+        )
+        return {r.pop("id"): StoredNode(**r) for r in rows}
+
+    # -- calibrations ---------------------------------------------------------------------------------------
+    def measured_totals(self) -> list[dict[str, Any]]:
+        """Every request with complete measured usage (live or imported), in session order: ``model``,
+        ``estimated`` (the stored estimate ``total_tokens``), ``measured`` (input + cache read + write),
+        ``partial`` (a partial body: its unlogged prefix was sized from measured usage) and ``calibrated``
+        (its session opted in to a calibration, so its estimate is already scaled)."""
+        return self.query(
+            """SELECT t.model, t.total_tokens AS estimated,
+                      t.input_tokens + t.cache_read_input_tokens + t.cache_creation_input_tokens AS measured,
+                      coalesce(json_extract(b.body, '$.shape.unlogged') IS NOT NULL, false) AS partial,
+                      coalesce(json_type(s.config, '$.calibration'), 'NULL') <> 'NULL' AS calibrated
+               FROM turns t JOIN sessions s ON s.id = t.session_id LEFT JOIN blocks b ON b.hash = t.rest_hash
+               WHERE t.usage_source IN ('live', 'imported') AND t.input_tokens IS NOT NULL
+                     AND t.cache_read_input_tokens IS NOT NULL AND t.cache_creation_input_tokens IS NOT NULL
+               ORDER BY t.session_id, t.idx""")
+
+    def measured_models(self) -> list[str]:
+        """The models of the requests whose usage was measured (live or imported), sorted."""
+        return [r["model"] for r in self.query(
+            "SELECT DISTINCT model FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY model")]
+
+    CALIBRATION_COLUMNS = ("model", "tokenizer", "ratio", "overhead", "n", "mean_abs_error_pct", "max_abs_error_pct",
+                           "raw_mean_abs_error_pct", "loo_mean_abs_error_pct", "fitted_at")
+
+    def save_calibration(self, values: dict[str, Any]) -> None:
+        """Insert (or replace) a ``calibrations`` row, in one transaction; ``values`` keyed by column."""
+        cols = self.CALIBRATION_COLUMNS
+        with self.transaction():  # rolls back on failure, never after a COMMIT that went through
+            self.con.execute(
+                f"INSERT OR REPLACE INTO calibrations ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                [values[c] for c in cols],
+            ).fetchall()
+
+    def latest_calibration(self, model: str, tokenizer: str) -> dict[str, Any] | None:
+        """The newest ``calibrations`` row of ``(model, tokenizer)`` as a dict, or None."""
+        rows = self.query(
+            f"""SELECT {', '.join(self.CALIBRATION_COLUMNS)} FROM calibrations WHERE model = ? AND tokenizer = ?
+                ORDER BY fitted_at DESC LIMIT 1""",
+            [model, tokenizer],
+        )
+        return rows[0] if rows else None
+
+    def saved_calibrations(self) -> list[tuple[str, str]]:
+        """The ``(model, tokenizer)`` pairs with a saved calibration, sorted."""
+        return [(r["model"], r["tokenizer"]) for r in self.query(
+            "SELECT DISTINCT model, tokenizer FROM calibrations ORDER BY model, tokenizer")]
+
+
+def _since(session_id: str, since: datetime | None) -> tuple[str, list[Any]]:
+    """A ``turns`` filter: one session's requests, sent at or after ``since`` when given."""
+    if since is None:
+        return "session_id = ?", [session_id]
+    return 'session_id = ? AND "at" >= ?', [session_id, since]
+
+
+class UsageMarks(NamedTuple):
+    """Where a session's usage stands after a request (:meth:`Store.usage_marks`)."""
+
+    last_idx: int  #: the last request
+    read_idx: int | None  #: the last request whose cache read is known (not NULL)
+    touch_at: datetime | None  #: when a request last read or wrote the cache (its usage says so)
+
+
+class StoredNode(NamedTuple):
+    """One ``prefix_nodes`` row with its block's body (:meth:`Store.session_nodes`)."""
+
+    parent: str | None
+    kind: str
+    role: str | None
+    block_hash: str
+    body: str  #: the segment's canonical JSON

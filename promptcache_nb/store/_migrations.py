@@ -133,7 +133,7 @@ def m001_initial(con: duckdb.DuckDBPyConnection) -> None:
             compacted BOOLEAN NOT NULL,
             PRIMARY KEY (session_id, seq)
         )""")
-    # Lore's table (seed_designs.md §1.2), same shape.
+    # Lore's table (docs/seed_designs.md#lore-data-model), same shape.
     con.execute("""
         CREATE TABLE session_prompt_deltas (
             session_id TEXT NOT NULL,

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from .._options import Options
+from .._types import Delta, KnowledgeEntry
 from .._util import digest
-from ..store import Delta, KnowledgeEntry
 
 DEFAULT_MAX_TOKENS = 4096
 EPHEMERAL = {"type": "ephemeral"}

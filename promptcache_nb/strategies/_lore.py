@@ -1,6 +1,6 @@
 """Lore's long-term-memory layout, shared by ``rewrite_knowledge``, ``volatile_delta`` and ``durable_delta``.
 
-Upstream request layout (BYK/loreai ``packages/gateway``; seed_designs.md §1.1):
+Upstream request layout (BYK/loreai ``packages/gateway``; docs/seed_designs.md#lore-request-layout):
 
 * ``system[0]`` — the host prompt, passed through (left out when the host sends none);
 * ``system[1]`` — stable LTM: the ``preference`` entries, ``cache_control`` with a 1 h TTL;
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import Field
 
 from .._options import Options
-from ..store import Delta, KnowledgeEntry
+from .._types import Delta, KnowledgeEntry
 from ._base import (
     DEFAULT_MAX_TOKENS,
     EPHEMERAL,

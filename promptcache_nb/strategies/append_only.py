@@ -1,6 +1,6 @@
 """``append_only``: oh-my-pi's append-only context mode (can1357/oh-my-pi, after issue #3406).
 
-``packages/agent/src/append-only-context.ts`` has two parts (seed_designs.md §4.1):
+``packages/agent/src/append-only-context.ts`` has two parts (docs/seed_designs.md#oh-my-pi-append-only-context):
 
 * **StablePrefix** — the system prompt (a string array: here the host prompt and the knowledge in id
   order) and the tool specs, snapshotted with a fingerprint (JSON ``{s, t}`` hashed with the ×31 string

@@ -2,8 +2,8 @@
 
 picoclaw PR #3321 (closed, not merged) and OpenClaw's fix for #77431 move Current Time and Runtime out
 of the system prompt into a ``<runtime_context>`` carrier on the *current* user message
-(seed_designs.md §2.6, §3.2). OpenClaw #124107 anchors the carrier on the active user turn, so a tool
-loop (user, tool_use, tool_result, ...) never moves it.
+(docs/seed_designs.md#openclaw-user-reports, docs/seed_designs.md#picoclaw-follow-ups). OpenClaw #124107
+anchors the carrier on the active user turn, so a tool loop (user, tool_use, tool_result, ...) never moves it.
 
 Layout:
 

@@ -1,6 +1,6 @@
 """``clock_in_system``: picoclaw's cached static system prompt, as merged in PR #617 (issue #607).
 
-picoclaw splits its one system message into parts (seed_designs.md §3.1):
+picoclaw splits its one system message into parts (docs/seed_designs.md#picoclaw-cached-system-prompt):
 
 * ``system[0]`` — the *static* part: identity and bootstrap files, skills and memory joined by
   ``"\\n\\n---\\n\\n"``; here the host prompt and the long-term knowledge (id order, as a memory file

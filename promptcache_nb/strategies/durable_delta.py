@@ -5,7 +5,7 @@ an entry whose ``id:fnv1a(title, content)`` key differs, a new entry, or a remov
 not one — becomes a user message spliced into the history and persisted as a
 ``session_prompt_deltas`` row (selector ``{"target": "messages", "insertAt": N}``, content the exact
 message JSON). Every later request replays it byte-identically at the same position, so the prefix the
-previous request cached stays a prefix (seed_designs.md §1.2-1.4):
+previous request cached stays a prefix (docs/seed_designs.md#lore-data-model to docs/seed_designs.md#lore-edge-cases):
 
 * pin keys stay frozen at the baseline (``ltm_pin_keys``, plus ``extra["stable_ltm_keys"]`` for the
   frozen ``system[1]``), so each delta is cumulative: everything that changed since the pin. A new row

@@ -1,6 +1,7 @@
 """``rewrite_knowledge``: Lore before issue #740 — pinned knowledge, re-rendered in place on a change.
 
-BYK/loreai ``packages/gateway`` before the durable-delta PR #747 (seed_designs.md §1.1, §1.3 step 3):
+BYK/loreai ``packages/gateway`` before the durable-delta PR #747 (docs/seed_designs.md#lore-request-layout,
+docs/seed_designs.md#lore-turn-algorithm step 2):
 
 * ``system[0]`` host prompt; ``system[1]`` the ``preference`` entries with a 1 h breakpoint;
   ``system[2]`` the other entries, ranked by relevance and pinned by their entry-key set;

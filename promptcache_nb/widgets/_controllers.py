@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
 from ..analysis import compare_df
 from ..errors import KnowledgeError, SessionError
 from ..request import PreparedRequest, canonical_bytes
-from ..request import diff as _request_diff
+from ..request.diff import diff as _request_diff  # the function (``request.diff`` is the module)
 from ..scenario import Event, KnowledgeRemove, KnowledgeUpdate, Scenario, load_scenario
 from ..usage import Usage
 from . import _html
@@ -219,7 +219,10 @@ class StepperController(_Observable):
         if n == 0:
             return None
         if self._last_at is None or self._last_at[0] != n:  # first use, or requests sent around us
-            self._last_at = (n, s.last_turn.at)  # a Turn rebuilt from the store: not on every click
+            last = s.last_turn  # a Turn rebuilt from the store: not on every click
+            if last is None:
+                return None
+            self._last_at = (n, last.at)
         return self._last_at[1]
 
     # -- state ---------------------------------------------------------------------------------
@@ -367,7 +370,10 @@ class StepperController(_Observable):
         """
         old = self.session
         probe = self._probe()
-        before = old.preview(probe) if old._strategy is not None else None
+        try:
+            before: PreparedRequest | None = old.preview(probe)
+        except SessionError:  # an imported session: no strategy to build a request with
+            before = None
         if progress is not None:
             progress(1, 3)
         new = old.restart()
@@ -400,7 +406,9 @@ class StepperController(_Observable):
         if not 0 <= index < n:
             raise SessionError(f"session {self.session.id!r} has requests 0..{n - 1}; there is no request {index}")
         self.current = index
-        return self.view(index)
+        v = self.view(index)
+        assert v is not None  # index is in range
+        return v
 
     # -- reading -------------------------------------------------------------------------------
     def view(self, index: int | None = None) -> TurnView | None:
@@ -478,7 +486,7 @@ class KnowledgeController(_Observable):
             self._listeners = stepper._listeners
         else:
             self._stepper = None
-            self._session = source
+            self._session = cast("Session", source)
 
     @property
     def message(self) -> str:

@@ -47,8 +47,9 @@ EXCERPT_NEW = 700
 
 
 def esc(value: Any) -> str:
-    """``html.escape`` of ``str(value)`` (quotes included, so it is safe in attributes too)."""
-    return html.escape(str(value), quote=True)
+    """``str(value)`` as plain, escaped text: safe in attributes too (quotes escaped), and with invisible
+    characters as plain markers (``⟨RLO⟩``, ``↵``), so no value can reorder or hide what follows it."""
+    return html.escape(visible(str(value)), quote=True)
 
 
 def text_html(value: Any) -> str:
@@ -403,7 +404,7 @@ def error_html(exc: BaseException) -> str:
     """A visible, escaped error box for a failed click (the widget never swallows a callback error)."""
     return (
         f'<div class="pcnb-error" style="{_BOX}border-color:#c8553d;background:#fdf0ee;color:#8a1f11">'
-        f"<b>{esc(type(exc).__name__)}</b>: {esc(exc)}</div>"
+        f"<b>{esc(type(exc).__name__)}</b>: {text_html(exc)}</div>"
     )
 
 
@@ -450,7 +451,7 @@ def status_html(text: str, *, kind: str = "info") -> str:
         return ""
     color = {"info": "#1f3b73", "busy": "#555", "warn": "#8a5a00"}.get(kind, "#1f3b73")
     return (f'<div class="pcnb-status" data-kind="{esc(kind)}" style="font-size:12.5px;color:{color};'
-            f'margin:2px 0">{esc(text)}</div>')
+            f'margin:2px 0">{text_html(text)}</div>')
 
 
 def png_html(png: bytes, *, alt: str) -> str:

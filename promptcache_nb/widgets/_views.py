@@ -15,6 +15,7 @@ had when its cell ran.
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -51,7 +52,9 @@ def _batch(*widgets: W.Widget) -> Iterator[None]:
 
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=PNG_DPI)
+    with warnings.catch_warnings():  # a name in a script the font lacks is drawn as boxes, not an error
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        fig.savefig(buf, format="png", dpi=PNG_DPI)
     return buf.getvalue()
 
 
@@ -142,7 +145,7 @@ class _View:
         raise NotImplementedError
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        bundle = W.Widget._repr_mimebundle_(self, **kwargs)  # type: ignore[arg-type]
+        bundle = W.Widget._repr_mimebundle_(self, **kwargs)
         if bundle is not None:
             bundle["text/html"] = self.snapshot_html()
         return bundle
@@ -160,7 +163,7 @@ def _cell_progress(progress: Callable[[int, int], None], *, enabled: bool, total
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - ipywidgets depends on IPython
-        get_ipython = None  # type: ignore[assignment]
+        get_ipython = None
     if not enabled or total <= 0 or get_ipython is None or get_ipython() is None:
         yield progress
         return
@@ -260,7 +263,7 @@ class DiffView(W.VBox):
         return _html.snapshot_html("DiffView", self.html)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        return _View._repr_mimebundle_(self, **kwargs)  # type: ignore[arg-type]
+        return _View._repr_mimebundle_(self, **kwargs)
 
     def __repr__(self) -> str:
         return f"DiffView(path={self.path!r})"
@@ -340,7 +343,7 @@ class SavingsChart(W.VBox):
                                    + self._caption.value)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
-        return _View._repr_mimebundle_(self, **kwargs)  # type: ignore[arg-type]
+        return _View._repr_mimebundle_(self, **kwargs)
 
     def __repr__(self) -> str:
         return f"SavingsChart(requests={self.requests})"
@@ -640,7 +643,7 @@ class KnowledgeEditor(_View, W.VBox):
             self._status.value = _html.status_html(self.controller.status)
             hidden = [] if row is None else [name for name in ("title", "category", "content")
                                              if _hides_characters(row[name])]
-            if hidden:  # the fields hold the raw text, so a bidi override displays reversed there
+            if row is not None and hidden:  # the fields hold the raw text: a bidi override shows reversed there
                 self._status.value += _html.status_html(
                     f"{row['short_id']}: its {' and '.join(hidden)} contain invisible characters (bidi "
                     "controls, zero-width, control characters), shown as markers in the list above; the fields "

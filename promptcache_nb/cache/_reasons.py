@@ -1,0 +1,202 @@
+"""Why a request read less than it could: the reason codes and their prose, in one place.
+
+Cache models return a :class:`Reason` code with a ``detail`` dict (``CacheResult.reason`` / ``.detail``);
+the store keeps the code as text (``turns.cache_reason``). :func:`explain_reason` turns a code and its
+detail into words, in two lengths: the sentence an :class:`~promptcache_nb.Observation` states, and the
+short cause :func:`~promptcache_nb.rebuilds` lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any
+
+from .._util import fmt_duration
+from ..request import PreparedRequest
+from ..request.diff import PrefixDiff
+from ..usage import Usage
+
+
+class Reason(StrEnum):
+    """Why a request read less than the previous request left behind. Stable codes, stored as text."""
+
+    HIT = "hit"  #: read everything the previous request made cacheable
+    COLD = "cold"  #: first request of the session: nothing to read yet
+    MODEL_SWITCH = "model_switch"  #: caches are keyed by model
+    BELOW_MINIMUM = "below_minimum"  #: prefix shorter than the model's minimum cacheable length
+    TTL_EXPIRED = "ttl_expired"  #: an entry matched but had outlived its TTL
+    LOOKBACK_EXCEEDED = "lookback_exceeded"  #: a live entry exists, further back than the 20-position lookback
+    PREFIX_CHANGED = "prefix_changed"  #: the bytes before the previous breakpoint changed
+    NO_BREAKPOINT = "no_breakpoint"  #: nothing in the request asks for caching
+    NOT_WRITTEN = "not_written"  #: the previous request wrote no entry covering what this one re-sends
+    EVICTED = "evicted"  #: capacity eviction (LRU caches)
+    UNSUPPORTED = "unsupported"  #: the provider cannot cache this request at all
+    # Found only by the analysis of measured usage (:func:`~promptcache_nb.rebuilds`), never by a cache model:
+    COMPACTION = "compaction"  #: the history was replaced by a summary
+    UNLOGGED_PREFIX_CHANGED = "unlogged_prefix_changed"  #: a part of the prompt the log does not hold changed
+
+    def explain(self, detail: Mapping[str, Any] | None = None, **context: Any) -> str:
+        """This code in words; see :func:`explain_reason` for ``context``."""
+        return explain_reason(self, detail, **context)
+
+
+#: The codes a cache model may return (``CacheResult.reason``), in the order of :class:`Reason`.
+REASONS: tuple[str, ...] = tuple(r.value for r in Reason if r not in (Reason.COMPACTION,
+                                                                       Reason.UNLOGGED_PREFIX_CHANGED))
+
+
+def where(d: PrefixDiff) -> str:
+    """Where a prefix diff diverges, in words (``at system[2] (byte 1,204, ~token 301)``)."""
+    if d.unlogged:
+        return "in the unlogged prefix (outside the logged content: the change cannot be located)"
+    b, t = d.byte_offset, d.token_offset
+    if b is None:
+        return f"at {d.path}"
+    return f"at {d.path} (byte {b:,}, ~token {t:,})"
+
+
+def _tokens_at(request: PreparedRequest | None, path: str | None) -> int | None:
+    if request is None or path is None:
+        return None
+    run = 0
+    for s in request.segments:
+        run += s.tokens
+        if s.path == path:
+            return run
+    return None
+
+
+def explain_reason(
+    reason: str | None,
+    detail: Mapping[str, Any] | None = None,
+    *,
+    short: bool = False,
+    gap: float | None = None,
+    request: PreparedRequest | None = None,
+    usage: Usage | None = None,
+    diff: PrefixDiff | None = None,
+) -> str:
+    """A reason code and its cache-model ``detail`` in words.
+
+    Args:
+        reason: a :class:`Reason` code (an unknown one is named as it is).
+        detail: the ``CacheResult.detail`` (or the evidence a measured analysis gathered).
+        short: a short cause for a table (``TTL expiry: the 5m entry was idle 7m00s``) instead of the
+            observation's full sentence (``TTL expired: the cached prefix was last used ...``).
+        gap: seconds since the previous request (for a TTL expiry whose detail does not say).
+        request / usage / diff: the request, its usage and its prefix diff against the previous one, for
+            the full sentence's figures.
+
+    Example:
+        >>> explain_reason("ttl_expired", {"expired_ttl": "5m", "expired_after_seconds": 420}, short=True)
+        'TTL expiry: the 5m entry was idle 7m00s'
+    """
+    detail = detail or {}
+    code = Reason._value2member_map_.get(reason) if reason is not None else None
+    if not isinstance(code, Reason):  # a code this version does not know (a newer store, a plugin's model)
+        return str(reason) if short else f"Cache model reason: {reason}."
+    if short:
+        return _short(code, detail, gap)
+    return _sentence(code, detail, gap=gap, request=request, usage=usage, diff=diff)
+
+
+def _short(code: Reason, detail: Mapping[str, Any], gap: float | None) -> str:
+    if code is Reason.TTL_EXPIRED:
+        ttl = detail.get("expired_ttl") or detail.get("expired") or "cached"
+        idle = detail.get("expired_after_seconds", detail.get("idle_seconds", gap))
+        return "TTL expiry" if idle is None else f"TTL expiry: the {ttl} entry was idle {fmt_duration(idle)}"
+    if code is Reason.PREFIX_CHANGED:
+        return f"prefix changed at {detail.get('divergence_path')}"
+    if code is Reason.MODEL_SWITCH:
+        return f"model switch from {detail.get('previous_model')}"
+    if code is Reason.BELOW_MINIMUM:
+        return f"prefix below the {detail.get('min_tokens', 'minimum')}-token minimum: nothing was cached"
+    if code is Reason.LOOKBACK_EXCEEDED:
+        return (f"breakpoint too far back: the entry at {detail.get('unreached_path')} lies beyond the "
+                "20-position lookback")
+    if code is Reason.NO_BREAKPOINT:
+        return "no cache_control in the request"
+    if code is Reason.NOT_WRITTEN:
+        return "the previous request wrote no entry covering this prefix"
+    if code is Reason.EVICTED:
+        return "evicted under capacity pressure"
+    if code is Reason.COMPACTION:
+        n_prev, n_cur = detail.get("messages") or ("?", "?")
+        return f"compaction: the history was replaced by a summary ({n_prev} -> {n_cur} messages)"
+    if code is Reason.UNLOGGED_PREFIX_CHANGED:
+        if "unlogged_now" in detail:
+            return ("prefix changed outside the logged content: the unlogged prefix (system prompt, tools) went "
+                    f"from {detail.get('unlogged_before') or 0:,} to {detail.get('unlogged_now') or 0:,} "
+                    "measured tokens")
+        return (f"prefix changed outside the logged content: the API read {detail.get('read', 0):,} tokens, less "
+                f"than the {detail.get('unlogged', 0):,}-token prefix the log does not hold (system prompt, "
+                "tools), while the logged part is unchanged")
+    return code.value
+
+
+def _sentence(code: Reason, detail: Mapping[str, Any], *, gap: float | None, request: PreparedRequest | None,
+              usage: Usage | None, diff: PrefixDiff | None) -> str:
+    write = usage.cache_creation_input_tokens if usage is not None else None
+    read = usage.cache_read_input_tokens if usage is not None else None
+    model = request.model if request is not None else None
+    if code is Reason.COLD:
+        if write:
+            return f"Cold cache: this request wrote {write:,} tokens for the next ones to read."
+        return "Cold cache: nothing was cached before this request."
+    if code is Reason.HIT:
+        return "The cache read everything the previous request left cached."
+    if code is Reason.TTL_EXPIRED:
+        secs = detail.get("expired_after_seconds", gap)
+        ttl = detail.get("expired_ttl", "5m")
+        since = f"{fmt_duration(secs)} before this request" if secs is not None else "too long ago"
+        return (f"TTL expired: the cached prefix was last used {since}, longer than its {ttl} TTL, so it "
+                "had to be written again.")
+    if code is Reason.BELOW_MINIMUM:
+        marks = detail.get("breakpoints") or []
+        tokens = _tokens_at(request, marks[-1]) if marks else None
+        size = f"~{tokens:,} tokens" if tokens is not None else "too short"
+        return (f"Below the minimum: the prompt up to the last breakpoint is {size}, under "
+                f"{detail.get('model', model)}'s {detail.get('min_tokens', 0):,}-token minimum, so "
+                "nothing is read or written.")
+    if code is Reason.LOOKBACK_EXCEEDED:
+        path = detail.get("unreached_path", "an earlier block")
+        tokens = detail.get("unreached_tokens")
+        size = f" (~{tokens:,} tokens)" if tokens is not None else ""
+        return (f"Lookback exceeded: a live cache entry ends at {path}{size}, but every breakpoint is 20 or "
+                "more blocks after it, beyond the 20-block lookback; add a breakpoint closer to it.")
+    if code is Reason.PREFIX_CHANGED:
+        d = diff
+        if d is not None and d.path is not None:
+            shared, t = d.shared_prefix_tokens, d.token_offset
+            text = f"Prefix changed {where(d)}"
+            if shared:
+                text += f": the cache could reuse at most the ~{shared:,} tokens of whole blocks before it"
+            else:
+                text += ": no whole block before it was unchanged"
+            if t is not None and t > shared and d.field is None:
+                text += (f" (the ~{t - shared:,} unchanged tokens at the start of {d.path} do not count: the "
+                         "cache matches whole blocks)")
+            return text + "; everything after was sent again."
+        return f"Prefix changed at {detail.get('divergence_path') or 'an earlier block'}."
+    if code is Reason.MODEL_SWITCH:
+        before = detail.get("previous_model", "the previous model")
+        after = detail.get("model", model)
+        if read:  # back to a model whose cache was still warm
+            return (f"Model switch: {before} -> {after}; caches are kept per model, so this request read the "
+                    f"{read:,} tokens {after}'s cache still held from before, none of {before}'s.")
+        return f"Model switch: {before} -> {after}; caches are kept per model, so nothing could be read."
+    if code is Reason.NO_BREAKPOINT:
+        return "No breakpoint: the request has no cache_control marker, so nothing is read or written."
+    if code is Reason.NOT_WRITTEN:
+        if read:
+            return (f"Read {read:,} tokens from an earlier cache entry; the previous request left no entry "
+                    "covering more of this prefix.")
+        return ("Not written: the previous request left no cache entry covering this prefix, so there was "
+                "nothing to read.")
+    if code is Reason.EVICTED:
+        return "Evicted: the cache entry was dropped for capacity before its TTL ran out."
+    if code is Reason.UNSUPPORTED:
+        return "Unsupported: the provider cannot cache this request."
+    short = _short(code, detail, gap)  # the analysis-only codes: the short cause as a sentence
+    return f"{short[:1].upper()}{short[1:]}."

@@ -1,0 +1,640 @@
+"""What the reliability suite (``tests/reliability``) and ``benchmarks/bench_reliability.py`` share.
+
+**Kill trials.** A replay or an import runs in a child process and a signal lands at a chosen point: the
+``count``-th call of a hook (``send``: a request went out and is about to be stored; ``step``: a scenario
+turn's events are applied and its requests about to be built; ``commit``: a COMMIT has just returned;
+``record``: an imported request is about to be stored), sent by the child itself at that exact call, or
+by the parent a random ``delay`` after it. Children are forked from a forkserver that has promptcache_nb
+imported, so a trial costs a fork instead of an interpreter start; each is a real process with its own
+DuckDB connection to a real file. Afterwards the parent reopens the store and checks that every committed
+request rebuilds byte for byte, that nothing is half-written, and that the work continued from what was
+stored sends exactly the requests an uninterrupted run sends. A SIGINT child (a Ctrl-C in a notebook) also
+checks that its in-memory sessions agree with the store, and continues in the same process.
+
+**Load.** Many clients at once against the simulator endpoint or the recording proxy, mixed with malformed,
+oversized, misrouted and slow (never finished) requests: every answer is checked, and the slow ones must be
+timed out while the others keep being answered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import promptcache_nb as pc
+from promptcache_nb.importers import _ingest
+from promptcache_nb.live import DirectSimulator
+from promptcache_nb.request import canonical_bytes
+from promptcache_nb.widgets import StepperController
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+SCENARIO = HERE / "data" / "kill_scenario.yaml"
+STRATEGY = "durable_delta"  # the strategy with the most state in the store (pins, deltas)
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import bench_import  # noqa: E402 - the benchmarks' log generator: one exchanges log per agent session
+
+#: A key no test anywhere else uses: grep for it in files, logs, messages and reprs.
+FAKE_KEY = "sk-ant-api03-RELIABILITY-FAKE-KEY-000"
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- processes ---------------------------------------------------------------------------------------------
+_CTX: Any = None
+
+
+def context() -> Any:
+    """The multiprocessing context trials run in: forked from a server that imported this module once."""
+    global _CTX
+    if _CTX is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        _CTX = ctx
+    return _CTX
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Where a trial's signal lands: the ``count``-th call of hook ``point``, ``delay`` seconds later (None: at
+    that very call, sent by the child to itself)."""
+
+    sig: str
+    point: str
+    count: int
+    delay: float | None = None
+
+    def __str__(self) -> str:
+        when = "" if self.delay is None else f" +{self.delay * 1000:.0f} ms"
+        return f"{self.sig} at {self.point} #{self.count}{when}"
+
+
+@dataclass
+class Trial:
+    """One kill trial: what was stored, what a lower bound says was committed, and what went wrong."""
+
+    kind: str
+    kill: Kill
+    exitcode: int | None = None
+    stored: int = 0
+    committed: int = 0  # requests the child saw committed before the signal (a lower bound)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def interrupted(self) -> bool:
+        return self.exitcode not in (0, None)
+
+    @property
+    def lost(self) -> int:
+        """Committed requests that did not come back after reopening."""
+        return max(0, self.committed - self.stored)
+
+    @property
+    def survived(self) -> bool:
+        return not self.problems and not self.lost
+
+    def __str__(self) -> str:
+        state = "ok" if self.survived else "; ".join(self.problems) or f"lost {self.lost}"
+        return (f"{self.kind} {self.kill}: exit {self.exitcode}, {self.stored} stored "
+                f"(>= {self.committed} committed), {state}")
+
+
+class _Trigger:
+    """Counts a hook's calls (shared with the parent) and, for a self-delivered kill, signals at the count."""
+
+    def __init__(self, kill: Kill, progress: Any) -> None:
+        self.kill, self.progress, self.calls = kill, progress, 0
+
+    def __call__(self, point: str) -> None:
+        if point != self.kill.point:
+            return
+        self.calls += 1
+        self.progress.value = self.calls
+        if self.kill.delay is None and self.calls == self.kill.count:
+            os.kill(os.getpid(), SIGNALS[self.kill.sig])  # SIGINT: KeyboardInterrupt raised right here
+
+
+class _CommitHook:
+    """The store's connection, calling ``after()`` each time a COMMIT returns."""
+
+    def __init__(self, con: Any, after: Any) -> None:
+        self._con, self._after = con, after
+
+    def commit(self) -> Any:
+        result = self._con.commit()
+        self._after("commit")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._con, name)
+
+
+class RecordingBackend(DirectSimulator):
+    """The in-process simulator, keeping the canonical bytes of every request it was sent."""
+
+    def __init__(self, after: Any = None) -> None:
+        self.bodies: list[bytes] = []
+        self._after = after
+
+    def send(self, request: Any, *, at: Any, cache: Any) -> Any:
+        response = super().send(request, at=at, cache=cache)
+        self.bodies.append(canonical_bytes(request.body))
+        if self._after is not None:
+            self._after("send")
+        return response
+
+
+def _start(target: Any, *args: Any) -> tuple[Any, Any, Any]:
+    ctx = context()
+    progress, committed = ctx.RawValue("q", 0), ctx.RawValue("q", 0)
+    proc = ctx.Process(target=target, args=(*args, progress, committed), daemon=True)
+    proc.start()
+    return proc, progress, committed
+
+
+def _deliver(proc: Any, kill: Kill, progress: Any, *, timeout: float) -> None:
+    """The parent's side of a delayed kill: wait for the hook's count, then the delay, then signal."""
+    if kill.delay is None:
+        return
+    deadline = time.monotonic() + timeout
+    while proc.is_alive() and progress.value < kill.count and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    time.sleep(kill.delay)
+    if proc.is_alive():
+        with suppress(ProcessLookupError):
+            os.kill(proc.pid, SIGNALS[kill.sig])
+
+
+def _finish(proc: Any, trial: Trial, *, timeout: float) -> None:
+    proc.join(timeout)
+    if proc.is_alive():
+        trial.problems.append(f"still running {timeout:.0f} s after the signal: killed")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+    trial.exitcode = proc.exitcode
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _stored_in_sync(lab: pc.Lab) -> list[str]:
+    """Sessions whose open object disagrees with the store (request count, pending events)."""
+    out = []
+    for sid in lab.sessions().id:
+        s = lab.active_session(sid)
+        if s is None:
+            continue
+        n = lab.store.one("SELECT count(*) FROM turns WHERE session_id = ?", [sid])[0]
+        extra = lab.store.one("SELECT extra FROM session_state WHERE session_id = ?", [sid])
+        pending = json.loads(extra[0]).get("_pending_events", []) if extra and extra[0] else []
+        if s.n_turns != n or list(s.pending_events) != list(pending):
+            out.append(f"{sid}: object has {s.n_turns} requests {list(s.pending_events)} pending, "
+                       f"store {n} {pending}")
+    return out
+
+
+# -- replay trials -----------------------------------------------------------------------------------------
+def scenario() -> pc.Scenario:
+    return pc.load_scenario(SCENARIO)
+
+
+def turn_starts(sc: pc.Scenario) -> list[int]:
+    """Index of each scenario turn's first request, and the total: the only request counts a store may hold."""
+    starts = [0]
+    for turn in sc.turns:
+        starts.append(starts[-1] + 1 + len(turn.tool_calls))
+    return starts
+
+
+def reference_bodies(strategy: str = STRATEGY) -> list[bytes]:
+    """Every request of an uninterrupted replay, in order (an in-memory Lab)."""
+    rec = RecordingBackend()
+    with pc.Lab(progress=False) as lab:
+        lab.replay(scenario(), strategy=strategy, backend=rec)
+    return rec.bodies
+
+
+def continue_replay(lab: pc.Lab, strategy: str, backend: RecordingBackend, turns: int | None = None) -> int:
+    """Go on with an interrupted replay from what the store holds, for ``turns`` scenario turns (None: to the
+    end); returns the request it went on from.
+
+    Nothing stored: the replay runs again (a re-run cell; it derives the same ids, so the same bytes).
+    Otherwise the stored session continues the scenario from its position (``StepperController``).
+    """
+    sc = scenario()
+    sessions = lab.sessions()
+    mine = sessions[sessions.project_id == f"{sc.project}/{strategy}"]
+    s = lab.session(id=str(mine.id.iloc[0]), backend=backend) if len(mine) else None
+    if s is None or s.n_turns == 0:
+        lab.replay(sc, strategy=strategy, backend=backend, stop_after=turns)
+        return 0
+    n = s.n_turns
+    if n not in turn_starts(sc):
+        raise AssertionError(f"half-written: {n} requests stored, inside a scenario turn")
+    StepperController(s, sc).run(turns)
+    return n
+
+
+def _replay_child(db: str, strategy: str, kill: Kill, report: str, turns: int | None, progress: Any,
+                  committed: Any) -> None:
+    trigger = _Trigger(kill, progress)
+    rec = RecordingBackend(trigger)
+    real_step, real_atomic = pc.Session.step, pc.Lab.atomic
+
+    def step(self: pc.Session, *args: Any, **kwargs: Any) -> Any:
+        trigger("step")
+        return real_step(self, *args, **kwargs)
+
+    @contextmanager
+    def atomic(self: pc.Lab) -> Any:
+        with real_atomic(self):
+            yield
+        committed.value = len(rec.bodies)  # a scenario turn commits all it sent, or nothing
+
+    pc.Session.step, pc.Lab.atomic = step, atomic  # type: ignore[method-assign]
+    try:
+        with pc.Lab(db, progress=False) as lab:
+            lab.store.con = _CommitHook(lab.store.con, trigger)
+            try:
+                lab.replay(SCENARIO, strategy=strategy, backend=rec)
+            except KeyboardInterrupt:
+                # Ctrl-C in a notebook: the kernel lives on. Its objects must agree with the store, and going
+                # on from there (in the same process) must send what an uninterrupted run sends.
+                out: dict[str, Any] = {"interrupted": True, "out_of_step": _stored_in_sync(lab)}
+                pc.Session.step, pc.Lab.atomic = real_step, real_atomic  # type: ignore[method-assign]
+                lab.store.con = lab.store.con._con
+                again = RecordingBackend()
+                out["from"] = continue_replay(lab, strategy, again, turns)
+                out["sent"] = [sha(b) for b in again.bodies]
+                _write_json(report, out)
+                raise SystemExit(130) from None
+    except KeyboardInterrupt:  # landed while opening or closing the Lab
+        _write_json(report, {"interrupted": True, "outside": True})
+        raise SystemExit(130) from None
+
+
+def replay_trial(workdir: Path, kill: Kill, expected: list[bytes], *, strategy: str = STRATEGY,
+                 turns: int | None = None, timeout: float = 120) -> Trial:
+    """Replay in a child, deliver ``kill``, then reopen the store, check it and continue from it for ``turns``
+    scenario turns (None: to the end)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    db, report = workdir / "replay.duckdb", workdir / "report.json"
+    trial = Trial(f"replay/{strategy}", kill)
+    t0 = time.perf_counter()
+    proc, progress, committed = _start(_replay_child, str(db), strategy, kill, str(report), turns)
+    _deliver(proc, kill, progress, timeout=timeout)
+    _finish(proc, trial, timeout=timeout)
+    trial.committed = committed.value
+    child = _read_json(report) or {}
+    if child.get("out_of_step"):
+        trial.problems.append("after Ctrl-C the session objects disagree with the store: "
+                              + "; ".join(child["out_of_step"]))
+    sc = scenario()
+    starts = turn_starts(sc)
+
+    def went_on(start: int, sent: list[str], how: str) -> None:
+        """``sent`` (digests) must be the uninterrupted run's requests from ``start`` on, ``turns`` turns' worth."""
+        first = starts.index(start)
+        end = starts[len(sc.turns) if turns is None else min(len(sc.turns), first + turns)]
+        want = [sha(b) for b in expected[start:end]]
+        if sent != want:
+            bad = next((i for i, (a, b) in enumerate(zip(sent, want, strict=False)) if a != b), min(len(sent), len(want)))
+            trial.problems.append(f"{how} from request {start}: request {start + bad} differs from the uninterrupted "
+                                  f"run's ({len(sent)} sent, {len(want)} expected)")
+
+    try:
+        with pc.Lab(db, progress=False) as lab:
+            sessions = lab.sessions()
+            mine = sessions[sessions.project_id == f"{sc.project}/{strategy}"]
+            s = lab.session(id=str(mine.id.iloc[0])) if len(mine) else None
+            n = s.n_turns if s is not None else 0
+            trial.stored = n
+            if "sent" in child:  # it went on in the same process after Ctrl-C
+                trial.stored = child["from"]
+                went_on(child["from"], child["sent"], "after Ctrl-C, going on in the same process")
+            if n not in starts:
+                trial.problems.append(f"half-written: {n} requests stored, inside a scenario turn")
+            for i in range(n):
+                if s.turn(i).body != expected[i]:  # type: ignore[union-attr]
+                    trial.problems.append(f"stored request {i} does not rebuild byte for byte")
+                    break
+            if "sent" not in child and not trial.problems:
+                rec = RecordingBackend()
+                start = continue_replay(lab, strategy, rec, turns)
+                went_on(start, [sha(b) for b in rec.bodies], "going on after reopening")
+    except pc.PromptCacheError as exc:
+        trial.problems.append(f"store does not reopen: {exc}")
+    trial.seconds = time.perf_counter() - t0
+    return trial
+
+
+# -- import trials -----------------------------------------------------------------------------------------
+def write_logs(folder: Path, *, sessions: int = 4, requests: int = 8) -> dict[str, list[dict[str, Any]]]:
+    """``sessions`` exchanges logs (one agent session each, ``requests`` lines); returns file -> request bodies."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for k in range(sessions):
+        path = folder / f"agent-{k}.jsonl"
+        bench_import.generate(path, requests)
+        with path.open(encoding="utf-8") as fh:
+            out[str(path)] = [json.loads(line)["request"] for line in fh]
+    return out
+
+
+def turns_table(lab: pc.Lab) -> Any:
+    """Every stored request row, in a fixed order: what two imports of the same logs must agree on."""
+    return lab.sql("SELECT * FROM turns ORDER BY session_id, idx")
+
+
+def reference_import(folder: Path, db: Path) -> Any:
+    with pc.Lab(db, progress=False) as lab:
+        lab.import_log(str(folder))
+        return turns_table(lab)
+
+
+def _import_child(db: str, folder: str, kill: Kill, report: str, progress: Any, committed: Any) -> None:
+    trigger = _Trigger(kill, progress)
+    real_record, real_store = pc.Session.record, _ingest._store_session
+
+    def record(self: pc.Session, *args: Any, **kwargs: Any) -> Any:
+        trigger("record")
+        return real_record(self, *args, **kwargs)
+
+    def store_session(*args: Any, **kwargs: Any) -> Any:
+        s, new, dup = real_store(*args, **kwargs)
+        committed.value += new  # a session's requests commit together
+        return s, new, dup
+
+    pc.Session.record, _ingest._store_session = record, store_session  # type: ignore[method-assign]
+    try:
+        with pc.Lab(db, progress=False) as lab:
+            lab.store.con = _CommitHook(lab.store.con, trigger)
+            try:
+                lab.import_log(folder)
+            except KeyboardInterrupt:
+                out: dict[str, Any] = {"interrupted": True, "out_of_step": _stored_in_sync(lab),
+                                       "stored": lab.store.one("SELECT count(*) FROM turns")[0]}
+                pc.Session.record, _ingest._store_session = real_record, real_store  # type: ignore[method-assign]
+                lab.store.con = lab.store.con._con
+                res = lab.import_log(folder)  # the user runs the cell again in the same kernel
+                out.update(again=res.requests, already=res.already_stored)
+                _write_json(report, out)
+                raise SystemExit(130) from None
+    except KeyboardInterrupt:
+        _write_json(report, {"interrupted": True, "outside": True})
+        raise SystemExit(130) from None
+
+
+def import_trial(workdir: Path, kill: Kill, logs: Path, sources: dict[str, list[dict[str, Any]]],
+                 reference: Any, *, timeout: float = 120) -> Trial:
+    """Import ``logs`` in a child, deliver ``kill``, then reopen, check every stored request and import again."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    db, report = workdir / "import.duckdb", workdir / "report.json"
+    trial = Trial("import", kill)
+    t0 = time.perf_counter()
+    proc, progress, committed = _start(_import_child, str(db), str(logs), kill, str(report))
+    _deliver(proc, kill, progress, timeout=timeout)
+    _finish(proc, trial, timeout=timeout)
+    trial.committed = committed.value
+    child = _read_json(report) or {}
+    if child.get("out_of_step"):
+        trial.problems.append("after Ctrl-C the session objects disagree with the store: "
+                              + "; ".join(child["out_of_step"]))
+    total = sum(len(v) for v in sources.values())
+    try:
+        with pc.Lab(db, progress=False) as lab:
+            stored = 0
+            for sid in lab.sessions().id:
+                s = lab.session(id=sid)
+                want = sources[s.source.split(":", 1)[1]]
+                stored += s.n_turns
+                if s.n_turns != len(want):
+                    trial.problems.append(f"half-written: session {sid} holds {s.n_turns} of {len(want)} requests")
+                for i in range(s.n_turns):
+                    if s.turn(i).request != want[i]:
+                        trial.problems.append(f"{sid} request {i} does not rebuild as logged")
+                        break
+            if "again" in child:  # imported again in the same process after Ctrl-C
+                trial.stored = child["stored"]
+                if child["again"] + child["already"] != total:
+                    trial.problems.append(f"importing again after Ctrl-C: {child['again']} new + "
+                                          f"{child['already']} already stored != {total}")
+            else:
+                trial.stored = stored
+                res = lab.import_log(str(logs))
+                if (res.requests, res.already_stored) != (total - stored, stored):
+                    trial.problems.append(f"importing again stored {res.requests} and found {res.already_stored}; "
+                                          f"expected {total - stored} and {stored}")
+            final = turns_table(lab)
+            if not final.equals(reference):
+                trial.problems.append("after importing again the requests differ from an uninterrupted import")
+    except pc.PromptCacheError as exc:
+        trial.problems.append(f"store does not reopen: {exc}")
+    trial.seconds = time.perf_counter() - t0
+    return trial
+
+
+def random_kills(rng: random.Random, n: int, *, points: dict[str, int], signals: tuple[str, ...] = ("SIGKILL",),
+                 max_delay: float = 0.03) -> list[Kill]:
+    """``n`` kills at random points: a random hook and call (``points``: hook -> calls in a whole run), delivered
+    by the parent after a random delay (half of them) or by the child at that very call."""
+    kills = []
+    for i in range(n):
+        point = rng.choice(sorted(points))
+        count = rng.randint(1, points[point])
+        delay = None if i % 2 else round(rng.uniform(0, max_delay), 4)
+        kills.append(Kill(signals[i % len(signals)], point, count, delay))
+    return kills
+
+
+# -- load --------------------------------------------------------------------------------------------------
+MODEL = "claude-sonnet-4-5"
+LONG = "You are a careful support agent for a billing platform. Answer from the ledger only. " * 120
+
+
+def messages_body(text: str = "Where is invoice 42?") -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 64,
+            "system": [{"type": "text", "text": LONG, "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": text}]}
+
+
+def raw_http(url: str, data: bytes, *, wait: float = 5.0) -> bytes:
+    """Send raw bytes to an ``http://host:port`` URL and read until the server closes (or ``wait`` passes)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=wait) as s:
+        s.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+@dataclass
+class LoadReport:
+    """What a load run sent and how each kind of request was answered."""
+
+    sent: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    slow_answers: list[bytes] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.sent.values())
+
+    def percentile(self, q: float) -> float:
+        xs = sorted(self.latencies)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+
+
+#: kind -> (weight, expected status). "messages" goes through the anthropic SDK; the rest through httpx.
+MIX = {"messages": (10, 200), "stream": (2, 200), "malformed": (1, 400), "wrong_method": (1, 405),
+       "wrong_path": (1, 404), "oversized": (1, 413)}
+
+
+def run_load(url: str, *, threads: int = 8, per_thread: int = 25, max_body_bytes: int, slow: int = 4,
+             request_timeout: float = 1.0, seed: int = 0, key: str = FAKE_KEY) -> LoadReport:
+    """``threads`` clients × ``per_thread`` requests (mixed as ``MIX``) while ``slow`` clients each hold a request
+    that never finishes (half of them stop inside the headers, half inside the body).
+
+    The slow ones must be answered 408 (or closed, when not even the headers arrived) within about
+    ``request_timeout``; every other request must get its expected status and, for messages, the simulated
+    reply with its usage.
+    """
+    import anthropic
+    import httpx
+
+    report = LoadReport()
+    lock = threading.Lock()
+    kinds = [k for k, (w, _) in MIX.items() for _ in range(w)]
+
+    def worker(n: int) -> None:
+        rng = random.Random(seed * 1000 + n)
+        with anthropic.Anthropic(base_url=url, api_key=f"{key}-{n}", max_retries=0) as client, \
+                httpx.Client(base_url=url, headers={"x-api-key": f"{key}-{n}"}, timeout=30) as http:
+            for i in range(per_thread):
+                kind = rng.choice(kinds)
+                t = time.perf_counter()
+                try:
+                    got, ok = _one(kind, client, http, f"worker {n} question {i}", max_body_bytes)
+                except Exception as exc:  # noqa: BLE001 - every failure is counted and shown, never raised
+                    got, ok = f"{type(exc).__name__}: {str(exc)[:120]}", False
+                dt = time.perf_counter() - t
+                with lock:
+                    report.sent[kind] += 1
+                    report.latencies.append(dt)
+                    if not ok:
+                        report.errors.append(f"{kind}: expected {MIX[kind][1]}, got {got}")
+
+    def slow_client(i: int) -> bytes:
+        head = b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: " + key.encode() + b"\r\n"
+        if i % 2:
+            head += b"Content-Length: 500\r\n\r\n{\"model\": "  # stops inside the body
+        return raw_http(url, head, wait=request_timeout * 6 + 5)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max(1, slow)) as slow_pool:
+        pending = [slow_pool.submit(slow_client, i) for i in range(slow)]
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(worker, range(threads)))
+        for i, f in enumerate(pending):
+            answer = f.result()
+            report.slow_answers.append(answer)
+            expected_408 = bool(i % 2)
+            if expected_408 and not answer.startswith(b"HTTP/1.1 408"):
+                report.errors.append(f"slow body: expected 408, got {answer[:40]!r}")
+            if not expected_408 and answer and not answer.startswith((b"HTTP/1.1 408", b"HTTP/1.1 400")):
+                report.errors.append(f"slow headers: expected a close or 408, got {answer[:40]!r}")
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _one(kind: str, client: Any, http: Any, text: str, max_body_bytes: int) -> tuple[Any, bool]:
+    expected = MIX[kind][1]
+    if kind == "messages":
+        msg = client.messages.create(**messages_body(text))
+        u = msg.usage
+        good = (msg.content[0].text == "(simulated reply)" and u.input_tokens is not None
+                and (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0) + u.input_tokens > 1024)
+        return (200 if good else f"bad answer {msg.content!r} {u!r}"), good
+    if kind == "stream":
+        with client.messages.stream(**messages_body(text)) as stream:
+            reply = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        good = reply == "(simulated reply)" and final.usage.output_tokens > 0
+        return (200 if good else f"bad stream {reply!r}"), good
+    if kind == "malformed":
+        r = http.post("/v1/messages", content=b'{"model": "claude-sonnet-4-5", "messages": [')
+    elif kind == "wrong_method":
+        r = http.request(random.choice(["DELETE", "PUT", "PATCH"]), "/v1/messages")
+    elif kind == "wrong_path":
+        r = http.post("/v1/nothing/here", json=messages_body(text))
+    else:  # oversized
+        r = http.post("/v1/messages", content=b"x" * (max_body_bytes + 1))
+    try:
+        typed = r.json().get("error", {}).get("type") or r.json().get("error", {}).get("code")
+    except ValueError:
+        typed = None
+    return r.status_code, r.status_code == expected and bool(typed)
+
+
+# -- locks -------------------------------------------------------------------------------------------------
+def _hold(db: str, read_only: bool, ready: Any, release: Any, turns: Any) -> None:
+    with pc.Lab(db, progress=False, read_only=read_only) as lab:
+        turns.value = int(lab.sql("SELECT count(*) AS n FROM turns").n[0])
+        ready.set()
+        release.wait(60)
+
+
+@contextmanager
+def held(db: Path, *, read_only: bool) -> Any:
+    """Another process holding ``db`` open (read-write, or as a read-only viewer) until the block ends;
+    yields (its pid, the number of requests it read)."""
+    ctx = context()
+    ready, release, turns = ctx.Event(), ctx.Event(), ctx.RawValue("q", -1)
+    proc = ctx.Process(target=_hold, args=(str(db), read_only, ready, release, turns), daemon=True)
+    proc.start()
+    try:
+        if not ready.wait(60):
+            raise AssertionError(f"the holder of {db} did not open it (exit {proc.exitcode})")
+        yield proc.pid, turns.value
+    finally:
+        release.set()
+        proc.join(30)
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)

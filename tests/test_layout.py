@@ -1,0 +1,167 @@
+"""The package layout follows the data flow: imports point upstream, never downstream (checked with ``ast``).
+
+One turn travels scenario → strategy → request → cache model / live API → store → analysis → plots, and a
+stored log travels importer → request → store → analysis. ``session`` composes a turn from the stages (the
+importers' ingest composes an imported one); widgets are views over sessions; the CLI, the report and the
+package's public namespace sit on top. Leaves (errors, helpers, typed options, domain values, the tokenizer,
+usage) import only leaves.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "promptcache_nb"
+
+LEAVES = {"errors", "_util", "_data", "_options", "_types", "tokens", "usage"}
+
+#: A module may import (at module level or inside a function) only leaves and stages of a lower rank.
+RANKS = {
+    "scenario": 1,  # events as frozen values; the model check is injected by session (set_model_check)
+    "importers": 1,  # the log readers: a file in, requests and their measured usage out
+    "strategies": 2,  # assemble a body from the session's state
+    "request": 3,  # canonical JSON, segments, hashes, prefix diff
+    "cache": 4,  # provider cache models
+    "live": 5,  # backends and servers that apply a cache model or call the API
+    "store": 6,  # DuckDB: every SQL statement
+    "analysis": 7,  # pandas views, observation, prices, what-ifs
+    "plots": 8,
+    "session": 9,  # composes a turn from the stages
+    "ingest": 9,  # importers/_ingest.py: composes imported requests through a Lab's sessions
+    "widgets": 10,  # views over sessions (a Compare view opens its own Lab)
+    "report": 11,
+    "__init__": 11,  # the curated public namespace
+    "cli": 12,
+}
+
+#: Upward imports that are allowed, each inside a function (loaded on first use), with the reason.
+LAZY_UPWARD = {
+    ("importers", "ingest"): "importers/__init__ re-exports import_log and ImportResult on first use",
+}
+
+
+def node(module: str) -> str:
+    """The layout node of a module name (``promptcache_nb.cache.openai`` -> ``cache``)."""
+    if module == "promptcache_nb.importers._ingest":
+        return "ingest"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the imported module
+    line: int
+    lazy: bool  # inside a function
+
+
+def _module_name(path: Path) -> tuple[str, str]:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+        return ".".join(parts), ".".join(parts)
+    return ".".join(parts), ".".join(parts[:-1])
+
+
+class _Imports(ast.NodeVisitor):
+    """Collects a module's imports of the package, noting those inside a function; imports under
+    ``if TYPE_CHECKING:`` are left out (annotations only: no runtime dependency)."""
+
+    def __init__(self, module: str, package: str) -> None:
+        self.module, self.package = module, package
+        self.depth = 0
+        self.found: list[Import] = []
+
+    def visit_FunctionDef(self, n: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.depth += 1
+        self.generic_visit(n)
+        self.depth -= 1
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_If(self, n: ast.If) -> None:
+        if "TYPE_CHECKING" in ast.unparse(n.test):
+            for child in n.orelse:
+                self.visit(child)
+            return
+        self.generic_visit(n)
+
+    def visit_ImportFrom(self, n: ast.ImportFrom) -> None:
+        targets: list[str] = []
+        if n.level:
+            base = self.package.split(".")
+            base = base[: len(base) - (n.level - 1)]
+            if n.module:
+                targets = [".".join([*base, n.module])]
+            else:  # from . import a, b: submodules
+                targets = [".".join([*base, a.name]) for a in n.names]
+        elif n.module and n.module.split(".")[0] == "promptcache_nb":
+            targets = [n.module]
+        self._add(targets, n.lineno)
+
+    def visit_Import(self, n: ast.Import) -> None:
+        self._add([a.name for a in n.names if a.name.split(".")[0] == "promptcache_nb"], n.lineno)
+
+    def _add(self, targets: list[str], line: int) -> None:
+        self.found.extend(Import(self.module, t, line, self.depth > 0) for t in targets)
+
+
+@functools.cache
+def package_imports() -> tuple[Import, ...]:
+    """Every import of a ``promptcache_nb`` module by a ``promptcache_nb`` module (not type-checking ones)."""
+    out: list[Import] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        visitor = _Imports(*_module_name(path))
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8")))
+        out.extend(visitor.found)
+    return tuple(out)
+
+
+def violations(imports: Iterable[Import]) -> list[str]:
+    bad = []
+    for imp in imports:
+        src, dst = node(imp.source), node(imp.target)
+        if src == dst or dst in LEAVES and src in LEAVES | set(RANKS):
+            continue
+        where = f"{imp.source.replace('.', '/')}.py:{imp.line}: {imp.source} imports {imp.target}"
+        if src in LEAVES:
+            bad.append(f"{where} (a leaf imports only leaves)")
+        elif dst not in RANKS or src not in RANKS:
+            bad.append(f"{where} ({src if src not in RANKS else dst} has no place in the layout: add it to RANKS)")
+        elif RANKS[dst] >= RANKS[src] and not (imp.lazy and (src, dst) in LAZY_UPWARD):
+            bad.append(f"{where} ({dst} is not upstream of {src})")
+    return bad
+
+
+def test_imports_point_upstream() -> None:
+    imports = package_imports()
+    assert len(imports) > 100  # the walk found the package's imports
+    assert violations(imports) == []
+
+
+def test_every_module_has_a_place() -> None:
+    units = {node(_module_name(p)[0]) for p in PACKAGE.rglob("*.py")}
+    assert units <= LEAVES | set(RANKS)
+
+
+def test_checker_catches_a_downstream_import() -> None:
+    down = Import("promptcache_nb.strategies.naive", "promptcache_nb.store._db", 1, lazy=False)
+    leaf = Import("promptcache_nb.usage", "promptcache_nb.request", 1, lazy=False)
+    lazy_ok = Import("promptcache_nb.importers", "promptcache_nb.importers._ingest", 1, lazy=True)
+    eager = Import("promptcache_nb.importers", "promptcache_nb.importers._ingest", 1, lazy=False)
+    assert len(violations([down, leaf, lazy_ok, eager])) == 3
+
+
+@pytest.mark.parametrize("unit", ["scenario", "importers", "strategies", "request", "cache"])
+def test_upstream_stages_never_import_the_store(unit: str) -> None:
+    """Values are pure: nothing before the store touches it (issue 12's layout)."""
+    offenders = [i for i in package_imports() if node(i.source) == unit and node(i.target) == "store"]
+    assert offenders == []
