@@ -350,6 +350,13 @@ class Session:
             self._prev_keys, self._prev_nodes, _ = store.prefix_nodes(self._prev, [], [])
             self._prev_obs = _analysis.observation_state_from_store(store, self.id, requests=loaded)
         self._state_written = store.state_columns(self._state)
+        # the history the last strategy-built request saw (StrategyContext.previous_messages)
+        built = store.built_from(self.id)
+        self._built_messages: list[dict[str, Any]] | None = None
+        if built is not None:
+            b_idx, b_count, later = built
+            self._built_messages = self._messages[:b_count] if not later else store.history_of(self.id, b_idx,
+                                                                                              b_count)
         pending = self._state["extra"].get("_pending_events")
         if pending:
             self._pending_events = list(pending)
@@ -452,17 +459,20 @@ class Session:
         store = self._lab.store
         before = store.commit_count
         wrote = False
+        cols = None
         try:
             with store.transaction():
                 if write is not None:
                     write(store)
-                store.write_state(self.id, state, self._clock_now())
+                # only the columns that changed (usually just ``extra``'s pending events): the host prompt
+                # and tools are large and rarely change
+                cols = store.write_state(self.id, state, self._clock_now(), previous=self._state_written)
             wrote = True
         finally:
             # stored (also when a Ctrl-C landed right after COMMIT), or written inside Lab.atomic(), which
             # reloads every open session from the store if its transaction rolls back
             if store.commit_count != before or (wrote and self._lab._atomic_depth):
-                self._state, self._pending_events, self._state_written = state, list(pending), None
+                self._state, self._pending_events, self._state_written = state, list(pending), cols
                 if committed is not None:
                     committed()
 
@@ -626,13 +636,13 @@ class Session:
     def _snapshot(self) -> tuple:
         return (self._messages, self._msg_seq, self._state, self._state_written, self._deltas, self._prev,
                 self._prev_at, self._prev_keys, self._prev_nodes, self._prev_obs, self._next_idx,
-                list(self._pending_events))
+                list(self._pending_events), self._built_messages)
 
     def _restore(self, snapshot: tuple) -> None:
         """Back to the in-memory state before a failed step (the store rolled back with it)."""
         (self._messages, self._msg_seq, self._state, self._state_written, self._deltas, self._prev,
          self._prev_at, self._prev_keys, self._prev_nodes, self._prev_obs, self._next_idx,
-         self._pending_events) = snapshot
+         self._pending_events, self._built_messages) = snapshot
         self._cache_stale()  # the simulated provider cache saw requests that were not stored
 
     def _next_at(self, at: datetime | None) -> datetime:
@@ -680,7 +690,7 @@ class Session:
             session_id=self.id, project_id=self.project, request_index=idx, now=at, model=self.model,
             host_prompt=self.host_prompt, tools=self._state["tools"], knowledge=self._lab._knowledge(self.project),
             messages=messages, events=events, state=state, deltas=deltas,
-            params=self._config.get("strategy_params", {}),
+            params=self._config.get("strategy_params", {}), previous_messages=self._built_messages,
         )
         try:
             body = self._strategy.build(ctx)
@@ -849,6 +859,8 @@ class Session:
                 "events": canonical_json(events), "request_id": request_id, "user_text": _label(user_text),
                 "reply": None,  # set below from the stored assistant message (block references)
                 "segment_map": encode_segment_map(cache_result.segment_states) if cache_result else None,
+                # the history the strategy built it from: the next request's previous_messages after a restart
+                "n_messages": len(source_messages) if source_messages is not None else None,
                 "transport": transport,
                 **analysis.columns,
                 **(extra_columns or {}),
@@ -876,6 +888,7 @@ class Session:
         if source_messages is not None:
             self._messages = source_messages + added[len(new_msgs):]
             self._msg_seq += len(msg_rows)
+            self._built_messages = source_messages
         if state is not None:
             self._state = state
         self._state_written = state_cols
@@ -972,17 +985,24 @@ _CODE_STATES = {v: k for k, v in _STATE_CODES.items()}
 
 
 def encode_segment_map(states: tuple[str, ...]) -> str | None:
-    """Run-length encode per-segment cache states: ("read",)*3 + ("write",) -> "r3w1"."""
+    """Run-length encode per-segment cache states: ("read",)*3 + ("write",) -> "r3w1".
+
+    Each run's end is found with C-speed ``tuple.index`` scans, so the usual three runs (read, write,
+    uncached) cost no per-segment Python work."""
     if not states:
         return None
-    out, prev, n = [], states[0], 0
-    for st in states:
-        if st == prev:
-            n += 1
-        else:
-            out.append(f"{_STATE_CODES[prev]}{n}")
-            prev, n = st, 1
-    out.append(f"{_STATE_CODES[prev]}{n}")
+    out, i, n = [], 0, len(states)
+    while i < n:
+        st = states[i]
+        end = n
+        for other in _STATE_CODES:
+            if other != st:
+                try:
+                    end = min(end, states.index(other, i, end))
+                except ValueError:
+                    pass
+        out.append(f"{_STATE_CODES[st]}{end - i}")
+        i = end
     return "".join(out)
 
 
@@ -1304,9 +1324,24 @@ class Lab:
         entry = self._caches.get(session._scope_key())
         if entry is not None and entry.ready:
             return None
-        model = entry.model if entry is not None else get_cache_model(session.cache, **session._cache_params)
+        try:
+            model = entry.model if entry is not None else get_cache_model(session.cache, **session._cache_params)
+        except (PromptCacheError, TypeError, ValueError):
+            return None  # the session still opens; its first simulated request says what is wrong
+        since = self._rebuild_since(model, [session.id], last_at)
+        return _ALL if since is None else since
+
+    def _rebuild_since(self, model: CacheModel, members: list[str], last_at: datetime | None) -> datetime | None:
+        """The first request time a rebuild of ``model`` over ``members`` must replay from (None: the first
+        request): after the last pause nothing survived (``state_horizon_seconds``), and within the model's
+        ``replay_window_seconds`` before the last request."""
         horizon = model.state_horizon_seconds()
-        return _ALL if horizon is None else last_at - timedelta(seconds=horizon)
+        since = self.store.after_last_pause(members, horizon) if horizon is not None else None
+        window = model.replay_window_seconds()
+        if window is not None and last_at is not None:
+            cut = last_at - timedelta(seconds=window)
+            since = cut if since is None else max(since, cut)
+        return since
 
     def _drop_cache(self, key: tuple[str, str, str, str]) -> None:
         entry = self._caches.get(key)
@@ -1314,10 +1349,10 @@ class Lab:
             entry.ready = False
 
     def _rebuild_cache(self, key: tuple[str, str, str, str], entry: _ScopeCache, session: Session) -> None:
-        """Rebuild a scope's cache from the requests that can still matter: those sent within the cache model's
-        :meth:`~promptcache_nb.CacheModel.state_horizon_seconds` before the scope's last request (every entry
-        alive after it was written or refreshed by one of them), all requests when it has no horizon (LRU).
-        Their bodies are rebuilt in bulk, and the sessions' requests are replayed in time order."""
+        """Rebuild a scope's cache from the requests that can still matter (:meth:`_rebuild_since`: never from
+        before a pause nothing survives, and within the model's replay window before the scope's last request;
+        all of them for an LRU cache). Their bodies are rebuilt in bulk (one set of queries per session), and
+        the sessions' requests are replayed in time order."""
         model = entry.model
         model.reset()
         model.forget_streams()
@@ -1326,9 +1361,7 @@ class Lab:
         else:
             members = [r["id"] for r in self.store.session_rows(session.cache)
                        if _scope_key_of(r) == key]
-        horizon = model.state_horizon_seconds()
-        last = self.store.last_request_at(members) if horizon is not None else None
-        since = None if last is None else last - timedelta(seconds=horizon)  # type: ignore[operand]
+        since = self._rebuild_since(model, members, self.store.last_request_at(members))
         requests: list[tuple[datetime, str, int, PreparedRequest]] = []
         for sid in members:
             open_ = self._open.get(sid)

@@ -7,8 +7,11 @@ A new kind of input is a new folder plus one entry in ``KINDS``.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -132,6 +135,56 @@ def _open_store(path: Path, case: dict) -> None:
         assert not Path(str(path) + ".wal").exists()
 
 
+_SERVER: list[pc.SimulatorServer] = []
+
+
+def _server() -> pc.SimulatorServer:
+    """One simulator endpoint for the whole corpus; a small body limit keeps the over-the-limit case small."""
+    if not _SERVER:
+        _SERVER.append(pc.SimulatorServer(max_body_bytes=64 * 1024, request_timeout=2).start())
+        atexit.register(_SERVER[0].stop)
+    return _SERVER[0]
+
+
+def _exchange(data: bytes) -> tuple[int | None, bytes]:
+    """Send raw bytes to the corpus server; (status, body) of its answer, read until it closes."""
+    host, port = _server().base_url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(data)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    parts = status_line.split()
+    status = int(parts[1]) if len(parts) > 1 and parts[0].startswith(b"HTTP/") else None
+    return status, rest.partition(b"\r\n\r\n")[2]
+
+
+def _send_request(path: Path, case: dict) -> None:
+    """The raw request in ``path`` gets ``case["status"]`` and a one-line error (raised as an APIError naming the
+    file, as a client would show it); a good request right after it is still answered."""
+    head, _, body = path.read_bytes().partition(b"\n\n")
+    lines = head.split(b"\n")
+    names = {line.split(b":", 1)[0].strip().lower() for line in lines[1:]}
+    if b"host" not in names:
+        lines.append(b"Host: 127.0.0.1")
+    if b"content-length" not in names and body:
+        lines.append(b"Content-Length: %d" % len(body))
+    lines.append(b"Connection: close")
+    status, payload = _exchange(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+    good = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    after, _ = _exchange(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: k\r\nConnection: close\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(good), good.encode()))
+    assert after == 200, f"the server stopped answering after {path.name} ({after})"
+    assert status == case["status"], f"{path.name}: status {status}, expected {case['status']}: {payload[:200]!r}"
+    try:
+        error = json.loads(payload)["error"]
+        text, kind = error["message"], error["type"]
+    except (ValueError, KeyError, TypeError):  # the HTTP layer's own answer to bad framing: plain text
+        text, kind = payload.decode("utf-8", "replace").strip(), "invalid_request_error"
+    raise pc.APIError(f"{path.name}: {text}", status_code=status, error_type=kind)
+
+
 @dataclass(frozen=True)
 class Kind:
     load: Callable[[Path, dict], None]
@@ -141,6 +194,7 @@ class Kind:
 KINDS: dict[str, Kind] = {
     "scenarios": Kind(_load_scenario, pc.ScenarioError),
     "stores": Kind(_open_store, pc.StoreError),
+    "server_requests": Kind(_send_request, pc.APIError),
 }
 
 

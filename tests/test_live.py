@@ -175,6 +175,20 @@ def test_backend_stores_measured_usage_request_id_and_prediction(client):
         assert backend.virtual_clock
 
 
+def test_no_sdk_deprecation_warning_for_the_default_model_through_a_local_endpoint(client):
+    """The default model is deprecated in the SDK's table; against the simulator that says nothing (issue 13)."""
+    import warnings
+
+    def warned(backend: pc.AnthropicBackend) -> list[str]:
+        with warnings.catch_warnings(record=True) as seen, pc.Lab(progress=False) as lab:
+            warnings.simplefilter("always")  # past this module's ignore mark
+            lab.session(model="claude-sonnet-4-5", system="Be brief.", backend=backend).step("hello", reply="hi")
+        return [str(w.message) for w in seen if "is deprecated" in str(w.message)]
+
+    assert warned(pc.AnthropicBackend(client)) == []
+    assert warned(pc.AnthropicBackend(client, virtual_clock=False))  # a remote endpoint still warns
+
+
 def test_backend_repr_stream_option_and_client_checks(server, client):
     backend = pc.AnthropicBackend(client, stream=True)
     assert repr(backend) == f"AnthropicBackend(base_url='{server.base_url}', predict=True, stream=True)"

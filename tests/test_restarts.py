@@ -10,7 +10,7 @@ import hashlib
 import json
 import subprocess
 import sys
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -196,3 +196,71 @@ def test_reopen_in_a_new_process_is_byte_identical(tmp_path, scenario, reference
     got = json.loads(proc.stdout)
     for (name, label, want), have in zip(wanted, got, strict=True):
         assert have == want, f"{name} / {label}: the reopened session sent different bytes"
+
+
+# -- resuming from the cache's horizon, not from history -----------------------------------------------
+
+RULES = "\n".join(f"Rule {i}: answer billing questions with the ledger entry id {i * 7} first." for i in range(120))
+LONG_RUN = 170  # requests 30 s apart (a 400 s pause after the 100th): 1 h 27 min, past every horizon below
+
+
+def _long_session(lab, cache, params):
+    s = lab.session("durable_delta", cache, "claude-sonnet-4-5", system=RULES, project="long",
+                    cache_params=params, start=datetime(2026, 11, 2, 9, 0, tzinfo=UTC))
+    s.knowledge.add("Ledger", "Every refund has a ledger entry.", category="fact")
+    return s
+
+
+def _run(s, first, last):
+    at = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+    for i in range(first, last):
+        pause = 400 if i >= 100 else 0
+        s.step(f"Question {i}: why was invoice {i} charged twice?", reply=f"Answer {i}.",
+               at=at + timedelta(seconds=30 * i + pause))
+
+
+@pytest.mark.parametrize(("cache", "params", "replayed"), [
+    ("anthropic", {}, "window"),  # the last hour (its longest TTL)
+    ("deepseek", {"lifetime": "20m"}, "window"),  # the last lifetime
+    ("openai", {}, "after_pause"),  # since the last idle pause (max_age keeps older times in the state)
+    ("vllm", {"num_blocks": 450}, "all"),  # LRU, no TTL: every request (a pool the session fills)
+])
+def test_resume_replays_only_what_the_cache_can_still_hold(tmp_path, monkeypatch, cache, params, replayed):
+    """A session longer than its cache's horizon, closed and reopened: the next request reads and writes
+    exactly what the uninterrupted session's does, and the rebuild replayed only the requests it had to."""
+    with pc.Lab(progress=False) as lab:
+        s = _long_session(lab, cache, params)
+        _run(s, 0, LONG_RUN + 1)
+        want = s.last_turn
+    db = tmp_path / "long.duckdb"
+    with pc.Lab(db, progress=False) as lab:
+        s = _long_session(lab, cache, params)
+        _run(s, 0, LONG_RUN)
+        sid = s.id
+    cls = type(pc.get_cache_model(cache))
+    seen: list[datetime] = []
+    process = cls.process
+
+    def counting(self, request, at):
+        seen.append(at)
+        return process(self, request, at)
+
+    monkeypatch.setattr(cls, "process", counting)
+    with pc.Lab(db, progress=False) as lab:
+        s = lab.session(id=sid)
+        _run(s, LONG_RUN, LONG_RUN + 1)
+        got = s.last_turn
+        times = lab.sql(f"SELECT \"at\" FROM turns WHERE session_id = '{sid}' ORDER BY idx")["at"].tolist()
+    assert got.body == want.body
+    assert got.usage == want.usage and got.cache_reason == want.cache_reason
+    assert got.segment_states == want.segment_states
+    rebuilt = seen[:-1]  # the last one is the new request itself
+    stored = len(times) - 1
+    if replayed == "all":
+        assert len(rebuilt) == stored
+    elif replayed == "after_pause":
+        assert len(rebuilt) == stored - 100  # the requests since the 400 s pause (idle TTL 300 s)
+    else:
+        assert 0 < len(rebuilt) < stored
+        horizon = pc.get_cache_model(cache, **params).state_horizon_seconds()
+        assert (rebuilt[-1] - rebuilt[0]).total_seconds() <= horizon

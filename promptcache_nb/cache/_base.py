@@ -79,14 +79,26 @@ class CacheModel(ABC):
         return [(request.total_tokens, self.default_ttl_seconds(request))]
 
     def state_horizon_seconds(self) -> float | None:
-        """The longest an entry can live without being touched (seconds), or None when nothing bounds it.
+        """The longest an entry can live without being touched (seconds), or None when nothing bounds it
+        (an LRU cache without TTL).
 
-        Resuming a session rebuilds the simulated cache from the stored requests: every entry still alive
-        after the last request was written or refreshed by a request at most this long before it, so only
-        those requests are replayed (a cold start at the window's edge). None (an LRU cache without TTL)
-        means the state may depend on every request ever sent: all are replayed.
+        Resuming a session rebuilds the simulated cache from the stored requests, and never from before a
+        pause at least this long between two requests: nothing written before it survives the pause, so
+        the rebuild is exact from the request after it.
         """
         return None
+
+    def replay_window_seconds(self) -> float | None:
+        """How far before the last request a rebuild needs to replay (seconds), or None: back to the last
+        pause of :meth:`state_horizon_seconds` (or the first request).
+
+        The default is the horizon itself: every entry alive after the last request was written or
+        refreshed within it, so the requests before add nothing but the outcome of the window's first
+        requests (which the replay starts cold). That is exact whenever those requests' writes and
+        refreshes leave the same entries as the original's hits — as they do for a breakpoint layout that
+        keeps its positions and TTLs. Models whose state keeps older information return None.
+        """
+        return self.state_horizon_seconds()
 
     # -- request streams: one cache shared by several sessions --------------------------------------------
     #: Attributes that describe "the previous request" of the request stream being processed — what reason

@@ -521,7 +521,8 @@ class AnthropicCache(CacheModel):
         self, req, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail
     ) -> str:
         if self._prev_model is None:
-            return "cold"
+            # the first request of its session: a read came from another session sharing the cache
+            return "hit" if read else "cold"
         # the first position where this request's prefix differs from the previous one
         n = common_prefix_length(chain, self._prev_chain)
         detail["divergence_index"] = n

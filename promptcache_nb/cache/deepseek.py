@@ -182,8 +182,8 @@ class DeepSeekCache(CacheModel):
 
     def _reason(self, request, model, chain, cum, n, hit, why, t, detail) -> str:
         prev = self._prev
-        if prev is None:
-            return "cold"
+        if prev is None:  # a read on a session's first request came from a session sharing the cache
+            return "hit" if hit else "cold"
         if prev["model"] != model:
             detail["previous_model"] = prev["model"]
             return "model_switch"

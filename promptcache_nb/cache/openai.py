@@ -159,11 +159,16 @@ class OpenAICache(CacheModel):
     stream_state: ClassVar[tuple[str, ...]] = ("_prev",)
 
     def state_horizon_seconds(self) -> float:
-        """``max_age`` for ``in_memory`` (no prefix outlives it, used or not), 24 hours for ``24h``. A request
-        of an ``in_memory`` model that asks ``prompt_cache_retention="24h"`` keeps its prefixes longer than
-        this horizon: create the model with ``retention="24h"`` for such traffic, so a resumed session
-        replays far enough back."""
-        return 86_400.0 if self.retention == "24h" else max(self.max_age, self.idle_ttl)
+        """The longest idle life: ``idle_ttl`` for ``in_memory``, 24 hours for ``24h`` (a request of an
+        ``in_memory`` model that asks ``prompt_cache_retention="24h"`` keeps its prefixes a day: create the
+        model with ``retention="24h"`` for such traffic, so a resumed session replays far enough back)."""
+        return 86_400.0 if self.retention == "24h" else self.idle_ttl
+
+    def replay_window_seconds(self) -> None:
+        """None: a prefix in use dies ``max_age`` after it was *computed*, and it is recomputed by the first
+        request after that — so when each live prefix was computed depends on the whole run of requests since
+        the last idle pause, which a resumed session replays in full."""
+        return None
 
     def validate_model(self, model: str) -> str:
         # Permissive: re-simulating an Anthropic-shaped session under OpenAI's rules keeps its model id.
@@ -261,8 +266,8 @@ class OpenAICache(CacheModel):
 
     def _reason(self, request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail) -> str:
         prev = self._prev
-        if prev is None:
-            return "cold"
+        if prev is None:  # a read on a session's first request came from a session sharing the cache
+            return "hit" if cached else "cold"
         shared = common_prefix_len(chain, prev["chain"]) if prev["model"] == model else 0
         detail["divergence_index"] = shared
         detail["divergence_path"] = segment_path(request, shared)

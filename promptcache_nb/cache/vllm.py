@@ -278,8 +278,8 @@ class VLLMCache(CacheModel):
 
     def _reason(self, request, chain, cum, n, cached, cap, once, detail) -> str:
         prev = self._prev
-        if prev is None:
-            return "cold"
+        if prev is None:  # a read on a session's first request came from a session sharing the cache
+            return "hit" if cached else "cold"
         if prev["model"] != request.model:
             detail["previous_model"] = prev["model"]
             return "model_switch"

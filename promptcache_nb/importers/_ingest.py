@@ -274,11 +274,13 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
     except PromptCacheError as exc:
         if s is not None:
             s._closed = True  # its in-memory state ran ahead of the rolled-back store
+            s._cache_stale()  # and so did the simulated cache it may share with other sessions
         where = current.source_ref if "current" in locals() else f"{file}"
         raise SessionError(f"{where}: {exc}") from None
-    except BaseException:
+    except BaseException:  # a Ctrl-C: the same
         if s is not None:
             s._closed = True
+            s._cache_stale()
         raise
     return s, len(todo), dup
 

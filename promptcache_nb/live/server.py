@@ -326,7 +326,9 @@ class SimulatorServer:
             workspace = self._authenticate(headers, openai=openai)
             self._maybe_injected()
             body_json = self._json(body)
-            stream = bool(body_json.pop("stream", False))
+            stream = body_json.pop("stream", False)
+            if not isinstance(stream, bool):
+                raise _Reject(400, "stream: Input should be a valid boolean")
             at = self._request_time(headers)
             if path == COUNT_TOKENS:
                 status, out_headers, payload = self._count_tokens(body_json)
@@ -383,7 +385,7 @@ class SimulatorServer:
     @staticmethod
     def _json(body: bytes) -> dict[str, Any]:
         try:
-            payload = json.loads(body or b"null")
+            payload = json.loads(body or b"null", parse_constant=_not_json)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise _Reject(400, f"request body is not valid JSON: {exc}") from None
         except RecursionError:
@@ -416,6 +418,8 @@ class SimulatorServer:
             raise _Reject(400, "max_tokens: Input should be a non-negative integer")
         if "messages" in required:
             _check_messages(payload["messages"], anthropic=dialect == "anthropic")
+        if dialect == "anthropic":
+            _check_tools(payload.get("tools"))
         # No lock: the memo's dictionaries are only ever filled with the same value for a key.
         try:
             return prepare(payload, memo=self._memo, dialect=dialect)
@@ -596,6 +600,9 @@ def _check_messages(messages: Any, *, anthropic: bool) -> None:
             raise _Reject(400, f"messages.{i}: all messages must have non-empty content except for the optional "
                                "final assistant message")
         blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        for j, b in enumerate(blocks):
+            if "type" not in b:
+                raise _Reject(400, f"messages.{i}.content.{j}.type: Field required")
         if role == "user":
             for j, b in enumerate(blocks):
                 if b.get("type") == "tool_result" and b.get("tool_use_id") not in tool_uses:
@@ -603,6 +610,18 @@ def _check_messages(messages: Any, *, anthropic: bool) -> None:
                                        f"blocks: {b.get('tool_use_id')}. Each `tool_result` block must have a "
                                        "corresponding `tool_use` block in the previous message.")
         tool_uses = {b.get("id") for b in blocks if b.get("type") in ("tool_use", "server_tool_use")}
+
+
+def _check_tools(tools: Any) -> None:
+    """A tool needs a name (custom tools an ``input_schema`` too, which request.prepare checks)."""
+    for k, tool in enumerate(tools if isinstance(tools, list) else ()):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise _Reject(400, f"tools.{k}.name: Field required")
+
+
+def _not_json(constant: str) -> Any:
+    """``NaN``, ``Infinity``, ``-Infinity``: Python's parser takes them, JSON (and the API) do not."""
+    raise json.JSONDecodeError(f"{constant} is not a JSON value", constant, 0)
 
 
 def _key_digest(key: str) -> str:

@@ -614,8 +614,9 @@ def _prepare_trusted(
     spans: list[tuple[int, int]] = []
     msgs = messages or []
     m0 = len(segs)  # where the messages start
-    # the leading run of segments that are the previous request's very objects at the same positions
-    run = identity_prefix(segs, previous.segments) if prev_spans else 0  # type: ignore[union-attr]
+    # the leading run of segments equal to the previous request's at the same positions (tools and system
+    # blocks a strategy rebuilds each turn are equal, not the same objects: a short compare)
+    run = common_prefix_length(tuple(segs), previous.segments[:m0]) if prev_spans else 0  # type: ignore[union-attr]
     k = identity_prefix(msgs, prev_msgs) if prev_spans else 0
     k = min(k, len(prev_spans))
     if k:
@@ -913,8 +914,8 @@ class _Builder:
 
 
 def prefix_record(p: PreparedRequest) -> tuple[PreparedRequest | None, int]:
-    """(the previous request, how many leading segments ``p`` shares with it as the very same objects), as
-    ``prepare(..., previous=...)`` or the stored-request loader recorded it; (None, 0) when unknown."""
+    """(the previous request, how many leading segments ``p`` shares with it: :func:`shared_prefix_of`);
+    (None, 0) when unknown."""
     rec = p.__dict__.get("_prefix_of")
     if rec is None:
         return None, 0
@@ -943,9 +944,9 @@ def identity_prefix(a: Any, b: Any) -> int:
 
 
 def mark_prefix(p: PreparedRequest, previous: PreparedRequest | None, shared: int) -> None:
-    """Record that ``p``'s first ``shared`` segments are ``previous``'s very objects (see
-    :func:`shared_prefix_of`): per-segment lists derived from ``previous`` (cumulative tokens, keys, hashes)
-    are then extended rather than recomputed."""
+    """Record that ``p``'s first ``shared`` segments equal ``previous``'s (see :func:`shared_prefix_of`):
+    per-segment lists derived from ``previous`` (cumulative tokens, keys, hashes, markers) are then
+    extended rather than recomputed."""
     if previous is None:
         return
     object.__setattr__(p, "_prefix_of", (weakref.ref(previous), shared))
@@ -966,9 +967,11 @@ def _prev_snapshots(prev: PreparedRequest, key: str) -> list[Any]:
 
 
 def shared_prefix_of(p: PreparedRequest, previous: PreparedRequest) -> int:
-    """How many leading segments of ``p`` are ``previous``'s very Segment objects at the same positions, as
-    ``prepare(..., previous=previous)`` recorded it (0 when unknown). Everything keyed by segment content
-    (diffs, prefix chains, stored blocks) can start after them."""
+    """How many leading segments of ``p`` equal ``previous``'s at the same positions (mostly its very
+    Segment objects; at least equal paths, kinds, roles, hashes, tokens and markers), as
+    ``prepare(..., previous=previous)`` or the stored-request loader recorded it (0 when unknown).
+    Everything keyed by segment content (diffs, prefix chains, stored blocks, cumulative tokens) can start
+    after them."""
     rec = p.__dict__.get("_prefix_of")
     return rec[1] if rec is not None and rec[0]() is previous else 0
 

@@ -358,6 +358,12 @@ def _info(p: PreparedRequest, like: PreparedRequest | None = None) -> _Info:
     return info
 
 
+def marker_indices(p: PreparedRequest) -> list[int]:
+    """Indices of the segments that carry a ``cache_control`` marker (memoised per request, extended from
+    the request it was prepared after: O(new segments))."""
+    return [i for i, _ in _info(p).mark_at]
+
+
 # -- canonical byte layout ----------------------------------------------------------------------
 # canonical_json sorts keys, so a body serialises as {"cache_control":…,"max_tokens":…,"messages":[…],
 # "model":…,"system":[…],"tools":[…]}. Offsets are computed from each segment's memoised byte length

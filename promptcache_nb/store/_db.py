@@ -22,6 +22,7 @@ from .._types import Delta, KnowledgeEntry, fnv1a  # noqa: F401 - fnv1a re-expor
 from .._util import common_prefix_length, digest
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
+from ..request._canonical import prefix_record
 from ..tokens import segment_tokens
 from ._migrations import applied, migrate, rollback_if_active
 
@@ -59,6 +60,12 @@ def _file_keys(path: str) -> list[tuple]:
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C that landed while DuckDB ran a statement: its Python client stops the query and raises
+    ``RuntimeError("Query interrupted")`` in place of the KeyboardInterrupt, which we raise again as itself."""
+    return type(exc) is RuntimeError and str(exc) == "Query interrupted"
 
 
 def _describe_header(head: bytes) -> str:
@@ -275,17 +282,21 @@ class Store:
         try:
             try:
                 yield
-            except BaseException:
+            except BaseException as exc:
                 rollback_if_active(con)
+                if _interrupted(exc):
+                    raise KeyboardInterrupt from None
                 raise
             try:
                 con.commit()
             except duckdb.Error:
                 rollback_if_active(con)  # a failed COMMIT stored nothing
                 raise
-            except BaseException:
+            except BaseException as exc:
                 # an interrupt around COMMIT: stored iff no transaction is left to roll back
                 committed = not rollback_if_active(con)
+                if _interrupted(exc):
+                    raise KeyboardInterrupt from None
                 raise
             committed = True
         except duckdb.Error as exc:
@@ -369,6 +380,10 @@ class Store:
                 return self.con.execute(query, params or []).df()
             except duckdb.Error as exc:
                 raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
+            except RuntimeError as exc:
+                if _interrupted(exc):
+                    raise KeyboardInterrupt from None
+                raise
 
     def _live(self) -> duckdb.DuckDBPyConnection:
         if self.con is None:
@@ -382,6 +397,10 @@ class Store:
             return con.execute(query, params or []).fetchall()
         except duckdb.Error as exc:
             raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
+        except RuntimeError as exc:
+            if _interrupted(exc):
+                raise KeyboardInterrupt from None
+            raise
 
     def one(self, query: str, params: list | dict | None = None) -> tuple | None:
         rows = self.rows(query, params)
@@ -434,6 +453,15 @@ class Store:
     def last_request_at(self, session_ids: Sequence[str]) -> datetime | None:
         """When the last request of any of ``session_ids`` was sent (None before any)."""
         return self.scalar('SELECT max("at") FROM turns WHERE session_id IN (SELECT unnest(?))', [list(session_ids)])
+
+    def after_last_pause(self, session_ids: Sequence[str], seconds: float) -> datetime | None:
+        """When the first request after the last pause of at least ``seconds`` between two consecutive requests
+        of ``session_ids`` was sent (None: no such pause)."""
+        return self.scalar(
+            """SELECT max("at") FROM (
+                   SELECT "at", epoch("at") - lag(epoch("at")) OVER (ORDER BY "at", session_id, idx) AS gap
+                   FROM turns WHERE session_id IN (SELECT unnest(?)))
+               WHERE gap >= ?""", [list(session_ids), seconds])
 
     def session_count(self) -> int:
         return int(self.scalar("SELECT count(*) FROM sessions"))
@@ -587,6 +615,26 @@ class Store:
         )
         return self.resolve_refs([json.loads(r[0]) for r in rows])
 
+    def built_from(self, session_id: str) -> tuple[int, int, bool] | None:
+        """(index, history length, messages stored after it?) of the session's last request a strategy built
+        from its history (``turns.n_messages``); None when there is none (or it predates m006)."""
+        row = self.one("SELECT idx, n_messages FROM turns WHERE session_id = ? AND n_messages IS NOT NULL "
+                       "ORDER BY idx DESC LIMIT 1", [session_id])
+        if row is None:
+            return None
+        later = self.scalar("SELECT count(*) FROM session_messages WHERE session_id = ? AND turn_idx > ?",
+                            [session_id, row[0]])
+        return row[0], row[1], bool(later)
+
+    def history_of(self, session_id: str, idx: int, n_messages: int) -> list[dict[str, Any]]:
+        """The ``n_messages`` history messages request ``idx`` was built from: the request's own rows are the
+        last of its epoch (its new messages and its reply, which is left out), so they are the ``n + 1``
+        latest rows up to its index, compacted since or not."""
+        rows = self.rows("SELECT message FROM session_messages WHERE session_id = ? AND turn_idx <= ? "
+                         "ORDER BY seq DESC LIMIT ?", [session_id, idx, n_messages + 1])
+        refs = [json.loads(r[0]) for r in reversed(rows)]
+        return self.resolve_refs(refs[:n_messages])
+
     def write_messages(self, session_id: str, turn_idx: int, messages: list[tuple[int, dict]],
                        extra_blocks: Sequence[tuple] = (), tokenizer: Any = None) -> None:
         """Append conversation messages (inside the caller's transaction), with their new blocks."""
@@ -617,9 +665,14 @@ class Store:
     ) -> tuple[list[str], list[str], list[tuple]]:
         """Node ids for each segment, reusing the previous request's shared leading run.
 
-        Returns (keys, node_ids, new_node_rows).
+        Returns (keys, node_ids, new_node_rows). ``prev_keys`` / ``prev_nodes`` are the previous request's:
+        the leading segments ``req`` shares with it as the same objects keep their keys (O(new segments)).
         """
-        keys = list(map(_CHAIN_KEY, req.segments))
+        k = prefix_record(req)[1]
+        if k and len(prev_keys) >= k:
+            keys = prev_keys[:k] + list(map(_CHAIN_KEY, req.segments[k:]))
+        else:
+            keys = list(map(_CHAIN_KEY, req.segments))
         n = common_prefix_length(keys, prev_keys)
         nodes = prev_nodes[:n]
         new_rows = []

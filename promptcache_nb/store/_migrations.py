@@ -191,6 +191,41 @@ def m005_imports(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE turns ADD COLUMN dedupe_key TEXT")
 
 
+@migration
+def m006_compact_store(con: duckdb.DuckDBPyConnection) -> None:
+    # Content-addressed rows without a PRIMARY KEY: their ART indexes over 32-character hashes were most of a
+    # long session's file (about 1 MB per 10k prefix nodes, rewritten at each checkpoint). The store dedups
+    # them itself (Store._known_blocks / _known_nodes, loaded at open, checked before every insert), and
+    # readers join them by hash. NOT NULL constraints stay.
+    con.execute("""
+        CREATE TABLE blocks_m006 (
+            hash TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            body TEXT NOT NULL,
+            tokens INTEGER,
+            bytes INTEGER NOT NULL
+        )""")
+    con.execute("INSERT INTO blocks_m006 SELECT hash, kind, body, tokens, bytes FROM blocks")
+    con.execute("DROP TABLE blocks")
+    con.execute("ALTER TABLE blocks_m006 RENAME TO blocks")
+    con.execute("""
+        CREATE TABLE prefix_nodes_m006 (
+            id TEXT NOT NULL,
+            parent TEXT,
+            depth INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            role TEXT,
+            block_hash TEXT NOT NULL
+        )""")
+    con.execute("INSERT INTO prefix_nodes_m006 SELECT id, parent, depth, kind, role, block_hash FROM prefix_nodes")
+    con.execute("DROP TABLE prefix_nodes")
+    con.execute("ALTER TABLE prefix_nodes_m006 RENAME TO prefix_nodes")
+    # How many history messages a strategy built the request from (NULL for recorded requests): with the
+    # session_messages rows it gives back the history the previous request saw, so strategies need not
+    # persist a message count (and rewrite session_state) on every turn.
+    con.execute("ALTER TABLE turns ADD COLUMN n_messages INTEGER")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 

@@ -58,7 +58,9 @@ class StrategyContext:
     ``messages`` is the conversation as the agent knows it, the current user message (or tool result)
     last. Treat it and its dicts as read-only: they are shared with the session's history. ``params`` are
     the strategy's options as the session stored them (checked against :attr:`Strategy.Options` when the
-    session was created).
+    session was created). ``previous_messages`` is the history the session's previous strategy-built
+    request was made from (None before the first one, or when the store cannot tell): what a strategy
+    would otherwise persist in ``state`` on every turn (a message count, digests) comes from it.
     """
 
     session_id: str
@@ -74,6 +76,7 @@ class StrategyContext:
     state: dict[str, Any]
     deltas: DeltaTable
     params: dict[str, Any] = field(default_factory=dict)
+    previous_messages: list[dict[str, Any]] | None = None
 
     @property
     def latest_user_text(self) -> str:

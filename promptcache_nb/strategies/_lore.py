@@ -15,7 +15,9 @@ the first user message, so it is pinned on the first request and the prefix neve
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from bisect import bisect_right
+from collections.abc import Sequence
+from typing import Any, overload
 
 from pydantic import Field
 
@@ -197,7 +199,32 @@ def budget_tokens(ctx: StrategyContext) -> int:
 Insert = tuple[int, int, dict[str, Any]]  # (insertAt, seq, message)
 
 
-def splice(messages: list[dict[str, Any]], inserts: list[Insert]) -> tuple[list[dict[str, Any]], list[int]]:
+class Positions(Sequence[int]):
+    """The new index of every original message after :func:`splice` (original ``j`` moves past the rows
+    inserted at or before it): computed on access by bisection, never built as an O(history) list."""
+
+    def __init__(self, n: int, shifts: list[int]) -> None:
+        self._n, self._shifts = n, shifts  # shifts: each inserted row's index among the originals, sorted
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, j: int) -> int: ...
+    @overload
+    def __getitem__(self, j: slice) -> list[int]: ...
+
+    def __getitem__(self, j: int | slice) -> int | list[int]:
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(self._n))]
+        if j < 0:
+            j += self._n
+        if not 0 <= j < self._n:
+            raise IndexError(j)
+        return j + bisect_right(self._shifts, j)
+
+
+def splice(messages: list[dict[str, Any]], inserts: list[Insert]) -> tuple[list[dict[str, Any]], Positions]:
     """Lore's ``applySessionPromptDeltas``: insert ``(insertAt, seq, message)`` rows into ``messages``.
 
     Each row goes to ``safe_insert_index(messages, min(insertAt, len))``; rows landing on the same
@@ -208,19 +235,17 @@ def splice(messages: list[dict[str, Any]], inserts: list[Insert]) -> tuple[list[
         at = safe_insert_index(messages, min(insert_at, len(messages)))
         before.setdefault(at, []).append((insert_at, seq, msg))
     out: list[dict[str, Any]] = []
-    positions: list[int] = []
+    shifts: list[int] = []
     prev = 0
     # runs of original messages are copied with slices (C speed): history grows every turn
     for at in sorted(before):
-        chunk = messages[prev:at]
-        positions.extend(range(len(out), len(out) + len(chunk)))
-        out.extend(chunk)
-        out.extend(msg for _, _, msg in sorted(before[at], key=lambda r: (r[0], r[1])))
+        out.extend(messages[prev:at])
+        rows = before[at]
+        out.extend(msg for _, _, msg in sorted(rows, key=lambda r: (r[0], r[1])))
+        shifts.extend([at] * len(rows))
         prev = at
-    chunk = messages[prev:]
-    positions.extend(range(len(out), len(out) + len(chunk)))
-    out.extend(chunk)
-    return out, positions
+    out.extend(messages[prev:])
+    return out, Positions(len(messages), shifts)
 
 
 def rows_as_inserts(rows: list[Delta]) -> list[Insert]:
@@ -235,17 +260,30 @@ def rows_as_inserts(rows: list[Delta]) -> list[Insert]:
 def history_rewritten(ctx: StrategyContext) -> bool:
     """True when the history is not an extension of what the last request saw (compaction).
 
-    Compares the message count (Lore's ``last_known_message_count``) and the first message's digest.
+    Compares the message count (Lore's ``last_known_message_count``) and the first message's digest with the
+    history the previous request was built from (``ctx.previous_messages``), which the session keeps: the
+    state row is not rewritten every turn to hold them. Sessions stored before that kept both in
+    ``extra``; they are read from there when the session cannot tell (and dropped once it can).
     """
-    count = ctx.extra.get("last_message_count")
+    prev = ctx.previous_messages
+    if prev is not None:
+        count, first_before = len(prev), (fingerprint(prev[0]) if prev else None)
+        ctx.extra.pop("last_message_count", None)
+        ctx.extra.pop("first_message", None)
+    else:
+        count, first_before = ctx.extra.get("last_message_count"), ctx.extra.get("first_message")
     first = fingerprint(ctx.messages[0]) if ctx.messages else None
-    rewritten = count is not None and (len(ctx.messages) < count or ctx.extra.get("first_message") != first)
-    ctx.extra["first_message"] = first
-    return bool(rewritten)
+    return count is not None and (len(ctx.messages) < count or first_before != first)
+
+
+def previous_count(ctx: StrategyContext) -> int | None:
+    """How many history messages the previous request was built from (None: no previous request)."""
+    prev = ctx.previous_messages
+    return len(prev) if prev is not None else ctx.extra.get("last_message_count")
 
 
 def mark_tail(
-    out: list[dict[str, Any]], positions: list[int], previous_count: int | None
+    out: list[dict[str, Any]], positions: Sequence[int], previous_count: int | None
 ) -> None:
     """Breakpoints on the last block and on the previous request's last block.
 
@@ -298,7 +336,7 @@ def begin_turn(ctx: StrategyContext, covered_key: str) -> PinView:
     current = prefs + context
     rewritten = history_rewritten(ctx)
     return PinView(prefs, context, baseline, baseline if last is None else key_map(last), current,
-                   keys_of(current), rewritten, None if rewritten else ctx.extra.get("last_message_count"))
+                   keys_of(current), rewritten, None if rewritten else previous_count(ctx))
 
 
 def finish_turn(ctx: StrategyContext, view: PinView, inserts: list[Insert], *,
@@ -306,7 +344,6 @@ def finish_turn(ctx: StrategyContext, view: PinView, inserts: list[Insert], *,
     """Splice the deltas into the history, place the tail breakpoints, and assemble the body."""
     messages, positions = splice(ctx.messages, inserts)
     mark_tail(messages, positions, view.previous_count)
-    ctx.extra["last_message_count"] = len(ctx.messages)
     return {
         "model": ctx.model,
         "max_tokens": DEFAULT_MAX_TOKENS,

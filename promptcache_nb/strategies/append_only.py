@@ -12,10 +12,12 @@
   the log to the longest unchanged run and re-sends from there (the #3406 fix; the seed version
   cleared everything); a shrink clears the log.
 
-The snapshot, the digests and the sync count live in ``extra`` so a restart rebuilds identically.
-``extra["last_sync"]`` says what the last sync did (``append``, ``rewrite@k``, ``shrink``) and
-``extra["prefix"]["version"]`` counts prefix rebuilds. Breakpoints: the last system block and the last
-message block, as pi-ai's Anthropic provider places them.
+The snapshot lives in ``extra`` so a restart rebuilds identically. The log (the digests and the sync
+count) is what the previous request was built from — after every sync it equals the digests of the history
+synced — so it is taken from the history the session keeps (``ctx.previous_messages``) instead of being
+rewritten into ``extra`` on every turn. ``extra["last_sync"]`` says what the last sync did (``append``,
+``rewrite@k``, ``shrink``) and ``extra["prefix"]["version"]`` counts prefix rebuilds. Breakpoints: the last
+system block and the last message block, as pi-ai's Anthropic provider places them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
+from .._util import common_prefix_length
 from ._base import (
     DEFAULT_MAX_TOKENS,
     EPHEMERAL,
@@ -91,22 +94,29 @@ class _Digests:
         return d
 
 
-def sync_messages(ctx: StrategyContext, digests: list[str]) -> str:
-    """AppendOnlyLog sync (post-#3406); updates ``extra["log"]`` and returns what it did."""
-    log = ctx.extra.get("log") if isinstance(ctx.extra.get("log"), dict) else None
+def sync_messages(ctx: StrategyContext, digests: list[str], previous: list[str] | None = None) -> str:
+    """AppendOnlyLog sync (post-#3406); returns what it did.
+
+    ``previous``: the digests of the history the previous request was built from — the log as that sync
+    left it. Without it, a log an older session stored in ``extra["log"]`` is read and kept up to date.
+    """
+    if previous is not None:
+        ctx.extra.pop("log", None)  # an older session's copy: the history says the same
+        log: dict[str, Any] | None = {"count": len(previous), "digests": previous}
+    else:
+        log = ctx.extra.get("log") if isinstance(ctx.extra.get("log"), dict) else None
     logged: list[str] = list(log["digests"]) if log else []
     synced = int(log["count"]) if log else 0
     if len(digests) < synced:
         action, logged = "shrink", []  # compaction shrank the history: clear and resend
     else:
-        stable = 0
         limit = min(synced, len(logged))  # the clamp: a cleared log may leave the cursor ahead
-        while stable < limit and logged[stable] == digests[stable]:
-            stable += 1
+        stable = common_prefix_length(logged[:limit], digests[:limit])
         action = "append" if stable == synced else f"rewrite@{stable}"
         logged = logged[:stable]
     logged += digests[len(logged):]
-    ctx.extra["log"] = {"count": len(digests), "digests": logged}
+    if previous is None and log is not None:
+        ctx.extra["log"] = {"count": len(digests), "digests": logged}
     return action
 
 
@@ -123,7 +133,9 @@ class AppendOnly(Strategy):
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
         system_prompt, tools, rebuilt = build_prefix(ctx)
         ctx.extra["prefix_rebuilt"] = rebuilt
-        ctx.extra["last_sync"] = sync_messages(ctx, [self._digest(m) for m in ctx.messages])
+        prev = ctx.previous_messages
+        ctx.extra["last_sync"] = sync_messages(ctx, [self._digest(m) for m in ctx.messages],
+                                               None if prev is None else [self._digest(m) for m in prev])
         system = [text_block(part) for part in system_prompt]
         system[-1] = with_cache_control(system[-1], EPHEMERAL)
         messages = list(ctx.messages)  # the log's content: identical to the synced history

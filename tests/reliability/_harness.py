@@ -284,6 +284,9 @@ def _replay_child(db: str, strategy: str, kill: Kill, report: str, turns: int | 
             lab.store.con = _CommitHook(lab.store.con, trigger)
             try:
                 lab.replay(SCENARIO, strategy=strategy, backend=rec)
+            except RuntimeError as exc:  # DuckDB's stand-in for a Ctrl-C during a statement must not escape
+                _write_json(report, {"interrupted": True, "raised": repr(exc)})
+                raise
             except KeyboardInterrupt:
                 # Ctrl-C in a notebook: the kernel lives on. Its objects must agree with the store, and going
                 # on from there (in the same process) must send what an uninterrupted run sends.
@@ -313,6 +316,8 @@ def replay_trial(workdir: Path, kill: Kill, expected: list[bytes], *, strategy: 
     _finish(proc, trial, timeout=timeout)
     trial.committed = committed.value
     child = _read_json(report) or {}
+    if child.get("raised"):
+        trial.problems.append(f"the Ctrl-C surfaced as {child['raised']}, not as KeyboardInterrupt")
     if child.get("out_of_step"):
         trial.problems.append("after Ctrl-C the session objects disagree with the store: "
                               + "; ".join(child["out_of_step"]))
@@ -398,6 +403,9 @@ def _import_child(db: str, folder: str, kill: Kill, report: str, progress: Any, 
             lab.store.con = _CommitHook(lab.store.con, trigger)
             try:
                 lab.import_log(folder)
+            except RuntimeError as exc:
+                _write_json(report, {"interrupted": True, "raised": repr(exc)})
+                raise
             except KeyboardInterrupt:
                 out: dict[str, Any] = {"interrupted": True, "out_of_step": _stored_in_sync(lab),
                                        "stored": lab.store.one("SELECT count(*) FROM turns")[0]}
@@ -424,6 +432,8 @@ def import_trial(workdir: Path, kill: Kill, logs: Path, sources: dict[str, list[
     _finish(proc, trial, timeout=timeout)
     trial.committed = committed.value
     child = _read_json(report) or {}
+    if child.get("raised"):
+        trial.problems.append(f"the Ctrl-C surfaced as {child['raised']}, not as KeyboardInterrupt")
     if child.get("out_of_step"):
         trial.problems.append("after Ctrl-C the session objects disagree with the store: "
                               + "; ".join(child["out_of_step"]))
@@ -463,14 +473,15 @@ def import_trial(workdir: Path, kill: Kill, logs: Path, sources: dict[str, list[
 
 def random_kills(rng: random.Random, n: int, *, points: dict[str, int], signals: tuple[str, ...] = ("SIGKILL",),
                  max_delay: float = 0.03) -> list[Kill]:
-    """``n`` kills at random points: a random hook and call (``points``: hook -> calls in a whole run), delivered
-    by the parent after a random delay (half of them) or by the child at that very call."""
+    """``n`` kills at random points: a random signal of ``signals``, a random hook and call (``points``: hook ->
+    calls in a whole run), delivered by the parent after a random delay (about half) or by the child at that
+    very call."""
     kills = []
-    for i in range(n):
+    for _ in range(n):
         point = rng.choice(sorted(points))
         count = rng.randint(1, points[point])
-        delay = None if i % 2 else round(rng.uniform(0, max_delay), 4)
-        kills.append(Kill(signals[i % len(signals)], point, count, delay))
+        delay = round(rng.uniform(0, max_delay), 4) if rng.random() < 0.5 else None
+        kills.append(Kill(rng.choice(signals), point, count, delay))
     return kills
 
 

@@ -160,7 +160,7 @@ def _side_by_side(x: str, y: str) -> str:
     return _html.side_by_side_html(a, b, diff=pc.diff(a, b)) + _html.segment_map_html(b.segments, states)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile(surrogates=True), hostile(surrogates=True))
 def test_prefix_diff_and_side_by_side(x, y):
     try:
@@ -207,7 +207,7 @@ def test_every_renderer_is_fuzzed():
     assert renderers - {"visible_html"} <= set(PURE), sorted(renderers - set(PURE))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile(surrogates=True))
 @pytest.mark.parametrize("name", sorted(PURE))
 def test_pure_renderers(name, x):
@@ -230,7 +230,7 @@ def _report(tmp_path, x: str, y: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=1, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                HealthCheck.function_scoped_fixture])
 @given(hostile(surrogates=True), hostile(surrogates=True))
 @example(ALL + SURROGATES[0], ALL[::-1])
@@ -320,7 +320,7 @@ def _exchange(body: dict, *, model: str, at: str) -> str:
                        "request_id": None, "latency_ms": 5})
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                HealthCheck.function_scoped_fixture])
 @given(hostile(surrogates=False))
 def test_an_imported_hostile_log(tmp_path_factory, x):

@@ -1,0 +1,166 @@
+"""A long session: resume time, per-request CPU as it grows, and its store size (issue 16).
+
+The reference scenario (``support_agent.yaml``: tool loops, knowledge changes, a restart) is cycled to N
+requests: round 0 is the scenario as written; each later round tags its texts ``[round k]`` and, from round 1
+on, sends each tool result ``--result-copies`` times (longer log excerpts), so the body passes 1M estimated
+tokens by request 3,000. Knowledge events of later rounds that name a removed key re-add it. Its restart
+event is kept (an in-process restart; the Lab keeps the provider's cache, as a provider would).
+
+Prints:
+
+* per-request CPU (``time.process_time`` per ``step`` over its requests; median of the requests within ±20 of
+  request 10 / 1,000 / 3,000) — target: request 3,000 ≤ 1.5× request 10;
+* resume time: a fresh process opens a copy of the store taken at 300 / 1,000 / 3,000 requests,
+  ``lab.session(id=...)`` and takes the next step (the package and its price data imported beforehand) —
+  target: 1,000 requests ≤ 1 s;
+* the store at the end: file (+ WAL) bytes vs the unique content bytes of its blocks — target ≤ 1.5×.
+
+    .venv/bin/python benchmarks/bench_resume.py [--requests 3000] [--strategy durable_delta]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import promptcache_nb as pc
+from promptcache_nb.errors import KnowledgeError
+from promptcache_nb.scenario import KnowledgeAdd, Scenario, ScenarioTurn
+
+REFERENCE = Path(pc.__file__).parent / "data" / "scenarios" / "support_agent.yaml"
+CHECKPOINTS = (300, 1000, 3000)
+AROUND = (10, 1000, 3000)
+
+
+def tagged(text: str, k: int) -> str:
+    return text if k == 0 else f"[round {k}] {text}"
+
+
+def cycled(sc: Scenario, n_requests: int, copies: int) -> list[tuple[int, ScenarioTurn]]:
+    """(round, turn) pairs until ``n_requests`` requests."""
+    out: list[tuple[int, ScenarioTurn]] = []
+    n = k = 0
+    while n < n_requests:
+        for t in sc.turns:
+            calls = tuple(dataclasses.replace(c, result=tagged("\n".join([c.result] * (copies if k else 1)), k))
+                          for c in t.tool_calls)
+            out.append((k, dataclasses.replace(t, user=tagged(t.user, k), reply=tagged(t.reply, k), tool_calls=calls)))
+            n += 1 + len(calls)
+            if n >= n_requests:
+                break
+        k += 1
+    return out
+
+
+def apply(s: pc.Session, event: object, at: object, k: int) -> pc.Session:
+    if k and isinstance(event, KnowledgeAdd):
+        event = dataclasses.replace(event, title=tagged(event.title, k))
+    try:
+        return s.apply(event, at=at)  # type: ignore[arg-type]
+    except KnowledgeError:  # a later round updates or removes a key an earlier round removed: add it back
+        key = event.key  # type: ignore[attr-defined]
+        s.knowledge.add(tagged(f"Restored {key}", k), tagged(f"Restored entry {key}", k), key=key, at=at)
+        return s
+
+
+def store_bytes(path: Path) -> int:
+    wal = Path(str(path) + ".wal")
+    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+def build(db: Path, n_requests: int, strategy: str, copies: int, snapshots: Path) -> tuple[str, list, int]:
+    """Replay the cycled scenario into ``db``; returns (session id, [(request index, cpu per request)], tokens)."""
+    sc = pc.load_scenario(REFERENCE)
+    cpu: list[tuple[int, float]] = []
+    with pc.Lab(db, progress=False) as lab:
+        s = lab.replay(sc, strategy=strategy, stop_after=0)
+        at = sc.start
+        for i, (k, turn) in enumerate(cycled(sc, n_requests, copies)):
+            if i > 0:
+                at = at + turn.after
+            for event in turn.events:
+                s = apply(s, event, at, k)
+            before = s.n_turns
+            c0 = time.process_time()
+            t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+            per = (time.process_time() - c0) / (s.n_turns - before)
+            cpu.extend((j, per) for j in range(before, s.n_turns))
+            at = t.at
+            for n in CHECKPOINTS:
+                if before < n <= s.n_turns and n < n_requests:
+                    lab.sql("CHECKPOINT")
+                    shutil.copy(db, snapshots / f"at{n}.duckdb")
+        return s.id, cpu, s.last_turn.total_tokens  # type: ignore[union-attr]
+
+
+def resume_child(path: str, session_id: str) -> None:
+    """In a fresh process: open the store, resume the session, take the next step; print the timings."""
+    from promptcache_nb.analysis.prices import prices_for
+
+    prices_for("claude-sonnet-4-5")  # the price data's first load is an import cost, not a resume cost
+    w0, c0 = time.perf_counter(), time.process_time()
+    with pc.Lab(path, progress=False) as lab:
+        s = lab.session(id=session_id)
+        w1 = time.perf_counter()
+        t = s.step("One more question about the refunds.", reply="Here is the answer.")
+        w2, c2 = time.perf_counter(), time.process_time()
+        out = {"open": w1 - w0, "total": w2 - w0, "cpu": c2 - c0, "requests": t.index,
+               "usage": [t.usage.cache_read_input_tokens, t.usage.cache_creation_input_tokens, t.usage.input_tokens]}
+    sys.stdout.write(json.dumps(out))
+
+
+def resume(path: Path, session_id: str) -> dict:
+    code = "import sys, bench_resume as b; b.resume_child(sys.argv[1], sys.argv[2])"
+    proc = subprocess.run([sys.executable, "-c", code, str(path), session_id], capture_output=True, text=True,
+                          cwd=Path(__file__).parent, check=True)
+    return json.loads(proc.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--strategy", default="durable_delta")
+    ap.add_argument("--result-copies", type=int, default=3)
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp())
+    db = tmp / "session.duckdb"
+    started = time.perf_counter()
+    sid, cpu, tokens = build(db, args.requests, args.strategy, args.result_copies, tmp)
+    elapsed = time.perf_counter() - started
+    shutil.copy(db, tmp / f"at{args.requests}.duckdb")
+    print(f"{args.strategy}: {args.requests:,} requests built in {elapsed:.1f} s; last request {tokens:,} est. tokens")
+
+    def around(i: int) -> float:
+        return statistics.median(c for j, c in cpu if abs(j - i) <= 20) * 1000
+
+    points = [i for i in AROUND if i <= args.requests]
+    base = around(points[0] if points[0] < args.requests else args.requests - 1)
+    print("per-request CPU: " + ", ".join(
+        f"request {i:,} = {around(min(i, args.requests - 1)):.1f} ms ({around(min(i, args.requests - 1)) / base:.2f}x)"
+        for i in points) + " (target: request 3,000 <= 1.5x request 10)")
+    for n in (*[c for c in CHECKPOINTS if c < args.requests], args.requests):
+        r = resume(tmp / f"at{n}.duckdb", sid)
+        print(f"resume at {n:,} stored requests: open {r['open']:.2f} s, open + next step {r['total']:.2f} s "
+              f"(CPU {r['cpu']:.2f} s); next usage read/write/uncached {r['usage']}"
+              + (" (target <= 1 s)" if n == 1000 else ""))
+    with pc.Lab(db, progress=False) as lab:
+        unique = int(lab.sql("SELECT sum(bytes) AS b FROM blocks").b[0])
+    size = store_bytes(db)
+    print(f"store at {args.requests:,} requests: {size / 1e6:.2f} MB file vs {unique / 1e6:.2f} MB unique block bytes "
+          f"(ratio {size / unique:.2f}x; target <= 1.5x)")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    main()
