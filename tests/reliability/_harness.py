@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import bench_import  # noqa: E402 - the benchmarks' log generator: one exchanges log per agent session
 
 #: A key no test anywhere else uses: grep for it in files, logs, messages and reprs.
-FAKE_KEY = "sk-ant-api03-RELIABILITY-FAKE-KEY-000"
+FAKE_KEY = "fake-key-RELIABILITY-do-not-use-000"
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
 

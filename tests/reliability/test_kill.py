@@ -30,7 +30,7 @@ REPLAY_POINTS = {"send": 19, "step": 10, "commit": 14}
 REPLAY_KILLS = [
     # turn 4's three events (a removal, a restart, an addition) applied, its request not built yet
     Kill("SIGKILL", "step", 5),
-    # inside turn 3's two-call tool loop: the first call's request went out, the turn is not stored
+    # inside turn 3's tool loop: two of its three requests went out, none of them is stored
     Kill("SIGKILL", "send", 8),
     # Ctrl-C the moment a COMMIT returns: the kernel must count what the store holds, and go on from there
     Kill("SIGINT", "commit", 9),

@@ -74,7 +74,7 @@ def _session_steps(lab: pc.Lab, server: pc.SimulatorServer, url: str, seen: Seen
         for status, error in ((429, pc.RateLimitError), (529, pc.OverloadedError)):
             server.inject_error(status, retry_after=1)
             seen.expect(error, lambda: s.step("refused", reply="no"))
-    with _client(url, key="sk-ant-api03-not-the-listed-key") as client:
+    with _client(url, key="fake-key-not-the-listed-one") as client:
         bad = lab.session(id=s.id, backend=pc.AnthropicBackend(client))
         seen.expect(pc.AuthenticationError, lambda: bad.step("refused", reply="no"))
     return lab.session(id=s.id)
