@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 
+@lru_cache(maxsize=8192)  # a project's entries are keyed again each time its knowledge is reloaded
 def fnv1a(text: str) -> str:
     """32-bit FNV-1a hex, as Lore keys pinned entries (``id:fnv1a(title + "\\x1f" + content)``)."""
     h = 0x811C9DC5

@@ -55,12 +55,16 @@ def fmt_duration(seconds: float) -> str:
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
 
 
-def common_prefix_length(a: Sequence[Any], b: Sequence[Any]) -> int:
+def common_prefix_length(a: Sequence[Any], b: Sequence[Any], start: int = 0) -> int:
     """Length of the common prefix of two sequences (bytes, str, list), using C-level slice compares.
 
     One forward pass in growing chunks, then a bisection inside the first unequal chunk: O(prefix)
-    element comparisons, with no per-element Python loop.
+    element comparisons, with no per-element Python loop. ``start``: a length the caller knows the two
+    share already (e.g. extended from the previous request's): only what follows is compared.
     """
+    if start:
+        start = min(start, len(a), len(b))
+        return start + common_prefix_length(a[start:], b[start:])
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n

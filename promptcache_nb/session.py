@@ -34,7 +34,15 @@ from .errors import (
 )
 from .live import Backend, DirectSimulator
 from .live._base import SIMULATED_REPLY
-from .request import PreparedRequest, SegmentMemo, canonical_bytes, canonical_json, prepare, visible
+from .request import (
+    PreparedRequest,
+    SegmentMemo,
+    canonical_bytes,
+    canonical_json,
+    prepare,
+    shared_prefix_of,
+    visible,
+)
 from .scenario import (
     DEFAULT_START,
     Compaction,
@@ -297,6 +305,8 @@ class Session:
         #: Which sessions share this session's simulated provider cache: ``session`` (its own),
         #: ``project`` or ``lab`` (every session of the scope with the same cache model and parameters).
         self.cache_scope: str = cache_scope_of(row)
+        # the Lab's cache for that scope, held while this object lives (a restarted session keeps it)
+        self._scope_entry: _ScopeCache | None = lab._caches.get(self._scope_key())
         self.backend: Backend = backend or DirectSimulator()
         self._prices = Prices(**cfg["prices"]) if cfg.get("prices") else None
         self._step_gap = timedelta(seconds=cfg.get("step_seconds", 30))
@@ -480,9 +490,9 @@ class Session:
     def _cache(self) -> CacheModel:
         """The session's simulated provider cache: the Lab's instance for this session's cache scope, made
         current for this session's requests (rebuilt from the store when the Lab has none ready)."""
-        model = self._lab._scope_cache(self).model
-        model.stream(self.id)
-        return model
+        entry = self._scope_entry = self._lab._scope_cache(self)  # held: the Lab keeps it only weakly
+        entry.model.stream(self.id)
+        return entry.model
 
     def _scope_key(self) -> tuple[str, str, str, str]:
         """(scope, its owner, cache model, parameters): sessions with equal keys share one cache."""
@@ -816,7 +826,9 @@ class Session:
             rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
             rest_hash = digest(rest_body.encode(), tag="seg")
             block_rows = store.new_blocks(prepared, rest_body, rest_hash,
-                                          shared=common_prefix_length(keys, self._prev_keys))
+                                          shared=common_prefix_length(keys, self._prev_keys,
+                                                                      shared_prefix_of(prepared, self._prev)
+                                                                      if self._prev is not None else 0))
             transport = "direct" if isinstance(self.backend, DirectSimulator) else "http"
             analysis = _analysis.analyse_turn(
                 previous=self._prev, current=prepared, usage=usage, cache_result=cache_result,
@@ -1134,9 +1146,12 @@ class Lab:
         # file at once instead of waiting for the garbage collector to break a Lab <-> Session cycle.
         self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         self._atomic_depth = 0  # > 0 inside atomic(): session objects advance before the outer COMMIT
-        # The simulated provider caches, one per cache scope (Session._scope_key): they outlive Session objects
-        # (a provider's cache does not restart with the agent) and are rebuilt from the store when missing.
-        self._caches: dict[tuple[str, str, str, str], _ScopeCache] = {}
+        # The simulated provider caches, one per cache scope (Session._scope_key): they outlive a restarted
+        # Session object (a provider's cache does not restart with the agent) and are rebuilt from the store
+        # when missing. Weak: the sessions using one keep it, so a Lab that ran many replays does not keep
+        # every cache they built.
+        self._caches: weakref.WeakValueDictionary[tuple[str, str, str, str], _ScopeCache] = (
+            weakref.WeakValueDictionary())
 
     @property
     def read_only(self) -> bool:
@@ -1192,7 +1207,8 @@ class Lab:
         except BaseException:
             if store.commit_count == commits:  # rolled back: no object may keep what the store lost
                 self._knowledge_cache.clear()
-                self._caches.clear()  # simulated caches saw requests the store lost: rebuilt on next use
+                for entry in list(self._caches.values()):
+                    entry.ready = False  # simulated caches saw requests the store lost: rebuilt on next use
                 for s in list(self._open.values()):
                     if not s._closed:
                         s._load()

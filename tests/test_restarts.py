@@ -264,3 +264,30 @@ def test_resume_replays_only_what_the_cache_can_still_hold(tmp_path, monkeypatch
         assert 0 < len(rebuilt) < stored
         horizon = pc.get_cache_model(cache, **params).state_horizon_seconds()
         assert (rebuilt[-1] - rebuilt[0]).total_seconds() <= horizon
+
+
+def test_a_restart_keeps_the_labs_cache_and_a_failed_step_rebuilds_it(monkeypatch):
+    """The simulated provider cache belongs to the Lab (a provider's cache does not restart with the agent):
+    a restart event replays nothing; a failed step, whose requests the store dropped, rebuilds it."""
+    rebuilt: list[str] = []
+    rebuild = pc.Lab._rebuild_cache
+
+    def counting(self, key, entry, session):
+        rebuilt.append(session.id)
+        return rebuild(self, key, entry, session)
+
+    monkeypatch.setattr(pc.Lab, "_rebuild_cache", counting)
+    with pc.Lab(progress=False) as lab:
+        s = _long_session(lab, "anthropic", {})
+        _run(s, 0, 3)
+        assert rebuilt == [s.id]  # built once, empty, at the first request
+        s = s.restart()
+        _run(s, 3, 5)
+        assert len(rebuilt) == 1
+        rec = Recorder()
+        s = lab.session(id=s.id, backend=rec)
+        rec.crash_at = 0
+        with pytest.raises(SimulatedCrash):
+            s.step("Question 5", reply="Answer 5.", at=datetime(2026, 11, 2, 9, 3, tzinfo=UTC))
+        _run(s, 5, 6)
+        assert len(rebuilt) == 2

@@ -359,10 +359,14 @@ class AnthropicCache(CacheModel):
         keys: list[str] = []
         sys_done = msg_done = False
         # Leading segments that are the very objects of the previous request keep their keys.
+        self._keys_shared = 0
         prev = self._prev_segments
         if prev and self._prev_salts == salts:
-            n = common_prefix_length(segments, prev)  # identical objects compare by identity, in C
+            # identical objects compare by identity, in C; prepare() recorded how many lead the way already
+            before, k = prefix_record(req)
+            n = common_prefix_length(segments, prev, k if before is not None and before.segments is prev else 0)
             if n:
+                self._keys_shared = n
                 keys = self._prev_keys[:n]
                 sys_done = n > _first_index(segments, lambda s: s.kind != "tool")
                 msg_done = n > _first_index(segments, lambda s: s.level == "messages")
@@ -382,7 +386,7 @@ class AnthropicCache(CacheModel):
     def _chain(self, keys: list[str]) -> list[bytes]:
         # Reuse the previous request's chain for the shared leading run: O(new segments) per turn.
         prev_keys, prev_chain = self._prev_keys, self._prev_chain
-        n = common_prefix_length(keys, prev_keys)
+        n = common_prefix_length(keys, prev_keys, self._keys_shared)
         self._shared_now = n
         chain = prev_chain[:n]
         parent = chain[-1] if chain else b"root"
@@ -524,7 +528,7 @@ class AnthropicCache(CacheModel):
             # the first request of its session: a read came from another session sharing the cache
             return "hit" if read else "cold"
         # the first position where this request's prefix differs from the previous one
-        n = common_prefix_length(chain, self._prev_chain)
+        n = common_prefix_length(chain, self._prev_chain, self._shared_now)
         detail["divergence_index"] = n
         detail["divergence_path"] = req.segments[n].path if n < len(req.segments) else None
         # a hit reads everything the previous request left cached — up to its last breakpoint, which need not

@@ -735,7 +735,10 @@ class PrefixDiff:
         """The first message where the previous history is not a prefix of the current one, or None."""
         prev, cur = self.previous, self.current
         pi, ci = _info(prev), _info(cur)
-        j = _common_run(pi, ci, pi.msg_start, ci.msg_start)
+        if pi.msg_start == ci.msg_start and self._common >= pi.msg_start:
+            j = self._common - pi.msg_start  # the common run of keys from the start already ends there
+        else:
+            j = _common_run(pi, ci, pi.msg_start, ci.msg_start)
         if j >= len(pi) - pi.msg_start:
             return None  # the previous messages are a prefix of the current ones
         p_seg = prev.segments[pi.msg_start + j]

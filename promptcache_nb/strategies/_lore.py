@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_right
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any, overload
 
 from pydantic import Field
@@ -31,10 +32,10 @@ from ._base import (
     fingerprint,
     format_entry,
     format_knowledge,
+    has_tool_use,
     last_markable_index,
     mark_message,
     rank_by_relevance,
-    safe_insert_index,
     split_preferences,
     text_block,
 )
@@ -230,31 +231,59 @@ def splice(messages: list[dict[str, Any]], inserts: list[Insert]) -> tuple[list[
     Each row goes to ``safe_insert_index(messages, min(insertAt, len))``; rows landing on the same
     index keep (insertAt, seq) order. Returns the new list and the new index of every original message.
     """
-    before: dict[int, list[Insert]] = {}
+    n = len(messages)
+    placed: list[tuple[int, int, int, dict[str, Any]]] = []  # (index, insertAt, seq, message)
     for insert_at, seq, msg in inserts:
-        at = safe_insert_index(messages, min(insert_at, len(messages)))
-        before.setdefault(at, []).append((insert_at, seq, msg))
+        at = insert_at if insert_at < n else n
+        # safe_insert_index, with each message's tool_use test remembered: every turn replays every row
+        while at > 0 and _ends_tool_use(messages[at - 1]):
+            at -= 1
+        placed.append((at, insert_at, seq, msg))
+    placed.sort(key=_PLACE_ORDER)  # by index, then (insertAt, seq): usually already in order
     out: list[dict[str, Any]] = []
-    shifts: list[int] = []
+    shifts = [p[0] for p in placed]
     prev = 0
     # runs of original messages are copied with slices (C speed): history grows every turn
-    for at in sorted(before):
-        out.extend(messages[prev:at])
-        rows = before[at]
-        out.extend(msg for _, _, msg in sorted(rows, key=lambda r: (r[0], r[1])))
-        shifts.extend([at] * len(rows))
-        prev = at
+    for at, _insert_at, _seq, msg in placed:
+        if at > prev:
+            out.extend(messages[prev:at])
+            prev = at
+        out.append(msg)
     out.extend(messages[prev:])
-    return out, Positions(len(messages), shifts)
+    return out, Positions(n, shifts)
+
+
+_PLACE_ORDER = itemgetter(0, 1, 2)
+_TOOL_USE: dict[int, tuple[dict[str, Any], bool]] = {}
+
+
+def _ends_tool_use(message: dict[str, Any]) -> bool:
+    """:func:`has_tool_use`, remembered per message object (history messages are never mutated)."""
+    hit = _TOOL_USE.get(id(message))
+    if hit is not None and hit[0] is message:
+        return hit[1]
+    if len(_TOOL_USE) >= 65_536:
+        _TOOL_USE.clear()
+    got = _TOOL_USE[id(message)] = (message, has_tool_use(message))
+    return got[1]
 
 
 def rows_as_inserts(rows: list[Delta]) -> list[Insert]:
     out = []
     for d in rows:
-        sel = d.selector
-        if isinstance(sel, dict) and sel.get("target") == "messages" and isinstance(sel.get("insertAt"), int):
-            out.append((sel["insertAt"], d.seq, d.content))
+        got = _INSERTS.get(id(d))
+        if got is None or got[0] is not d:
+            sel = d.selector
+            ok = isinstance(sel, dict) and sel.get("target") == "messages" and isinstance(sel.get("insertAt"), int)
+            if len(_INSERTS) >= 65_536:
+                _INSERTS.clear()
+            got = _INSERTS[id(d)] = (d, (sel["insertAt"], d.seq, d.content) if ok else None)
+        if got[1] is not None:
+            out.append(got[1])
     return out
+
+
+_INSERTS: dict[int, tuple[Delta, Insert | None]] = {}  # rows are immutable: read each one once
 
 
 def history_rewritten(ctx: StrategyContext) -> bool:
