@@ -1383,7 +1383,7 @@ class Lab:
             open_ = self._open.get(sid)
             memo = open_._memo if open_ is not None and not open_._closed else None
             preloaded, open_resume = None, open_._resume_turns if open_ is not None else None
-            if open_resume is not None:
+            if open_ is not None and open_resume is not None:
                 open_._resume_turns = None
                 start, turns = open_resume
                 if start is _ALL and since is None or start is not _ALL and since is not None and start <= since:

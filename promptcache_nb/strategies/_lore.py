@@ -295,6 +295,7 @@ def history_rewritten(ctx: StrategyContext) -> bool:
     ``extra``; they are read from there when the session cannot tell (and dropped once it can).
     """
     prev = ctx.previous_messages
+    count: int | None
     if prev is not None:
         count, first_before = len(prev), (fingerprint(prev[0]) if prev else None)
         ctx.extra.pop("last_message_count", None)
