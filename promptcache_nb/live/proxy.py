@@ -276,7 +276,13 @@ class _Exchange:
         try:
             request = httpx.Request(self.request.method, upstream_url, headers=self._forward_headers(),
                                     content=self.body)
-            response = await proxy._client.send(request, stream=True)
+            try:
+                response = await proxy._client.send(request, stream=True)
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                # Almost always a pooled keep-alive connection the upstream had just closed: it fails before any
+                # response byte arrives. One retry on a fresh connection, as urllib3 and browsers do for idle
+                # connections; a second failure is reported as 502.
+                response = await proxy._client.send(request, stream=True)
         except httpx.TimeoutException as exc:
             await self._fail(send, 504, f"upstream {proxy.upstream} timed out ({type(exc).__name__})")
             return
