@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -104,3 +105,13 @@ def model_base_id(model: str) -> str:
 
 # Response header our simulator endpoint sets: usage behind it is simulated (estimated tokens), never measured.
 SIMULATOR_HEADER = "x-promptcache-simulator"
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (``127.0.0.1``, ``::1``, ``[::1]``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

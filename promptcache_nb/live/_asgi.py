@@ -14,7 +14,6 @@ What it adds to uvicorn, and why:
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import threading
@@ -25,6 +24,8 @@ import anyio
 import uvicorn
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .._util import is_loopback  # noqa: F401 - re-exported for the server and the proxy
 
 log = logging.getLogger("promptcache_nb.http")
 
@@ -65,14 +66,6 @@ async def read_body(request: Request, *, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (``127.0.0.1``, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def url_host(host: str) -> str:

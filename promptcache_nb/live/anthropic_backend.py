@@ -12,7 +12,6 @@ with one); the session stores nothing of the client; ``repr`` shows only the end
 from __future__ import annotations
 
 import inspect
-import ipaddress
 import warnings
 from dataclasses import replace
 from datetime import datetime
@@ -20,6 +19,7 @@ from typing import Any
 
 import anthropic
 
+from .._util import is_loopback
 from ..cache import CacheModel, CacheResult
 from ..errors import (
     APIConnectionError,
@@ -91,7 +91,7 @@ class AnthropicBackend(Backend):
         self.predict = predict
         self.stream = stream
         if virtual_clock is None:
-            virtual_clock = _is_loopback(self._client.base_url.host)
+            virtual_clock = is_loopback(self._client.base_url.host)
         self.virtual_clock = virtual_clock
         self._known = frozenset(inspect.signature(self._client.messages.create).parameters) - {"stream"}
 
@@ -230,10 +230,3 @@ def _retry_after(headers: Any) -> float | None:
     return None
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
