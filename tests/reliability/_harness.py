@@ -615,7 +615,9 @@ def _one(kind: str, client: Any, http: Any, text: str, max_body_bytes: int) -> t
     elif kind == "wrong_path":
         r = http.post("/v1/nothing/here", json=messages_body(text))
     else:  # oversized
-        r = http.post("/v1/messages", content=b"x" * (max_body_bytes + 1))
+        # a server answers 413 without reading the body and closes the connection: like any HTTP client that
+        # knows it is about to be refused, say so, so the closed connection is not reused for the next request
+        r = http.post("/v1/messages", content=b"x" * (max_body_bytes + 1), headers={"connection": "close"})
     try:
         typed = r.json().get("error", {}).get("type") or r.json().get("error", {}).get("code")
     except ValueError:
