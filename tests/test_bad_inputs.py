@@ -99,6 +99,8 @@ MAKERS: dict[str, Callable[[Path, str], Path]] = {
         p, "CREATE SCHEMA report", "CREATE VIEW report.summary AS SELECT 42 AS answer")),
     "truncated_store": lambda d, n: _in(d, n, _truncated),
     "corrupt_store": lambda d, n: _in(d, n, _corrupt),
+    "empty_file": lambda d, n: _in(d, n, lambda p: p.write_bytes(b"")),
+    "csv_file": lambda d, n: _in(d, n, lambda p: p.write_text("id,total\n1,9.99\n2,14.50\n")),
     "directory": lambda d, n: _in(d, n, lambda p: p.mkdir()),
     "fifo": lambda d, n: _in(d, n, os.mkfifo),  # reading one would block forever
     "missing": lambda d, n: d / n,

@@ -38,9 +38,9 @@ from promptcache_nb.live.proxy import DECODABLE, RecordingProxy
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
 
 ROOT = Path(__file__).resolve().parent.parent
-KEY = "sk-ant-test-DISTINCTIVE-0000"
-OPENAI_KEY = "sk-proj-test-DISTINCTIVE-1111"
-DIRECT_KEY = "sk-ant-test-direct-path"
+KEY = "fake-anthropic-key-DISTINCTIVE-0000"
+OPENAI_KEY = "fake-openai-key-DISTINCTIVE-1111"
+DIRECT_KEY = "fake-key-direct-path"
 SECRETS = (KEY, OPENAI_KEY, "DISTINCTIVE")
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 MODEL = "claude-sonnet-4-5"
