@@ -755,11 +755,13 @@ class Session:
         if usage is not None:
             if isinstance(usage, Usage):
                 given = usage
-            elif prepared.dialect == "anthropic":
-                given = Usage.from_anthropic(usage, source="imported")
             else:
                 try:
-                    given = Usage.from_openai(usage, api="chat" if prepared.dialect == "openai-chat" else "responses")
+                    if prepared.dialect == "anthropic":
+                        given = Usage.from_anthropic(usage, source="imported")
+                    else:
+                        given = Usage.from_openai(
+                            usage, api="chat" if prepared.dialect == "openai-chat" else "responses")
                 except ValueError as exc:
                     raise SessionError(f"request {self._next_idx}: {exc}") from None
             if usage_source is not None:

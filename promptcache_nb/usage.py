@@ -77,12 +77,22 @@ class Usage:
 
     @classmethod
     def from_anthropic(cls, usage: Any, *, source: UsageSource = "live") -> Usage:
-        """Build from an Anthropic ``usage`` object or dict (SDK model or JSON)."""
-        raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else dict(usage)
-        creation = raw.get("cache_creation") or {}
+        """Build from an Anthropic ``usage`` object or dict (SDK model or JSON).
+
+        Raises:
+            ValueError: a count that is not a non-negative int, or a ``cache_creation`` that is not an object,
+                naming the field. Absent counts are None (unknown), never 0.
+        """
+        raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else usage
+        if not isinstance(raw, dict):
+            raise ValueError(f"usage: must be an object, got {type(raw).__name__}")
+        raw = dict(raw)
+        for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+            _count(raw, key, "usage")
+        creation = _details(raw, "cache_creation")
         written = raw.get("cache_creation_input_tokens")
-        w5 = creation.get("ephemeral_5m_input_tokens")
-        w1 = creation.get("ephemeral_1h_input_tokens")
+        w5 = _count(creation, "ephemeral_5m_input_tokens", "usage.cache_creation")
+        w1 = _count(creation, "ephemeral_1h_input_tokens", "usage.cache_creation")
         if written is not None and w5 is None and w1 is None:
             w5, w1 = written, 0  # older responses carry no split: everything was 5m
         return cls(

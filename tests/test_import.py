@@ -163,3 +163,15 @@ def test_cli_import_prints_the_sessions(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["import", str(tmp_path / "missing.jsonl"), "--db", str(tmp_path / "runs.duckdb")]) == 2
     err = capsys.readouterr().err
     assert "missing.jsonl" in err and "\n" == err[-1] and err.count("\n") == 1
+
+
+def test_record_refuses_anthropic_usage_it_does_not_understand() -> None:
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(project="u")
+        body = exchange(0)["request"]
+        for usage, field in (({"input_tokens": "ten", "output_tokens": 1}, "usage.input_tokens"),
+                             ({"input_tokens": 5, "cache_read_input_tokens": -3}, "usage.cache_read_input_tokens"),
+                             ({"input_tokens": 5, "cache_creation": 7}, "usage.cache_creation")):
+            with pytest.raises(pc.SessionError, match=rf"request 0: {field}"):
+                s.record(body, at=T0, usage=usage)
+        assert s.n_turns == 0

@@ -190,32 +190,16 @@ def _json_body(body: bytes | str | dict[str, Any] | None, what: str) -> dict[str
 # --- usage conversion -------------------------------------------------------------------------------------
 
 
-def _int_field(usage: Mapping[str, Any], name: str, path: str, *, required: bool) -> int | None:
-    value = usage.get(name)
-    if value is None:
-        if required:
-            raise _Skip(f"unknown usage shape: {path}.{name}: missing")
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Skip(f"unknown usage shape: {path}.{name}: must be a non-negative int, got {value!r}")
-    return value
-
-
 def anthropic_usage(raw: Any) -> Usage:
-    """Check an Anthropic ``usage`` object's shape and convert it (``source="imported"``)."""
-    if not isinstance(raw, dict):
-        raise _Skip(f"unknown usage shape: usage: must be an object, got {type(raw).__name__}")
-    _int_field(raw, "input_tokens", "usage", required=True)
-    _int_field(raw, "output_tokens", "usage", required=True)
-    for name in ("cache_read_input_tokens", "cache_creation_input_tokens"):
-        _int_field(raw, name, "usage", required=False)
-    creation = raw.get("cache_creation")
-    if creation is not None:
-        if not isinstance(creation, dict):
-            raise _Skip(f"unknown usage shape: usage.cache_creation: must be an object, got {type(creation).__name__}")
-        for name in ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens"):
-            _int_field(creation, name, "usage.cache_creation", required=False)
-    return Usage.from_anthropic(raw, source="imported")
+    """Convert an Anthropic ``usage`` object with :meth:`Usage.from_anthropic` (``source="imported"``); a log's
+    usage must carry both ``input_tokens`` and ``output_tokens``. Refusals become skip reasons naming the field."""
+    for name in ("input_tokens", "output_tokens"):
+        if isinstance(raw, dict) and raw.get(name) is None:
+            raise _Skip(f"unknown usage shape: usage.{name}: missing")
+    try:
+        return Usage.from_anthropic(raw, source="imported")
+    except ValueError as exc:
+        raise _Skip(f"unknown usage shape: {exc}") from None
 
 
 def openai_usage(raw: Any, dialect: Dialect) -> Usage:
