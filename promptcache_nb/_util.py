@@ -115,3 +115,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(*, total: int, desc: str, enabled: bool, unit: str = "it") -> Any:
+    """A tqdm.auto bar (a widget in Jupyter) for work of ``total`` steps, or a no-op when disabled."""
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, leave=False)

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from . import analysis as _analysis
-from ._util import common_prefix_length, digest, parse_duration, utc
+from ._util import common_prefix_length, digest, parse_duration, progress_bar, utc
 from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult, get_cache_model
 from .errors import (
@@ -1523,8 +1523,8 @@ class Lab:
         s._persist_pending()
         show = self.progress if progress is None else progress
         played = sc.turns if stop_after is None else sc.turns[:stop_after]
-        bar = _progress(total=sum(1 + len(t.tool_calls) for t in played), desc=f"{sc.name} · {strat.name}",
-                        enabled=show)
+        bar = progress_bar(total=sum(1 + len(t.tool_calls) for t in played), desc=f"{sc.name} · {strat.name}",
+                           enabled=show, unit="req")
         at = sc.start
         try:
             for i, turn in enumerate(sc.turns):
@@ -1548,19 +1548,3 @@ class Lab:
         finally:
             bar.close()
         return s
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(*, total: int, desc: str, enabled: bool) -> Any:
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="req", leave=False)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .._util import digest
+from .._util import digest, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..cache.anthropic import client_ttls_from_usage
 from ..errors import ImportFormatError, PromptCacheError, SessionError
@@ -168,7 +168,7 @@ def import_log(
     fmt_of: dict[str, str] = {}
     file_of: dict[str, str] = {}
     files = expand_paths(paths)
-    bar = _bar(len(files), "reading logs", progress)
+    bar = progress_bar(total=len(files), desc="reading logs", enabled=progress, unit="file")
     try:
         for path, named in files:
             try:
@@ -204,7 +204,7 @@ def import_log(
 
     unknown: set[str] = set()
     total = sum(len(v) for v in by_session.values())
-    bar = _bar(total, "storing requests", progress)
+    bar = progress_bar(total=total, desc="storing requests", enabled=progress, unit="req")
     try:
         # parents first, so a sub-agent's parent_id names a session that exists
         keys = sorted(by_session, key=lambda k: (by_session[k][0].parent_key is not None, k))
@@ -332,19 +332,3 @@ def _split_ref(ref: str) -> tuple[str, int]:
     file, _, entry = ref.partition("#")
     m = re.search(r"\[(\d+)\]$", entry)  # file#interactions[3]: the 4th entry of a document
     return file, int(m.group(1)) + 1 if m else 0
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _bar(total: int, desc: str, enabled: bool) -> Any:
-    if not enabled or total < 2:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False)
