@@ -446,7 +446,7 @@ def test_exchanges_review_bot_log():
     reqs, skipped, progress = split(records)
     f = str(REVIEW)
     assert [s.line for s in skipped] == [3, 4, 6]
-    assert skipped[0].reason.startswith("malformed JSON line: ")
+    assert skipped[0].reason.startswith("not valid JSON (")
     assert skipped[1:] == [SkippedLine(f, 4, "endpoint not analysed: /v1/messages/count_tokens"),
                            SkippedLine(f, 6, "unknown usage shape: usage.input_tokens: missing")]
     assert progress == [ReadProgress(f, 7)] and records[-1] == progress[0]
@@ -495,7 +495,7 @@ def test_exchanges_line_checks(tmp_path):
         "at: Invalid isoformat string: 'yesterday'",
         "status is '200', not an HTTP status",
         "sse mixes raw text chunks and parsed events",
-        "not an exchange: a JSON list, not an object",
+        "a JSON list, not an object",
         "HTTP 429"]
     assert [r.request_id for r in reqs] == ["msg_9"] and reqs[0].source_ref == f"{path}:7"
     assert progress == [ReadProgress(str(path), 8)]

@@ -78,8 +78,9 @@ from typing import Any
 
 from .._util import SIMULATOR_HEADER
 from ._http import HttpExchange, convert_exchange, parse_iso_utc
+from ._jsonl import JsonLine, iter_json_lines
 from ._sse import parse_sse
-from ._types import ImportedRequest, ReadProgress, Record, SkippedLine
+from ._types import ImportedRequest, Record, SkippedLine
 
 __all__ = ["EXCHANGES_FORMAT_VERSION", "ExchangesReader"]
 
@@ -114,31 +115,17 @@ class ExchangesReader:
         """Yield one record per line, then a :class:`ReadProgress` after the last complete line."""
         file = str(path)
         fallback = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
-        complete = 0
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                terminated = raw.endswith(b"\n")
-                if not raw.strip():
-                    complete = lineno if terminated else complete
-                    continue
-                try:
-                    obj = json.loads(raw)
-                except ValueError as exc:
-                    if not terminated:
-                        break  # a call still being written: the next import reads it
-                    complete = lineno
-                    yield SkippedLine(file, lineno, f"malformed JSON line: {_short(exc)}")
-                    continue
-                complete = lineno
-                rec = self._record(obj, file=file, lineno=lineno, fallback=fallback)
-                if isinstance(rec, ImportedRequest):
-                    fallback = rec.at
-                yield rec
-        yield ReadProgress(file=file, complete_through=complete)
+        for item in iter_json_lines(path):  # the shared growing-file and bad-line rules
+            if not isinstance(item, JsonLine):
+                yield item
+                continue
+            rec = self._record(item.obj, file=file, lineno=item.line, fallback=fallback)
+            if isinstance(rec, ImportedRequest):
+                fallback = rec.at
+            yield rec
 
-    def _record(self, obj: Any, *, file: str, lineno: int, fallback: datetime) -> ImportedRequest | SkippedLine:
-        if not isinstance(obj, dict):
-            return SkippedLine(file, lineno, f"not an exchange: a JSON {type(obj).__name__}, not an object")
+    def _record(self, obj: dict[str, Any], *, file: str, lineno: int, fallback: datetime
+                ) -> ImportedRequest | SkippedLine:
         version = obj.get("v", EXCHANGES_FORMAT_VERSION)
         if not isinstance(version, int) or version > EXCHANGES_FORMAT_VERSION:
             return SkippedLine(file, lineno, f"exchanges format version {version!r} is newer than this reader "
