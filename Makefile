@@ -31,7 +31,7 @@ demo: $(BASE_STAMP)
 test: $(DEV_STAMP) chromium
 	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
 	$(VENV)/bin/mypy
-	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider tests
+	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider -n 2 tests
 	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg notebooks/01_quickstart.ipynb
