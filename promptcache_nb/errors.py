@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 
 class PromptCacheError(Exception):
@@ -225,8 +226,58 @@ class UnpricedModelWarning(PromptCacheWarning):
         )
 
 
+class ContextWindowWarning(PromptCacheWarning):
+    """A request's input tokens exceed its model's context window (per genai-prices): the provider's API
+    would reject it. The request is still accepted — simulated, recorded, loaded — as given.
+
+    Attributes:
+        where: what the request is (``request 3``, ``scenario.yaml: host_prompt``).
+        model: the model id as the request named it.
+        tokens: the request's input tokens (estimated unless ``measured``).
+        window: the model's context window in tokens.
+        measured: True when ``tokens`` come from an endpoint's usage, False for an offline estimate.
+    """
+
+    def __init__(self, where: str, model: str, tokens: int, window: int, *, measured: bool = False) -> None:
+        self.where = where
+        self.model = model
+        self.tokens = tokens
+        self.window = window
+        self.measured = measured
+        kind = "measured" if measured else "estimated"
+        super().__init__(
+            f"{where}: {tokens:,} {kind} input tokens exceed the {window:,}-token context window of model "
+            f"{model!r} (genai-prices); the provider's API would reject this request, accepted here as given"
+        )
+
+
 class SessionError(PromptCacheError):
     """A session operation is not possible in the session's current state."""
+
+
+class BodyValidationError(SessionError, ValueError):
+    """A request body does not follow its API's documented shape (``promptcache_nb.request.validate_request``).
+
+    The message is one line naming the first problem's field, e.g. ``request 3: messages[2].role: must be
+    'user' or 'assistant', got 'wizard'`` (``; and 2 more problems`` when there are more). A ``SessionError``,
+    so code that caught ``record()``'s errors before still does.
+
+    Attributes:
+        problems: every problem found (``BodyProblem``: ``path``, ``problem``, ``kind``).
+        request: the session's request index, when known.
+        source: where the body was read (``file:line``), when known.
+    """
+
+    def __init__(self, problems: Sequence[object], *, request: int | None = None, source: str | None = None) -> None:
+        if not problems:
+            raise ValueError("BodyValidationError needs at least one problem")
+        self.problems = tuple(problems)
+        self.request = request
+        self.source = source
+        where = "".join(f"{part}: " for part in (source, None if request is None else f"request {request}") if part)
+        more = len(self.problems) - 1
+        tail = f"; and {more} more problem{'s' if more > 1 else ''}" if more else ""
+        super().__init__(f"{where}{self.problems[0]}{tail}")
 
 
 class ImportFormatError(PromptCacheError, ValueError):

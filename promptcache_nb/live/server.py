@@ -19,9 +19,11 @@ docs/provider_cache_rules.md#openai-automatic-caching onwards; "§1.9" below is 
   (Responses, in ``response.completed``);
 * the APIs' error shapes — Anthropic's ``{"type": "error", "error": {"type", "message"}, "request_id"}``,
   OpenAI's ``{"error": {"message", "type", "param", "code"}}`` — with a ``request-id`` (and, for OpenAI paths,
-  ``x-request-id``) header: 401 for a missing or refused key, 400 with the cache model's text (e.g. five
-  breakpoints), 404 for an unknown model or path, 405 for a wrong method, 413 for a body over the size limit,
-  408 for a body that does not arrive in time, and injected 429 (with ``retry-after``) / 529 for tests.
+  ``x-request-id``) header: 401 for a missing or refused key, 400 for a body off the API's documented shape
+  (the first problem :func:`~promptcache_nb.request.validate_request` finds — the check ``Session.record`` makes)
+  or with the cache model's text (e.g. five breakpoints), 404 for an unknown model or path, 405 for a wrong
+  method, 413 for a body over the size limit, 408 for a body that does not arrive in time, and injected 429
+  (with ``retry-after``) / 529 for tests.
 
 Serving: uvicorn on a daemon thread (:mod:`promptcache_nb.live._asgi`); requests are answered on worker threads,
 and only requests of one workspace wait for each other, so a slow request never stalls other clients.
@@ -48,6 +50,7 @@ from .._util import digest
 from ..cache import CacheModel, cache_model_names, get_cache_model
 from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest, SegmentMemo, prepare
+from ..request.validate import MAX_DEPTH, validate_request
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 from ..usage import Usage
 from ._base import AT_HEADER, SIMULATED_REPLY, SIMULATOR_HEADER
@@ -98,6 +101,7 @@ MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
 CHAT, RESPONSES = "/v1/chat/completions", "/v1/responses"
 _PATHS = (MESSAGES, COUNT_TOKENS, CHAT, RESPONSES)
 _OPENAI_PATHS = (CHAT, RESPONSES)
+_DIALECTS = {MESSAGES: "anthropic", COUNT_TOKENS: "anthropic", CHAT: "openai-chat", RESPONSES: "openai-responses"}
 #: How many answered requests :attr:`SimulatorServer.requests` keeps (oldest dropped first).
 MAX_SERVED = 100_000
 
@@ -326,9 +330,8 @@ class SimulatorServer:
             workspace = self._authenticate(headers, openai=openai)
             self._maybe_injected()
             body_json = self._json(body)
+            _validate(body_json, path)
             stream = body_json.pop("stream", False)
-            if not isinstance(stream, bool):
-                raise _Reject(400, "stream: Input should be a valid boolean")
             at = self._request_time(headers)
             if path == COUNT_TOKENS:
                 status, out_headers, payload = self._count_tokens(body_json)
@@ -383,16 +386,13 @@ class SimulatorServer:
         raise _Reject(inj.status, inj.message, headers)
 
     @staticmethod
-    def _json(body: bytes) -> dict[str, Any]:
+    def _json(body: bytes) -> Any:
         try:
-            payload = json.loads(body or b"null", parse_constant=_not_json)
+            return json.loads(body or b"null", parse_constant=_not_json)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise _Reject(400, f"request body is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise _Reject(400, "request body is nested too deeply") from None
-        if not isinstance(payload, dict):
-            raise _Reject(400, "request body must be a JSON object")
-        return payload
+        except RecursionError:  # far deeper than validate_request's limit: the parser gives up first
+            raise _Reject(400, f"request body is nested deeper than {MAX_DEPTH} levels") from None
 
     @staticmethod
     def _request_time(headers: dict[str, str]) -> datetime:
@@ -407,23 +407,12 @@ class SimulatorServer:
             raise _Reject(400, f"{AT_HEADER}: expected an ISO-8601 time with a UTC offset, got {value!r}")
         return at.astimezone(UTC)
 
-    def _prepare(self, payload: dict[str, Any], *, required: tuple[str, ...], dialect: str = "anthropic",
-                 need_max_tokens: bool = False) -> PreparedRequest:
-        for name in required:
-            if name not in payload:
-                raise _Reject(400, f"{name}: Field required")
-        if not isinstance(payload["model"], str):
-            raise _Reject(400, "model: Input should be a valid string")
-        if need_max_tokens and (not isinstance(payload["max_tokens"], int) or payload["max_tokens"] < 0):
-            raise _Reject(400, "max_tokens: Input should be a non-negative integer")
-        if "messages" in required:
-            _check_messages(payload["messages"], anthropic=dialect == "anthropic")
-        if dialect == "anthropic":
-            _check_tools(payload.get("tools"))
-        # No lock: the memo's dictionaries are only ever filled with the same value for a key.
+    def _prepare(self, payload: dict[str, Any], dialect: str = "anthropic") -> PreparedRequest:
+        """Segment a body :func:`_validate` accepted. No lock: the memo's dictionaries are only ever filled with
+        the same value for a key."""
         try:
             return prepare(payload, memo=self._memo, dialect=dialect)
-        except (ValueError, TypeError, RecursionError) as exc:
+        except ValueError as exc:  # a shape prepare refuses and the validator let through: still the API's 400
             raise _Reject(400, str(exc)) from None
 
     def _cache_for(self, workspace: str, name: str) -> tuple[CacheModel, threading.Lock]:
@@ -460,12 +449,12 @@ class SimulatorServer:
         return segment_tokens("msg", {"type": "text", "text": text}, self._memo.tokenizer) if text else 0
 
     def _count_tokens(self, payload: dict[str, Any]) -> _Answer:
-        prepared = self._prepare(payload, required=("model", "messages"))
+        prepared = self._prepare(payload)
         out = json.dumps({"input_tokens": prepared.total_tokens}).encode()
         return 200, {"content-type": "application/json"}, out
 
     def _create(self, payload: dict[str, Any], workspace: str, at: datetime, seq: int, stream: bool) -> _Answer:
-        prepared = self._prepare(payload, required=("model", "max_tokens", "messages"), need_max_tokens=True)
+        prepared = self._prepare(payload)
         usage = self._process(prepared, workspace, self.cache, at).to_anthropic()
         if payload["max_tokens"] == 0:  # pre-warming: prefill only, no output (§1.6)
             content: list[dict[str, Any]] = []
@@ -487,8 +476,7 @@ class SimulatorServer:
     def _openai(self, path: str, payload: dict[str, Any], workspace: str, at: datetime, seq: int,
                 stream: bool) -> _Answer:
         chat = path == CHAT
-        prepared = self._prepare(payload, required=("model", "messages") if chat else ("model", "input"),
-                                 dialect="openai-chat" if chat else "openai-responses")
+        prepared = self._prepare(payload, _DIALECTS[path])
         assert self.openai_cache is not None
         usage = self._process(prepared, workspace, self.openai_cache, at)
         text = self._text(payload)
@@ -581,42 +569,13 @@ class SimulatorServer:
 _SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 
 
-def _check_messages(messages: Any, *, anthropic: bool) -> None:
-    """Refuse what the API refuses before any cache model sees it (the API's own wording where it has one)."""
-    if not isinstance(messages, list) or not messages:
-        raise _Reject(400, "messages: at least one message is required")
-    if not anthropic:
-        return  # Chat Completions roles and ordering are checked by request.prepare's OpenAI dialect
-    tool_uses: set[Any] = set()  # the previous message's tool_use ids (as sent: any JSON value)
-    for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if role not in ("user", "assistant"):
-            hint = "; a system prompt goes in the top-level `system` field" if role == "system" else ""
-            raise _Reject(400, f"messages.{i}.role: Input should be 'user' or 'assistant'{hint}")
-        if i == 0 and role != "user":
-            raise _Reject(400, "messages.0.role: the first message must use the user role")
-        content = m.get("content")
-        if (content == "" or content == []) and not (role == "assistant" and i == len(messages) - 1):
-            raise _Reject(400, f"messages.{i}: all messages must have non-empty content except for the optional "
-                               "final assistant message")
-        blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
-        for j, b in enumerate(blocks):
-            if "type" not in b:
-                raise _Reject(400, f"messages.{i}.content.{j}.type: Field required")
-        if role == "user":
-            for j, b in enumerate(blocks):
-                if b.get("type") == "tool_result" and b.get("tool_use_id") not in tool_uses:
-                    raise _Reject(400, f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
-                                       f"blocks: {b.get('tool_use_id')}. Each `tool_result` block must have a "
-                                       "corresponding `tool_use` block in the previous message.")
-        tool_uses = {b.get("id") for b in blocks if b.get("type") in ("tool_use", "server_tool_use")}
-
-
-def _check_tools(tools: Any) -> None:
-    """A tool needs a name (custom tools an ``input_schema`` too, which request.prepare checks)."""
-    for k, tool in enumerate(tools if isinstance(tools, list) else ()):
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise _Reject(400, f"tools.{k}.name: Field required")
+def _validate(payload: Any, path: str) -> None:
+    """Refuse what the API refuses before any cache model sees it: the first problem the one validator
+    (:func:`~promptcache_nb.request.validate_request`, shared with ``Session.record``) finds, in the API's dotted
+    notation (``messages.0.role: ...``)."""
+    problems = validate_request(payload, _DIALECTS[path], count_tokens=path == COUNT_TOKENS)
+    if problems:
+        raise _Reject(400, problems[0].api_line)
 
 
 def _not_json(constant: str) -> Any:

@@ -1,4 +1,5 @@
-"""Request model: canonical JSON, segments and content hashes (and, in diff.py, the prefix diff)."""
+"""Request model: canonical JSON, segments and content hashes (in diff.py, the prefix diff; in validate.py, whether a
+body follows its API's documented shape)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ from .diff import (  # the function diff() is re-exported at the top level: here
     segment_offset,
     visible,
 )
+from .validate import BodyProblem, check_request, validate_request
 
 __all__ = [
+    "BodyProblem",
     "DIALECTS",
     "Excerpt",
     "FieldChange",
@@ -42,6 +45,7 @@ __all__ = [
     "UNLOGGED_PATH",
     "canonical_bytes",
     "canonical_json",
+    "check_request",
     "compute_diff",
     "content_hash",
     "detect_dialect",
@@ -51,5 +55,6 @@ __all__ = [
     "segment_offset",
     "shared_prefix_of",
     "unlogged_segment",
+    "validate_request",
     "visible",
 ]

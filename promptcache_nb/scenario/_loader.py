@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import stat
+import warnings
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -207,6 +208,10 @@ def load_scenario(path: str | Path, *, allow_outside: bool = False) -> Scenario:
     start = _parse_start(ctx, doc)
     host_prompt = _host_prompt(ctx, doc, p, allow_outside)
     tools = _tools(ctx, doc, p, allow_outside)
+    for check in _PROMPT_CHECK:  # a host prompt past the model's context window: loaded, with a warning
+        warning = check(model, host_prompt, tools, where=f"{where}: host prompt and tools (sent with every request)")
+        if warning is not None:
+            warnings.warn(warning, stacklevel=2)
     knowledge = _knowledge(ctx, doc)
     keys = {k.key for k in knowledge}
     names = [t["name"] for t in tools]
@@ -365,9 +370,22 @@ _MODEL_CHECK: list[Callable[[str], object]] = []
 
 def set_model_check(check: Callable[[str], object] | None) -> None:
     """How :func:`load_scenario` checks model names: ``check(name)`` raises ``UnknownNameError`` for an unknown
-    one. The layer that composes the stages installs it (``session.py``: the Anthropic cache model's table, the one
+    one. The layer that composes the stages installs it (``lab.py``: the Anthropic cache model's table, the one
     ``Lab.session`` validates with), so this stage imports nothing to its right. Unset, models are not checked."""
     _MODEL_CHECK[:] = [] if check is None else [check]
+
+
+#: The check of a scenario's host prompt and tools against its model's context window (see set_prompt_check).
+_PROMPT_CHECK: list[Callable[..., Warning | None]] = []
+
+
+def set_prompt_check(check: Callable[..., Warning | None] | None) -> None:
+    """How :func:`load_scenario` checks that the host prompt and tools fit the model's context window:
+    ``check(model, host_prompt, tools, where=...)`` returns the warning to issue (a ``ContextWindowWarning``)
+    or None; the scenario loads either way. Installed by the layer that composes the stages, like the model
+    check (``lab.py``: :func:`promptcache_nb.analysis.limits.prompt_past_context_window`), so this stage
+    imports nothing to its right. Unset, nothing is checked."""
+    _PROMPT_CHECK[:] = [] if check is None else [check]
 
 
 def _check_model(ctx: _Ctx, loc: tuple, model: str) -> None:

@@ -13,6 +13,7 @@ import base64
 import html
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..request import PreparedRequest, Segment, canonical_json
@@ -44,6 +45,10 @@ MAX_ROWS = 8
 #: (new segments are what a pure append adds, so they get more room).
 EXCERPT = 220
 EXCERPT_NEW = 700
+#: Knowledge entries on one page of the editor's list: its HTML stays bounded however large the book grows.
+KNOWLEDGE_PAGE_SIZE = 50
+#: Event codes listed (pending ones, those before a request) before "… and N more".
+MAX_LISTED_EVENTS = 20
 
 
 def esc(value: Any) -> str:
@@ -385,7 +390,10 @@ def observation_html(
             verdict += f" (previous request read {fmt_int(prev_read)})"
         parts.append(f"<div>{verdict}</div>")
     if changes:
-        parts.append("<div>changes: " + "; ".join(f"<code>{text_html(c)}</code>" for c in changes) + "</div>")
+        listed = "; ".join(f"<code>{text_html(c)}</code>" for c in changes[:MAX_LISTED_EVENTS])
+        if len(changes) > MAX_LISTED_EVENTS:
+            listed += f" … and {len(changes) - MAX_LISTED_EVENTS:,} more"
+        parts.append(f"<div>changes: {listed}</div>")
     if explanation is not None and not _isna(explanation) and str(explanation):
         parts.append(f'<div data-field="explanation">{text_html(explanation)}</div>')  # may quote content
     if not parts and cache_reason:
@@ -406,6 +414,14 @@ def error_html(exc: BaseException) -> str:
         f'<div class="pcnb-error" style="{_BOX}border-color:#c8553d;background:#fdf0ee;color:#8a1f11">'
         f"<b>{esc(type(exc).__name__)}</b>: {text_html(exc)}</div>"
     )
+
+
+def _code_list(codes: Sequence[str], limit: int = MAX_LISTED_EVENTS) -> str:
+    """Event codes as ``<code>`` items, the first ``limit`` of them and "… and N more"."""
+    shown = ", ".join(f"<code>{esc(e)}</code>" for e in codes[:limit])
+    if len(codes) > limit:
+        shown += f" … and {len(codes) - limit:,} more"
+    return shown
 
 
 def header_html(
@@ -433,14 +449,14 @@ def header_html(
                      f"this scenario turn sent requests {batch[0]}–{batch[1]} (a tool loop); "
                      "the slider shows each</div>")
     if index is not None:
-        ev = ", ".join(f"<code>{esc(e)}</code>" for e in events) or "none"
+        ev = _code_list(events) or "none"
         lines.append(f'<div style="font-size:12px">events before this request: {ev}</div>')
         if user_text:
             lines.append(f'<div style="font-size:12px">user: {_excerpt(user_text, 200)}</div>')
     if pending:
         lines.append(
             '<div style="font-size:12px;color:#6a3d9a">pending for the next request: '
-            + ", ".join(f"<code>{esc(e)}</code>" for e in pending) + "</div>"
+            + _code_list(pending) + "</div>"
         )
     return f'<div class="pcnb-header" style="font-size:13px">{"".join(lines)}</div>'
 
@@ -474,10 +490,89 @@ def snapshot_html(kind: str, body: str) -> str:
             f"{body}</div>")
 
 
-def knowledge_table_html(rows: Sequence[dict[str, Any]], *, pending: Sequence[str] = ()) -> str:
-    """The editor's list: title, category, short id, version (content escaped and shortened)."""
-    if not rows:
-        body = '<tr><td colspan="5" style="color:#777;padding:3px 6px">no knowledge entries</td></tr>'
+@dataclass(frozen=True)
+class KnowledgePage:
+    """One page of the knowledge editor's list, and where it sits among the entries.
+
+    ``rows`` are the page's rows (raw text); ``first`` is the index of ``rows[0]`` among the ``matching``
+    entries (those the ``query`` keeps, all ``total`` entries without one); ``page`` counts from 0.
+    """
+
+    rows: tuple[dict[str, Any], ...]
+    page: int
+    pages: int
+    first: int
+    matching: int
+    total: int
+    query: str = ""
+    page_size: int = KNOWLEDGE_PAGE_SIZE
+
+    @property
+    def has_previous(self) -> bool:
+        return self.page > 0
+
+    @property
+    def has_next(self) -> bool:
+        return self.page < self.pages - 1
+
+    @property
+    def label(self) -> str:
+        """"entries 1–50 of 100,000" (plain text; a query is shown with invisible characters as markers)."""
+        whole = f"{self.total:,} in all"
+        if self.query:
+            if not self.matching:
+                return f"no entries match “{visible(self.query)}” ({whole})"
+            return (f"entries {self.first + 1:,}–{self.first + len(self.rows):,} of {self.matching:,} matching "
+                    f"“{visible(self.query)}” ({whole})")
+        if not self.total:
+            return "no entries"
+        return f"entries {self.first + 1:,}–{self.first + len(self.rows):,} of {self.total:,}"
+
+
+def _matches(row: dict[str, Any], needle: str) -> bool:
+    return any(needle in str(row.get(name) or "").casefold()
+               for name in ("title", "category", "content", "short_id", "key"))
+
+
+def knowledge_page(rows: Sequence[dict[str, Any]], *, page: int = 0, query: str = "",
+                   containing: str | None = None, page_size: int = KNOWLEDGE_PAGE_SIZE) -> KnowledgePage:
+    """One page of knowledge rows: those whose title, category, content, short id or key contain ``query``
+    (case-insensitive), ``page_size`` at a time. ``page`` is clamped to the pages there are; ``containing``
+    (an entry id) picks the page holding that entry instead, when the query keeps it.
+
+    Only the page's rows are kept, so rendering costs the same for 50 entries or 100,000.
+
+    Example:
+        >>> rows = [{"id": f"id{i}", "short_id": f"id{i}", "title": f"t{i}", "category": "note",
+        ...          "version": 1, "content": "c", "key": None} for i in range(120)]
+        >>> knowledge_page(rows, page=2).label
+        'entries 101–120 of 120'
+        >>> knowledge_page(rows, containing="id60").page
+        1
+    """
+    if page_size < 1:
+        raise ValueError(f"page_size must be at least 1, not {page_size}")
+    needle = query.strip().casefold()
+    matching = [r for r in rows if _matches(r, needle)] if needle else rows
+    pages = max(1, -(-len(matching) // page_size))
+    if containing:
+        at = next((i for i, r in enumerate(matching) if r.get("id") == containing), None)
+        if at is not None:
+            page = at // page_size
+    page = min(max(page, 0), pages - 1)
+    first = page * page_size
+    return KnowledgePage(rows=tuple(matching[first:first + page_size]), page=page, pages=pages, first=first,
+                         matching=len(matching), total=len(rows), query=query.strip(), page_size=page_size)
+
+
+def knowledge_table_html(rows: Sequence[dict[str, Any]] | KnowledgePage, *, pending: Sequence[str] = ()) -> str:
+    """The editor's list, one page of it: title, category, short id, version, content (escaped and
+    shortened), under "entries 1–50 of N" when there is more than one page. ``rows``: a
+    :class:`KnowledgePage`, or every row (then their first page)."""
+    view = rows if isinstance(rows, KnowledgePage) else knowledge_page(rows)
+    if not view.rows:
+        empty = "no knowledge entries" if not view.total else "no entries on this page"
+        body = f'<tr><td colspan="5" style="color:#777;padding:3px 6px">{esc(empty)}</td></tr>'
     else:
         body = "".join(
             f'<tr data-id="{esc(r["short_id"])}">'
@@ -486,14 +581,18 @@ def knowledge_table_html(rows: Sequence[dict[str, Any]], *, pending: Sequence[st
             f'<td style="padding:2px 6px">{text_html(r["category"])}</td>'
             f'<td style="padding:2px 6px;text-align:right">v{int(r["version"])}</td>'
             f'<td style="padding:2px 6px;color:#555;font-size:11.5px">{_excerpt(r["content"], 90)}</td></tr>'
-            for r in rows
+            for r in view.rows
         )
     note = ""
     if pending:
         note = ('<div style="font-size:12px;color:#6a3d9a">applies before the next request: '
-                + ", ".join(f"<code>{esc(e)}</code>" for e in pending) + "</div>")
+                + _code_list(pending) + "</div>")
+    where = ""  # a book of one page lists every entry: nothing to say
+    if view.pages > 1 or view.query:
+        where = f' · <span data-field="page">{esc(view.label)}</span>'
     return (
-        f'<div class="pcnb-knowledge" style="{_BOX}font-size:12.5px"><b>knowledge</b> ({len(rows)} entries)'
+        f'<div class="pcnb-knowledge" style="{_BOX}font-size:12.5px"><b>knowledge</b> ({view.total:,} entries)'
+        f"{where}"
         '<table style="border-collapse:collapse;width:100%">'
         '<tr style="text-align:left;font-size:11px;color:#555"><th>id</th><th>title</th><th>category</th>'
         f"<th>version</th><th>content</th></tr>{body}</table>{note}</div>"

@@ -540,6 +540,11 @@ class KnowledgeEditor(_View, W.VBox):
     "Remove entry" → :meth:`remove`; picking an entry → :meth:`select`. The list and the picker show
     invisible characters (bidi controls, zero-width…) as markers; the edit fields hold the raw text.
 
+    The list shows one page of :data:`~promptcache_nb.widgets._html.KNOWLEDGE_PAGE_SIZE` entries ("entries
+    1–50 of 100,000"), so a large knowledge book never becomes megabytes of HTML; past one page, "Previous
+    page" / "Next page" → :meth:`previous_page` / :meth:`next_page` (or :meth:`show_page`) and a filter box
+    → :meth:`search` appear. The picker lists the page's entries (and the picked one).
+
     Args:
         source: a :class:`~promptcache_nb.Session`, or a :class:`Stepper` — then the stepper shows the
             change as pending and, after "Next turn", what the strategy did with it.
@@ -547,6 +552,8 @@ class KnowledgeEditor(_View, W.VBox):
 
     entries = T.Int(0, help="current (not removed) entries")
     selected = T.Unicode("", help="id of the entry in the edit fields ('' = a new entry)")
+    page = T.Int(0, help="page of the list on show (from 0)")
+    query = T.Unicode("", help="the filter: entries whose title, category, content or id contain it")
 
     def __init__(self, source: Session | Stepper | StepperController) -> None:
         self.controller = KnowledgeController(source)
@@ -564,15 +571,27 @@ class KnowledgeEditor(_View, W.VBox):
         self._status = W.HTML()
         self._progress = _progress_widget()
         self._error = _error_widget()
-        super().__init__([
-            self._table, self._pick, self._title, self._category, self._content,
-            W.HBox([self._add_btn, self._save_btn, self._remove_btn]), self._status, self._error,
-        ])
+        # the pager: part of the editor only once there is more than one page (or a filter is set)
+        self._previous_btn = W.Button(description="Previous page", icon="chevron-left", layout=_AUTO)
+        self._next_page_btn = W.Button(description="Next page", icon="chevron-right", layout=_AUTO)
+        self._filter = W.Text(placeholder="filter: title, category, content or id", continuous_update=False,
+                              layout=W.Layout(width="300px", flex="0 1 auto", min_width="140px"))
+        self._pager = W.HBox([self._previous_btn, self._next_page_btn, self._filter])
+        self._pager.add_class("pcnb-knowledge-pager")
+        self._form = [self._pick, self._title, self._category, self._content,
+                      W.HBox([self._add_btn, self._save_btn, self._remove_btn]), self._status, self._error]
+        self._shown: dict[str, dict[str, Any]] = {}  # rows in the picker, by id
+        self._last_page = _html.knowledge_page([])
+        self._syncing = False
+        super().__init__([self._table, *self._form])
         self.add_class("pcnb-knowledge-editor")
         self._add_btn.on_click(self._clicked(self.add))
         self._save_btn.on_click(self._clicked(self.edit))
         self._remove_btn.on_click(self._clicked(self.remove))
+        self._previous_btn.on_click(self._clicked(self.previous_page))
+        self._next_page_btn.on_click(self._clicked(self.next_page))
         self._pick.observe(self._on_pick, names=["value"])
+        self._filter.observe(self._on_filter, names=["value"])
         self.controller.subscribe(self._on_change)
         self._refresh()
 
@@ -581,12 +600,40 @@ class KnowledgeEditor(_View, W.VBox):
         return self.controller.session
 
     def _controls(self) -> list[W.Widget]:
-        return [self._add_btn, self._save_btn, self._remove_btn, self._pick]
+        return [self._add_btn, self._save_btn, self._remove_btn, self._pick, self._previous_btn,
+                self._next_page_btn, self._filter]
+
+    def _sync_controls(self) -> None:
+        super()._sync_controls()
+        self._previous_btn.disabled = not self._last_page.has_previous
+        self._next_page_btn.disabled = not self._last_page.has_next
 
     # -- the buttons' kernel-side twins ----------------------------------------------------
     def select(self, entry: str) -> None:
-        """Pick an entry (id, short id, key or title) into the edit fields; ``""`` for a new one."""
-        self._pick.value = self._action(self.controller.resolve, entry) if entry else ""
+        """Pick an entry (id, short id, key or title) into the edit fields, turning the list to its page;
+        ``""`` for a new one."""
+        if not entry:
+            self._pick.value = ""
+            return
+        self._refresh(select=self._action(self.controller.resolve, entry))
+
+    def show_page(self, page: int) -> _html.KnowledgePage:
+        """Turn the list to ``page`` (from 0; clamped to the pages there are). The picked entry stays picked."""
+        return self._action(self._refresh, page=page)
+
+    def next_page(self) -> _html.KnowledgePage:
+        """Click "Next page"."""
+        return self.show_page(self.page + 1)
+
+    def previous_page(self) -> _html.KnowledgePage:
+        """Click "Previous page"."""
+        return self.show_page(self.page - 1)
+
+    def search(self, text: str) -> _html.KnowledgePage:
+        """Type ``text`` in the filter box: list the entries whose title, category, content, short id or key
+        contain it (case-insensitive), from their first page; ``""`` lists every entry again."""
+        self._filter.value = text  # _on_filter refreshes the list
+        return self._last_page
 
     def add(self, title: str | None = None, content: str | None = None, *,
             category: str | None = None) -> str:
@@ -632,7 +679,7 @@ class KnowledgeEditor(_View, W.VBox):
     # -- rendering ---------------------------------------------------------------------------
     def _on_pick(self, change: dict[str, Any]) -> None:
         entry_id = change["new"]
-        row = next((r for r in self.controller.rows() if r["id"] == entry_id), None)
+        row = self._shown.get(entry_id) if entry_id else None
         with _batch(self, self._title, self._category, self._content, self._status):
             self.selected = entry_id or ""
             if row is None:
@@ -650,31 +697,70 @@ class KnowledgeEditor(_View, W.VBox):
                     f"hold the raw text. Title: {_html.visible(row['title'])}", kind="warn")
 
     def _on_change(self, what: str) -> None:
-        self._refresh(select=self._pick.value)
+        self._refresh()  # the same page, the same entry picked (unless it was removed)
 
-    def _refresh(self, *, select: str | None = None) -> None:
+    def _on_filter(self, change: dict[str, Any]) -> None:
+        if self._syncing:
+            return
+        try:
+            self._action(self._refresh, page=0)
+        except Exception:  # noqa: BLE001 - shown in the error box by _action
+            pass
+
+    def _refresh(self, *, select: str | None = None, page: int | None = None) -> _html.KnowledgePage:
+        """Show a page of the list: ``page``, or with ``select`` (an entry id) the page holding that entry
+        (the filter is cleared when it hides the entry), else the page on show."""
         rows = self.controller.rows()
-        options = [("(new entry)", "")] + [
-            (f"{r['short_id']} · {_html.visible(r['title'])} (v{r['version']})", r["id"]) for r in rows]
-        ids = {r["id"] for r in rows}
         target = select if select is not None else self._pick.value
-        target = target if target in ids else ""
-        with _batch(self, self._table, self._pick, self._status):
-            self._table.value = self.controller.table_html()
+        if target and not any(r["id"] == target for r in rows):
+            target = ""  # removed meanwhile (a scenario event, another editor)
+        query = self._filter.value
+        view = _html.knowledge_page(rows, page=self.page if page is None else page, query=query,
+                                    containing=target if select else None)
+        if select and target and query and not any(r["id"] == target for r in view.rows):
+            query = ""  # the filter hides the entry asked for: show it anyway
+            view = _html.knowledge_page(rows, query=query, containing=target)
+        shown = {r["id"]: r for r in view.rows}
+        picked = next((r for r in rows if r["id"] == target), None) if target and target not in shown else None
+        options = [("(new entry)", "")] + [
+            (f"{r['short_id']} · {_html.visible(r['title'])} (v{r['version']})", r["id"])
+            for r in ([picked] if picked is not None else []) + list(view.rows)]
+        self._shown = {**({picked["id"]: picked} if picked is not None else {}), **shown}
+        paged = view.total > view.page_size or bool(view.query)
+        with _batch(self, self._table, self._pick, self._status, self._previous_btn, self._next_page_btn,
+                    self._filter):
+            self._table.value = _html.knowledge_table_html(view, pending=self.controller.pending)
             if list(self._pick.options) != options:
                 self._pick.options = options
             self._status.value = _html.status_html(self.controller.status)
-            self.entries = len(rows)
+            self._previous_btn.disabled = not view.has_previous
+            self._next_page_btn.disabled = not view.has_next
+            if self._filter.value != query:
+                self._syncing = True
+                try:
+                    self._filter.value = query
+                finally:
+                    self._syncing = False
+            self.entries = view.total
+            self.page = view.page
+            self.query = view.query
+            parts: tuple[W.Widget, ...] = ((self._table, self._pager, *self._form) if paged
+                                           else (self._table, *self._form))
+            if tuple(self.children) != parts:  # type: ignore[has-type]  # ipywidgets' trait, untyped
+                self.children = parts
+        self._last_page = view
         if self._pick.value != target:
             self._pick.value = target
         else:
             self._on_pick({"new": target})
+        return view
 
     def snapshot_html(self) -> str:
         return _html.snapshot_html("KnowledgeEditor", self._table.value + self._status.value)
 
     def __repr__(self) -> str:
-        return f"KnowledgeEditor(session={self.controller.session.id!r}, entries={self.entries})"
+        tail = f", page='{self.page + 1} of {self._last_page.pages}'" if self._last_page.pages > 1 else ""
+        return f"KnowledgeEditor(session={self.controller.session.id!r}, entries={self.entries}{tail})"
 
 
 def _hides_characters(text: str) -> bool:
