@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from . import analysis, plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from ._data import data_path
+from ._types import KnowledgeEntry, RequestRecord
 from .analysis import Change, Observation, Prices, compare_df, efficiency, prices_for, summarize
 from .analysis.calibrate import Calibration, CalibrationWarning, calibrate, load_calibration
 from .analysis.resimulate import compare_caches, resimulate
@@ -44,12 +45,12 @@ from .errors import (
     UnpricedModelWarning,
 )
 from .importers import ImportedRequest, ImportResult
+from .lab import Lab
 from .live import Backend, BackendResponse, DirectSimulator, SimulatorServer, TokenCount, count_tokens
 from .request import PrefixDiff, PreparedRequest, Segment, canonical_bytes, prepare
 from .request.diff import diff
 from .scenario import Scenario, ToolCall, load_scenario
-from .session import KnowledgeBook, Lab, Session, Turn
-from .store import KnowledgeEntry
+from .session import KnowledgeBook, Session, Turn
 from .strategies import Strategy, StrategyContext, register_strategy, strategy_names
 from .tokens import (
     BPETokenizer,
@@ -122,6 +123,7 @@ __all__ = [
     "PromptCacheWarning",
     "RateLimitError",
     "RecordingProxy",
+    "RequestRecord",
     "STRATEGIES",
     "Scenario",
     "ScenarioError",

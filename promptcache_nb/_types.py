@@ -1,4 +1,5 @@
-"""Domain values every stage shares: knowledge entries and prompt-delta rows (frozen, no DB handles).
+"""Domain values every stage shares: knowledge entries, prompt-delta rows and stored requests (frozen, no DB
+handles).
 
 A leaf: strategies read them, the store writes and reads them, analysis and widgets show them, so they
 live below all of those (the store re-exports them, where they were first defined).
@@ -6,10 +7,17 @@ live below all of those (the store re-exports them, where they were first define
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import re
+from dataclasses import dataclass, fields
 from datetime import datetime
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .usage import Usage, UsageSource
+
+if TYPE_CHECKING:  # annotations only: a leaf imports no stage
+    from .request import PreparedRequest
 
 
 @lru_cache(maxsize=8192)  # a project's entries are keyed again each time its knowledge is reloaded
@@ -52,3 +60,147 @@ class Delta:
     seq: int
     selector: dict[str, Any]
     content: dict[str, Any]
+
+
+# -- one stored request ------------------------------------------------------------------------------------
+
+_STATE_CODES = {"read": "r", "write": "w", "uncached": "u"}
+_CODE_STATES = {v: k for k, v in _STATE_CODES.items()}
+
+
+def encode_segment_map(states: tuple[str, ...]) -> str | None:
+    """Run-length encode per-segment cache states: ("read",)*3 + ("write",) -> "r3w1".
+
+    Each run's end is found with C-speed ``tuple.index`` scans, so the usual three runs (read, write,
+    uncached) cost no per-segment Python work."""
+    if not states:
+        return None
+    out, i, n = [], 0, len(states)
+    while i < n:
+        st = states[i]
+        end = n
+        for other in _STATE_CODES:
+            if other != st:
+                try:
+                    end = min(end, states.index(other, i, end))
+                except ValueError:
+                    pass
+        out.append(f"{_STATE_CODES[st]}{end - i}")
+        i = end
+    return "".join(out)
+
+
+def decode_segment_map(text: str | None) -> tuple[str, ...]:
+    """The per-segment cache states of a ``segment_map`` value (() when none was stored)."""
+    if not text:
+        return ()
+    out: list[str] = []
+    for code, n in re.findall(r"([rwu])(\d+)", text):
+        out.extend([_CODE_STATES[code]] * int(n))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRecord:
+    """One stored request: a ``turns`` row, field for field (README "Schema").
+
+    The request pipeline (:mod:`promptcache_nb.pipeline`) makes one per request; the store writes it
+    (``Store.write_request``) and reads it back (``Store.read_request``). JSON columns hold canonical JSON
+    text, as stored; ``usage``, ``event_codes`` and ``segment_states`` decode them.
+    """
+
+    session_id: str
+    idx: int  #: 0-based request index in the session
+    at: datetime  #: when it was sent (UTC)
+    model: str
+    tail_node: str | None  #: the last prefix node of its segment chain (None: no segment)
+    rest_hash: str  #: the block holding the body's shape and top-level fields
+    n_segments: int
+    total_tokens: int  #: estimated prompt tokens (the session's tokenizer)
+    body_bytes: int | None  #: bytes of the segments' canonical JSON
+    input_tokens: int | None
+    cache_read_input_tokens: int | None
+    cache_creation_input_tokens: int | None
+    cache_creation_5m_input_tokens: int | None
+    cache_creation_1h_input_tokens: int | None
+    output_tokens: int | None
+    usage_source: UsageSource  #: simulated, live or imported
+    usage_raw: str | None  #: the provider's usage payload (JSON)
+    ideal_cache_read: int | None
+    cost_usd: float | None
+    cost_no_cache_usd: float | None
+    cache_reason: str | None
+    cache_detail: str | None  #: JSON
+    events: str  #: JSON list of event codes
+    request_id: str | None
+    user_text: str | None  #: a label (the full text is in the body)
+    reply: str | None  #: the reply as block references (JSON)
+    diverge_path: str | None
+    diverge_byte: int | None
+    diverge_token: int | None
+    shared_prefix_tokens: int | None
+    pure_append: bool | None
+    broke: bool | None
+    previous_cache_read: int | None
+    changes: str | None  #: JSON list of {code, detail}
+    explanation: str | None
+    segment_map: str | None  #: run-length per-segment cache states (:func:`encode_segment_map`)
+    transport: str | None
+    source_ref: str | None  #: file:line of an imported request
+    dedupe_key: str | None  #: an import's key (re-importing skips it)
+    n_messages: int | None  #: length of the history a strategy built it from
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        """The ``turns`` columns, in field order."""
+        return _RECORD_COLUMNS
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(self.input_tokens, self.cache_read_input_tokens, self.cache_creation_input_tokens,
+                     self.cache_creation_5m_input_tokens, self.cache_creation_1h_input_tokens, self.output_tokens,
+                     self.usage_source, json.loads(self.usage_raw) if self.usage_raw else None)
+
+    @property
+    def event_codes(self) -> list[str]:
+        return json.loads(self.events) if self.events else []
+
+    @property
+    def detail(self) -> dict[str, Any] | None:
+        """The cache model's ``cache_detail`` (None when it did not decide this request)."""
+        return json.loads(self.cache_detail) if self.cache_detail else None
+
+    @property
+    def segment_states(self) -> tuple[str, ...]:
+        return decode_segment_map(self.segment_map)
+
+
+_RECORD_COLUMNS = tuple(f.name for f in fields(RequestRecord))
+
+
+#: A prompt-delta change a strategy made: ("upsert", seq, selector, content) or ("delete", seq, None, None).
+DeltaOp = tuple[str, int, "dict[str, Any] | None", "dict[str, Any] | None"]
+#: A content block of a message, as the pipeline encodes it: (hash, kind, canonical JSON, the element).
+MessageBlock = tuple[str, str, str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestWrite:
+    """Everything one request adds to the store, written in one transaction (``Store.write_request``).
+
+    Content-addressed rows (segment blocks, prefix nodes, reply blocks) are given whole; the store keeps only
+    those it does not hold yet, starting after the ``shared`` leading segments the request has in common with
+    the session's previous stored request (their rows were written with it).
+    """
+
+    record: RequestRecord
+    prepared: PreparedRequest  #: its segments: the blocks and prefix nodes
+    nodes: list[str]  #: the prefix node id of each segment
+    shared: int  #: leading segments (and nodes) shared with the session's previous stored request
+    rest_body: str  #: the body's shape and top-level fields (canonical JSON; ``record.rest_hash`` is its hash)
+    reply_blocks: list[MessageBlock]  #: the reply's content blocks (``record.reply`` references them)
+    messages: list[tuple[int, dict[str, Any]]]  #: history messages appended, with their seq
+    state: dict[str, Any] | None  #: the session_state row to write (None: unchanged)
+    state_previous: dict[str, Any] | None  #: its columns as last written (only changed columns are updated)
+    delta_ops: list[DeltaOp]
+    project_id: str

@@ -1,29 +1,35 @@
-"""Lab and Session: the one place the stages meet.
+"""Session: one conversation, composing each request from the stages.
 
-A turn travels: scenario event / ``step()`` → strategy (assemble) → request (segments, hashes) → cache
-model or live API (usage) → store (one transaction) → analysis (diff, observation, ideal read, cost).
+A request travels: scenario event / ``step()`` → strategy (:func:`pipeline.build`) → request (segments,
+hashes) → cache model or live API (usage) → :func:`pipeline.advance` (ideal read, cost, diff, observation:
+a typed :class:`~promptcache_nb.RequestRecord`) → store (one transaction). The session's in-memory state is
+one :class:`~promptcache_nb.pipeline.SessionState` value, swapped only once the store has the change.
+
+:class:`~promptcache_nb.Lab` (``lab.py``) opens sessions and holds what they share (the store, the simulated
+provider caches, the knowledge cache). The two are one unit split over two modules: a Session calls the Lab's
+``_scope_cache``, ``_drop_cache``, ``_cache_for_validation``, ``_cache_window``, ``_knowledge`` and
+``_forget_knowledge``; the Lab calls a Session's ``_close``, ``_reload``, ``_memo``, ``_take_resume_turns``
+and ``_clear_pending_events``. Nothing else reaches into either.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import re
 import warnings
-import weakref
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from . import analysis as _analysis
-from ._util import common_prefix_length, digest, parse_duration, progress_bar, utc
+from . import pipeline
+from ._types import RequestRecord
+from ._util import digest, parse_duration, utc
 from .analysis.prices import Prices
-from .cache import CacheModel, CacheResult, get_cache_model
+from .cache import CacheModel, CacheResult
 from .errors import (
     APIError,
     InvalidRequestError,
@@ -34,17 +40,9 @@ from .errors import (
 )
 from .live import Backend, DirectSimulator
 from .live._base import SIMULATED_REPLY
-from .request import (
-    PreparedRequest,
-    SegmentMemo,
-    canonical_bytes,
-    canonical_json,
-    prepare,
-    shared_prefix_of,
-    visible,
-)
+from .pipeline import SessionState
+from .request import PreparedRequest, SegmentMemo, canonical_bytes, prepare, visible
 from .scenario import (
-    DEFAULT_START,
     Compaction,
     Event,
     HostPromptEdit,
@@ -53,17 +51,16 @@ from .scenario import (
     KnowledgeUpdate,
     ModelSwitch,
     Restart,
-    Scenario,
     ToolsChange,
-    set_model_check,
 )
-from .store import Delta, KnowledgeEntry, Store
-from .strategies import DeltaTable, StrategyContext, get_strategy
-from .tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens, session_tokenizer
+from .store import KnowledgeEntry, Store
+from .store._db import prefix_chain, state_columns
+from .strategies import get_strategy
+from .tokens import Tokenizer, segment_tokens, session_tokenizer
 from .usage import Usage, UsageSource
 
-# a scenario's models are checked when it loads, against the table Lab.session validates with
-set_model_check(get_cache_model("anthropic").validate_model)
+if TYPE_CHECKING:
+    from .lab import Lab, _ScopeCache
 
 COMPACTION_HEADER = "Summary of the conversation so far:\n\n"
 COMPACTION_ACK = "Understood. I have the summary and will continue from it."
@@ -77,7 +74,6 @@ TURN_COLUMNS = (
     "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "previous_cache_read", "changes",
     "explanation", "request_id",
 )
-_TURN_SELECT = ", ".join('"' + c + '"' for c in TURN_COLUMNS)
 
 
 class Turn:
@@ -221,7 +217,7 @@ class KnowledgeBook:
             at: datetime | None = None) -> str:
         """Add an entry; returns its id (deterministic: project + sequence + title)."""
         self._s._check_open()
-        _check_texts(KnowledgeError, "knowledge.add", required=("title", "content", "category"), title=title,
+        check_texts(KnowledgeError, "knowledge.add", required=("title", "content", "category"), title=title,
                      content=content, category=category, key=key)
         if not title.strip() or not content.strip():
             raise KnowledgeError("knowledge entries need a non-empty title and content")
@@ -241,7 +237,7 @@ class KnowledgeBook:
                category: str | None = None, at: datetime | None = None) -> bool:
         """Write a new version; returns False (and writes nothing) when nothing changed."""
         self._s._check_open()
-        _check_texts(KnowledgeError, "knowledge.update", title=title, content=content, category=category)
+        check_texts(KnowledgeError, "knowledge.update", title=title, content=content, category=category)
         cur = self.get(entry_id)
         if cur.deleted:
             raise KnowledgeError(f"knowledge entry {entry_id!r} was removed; add a new one instead")
@@ -276,11 +272,8 @@ class KnowledgeBook:
     def _write(self, entry: KnowledgeEntry, event: str) -> None:
         # the entry's new version and its pending event commit together: a kill in between keeps neither
         lab = self._s._lab
-
-        def forget_cached() -> None:
-            lab._knowledge_cache.pop(entry.project_id, None)
-
-        self._s._note_event(event, write=lambda store: store.write_knowledge(entry), committed=forget_cached)
+        self._s._note_event(event, write=lambda store: store.write_knowledge(entry),
+                            committed=lambda: lab._forget_knowledge(entry.project_id))
 
     def __repr__(self) -> str:
         return f"KnowledgeBook(project={self._s.project!r}, entries={len(self)})"
@@ -289,7 +282,7 @@ class KnowledgeBook:
 class Session:
     """One agent conversation under one strategy and one cache model. Create with :meth:`Lab.session`."""
 
-    def __init__(self, lab: Lab, row: dict[str, Any], *, backend: Backend | None) -> None:
+    def __init__(self, lab: Lab, row: dict[str, Any], *, backend: Backend | None, cache_scope: str) -> None:
         self._lab = lab
         self.id: str = row["id"]
         self.project: str = row["project_id"]
@@ -304,9 +297,9 @@ class Session:
         self._cache_params = cfg.get("cache_params", {})
         #: Which sessions share this session's simulated provider cache: ``session`` (its own),
         #: ``project`` or ``lab`` (every session of the scope with the same cache model and parameters).
-        self.cache_scope: str = cache_scope_of(row)
+        self.cache_scope: str = cache_scope
         # the Lab's cache for that scope, held while this object lives (a restarted session keeps it)
-        self._scope_entry: _ScopeCache | None = lab._caches.get(self._scope_key())
+        self._scope_entry: _ScopeCache | None = lab._existing_cache(self)
         self.backend: Backend = backend or DirectSimulator()
         self._prices = Prices(**cfg["prices"]) if cfg.get("prices") else None
         self._step_gap = timedelta(seconds=cfg.get("step_seconds", 30))
@@ -315,30 +308,25 @@ class Session:
         # session_tokenizer is the one place that decides it, for every path that counts this session's requests
         self._memo = SegmentMemo(session_tokenizer(lab.tokenizer, cfg.get("calibration")))
         self._closed = False
-        self._load()
+        self._warned_unpriced = False
+        self._resume_turns: tuple[Any, list[Any]] | None = None  # (window, requests) for Lab._rebuild_cache
+        self._state = self._load()
 
     # -- loading ------------------------------------------------------------------------------
-    def _load(self) -> None:
+    def _load(self) -> SessionState:
+        """The session's state as the store has it."""
         store = self._lab.store
-        self._state = store.state_row(self.id)
-        self._messages = store.messages(self.id)
-        self._msg_seq = store.message_count(self.id)
-        self._deltas: list[Delta] = store.deltas(self.id)
+        strategy_state = store.state_row(self.id)
+        messages = store.messages(self.id)
         last = store.last_turn(self.id)
-        self._pending_events: list[str] = []
-        self._resume_turns: tuple[Any, list[Any]] | None = None  # (window start, turns) for Lab._rebuild_cache
-        # session_state columns as last written (None: unknown, so the next write rewrites the row)
-        self._state_written: dict[str, Any] | None = None
-        self._prev: PreparedRequest | None = None
-        self._prev_at: datetime | None = None
-        self._prev_keys: list[str] = []
-        self._prev_nodes: list[str] = []
-        self._prev_obs: Any = None
-        if last is None:
-            self._next_idx = 0
-        else:
-            self._next_idx = last["idx"] + 1
-            self._prev_at = last["at"].astimezone(UTC)
+        self._resume_turns = None
+        prev: PreparedRequest | None = None
+        prev_at: datetime | None = None
+        keys: list[str] = []
+        nodes: list[str] = []
+        observation: Any = None
+        if last is not None:
+            prev_at = last["at"].astimezone(UTC)
             # the last request, and the last one whose cache read is known (the observation's baseline), in
             # one bulk rebuild with the session's memo: never one body query and count per request
             since = last["at"]
@@ -351,30 +339,64 @@ class Session:
             # request (Lab._rebuild_cache): load that window now, with the requests above, in the same queries.
             window = self._lab._cache_window(self, last["at"])
             if window is not None:
-                since = min(since, window) if window is not _ALL else None
+                since = None if window.since is None else min(since, window.since)
             turns = _analysis.load_turns(self._lab, self.id, since=since, memo=self._memo)
             if window is not None:
                 self._resume_turns = (window, turns)
             loaded = {t.idx: t.request for t in turns}
-            self._prev = loaded[last["idx"]]
-            self._prev_keys, self._prev_nodes, _ = store.prefix_nodes(self._prev, [], [])
-            self._prev_obs = _analysis.observation_state_from_store(store, self.id, requests=loaded)
-        self._state_written = store.state_columns(self._state)
+            prev = loaded[last["idx"]]
+            keys, nodes, _ = prefix_chain(prev, [], [])
+            observation = _analysis.observation_state_from_store(store, self.id, requests=loaded)
         # the history the last strategy-built request saw (StrategyContext.previous_messages)
         built = store.built_from(self.id)
-        self._built_messages: list[dict[str, Any]] | None = None
+        built_messages: list[dict[str, Any]] | None = None
         if built is not None:
             b_idx, b_count, later = built
-            self._built_messages = self._messages[:b_count] if not later else store.history_of(self.id, b_idx,
-                                                                                              b_count)
-        pending = self._state["extra"].get("_pending_events")
-        if pending:
-            self._pending_events = list(pending)
+            built_messages = messages[:b_count] if not later else store.history_of(self.id, b_idx, b_count)
+        return SessionState(
+            strategy_state=strategy_state, written=state_columns(strategy_state), messages=messages,
+            message_seq=store.message_count(self.id), built_messages=built_messages, deltas=store.deltas(self.id),
+            previous=prev, previous_at=prev_at, previous_keys=keys, previous_nodes=nodes, observation=observation,
+            next_index=0 if last is None else last["idx"] + 1,
+            pending_events=tuple(strategy_state["extra"].get("_pending_events") or ()),
+        )
+
+    def _reload(self, row: dict[str, Any]) -> None:
+        """Back to what the store holds (``Lab.atomic`` / ``Lab.batch`` rolled back a change this object saw);
+        ``row``: the session's stored row."""
+        self.project, self._config = row["project_id"], row["config"]
+        self._state = self._load()
+
+    def _close(self) -> None:
+        """This object stops working (restarted, its Lab closed, or its rows rolled back)."""
+        self._closed = True
+
+    def _take_resume_turns(self) -> tuple[Any, list[Any]] | None:
+        """The requests ``_load`` read for a rebuild of this session's cache (once)."""
+        got, self._resume_turns = self._resume_turns, None
+        return got
 
     @property
     def lab(self) -> Lab:
         """The Lab this session belongs to (its store, tokenizer and path)."""
         return self._lab
+
+    @property
+    def closed(self) -> bool:
+        """True once this object was restarted, or its Lab closed: open the session again with
+        ``lab.session(id=...)``."""
+        return self._closed
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The session's stored configuration (a copy): start, step, cache and strategy parameters, prices,
+        calibration, cache scope; for an imported session its format, log key and unlogged prefix."""
+        return copy.deepcopy(self._config)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer that counts this session's requests: the Lab's, calibrated when the session opted in."""
+        return self._memo.tokenizer
 
     @property
     def knowledge(self) -> KnowledgeBook:
@@ -383,35 +405,41 @@ class Session:
 
     @property
     def model(self) -> str:
-        return self._state["model"]
+        return self._state.strategy_state["model"]
 
     @property
     def host_prompt(self) -> str:
-        return self._state["host_prompt"]
+        return self._state.strategy_state["host_prompt"]
 
     @property
     def tools(self) -> list[dict[str, Any]]:
-        return copy.deepcopy(self._state["tools"])
+        return copy.deepcopy(self._state.strategy_state["tools"])
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         """The conversation as the agent knows it (a copy)."""
-        return copy.deepcopy(self._messages)
+        return copy.deepcopy(self._state.messages)
 
     @property
     def n_turns(self) -> int:
-        return self._next_idx
+        return self._state.next_index
 
     @property
     def pending_events(self) -> tuple[str, ...]:
         """Event codes recorded since the last request (knowledge edits, tool changes...)."""
-        return tuple(self._pending_events)
+        return self._state.pending_events
+
+    @property
+    def previous_request(self) -> PreparedRequest | None:
+        """The last stored request, segmented with this session's tokenizer (the next request is diffed against
+        it); None before the first. Treat it as read-only."""
+        return self._state.previous
 
     @property
     def _id_namespace(self) -> dict[str, str]:
         """What generated ids (knowledge entry short ids, ``tool_use`` ids) derive from: this session's id and
         project, or, for a repeat replay of a scenario, those of its first replay (``Lab.replay``)."""
-        return self._state["extra"].get("_id_namespace") or {}
+        return self._state.strategy_state["extra"].get("_id_namespace") or {}
 
     @property
     def cache_params(self) -> dict[str, Any]:
@@ -425,19 +453,32 @@ class Session:
             return self._prices
         return _analysis.default_prices(self.cache, self.model)
 
-    def _costs(self, model: str, usage: Usage, at: datetime) -> tuple[float | None, float | None]:
-        """(cost, cost without caching) of one request, priced by its own model: explicit prices, else
-        genai-prices by the exact id. A model without an exact price costs NULL, with one
+    def prepare(self, body: dict[str, Any], *, dialect: str | None = None,
+                previous: PreparedRequest | None = None, unlogged_prefix_tokens: int | None = None) -> PreparedRequest:
+        """Segment a request body with this session's tokenizer (what :meth:`record` stores). ``previous``: the
+        request before it (its equal leading segments are reused: a growing history costs only its new tail);
+        ``dialect`` and ``unlogged_prefix_tokens`` as in :meth:`record`."""
+        return prepare(body, memo=self._memo, previous=previous, dialect=dialect,
+                       unlogged_prefix_tokens=unlogged_prefix_tokens)
+
+    def note_unlogged_prefix(self, tokens: int) -> None:
+        """Store the size of the prefix (system prompt and tools) a partial log leaves out, measured once from its
+        first request (measured total minus the logged part): later requests, and later imports of the same
+        log, are sized with it. Written in the caller's transaction when there is one."""
+        config = {**self._config, "unlogged_prefix_tokens": tokens}
+        with self._lab.store.transaction():
+            self._lab.store.update_session_config(self.id, config)
+        self._config = config
+
+    def _request_prices(self, model: str) -> Prices | None:
+        """The prices of one request, by its own model: explicit prices, else genai-prices by the exact id. A
+        model without an exact price is unpriced (its cost NULL), with one
         :class:`~promptcache_nb.errors.UnpricedModelWarning` per session — never another model's price."""
-        if usage.total_input_tokens is None:
-            return None, None  # unknown usage has no cost, whatever the price
         prices = self._prices or _analysis.request_prices(self.cache, model)
-        if prices is None:
-            if not self.__dict__.get("_warned_unpriced"):
-                self._warned_unpriced = True
-                warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=4)
-            return None, None
-        return prices.cost(usage, at), prices.cost_without_cache(usage, at)
+        if prices is None and not self._warned_unpriced:
+            self._warned_unpriced = True
+            warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=7)  # record()'s caller
+        return prices
 
     def _check_open(self) -> None:
         if self._closed:
@@ -449,42 +490,67 @@ class Session:
             raise SessionError("the Lab is closed; open it again with pc.Lab(path) and lab.session(id=...)")
 
     def _clock_now(self) -> datetime:
-        return self._prev_at or self._start
+        return self._state.previous_at or self._start
 
-    def _note_event(self, code: str, *, changes: dict[str, Any] | None = None,
-                    write: Callable[[Store], None] | None = None, committed: Callable[[], None] | None = None) -> None:
-        """Record an event between turns: ``write`` (the change itself, e.g. a knowledge row), the state
-        ``changes`` and the pending event are one transaction; the in-memory session moves only once stored."""
-        self._commit_state([*self._pending_events, code], changes=changes, write=write, committed=committed)
+    # -- changing the state: only once the store has the change ------------------------------------
+    def _commit(self, write: Callable[[Store], SessionState], *, requests: bool = False,
+                committed: Callable[[], None] | None = None) -> None:
+        """Run ``write`` in one transaction and swap in the state it returns once the change is stored.
 
-    def _persist_pending(self) -> None:
-        # Events between turns survive a restart (e.g. a compaction recorded just before one).
-        self._commit_state(list(self._pending_events))
-
-    def _commit_state(self, pending: list[str], *, changes: dict[str, Any] | None = None,
-                      write: Callable[[Store], None] | None = None,
-                      committed: Callable[[], None] | None = None) -> None:
-        state = {**self._state, **(changes or {})}
-        state["extra"] = {**self._state["extra"], "_pending_events": list(pending)}
+        Stored means: the transaction committed (also when a Ctrl-C landed right after COMMIT, which is raised
+        again), or, inside an outer transaction (``Lab.atomic``, ``Lab.batch``), the write finished: that block
+        reloads every open session if it rolls back. Otherwise nothing in memory changed; with ``requests``,
+        the simulated cache (which saw them) is rebuilt from the store before its next use.
+        """
         store = self._lab.store
-        before = store.commit_count
-        wrote = False
-        cols = None
+        commits = store.commit_count
+        done: list[SessionState] = []
         try:
             with store.transaction():
-                if write is not None:
-                    write(store)
-                # only the columns that changed (usually just ``extra``'s pending events): the host prompt
-                # and tools are large and rarely change
-                cols = store.write_state(self.id, state, self._clock_now(), previous=self._state_written)
-            wrote = True
-        finally:
-            # stored (also when a Ctrl-C landed right after COMMIT), or written inside Lab.atomic(), which
-            # reloads every open session from the store if its transaction rolls back
-            if store.commit_count != before or (wrote and self._lab._atomic_depth):
-                self._state, self._pending_events, self._state_written = state, list(pending), cols
-                if committed is not None:
-                    committed()
+                done.append(write(store))
+        except BaseException:
+            if store.commit_count == commits or not done:
+                if requests:
+                    self._cache_stale()
+                raise
+            self._state = done[0]
+            if committed is not None:
+                committed()
+            raise
+        self._state = done[0]
+        if committed is not None:
+            committed()
+
+    def _note_event(self, code: str, *, changes: dict[str, Any] | None = None,
+                    write: Callable[[Store], None] | None = None, committed: Callable[[], None] | None = None,
+                    **state_changes: Any) -> None:
+        """Record an event between requests: ``write`` (the change itself, e.g. a knowledge row), the state
+        row's ``changes`` (``state_changes``: other :class:`SessionState` fields) and the pending event are one
+        transaction; the in-memory session moves only once stored."""
+        self._commit_state([*self._state.pending_events, code], changes=changes, write=write, committed=committed,
+                           **state_changes)
+
+    def _clear_pending_events(self) -> None:
+        """Forget (and store that) the events recorded so far: ``Lab.replay`` sets a scenario's knowledge up
+        without reporting it as events of its first request."""
+        self._commit_state([])
+
+    def _commit_state(self, pending: list[str], *, changes: dict[str, Any] | None = None,
+                      write: Callable[[Store], None] | None = None, committed: Callable[[], None] | None = None,
+                      **state_changes: Any) -> None:
+        cur = self._state
+        values = {**cur.strategy_state, **(changes or {})}
+        values["extra"] = {**cur.strategy_state["extra"], "_pending_events": list(pending)}
+
+        def run(store: Store) -> SessionState:
+            if write is not None:
+                write(store)
+            # only the columns that changed (usually just ``extra``'s pending events): the host prompt
+            # and tools are large and rarely change
+            cols = store.write_state(self.id, values, self._clock_now(), previous=cur.written)
+            return replace(cur, strategy_state=values, written=cols, pending_events=tuple(pending), **state_changes)
+
+        self._commit(run, committed=committed)
 
     # -- the cache model ----------------------------------------------------------------------
     def _cache(self) -> CacheModel:
@@ -494,40 +560,31 @@ class Session:
         entry.model.stream(self.id)
         return entry.model
 
-    def _scope_key(self) -> tuple[str, str, str, str]:
-        """(scope, its owner, cache model, parameters): sessions with equal keys share one cache."""
-        owner = self.id if self.cache_scope == "session" else self.project if self.cache_scope == "project" else ""
-        return (self.cache_scope, owner, self.cache, canonical_json(self._cache_params))
-
     def _cache_stale(self) -> None:
         """The simulated cache may have seen a request the store did not keep: rebuild it before its next use."""
-        self._lab._drop_cache(self._scope_key())
+        self._lab._drop_cache(self)
 
     # -- events -------------------------------------------------------------------------------
     def set_tools(self, tools: list[dict[str, Any]]) -> None:
         """Replace the tool set (an MCP reconnect)."""
         self._check_open()
         tools = copy.deepcopy(list(tools))
-        _check_texts(SessionError, "set_tools", required=("tools",), tools=tools)
+        check_texts(SessionError, "set_tools", required=("tools",), tools=tools)
         self._note_event("tools", changes={"tools": tools})
 
     def switch_model(self, model: str) -> None:
         self._check_open()
-        model = self._cache_for_validation().validate_model(model)
+        model = self._lab._cache_for_validation(self).validate_model(model)
         if self._prices is None:
             _analysis.default_prices(self.cache, model)
         self._note_event(f"model_switch:{model}", changes={"model": model})
-
-    def _cache_for_validation(self) -> CacheModel:
-        entry = self._lab._caches.get(self._scope_key())
-        return entry.model if entry is not None else get_cache_model(self.cache, **self._cache_params)
 
     def edit_host_prompt(self, text: str | None = None, *, append: str | None = None) -> None:
         """The host prompt file changed: a new ``text``, or ``append`` to the current one."""
         self._check_open()
         # checked before anything changes: a rejected edit leaves the session's prompt as it was
-        _check_texts(SessionError, "edit_host_prompt", text=text, append=append)
-        new = text if text is not None else self._state["host_prompt"]
+        check_texts(SessionError, "edit_host_prompt", text=text, append=append)
+        new = text if text is not None else self._state.strategy_state["host_prompt"]
         if append:
             new = new + append
         self._note_event("host_prompt_edit", changes={"host_prompt": new})
@@ -535,25 +592,20 @@ class Session:
     def compact(self, summary: str) -> None:
         """Replace the history by a summary (the agent's context compaction)."""
         self._check_open()
-        _check_texts(SessionError, "compact", required=("summary",), summary=summary)
+        check_texts(SessionError, "compact", required=("summary",), summary=summary)
         msgs = [
             {"role": "user", "content": [{"type": "text", "text": COMPACTION_HEADER + summary}]},
             {"role": "assistant", "content": [{"type": "text", "text": COMPACTION_ACK}]},
         ]
-        seq = self._msg_seq
+        seq = self._state.message_seq
 
         def write(store: Store) -> None:
-            store.con.execute(
-                "UPDATE session_messages SET compacted = true WHERE session_id = ?", [self.id]
-            ).fetchall()
-            store.write_messages(self.id, self._next_idx, [(seq, msgs[0]), (seq + 1, msgs[1])],
+            store.compact_messages(self.id)
+            store.write_messages(self.id, self._state.next_index, [(seq, msgs[0]), (seq + 1, msgs[1])],
                                  tokenizer=self._memo.tokenizer)
 
-        def committed() -> None:
-            self._messages, self._msg_seq = msgs, seq + 2
-
         # the history rewrite and its pending "compaction" event are one transaction
-        self._note_event("compaction", write=write, committed=committed)
+        self._note_event("compaction", write=write, messages=msgs, message_seq=seq + 2)
 
     def restart(self) -> Session:
         """Drop every in-memory object and resume from the store alone; use the returned session."""
@@ -574,7 +626,7 @@ class Session:
             if event.replace is not None:
                 tools = list(event.replace)
             else:
-                tools = [t for t in self._state["tools"] if t.get("name") not in set(event.remove)]
+                tools = [t for t in self._state.strategy_state["tools"] if t.get("name") not in set(event.remove)]
                 tools += list(event.add)
             self.set_tools(tools)
         elif isinstance(event, ModelSwitch):
@@ -589,7 +641,7 @@ class Session:
             raise TypeError(f"not an event: {event!r}")
         return self
 
-    # -- turns --------------------------------------------------------------------------------
+    # -- requests -----------------------------------------------------------------------------
     def step(
         self,
         user: str,
@@ -609,107 +661,79 @@ class Session:
                 result): each makes the assistant call a tool and adds one more request.
         """
         self._check_open()
+        self._check_strategy()
+        at = self._next_at(at)
+        calls = [_as_call(c) for c in tool_calls]
+        check_texts(SessionError, f"turn {self._state.next_index}", required=("user",), user=user, reply=reply,
+                    tool_calls=[[c.name, c.input, c.result] for c in calls])
+        turns: list[Turn] = []
+
+        def run(store: Store) -> SessionState:
+            # a user turn and its tool loop are one transaction: all of its requests are stored, or none
+            state = self._state
+            new_msgs: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": user}]}]
+            user_text: str | None = user
+            when = at
+            for call in calls:
+                ns = self._id_namespace.get("session", self.id)
+                tool_id = "toolu_" + digest(f"{ns}/{state.next_index}".encode(), tag="tool")[:24]
+                use = {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]}
+                state = self._built_request(state, store, new_msgs, use, at=when, user_text=user_text, turns=turns)
+                result: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_id, "content": call.result}
+                if call.is_error:
+                    result["is_error"] = True
+                new_msgs = [{"role": "user", "content": [result]}]
+                user_text = None
+                when = when + call.after
+            final = None if reply is None else {"role": "assistant", "content": [{"type": "text", "text": reply}]}
+            return self._built_request(state, store, new_msgs, final, at=when, user_text=user_text, turns=turns)
+
+        self._commit(run, requests=True)
+        return turns[-1]
+
+    def _check_strategy(self) -> None:
         if self._strategy is None:
             raise SessionError(f"session {self.id!r} was imported ({self.source}); it has no strategy to build a "
                                "request with: add requests with record(), or replay a scenario in a new session")
-        at = self._next_at(at)
-        calls = [_as_call(c) for c in tool_calls]
-        _check_texts(SessionError, f"turn {self._next_idx}", required=("user",), user=user, reply=reply,
-                     tool_calls=[[c.name, c.input, c.result] for c in calls])
-        snapshot = self._snapshot()
-        commits = self._lab.store.commit_count
-        try:
-            # a user turn and its tool loop are one transaction: all of its requests are stored, or none
-            with self._lab.store.transaction():
-                new_msgs = [{"role": "user", "content": [{"type": "text", "text": user}]}]
-                user_text: str | None = user
-                for call in calls:
-                    ns = self._id_namespace.get("session", self.id)
-                    tool_id = "toolu_" + digest(f"{ns}/{self._next_idx}".encode(), tag="tool")[:24]
-                    use = {"role": "assistant", "content": [
-                        {"type": "tool_use", "id": tool_id, "name": call.name, "input": call.input}]}
-                    self._request(new_msgs, use, at=at, user_text=user_text)
-                    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_id, "content": call.result}
-                    if call.is_error:
-                        result["is_error"] = True
-                    new_msgs = [{"role": "user", "content": [result]}]
-                    user_text = None
-                    at = at + call.after
-                final = None if reply is None else {"role": "assistant", "content": [{"type": "text", "text": reply}]}
-                return self._request(new_msgs, final, at=at, user_text=user_text)
-        except BaseException:
-            # rolled back: forget the turn; committed (a Ctrl-C that landed after COMMIT): keep it, as the store does
-            if self._lab.store.commit_count == commits:
-                self._restore(snapshot)
-            raise
-
-    def _snapshot(self) -> tuple:
-        return (self._messages, self._msg_seq, self._state, self._state_written, self._deltas, self._prev,
-                self._prev_at, self._prev_keys, self._prev_nodes, self._prev_obs, self._next_idx,
-                list(self._pending_events), self._built_messages)
-
-    def _restore(self, snapshot: tuple) -> None:
-        """Back to the in-memory state before a failed step (the store rolled back with it)."""
-        (self._messages, self._msg_seq, self._state, self._state_written, self._deltas, self._prev,
-         self._prev_at, self._prev_keys, self._prev_nodes, self._prev_obs, self._next_idx,
-         self._pending_events, self._built_messages) = snapshot
-        self._cache_stale()  # the simulated provider cache saw requests that were not stored
 
     def _next_at(self, at: datetime | None) -> datetime:
+        prev_at = self._state.previous_at
         if at is None:
-            return (self._prev_at + self._step_gap) if self._prev_at else self._start
+            return (prev_at + self._step_gap) if prev_at else self._start
         at = utc(at)
-        if self._prev_at is not None and at < self._prev_at:
+        if prev_at is not None and at < prev_at:
             raise SessionError(
-                f"turn {self._next_idx}: at={at.isoformat()} is before the previous request "
-                f"({self._prev_at.isoformat()}); time only moves forward"
+                f"turn {self._state.next_index}: at={at.isoformat()} is before the previous request "
+                f"({prev_at.isoformat()}); time only moves forward"
             )
         return at
 
-    def _request(
-        self,
-        new_msgs: list[dict[str, Any]],
-        reply_msg: dict[str, Any] | None,
-        *,
-        at: datetime,
-        user_text: str | None,
-    ) -> Turn:
-        messages = self._messages + new_msgs
-        prepared, state, deltas, events = self._build(messages, at=at)
-        return self._send_and_store(
-            prepared, at=at, events=list(events), user_text=user_text, new_msgs=new_msgs,
-            reply_msg=reply_msg, state=state, deltas=deltas, source_messages=messages,
-        )
+    def _build(self, state: SessionState, new_msgs: list[dict[str, Any]], *, at: datetime) -> pipeline.Built:
+        """The strategy's next request over the history plus ``new_msgs`` (:func:`pipeline.build`)."""
+        self._check_strategy()
+        assert self._strategy is not None  # checked just above
+        return pipeline.build(state, self._strategy, session_id=self.id, project_id=self.project,
+                              strategy_name=self.strategy, new_messages=new_msgs, at=at,
+                              knowledge=self._lab._knowledge(self.project),
+                              params=self._config.get("strategy_params", {}), memo=self._memo)
 
-    def _build(self, messages: list[dict[str, Any]], *, at: datetime
-               ) -> tuple[PreparedRequest, dict[str, Any], DeltaTable, tuple[str, ...]]:
-        """The strategy's next request over ``messages``, with the state and delta rows it would write."""
-        if self._strategy is None:
-            raise SessionError(f"session {self.id!r} was imported ({self.source}); it has no strategy to build a "
-                               "request with: add requests with record(), or replay a scenario in a new session")
-        idx = self._next_idx
-        # a copy the strategy may change: the big immutable parts (host prompt, tools) are shared
-        state = dict(self._state)
-        state["extra"] = json.loads(json.dumps(self._state["extra"]))
-        state["extra"].pop("_pending_events", None)
-        if state.get("ltm_pin_keys") is not None:
-            state["ltm_pin_keys"] = list(state["ltm_pin_keys"])
-        deltas = DeltaTable(self._deltas)
-        events = tuple(self._pending_events)
-        ctx = StrategyContext(
-            session_id=self.id, project_id=self.project, request_index=idx, now=at, model=self.model,
-            host_prompt=self.host_prompt, tools=self._state["tools"], knowledge=self._lab._knowledge(self.project),
-            messages=messages, events=events, state=state, deltas=deltas,
-            params=self._config.get("strategy_params", {}), previous_messages=self._built_messages,
-        )
-        try:
-            body = self._strategy.build(ctx)
-            prepared = prepare(body, memo=self._memo, trusted=True, previous=self._prev)
-        except PromptCacheError:
-            raise
-        except (ValueError, TypeError, KeyError) as exc:
-            raise SessionError(f"turn {idx}: strategy {self.strategy!r} built an invalid request: {exc}") from exc
-        return prepared, state, deltas, events
+    def _built_request(self, state: SessionState, store: Store, new_msgs: list[dict[str, Any]],
+                       reply_msg: dict[str, Any] | None, *, at: datetime, user_text: str | None,
+                       turns: list[Turn]) -> SessionState:
+        """One strategy-built request of a step: built, sent, stored; returns the state after it."""
+        built = self._build(state, new_msgs, at=at)
+        resp_content, usage, cache_result, request_id = self._send(state, built.prepared, at)
+        # A scripted reply or tool call keeps the conversation the scenario's (and comparable across backends);
+        # the endpoint's own answer is used when the caller asked for it (reply=None).
+        if reply_msg is not None:
+            content, history = reply_msg["content"], reply_msg["content"]
+        else:
+            content = resp_content if resp_content is not None else [{"type": "text", "text": SIMULATED_REPLY}]
+            history = pipeline.history_reply(content)
+        outcome = pipeline.Outcome(self._with_output(usage, content), cache_result, request_id, content, history)
+        return self._store_request(state, store, built.prepared, at=at, events=list(built.events), outcome=outcome,
+                                   built=built, user_text=user_text, turns=turns)
 
     def preview(self, user: str, *, at: datetime | None = None) -> PreparedRequest:
         """The request ``step(user)`` would send next, built by the strategy but not sent or stored.
@@ -724,8 +748,8 @@ class Session:
             True
         """
         self._check_open()
-        messages = self._messages + [{"role": "user", "content": [{"type": "text", "text": user}]}]
-        return self._build(messages, at=self._next_at(at))[0]
+        new = [{"role": "user", "content": [{"type": "text", "text": user}]}]
+        return self._build(self._state, new, at=self._next_at(at)).prepared
 
     def record(self, body: dict[str, Any], *, at: datetime | None = None,
                usage: Usage | dict[str, Any] | None = None, request_id: str | None = None,
@@ -744,214 +768,133 @@ class Session:
         request's body is shared with it, so a growing history costs only its new tail.
         """
         self._check_open()
+        state = self._state
         at = self._next_at(at)
         if prepared is None:
             try:
-                prepared = prepare(body, memo=self._memo, previous=self._prev, copy=True, dialect=dialect,
+                prepared = prepare(body, memo=self._memo, previous=state.previous, copy=True, dialect=dialect,
                                    unlogged_prefix_tokens=unlogged_prefix_tokens)
             except (ValueError, TypeError) as exc:
-                raise SessionError(f"request {self._next_idx}: {exc}") from None
-        given = None
+                raise SessionError(f"request {state.next_index}: {exc}") from None
         if usage is not None:
-            if isinstance(usage, Usage):
-                given = usage
-            else:
-                try:
-                    if prepared.dialect == "anthropic":
-                        given = Usage.from_anthropic(usage, source="imported")
-                    else:
-                        given = Usage.from_openai(
-                            usage, api="chat" if prepared.dialect == "openai-chat" else "responses")
-                except ValueError as exc:
-                    raise SessionError(f"request {self._next_idx}: {exc}") from None
-            if usage_source is not None:
-                given = given.with_source(usage_source)  # e.g. a proxy log of our own simulator: simulated
-            elif given.source == "simulated":
-                given = given.with_source("imported")
-        return self._send_and_store(
-            prepared, at=at, events=list(self._pending_events) + list(events), user_text=None, new_msgs=[],
-            reply_msg=None, state=None, deltas=None, source_messages=None, given_usage=given,
-            given_request_id=request_id, given_reply=reply,
-            extra_columns={"source_ref": source_ref, "dedupe_key": dedupe_key},
-        )
+            # measured figures are authoritative; the cache model only predicts
+            measured = self._given_usage(usage, prepared.dialect, usage_source)
+            content, request_id_, cache_result = reply, request_id, self._predict(prepared, at)
+        else:
+            # simulated: what the backend answered (its content and request id) is what is stored
+            content, measured, cache_result, request_id_ = self._send(state, prepared, at)
+        outcome = pipeline.Outcome(self._with_output(measured, content), cache_result, request_id_, content, None)
+        turns: list[Turn] = []
+        self._commit(lambda store: self._store_request(
+            state, store, prepared, at=at, events=[*state.pending_events, *events], outcome=outcome, built=None,
+            user_text=None, turns=turns, source_ref=source_ref, dedupe_key=dedupe_key), requests=True)
+        return turns[-1]
 
-    def _send_and_store(
-        self, prepared: PreparedRequest, *, at: datetime, events: list[str], user_text: str | None,
-        new_msgs: list[dict], reply_msg: dict | None, state: dict | None, deltas: DeltaTable | None,
-        source_messages: list[dict] | None, given_usage: Usage | None = None,
-        given_request_id: str | None = None, given_reply: list[dict[str, Any]] | None = None,
-        extra_columns: dict[str, Any] | None = None,
-    ) -> Turn:
-        store = self._lab.store
-        idx = self._next_idx
-        commits, interrupted = store.commit_count, None
+    def _given_usage(self, usage: Usage | dict[str, Any], dialect: str, source: UsageSource | None) -> Usage:
+        """Measured usage passed to :meth:`record`, read in the body's dialect."""
+        if isinstance(usage, Usage):
+            given = usage
+        else:
+            try:
+                if dialect == "anthropic":
+                    given = Usage.from_anthropic(usage, source="imported")
+                else:
+                    given = Usage.from_openai(usage, api="chat" if dialect == "openai-chat" else "responses")
+            except ValueError as exc:
+                raise SessionError(f"request {self._state.next_index}: {exc}") from None
+        if source is not None:
+            return given.with_source(source)  # e.g. a proxy log of our own simulator: simulated
+        return given.with_source("imported") if given.source == "simulated" else given
+
+    def _predict(self, prepared: PreparedRequest, at: datetime) -> CacheResult | None:
+        """What the cache model predicts for a request whose usage was measured (the figures stay measured)."""
         cache = self._cache()
-        cache_result: CacheResult | None = None
-        request_id = given_request_id
-        content = given_reply
         try:
-            if given_usage is not None:
-                usage = given_usage  # measured figures are authoritative; the cache model only predicts
-                try:
-                    cache_result = cache.process(prepared, at).as_prediction()
-                except PromptCacheError:
-                    # e.g. a model the cache model's table lacks (Claude Code's "<synthetic>"): no prediction;
-                    # cache models raise before changing state, so the simulated cache goes on unchanged
-                    cache_result = None
-            else:
-                resp = self.backend.send(prepared, at=at, cache=cache)
-                usage, cache_result, request_id = resp.usage, resp.cache_result, resp.request_id
-                # A scripted reply or tool call keeps the conversation the scenario's (and comparable across
-                # backends); the endpoint's own answer is used when the caller asked for it (reply=None).
-                content = resp.content if reply_msg is None else None
+            return cache.process(prepared, at).as_prediction()
+        except PromptCacheError:
+            # e.g. a model the cache model's table lacks (Claude Code's "<synthetic>"): no prediction; cache
+            # models raise before changing state, so the simulated cache goes on unchanged
+            return None
+        except BaseException:
+            self._cache_stale()
+            raise
+
+    def _send(self, state: SessionState, prepared: PreparedRequest, at: datetime
+              ) -> tuple[list[dict[str, Any]] | None, Usage, CacheResult | None, str | None]:
+        """Send a request through the backend: (reply content, usage, cache result, request id)."""
+        cache = self._cache()
+        try:
+            resp = self.backend.send(prepared, at=at, cache=cache)
         except APIError as exc:
             self._cache_stale()
             if exc.turn is None:
-                raise exc.at_turn(idx) from None
+                raise exc.at_turn(state.next_index) from None
             raise
         except BaseException:
             self._cache_stale()  # the simulated cache may have moved; rebuild it from the store
             raise
-        try:
-            if content is None and reply_msg is not None:
-                content = reply_msg["content"]
-            if content is None and given_usage is None and source_messages is not None:
-                content = [{"type": "text", "text": SIMULATED_REPLY}]
-            if usage.output_tokens is None and content is not None:
-                out = sum(segment_tokens("msg", b, self._lab.tokenizer) for b in content)
-                usage = Usage(usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens,
-                              usage.cache_creation_5m_input_tokens, usage.cache_creation_1h_input_tokens, out,
-                              usage.source, usage.raw)
-            ideal = self._ideal(prepared, at, events, usage)
-            cost, cost_nc = self._costs(prepared.model, usage, at)
-            keys, nodes, node_rows = store.prefix_nodes(prepared, self._prev_keys, self._prev_nodes)
-            rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
-            rest_hash = digest(rest_body.encode(), tag="seg")
-            block_rows = store.new_blocks(prepared, rest_body, rest_hash,
-                                          shared=common_prefix_length(keys, self._prev_keys,
-                                                                      shared_prefix_of(prepared, self._prev)
-                                                                      if self._prev is not None else 0))
-            transport = "direct" if isinstance(self.backend, DirectSimulator) else "http"
-            analysis = _analysis.analyse_turn(
-                previous=self._prev, current=prepared, usage=usage, cache_result=cache_result,
-                previous_state=self._prev_obs, at=at, previous_at=self._prev_at, events=events,
-                transport=transport,
-            )
-            msg_rows: list[tuple[int, dict]] = []
-            if source_messages is not None:
-                seq = self._msg_seq
-                history_reply = _history_reply(content) if reply_msg is None else content
-                added = list(new_msgs) + (
-                    [{"role": "assistant", "content": history_reply}] if content is not None else [])
-                for m in added:
-                    msg_rows.append((seq, m))
-                    seq += 1
-            # the session_state row is rewritten only when it changed (most turns it does not)
-            state_to_write: dict[str, Any] | None
-            if state is not None:
-                state_to_write = state
-            else:
-                state_to_write = dict(self._state)
-                state_to_write["extra"] = {k: v for k, v in self._state["extra"].items() if k != "_pending_events"}
-            state_cols = store.state_columns(state_to_write)
-            if state_cols == self._state_written:
-                state_to_write = None
-            turn_row = {
-                "session_id": self.id, "idx": idx, "at": at, "model": prepared.model,
-                "tail_node": nodes[-1] if nodes else None, "rest_hash": rest_hash,
-                "n_segments": len(prepared.segments), "total_tokens": prepared.total_tokens,
-                "body_bytes": None, "input_tokens": usage.input_tokens,
-                "cache_read_input_tokens": usage.cache_read_input_tokens,
-                "cache_creation_input_tokens": usage.cache_creation_input_tokens,
-                "cache_creation_5m_input_tokens": usage.cache_creation_5m_input_tokens,
-                "cache_creation_1h_input_tokens": usage.cache_creation_1h_input_tokens,
-                "output_tokens": usage.output_tokens, "usage_source": usage.source,
-                "usage_raw": None if usage.raw is None else canonical_json(usage.raw),
-                "ideal_cache_read": ideal, "cost_usd": cost, "cost_no_cache_usd": cost_nc,
-                "cache_reason": cache_result.reason if cache_result else None,
-                "cache_detail": canonical_json(cache_result.detail) if cache_result else None,
-                "events": canonical_json(events), "request_id": request_id, "user_text": _label(user_text),
-                "reply": None,  # set below from the stored assistant message (block references)
-                "segment_map": encode_segment_map(cache_result.segment_states) if cache_result else None,
-                # the history the strategy built it from: the next request's previous_messages after a restart
-                "n_messages": len(source_messages) if source_messages is not None else None,
-                "transport": transport,
-                **analysis.columns,
-                **(extra_columns or {}),
-            }
-            turn_row["body_bytes"] = prepared_size(prepared)
-            if content is not None:
-                # the reply's content blocks are stored once, in blocks (shared with the history row)
-                reply_blocks: dict[str, tuple] = {}
-                turn_row["reply"] = store.message_ref({"role": "assistant", "content": content}, reply_blocks,
-                                                      self._memo.tokenizer)
-                seen = {r[0] for r in block_rows}
-                block_rows = block_rows + [r for h, r in reply_blocks.items() if h not in seen]
-            store.write_turn(
-                turn_row=turn_row, block_rows=block_rows, node_rows=node_rows, messages=msg_rows,
-                compact_before=None, state=state_to_write, delta_ops=deltas.ops if deltas else [],
-                knowledge_rows=[], project_id=self.project, state_previous=self._state_written,
-                tokenizer=self._memo.tokenizer,
-            )
-        except BaseException as exc:
-            self._cache_stale()
-            if store.commit_count == commits:
-                raise
-            interrupted = exc  # record()'s own transaction committed, then a Ctrl-C landed: keep the turn
-        # committed: advance the in-memory state
-        if source_messages is not None:
-            self._messages = source_messages + added[len(new_msgs):]
-            self._msg_seq += len(msg_rows)
-            self._built_messages = source_messages
-        if state is not None:
-            self._state = state
-        self._state_written = state_cols
-        if deltas is not None:
-            self._deltas = deltas.list()
-        self._prev, self._prev_at, self._prev_keys, self._prev_nodes = prepared, at, keys, nodes
-        self._prev_obs = analysis.state
-        self._next_idx += 1
-        self._pending_events = []
-        if interrupted is not None:
-            raise interrupted
-        return Turn(
-            session_id=self.id, index=idx, at=at, request=prepared.body, usage=usage, ideal_cache_read=ideal,
-            total_tokens=prepared.total_tokens, cost_usd=cost, cost_no_cache_usd=cost_nc,
-            cache_reason=turn_row["cache_reason"], cache_detail=cache_result.detail if cache_result else None,
-            events=events, reply=content, request_id=request_id, prepared=prepared, cache_result=cache_result,
-            diff=analysis.diff, observation=analysis.observation, prompt_cache_info=analysis.prompt_cache_info,
-        )
+        return resp.content, resp.usage, resp.cache_result, resp.request_id
 
-    def _ideal(self, prepared: PreparedRequest, at: datetime, events: list[str], usage: Usage) -> int:
-        """What a perfectly cache-stable design could have read: the one rule of
-        :mod:`promptcache_nb.analysis._ideal`, from this request's and the previous one's stored totals
-        (measured when measured, never estimates), this session's cache model's TTLs and minimum."""
-        prev = self._prev
-        points: list[tuple[int, float]] | None = None
-        gap = None
-        if prev is not None and self._prev_at is not None:
-            gap = (at - self._prev_at).total_seconds()
+    def _with_output(self, usage: Usage, content: list[dict[str, Any]] | None) -> Usage:
+        """Usage with the reply's output tokens estimated when the endpoint did not report them."""
+        if usage.output_tokens is not None or content is None:
+            return usage
+        out = sum(segment_tokens("msg", b, self._lab.tokenizer) for b in content)
+        return replace(usage, output_tokens=out)
+
+    def _ideal_inputs(self, state: SessionState, prepared: PreparedRequest) -> tuple[list[tuple[int, float]] | None,
+                                                                                        int]:
+        """The cache model's figures the ideal read needs: the previous request's retention points (None: no
+        previous request) and the minimum cacheable length for this request's model."""
+        cache = self._cache()
+        points = None
+        prev = state.previous
+        if prev is not None and state.previous_at is not None:
             try:
-                points = self._cache().retention_points(prev)
+                points = cache.retention_points(prev)
             except InvalidRequestError:
                 points = [(prev.total_tokens, 300.0)]
         try:
-            minimum = self._cache().min_cacheable_tokens(prepared.model)
+            minimum = cache.min_cacheable_tokens(prepared.model)
         except PromptCacheError:
             minimum = 0
-        return _analysis.ideal_read(
-            prev, prepared, previous_total=getattr(self._prev_obs, "prompt_total", None),
-            current_total=usage.total_input_tokens, gap_seconds=gap, retention_points=points,
-            compaction="compaction" in events, minimum=minimum, cache_read=usage.cache_read_input_tokens,
-        ).tokens
+        return points, minimum
+
+    def _store_request(self, state: SessionState, store: Store, prepared: PreparedRequest, *, at: datetime,
+                       events: list[str], outcome: pipeline.Outcome, built: pipeline.Built | None,
+                       user_text: str | None, turns: list[Turn], source_ref: str | None = None,
+                       dedupe_key: str | None = None) -> SessionState:
+        """The pipeline's record of a sent request, written to the store; returns the state after it (the
+        caller swaps it in once stored) and appends the request's Turn to ``turns``."""
+        points, minimum = self._ideal_inputs(state, prepared)
+        step = pipeline.advance(
+            state, session_id=self.id, project_id=self.project, prepared=prepared, at=at, events=events,
+            outcome=outcome, built=built, user_text=user_text, prices=self._priced(prepared.model, outcome.usage),
+            retention_points=points, minimum=minimum,
+            transport="direct" if isinstance(self.backend, DirectSimulator) else "http",
+            source_ref=source_ref, dedupe_key=dedupe_key,
+        )
+        store.write_request(step.write, tokenizer=self._memo.tokenizer)
+        rec, analysis, cache_result = step.record, step.analysis, outcome.cache_result
+        turns.append(Turn(
+            session_id=self.id, index=rec.idx, at=at, request=prepared.body, usage=step.usage,
+            ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens, cost_usd=rec.cost_usd,
+            cost_no_cache_usd=rec.cost_no_cache_usd, cache_reason=rec.cache_reason,
+            cache_detail=cache_result.detail if cache_result else None, events=events, reply=outcome.reply,
+            request_id=rec.request_id, prepared=prepared, cache_result=cache_result, diff=analysis.diff,
+            observation=analysis.observation, prompt_cache_info=analysis.prompt_cache_info,
+        ))
+        return step.state
+
+    def _priced(self, model: str, usage: Usage) -> Prices | None:
+        # unknown usage has no cost whatever the price: no lookup, and no "unpriced" warning
+        return None if usage.total_input_tokens is None else self._request_prices(model)
 
     # -- reading back -------------------------------------------------------------------------
     def turns(self) -> pd.DataFrame:
         """One row per request, oldest first. Token figures: see ``usage_source`` (simulated = estimated)."""
         self._check_open()
-        df = self._lab.store.sql(
-            f"SELECT {_TURN_SELECT} FROM turns WHERE session_id = ? ORDER BY idx", [self.id]
-        )
+        df = self._lab.store.turns_frame(self.id, TURN_COLUMNS)
         # a label for reading: the user's text with invisible characters shown (the body keeps the raw text)
         df["user_text"] = [visible(t) if isinstance(t, str) else t for t in df["user_text"]]
         return df
@@ -959,18 +902,20 @@ class Session:
     def turn(self, index: int) -> Turn:
         """A stored turn, rebuilt from the store (body byte-identical to what was sent)."""
         self._check_open()
-        return self._lab._turn_from_store(self.id, index, memo=self._memo)
+        store = self._lab.store
+        rec = store.read_request(self.id, index)
+        if rec is None:
+            raise SessionError(f"session {self.id!r} has no turn {index}")
+        return _stored_turn(store, rec, memo=self._memo)
 
     @property
     def last_turn(self) -> Turn | None:
-        return None if self._next_idx == 0 else self.turn(self._next_idx - 1)
+        n = self._state.next_index
+        return None if n == 0 else self.turn(n - 1)
 
     def deltas(self) -> pd.DataFrame:
         """This session's ``session_prompt_deltas`` rows."""
-        return self._lab.store.sql(
-            "SELECT seq, project_id, selector, content FROM session_prompt_deltas WHERE session_id = ? ORDER BY seq",
-            [self.id],
-        )
+        return self._lab.store.deltas_frame(self.id)
 
     def resimulate(self, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:
         """This session's stored requests replayed under another cache model (``pc.resimulate``)."""
@@ -986,63 +931,28 @@ class Session:
     def __repr__(self) -> str:
         strategy = "imported" if self.strategy is None else repr(self.strategy)
         return (f"Session({self.id!r}, strategy={strategy}, cache={self.cache!r}, model={self.model!r}, "
-                f"project={self.project!r}, turns={self._next_idx})")
+                f"project={self.project!r}, turns={self._state.next_index})")
 
 
-def prepared_size(prepared: PreparedRequest) -> int:
-    """Bytes of the segments' canonical JSON (memoised per segment; envelopes not counted)."""
-    return prepared.segment_bytes
+def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn:
+    """A stored request as a :class:`Turn`: its body rebuilt, its diff and observation from the stored columns."""
+    sid, index = rec.session_id, rec.idx
+    body = store.turn_body(sid, index)
+    prev_body = store.turn_body(sid, index - 1) if index > 0 else None
+    diff, obs = _analysis.stored_diff_and_observation(store, sid, index, prev_body, body, memo=memo)
+    return Turn(
+        prepared=prepare(body, memo=memo),  # the session's tokenizer
+        session_id=sid, index=index, at=rec.at, request=body, usage=rec.usage,
+        ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens, cost_usd=rec.cost_usd,
+        cost_no_cache_usd=rec.cost_no_cache_usd, cache_reason=rec.cache_reason, cache_detail=rec.detail,
+        events=rec.event_codes, request_id=rec.request_id,
+        reply=store.resolve_refs([json.loads(rec.reply)])[0]["content"] if rec.reply else None,
+        diff=diff, observation=obs, prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
+        segment_states=rec.segment_states,
+    )
 
 
-_STATE_CODES = {"read": "r", "write": "w", "uncached": "u"}
-_CODE_STATES = {v: k for k, v in _STATE_CODES.items()}
-
-
-def encode_segment_map(states: tuple[str, ...]) -> str | None:
-    """Run-length encode per-segment cache states: ("read",)*3 + ("write",) -> "r3w1".
-
-    Each run's end is found with C-speed ``tuple.index`` scans, so the usual three runs (read, write,
-    uncached) cost no per-segment Python work."""
-    if not states:
-        return None
-    out, i, n = [], 0, len(states)
-    while i < n:
-        st = states[i]
-        end = n
-        for other in _STATE_CODES:
-            if other != st:
-                try:
-                    end = min(end, states.index(other, i, end))
-                except ValueError:
-                    pass
-        out.append(f"{_STATE_CODES[st]}{end - i}")
-        i = end
-    return "".join(out)
-
-
-def decode_segment_map(text: str | None) -> tuple[str, ...]:
-    if not text:
-        return ()
-    out: list[str] = []
-    for code, n in re.findall(r"([rwu])(\d+)", text):
-        out.extend([_CODE_STATES[code]] * int(n))
-    return tuple(out)
-
-
-def _history_reply(content: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """A model's own answer as it enters the history. ``tool_use`` blocks are left out: the session does
-    not run tools, and a tool_use without its tool_result makes the next request invalid (HTTP 400).
-    ``turn.reply`` keeps the full answer; script tool loops with ``tool_calls=``."""
-    if not content or not any(b.get("type") == "tool_use" for b in content):
-        return content
-    kept = [b for b in content if b.get("type") != "tool_use"]
-    if not kept:
-        names = ", ".join(sorted({str(b.get("name")) for b in content if b.get("type") == "tool_use"}))
-        kept = [{"type": "text", "text": f"(the model asked to call {names}; tool calls are not run here)"}]
-    return kept
-
-
-def _check_texts(error: type[PromptCacheError], where: str, *, required: tuple[str, ...] = (),
+def check_texts(error: type[PromptCacheError], where: str, *, required: tuple[str, ...] = (),
                  **values: Any) -> None:
     """Refuse at the boundary what can be neither stored nor sent: a lone surrogate (text decoded with
     ``surrogateescape``, a broken ``\\ud83d`` JSON escape) is not UTF-8, and DuckDB and the API reject it.
@@ -1071,13 +981,6 @@ def _check_texts(error: type[PromptCacheError], where: str, *, required: tuple[s
                 stack.extend(v)
 
 
-def _label(text: str | None, limit: int = 160) -> str | None:
-    """The user_text column is a label for tables; the full text is in the request body."""
-    if text is None or len(text) <= limit:
-        return text
-    return text[: limit - 1] + "…"
-
-
 def _as_call(c: Any) -> Any:
     from .scenario import ToolCall
 
@@ -1089,462 +992,10 @@ def _as_call(c: Any) -> Any:
     raise TypeError(f"tool_calls items must be ToolCall or dict, got {type(c).__name__}")
 
 
-_ALL = object()  # a cache rebuild window that starts at the first request
+def __getattr__(name: str) -> Any:
+    """Names that moved to :mod:`promptcache_nb.lab` still import from here."""
+    if name in ("Lab", "CACHE_SCOPES", "cache_scope_of"):
+        from . import lab
 
-#: Who shares a simulated provider cache (``lab.session(cache_scope=...)``).
-CACHE_SCOPES = ("session", "project", "lab")
-
-
-def cache_scope_of(row: dict[str, Any]) -> str:
-    """A stored session's cache scope: as configured, else ``project`` for an imported session (its sub-agents
-    and compaction calls read the parent's entries) and ``session`` for a simulated one."""
-    scope = row["config"].get("cache_scope")
-    if scope is None:
-        scope = "project" if row.get("strategy") is None else "session"
-    return scope
-
-
-def _scope_key_of(row: dict[str, Any]) -> tuple[str, str, str, str]:
-    """:meth:`Session._scope_key` of a stored session row."""
-    scope = cache_scope_of(row)
-    owner = row["id"] if scope == "session" else row["project_id"] if scope == "project" else ""
-    return (scope, owner, row["cache_model"], canonical_json(row["config"].get("cache_params", {})))
-
-
-@dataclass
-class _ScopeCache:
-    """A simulated provider cache shared by the sessions of one cache scope."""
-
-    model: CacheModel
-    ready: bool = False
-
-
-class Lab:
-    """A DuckDB-backed workspace of sessions. ``pc.Lab()`` is in-memory; ``pc.Lab("runs.duckdb")`` a file.
-
-    One Lab per file per process (hard and symbolic links included). A file that is not a promptcache_nb store
-    (another application's DuckDB database, SQLite, text) is refused unchanged. ``read_only=True`` opens an
-    existing store to read: it never creates or migrates the file, and every write raises StoreError.
-    ``trace`` (e.g. ``print``) is called as ``trace(sql, params)`` before each SQL statement the store runs.
-
-    Example:
-        >>> import promptcache_nb as pc
-        >>> with pc.Lab() as lab:
-        ...     s = lab.session(system="You are terse.", project="demo")
-        ...     t = s.step("hello", reply="hi")
-        >>> t.index
-        0
-    """
-
-    def __init__(self, path: str | Path = ":memory:", *, tokenizer: Tokenizer | None = None,
-                 progress: bool = True, read_only: bool = False,
-                 trace: Callable[[str, Any], None] | None = None) -> None:
-        self.path = str(path)
-        self.store = Store(path, read_only=read_only, trace=trace)  # trace=print: every statement, as it runs
-        self.tokenizer = tokenizer or DEFAULT_TOKENIZER
-        self.progress = progress
-        self._knowledge_cache: dict[str, list[KnowledgeEntry]] = {}
-        # Weak: sessions hold their Lab, never the reverse, so `del lab` (with no session left) closes the
-        # file at once instead of waiting for the garbage collector to break a Lab <-> Session cycle.
-        self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
-        self._atomic_depth = 0  # > 0 inside atomic(): session objects advance before the outer COMMIT
-        # The simulated provider caches, one per cache scope (Session._scope_key): they outlive a restarted
-        # Session object (a provider's cache does not restart with the agent) and are rebuilt from the store
-        # when missing. Weak: the sessions using one keep it, so a Lab that ran many replays does not keep
-        # every cache they built.
-        self._caches: weakref.WeakValueDictionary[tuple[str, str, str, str], _ScopeCache] = (
-            weakref.WeakValueDictionary())
-
-    @property
-    def read_only(self) -> bool:
-        """True when opened with ``read_only=True``: reading works, every write raises StoreError."""
-        return self.store.read_only
-
-    def __enter__(self) -> Lab:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the store (releases the file lock). Sessions of this Lab stop working."""
-        for s in list(self._open.values()):
-            s._closed = True
-        self._open.clear()
-        self.store.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self.store.closed else f"{self._count('sessions')} sessions"
-        return f"Lab({self.path!r}, {state})"
-
-    def _count(self, table: str) -> int:
-        return int(self.store.scalar(f"SELECT count(*) FROM {table}"))
-
-    def _knowledge(self, project: str) -> list[KnowledgeEntry]:
-        cached = self._knowledge_cache.get(project)
-        if cached is None:
-            cached = self._knowledge_cache[project] = self.store.knowledge(project)
-        return cached
-
-    @contextmanager
-    def atomic(self) -> Iterator[None]:
-        """Several changes as one transaction: all stored, or none (the Stepper's "Next turn").
-
-        Scenario events and the request they precede are applied inside the block. If anything raises,
-        the store rolls back and every open session object reloads from it, so a failed turn changes
-        nothing: no half-applied event, nothing left pending. After a ``restart`` event inside the block,
-        use the session object ``apply`` returned (or ``lab.active_session(id)``).
-
-        Example:
-            >>> with lab.atomic():  # doctest: +SKIP
-            ...     s.knowledge.remove(s.knowledge.id_for("tone"))
-            ...     s.step("Next question")
-        """
-        store = self.store
-        commits = store.commit_count
-        self._atomic_depth += 1
-        try:
-            with store.transaction():
-                yield
-        except BaseException:
-            if store.commit_count == commits:  # rolled back: no object may keep what the store lost
-                self._knowledge_cache.clear()
-                for entry in list(self._caches.values()):
-                    entry.ready = False  # simulated caches saw requests the store lost: rebuilt on next use
-                for s in list(self._open.values()):
-                    if not s._closed:
-                        s._load()
-            raise
-        finally:
-            self._atomic_depth -= 1
-
-    def active_session(self, session_id: str) -> Session | None:
-        """The Session object currently open for ``session_id`` (the one a restart returned), if any."""
-        s = self._open.get(session_id)
-        return None if s is None or s._closed else s
-
-    def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
-        """Run SQL against the store and return a DataFrame. Tables: see README "Schema"."""
-        return self.store.sql(query, params)
-
-    def sessions(self) -> pd.DataFrame:
-        return self.sql(
-            "SELECT id, project_id, strategy, cache_model, model, created_at FROM sessions ORDER BY created_at, id")
-
-    def session(
-        self,
-        strategy: str = "naive",
-        cache: str = "anthropic",
-        model: str = "claude-sonnet-4-5",
-        *,
-        project: str = "default",
-        system: str = "",
-        tools: list[dict[str, Any]] | None = None,
-        id: str | None = None,  # noqa: A002 - the README's name
-        start: datetime | None = None,
-        step: str | timedelta = "30s",
-        backend: Backend | None = None,
-        cache_params: dict[str, Any] | None = None,
-        strategy_params: dict[str, Any] | None = None,
-        prices: Prices | None = None,
-        calibration: Any = None,
-        cache_scope: str | None = None,
-    ) -> Session:
-        """Create a session, or resume one from the store with ``id=``.
-
-        Args:
-            strategy: one of ``pc.STRATEGIES``.
-            cache: one of ``pc.CACHE_MODELS``.
-            model: the Anthropic model id (validated against the cache model's table).
-            project: knowledge is scoped to a project.
-            system: the host prompt. tools: Anthropic tool JSON.
-            start: the session clock's first timestamp (UTC); later turns default to +``step``.
-            backend: where requests go (default: the in-process simulator).
-            prices: explicit prices for a model genai-prices does not know.
-            calibration: opt in to a token-estimate calibration: a ``pc.Calibration``, or ``"stored"`` for
-                the latest one saved in this Lab for ``model`` (``pc.calibrate(...).save(lab)``).
-            cache_scope: who shares the simulated provider cache (a provider caches per workspace, not per
-                conversation): ``"session"`` (the default: this session alone), ``"project"`` (every session
-                of ``project`` with the same cache model and parameters: a sub-agent or a compaction call
-                that re-sends the parent's prefix reads the parent's entries) or ``"lab"`` (every session of
-                this Lab). Imported sessions default to ``"project"``.
-        """
-        if id is not None:
-            row = self.store.session_row(id)
-            if row is None:
-                known = [r[0] for r in self.store.rows("SELECT id FROM sessions ORDER BY id")]
-                raise SessionError(f"no session {id!r} in {self.path!r}; known: {', '.join(known) or '(none)'}")
-            old = self._open.get(id)
-            if old is not None:
-                old._closed = True
-            s = Session(self, row, backend=backend)
-            self._open[id] = s
-            return s
-        _check_texts(SessionError, "lab.session", system=system, tools=tools)
-        if cache_scope is not None and cache_scope not in CACHE_SCOPES:
-            raise SessionError(f"cache_scope={cache_scope!r}: use one of {', '.join(map(repr, CACHE_SCOPES))}")
-        strat = get_strategy(strategy)
-        strategy_params = strat.check_params(strategy_params)  # a misspelt option fails here, naming the valid ones
-        cache_model = get_cache_model(cache, **(cache_params or {}))
-        model = cache_model.validate_model(model)
-        if prices is None:
-            _analysis.default_prices(cache_model.name, model)  # fail now, not at turn 1
-        start = utc(start) if start is not None else DEFAULT_START
-        n = self._count("sessions") + 1
-        session_id = f"s{n:03d}-{strat.name}"
-        while self.store.session_row(session_id) is not None:
-            n += 1
-            session_id = f"s{n:03d}-{strat.name}"
-        if isinstance(calibration, str):
-            if calibration != "stored":
-                raise SessionError(f"calibration={calibration!r}: pass a pc.Calibration or 'stored'")
-            calibration = _analysis.load_calibration(self, model)
-        config = {
-            "calibration": None if calibration is None else {
-                "model": calibration.model, "ratio": float(calibration.ratio),
-                "overhead": float(calibration.overhead)},
-            "start": start.isoformat(), "step_seconds": parse_duration(step).total_seconds(),
-            "cache_params": cache_params or {}, "strategy_params": strategy_params,
-            "cache_scope": cache_scope or "session",
-            "prices": None if prices is None else {k: getattr(prices, k) for k in
-                                                   ("input", "output", "cache_read", "cache_write_5m",
-                                                    "cache_write_1h", "source")},
-        }
-        state = {"host_prompt": system, "tools": list(tools or []), "model": model, "extra": {}}
-        store = self.store
-        with store.transaction():
-            store.ensure_project(project, start)
-            store.create_session({"id": session_id, "project_id": project, "strategy": strat.name,
-                                  "cache_model": cache_model.name, "model": model, "created_at": start,
-                                  "config": config}, state)
-        row = store.session_row(session_id)
-        assert row is not None  # created just above, in the committed transaction
-        s = Session(self, row, backend=backend)
-        self._open[session_id] = s
-        return s
-
-    # -- simulated provider caches, one per cache scope ---------------------------------------
-    def _scope_cache(self, session: Session) -> _ScopeCache:
-        """The cache of ``session``'s scope, rebuilt from the store when the Lab holds none ready."""
-        key = session._scope_key()
-        entry = self._caches.get(key)
-        if entry is None:
-            entry = self._caches[key] = _ScopeCache(get_cache_model(session.cache, **session._cache_params))
-        if not entry.ready:
-            self._rebuild_cache(key, entry, session)
-        return entry
-
-    def _cache_window(self, session: Session, last_at: datetime) -> Any:
-        """Where a rebuild of ``session``'s cache would start (``_ALL``: every request), when the Lab holds no
-        ready cache for it and its scope is the session alone; None otherwise."""
-        if session.cache_scope != "session":
-            return None
-        entry = self._caches.get(session._scope_key())
-        if entry is not None and entry.ready:
-            return None
-        try:
-            model = entry.model if entry is not None else get_cache_model(session.cache, **session._cache_params)
-        except (PromptCacheError, TypeError, ValueError):
-            return None  # the session still opens; its first simulated request says what is wrong
-        since = self._rebuild_since(model, [session.id], last_at)
-        return _ALL if since is None else since
-
-    def _rebuild_since(self, model: CacheModel, members: list[str], last_at: datetime | None) -> datetime | None:
-        """The first request time a rebuild of ``model`` over ``members`` must replay from (None: the first
-        request): after the last pause nothing survived (``state_horizon_seconds``), and within the model's
-        ``replay_window_seconds`` before the last request."""
-        horizon = model.state_horizon_seconds()
-        since = self.store.after_last_pause(members, horizon) if horizon is not None else None
-        window = model.replay_window_seconds()
-        if window is not None and last_at is not None:
-            cut = last_at - timedelta(seconds=window)
-            since = cut if since is None else max(since, cut)
-        return since
-
-    def _drop_cache(self, key: tuple[str, str, str, str]) -> None:
-        entry = self._caches.get(key)
-        if entry is not None:
-            entry.ready = False
-
-    def _rebuild_cache(self, key: tuple[str, str, str, str], entry: _ScopeCache, session: Session) -> None:
-        """Rebuild a scope's cache from the requests that can still matter (:meth:`_rebuild_since`: never from
-        before a pause nothing survives, and within the model's replay window before the scope's last request;
-        all of them for an LRU cache). Their bodies are rebuilt in bulk (one set of queries per session), and
-        the sessions' requests are replayed in time order."""
-        model = entry.model
-        model.reset()
-        model.forget_streams()
-        if session.cache_scope == "session":
-            members = [session.id]
-        else:
-            members = [r["id"] for r in self.store.session_rows(session.cache)
-                       if _scope_key_of(r) == key]
-        since = self._rebuild_since(model, members, self.store.last_request_at(members))
-        requests: list[tuple[datetime, str, int, PreparedRequest]] = []
-        for sid in members:
-            open_ = self._open.get(sid)
-            memo = open_._memo if open_ is not None and not open_._closed else None
-            preloaded, open_resume = None, open_._resume_turns if open_ is not None else None
-            if open_ is not None and open_resume is not None:
-                open_._resume_turns = None
-                start, turns = open_resume
-                if start is _ALL and since is None or start is not _ALL and since is not None and start <= since:
-                    preloaded = [t for t in turns if since is None or t.at >= since]
-            if preloaded is None:
-                preloaded = _analysis.load_turns(self, sid, since=since, memo=memo)
-            requests.extend((t.at, sid, t.idx, t.request) for t in preloaded)
-        if len(members) > 1:
-            requests.sort(key=lambda r: r[:3])
-        for at, sid, _idx, request in requests:
-            model.stream(sid)
-            # a stored request the model cannot simulate (an unknown model, stored with measured usage) is
-            # skipped, as when it was recorded: it never breaks the session
-            _analysis.simulate(model, request, at)
-        entry.ready = True
-
-    def _turn_from_store(self, session_id: str, index: int, memo: SegmentMemo | None = None) -> Turn:
-        store = self.store
-        row = store.one(
-            """SELECT "at", input_tokens, cache_read_input_tokens, cache_creation_input_tokens,
-                      cache_creation_5m_input_tokens, cache_creation_1h_input_tokens, output_tokens,
-                      usage_source, usage_raw, ideal_cache_read, total_tokens, cost_usd, cost_no_cache_usd,
-                      cache_reason, cache_detail, events, reply, request_id, segment_map
-               FROM turns WHERE session_id = ? AND idx = ?""",
-            [session_id, index],
-        )
-        if row is None:
-            raise SessionError(f"session {session_id!r} has no turn {index}")
-        usage = Usage(row[1], row[2], row[3], row[4], row[5], row[6], row[7],
-                      json.loads(row[8]) if row[8] else None)
-        body = store.turn_body(session_id, index)
-        prev_body = store.turn_body(session_id, index - 1) if index > 0 else None
-        diff, obs = _analysis.stored_diff_and_observation(store, session_id, index, prev_body, body, memo=memo)
-        return Turn(
-            prepared=None if memo is None else prepare(body, memo=memo),  # the session's tokenizer
-            session_id=session_id, index=index, at=row[0].astimezone(UTC), request=body, usage=usage,
-            ideal_cache_read=row[9], total_tokens=row[10], cost_usd=row[11], cost_no_cache_usd=row[12],
-            cache_reason=row[13], cache_detail=json.loads(row[14]) if row[14] else None,
-            events=json.loads(row[15]), request_id=row[17],
-            reply=store.resolve_refs([json.loads(row[16])])[0]["content"] if row[16] else None,
-            diff=diff, observation=obs,
-            prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
-            segment_states=decode_segment_map(row[18]),
-        )
-
-    def import_log(self, paths: Any, *, format: str = "auto", project: str | None = None,  # noqa: A002
-                   progress: bool | None = None) -> Any:
-        """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
-
-        ``paths`` is a file, a directory (walked), a glob or a list. Each session's new requests are stored in
-        one transaction with their **measured** usage; importing the same file again adds only what is new.
-        Returns a :class:`~promptcache_nb.ImportResult` (``.sessions``, ``.requests``, ``.skipped``).
-
-        Example:
-            >>> res = lab.import_log("~/.claude/projects/-home-me-billing")  # doctest: +SKIP
-            >>> res.summary()  # doctest: +SKIP
-        """
-        from .importers import import_log
-
-        show = self.progress if progress is None else progress
-        return import_log(self, paths, format=format, project=project, progress=show)
-
-    def resimulate(self, session_id: str, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:
-        """A stored session replayed under another cache model (``pc.resimulate``)."""
-        return _analysis.resimulate(self, session_id, cache, **kwargs)
-
-    def move_sessions(self, from_project: str, to_project: str) -> int:
-        """Move every session of ``from_project`` (and its prompt-delta rows) to ``to_project``.
-
-        Returns the number of sessions moved. Knowledge stays with its project (Lore's moveSessions).
-        """
-        store = self.store
-        commits = store.commit_count
-        try:
-            with store.transaction():
-                n, first = store.one("SELECT count(*), min(created_at) FROM sessions WHERE project_id = ?",
-                                     [from_project]) or (0, None)  # an aggregate: always one row
-                if n == 0:
-                    return 0
-                store.ensure_project(to_project, first)  # the sessions' own clock, never the wall clock
-                store.con.execute("UPDATE sessions SET project_id = ? WHERE project_id = ?",
-                                  [to_project, from_project]).fetchall()
-                store.con.execute(
-                    "UPDATE session_prompt_deltas SET project_id = ? WHERE session_id IN "
-                    "(SELECT id FROM sessions WHERE project_id = ?) AND project_id = ?",
-                    [to_project, to_project, from_project],
-                ).fetchall()
-        finally:
-            if store.commit_count != commits:  # moved (also when a Ctrl-C landed right after COMMIT)
-                for s in list(self._open.values()):
-                    if s.project == from_project:
-                        s.project = to_project
-        return n
-
-    def replay(
-        self,
-        scenario: Scenario | str | Path,
-        *,
-        strategy: str = "naive",
-        cache: str = "anthropic",
-        project: str | None = None,
-        backend: Backend | None = None,
-        progress: bool | None = None,
-        cache_params: dict[str, Any] | None = None,
-        strategy_params: dict[str, Any] | None = None,
-        stop_after: int | None = None,
-    ) -> Session:
-        """Replay a scenario under one strategy and cache model; returns the session.
-
-        Each replay gets its own knowledge project (``<scenario project>/<strategy>``, suffixed when taken)
-        so side-by-side replays never see each other's knowledge edits.
-        """
-        from .scenario import load_scenario
-
-        sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-        strat = get_strategy(strategy)
-        base = project or f"{sc.project}/{strat.name}"
-        project_id, k = base, 1
-        while self.store.one("SELECT 1 FROM projects WHERE id = ?", [project_id]) is not None:
-            k += 1
-            project_id = f"{base}-{k}"
-        s = self.session(strat.name, cache, sc.model, project=project_id, system=sc.host_prompt,
-                         tools=list(sc.tools), start=sc.start, backend=backend, cache_params=cache_params,
-                         strategy_params=strategy_params)
-        if project_id != base:
-            # Replaying again (a re-run cell): derive generated ids from the first replay's names, so the
-            # same scenario gives the same entry ids, bytes and token counts; knowledge stays separate.
-            sessions = self.sessions()
-            first = sessions[sessions["project_id"] == base]["id"]
-            s._state["extra"]["_id_namespace"] = {"project": base,
-                                                  "session": str(first.iloc[0]) if len(first) else s.id}
-        for spec in sc.knowledge:
-            s.knowledge.add(spec.title, spec.content, category=spec.category, key=spec.key, at=sc.start)
-        s._pending_events = []
-        s._persist_pending()
-        show = self.progress if progress is None else progress
-        played = sc.turns if stop_after is None else sc.turns[:stop_after]
-        bar = progress_bar(total=sum(1 + len(t.tool_calls) for t in played), desc=f"{sc.name} · {strat.name}",
-                           enabled=show, unit="req")
-        at = sc.start
-        try:
-            for i, turn in enumerate(sc.turns):
-                if stop_after is not None and i >= stop_after:
-                    break
-                if i > 0:
-                    at = at + turn.after
-                # a scenario turn's events and its requests are one transaction (as the Stepper's "Next
-                # turn"): a kill between an event and its request leaves neither, so continuing the scenario
-                # from the stored position never applies an event twice
-                with self.atomic():
-                    for event in turn.events:
-                        s = s.apply(event, at=at)
-                    t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
-                at = t.at
-                bar.update(1 + len(turn.tool_calls))
-        except PromptCacheError as exc:
-            if turn.line and sc.path:
-                exc.args = (f"{sc.path}:{turn.line}: turns[{i}]: {exc}",)
-            raise
-        finally:
-            bar.close()
-        return s
+        return getattr(lab, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

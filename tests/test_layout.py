@@ -1,9 +1,10 @@
 """The package layout follows the data flow: imports point upstream, never downstream (checked with ``ast``).
 
 One turn travels scenario → strategy → request → cache model / live API → store → analysis → plots, and a
-stored log travels importer → request → store → analysis. ``session`` composes a turn from the stages (the
-importers' ingest composes an imported one); widgets are views over sessions; the CLI, the report and the
-package's public namespace sit on top. Leaves (errors, helpers, typed options, domain values, the tokenizer,
+stored log travels importer → request → store → analysis. ``pipeline`` turns one request into its typed
+record (no SQL), ``session`` composes a request from the stages through it, ``lab`` opens sessions (the
+importers' ingest stores imported requests through them); widgets are views over sessions; the CLI, the report
+and the package's public namespace sit on top. Leaves (errors, helpers, typed options, domain values, the tokenizer,
 usage) import only leaves.
 """
 
@@ -23,7 +24,7 @@ LEAVES = {"errors", "_util", "_data", "_options", "_types", "tokens", "usage"}
 
 #: A module may import (at module level or inside a function) only leaves and stages of a lower rank.
 RANKS = {
-    "scenario": 1,  # events as frozen values; the model check is injected by session (set_model_check)
+    "scenario": 1,  # events as frozen values; the model check is injected by lab (set_model_check)
     "importers": 1,  # the log readers: a file in, requests and their measured usage out
     "strategies": 2,  # assemble a body from the session's state
     "request": 3,  # canonical JSON, segments, hashes, prefix diff
@@ -32,17 +33,20 @@ RANKS = {
     "store": 6,  # DuckDB: every SQL statement
     "analysis": 7,  # pandas views, observation, prices, what-ifs
     "plots": 8,
-    "session": 9,  # composes a turn from the stages
-    "ingest": 9,  # importers/_ingest.py: composes imported requests through a Lab's sessions
-    "widgets": 10,  # views over sessions (a Compare view opens its own Lab)
-    "report": 11,
-    "__init__": 11,  # the curated public namespace
-    "cli": 12,
+    "pipeline": 9,  # one request: build → (send) → ideal read → price → analyse → typed record; no SQL
+    "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
+    "lab": 11,  # opens sessions, holds what they share (store, simulated caches); replays scenarios
+    "ingest": 12,  # importers/_ingest.py: stores imported requests through a Lab's sessions
+    "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
+    "report": 13,
+    "__init__": 13,  # the curated public namespace
+    "cli": 14,
 }
 
 #: Upward imports that are allowed, each inside a function (loaded on first use), with the reason.
 LAZY_UPWARD = {
     ("importers", "ingest"): "importers/__init__ re-exports import_log and ImportResult on first use",
+    ("session", "lab"): "session.Lab, session.cache_scope_of: the names' old home, resolved on first use",
 }
 
 
@@ -150,6 +154,21 @@ def test_imports_point_upstream() -> None:
 def test_every_module_has_a_place() -> None:
     units = {node(_module_name(p)[0]) for p in PACKAGE.rglob("*.py")}
     assert units <= LEAVES | set(RANKS)
+
+
+def test_the_pipeline_writes_nothing_and_the_session_never_imports_the_lab() -> None:
+    """The request pipeline is pure (its record goes to the store through the session), and Lab sits above
+    Session: a session gets its Lab passed in, never imports it (only the old-name shim, lazily)."""
+    tree = ast.parse((PACKAGE / "pipeline.py").read_text(encoding="utf-8"))
+    from_store = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and "store" in (n.module or "")
+                  for a in n.names}
+    assert from_store and from_store <= {"prefix_chain", "encode_message", "state_columns"}  # pure row codecs
+    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert not calls & {"execute", "sql", "query", "rows", "one", "scalar", "write_request", "transaction"}
+    imports = package_imports()
+    eager = [i for i in imports if node(i.source) == "session" and node(i.target) == "lab" and not i.lazy]
+    assert eager == []
+    assert any(node(i.source) == "lab" and node(i.target) == "session" for i in imports)
 
 
 def test_checker_catches_a_downstream_import() -> None:

@@ -331,7 +331,7 @@ def test_reference_scenario_identical_usage_direct_and_through_the_sdk(server, r
     assert len(direct) == len(via_sdk) == pc.load_scenario(reference_scenario).n_requests
     # Output tokens (and so cost) are the endpoint's own answer's; everything the cache decides is equal.
     # Scripted replies and tool calls must win over the endpoint's answer, or the two conversations drift
-    # apart after turn 0 (Session._send_and_store).
+    # apart after turn 0 (Session._built_request).
     cols = USAGE_COLUMNS + ["total_tokens", "ideal_cache_read", "cache_reason", "usage_source", "broke"]
     assert direct[cols].equals(via_sdk[cols]), direct[cols].compare(via_sdk[cols]).head()
     assert via_sdk.request_id.notna().all() and direct.request_id.isna().all()

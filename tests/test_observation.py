@@ -370,7 +370,7 @@ def test_state_survives_a_restart_and_stored_turns_match():
         s = record_session(lab)
         s.record(body(1), at=T0)
         live = s.record(body(2), at=T0 + timedelta(seconds=30))
-        state_before = s._prev_obs
+        state_before = s._state.observation
         s = s.restart()
         assert observation_state_from_store(lab.store, s.id) == state_before
         t = s.record(body(3), at=T0 + timedelta(minutes=7))

@@ -423,7 +423,7 @@ def test_unlogged_prefix_round_trips_through_a_real_store(tmp_path):
         assert stored.prepared.segments[0].tokens == 19_000 and stored.diff.unlogged
     with pc.Lab(path, progress=False) as lab:  # a restart: the last request is prepared from the store
         s = lab.session(id=sid)
-        assert s._prev.segments[0].tokens == 19_000 and s._prev.segments[0].path == UNLOGGED_PATH
+        assert s.previous_request.segments[0].tokens == 19_000 and s.previous_request.segments[0].path == UNLOGGED_PATH
         t3 = s.record(claude_code_body(3), at=T0 + timedelta(minutes=1), usage=usage, unlogged_prefix_tokens=19_000)
         assert t3.diff.pure_append and t3.total_tokens == prepare(
             claude_code_body(3), unlogged_prefix_tokens=19_000).total_tokens

@@ -1,5 +1,5 @@
 """The store owns its SQL: callers get dict rows or typed records, an optional tracer sees every statement,
-and no SQL text lives outside ``promptcache_nb/store`` (``session.py`` is being split: listed below)."""
+and no SQL text lives outside ``promptcache_nb/store``."""
 
 from __future__ import annotations
 
@@ -20,9 +20,7 @@ HOST = "You are the billing support assistant. Answer precisely and cite the tic
 SQL = re.compile(r"^\s*(?:WITH\s+RECURSIVE|SELECT\s|INSERT\s+(?:OR\s+REPLACE\s+)?INTO\s|UPDATE\s+\w+\s+SET\s|"
                  r"DELETE\s+FROM\s|CREATE\s+TABLE\s)")  # upper case, as the package writes SQL
 #: Modules that still hold SQL outside the store, each with the reason. Shrinks, never grows.
-SQL_PENDING = {
-    "session.py": "Lab/Session are being split into a request pipeline (issue 12 item 1) by another change",
-}
+SQL_PENDING: dict[str, str] = {}
 
 
 def sql_literals(path: Path) -> list[int]:

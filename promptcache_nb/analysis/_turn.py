@@ -142,7 +142,7 @@ def observation_state_from_store(store: Store, session_id: str, *,
 def stored_diff_and_observation(
     store: Store, session_id: str, index: int, prev_body: dict | None, body: dict, *, memo: SegmentMemo | None = None
 ) -> tuple[PrefixDiff | None, Observation]:
-    """Diff and observation of a stored turn (``Lab._turn_from_store``); ``prev_body`` None for turn 0.
+    """Diff and observation of a stored turn (``Session.turn``); ``prev_body`` None for turn 0.
 
     The observation is rebuilt from the stored columns (so it matches what was written, whatever
     tokenizer the Lab used); turns stored without them are observed again.

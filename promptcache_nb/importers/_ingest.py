@@ -25,13 +25,13 @@ from .._util import digest, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..cache.anthropic import client_ttls_from_usage
 from ..errors import ImportFormatError, PromptCacheError, SessionError
-from ..request import prepare
 from ..request.diff import visible
 from ._registry import READERS, detect
 from ._types import ImportedRequest, ReadProgress, SkippedLine
 
 if TYPE_CHECKING:
-    from ..session import Lab, Session
+    from ..lab import Lab
+    from ..session import Session
 
 LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson")
 SKIPPED_COLUMNS = ["file", "line", "reason"]
@@ -231,14 +231,14 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                    bar: Any) -> tuple[Session, int, int]:
     """Write one session's new requests in one transaction; returns (session, stored now, already stored).
 
-    A new session's row is created in that same transaction: a failure leaves nothing of the session behind.
+    A new session's row is created in that same transaction: a failure leaves nothing of the session behind, and
+    the session objects the Lab holds go back to what the store has (``Lab.batch``).
     """
     store = lab.store
     sid = session_id_for(fmt, key)
     first = reqs[0]
-    s: Session | None = None
     try:
-        with store.batch():
+        with lab.batch():
             if store.session_row(sid) is None:
                 at = first.at.astimezone(UTC)
                 config = {
@@ -272,29 +272,20 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                     unknown.add(req.model)
                 bar.update(1)
     except PromptCacheError as exc:
-        if s is not None:
-            s._closed = True  # its in-memory state ran ahead of the rolled-back store
-            s._cache_stale()  # and so did the simulated cache it may share with other sessions
         where = current.source_ref if "current" in locals() else f"{file}"
         raise SessionError(f"{where}: {exc}") from None
-    except BaseException:  # a Ctrl-C: the same
-        if s is not None:
-            s._closed = True
-            s._cache_stale()
-        raise
     return s, len(todo), dup
 
 
 def _new_requests(s: Session, key: str, reqs: list[ImportedRequest],
                   skipped: list[dict[str, Any]]) -> tuple[list[tuple[ImportedRequest, Any]], int]:
     """The requests not stored yet, each segmented (extending the previous body's segments: linear ingest)."""
-    store = s._lab.store
+    store = s.lab.store
     known = store.dedupe_keys(s.id)
     last = store.last_turn(s.id)
     last_at = None if last is None else last["at"]
-    config = s._config
-    unlogged = config.get("unlogged_prefix_tokens")
-    prev = s._prev
+    unlogged = s.config.get("unlogged_prefix_tokens")
+    prev = s.previous_request
     todo: list[tuple[ImportedRequest, Any]] = []
     dup = 0
     for req in reqs:
@@ -309,13 +300,12 @@ def _new_requests(s: Session, key: str, reqs: list[ImportedRequest],
         try:
             if req.partial and unlogged is None:
                 # measured prompt total minus what the log holds (estimated): the unlogged system + tools
-                logged = prepare(req.body, memo=s._memo, dialect=req.dialect).total_tokens
+                logged = s.prepare(req.body, dialect=req.dialect).total_tokens
                 measured = req.usage.total_input_tokens
                 unlogged = max(0, measured - logged) if measured is not None else 0
-                config["unlogged_prefix_tokens"] = unlogged
-                store.update_session_config(s.id, config)
-            prepared = prepare(req.body, memo=s._memo, previous=prev, dialect=req.dialect,
-                               unlogged_prefix_tokens=(unlogged or None) if req.partial else None)
+                s.note_unlogged_prefix(unlogged)
+            prepared = s.prepare(req.body, previous=prev, dialect=req.dialect,
+                                 unlogged_prefix_tokens=(unlogged or None) if req.partial else None)
         except (ValueError, TypeError, PromptCacheError) as exc:
             skipped.append({"file": file, "line": line, "reason": f"body not understood: {exc}"})
             continue

@@ -10,7 +10,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -18,7 +18,14 @@ from typing import Any, NamedTuple, cast
 import duckdb
 import pandas as pd
 
-from .._types import Delta, KnowledgeEntry, fnv1a  # noqa: F401 - fnv1a re-exported (store.fnv1a)
+from .._types import (  # noqa: F401 - fnv1a re-exported (store.fnv1a)
+    Delta,
+    KnowledgeEntry,
+    MessageBlock,
+    RequestRecord,
+    RequestWrite,
+    fnv1a,
+)
 from .._util import common_prefix_length, digest
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
@@ -39,6 +46,59 @@ def _tools_json(tools: list[Any]) -> str:
     if _TOOLS_JSON[0] is not tools:
         _TOOLS_JSON[0], _TOOLS_JSON[1] = tools, canonical_json(tools)
     return _TOOLS_JSON[1]
+
+
+# -- how rows encode content (pure: the request pipeline computes them, the store writes them) -------------
+
+def prefix_chain(req: PreparedRequest, prev_keys: list[str], prev_nodes: list[str]) -> tuple[list[str], list[str], int]:
+    """The ``prefix_nodes`` id of each segment (a node is the hash of its parent's id and its segment's key, so
+    equal prefixes share nodes), extending the previous request's chain.
+
+    Returns (keys, node_ids, shared): ``prev_keys`` / ``prev_nodes`` are the previous request's; the leading
+    segments ``req`` shares with it as the same objects keep their keys, and its first ``shared`` nodes are
+    reused, so a request costs O(new segments).
+    """
+    k = prefix_record(req)[1]
+    if k and len(prev_keys) >= k:
+        keys = prev_keys[:k] + list(map(_CHAIN_KEY, req.segments[k:]))
+    else:
+        keys = list(map(_CHAIN_KEY, req.segments))
+    shared = common_prefix_length(keys, prev_keys, k if k and len(prev_keys) >= k else 0)
+    nodes = prev_nodes[:shared]
+    parent = nodes[-1] if nodes else None
+    for key in keys[shared:]:
+        parent = digest(((parent or "") + "/" + key).encode(), tag="node")
+        nodes.append(parent)
+    return keys, nodes, shared
+
+
+def encode_message(message: dict[str, Any]) -> tuple[str, list[MessageBlock]]:
+    """A message as block references (``{"role", "blocks": [hash...]}`` or ``{"role", "str": hash}``, canonical
+    JSON) and its content blocks: each body is stored once in ``blocks``, however many messages use it."""
+    role, content = message["role"], message["content"]
+    if isinstance(content, str):
+        body = canonical_json(content)
+        h = digest(body.encode(), tag="seg")
+        return canonical_json({"role": role, "str": h}), [(h, "msg-str", body, content)]
+    blocks: list[MessageBlock] = []
+    for i, element in enumerate(content):
+        body = canonical_json(element)
+        blocks.append((digest(body.encode(), tag="seg"), "msg-start" if i == 0 else "msg", body, element))
+    return canonical_json({"role": role, "blocks": [b[0] for b in blocks]}), blocks
+
+
+def state_columns(state: dict[str, Any]) -> dict[str, Any]:
+    """A session's state dict as ``session_state`` column values (JSON columns canonicalised)."""
+    return {
+        "ltm_pin_text": state.get("ltm_pin_text"),
+        "ltm_pin_keys": None if state.get("ltm_pin_keys") is None else json.dumps(state["ltm_pin_keys"]),
+        "ltm_cache_text": state.get("ltm_cache_text"),
+        "stable_ltm_text": state.get("stable_ltm_text"),
+        "host_prompt": state["host_prompt"],
+        "tools": _tools_json(state["tools"]),
+        "model": state["model"],
+        "extra": canonical_json(state.get("extra", {})),
+    }
 
 
 # Stores open in this process, by file identity. DuckDB lets one process open a file twice, but two Stores
@@ -338,9 +398,9 @@ class Store:
                     ap.append_rows(rows)
         turns = buffered.pop("turns", None)
         if turns:
-            columns = self._table_columns("turns")
+            values = attrgetter(*self._table_columns("turns"))  # the table's column order
             with con.appender("turns") as ap:
-                ap.append_rows([tuple(row.get(c) for c in columns) for row in turns])
+                ap.append_rows([values(rec) for rec in turns])
         for table, rows in buffered.items():  # anything else _insert deferred
             with con.appender(table) as ap:
                 ap.append_rows(rows)
@@ -439,6 +499,32 @@ class Store:
     def update_session_config(self, session_id: str, config: dict[str, Any]) -> None:
         self.con.execute("UPDATE sessions SET config = ? WHERE id = ?", [canonical_json(config), session_id]).fetchall()
 
+    def project_exists(self, project_id: str) -> bool:
+        return self.one("SELECT 1 FROM projects WHERE id = ?", [project_id]) is not None
+
+    def sessions_frame(self) -> pd.DataFrame:
+        """Every session (id, project, strategy, cache model, model, creation time), oldest first."""
+        return self.sql(
+            "SELECT id, project_id, strategy, cache_model, model, created_at FROM sessions ORDER BY created_at, id")
+
+    def move_sessions(self, from_project: str, to_project: str) -> int:
+        """Move every session of ``from_project`` (and its prompt-delta rows) to ``to_project``, in one
+        transaction; returns how many moved. ``to_project`` is created with the moved sessions' first time."""
+        with self.transaction():
+            n, first = self.one("SELECT count(*), min(created_at) FROM sessions WHERE project_id = ?",
+                                [from_project]) or (0, None)  # an aggregate: always one row
+            if n == 0:
+                return 0
+            self.ensure_project(to_project, first)  # the sessions' own clock, never the wall clock
+            self.con.execute("UPDATE sessions SET project_id = ? WHERE project_id = ?",
+                             [to_project, from_project]).fetchall()
+            self.con.execute(
+                "UPDATE session_prompt_deltas SET project_id = ? WHERE session_id IN "
+                "(SELECT id FROM sessions WHERE project_id = ?) AND project_id = ?",
+                [to_project, to_project, from_project],
+            ).fetchall()
+        return int(n)
+
     def session_ids(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT id FROM sessions ORDER BY id")]
 
@@ -497,25 +583,13 @@ class Store:
             "model": row[6], "extra": json.loads(row[7]),
         }
 
-    @staticmethod
-    def state_columns(state: dict[str, Any]) -> dict[str, Any]:
-        """A state dict as ``session_state`` column values (JSON columns canonicalised)."""
-        return {
-            "ltm_pin_text": state.get("ltm_pin_text"),
-            "ltm_pin_keys": None if state.get("ltm_pin_keys") is None else json.dumps(state["ltm_pin_keys"]),
-            "ltm_cache_text": state.get("ltm_cache_text"),
-            "stable_ltm_text": state.get("stable_ltm_text"),
-            "host_prompt": state["host_prompt"],
-            "tools": _tools_json(state["tools"]),
-            "model": state["model"],
-            "extra": canonical_json(state.get("extra", {})),
-        }
+    state_columns = staticmethod(state_columns)
 
     def write_state(self, session_id: str, state: dict[str, Any], at: datetime,
                     previous: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the state row; with ``previous`` (the last written columns) only changed columns are
         updated — the host prompt and tools are large and rarely change. Returns the columns written."""
-        cols = self.state_columns(state)
+        cols = state_columns(state)
         if previous is None:
             self.con.execute(
                 "INSERT OR REPLACE INTO session_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -578,22 +652,19 @@ class Store:
 
     # -- messages and deltas ------------------------------------------------------------------
     def message_ref(self, message: dict[str, Any], pending: dict[str, tuple], tokenizer: Any = None) -> str:
-        """A message as block references (``{"role", "blocks": [hash...]}`` or ``{"role", "str": hash}``);
-        bodies not yet stored are added to ``pending`` (hash -> blocks row). Content is stored once."""
-        role, content = message["role"], message["content"]
+        """A message as block references (:func:`encode_message`); bodies not yet stored are added to
+        ``pending`` (hash -> blocks row). Content is stored once."""
+        ref, blocks = encode_message(message)
+        self._add_blocks(blocks, pending, tokenizer)
+        return ref
 
-        def ref(kind: str, element: Any) -> str:
-            body = canonical_json(element)
-            h = digest(body.encode(), tag="seg")
+    def _add_blocks(self, blocks: Sequence[MessageBlock], pending: dict[str, tuple], tokenizer: Any) -> None:
+        """The ``blocks`` rows of message blocks not stored (nor pending) yet, into ``pending``; their tokens are
+        counted only then."""
+        for h, kind, body, element in blocks:
             if h not in self._known_blocks and h not in pending and h not in self._pending_known:
                 tokens = segment_tokens(kind, element, tokenizer) if tokenizer else segment_tokens(kind, element)
                 pending[h] = (h, kind, body, tokens, len(body.encode()))
-            return h
-
-        if isinstance(content, str):
-            return canonical_json({"role": role, "str": ref("msg-str", content)})
-        return canonical_json({"role": role, "blocks": [ref("msg-start" if i == 0 else "msg", b)
-                                                         for i, b in enumerate(content)]})
 
     def resolve_refs(self, refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages back from their block references (one query for all bodies)."""
@@ -644,6 +715,10 @@ class Store:
         self._pending_known.update(pending)
         self._insert("session_messages", rows)
 
+    def compact_messages(self, session_id: str) -> None:
+        """Mark a session's history compacted (inside the caller's transaction): replaced by what follows."""
+        self.con.execute("UPDATE session_messages SET compacted = true WHERE session_id = ?", [session_id]).fetchall()
+
     def message_count(self, session_id: str) -> int:
         return int(self.scalar("SELECT count(*) FROM session_messages WHERE session_id = ?", [session_id]))
 
@@ -659,33 +734,12 @@ class Store:
                 continue  # a corrupt row is skipped, as Lore's replay does
         return out
 
+    def deltas_frame(self, session_id: str) -> pd.DataFrame:
+        """A session's ``session_prompt_deltas`` rows as stored (JSON columns as text), by seq."""
+        return self.sql("SELECT seq, project_id, selector, content FROM session_prompt_deltas WHERE session_id = ? "
+                        "ORDER BY seq", [session_id])
+
     # -- requests -----------------------------------------------------------------------------
-    def prefix_nodes(
-        self, req: PreparedRequest, prev_keys: list[str], prev_nodes: list[str]
-    ) -> tuple[list[str], list[str], list[tuple]]:
-        """Node ids for each segment, reusing the previous request's shared leading run.
-
-        Returns (keys, node_ids, new_node_rows). ``prev_keys`` / ``prev_nodes`` are the previous request's:
-        the leading segments ``req`` shares with it as the same objects keep their keys (O(new segments)).
-        """
-        k = prefix_record(req)[1]
-        if k and len(prev_keys) >= k:
-            keys = prev_keys[:k] + list(map(_CHAIN_KEY, req.segments[k:]))
-        else:
-            keys = list(map(_CHAIN_KEY, req.segments))
-        n = common_prefix_length(keys, prev_keys)
-        nodes = prev_nodes[:n]
-        new_rows = []
-        parent = nodes[-1] if nodes else None
-        for i in range(n, len(keys)):
-            node = digest(((parent or "") + "/" + keys[i]).encode(), tag="node")
-            if node not in self._known_nodes:
-                seg = req.segments[i]
-                new_rows.append((node, parent, i, seg.kind, seg.role, seg.block_hash))
-            nodes.append(node)
-            parent = node
-        return keys, nodes, new_rows
-
     def new_blocks(self, req: PreparedRequest, rest_body: str, rest_hash: str, *, shared: int = 0) -> list[tuple]:
         """``blocks`` rows for the request's segments not stored yet, and its ``rest`` row.
 
@@ -705,58 +759,57 @@ class Store:
             rows.append((rest_hash, "rest", rest_body, None, len(rest_body.encode())))
         return rows
 
-    def write_turn(
-        self,
-        *,
-        turn_row: dict[str, Any],
-        block_rows: list[tuple],
-        node_rows: list[tuple],
-        messages: list[tuple[int, dict]],
-        compact_before: int | None,
-        state: dict[str, Any] | None,
-        delta_ops: list[tuple[str, int, dict | None, dict | None]],
-        knowledge_rows: list[KnowledgeEntry],
-        project_id: str,
-        state_previous: dict[str, Any] | None = None,
-        tokenizer: Any = None,
-    ) -> None:
-        """Write one request and everything it changed in one transaction; nothing on failure."""
-        con = self.con
+    def write_request(self, write: RequestWrite, *, tokenizer: Any = None) -> None:
+        """Write one request and everything it changed (:class:`~promptcache_nb.RequestWrite`) in one
+        transaction, joined to the caller's; nothing on failure. ``tokenizer`` counts new message blocks."""
+        rec = write.record
+        sid = rec.session_id
         with self.transaction():
-            for e in knowledge_rows:
-                self.write_knowledge(e)
-            if compact_before is not None:
-                con.execute(
-                    "UPDATE session_messages SET compacted = true WHERE session_id = ? AND seq < ?",
-                    [turn_row["session_id"], compact_before],
-                ).fetchall()
+            block_rows = self.new_blocks(write.prepared, write.rest_body, rec.rest_hash, shared=write.shared)
+            if write.reply_blocks:
+                # the reply's content blocks are stored once, in blocks (shared with the history row)
+                pending = {r[0]: r for r in block_rows}
+                self._add_blocks(write.reply_blocks, pending, tokenizer)
+                block_rows = list(pending.values())
             # request blocks and the messages' new blocks go in one insert
-            self.write_messages(turn_row["session_id"], turn_row["idx"], messages, block_rows, tokenizer)
-            node_rows = [r for r in node_rows if r[0] not in self._pending_nodes]
+            self.write_messages(sid, rec.idx, write.messages, block_rows, tokenizer)
+            node_rows = self._new_nodes(write.prepared, write.nodes, write.shared)
             self._insert("prefix_nodes", node_rows)
             self._pending_nodes.update(r[0] for r in node_rows)
-            for op, seq, selector, content in delta_ops:
+            con = self.con
+            for op, seq, selector, content in write.delta_ops:
                 if op == "delete":
-                    con.execute(
-                        "DELETE FROM session_prompt_deltas WHERE session_id = ? AND seq = ?",
-                        [turn_row["session_id"], seq],
-                    ).fetchall()
+                    con.execute("DELETE FROM session_prompt_deltas WHERE session_id = ? AND seq = ?",
+                                [sid, seq]).fetchall()
                 else:
-                    con.execute(
-                        "INSERT OR REPLACE INTO session_prompt_deltas VALUES (?, ?, ?, ?, ?)",
-                        [turn_row["session_id"], seq, project_id, canonical_json(selector), canonical_json(content)],
-                    ).fetchall()
-            if state is not None:
-                self.write_state(turn_row["session_id"], state, turn_row["at"], previous=state_previous)
+                    con.execute("INSERT OR REPLACE INTO session_prompt_deltas VALUES (?, ?, ?, ?, ?)",
+                                [sid, seq, write.project_id, canonical_json(selector),
+                                 canonical_json(content)]).fetchall()
+            if write.state is not None:
+                self.write_state(sid, write.state, rec.at, previous=write.state_previous)
             if self._buffer is not None:
-                self._buffer.setdefault("turns", []).append(dict(turn_row))
+                self._buffer.setdefault("turns", []).append(rec)
                 return
-            cols = list(turn_row)
-            quoted = ", ".join('"' + c + '"' for c in cols)
-            con.execute(
-                f"INSERT INTO turns ({quoted}) VALUES ({', '.join('?' * len(cols))})",
-                [turn_row[c] for c in cols],
-            ).fetchall()
+            con.execute(_INSERT_REQUEST, _RECORD_VALUES(rec)).fetchall()
+
+    def _new_nodes(self, req: PreparedRequest, nodes: list[str], shared: int) -> list[tuple]:
+        """``prefix_nodes`` rows for the nodes after the ``shared`` ones that are not stored (nor pending) yet."""
+        rows = []
+        for i in range(shared, len(nodes)):
+            node = nodes[i]
+            if node not in self._known_nodes and node not in self._pending_nodes:
+                seg = req.segments[i]
+                rows.append((node, nodes[i - 1] if i else None, i, seg.kind, seg.role, seg.block_hash))
+        return rows
+
+    def read_request(self, session_id: str, idx: int) -> RequestRecord | None:
+        """A stored request's :class:`~promptcache_nb.RequestRecord` (None when it does not exist)."""
+        rows = self.query(f"SELECT {_RECORD_SELECT} FROM turns WHERE session_id = ? AND idx = ?", [session_id, idx])
+        if not rows:
+            return None
+        row = rows[0]
+        row["at"] = row["at"].astimezone(UTC)
+        return RequestRecord(**row)
 
     def turn_body(self, session_id: str, idx: int) -> dict[str, Any]:
         """Rebuild a turn's exact request body from ``blocks`` + ``prefix_nodes`` + ``turns`` (for OpenAI
@@ -906,6 +959,12 @@ class Store:
         """The ``(model, tokenizer)`` pairs with a saved calibration, sorted."""
         return [(r["model"], r["tokenizer"]) for r in self.query(
             "SELECT DISTINCT model, tokenizer FROM calibrations ORDER BY model, tokenizer")]
+
+
+_RECORD_COLUMNS = RequestRecord.columns()
+_RECORD_SELECT = ", ".join('"' + c + '"' for c in _RECORD_COLUMNS)
+_RECORD_VALUES = attrgetter(*_RECORD_COLUMNS)
+_INSERT_REQUEST = f"INSERT INTO turns ({_RECORD_SELECT}) VALUES ({', '.join('?' * len(_RECORD_COLUMNS))})"
 
 
 def _since(session_id: str, since: datetime | None) -> tuple[str, list[Any]]:

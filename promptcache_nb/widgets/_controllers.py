@@ -26,7 +26,8 @@ from ..usage import Usage
 from . import _html
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..session import Lab, Session, Turn
+    from ..lab import Lab
+    from ..session import Session, Turn
     from ..store import KnowledgeEntry
 
 Listener = Callable[[str], None]
@@ -40,7 +41,7 @@ def live_session(session: Session) -> Session:
     ``Session.restart()`` (a button, or a scenario ``restart`` event) closes the old object and opens a
     new one; views holding the old one follow it here instead of failing with "session was restarted".
     """
-    lab = session._lab
+    lab = session.lab
     if lab.store.closed:
         return session
     return lab.active_session(session.id) or session
@@ -295,7 +296,7 @@ class StepperController(_Observable):
         at = sc.start if last_at is None else last_at + turn.after
         number = f"scenario turn {self.position + 1} of {len(sc.turns)}"
         skipped: list[str] = []
-        lab = s._lab
+        lab = s.lab
         try:
             # its events and its requests are one transaction: a failure leaves nothing half-applied
             with lab.atomic():
@@ -577,7 +578,7 @@ class CompareController(_Observable):
     def __init__(self, scenario: Scenario | str | Path, *, strategies: Iterable[str] | None = None,
                  cache: str = "anthropic", lab: Lab | None = None) -> None:
         super().__init__()
-        from ..session import Lab
+        from ..lab import Lab
         from ..strategies import strategy_names
 
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)

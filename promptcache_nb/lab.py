@@ -1,0 +1,511 @@
+"""Lab: a DuckDB-backed workspace of sessions, and what they share.
+
+A Lab owns the store (one connection), opens :class:`~promptcache_nb.Session` objects, and keeps what several
+sessions share: the simulated provider caches (one per cache scope, rebuilt from the store when missing) and
+each project's knowledge. Lab and Session are one unit split over two modules (see ``session.py``); replays
+and imports run through sessions, so every request goes through the one pipeline (``pipeline.py``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import analysis as _analysis
+from ._util import parse_duration, progress_bar, utc
+from .analysis.prices import Prices
+from .cache import CacheModel, get_cache_model
+from .errors import PromptCacheError, SessionError
+from .live import Backend
+from .request import PreparedRequest, canonical_json
+from .scenario import DEFAULT_START, Scenario, set_model_check
+from .session import Session, check_texts
+from .store import KnowledgeEntry, Store
+from .strategies import get_strategy
+from .tokens import DEFAULT_TOKENIZER, Tokenizer
+
+# a scenario's models are checked when it loads, against the table Lab.session validates with
+set_model_check(get_cache_model("anthropic").validate_model)
+
+#: (scope, its owner, cache model, canonical parameters): sessions with equal keys share one simulated cache.
+ScopeKey = tuple[str, str, str, str]
+
+#: Who shares a simulated provider cache (``lab.session(cache_scope=...)``).
+CACHE_SCOPES = ("session", "project", "lab")
+
+
+def cache_scope_of(row: dict[str, Any]) -> str:
+    """A stored session's cache scope: as configured, else ``project`` for an imported session (its sub-agents
+    and compaction calls read the parent's entries) and ``session`` for a simulated one."""
+    scope = row["config"].get("cache_scope")
+    if scope is None:
+        scope = "project" if row.get("strategy") is None else "session"
+    return scope
+
+
+def scope_key(scope: str, session_id: str, project_id: str, cache_model: str,
+              cache_params: dict[str, Any]) -> ScopeKey:
+    """(scope, its owner, cache model, parameters): sessions with equal keys share one simulated cache."""
+    owner = session_id if scope == "session" else project_id if scope == "project" else ""
+    return (scope, owner, cache_model, canonical_json(cache_params))
+
+
+def _scope_key_of(row: dict[str, Any]) -> ScopeKey:
+    """The scope key of a stored session row."""
+    return scope_key(cache_scope_of(row), row["id"], row["project_id"], row["cache_model"],
+                     row["config"].get("cache_params", {}))
+
+
+def _session_scope_key(session: Session) -> ScopeKey:
+    return scope_key(session.cache_scope, session.id, session.project, session.cache, session.cache_params)
+
+
+@dataclass
+class _ScopeCache:
+    """A simulated provider cache shared by the sessions of one cache scope."""
+
+    model: CacheModel
+    ready: bool = False
+
+
+@dataclass(frozen=True)
+class CacheWindow:
+    """Where a rebuild of a session's simulated cache starts: ``since`` (None: at its first request)."""
+
+    since: datetime | None
+
+
+class Lab:
+    """A DuckDB-backed workspace of sessions. ``pc.Lab()`` is in-memory; ``pc.Lab("runs.duckdb")`` a file.
+
+    One Lab per file per process (hard and symbolic links included). A file that is not a promptcache_nb store
+    (another application's DuckDB database, SQLite, text) is refused unchanged. ``read_only=True`` opens an
+    existing store to read: it never creates or migrates the file, and every write raises StoreError.
+    ``trace`` (e.g. ``print``) is called as ``trace(sql, params)`` before each SQL statement the store runs.
+
+    Example:
+        >>> import promptcache_nb as pc
+        >>> with pc.Lab() as lab:
+        ...     s = lab.session(system="You are terse.", project="demo")
+        ...     t = s.step("hello", reply="hi")
+        >>> t.index
+        0
+    """
+
+    def __init__(self, path: str | Path = ":memory:", *, tokenizer: Tokenizer | None = None,
+                 progress: bool = True, read_only: bool = False,
+                 trace: Callable[[str, Any], None] | None = None) -> None:
+        self.path = str(path)
+        self.store = Store(path, read_only=read_only, trace=trace)  # trace=print: every statement, as it runs
+        self.tokenizer = tokenizer or DEFAULT_TOKENIZER
+        self.progress = progress
+        self._knowledge_cache: dict[str, list[KnowledgeEntry]] = {}
+        # Weak: sessions hold their Lab, never the reverse, so `del lab` (with no session left) closes the
+        # file at once instead of waiting for the garbage collector to break a Lab <-> Session cycle.
+        self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+        # The simulated provider caches, one per cache scope (scope_key): they outlive a restarted
+        # Session object (a provider's cache does not restart with the agent) and are rebuilt from the store
+        # when missing. Weak: the sessions using one keep it, so a Lab that ran many replays does not keep
+        # every cache they built.
+        self._caches: weakref.WeakValueDictionary[ScopeKey, _ScopeCache] = weakref.WeakValueDictionary()
+
+    @property
+    def read_only(self) -> bool:
+        """True when opened with ``read_only=True``: reading works, every write raises StoreError."""
+        return self.store.read_only
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the store (releases the file lock). Sessions of this Lab stop working."""
+        for s in list(self._open.values()):
+            s._close()
+        self._open.clear()
+        self.store.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.store.closed else f"{self.store.session_count()} sessions"
+        return f"Lab({self.path!r}, {state})"
+
+    def _knowledge(self, project: str) -> list[KnowledgeEntry]:
+        """A project's current knowledge, read once per change (every request of its sessions needs it)."""
+        cached = self._knowledge_cache.get(project)
+        if cached is None:
+            cached = self._knowledge_cache[project] = self.store.knowledge(project)
+        return cached
+
+    def _forget_knowledge(self, project: str) -> None:
+        """A project's knowledge changed: read it again on next use."""
+        self._knowledge_cache.pop(project, None)
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Several changes as one transaction: all stored, or none (the Stepper's "Next turn").
+
+        Scenario events and the request they precede are applied inside the block. If anything raises,
+        the store rolls back and every open session object reloads from it, so a failed turn changes
+        nothing: no half-applied event, nothing left pending. After a ``restart`` event inside the block,
+        use the session object ``apply`` returned (or ``lab.active_session(id)``).
+
+        Example:
+            >>> with lab.atomic():  # doctest: +SKIP
+            ...     s.knowledge.remove(s.knowledge.id_for("tone"))
+            ...     s.step("Next question")
+        """
+        with self._all_or_nothing(self.store.transaction()):
+            yield
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """:meth:`atomic`, with the inserts deferred and written in bulk when the block ends
+        (``Store.batch``): imports store a session's requests this way. Reads inside the block do not see the
+        deferred rows."""
+        with self._all_or_nothing(self.store.batch()):
+            yield
+
+    @contextmanager
+    def _all_or_nothing(self, transaction: AbstractContextManager[None]) -> Iterator[None]:
+        store = self.store
+        commits = store.commit_count
+        try:
+            with transaction:
+                yield
+        except BaseException:
+            if store.commit_count == commits:  # rolled back: no object may keep what the store lost
+                self._knowledge_cache.clear()
+                for entry in list(self._caches.values()):
+                    entry.ready = False  # simulated caches saw requests the store lost: rebuilt on next use
+                for s in list(self._open.values()):
+                    if s.closed:
+                        continue
+                    row = self.store.session_row(s.id)
+                    if row is None:
+                        s._close()  # created inside the block: it no longer exists
+                    else:
+                        s._reload(row)
+            raise
+
+    def active_session(self, session_id: str) -> Session | None:
+        """The Session object currently open for ``session_id`` (the one a restart returned), if any."""
+        s = self._open.get(session_id)
+        return None if s is None or s.closed else s
+
+    def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
+        """Run SQL against the store and return a DataFrame. Tables: see README "Schema"."""
+        return self.store.sql(query, params)
+
+    def sessions(self) -> pd.DataFrame:
+        """Every session of this Lab (id, project, strategy, cache model, model, creation time), oldest first."""
+        return self.store.sessions_frame()
+
+    def session(
+        self,
+        strategy: str = "naive",
+        cache: str = "anthropic",
+        model: str = "claude-sonnet-4-5",
+        *,
+        project: str = "default",
+        system: str = "",
+        tools: list[dict[str, Any]] | None = None,
+        id: str | None = None,  # noqa: A002 - the README's name
+        start: datetime | None = None,
+        step: str | timedelta = "30s",
+        backend: Backend | None = None,
+        cache_params: dict[str, Any] | None = None,
+        strategy_params: dict[str, Any] | None = None,
+        prices: Prices | None = None,
+        calibration: Any = None,
+        cache_scope: str | None = None,
+    ) -> Session:
+        """Create a session, or resume one from the store with ``id=``.
+
+        Args:
+            strategy: one of ``pc.STRATEGIES``.
+            cache: one of ``pc.CACHE_MODELS``.
+            model: the Anthropic model id (validated against the cache model's table).
+            project: knowledge is scoped to a project.
+            system: the host prompt. tools: Anthropic tool JSON.
+            start: the session clock's first timestamp (UTC); later turns default to +``step``.
+            backend: where requests go (default: the in-process simulator).
+            prices: explicit prices for a model genai-prices does not know.
+            calibration: opt in to a token-estimate calibration: a ``pc.Calibration``, or ``"stored"`` for
+                the latest one saved in this Lab for ``model`` (``pc.calibrate(...).save(lab)``).
+            cache_scope: who shares the simulated provider cache (a provider caches per workspace, not per
+                conversation): ``"session"`` (the default: this session alone), ``"project"`` (every session
+                of ``project`` with the same cache model and parameters: a sub-agent or a compaction call
+                that re-sends the parent's prefix reads the parent's entries) or ``"lab"`` (every session of
+                this Lab). Imported sessions default to ``"project"``.
+        """
+        if id is not None:
+            row = self.store.session_row(id)
+            if row is None:
+                known = self.store.session_ids()
+                raise SessionError(f"no session {id!r} in {self.path!r}; known: {', '.join(known) or '(none)'}")
+            old = self._open.get(id)
+            if old is not None:
+                old._close()
+            s = Session(self, row, backend=backend, cache_scope=cache_scope_of(row))
+            self._open[id] = s
+            return s
+        return self._new_session(strategy, cache, model, project=project, system=system, tools=tools, start=start,
+                                 step=step, backend=backend, cache_params=cache_params,
+                                 strategy_params=strategy_params, prices=prices, calibration=calibration,
+                                 cache_scope=cache_scope)
+
+    def _new_session(self, strategy: str, cache: str, model: str, *, project: str, system: str,
+                     tools: list[dict[str, Any]] | None, start: datetime | None, step: str | timedelta,
+                     backend: Backend | None, cache_params: dict[str, Any] | None,
+                     strategy_params: dict[str, Any] | None, prices: Prices | None, calibration: Any,
+                     cache_scope: str | None, extra: dict[str, Any] | None = None) -> Session:
+        """:meth:`session` for a new session; ``extra`` starts its state's ``extra`` (``replay``'s id
+        namespace)."""
+        check_texts(SessionError, "lab.session", system=system, tools=tools)
+        if cache_scope is not None and cache_scope not in CACHE_SCOPES:
+            raise SessionError(f"cache_scope={cache_scope!r}: use one of {', '.join(map(repr, CACHE_SCOPES))}")
+        strat = get_strategy(strategy)
+        strategy_params = strat.check_params(strategy_params)  # a misspelt option fails here, naming the valid ones
+        cache_model = get_cache_model(cache, **(cache_params or {}))
+        model = cache_model.validate_model(model)
+        if prices is None:
+            _analysis.default_prices(cache_model.name, model)  # fail now, not at turn 1
+        start = utc(start) if start is not None else DEFAULT_START
+        n = self.store.session_count() + 1
+        session_id = f"s{n:03d}-{strat.name}"
+        while self.store.session_row(session_id) is not None:
+            n += 1
+            session_id = f"s{n:03d}-{strat.name}"
+        if isinstance(calibration, str):
+            if calibration != "stored":
+                raise SessionError(f"calibration={calibration!r}: pass a pc.Calibration or 'stored'")
+            calibration = _analysis.load_calibration(self, model)
+        config = {
+            "calibration": None if calibration is None else {
+                "model": calibration.model, "ratio": float(calibration.ratio),
+                "overhead": float(calibration.overhead)},
+            "start": start.isoformat(), "step_seconds": parse_duration(step).total_seconds(),
+            "cache_params": cache_params or {}, "strategy_params": strategy_params,
+            "cache_scope": cache_scope or "session",
+            "prices": None if prices is None else {k: getattr(prices, k) for k in
+                                                   ("input", "output", "cache_read", "cache_write_5m",
+                                                    "cache_write_1h", "source")},
+        }
+        state = {"host_prompt": system, "tools": list(tools or []), "model": model, "extra": dict(extra or {})}
+        store = self.store
+        with store.transaction():
+            store.ensure_project(project, start)
+            store.create_session({"id": session_id, "project_id": project, "strategy": strat.name,
+                                  "cache_model": cache_model.name, "model": model, "created_at": start,
+                                  "config": config}, state)
+        row = store.session_row(session_id)
+        assert row is not None  # created just above, in the committed transaction
+        s = Session(self, row, backend=backend, cache_scope=cache_scope_of(row))
+        self._open[session_id] = s
+        return s
+
+    # -- simulated provider caches, one per cache scope ---------------------------------------
+    def _scope_cache(self, session: Session) -> _ScopeCache:
+        """The cache of ``session``'s scope, rebuilt from the store when the Lab holds none ready."""
+        key = _session_scope_key(session)
+        entry = self._caches.get(key)
+        if entry is None:
+            entry = self._caches[key] = _ScopeCache(get_cache_model(session.cache, **session.cache_params))
+        if not entry.ready:
+            self._rebuild_cache(key, entry, session)
+        return entry
+
+    def _existing_cache(self, session: Session) -> _ScopeCache | None:
+        """The cache of ``session``'s scope if the Lab holds one (ready or not); never builds one."""
+        return self._caches.get(_session_scope_key(session))
+
+    def _cache_for_validation(self, session: Session) -> CacheModel:
+        """A cache model of ``session``'s kind to check a model id with (the scope's, else a new one)."""
+        entry = self._existing_cache(session)
+        return entry.model if entry is not None else get_cache_model(session.cache, **session.cache_params)
+
+    def _cache_window(self, session: Session, last_at: datetime) -> CacheWindow | None:
+        """Where a rebuild of ``session``'s cache would start, when the Lab holds no ready cache for it and its
+        scope is the session alone; None otherwise."""
+        if session.cache_scope != "session":
+            return None
+        entry = self._existing_cache(session)
+        if entry is not None and entry.ready:
+            return None
+        try:
+            model = entry.model if entry is not None else get_cache_model(session.cache, **session.cache_params)
+        except (PromptCacheError, TypeError, ValueError):
+            return None  # the session still opens; its first simulated request says what is wrong
+        return CacheWindow(self._rebuild_since(model, [session.id], last_at))
+
+    def _rebuild_since(self, model: CacheModel, members: list[str], last_at: datetime | None) -> datetime | None:
+        """The first request time a rebuild of ``model`` over ``members`` must replay from (None: the first
+        request): after the last pause nothing survived (``state_horizon_seconds``), and within the model's
+        ``replay_window_seconds`` before the last request."""
+        horizon = model.state_horizon_seconds()
+        since = self.store.after_last_pause(members, horizon) if horizon is not None else None
+        window = model.replay_window_seconds()
+        if window is not None and last_at is not None:
+            cut = last_at - timedelta(seconds=window)
+            since = cut if since is None else max(since, cut)
+        return since
+
+    def _drop_cache(self, session: Session) -> None:
+        """``session``'s simulated cache may have seen a request the store did not keep: rebuilt on next use."""
+        entry = self._existing_cache(session)
+        if entry is not None:
+            entry.ready = False
+
+    def _rebuild_cache(self, key: ScopeKey, entry: _ScopeCache, session: Session) -> None:
+        """Rebuild a scope's cache from the requests that can still matter (:meth:`_rebuild_since`: never from
+        before a pause nothing survives, and within the model's replay window before the scope's last request;
+        all of them for an LRU cache). Their bodies are rebuilt in bulk (one set of queries per session), and
+        the sessions' requests are replayed in time order."""
+        model = entry.model
+        model.reset()
+        model.forget_streams()
+        if session.cache_scope == "session":
+            members = [session.id]
+        else:
+            members = [r["id"] for r in self.store.session_rows(session.cache)
+                       if _scope_key_of(r) == key]
+        since = self._rebuild_since(model, members, self.store.last_request_at(members))
+        requests: list[tuple[datetime, str, int, PreparedRequest]] = []
+        for sid in members:
+            open_ = self._open.get(sid)
+            memo = open_._memo if open_ is not None and not open_.closed else None
+            preloaded = None
+            resume = open_._take_resume_turns() if open_ is not None else None
+            if resume is not None:
+                window, turns = resume
+                start = window.since
+                if start is None and since is None or start is not None and since is not None and start <= since:
+                    preloaded = [t for t in turns if since is None or t.at >= since]
+            if preloaded is None:
+                preloaded = _analysis.load_turns(self, sid, since=since, memo=memo)
+            requests.extend((t.at, sid, t.idx, t.request) for t in preloaded)
+        if len(members) > 1:
+            requests.sort(key=lambda r: r[:3])
+        for at, sid, _idx, request in requests:
+            model.stream(sid)
+            # a stored request the model cannot simulate (an unknown model, stored with measured usage) is
+            # skipped, as when it was recorded: it never breaks the session
+            _analysis.simulate(model, request, at)
+        entry.ready = True
+
+    def import_log(self, paths: Any, *, format: str = "auto", project: str | None = None,  # noqa: A002
+                   progress: bool | None = None) -> Any:
+        """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
+
+        ``paths`` is a file, a directory (walked), a glob or a list. Each session's new requests are stored in
+        one transaction with their **measured** usage; importing the same file again adds only what is new.
+        Returns a :class:`~promptcache_nb.ImportResult` (``.sessions``, ``.requests``, ``.skipped``).
+
+        Example:
+            >>> res = lab.import_log("~/.claude/projects/-home-me-billing")  # doctest: +SKIP
+            >>> res.summary()  # doctest: +SKIP
+        """
+        from .importers import import_log
+
+        show = self.progress if progress is None else progress
+        return import_log(self, paths, format=format, project=project, progress=show)
+
+    def resimulate(self, session_id: str, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:
+        """A stored session replayed under another cache model (``pc.resimulate``)."""
+        return _analysis.resimulate(self, session_id, cache, **kwargs)
+
+    def move_sessions(self, from_project: str, to_project: str) -> int:
+        """Move every session of ``from_project`` (and its prompt-delta rows) to ``to_project``.
+
+        Returns the number of sessions moved. Knowledge stays with its project (Lore's moveSessions).
+        """
+        store = self.store
+        commits = store.commit_count
+        n = 0
+        try:
+            n = store.move_sessions(from_project, to_project)
+        finally:
+            if store.commit_count != commits:  # moved (also when a Ctrl-C landed right after COMMIT)
+                for s in list(self._open.values()):
+                    if s.project == from_project:
+                        s.project = to_project
+        return n
+
+    def replay(
+        self,
+        scenario: Scenario | str | Path,
+        *,
+        strategy: str = "naive",
+        cache: str = "anthropic",
+        project: str | None = None,
+        backend: Backend | None = None,
+        progress: bool | None = None,
+        cache_params: dict[str, Any] | None = None,
+        strategy_params: dict[str, Any] | None = None,
+        stop_after: int | None = None,
+    ) -> Session:
+        """Replay a scenario under one strategy and cache model; returns the session.
+
+        Each replay gets its own knowledge project (``<scenario project>/<strategy>``, suffixed when taken)
+        so side-by-side replays never see each other's knowledge edits.
+        """
+        from .scenario import load_scenario
+
+        sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+        strat = get_strategy(strategy)
+        base = project or f"{sc.project}/{strat.name}"
+        project_id, k = base, 1
+        while self.store.project_exists(project_id):
+            k += 1
+            project_id = f"{base}-{k}"
+        extra = None
+        if project_id != base:
+            # Replaying again (a re-run cell): derive generated ids from the first replay's names, so the
+            # same scenario gives the same entry ids, bytes and token counts; knowledge stays separate.
+            sessions = self.sessions()
+            first = sessions[sessions["project_id"] == base]["id"]
+            # without a first session, the new session's own id (what a missing "session" name means)
+            extra = {"_id_namespace": {"project": base, **({"session": str(first.iloc[0])} if len(first) else {})}}
+        s = self._new_session(strat.name, cache, sc.model, project=project_id, system=sc.host_prompt,
+                              tools=list(sc.tools), start=sc.start, step="30s", backend=backend,
+                              cache_params=cache_params, strategy_params=strategy_params, prices=None,
+                              calibration=None, cache_scope=None, extra=extra)
+        for spec in sc.knowledge:
+            s.knowledge.add(spec.title, spec.content, category=spec.category, key=spec.key, at=sc.start)
+        s._clear_pending_events()
+        show = self.progress if progress is None else progress
+        played = sc.turns if stop_after is None else sc.turns[:stop_after]
+        bar = progress_bar(total=sum(1 + len(t.tool_calls) for t in played), desc=f"{sc.name} · {strat.name}",
+                           enabled=show, unit="req")
+        at = sc.start
+        try:
+            for i, turn in enumerate(sc.turns):
+                if stop_after is not None and i >= stop_after:
+                    break
+                if i > 0:
+                    at = at + turn.after
+                # a scenario turn's events and its requests are one transaction (as the Stepper's "Next
+                # turn"): a kill between an event and its request leaves neither, so continuing the scenario
+                # from the stored position never applies an event twice
+                with self.atomic():
+                    for event in turn.events:
+                        s = s.apply(event, at=at)
+                    t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+                at = t.at
+                bar.update(1 + len(turn.tool_calls))
+        except PromptCacheError as exc:
+            if turn.line and sc.path:
+                exc.args = (f"{sc.path}:{turn.line}: turns[{i}]: {exc}",)
+            raise
+        finally:
+            bar.close()
+        return s

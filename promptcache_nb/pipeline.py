@@ -1,0 +1,239 @@
+"""The request pipeline: build → (send) → ideal read → price → analyse → a typed record and the next state.
+
+Pure: no SQL, no clock, no I/O. :class:`~promptcache_nb.Session` sends the request (through its backend, or
+predicts measured usage with its cache model) between :func:`build` and :func:`advance`; the store writes what
+:func:`advance` returns (``Store.write_request``) and the session swaps in the returned :class:`SessionState`
+only once that write is stored. A failed request therefore restores nothing: it changed nothing.
+
+``Session.step`` (a strategy builds the request), ``Session.record`` (a request made elsewhere: imports, the
+proxy), ``Lab.replay`` (through ``step``) and the importers (through ``record``) all go through here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from . import analysis as _analysis
+from ._types import Delta, KnowledgeEntry, RequestRecord, RequestWrite, encode_segment_map
+from ._util import digest
+from .analysis.prices import Prices
+from .cache import CacheResult
+from .errors import PromptCacheError, SessionError
+from .request import PreparedRequest, SegmentMemo, canonical_json, prepare
+from .store._db import encode_message, prefix_chain, state_columns
+from .strategies import DeltaTable, Strategy, StrategyContext
+from .usage import Usage
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """What a session holds in memory between requests, as one value: replaced whole once a change is stored,
+    never edited in place (its lists and dicts are shared with the next state where unchanged)."""
+
+    strategy_state: dict[str, Any]  #: the ``session_state`` row: host prompt, tools, model, ``extra``, pin state
+    written: dict[str, Any] | None  #: its columns as last written (None: unknown, the next write rewrites it)
+    messages: list[dict[str, Any]]  #: the conversation as the agent knows it (compacted messages left out)
+    message_seq: int  #: the next ``session_messages`` seq
+    built_messages: list[dict[str, Any]] | None  #: the history the last strategy-built request was built from
+    deltas: list[Delta]  #: the session's prompt-delta rows
+    previous: PreparedRequest | None  #: the last stored request (the next one is diffed against it)
+    previous_at: datetime | None
+    previous_keys: list[str]  #: its segments' chain keys and prefix node ids (the next chain extends them)
+    previous_nodes: list[str]
+    observation: Any  #: the observation state the next request is observed against (analysis.ObservationState)
+    next_index: int
+    pending_events: tuple[str, ...]  #: event codes recorded since the last request
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """A request a strategy built from the session's history, with what it would change (:func:`build`)."""
+
+    prepared: PreparedRequest
+    history: list[dict[str, Any]]  #: the messages it was built from: the session's, then ``new_messages``
+    new_messages: list[dict[str, Any]]  #: the user message or tool result (and a tool call) this request adds
+    strategy_state: dict[str, Any]  #: the state row after the strategy ran
+    deltas: DeltaTable  #: the prompt-delta rows after the strategy ran (``ops``: its changes)
+    events: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What came back for a request: its usage and the cache model's verdict (a prediction when the usage is
+    measured), and its reply."""
+
+    usage: Usage
+    cache_result: CacheResult | None
+    request_id: str | None
+    reply: list[dict[str, Any]] | None  #: the reply's content blocks, stored with the request (None: none)
+    history_reply: list[dict[str, Any]] | None  #: what of it enters the history (see :func:`history_reply`)
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """One request through the pipeline: what to store, the session's next state, and the per-request
+    analysis the returned :class:`~promptcache_nb.Turn` shows."""
+
+    write: RequestWrite
+    state: SessionState
+    analysis: _analysis.TurnAnalysis
+    usage: Usage
+
+    @property
+    def record(self) -> RequestRecord:
+        return self.write.record
+
+
+def build(state: SessionState, strategy: Strategy, *, session_id: str, project_id: str, strategy_name: str,
+          new_messages: list[dict[str, Any]], at: datetime, knowledge: list[KnowledgeEntry],
+          params: dict[str, Any], memo: SegmentMemo) -> Built:
+    """The strategy's next request over the session's history plus ``new_messages``, with the state and delta
+    rows it would write. ``state`` is not changed: the strategy works on a copy of what it may write."""
+    idx = state.next_index
+    history = state.messages + new_messages
+    # a copy the strategy may change: the big immutable parts (host prompt, tools) are shared
+    values = dict(state.strategy_state)
+    values["extra"] = json.loads(json.dumps(state.strategy_state["extra"]))
+    values["extra"].pop("_pending_events", None)
+    if values.get("ltm_pin_keys") is not None:
+        values["ltm_pin_keys"] = list(values["ltm_pin_keys"])
+    deltas = DeltaTable(state.deltas)
+    ctx = StrategyContext(
+        session_id=session_id, project_id=project_id, request_index=idx, now=at, model=values["model"],
+        host_prompt=values["host_prompt"], tools=values["tools"], knowledge=knowledge, messages=history,
+        events=state.pending_events, state=values, deltas=deltas, params=params,
+        previous_messages=state.built_messages,
+    )
+    try:
+        body = strategy.build(ctx)
+        prepared = prepare(body, memo=memo, trusted=True, previous=state.previous)
+    except PromptCacheError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SessionError(f"turn {idx}: strategy {strategy_name!r} built an invalid request: {exc}") from exc
+    return Built(prepared, history, new_messages, values, deltas, state.pending_events)
+
+
+def advance(
+    state: SessionState,
+    *,
+    session_id: str,
+    project_id: str,
+    prepared: PreparedRequest,
+    at: datetime,
+    events: list[str],
+    outcome: Outcome,
+    built: Built | None,
+    user_text: str | None,
+    prices: Prices | None,
+    retention_points: list[tuple[int, float]] | None,
+    minimum: int,
+    transport: str,
+    source_ref: str | None = None,
+    dedupe_key: str | None = None,
+) -> Advance:
+    """From a sent request and what came back to its :class:`~promptcache_nb.RequestRecord`, the rows the
+    store needs, and the session's next state.
+
+    Args:
+        state: the session's state before the request.
+        built: the strategy's request (``step``), or None for a request made elsewhere (``record``).
+        prices: the request's model's prices (None: unpriced, its cost is NULL).
+        retention_points: the cache model's ``(prefix tokens, lifetime seconds)`` for the previous request;
+            ``minimum``: its minimum cacheable length for this request's model (the ideal read's inputs).
+        transport: ``direct`` (an in-process simulator) or ``http``.
+    """
+    idx = state.next_index
+    usage, cache_result, content = outcome.usage, outcome.cache_result, outcome.reply
+    prev, prev_at = state.previous, state.previous_at
+    ideal = _analysis.ideal_read(
+        prev, prepared, previous_total=getattr(state.observation, "prompt_total", None),
+        current_total=usage.total_input_tokens,
+        gap_seconds=(at - prev_at).total_seconds() if prev is not None and prev_at is not None else None,
+        retention_points=retention_points, compaction="compaction" in events, minimum=minimum,
+        cache_read=usage.cache_read_input_tokens,
+    ).tokens
+    if usage.total_input_tokens is None or prices is None:
+        cost = cost_nc = None  # unknown usage, or an unpriced model, has no cost
+    else:
+        cost, cost_nc = prices.cost(usage, at), prices.cost_without_cache(usage, at)
+    keys, nodes, shared = prefix_chain(prepared, state.previous_keys, state.previous_nodes)
+    rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
+    analysis = _analysis.analyse_turn(
+        previous=prev, current=prepared, usage=usage, cache_result=cache_result, previous_state=state.observation,
+        at=at, previous_at=prev_at, events=events, transport=transport,
+    )
+    messages: list[tuple[int, dict[str, Any]]] = []
+    added: list[dict[str, Any]] = []
+    if built is not None:
+        added = list(built.new_messages)
+        if content is not None:
+            added.append({"role": "assistant", "content": outcome.history_reply})
+        messages = list(enumerate(added, start=state.message_seq))
+    # the session_state row is rewritten only when it changed (most requests it does not)
+    if built is not None:
+        values = built.strategy_state
+    else:
+        values = dict(state.strategy_state)
+        values["extra"] = {k: v for k, v in state.strategy_state["extra"].items() if k != "_pending_events"}
+    written = state_columns(values)
+    reply_ref, reply_blocks = (None, []) if content is None else encode_message(
+        {"role": "assistant", "content": content})
+    record = RequestRecord(
+        session_id=session_id, idx=idx, at=at, model=prepared.model, tail_node=nodes[-1] if nodes else None,
+        rest_hash=digest(rest_body.encode(), tag="seg"), n_segments=len(prepared.segments),
+        total_tokens=prepared.total_tokens, body_bytes=prepared.segment_bytes,
+        input_tokens=usage.input_tokens, cache_read_input_tokens=usage.cache_read_input_tokens,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens,
+        cache_creation_5m_input_tokens=usage.cache_creation_5m_input_tokens,
+        cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
+        output_tokens=usage.output_tokens, usage_source=usage.source,
+        usage_raw=None if usage.raw is None else canonical_json(usage.raw),
+        ideal_cache_read=ideal, cost_usd=cost, cost_no_cache_usd=cost_nc,
+        cache_reason=cache_result.reason if cache_result else None,
+        cache_detail=canonical_json(cache_result.detail) if cache_result else None,
+        events=canonical_json(events), request_id=outcome.request_id, user_text=label(user_text), reply=reply_ref,
+        segment_map=encode_segment_map(cache_result.segment_states) if cache_result else None,
+        transport=transport, source_ref=source_ref, dedupe_key=dedupe_key,
+        # the history the strategy built it from: the next request's previous_messages after a restart
+        n_messages=len(built.history) if built is not None else None,
+        **analysis.columns,
+    )
+    write = RequestWrite(
+        record=record, prepared=prepared, nodes=nodes, shared=shared, rest_body=rest_body,
+        reply_blocks=reply_blocks, messages=messages,
+        state=None if written == state.written else values, state_previous=state.written,
+        delta_ops=built.deltas.ops if built is not None else [], project_id=project_id,
+    )
+    if built is None:
+        after = replace(state, written=written)
+    else:
+        after = replace(state, strategy_state=values, written=written, messages=built.history + added[len(
+            built.new_messages):], message_seq=state.message_seq + len(messages), built_messages=built.history,
+            deltas=built.deltas.list())
+    after = replace(after, previous=prepared, previous_at=at, previous_keys=keys, previous_nodes=nodes,
+                    observation=analysis.state, next_index=idx + 1, pending_events=())
+    return Advance(write, after, analysis, usage)
+
+
+def history_reply(content: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """A model's own answer as it enters the history. ``tool_use`` blocks are left out: the session does
+    not run tools, and a tool_use without its tool_result makes the next request invalid (HTTP 400).
+    ``turn.reply`` keeps the full answer; script tool loops with ``tool_calls=``."""
+    if not content or not any(b.get("type") == "tool_use" for b in content):
+        return content
+    kept = [b for b in content if b.get("type") != "tool_use"]
+    if not kept:
+        names = ", ".join(sorted({str(b.get("name")) for b in content if b.get("type") == "tool_use"}))
+        kept = [{"type": "text", "text": f"(the model asked to call {names}; tool calls are not run here)"}]
+    return kept
+
+
+def label(text: str | None, limit: int = 160) -> str | None:
+    """The ``user_text`` column is a label for tables; the full text is in the request body."""
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
