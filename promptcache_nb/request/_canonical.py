@@ -36,7 +36,7 @@ import marshal
 import weakref
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, count, repeat
-from operator import attrgetter, eq, is_not
+from operator import attrgetter, eq, is_not, itemgetter
 from typing import Any, Literal
 
 from .._util import common_prefix_length, digest
@@ -539,23 +539,34 @@ def prepare(
         >>> p.dialect, [s.path for s in p.segments]
         ('openai-chat', ['messages[0]', 'messages[1]'])
     """
+    dialect, pinned, unlogged_prefix_tokens = _read_arguments(body, dialect, unlogged_prefix_tokens)
+    memo = (memo or SegmentMemo()).for_model(body.get("model"))  # the estimator of this body's model
+    if trusted and dialect == "anthropic" and not copy and not pinned:
+        return _prepare_trusted(body, memo, previous, unlogged_prefix_tokens)
+    return _Builder(body, dialect, memo, previous, unlogged_prefix_tokens, copy, pinned).build()
+
+
+def _read_arguments(body: Any, dialect: str | None, unlogged: int | None) -> tuple[str, bool, int | None]:
+    """How :func:`prepare` (and :class:`BodyPlan`) reads a body and its arguments: (dialect, pinned, unlogged
+    prefix tokens).
+
+    A :class:`LoggedBody` supplies what is not given; ``pinned`` is an explicit ``anthropic`` the body
+    alone would not tell (the shape must record it).
+    """
     if dialect is None:
         dialect = getattr(body, "dialect", None)
-    if unlogged_prefix_tokens is None:
-        unlogged_prefix_tokens = getattr(body, "unlogged_prefix_tokens", None)
+    if unlogged is None:
+        unlogged = getattr(body, "unlogged_prefix_tokens", None)
     if not isinstance(body, dict):
         raise TypeError(f"request body must be a dict, got {type(body).__name__}")
-    pinned = False  # an explicit "anthropic" the body alone would not tell: the shape must record it
+    pinned = False
     if dialect is None:
         dialect = detect_dialect(body)
     elif dialect not in DIALECTS:
         raise ValueError(f"dialect: must be one of {', '.join(DIALECTS)}, got {dialect!r}")
     elif dialect == "anthropic":
         pinned = detect_dialect(body) != "anthropic"
-    memo = (memo or SegmentMemo()).for_model(body.get("model"))  # the estimator of this body's model
-    if trusted and dialect == "anthropic" and not copy and not pinned:
-        return _prepare_trusted(body, memo, previous, unlogged_prefix_tokens)
-    return _Builder(body, dialect, memo, previous, unlogged_prefix_tokens, copy, pinned).build()
+    return dialect, pinned, unlogged
 
 
 def _prepare_trusted(
@@ -679,6 +690,12 @@ class _Builder:
     """One untrusted ``prepare``: sections in cache-prefix order, each a list of *units* (a tool, a
     system block, a message, an input item) that turn into one or more segments."""
 
+    # BodyPlan's two partial modes (a whole prepare sets neither):
+    plan: list[tuple[str, list[Any], Any]] | None = None  # planning: (key, units, emit) recorded, nothing built
+    keys: list[tuple[str, str, str | None, str]] | None = None  # planning: (content hash, kind, role, path) emitted
+    until: int | None = None  # a prefix: build only the units that make the first ``until`` segments
+    cut = False  # ... and some units were left out
+
     def __init__(self, body: dict[str, Any], dialect: str, memo: SegmentMemo,
                  previous: PreparedRequest | None, unlogged: int | None, copy_: bool, pinned: bool) -> None:
         self.body, self.dialect, self.memo, self.unlogged, self.copy = body, dialect, memo, unlogged, copy_
@@ -698,6 +715,9 @@ class _Builder:
     def seg(self, path: str, kind: str, role: str | None, element: Any) -> None:
         memo = self.memo
         chash, bhash, cc, nbytes = memo.hashes(element, trusted=False)
+        if self.keys is not None:  # planning: what a diff compares, no token count
+            self.keys.append((chash, kind, role, path))
+            return
         self.segs.append(
             Segment(path, kind, role, chash, bhash, memo.tokens(kind, chash, element), cc, element, nbytes))
 
@@ -708,6 +728,9 @@ class _Builder:
         The leading run of equal units is taken in bulk (slices, at C speed); only the units after it go
         through the Python loop — usually just the new tail.
         """
+        if self.plan is not None:
+            self.plan.append((key, units, emit))
+            return
         prev = self.previous
         segs = self.segs
         k = 0
@@ -740,6 +763,9 @@ class _Builder:
             else:
                 self.run = False
         for i in range(k, len(units)):
+            if self.until is not None and len(segs) >= self.until:
+                self.cut = True
+                break
             unit = units[i]
             start = len(segs)
             j = i - k
@@ -785,6 +811,9 @@ class _Builder:
         cum = extend_cumulative(self.segs, prev, self.run_len)
         req = PreparedRequest(body, tuple(self.segs), shape, rest, cum[-1] if cum else 0, self.memo.tokenizer.name)
         object.__setattr__(req, "_cum", cum)
+        if self.cut:  # a prefix (BodyPlan.prefix): never a ``previous`` to reuse units from
+            object.__setattr__(req, "_partial", True)
+            return req
         object.__setattr__(req, "_units", self.units)
         object.__setattr__(req, "_snaps", self.snaps)
         if prev is not None:
@@ -911,6 +940,114 @@ class _Builder:
         else:
             raise ValueError("input: must be a string or a list of input items")
         return segmented
+
+
+_CONTENT = itemgetter("content")
+
+
+def _messages_width(messages: list[Any]) -> int:
+    """Segments of Messages messages, as ``_Builder._anthropic`` splits them: one per content block, one for
+    string or empty content (C-speed passes, bar one type test per message)."""
+    contents = list(map(_CONTENT, messages))
+    lists = [c for c in contents if isinstance(c, list)]
+    return len(contents) - len(lists) + sum(map(len, lists)) + lists.count([])
+
+
+class BodyPlan:
+    """A request body's segmented sections in cache-prefix order, planned without building a segment: for
+    reading part of a body (:func:`~promptcache_nb.diff` of raw bodies stops at the first divergence).
+
+    Everything it builds is what :func:`prepare` builds, by the same code and memo: :meth:`unit_keys`
+    (one unit's segment keys, no token count), :meth:`prefix` (the request through its first ``n``
+    segments) and :meth:`prepared` (``prepare(body)`` itself, on first call). Only the top-level shape is
+    checked up front; a unit is validated when something builds it.
+
+    ``sections`` lists the non-empty sections as (key, units); a partial body's unlogged prefix is a section
+    of its own (key ``(unlogged prefix)``, one unit: the measured size). ``shape``, ``rest`` and
+    ``dialect`` are the prepared request's.
+    """
+
+    def __init__(self, body: dict[str, Any], *, memo: SegmentMemo | None = None, dialect: str | None = None,
+                 unlogged_prefix_tokens: int | None = None) -> None:
+        self.body = body
+        self._arguments = (dialect, unlogged_prefix_tokens)
+        self.dialect, self._pinned, self.unlogged = _read_arguments(body, dialect, unlogged_prefix_tokens)
+        self._memo = memo or SegmentMemo()
+        self._planner = self._builder()
+        planner = self._planner
+        planner.plan = []
+        segmented = getattr(planner, "_" + self.dialect.replace("-", "_"))()
+        if self.unlogged is not None:
+            planner.shape["unlogged"] = self.unlogged
+        self.shape = planner.shape
+        self.rest = {k: v for k, v in body.items() if k not in segmented}
+        self.sections: list[tuple[str, list[Any]]] = [(key, units) for key, units, _ in planner.plan if units]
+        self._emit = [emit for _, units, emit in planner.plan if units]
+        if self.unlogged is not None:
+            self.sections.insert(0, (UNLOGGED_PATH, [self.unlogged]))
+            self._emit.insert(0, None)
+        self._keys: dict[tuple[int, int], list[tuple[str, str, str | None, str]]] = {}
+        self._prefixes: dict[int, PreparedRequest] = {}
+        self._whole: PreparedRequest | None = None
+        self._n_segments: int | None = None
+
+    def _builder(self) -> _Builder:
+        memo = self._memo.for_model(self.body.get("model"))
+        return _Builder(self.body, self.dialect, memo, None, self.unlogged, False, self._pinned)
+
+    def width(self, section: int, start: int, stop: int) -> int:
+        """How many segments units ``[start, stop)`` of a section make."""
+        key, units = self.sections[section]
+        if key == "messages" and self.dialect == "anthropic":
+            return _messages_width(units[start:stop])
+        return stop - start
+
+    @property
+    def n_segments(self) -> int:
+        """``len(prepare(body).segments)``, from the units alone."""
+        if self._n_segments is None:
+            self._n_segments = sum(self.width(s, 0, len(units)) for s, (_, units) in enumerate(self.sections))
+        return self._n_segments
+
+    def unit_keys(self, section: int, index: int) -> list[tuple[str, str, str | None, str]]:
+        """(content hash, kind, role, path) of each segment of one unit, as ``prepare`` builds them (the unit
+        is validated; no token is counted)."""
+        got = self._keys.get((section, index))
+        if got is None:
+            units = self.sections[section][1]
+            emit = self._emit[section]
+            if emit is None:  # the unlogged prefix
+                seg = unlogged_segment(units[0])
+                got = [(seg.content_hash, seg.kind, seg.role, seg.path)]
+            else:
+                planner = self._planner
+                planner.keys = got = []
+                try:
+                    emit(index, units[index])
+                finally:
+                    planner.keys = None
+            self._keys[(section, index)] = got
+        return got
+
+    def prefix(self, n: int) -> PreparedRequest:
+        """The request through (at least) its first ``n`` segments: ``prepare``'s very segments, hashes and
+        token counts; the whole request when ``n`` reaches its end. A shorter one is for reading only (the
+        segments after are missing)."""
+        if n >= self.n_segments:
+            return self.prepared()
+        got = self._prefixes.get(n)
+        if got is None:
+            builder = self._builder()
+            builder.until = n
+            got = self._prefixes[n] = builder.build()
+        return got
+
+    def prepared(self) -> PreparedRequest:
+        """``prepare(body)`` with this plan's memo (built on the first call)."""
+        if self._whole is None:
+            dialect, unlogged = self._arguments
+            self._whole = prepare(self.body, memo=self._memo, dialect=dialect, unlogged_prefix_tokens=unlogged)
+        return self._whole
 
 
 def prefix_record(p: PreparedRequest) -> tuple[PreparedRequest | None, int]:

@@ -11,7 +11,15 @@ Anthropic's cache matches exact prefixes in the order tools → system → messa
   divergent segment that still matches.
 
 Segments are compared by content hash first (one comparison per segment, at C speed), bytes only
-inside the one segment that differs, so two 1 MB requests diff in about a millisecond.
+inside the one segment that differs, so two 1 MB prepared requests diff in about a millisecond.
+
+Two raw bodies are not prepared whole: their units (tools, system blocks, messages, input items) are
+compared as Python objects at C speed up to the first unit that differs, and only that unit is hashed
+(``BodyPlan``, request/_canonical.py). What the offsets and the excerpt need — the segments up to the
+divergence, with their token estimates — is prepared on first access; what needs whole bodies
+(``previous``, ``current``, the added/removed lists, ``ignored_changes``' breakpoints) too. A raw body is
+checked as far as it is read: a malformed part after the divergence raises when the whole request is
+needed. Do not mutate the bodies while you use their diff.
 
 Volatile fields never change what the cache matches and are ignored for the divergence, but listed in
 :attr:`PrefixDiff.ignored_changes`: ``cache_control`` markers (and their moves), ``max_tokens``,
@@ -33,18 +41,22 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import io
 import json
+import pickle
 import unicodedata
 import weakref
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import compress
-from operator import attrgetter, itemgetter
+from itertools import compress, count
+from operator import attrgetter, is_not, itemgetter, ne
 from typing import Any
 
 from .._util import common_prefix_length
 from ._canonical import (
+    BodyPlan,
     PreparedRequest,
     SegmentMemo,
     canonical_bytes,
@@ -313,7 +325,7 @@ def section_counts(body: dict[str, Any]) -> tuple[int, int]:
     return n_tools, n_sys
 
 
-def sections(p: PreparedRequest) -> tuple[int, int, int]:
+def sections(p: PreparedRequest | BodyPlan) -> tuple[int, int, int]:
     """Where the tools, system and messages levels start in ``p.segments`` (any dialect; the unlogged
     prefix, when present, is segment 0, before the tools). The system level holds Anthropic system blocks,
     and OpenAI's structured-output schema and Responses ``instructions``."""
@@ -402,7 +414,8 @@ def _value_size(p: PreparedRequest, info: _Info, key: str) -> int:
     body = p.body
     value = body[key]
     segs = p.segments
-    if value is None or key in p.rest:
+    if value is None or key in p.rest or p.__dict__.get("_partial"):
+        # a prefix (BodyPlan.prefix) has no segments past the divergence to add up: measure the value
         return len(canonical_bytes(value))
     if key == "tools":
         return _list_size(segs, info.tool_start, info.sys_start)
@@ -518,7 +531,8 @@ class PrefixDiff:
     """How ``current`` differs from ``previous`` as a prompt cache sees it. Build with :func:`diff`.
 
     Attributes:
-        previous: the earlier request. current: the later one.
+        previous: the earlier request. current: the later one (both :class:`PreparedRequest`; raw bodies are
+            prepared on first access).
         index: position (segment index in ``current``) where the cache prefix stops matching; ``None``
             when ``previous`` is a prefix of ``current`` (a pure append, or identical).
         path: that position's path — a segment path, or the top-level field (``model``, ``speed``,
@@ -532,25 +546,65 @@ class PrefixDiff:
         other_changes: other top-level changes whose cache effect is not modelled.
         ignored_changes: volatile changes (``VOLATILE_FIELDS``, moved ``cache_control`` markers as
             ``breakpoints``) that never affect matching.
+
+    ``shared_prefix_tokens``, the offsets, the excerpt and the lists are computed on first access.
     """
 
-    previous: PreparedRequest
-    current: PreparedRequest
     index: int | None
     path: str | None
     field: str | None
-    shared_prefix_tokens: int
     pure_append: bool
     field_changes: tuple[FieldChange, ...]
     other_changes: tuple[FieldChange, ...]
-    ignored_changes: tuple[FieldChange, ...]
+    # (previous, current): PreparedRequest, or the BodyPlan of a raw body (prepared as far as a property needs)
+    _sources: tuple[Any, Any] = dataclasses.field(repr=False)
+    _shared_at: int = 0  # segments shared before the divergence
     _common: int = 0  # length of the common run of segment keys
 
+    # -- the requests, as far as each property reads them ---------------------------------------
+    @cached_property
+    def previous(self) -> PreparedRequest:
+        return _whole(self._sources[0])
+
+    @cached_property
+    def current(self) -> PreparedRequest:
+        return _whole(self._sources[1])
+
+    @cached_property
+    def _upto(self) -> tuple[PreparedRequest, PreparedRequest]:
+        """(previous, current) through the divergent segment: all the offsets, the excerpt and the shared
+        tokens read (for raw bodies, only that prefix is prepared)."""
+        n = self._shared_at if self.index is None else self.index + 1
+        return _through(self._sources[0], n), _through(self._sources[1], n)
+
     # -- derived, computed on first access ------------------------------------------------------
+    @cached_property
+    def shared_prefix_tokens(self) -> int:
+        """Estimated tokens of the whole segments both requests share before the divergence (the most any
+        cache could read)."""
+        n = self._shared_at
+        if not n:
+            return 0
+        # a divergence: the prefix the offsets read anyway; a pure append: the current request through n
+        current = self._upto[1] if self.index is not None else _through(self._sources[1], n)
+        return current.cumulative_tokens()[n - 1]
+
+    @cached_property
+    def ignored_changes(self) -> tuple[FieldChange, ...]:
+        """Volatile changes (``VOLATILE_FIELDS``, moved ``cache_control`` markers as ``breakpoints``) that
+        never affect matching. The breakpoints read both whole requests."""
+        prev, cur = self._sources
+        volatile = VOLATILE_FIELDS if cur.dialect == "anthropic" else OPENAI_VOLATILE_FIELDS
+        ignored = _field_changes(prev.rest, cur.rest, volatile)
+        pm, cm = _info(self.previous).marks, _info(self.current).marks
+        if pm != cm:
+            ignored.append(FieldChange("breakpoints", ", ".join(pm) or "(none)", ", ".join(cm) or "(none)"))
+        return tuple(ignored)
+
     @property
     def identical(self) -> bool:
         """Same segments and no cache-relevant change (volatile fields may still differ)."""
-        return self.pure_append and len(self.previous.segments) == len(self.current.segments)
+        return self.pure_append and _length(self._sources[0]) == _length(self._sources[1])
 
     @cached_property
     def unlogged(self) -> bool:
@@ -560,7 +614,7 @@ class PrefixDiff:
         i = self.index
         if i is None or self.field is not None:
             return False
-        return any(i < len(r.segments) and r.segments[i].kind == "unlogged" for r in (self.current, self.previous))
+        return any(i < len(r.segments) and r.segments[i].kind == "unlogged" for r in self._upto)
 
     def _unlogged_sizes(self) -> str:
         def size(r: PreparedRequest) -> str:
@@ -571,20 +625,23 @@ class PrefixDiff:
     @property
     def appended(self) -> int:
         """Segments added at the end (pure append only; 0 otherwise)."""
-        return len(self.current.segments) - len(self.previous.segments) if self.pure_append else 0
+        return _length(self._sources[1]) - _length(self._sources[0]) if self.pure_append else 0
 
     @cached_property
     def _within(self) -> tuple[int | None, int | None, int]:
         """(first differing byte in the current segment's stripped bytes, mapped exact offset, stripped
         length) for a segment divergence; Nones otherwise."""
         i = self.index
-        if i is None or self.field is not None or i >= len(self.current.segments) or self.unlogged:
+        if i is None or self.field is not None or self.unlogged:
             return None, None, 0
-        cur = self.current.segments[i]
+        previous, current = self._upto
+        if i >= len(current.segments):
+            return None, None, 0
+        cur = current.segments[i]
         cur_plain, at, ins = _stripped(cur.element)
-        if i >= len(self.previous.segments):
+        if i >= len(previous.segments):
             return 0, 0, len(cur_plain)
-        prev_plain, _, _ = _stripped(self.previous.segments[i].element)
+        prev_plain, _, _ = _stripped(previous.segments[i].element)
         d = common_prefix_length(prev_plain, cur_plain)
         if d == len(prev_plain) == len(cur_plain):
             return 0, 0, len(cur_plain)  # same bytes: the envelope differs (message boundary or role)
@@ -608,11 +665,11 @@ class PrefixDiff:
         """
         if self.index is None or self.unlogged:
             return None
-        cur = self.current
+        prev, cur = self._upto
         info = _info(cur)
         if self.field is not None:
             base = _key_offset(cur, info, self.field)
-            old, new = self.previous.body.get(self.field, _ABSENT), cur.body.get(self.field, _ABSENT)
+            old, new = prev.body.get(self.field, _ABSENT), cur.body.get(self.field, _ABSENT)
             if old is _ABSENT or new is _ABSENT:
                 return base
             return base + common_prefix_length(canonical_bytes(old), canonical_bytes(new))
@@ -632,10 +689,11 @@ class PrefixDiff:
         in the unlogged prefix (it cannot be located)."""
         if self.index is None or self.unlogged:
             return None
-        if self.field is not None or self.index >= len(self.current.segments):
+        current = self._upto[1]
+        if self.field is not None or self.index >= len(current.segments):
             return self.shared_prefix_tokens
         d, _, size = self._within
-        seg = self.current.segments[self.index]
+        seg = current.segments[self.index]
         within = (seg.tokens * d) // size if (d and size) else 0
         return self.shared_prefix_tokens + min(within, max(0, seg.tokens - 1))
 
@@ -643,7 +701,7 @@ class PrefixDiff:
     def raw_byte_offset(self) -> int | None:
         """The first differing byte of the two whole canonical serialisations (volatile fields and key
         order included), or None when they are equal. Serialises both bodies: O(body size)."""
-        a, b = self.previous.canonical, self.current.canonical
+        a, b = canonical_bytes(self._sources[0].body), canonical_bytes(self._sources[1].body)
         if a == b:
             return None
         return common_prefix_length(a, b)
@@ -654,14 +712,15 @@ class PrefixDiff:
         for a change in the unlogged prefix (there is no logged text to show)."""
         if self.index is None or self.unlogged:
             return None
+        prev, cur = self._sources
         if self.field is not None:
-            old = self.previous.body.get(self.field, _ABSENT)
-            new = self.current.body.get(self.field, _ABSENT)
+            old = prev.body.get(self.field, _ABSENT)
+            new = cur.body.get(self.field, _ABSENT)
             a = "(absent)" if old is _ABSENT else canonical_json(old)
             b = "(absent)" if new is _ABSENT else canonical_json(new)
             return _excerpt(a, b, "json")
         i = self.index
-        prev_segs, cur_segs = self.previous.segments, self.current.segments
+        prev_segs, cur_segs = self._upto[0].segments, self._upto[1].segments
         if i >= len(cur_segs):
             el = prev_segs[i].element
             text = _text_of(el)
@@ -896,48 +955,157 @@ def compute_diff(previous: PreparedRequest, current: PreparedRequest) -> PrefixD
     # segments prepare() reused from the previous request are equal by construction: compare after them
     k = shared_prefix_of(current, previous)
     n = k + _common_run(pi, ci, k, k)
+    at = current.segments[n] if n < len(ci) else previous.segments[n] if n < len(pi) else None
+    return _diff_at(previous, current, n, n == len(pi), None if at is None else at.path, ci.sys_start, ci.msg_start)
+
+
+def _diff_at(previous: Any, current: Any, n: int, prefix_ok: bool, path_at: str | None,
+             sys_start: int, msg_start: int) -> PrefixDiff:
+    """The diff of two requests (prepared, or raw bodies' plans) whose first ``n`` segments match.
+
+    ``prefix_ok``: the previous request has no more segments; ``path_at``: the path of segment ``n`` in the
+    current request (in the previous one when the current one has no segment ``n``); ``sys_start`` and
+    ``msg_start``: where the current request's system and messages levels start.
+    """
     prest, crest = previous.rest, current.rest
-    if current.dialect == "anthropic":
-        levels, volatile = FIELD_LEVELS, VOLATILE_FIELDS
-    else:
-        levels, volatile = OPENAI_FIELD_LEVELS, OPENAI_VOLATILE_FIELDS
+    levels = FIELD_LEVELS if current.dialect == "anthropic" else OPENAI_FIELD_LEVELS
+    volatile = VOLATILE_FIELDS if current.dialect == "anthropic" else OPENAI_VOLATILE_FIELDS
     field_changes = _field_changes(prest, crest, sorted(levels))
     known = set(volatile) | set(levels)
     other = _field_changes(prest, crest, sorted((set(prest) | set(crest)) - known))
-    ignored = _field_changes(prest, crest, volatile)
-    if pi.marks != ci.marks:
-        ignored.append(FieldChange("breakpoints", ", ".join(pi.marks) or "(none)",
-                                   ", ".join(ci.marks) or "(none)"))
 
     # the earliest position any cache-relevant field invalidates
     field, field_at = None, None
     for fc in field_changes:
         level = levels[fc.path]
-        at = 0 if level == "tools" else ci.sys_start if level == "system" else ci.msg_start
+        at = 0 if level == "tools" else sys_start if level == "system" else msg_start
         if field_at is None or at < field_at:
             field, field_at = fc.path, at
 
-    prefix_ok = n == len(pi)
     index: int | None
     path: str | None
     if field_at is not None and (prefix_ok or field_at <= n):
         index, path, shared_at = field_at, field, field_at
     elif not prefix_ok:
-        index, field = n, None
-        path = current.segments[n].path if n < len(ci) else previous.segments[n].path
-        shared_at = n
+        index, field, path, shared_at = n, None, path_at, n
     else:
         index = path = field = None
         shared_at = n
-    shared = current.cumulative_tokens()[shared_at - 1] if shared_at else 0
     return PrefixDiff(
-        previous=previous, current=current, index=index, path=path, field=field,
-        shared_prefix_tokens=shared, pure_append=index is None, field_changes=tuple(field_changes),
-        other_changes=tuple(other), ignored_changes=tuple(ignored), _common=n,
+        index=index, path=path, field=field, pure_append=index is None, field_changes=tuple(field_changes),
+        other_changes=tuple(other), _sources=(previous, current), _shared_at=shared_at, _common=n,
     )
 
 
-def _as_prepared(x: Any, memo: SegmentMemo) -> PreparedRequest:
+def _whole(source: Any) -> PreparedRequest:
+    return source if isinstance(source, PreparedRequest) else source.prepared()
+
+
+def _through(source: Any, n: int) -> PreparedRequest:
+    """The request through (at least) its first ``n`` segments."""
+    return source if isinstance(source, PreparedRequest) else source.prefix(n)
+
+
+def _length(source: Any) -> int:
+    return len(source.segments) if isinstance(source, PreparedRequest) else source.n_segments
+
+
+# -- raw bodies: compare units as objects, segment only where they differ --------------------------------
+
+def _pickled(value: Any) -> Any:
+    """Bytes that are equal only for equal values of equal types (``1``, ``1.0`` and ``True`` differ, floats
+    bit for bit) in equal key order. The pickler's memo is off, so object sharing does not change them."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, pickle.HIGHEST_PROTOCOL)
+    pickler.fast = True
+    try:
+        pickler.dump(value)
+    except Exception:  # not picklable (prepare rejects it or hashes it): compare as "different"
+        return object()
+    return out.getvalue()
+
+
+def _first_inexact(xs: list[Any], ys: list[Any], lo: int, hi: int) -> int:
+    """The first index in ``[lo, hi)`` whose units are not known to have equal canonical JSON (``hi`` if
+    none): at C speed, the same object, or ``==`` and pickled alike (``==`` alone says ``1 == 1.0 == True``,
+    whose canonical JSON differs)."""
+    xa, ya = xs[lo:hi], ys[lo:hi]
+    f = next(compress(count(), map(ne, xa, ya)), hi - lo)
+    xa, ya = xa[:f], ya[:f]
+    distinct = list(compress(count(), map(is_not, xa, ya)))  # equal, not the same objects
+    if distinct:
+        pick = itemgetter(*distinct)
+        # (all of them, when the bodies share no object: the slices themselves)
+        sa, sb = (xa, ya) if len(distinct) == f else (pick(xa), pick(ya))
+        if _pickled(sa) != _pickled(sb):  # rare: find the unit
+            f = next(j for j in distinct if _pickled(xa[j]) != _pickled(ya[j]))
+    return lo + f
+
+
+_UNIT_KEY = itemgetter(0, 1, 2)  # (content hash, kind, role) of BodyPlan.unit_keys: what compute_diff compares
+
+
+def _keys_from(plan: BodyPlan, section: int, index: int) -> Iterator[tuple[str, str, str | None, str]]:
+    """Segment keys of ``plan`` from unit ``index`` of ``section`` on."""
+    for s in range(section, len(plan.sections)):
+        for i in range(index if s == section else 0, len(plan.sections[s][1])):
+            yield from plan.unit_keys(s, i)
+
+
+def _common_keys(a: BodyPlan, b: BodyPlan) -> tuple[int, str | None, str | None]:
+    """(n, path of ``a``'s segment n, path of ``b``'s) for the common run of segment keys of two raw
+    bodies, as :func:`compute_diff` counts it (a path is None past a body's end).
+
+    Equal units are skipped unit by unit at C speed; the first units that differ are segmented (a moved
+    ``cache_control`` marker leaves their keys equal and the scan goes on)."""
+    n = 0
+    for s in range(min(len(a.sections), len(b.sections))):
+        (key_a, ua), (key_b, ub) = a.sections[s], b.sections[s]
+        if key_a != key_b:
+            return _run_from(a, b, s, 0, n)
+        m = min(len(ua), len(ub))
+        i = 0
+        while i < m:
+            f = _first_inexact(ua, ub, i, m)
+            n += b.width(s, i, f)
+            if f == m:
+                break
+            ka, kb = a.unit_keys(s, f), b.unit_keys(s, f)
+            if list(map(_UNIT_KEY, ka)) != list(map(_UNIT_KEY, kb)):
+                return _run_from(a, b, s, f, n)
+            n += len(kb)
+            i = f + 1
+        if len(ua) != len(ub):
+            return _run_from(a, b, s, m, n)
+    return _run_from(a, b, min(len(a.sections), len(b.sections)), 0, n)
+
+
+def _run_from(a: BodyPlan, b: BodyPlan, section: int, index: int, n: int) -> tuple[int, str | None, str | None]:
+    """The common run from one position on, segment by segment (in practice it ends at once: two sides whose
+    units no longer line up differ in kind at the next segment)."""
+    ka, kb = _keys_from(a, section, index), _keys_from(b, section, index)
+    while True:
+        x, y = next(ka, None), next(kb, None)
+        if x is None or y is None or _UNIT_KEY(x) != _UNIT_KEY(y):
+            return n, None if x is None else x[3], None if y is None else y[3]
+        n += 1
+
+
+def _diff_raw(previous: dict[str, Any], current: dict[str, Any], memo: SegmentMemo) -> PrefixDiff | None:
+    """The diff of two raw bodies, read up to their first divergence; None when :func:`compute_diff` of the
+    prepared bodies must answer: different dialects, or a body ``prepare`` rejects (it raises the error)."""
+    try:
+        a, b = BodyPlan(previous, memo=memo), BodyPlan(current, memo=memo)
+        if a.dialect != b.dialect:
+            return None
+        n, path_a, path_b = _common_keys(a, b)
+        _, sys_start, msg_start = sections(b)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError):
+        return None
+    return _diff_at(a, b, n, path_a is None, path_b if path_b is not None else path_a, sys_start, msg_start)
+
+
+def _as_input(x: Any) -> PreparedRequest | dict[str, Any]:
     if isinstance(x, PreparedRequest):
         return x
     prepared = getattr(x, "prepared", None)  # a session Turn
@@ -951,7 +1119,7 @@ def _as_prepared(x: Any, memo: SegmentMemo) -> PreparedRequest:
             raise TypeError(f"diff() takes request bodies (dict, or JSON bytes/str such as Turn.body), "
                             f"PreparedRequest or Turn; got {type(x).__name__} that is not JSON: {exc}") from None
     if isinstance(x, dict):
-        return prepare(x, memo=memo)
+        return x
     raise TypeError(f"diff() takes request bodies (dict, or JSON bytes/str such as Turn.body), PreparedRequest or "
                     f"Turn, got {type(x).__name__}")
 
@@ -964,6 +1132,10 @@ def diff(previous: Any, current: Any) -> PrefixDiff:
             its JSON as bytes/str, e.g. ``Turn.body``), a :class:`PreparedRequest` or a Turn.
         current: the later request, same choices.
 
+    Two raw bodies are read only up to their first divergence (no token is estimated): the offsets and the
+    shared tokens prepare the segments before it on first access, the lists and ``previous``/``current``
+    the whole requests (see the module docstring).
+
     Example:
         >>> import promptcache_nb as pc
         >>> a = {"model": "claude-sonnet-4-5", "system": "Be terse.", "messages": [
@@ -975,5 +1147,11 @@ def diff(previous: Any, current: Any) -> PrefixDiff:
         >>> str(d.excerpt)
         'Be ⟪ terse. ⟫ → ⟪ brief. ⟫'
     """
+    a, b = _as_input(previous), _as_input(current)
     memo = SegmentMemo()
-    return compute_diff(_as_prepared(previous, memo), _as_prepared(current, memo))
+    if isinstance(a, dict) and isinstance(b, dict):
+        fast = _diff_raw(a, b, memo)
+        if fast is not None:
+            return fast
+    return compute_diff(a if isinstance(a, PreparedRequest) else prepare(a, memo=memo),
+                        b if isinstance(b, PreparedRequest) else prepare(b, memo=memo))
