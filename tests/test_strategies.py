@@ -116,12 +116,12 @@ def test_clock_in_system_minute_change_reprocesses_history(lab):
 def test_clock_in_system_static_text_cached_by_source_fingerprint(lab):
     s = new_session(lab, "clock_in_system")
     s.step("q0", "a0", at=at(0))
-    fp = s._state["extra"]["static_prompt"]["fingerprint"]
+    fp = s._state.strategy_state["extra"]["static_prompt"]["fingerprint"]
     s.step("q1", "a1", at=at(70))
-    assert s._state["extra"]["static_prompt"]["fingerprint"] == fp
+    assert s._state.strategy_state["extra"]["static_prompt"]["fingerprint"] == fp
     s.knowledge.update(s.knowledge.id_for("lag"), content="Replica lag is now under five seconds.")
     t = s.step("q2", "a2", at=at(80))
-    assert s._state["extra"]["static_prompt"]["fingerprint"] != fp
+    assert s._state.strategy_state["extra"]["static_prompt"]["fingerprint"] != fp
     assert "under five seconds" in t.request["system"][0]["text"]
 
 
@@ -177,26 +177,26 @@ def test_append_only_frozen_prefix_and_log(lab):
     host, knowledge = t0.request["system"]
     assert host == {"type": "text", "text": HOST} and knowledge["cache_control"] == {"type": "ephemeral"}
     assert t0.request["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
-    extra = s._state["extra"]
+    extra = s._state.strategy_state["extra"]
     assert (extra["prefix"]["version"], extra["prefix_rebuilt"], extra["last_sync"]) == (1, True, "append")
     t1 = s.step("q1", "a1", at=at(30))
-    assert (s._state["extra"]["prefix"]["version"], s._state["extra"]["prefix_rebuilt"]) == (1, False)
+    assert (s._state.strategy_state["extra"]["prefix"]["version"], s._state.strategy_state["extra"]["prefix_rebuilt"]) == (1, False)
     assert t1.cache_reason == "hit"
     s.knowledge.add("New gotcha", "Retries after 24h are new charges.", category="gotcha")
     t2 = s.step("q2", "a2", at=at(60))
-    extra = s._state["extra"]
+    extra = s._state.strategy_state["extra"]
     assert (extra["prefix"]["version"], extra["prefix_rebuilt"]) == (2, True)
     assert t2.cache_result.detail["divergence_path"] == "system[1]"
     # the log is what the previous request was built from: the session's history, never rewritten into state
-    assert "log" not in extra and len(s._built_messages) == 5
+    assert "log" not in extra and len(s._state.built_messages) == 5
     s.compact("We discussed three questions.")
     s.step("q3", "a3", at=at(90))
-    assert s._state["extra"]["last_sync"] == "shrink"  # 5 messages synced, 3 now: clear and resend
+    assert s._state.strategy_state["extra"]["last_sync"] == "shrink"  # 5 messages synced, 3 now: clear and resend
     # ... also after a restart: the synced history (3 messages) comes back from the store, compacted rows too
     s.compact("Another summary.")
     s = s.restart()
     s.step("q4", "a4", at=at(120))
-    assert s._state["extra"]["last_sync"] == "rewrite@0"  # 3 synced, 3 now, the first one rewritten
+    assert s._state.strategy_state["extra"]["last_sync"] == "rewrite@0"  # 3 synced, 3 now, the first one rewritten
 
 
 def test_append_only_rewrite_keeps_the_longest_unchanged_run(lab):
@@ -204,7 +204,7 @@ def test_append_only_rewrite_keeps_the_longest_unchanged_run(lab):
     s.step("q0", "a0", at=at(0))
     s.compact("Summary.")  # 1 message synced; now 3, the first one rewritten
     s.step("q1", "a1", at=at(30))
-    assert s._state["extra"]["last_sync"] == "rewrite@0"
+    assert s._state.strategy_state["extra"]["last_sync"] == "rewrite@0"
 
 
 # -- rewrite_knowledge ---------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def test_rewrite_knowledge_layout_and_rerank_invariance(lab):
     assert "cache_control" not in context and "Draft style" not in context["text"]
     assert context["text"].index("Replica lag") < context["text"].index("Webhook incident")
     assert t0.request["cache_control"] == {"type": "ephemeral"}
-    assert s._state["ltm_pin_keys"] == sorted(e.pin_key for e in s.knowledge if e.category != "preference")
+    assert s._state.strategy_state["ltm_pin_keys"] == sorted(e.pin_key for e in s.knowledge if e.category != "preference")
     # a query that would rank the incident first changes nothing: the key set is unchanged
     t1 = s.step("webhook incident eu-west delayed deliveries", "ok", at=at(30))
     assert system_bytes(t1) == system_bytes(t0) and t1.cache_reason == "hit"
@@ -267,7 +267,7 @@ def test_durable_delta_layout_and_breakpoints(lab):
     host, stable, context = t.request["system"]
     assert host["text"] == HOST and "cache_control" not in host
     assert stable["cache_control"] == context["cache_control"] == {"type": "ephemeral", "ttl": "1h"}
-    assert s._state["stable_ltm_text"] == stable["text"] and s._state["ltm_pin_text"] == context["text"]
+    assert s._state.strategy_state["stable_ltm_text"] == stable["text"] and s._state.strategy_state["ltm_pin_text"] == context["text"]
     assert "cache_control" not in t.request
     assert t.cache_result.detail["breakpoints"] == [
         "system[1]", "system[2]", "messages[0].content[0]", "messages[2].content[0]"]
@@ -323,9 +323,9 @@ def test_durable_delta_is_cumulative_and_appends_only_on_a_new_key_set(lab):
     assert "under five seconds" in second and "Logs are UTC, tickets local." in second
     assert second.index("Logs are UTC") < second.index("under five seconds")  # newest change first
     lag = s.knowledge.get(s.knowledge.id_for("lag"))
-    assert lag.pin_key not in s._state["ltm_pin_keys"]  # the baseline stays frozen at the first pin
-    assert any(k.startswith(lag.id + ":") for k in s._state["ltm_pin_keys"])
-    assert s._state["ltm_cache_text"] == s._state["ltm_pin_text"]  # Lore resets the cache to the pin
+    assert lag.pin_key not in s._state.strategy_state["ltm_pin_keys"]  # the baseline stays frozen at the first pin
+    assert any(k.startswith(lag.id + ":") for k in s._state.strategy_state["ltm_pin_keys"])
+    assert s._state.strategy_state["ltm_cache_text"] == s._state.strategy_state["ltm_pin_text"]  # Lore resets the cache to the pin
 
 
 def test_durable_delta_rerank_alone_changes_nothing(lab):
@@ -402,10 +402,10 @@ def test_durable_delta_corrupt_pin_keys_repin_once(lab):
     ).fetchall()
     s = s.restart()
     s.step("q1", "a1", at=at(30))
-    keys = s._state["ltm_pin_keys"]
+    keys = s._state.strategy_state["ltm_pin_keys"]
     assert keys == sorted(e.pin_key for e in s.knowledge if e.category != "preference")
     t2 = s.step("q2", "a2", at=at(60))
-    assert s._state["ltm_pin_keys"] == keys and s.deltas().empty and t2.cache_reason == "hit"
+    assert s._state.strategy_state["ltm_pin_keys"] == keys and s.deltas().empty and t2.cache_reason == "hit"
 
 
 def test_move_sessions_carries_durable_delta_rows(lab):

@@ -154,7 +154,7 @@ def test_a_calibrated_session_resimulates_with_its_own_tokenizer(lab):
     again = pc.resimulate(s, cache="anthropic")
     assert list(again.cache_read_input_tokens) == list(s.turns().cache_read_input_tokens)
     # a calibration of one family never scales another's counts
-    tok = s._memo.tokenizer
+    tok = s.tokenizer
     assert tok.for_model("claude-sonnet-4-5-20250929").name.startswith("heuristic-v1*1.3")
     assert tok.for_model("gpt-4.1").name == "o200k_base"
 

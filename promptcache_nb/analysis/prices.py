@@ -31,11 +31,12 @@ class Prices:
     """USD per million tokens (the base tier).
 
     Prices from genai-prices carry ``model_ref`` (the library's own model id, exactly resolved) and
-    ``provider_id``: their costs are computed by genai-prices itself, at the request's time (``at``), so
-    context-size tiers (e.g. Sonnet above 200k input tokens) and time-of-day rates (e.g. DeepSeek's
+    ``provider_id``: their costs are genai-prices' own, at the request's time (``at``), so context-size
+    tiers (e.g. Sonnet above 200k input tokens), price changes and time-of-day rates (e.g. DeepSeek's
     off-peak discount) apply, and reasoning tokens the usage reports are passed on (priced when the
-    library prices them apart; they are part of the output otherwise). Explicit prices (no ``model_ref``)
-    use the rates.
+    library prices them apart; they are part of the output otherwise) — computed from a rate table
+    cached per model price period, equal to the library's ``calc_price`` to the last digit
+    (:func:`_library_cost`). Explicit prices (no ``model_ref``) use the rates.
     """
 
     input: float
@@ -103,17 +104,125 @@ def _reasoning(usage: Usage) -> int:
 
 def _library_cost(model_ref: str, provider_id: str | None, at: datetime | None, *, total: int, read: int,
                   write: int, write_1h: int, output: int, reasoning: int = 0) -> float:
-    from genai_prices import Usage as GUsage
-    from genai_prices import calc_price
-
+    """genai-prices' cost of one request: from the model's cached rate table when it provably gives the
+    library's own result (:func:`_rate_table`), else by ``calc_price`` itself."""
     fields = {"input_tokens": total, "cache_read_tokens": read, "cache_write_tokens": write,
               "cache_write_1h_tokens": write_1h, "output_tokens": output}
     if 0 < reasoning <= output:
         fields["output_reasoning_tokens"] = reasoning  # a part of the output: priced apart only if the model is
-    usage = GUsage(**fields)
-    calc = calc_price(usage, model_ref=model_ref, provider_id=provider_id,
-                      genai_request_timestamp=at or REFERENCE_TIME)
+    when = at or REFERENCE_TIME
+    from genai_prices import data_snapshot
+
+    # the library's own resolution and price period (both cheap): the table can never outlive either
+    provider, model = data_snapshot.get_snapshot().find_provider_model(model_ref, None, provider_id, None)
+    if provider.id != "groq":  # genai-prices rewrites the usage of some Groq models before pricing
+        table = _rate_table(model.get_prices(when))
+        cost = table.cost(fields) if table is not None else None
+        if cost is not None:
+            return cost
+    from genai_prices import Usage as GUsage
+    from genai_prices import calc_price
+
+    calc = calc_price(GUsage(**fields), model_ref=model_ref, provider_id=provider_id,
+                      genai_request_timestamp=when)
     return float(calc.total_price)
+
+
+# The usage keys :func:`_library_cost` passes: always, and sometimes (reasoning, when reported).
+_ALWAYS_REPORTED = ("input_tokens", "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens",
+                    "output_tokens")
+_SOMETIMES_REPORTED = ("output_reasoning_tokens",)
+
+
+@dataclass(frozen=True)
+class _RateTable:
+    """One genai-prices price period of one model (a ``ModelPrice``) compiled for the usage keys we pass.
+
+    genai-prices prices a usage as: for each priced unit, its *leaf* count (its usage value minus the leaf
+    counts of the priced units below it: uncached input = input - cache read - cache write...) times its
+    rate (a tier's rate when the total input tokens exceed the tier's start), divided by ``per``, summed
+    in the price's key order, in ``Decimal``. :meth:`cost` does exactly that, in the same order.
+    """
+
+    # (usage key, base rate, tiers highest first as (start, rate), per), in the price's key order
+    lines: tuple[tuple[str, Decimal, tuple[tuple[int, Decimal], ...], int], ...]
+    leaves: tuple[tuple[str, tuple[str, ...]], ...]  # (usage key, priced keys below it), most specific first
+    tiered: bool
+
+    def cost(self, fields: dict[str, int]) -> float | None:
+        """The library's ``float(total_price)``; None where the library would raise (a negative count)."""
+        if min(fields.values()) < 0:
+            return None
+        leaf: dict[str, int] = {"requests": 1}  # genai-prices counts one request per call
+        for key, below in self.leaves:
+            n = fields.get(key, 0) - sum(leaf[b] for b in below)
+            if n < 0:
+                return None
+            leaf[key] = n
+        total_input = fields["input_tokens"] if self.tiered else 0
+        total = Decimal(0)
+        for key, rate, tiers, per in self.lines:
+            for start, tier_rate in tiers:
+                if total_input > start:
+                    rate = tier_rate
+                    break
+            total += rate * Decimal(leaf[key]) / per
+        return float(total)
+
+
+# Compiled tables by ModelPrice identity (the object is kept, so its id is never reused); None: no table.
+_TABLES: dict[int, tuple[Any, _RateTable | None]] = {}
+
+
+def _rate_table(model_price: Any) -> _RateTable | None:
+    entry = _TABLES.get(id(model_price))
+    if entry is None or entry[0] is not model_price:
+        if len(_TABLES) >= 4096:  # price snapshots updated at run time leave old periods behind
+            _TABLES.clear()
+        entry = _TABLES[id(model_price)] = (model_price, _compile_rate_table(model_price))
+    return entry[1]
+
+
+def _compile_rate_table(model_price: Any) -> _RateTable | None:
+    """The table of ``model_price``, or None when it cannot be proven to give the library's result."""
+    from genai_prices import Usage as GUsage
+    from genai_prices.types import ModelPrice, TieredPrices
+    from genai_prices.units import _get_registry
+
+    registry = _get_registry()
+    if type(model_price) is not ModelPrice:
+        return None
+    items = [(k, v) for k, v in model_price.__dict__.items() if not k.startswith("_") and v is not None]
+    try:
+        units = [registry.unit_for_price_key(k) for k, _ in items]
+        # the library's own validation of these prices (ancestors, joins, values) depends on no usage
+        model_price.calc_price(GUsage(input_tokens=10, cache_read_tokens=1, cache_write_tokens=2,
+                                      cache_write_1h_tokens=1, output_tokens=2, output_reasoning_tokens=1))
+    except (KeyError, ValueError):
+        return None  # an unknown key (the library warns and skips it) or invalid prices: the library decides
+    priced = {u.usage_key: u for u in units if u.usage_key != "requests"}
+    # A priced key we do not pass is inferred by genai-prices: 0, or an error when a more specific or an
+    # overlapping key is reported positive. Both conditions only grow with the set of positive keys, so
+    # a probe with every other key we may pass positive proves it is 0 for all our usages.
+    for key in priced:
+        if key in _ALWAYS_REPORTED:
+            continue
+        probe = GUsage(**{k: 1 for k in (*_ALWAYS_REPORTED, *_SOMETIMES_REPORTED) if k != key})
+        try:
+            if getattr(probe, key) != 0:
+                return None
+        except ValueError:
+            return None
+    ordered = sorted(priced.values(), key=lambda u: (-len(u.dimensions), u.usage_key))
+    leaves = tuple(
+        (u.usage_key, tuple(d.usage_key for d in ordered
+                            if d is not u and u.dimensions.items() <= d.dimensions.items()))
+        for u in ordered)
+    lines = tuple(
+        (u.usage_key, v.base, tuple((t.start, t.price) for t in reversed(v.tiers)), u.per)
+        if isinstance(v, TieredPrices) else (u.usage_key, v, (), u.per)
+        for u, (_, v) in zip(units, items, strict=True))
+    return _RateTable(lines=lines, leaves=leaves, tiered=any(isinstance(v, TieredPrices) for _, v in items))
 
 
 def _match_names(logic: Any) -> tuple[set[str], list[str]]:
@@ -189,7 +298,7 @@ def _num(value: object) -> float:
 @lru_cache(maxsize=128)
 def prices_for(model: str) -> Prices:
     """Prices of ``model`` from genai-prices (USD / MTok; the base tier at the reference time). Costs
-    computed with them go through genai-prices per request (tiers, time-of-day rates).
+    computed with them follow genai-prices per request (tiers, price changes, time-of-day rates).
 
     The id resolves exactly (see the module docstring): ``claude-sonnet-4-5-20250929`` is
     ``claude-sonnet-4-5``, ``claude-opus-4-9`` is not ``claude-opus-4``.

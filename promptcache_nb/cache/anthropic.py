@@ -47,7 +47,6 @@ from __future__ import annotations
 import hashlib
 from bisect import bisect_right
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
@@ -127,13 +126,123 @@ def client_ttls_from_usage(usages: Iterable[Any]) -> tuple[str, str] | None:
     return ("1h" if w1h else "5m", "5m" if w5 else "1h")
 
 
-@dataclass
+class _Cell:
+    """One expiry shared by the entries a read refreshed together (see :class:`_Along`)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+
 class _Entry:
-    ttl: str
-    expires_at: float
-    visible_at: float
-    written_at: float
-    tokens: int
+    """A cache entry. Its expiry is its own, or the cell it shares with the entries refreshed with it."""
+
+    __slots__ = ("ttl", "_expires", "visible_at", "written_at", "tokens", "cell")
+
+    def __init__(self, ttl: str, expires_at: float, visible_at: float, written_at: float, tokens: int) -> None:
+        self.ttl, self._expires, self.visible_at, self.written_at, self.tokens = (
+            ttl, expires_at, visible_at, written_at, tokens)
+        self.cell: _Cell | None = None
+
+    @property
+    def expires_at(self) -> float:
+        cell = self.cell
+        return self._expires if cell is None else cell.value
+
+    @expires_at.setter
+    def expires_at(self, value: float) -> None:
+        self.cell, self._expires = None, value
+
+    def detach(self) -> None:
+        """Keep the current expiry as the entry's own (its cell's later refreshes no longer apply)."""
+        cell = self.cell
+        if cell is not None:
+            self.cell, self._expires = None, cell.value
+
+
+class _Along:
+    """The live entries on the current request's chain, by position: what a read refreshes along its prefix.
+
+    A read refreshes every live entry up to the one it hit: in a long session, hundreds of entries every
+    request. The entries one read refreshed share one expiry per TTL (a :class:`_Cell`), so the next read
+    refreshes them all with one assignment per TTL while every one of them lies at or below its hit (the
+    usual turn, which reads what the previous one wrote); any other case walks the entries one by one.
+
+    Invariant: an entry sharing one of ``cells`` is in ``entries`` (on the chain); entries leaving the
+    chain or replaced by a write are detached first.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[int, _Entry] = {}  # may keep dead entries: they are never refreshed again
+        self.top = -1  # the highest position in entries
+        self.cells: dict[str, tuple[_Cell, int]] = {}  # ttl -> (cell, highest position sharing it)
+        self.loose: set[int] = set()  # positions whose entry has its own expiry (or another's cell)
+
+    def _release(self, entry: _Entry) -> None:
+        cell = entry.cell
+        if cell is not None and any(cell is c for c, _ in self.cells.values()):
+            entry.detach()
+
+    def cut(self, n: int) -> None:
+        """Keep the positions below ``n`` (the run the new request shares with the previous one)."""
+        if self.top < n:
+            return
+        for i in [i for i in self.entries if i >= n]:
+            self._release(self.entries.pop(i))
+        self.loose = {i for i in self.loose if i < n}
+        self.top = max(self.entries, default=-1)
+
+    def add(self, i: int, entry: _Entry) -> None:
+        old = self.entries.get(i)
+        if old is not None and old is not entry:
+            self._release(old)
+        self.entries[i] = entry
+        self.loose.add(i)
+        self.top = max(self.top, i)
+
+    def refresh(self, hit: int, t: float) -> None:
+        """Every live, visible entry at positions up to ``hit`` expires at ``t`` + its TTL (§1.6)."""
+        if any(top > hit and cell.value > t for cell, top in self.cells.values()):
+            self._refresh_each(hit, t)
+            return
+        cells: dict[str, tuple[_Cell, int]] = {}
+        for ttl, (cell, top) in self.cells.items():
+            if cell.value > t:  # a dead cell's entries stay dead
+                cell.value = t + TTL_SECONDS[ttl]
+                cells[ttl] = (cell, top)
+        loose: set[int] = set()
+        for i in self.loose:
+            e = self.entries[i]
+            if e.expires_at <= t:
+                continue
+            if i <= hit and e.visible_at <= t:
+                cell, top = cells.get(e.ttl) or (_Cell(t + TTL_SECONDS[e.ttl]), i)
+                e.cell = cell
+                cells[e.ttl] = (cell, max(top, i))
+            else:
+                loose.add(i)
+        self.cells, self.loose = cells, loose
+
+    def _refresh_each(self, hit: int, t: float) -> None:
+        ours = [c for c, _ in self.cells.values()]
+        live: dict[int, _Entry] = {}
+        cells: dict[str, tuple[_Cell, int]] = {}
+        loose: set[int] = set()
+        for i, e in self.entries.items():
+            if e.cell is not None and any(e.cell is c for c in ours):
+                e.detach()
+            if e.expires_at <= t:
+                continue
+            live[i] = e
+            if i <= hit and e.visible_at <= t:
+                cell, top = cells.get(e.ttl) or (_Cell(t + TTL_SECONDS[e.ttl]), i)
+                e.cell = cell
+                cells[e.ttl] = (cell, max(top, i))
+            else:
+                loose.add(i)
+        self.entries, self.cells, self.loose = live, cells, loose
+        self.top = max(live, default=-1)
 
 
 def _first_index(segments: Any, pred: Any) -> int:
@@ -229,8 +338,8 @@ class AnthropicCache(CacheModel):
         self._prev_total = 0
         self._prev_cacheable = 0
         self._prev_written: set[int] = set()
-        # entries known to lie on the previous request's chain: position -> entry (refresh along prefix)
-        self._along: dict[int, _Entry] | None = {}  # None: unknown (another stream ran since)
+        # entries known to lie on the previous request's chain (refresh along prefix)
+        self._along: _Along | None = None  # None: unknown (no request yet, or another stream ran since)
         self._shared_now = 0
 
     stream_state: ClassVar[tuple[str, ...]] = (
@@ -458,11 +567,12 @@ class AnthropicCache(CacheModel):
         along = self._entries_along(model, chain, t) if self.refresh_along_prefix else None
         if hit is not None:
             e = self._entries[(model, chain[hit])]
-            e.expires_at = t + TTL_SECONDS[e.ttl]  # free refresh on read (§1.6)
-            if along is not None:
-                for i, other in along.items():  # ... of every live entry the read went through
-                    if i < hit and other.visible_at <= t < other.expires_at:
-                        other.expires_at = t + TTL_SECONDS[other.ttl]
+            if along is not None and along.entries.get(hit) is e:
+                along.refresh(hit, t)  # free refresh on read (§1.6), of every live entry the read went through
+            else:
+                e.expires_at = t + TTL_SECONDS[e.ttl]
+                if along is not None:
+                    along.refresh(hit - 1, t)
 
         writes = [(bp, ttl) for bp, ttl in marks if cum[bp] > read and cum[bp] >= minimum]
         for bp, ttl in writes:
@@ -470,7 +580,7 @@ class AnthropicCache(CacheModel):
                 ttl, t + TTL_SECONDS[ttl], t + self.ttft_seconds, t, cum[bp]
             )
             if along is not None:
-                along[bp] = entry
+                along.add(bp, entry)
         if along is not None:
             self._along = along
         b = max((cum[bp] for bp, ttl in writes if ttl == "1h"), default=read)
@@ -506,19 +616,20 @@ class AnthropicCache(CacheModel):
         self._prev_written = {bp for bp, _ in writes}
         return CacheResult(usage, reason, detail, states, usage.to_anthropic())
 
-    def _entries_along(self, model: str, chain: list[bytes], t: float) -> dict[int, _Entry]:
+    def _entries_along(self, model: str, chain: list[bytes], t: float) -> _Along:
         """Live entries on ``chain`` by position: the previous request's for the shared run (entries
         never move), looked up for the new positions only — O(new segments) per request."""
-        if model == self._prev_model and self._along is not None:
-            n = self._shared_now
-            along = {i: e for i, e in self._along.items() if i < n and e.expires_at > t}
+        along = self._along if model == self._prev_model else None
+        if along is None:
+            along, n = _Along(), 0
         else:
-            n, along = 0, {}
+            n = self._shared_now
+            along.cut(n)
         get = self._entries.get
         for i in range(n, len(chain)):
             e = get((model, chain[i]))
             if e is not None and e.expires_at > t:
-                along[i] = e
+                along.add(i, e)
         return along
 
     def _reason(

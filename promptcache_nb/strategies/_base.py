@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -160,10 +161,28 @@ def sorted_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(tools, key=lambda t: str(t.get("name", "")))
 
 
+# The blocks text_block made last, by (text, cache_control): the same text gives the very same dict every
+# turn, which prepare() recognises by identity instead of canonicalising and hashing it again (a host
+# prompt is ~100 KB per request). Bodies are never mutated (history objects are shared the same way);
+# a few entries, least recently used dropped, as a strategy that re-renders its system prompt every turn
+# would otherwise keep each version alive.
+_BLOCKS: dict[tuple[str, tuple[tuple[str, Any], ...] | None], dict[str, Any]] = {}
+_BLOCKS_KEPT = 64
+_BLOCKS_LOCK = threading.Lock()
+
+
 def text_block(text: str, cache_control: dict[str, Any] | None = None) -> dict[str, Any]:
-    block: dict[str, Any] = {"type": "text", "text": text}
-    if cache_control is not None:
-        block["cache_control"] = dict(cache_control)
+    """A ``{"type": "text"}`` block; equal arguments give the same dict object (treat it as read-only)."""
+    key = (text, None if cache_control is None else tuple(cache_control.items()))
+    with _BLOCKS_LOCK:
+        block = _BLOCKS.pop(key, None)
+        if block is None:
+            block = {"type": "text", "text": text}
+            if cache_control is not None:
+                block["cache_control"] = dict(cache_control)
+            if len(_BLOCKS) >= _BLOCKS_KEPT:
+                del _BLOCKS[next(iter(_BLOCKS))]
+        _BLOCKS[key] = block  # most recently used last
     return block
 
 

@@ -302,7 +302,10 @@ def history_rewritten(ctx: StrategyContext) -> bool:
         ctx.extra.pop("first_message", None)
     else:
         count, first_before = ctx.extra.get("last_message_count"), ctx.extra.get("first_message")
-    first = fingerprint(ctx.messages[0]) if ctx.messages else None
+    if ctx.messages and prev and ctx.messages[0] is prev[0]:
+        first = first_before  # the very same (immutable) history object: digested once
+    else:
+        first = fingerprint(ctx.messages[0]) if ctx.messages else None
     return count is not None and (len(ctx.messages) < count or first_before != first)
 
 
