@@ -149,6 +149,10 @@ class RequestRecord:
     source_ref: str | None  #: file:line of an imported request
     dedupe_key: str | None  #: an import's key (re-importing skips it)
     n_messages: int | None  #: length of the history a strategy built it from
+    #: what the API would refuse in the body, stored as the log held it (a lenient import): a JSON list of
+    #: ``{path, problem}`` (:class:`~promptcache_nb.request.BodyProblem`); None when the body was clean or checked
+    #: strictly
+    body_problems: str | None = None
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
@@ -173,6 +177,11 @@ class RequestRecord:
     @property
     def segment_states(self) -> tuple[str, ...]:
         return decode_segment_map(self.segment_map)
+
+    @property
+    def problems(self) -> list[dict[str, str]]:
+        """The stored ``body_problems`` (``[]`` when none): ``{"path": ..., "problem": ...}`` each."""
+        return json.loads(self.body_problems) if self.body_problems else []
 
 
 _RECORD_COLUMNS = tuple(f.name for f in fields(RequestRecord))
@@ -204,3 +213,5 @@ class RequestWrite:
     state_previous: dict[str, Any] | None  #: its columns as last written (only changed columns are updated)
     delta_ops: list[DeltaOp]
     project_id: str
+    #: the session's pending events are this request's (``record.events``): their rows are deleted with it
+    consumes_pending_events: bool = False

@@ -8,11 +8,14 @@ and imports run through sessions, so every request goes through the one pipeline
 
 from __future__ import annotations
 
+import bisect
+import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +23,13 @@ import pandas as pd
 
 from . import analysis as _analysis
 from ._util import parse_duration, progress_bar, utc
+from .analysis.limits import prompt_past_context_window
 from .analysis.prices import Prices
 from .cache import CacheModel, get_cache_model
 from .errors import PromptCacheError, SessionError
 from .live import Backend
 from .request import PreparedRequest, canonical_json
-from .scenario import DEFAULT_START, Scenario, set_model_check
+from .scenario import DEFAULT_START, Scenario, set_model_check, set_prompt_check
 from .session import Session, check_texts
 from .store import KnowledgeEntry, Store
 from .strategies import get_strategy
@@ -33,6 +37,7 @@ from .tokens import DEFAULT_TOKENIZER, Tokenizer
 
 # a scenario's models are checked when it loads, against the table Lab.session validates with
 set_model_check(get_cache_model("anthropic").validate_model)
+set_prompt_check(prompt_past_context_window)  # a host prompt past the model's context window: one warning
 
 #: (scope, its owner, cache model, canonical parameters): sessions with equal keys share one simulated cache.
 ScopeKey = tuple[str, str, str, str]
@@ -75,6 +80,39 @@ class _ScopeCache:
     ready: bool = False
 
 
+@dataclass
+class _ProjectKnowledge:
+    """What the Lab keeps of a project's knowledge between changes: read from the store once, then kept up to date
+    by each committed change (``Lab._knowledge_changed``); dropped whole when a rollback may have undone one."""
+
+    entries: list[KnowledgeEntry] | None = None  #: current entries ordered by id (``Store.knowledge``); None: unread
+    numbered: int | None = None  #: entries ever added, removed ones included (the next id's number); None: uncounted
+
+
+_ENTRY_ID = attrgetter("id")
+
+
+def _with_changes(entries: list[KnowledgeEntry], changed: Sequence[KnowledgeEntry]) -> list[KnowledgeEntry]:
+    """``entries`` (current, ordered by id) with the new versions ``changed`` applied, as a new list: a list handed
+    out before (``knowledge.list()``, a strategy's context) never changes under its holder."""
+    if len(changed) > 8:  # many (add_many): one sort of the union beats an insertion each
+        by_id = {e.id: e for e in entries}
+        by_id.update((e.id, e) for e in changed)
+        return sorted((e for e in by_id.values() if not e.deleted), key=_ENTRY_ID)
+    out = list(entries)
+    for e in changed:
+        i = bisect.bisect_left(out, e.id, key=_ENTRY_ID)
+        present = i < len(out) and out[i].id == e.id
+        if e.deleted:
+            if present:
+                del out[i]
+        elif present:
+            out[i] = e
+        else:
+            out.insert(i, e)
+    return out
+
+
 @dataclass(frozen=True)
 class CacheWindow:
     """Where a rebuild of a session's simulated cache starts: ``since`` (None: at its first request)."""
@@ -83,7 +121,8 @@ class CacheWindow:
 
 
 class Lab:
-    """A DuckDB-backed workspace of sessions. ``pc.Lab()`` is in-memory; ``pc.Lab("runs.duckdb")`` a file.
+    """A DuckDB-backed workspace of sessions. ``pc.Lab()`` (or ``pc.Lab(None)``) is in-memory;
+    ``pc.Lab("runs.duckdb")`` a file.
 
     One Lab per file per process (hard and symbolic links included). A file that is not a promptcache_nb store
     (another application's DuckDB database, SQLite, text) is refused unchanged. ``read_only=True`` opens an
@@ -99,14 +138,18 @@ class Lab:
         0
     """
 
-    def __init__(self, path: str | Path = ":memory:", *, tokenizer: Tokenizer | None = None,
+    def __init__(self, path: str | Path | None = ":memory:", *, tokenizer: Tokenizer | None = None,
                  progress: bool = True, read_only: bool = False,
                  trace: Callable[[str, Any], None] | None = None) -> None:
-        self.path = str(path)
-        self.store = Store(path, read_only=read_only, trace=trace)  # trace=print: every statement, as it runs
+        if path is None:
+            path = ":memory:"  # "no path" (an unset setting): in memory, never a file named "None"
+        elif not isinstance(path, str | os.PathLike):
+            raise TypeError(f"Lab(path): a file path (str or Path) or None, got {type(path).__name__}")
+        self.path: str = os.fspath(path)
+        self.store = Store(self.path, read_only=read_only, trace=trace)  # trace=print: every statement, as it runs
         self.tokenizer = tokenizer or DEFAULT_TOKENIZER
         self.progress = progress
-        self._knowledge_cache: dict[str, list[KnowledgeEntry]] = {}
+        self._knowledge_cache: dict[str, _ProjectKnowledge] = {}
         # Weak: sessions hold their Lab, never the reverse, so `del lab` (with no session left) closes the
         # file at once instead of waiting for the garbage collector to break a Lab <-> Session cycle.
         self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
@@ -139,15 +182,30 @@ class Lab:
         return f"Lab({self.path!r}, {state})"
 
     def _knowledge(self, project: str) -> list[KnowledgeEntry]:
-        """A project's current knowledge, read once per change (every request of its sessions needs it)."""
-        cached = self._knowledge_cache.get(project)
-        if cached is None:
-            cached = self._knowledge_cache[project] = self.store.knowledge(project)
-        return cached
+        """A project's current knowledge, ordered by id: read from the store once, then kept up to date (every
+        request of its sessions needs it). Treat it as read-only."""
+        held = self._knowledge_cache.setdefault(project, _ProjectKnowledge())
+        if held.entries is None:
+            held.entries = self.store.knowledge(project)
+        return held.entries
 
-    def _forget_knowledge(self, project: str) -> None:
-        """A project's knowledge changed: read it again on next use."""
-        self._knowledge_cache.pop(project, None)
+    def _knowledge_numbered(self, project: str) -> int:
+        """How many entries ``project`` ever had, removed ones included: the number of the next one added."""
+        held = self._knowledge_cache.setdefault(project, _ProjectKnowledge())
+        if held.numbered is None:
+            held.numbered = self.store.knowledge_count(project)  # one scan per project, not one per add
+        return held.numbered
+
+    def _knowledge_changed(self, project: str, changed: Sequence[KnowledgeEntry], *, added: int = 0) -> None:
+        """New versions of ``project``'s entries (``added`` of them new entries) are stored: the Lab's copy follows
+        them instead of reading the whole book again. A rollback drops it (``_all_or_nothing``)."""
+        held = self._knowledge_cache.get(project)
+        if held is None:
+            return
+        if held.entries is not None:
+            held.entries = _with_changes(held.entries, changed)
+        if held.numbered is not None:
+            held.numbered += added
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -479,8 +537,7 @@ class Lab:
                               tools=list(sc.tools), start=sc.start, step="30s", backend=backend,
                               cache_params=cache_params, strategy_params=strategy_params, prices=None,
                               calibration=None, cache_scope=None, extra=extra)
-        for spec in sc.knowledge:
-            s.knowledge.add(spec.title, spec.content, category=spec.category, key=spec.key, at=sc.start)
+        s.knowledge.add_many(sc.knowledge, at=sc.start)  # one transaction however many entries
         s._clear_pending_events()
         show = self.progress if progress is None else progress
         played = sc.turns if stop_after is None else sc.turns[:stop_after]

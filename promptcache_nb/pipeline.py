@@ -22,7 +22,7 @@ from ._util import digest
 from .analysis.prices import Prices
 from .cache import CacheResult
 from .errors import PromptCacheError, SessionError
-from .request import PreparedRequest, SegmentMemo, canonical_json, prepare
+from .request import BodyProblem, PreparedRequest, SegmentMemo, canonical_json, prepare
 from .store._db import encode_message, prefix_chain, state_columns
 from .strategies import DeltaTable, Strategy, StrategyContext
 from .usage import Usage
@@ -97,7 +97,6 @@ def build(state: SessionState, strategy: Strategy, *, session_id: str, project_i
     # a copy the strategy may change: the big immutable parts (host prompt, tools) are shared
     values = dict(state.strategy_state)
     values["extra"] = json.loads(json.dumps(state.strategy_state["extra"]))
-    values["extra"].pop("_pending_events", None)
     if values.get("ltm_pin_keys") is not None:
         values["ltm_pin_keys"] = list(values["ltm_pin_keys"])
     deltas = DeltaTable(state.deltas)
@@ -134,6 +133,7 @@ def advance(
     transport: str,
     source_ref: str | None = None,
     dedupe_key: str | None = None,
+    body_problems: tuple[BodyProblem, ...] = (),
 ) -> Advance:
     """From a sent request and what came back to its :class:`~promptcache_nb.RequestRecord`, the rows the
     store needs, and the session's next state.
@@ -145,6 +145,7 @@ def advance(
         retention_points: the cache model's ``(prefix tokens, lifetime seconds)`` for the previous request;
             ``minimum``: its minimum cacheable length for this request's model (the ideal read's inputs).
         transport: ``direct`` (an in-process simulator) or ``http``.
+        body_problems: what the API would refuse in a body stored as a log holds it (a lenient import).
     """
     idx = state.next_index
     usage, cache_result, content = outcome.usage, outcome.cache_result, outcome.reply
@@ -177,8 +178,7 @@ def advance(
     if built is not None:
         values = built.strategy_state
     else:
-        values = dict(state.strategy_state)
-        values["extra"] = {k: v for k, v in state.strategy_state["extra"].items() if k != "_pending_events"}
+        values = state.strategy_state
     written = state_columns(values)
     reply_ref, reply_blocks = (None, []) if content is None else encode_message(
         {"role": "assistant", "content": content})
@@ -198,6 +198,8 @@ def advance(
         events=canonical_json(events), request_id=outcome.request_id, user_text=label(user_text), reply=reply_ref,
         segment_map=encode_segment_map(cache_result.segment_states) if cache_result else None,
         transport=transport, source_ref=source_ref, dedupe_key=dedupe_key,
+        body_problems=canonical_json([{"path": p.path, "problem": p.problem} for p in body_problems])
+        if body_problems else None,
         # the history the strategy built it from: the next request's previous_messages after a restart
         n_messages=len(built.history) if built is not None else None,
         **analysis.columns,
@@ -207,6 +209,7 @@ def advance(
         reply_blocks=reply_blocks, messages=messages,
         state=None if written == state.written else values, state_previous=state.written,
         delta_ops=built.deltas.ops if built is not None else [], project_id=project_id,
+        consumes_pending_events=bool(state.pending_events),
     )
     if built is None:
         after = replace(state, written=written)

@@ -7,9 +7,9 @@ one :class:`~promptcache_nb.pipeline.SessionState` value, swapped only once the 
 
 :class:`~promptcache_nb.Lab` (``lab.py``) opens sessions and holds what they share (the store, the simulated
 provider caches, the knowledge cache). The two are one unit split over two modules: a Session calls the Lab's
-``_scope_cache``, ``_drop_cache``, ``_cache_for_validation``, ``_cache_window``, ``_knowledge`` and
-``_forget_knowledge``; the Lab calls a Session's ``_close``, ``_reload``, ``_memo``, ``_take_resume_turns``
-and ``_clear_pending_events``. Nothing else reaches into either.
+``_scope_cache``, ``_drop_cache``, ``_cache_for_validation``, ``_cache_window``, ``_knowledge``,
+``_knowledge_numbered`` and ``_knowledge_changed``; the Lab calls a Session's ``_close``, ``_reload``, ``_memo``,
+``_take_resume_turns`` and ``_clear_pending_events``. Nothing else reaches into either.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -28,10 +28,12 @@ from . import analysis as _analysis
 from . import pipeline
 from ._types import RequestRecord
 from ._util import digest, parse_duration, utc
+from .analysis import limits
 from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult
 from .errors import (
     APIError,
+    BodyValidationError,
     InvalidRequestError,
     KnowledgeError,
     PromptCacheError,
@@ -41,7 +43,7 @@ from .errors import (
 from .live import Backend, DirectSimulator
 from .live._base import SIMULATED_REPLY
 from .pipeline import SessionState
-from .request import PreparedRequest, SegmentMemo, canonical_bytes, prepare, visible
+from .request import BodyProblem, PreparedRequest, SegmentMemo, canonical_bytes, check_request, prepare, visible
 from .scenario import (
     Compaction,
     Event,
@@ -72,7 +74,7 @@ TURN_COLUMNS = (
     "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source",
     "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
     "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "previous_cache_read", "changes",
-    "explanation", "request_id",
+    "explanation", "request_id", "body_problems",
 )
 
 
@@ -176,6 +178,12 @@ class Turn:
         )
 
 
+#: A new knowledge entry's title, content, category and key (``KnowledgeBook`` has a method named ``list``).
+_EntrySpec = tuple[str, str, str, "str | None"]
+_EntrySpecs = list[_EntrySpec]
+_EntryIds = list[str]
+
+
 class KnowledgeBook:
     """A session's view of its project's long-term knowledge. Changes apply before the next turn."""
 
@@ -217,21 +225,33 @@ class KnowledgeBook:
             at: datetime | None = None) -> str:
         """Add an entry; returns its id (deterministic: project + sequence + title)."""
         self._s._check_open()
-        check_texts(KnowledgeError, "knowledge.add", required=("title", "content", "category"), title=title,
-                     content=content, category=category, key=key)
-        if not title.strip() or not content.strip():
-            raise KnowledgeError("knowledge entries need a non-empty title and content")
-        project = self._s.project
-        n = self._store.knowledge_count(project)
-        entry_id = digest(f"{project}\x1f{n}\x1f{title}".encode(), tag="ltm")[:26]
-        ns = self._s._id_namespace.get("project", project)
-        if ns != project:
-            # A repeat replay: the short id (all a prompt shows) is the first replay's, so the same scenario
-            # gives the same bytes and token counts; the rest of the id keeps it unique in the table.
-            entry_id = digest(f"{ns}\x1f{n}\x1f{title}".encode(), tag="ltm")[:8] + entry_id[8:]
-        entry = KnowledgeEntry(entry_id, project, 1, title, content, category, False, self._now(at), key)
-        self._write(entry, f"knowledge_add:{entry.short_id}")
-        return entry_id
+        return self._add([_new_entry("knowledge.add", title, content, category, key)], at)[0]
+
+    def add_many(self, entries: Iterable[Any], *, at: datetime | None = None) -> _EntryIds:
+        """Add several entries in one transaction; returns their ids, in order.
+
+        Each entry is a dict with ``title``, ``content`` and optionally ``category`` (default ``note``) and
+        ``key``, or an object with those attributes (a :class:`~promptcache_nb.store.KnowledgeEntry`, a
+        scenario's knowledge spec). The ids, rows and pending events are those of :meth:`add` called for each
+        in turn, written with one bulk insert: 100,000 entries take seconds. An invalid entry adds none.
+        """
+        self._s._check_open()
+        specs = [_entry_spec(i, e) for i, e in enumerate(entries)]
+        return self._add(specs, at) if specs else []
+
+    def _add(self, specs: _EntrySpecs, at: datetime | None) -> _EntryIds:
+        """Store new entries (title, content, category, key) and their pending events in one transaction."""
+        s = self._s
+        project, lab = s.project, s._lab
+        first = lab._knowledge_numbered(project)  # counted once per project, then kept by the Lab
+        ns = s._id_namespace.get("project", project)
+        when = self._now(at)
+        entries = [KnowledgeEntry(_entry_id(project, ns, first + i, title), project, 1, title, content, category,
+                                  False, when, key) for i, (title, content, category, key) in enumerate(specs)]
+        s._note_event(*(f"knowledge_add:{e.short_id}" for e in entries),
+                      write=lambda store: store.write_knowledge(entries),
+                      committed=lambda: lab._knowledge_changed(project, entries, added=len(entries)))
+        return [e.id for e in entries]
 
     def update(self, entry_id: str, *, title: str | None = None, content: str | None = None,
                category: str | None = None, at: datetime | None = None) -> bool:
@@ -272,8 +292,8 @@ class KnowledgeBook:
     def _write(self, entry: KnowledgeEntry, event: str) -> None:
         # the entry's new version and its pending event commit together: a kill in between keeps neither
         lab = self._s._lab
-        self._s._note_event(event, write=lambda store: store.write_knowledge(entry),
-                            committed=lambda: lab._forget_knowledge(entry.project_id))
+        self._s._note_event(event, write=lambda store: store.write_knowledge([entry]),
+                            committed=lambda: lab._knowledge_changed(entry.project_id, [entry]))
 
     def __repr__(self) -> str:
         return f"KnowledgeBook(project={self._s.project!r}, entries={len(self)})"
@@ -309,6 +329,7 @@ class Session:
         self._memo = SegmentMemo(session_tokenizer(lab.tokenizer, cfg.get("calibration")))
         self._closed = False
         self._warned_unpriced = False
+        self._warned_window = False  # a request past the model's context window was reported (once per object)
         self._resume_turns: tuple[Any, list[Any]] | None = None  # (window, requests) for Lab._rebuild_cache
         self._state = self._load()
 
@@ -358,7 +379,7 @@ class Session:
             message_seq=store.message_count(self.id), built_messages=built_messages, deltas=store.deltas(self.id),
             previous=prev, previous_at=prev_at, previous_keys=keys, previous_nodes=nodes, observation=observation,
             next_index=0 if last is None else last["idx"] + 1,
-            pending_events=tuple(strategy_state["extra"].get("_pending_events") or ()),
+            pending_events=tuple(store.pending_events(self.id)),
         )
 
     def _reload(self, row: dict[str, Any]) -> None:
@@ -521,36 +542,41 @@ class Session:
         if committed is not None:
             committed()
 
-    def _note_event(self, code: str, *, changes: dict[str, Any] | None = None,
+    def _note_event(self, *codes: str, changes: dict[str, Any] | None = None,
                     write: Callable[[Store], None] | None = None, committed: Callable[[], None] | None = None,
                     **state_changes: Any) -> None:
-        """Record an event between requests: ``write`` (the change itself, e.g. a knowledge row), the state
-        row's ``changes`` (``state_changes``: other :class:`SessionState` fields) and the pending event are one
-        transaction; the in-memory session moves only once stored."""
-        self._commit_state([*self._state.pending_events, code], changes=changes, write=write, committed=committed,
-                           **state_changes)
-
-    def _clear_pending_events(self) -> None:
-        """Forget (and store that) the events recorded so far: ``Lab.replay`` sets a scenario's knowledge up
-        without reporting it as events of its first request."""
-        self._commit_state([])
-
-    def _commit_state(self, pending: list[str], *, changes: dict[str, Any] | None = None,
-                      write: Callable[[Store], None] | None = None, committed: Callable[[], None] | None = None,
-                      **state_changes: Any) -> None:
+        """Record events between requests: ``write`` (the change itself, e.g. knowledge rows), the state row's
+        ``changes`` (``state_changes``: other :class:`SessionState` fields) and one pending-event row per code
+        are one transaction; the in-memory session moves only once stored. The next request's transaction
+        consumes the rows (``RequestWrite.consumes_pending_events``)."""
         cur = self._state
-        values = {**cur.strategy_state, **(changes or {})}
-        values["extra"] = {**cur.strategy_state["extra"], "_pending_events": list(pending)}
+        values = {**cur.strategy_state, **changes} if changes else cur.strategy_state
 
         def run(store: Store) -> SessionState:
             if write is not None:
                 write(store)
-            # only the columns that changed (usually just ``extra``'s pending events): the host prompt
-            # and tools are large and rarely change
-            cols = store.write_state(self.id, values, self._clock_now(), previous=cur.written)
-            return replace(cur, strategy_state=values, written=cols, pending_events=tuple(pending), **state_changes)
+            store.add_pending_events(self.id, len(cur.pending_events), codes)
+            cols = cur.written
+            if changes:
+                # only the columns that changed: the host prompt and tools are large and rarely change
+                cols = store.write_state(self.id, values, self._clock_now(), previous=cur.written)
+            return replace(cur, strategy_state=values, written=cols, pending_events=cur.pending_events + codes,
+                           **state_changes)
 
         self._commit(run, committed=committed)
+
+    def _clear_pending_events(self) -> None:
+        """Forget (and store that) the events recorded so far: ``Lab.replay`` sets a scenario's knowledge up
+        without reporting it as events of its first request."""
+        cur = self._state
+        if not cur.pending_events:
+            return
+
+        def run(store: Store) -> SessionState:
+            store.clear_pending_events(self.id)
+            return replace(cur, pending_events=())
+
+        self._commit(run)
 
     # -- the cache model ----------------------------------------------------------------------
     def _cache(self) -> CacheModel:
@@ -690,7 +716,23 @@ class Session:
             return self._built_request(state, store, new_msgs, final, at=when, user_text=user_text, turns=turns)
 
         self._commit(run, requests=True)
+        self._check_context_window(turns)
         return turns[-1]
+
+    def _check_context_window(self, turns: list[Turn]) -> None:
+        """One :class:`~promptcache_nb.errors.ContextWindowWarning` for the first stored request of this session
+        object past its model's context window (measured input tokens when the usage is measured, else the
+        estimate): said once, like an unpriced model, so an imported log of a 1M-context beta session is one
+        warning, not one per request. After the commit: a warning turned into an error (``-W error``) never
+        undoes a stored request."""
+        if self._warned_window:
+            return
+        for t in turns:
+            # stacklevel 3: counted from this method, the warning points at step()'s / record()'s caller
+            if limits.check_request(t.prepared, where=f"session {self.id!r}: request {t.index}",
+                                    usage=t.usage if t.usage.measured else None, stacklevel=3):
+                self._warned_window = True
+                return
 
     def _check_strategy(self) -> None:
         if self._strategy is None:
@@ -701,7 +743,19 @@ class Session:
         prev_at = self._state.previous_at
         if at is None:
             return (prev_at + self._step_gap) if prev_at else self._start
-        at = utc(at)
+        # a naive time is ambiguous (local? UTC?) and a string is not parsed here: one line, never a raw error
+        got = None
+        if not isinstance(at, datetime):
+            got = f"{type(at).__name__} {at!r}"[:200]
+        elif at.utcoffset() is None:
+            got = f"the naive datetime {at.isoformat()}"
+        else:
+            try:
+                at = utc(at)
+            except OverflowError:  # year 1 at a positive offset has no UTC time
+                got = f"{at.isoformat()}, out of range in UTC"
+        if got is not None:
+            raise SessionError(f"request {self._state.next_index}: at: must be a timezone-aware datetime, got {got}")
         if prev_at is not None and at < prev_at:
             raise SessionError(
                 f"turn {self._state.next_index}: at={at.isoformat()} is before the previous request "
@@ -756,7 +810,8 @@ class Session:
                events: Iterable[str] = (), reply: list[dict[str, Any]] | None = None,
                source_ref: str | None = None, dedupe_key: str | None = None,
                prepared: PreparedRequest | None = None, dialect: str | None = None,
-               unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None) -> Turn:
+               unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None,
+               body_problems: Iterable[BodyProblem] = ()) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
         (measured) usage; without, the session's cache model simulates it. The strategy is not used.
 
@@ -766,14 +821,26 @@ class Session:
         ``unlogged_prefix_tokens`` (a partial body's measured unlogged prefix) are passed to ``prepare``;
         a ``usage`` dict is read in the body's dialect. The body is copied; what equals the previous
         request's body is shared with it, so a growing history costs only its new tail.
+
+        The body must follow its API's documented shape (:func:`~promptcache_nb.request.validate_request`), or a
+        :class:`~promptcache_nb.errors.BodyValidationError` names the field and nothing is stored. A caller
+        passing ``prepared`` vouches for the body: the importer checks it leniently itself (a log holds what was
+        sent) and passes what the API would refuse as ``body_problems``, stored with the request
+        (``turns.body_problems``).
         """
         self._check_open()
         state = self._state
         at = self._next_at(at)
         if prepared is None:
             try:
+                # strict: what the API would refuse is refused here; the previous body's repeated history was
+                # validated with it and is not walked again
+                check_request(body, dialect, request=state.next_index, partial=unlogged_prefix_tokens is not None,
+                              previous=None if state.previous is None else state.previous.body)
                 prepared = prepare(body, memo=self._memo, previous=state.previous, copy=True, dialect=dialect,
                                    unlogged_prefix_tokens=unlogged_prefix_tokens)
+            except BodyValidationError:
+                raise
             except (ValueError, TypeError) as exc:
                 raise SessionError(f"request {state.next_index}: {exc}") from None
         if usage is not None:
@@ -787,7 +854,9 @@ class Session:
         turns: list[Turn] = []
         self._commit(lambda store: self._store_request(
             state, store, prepared, at=at, events=[*state.pending_events, *events], outcome=outcome, built=None,
-            user_text=None, turns=turns, source_ref=source_ref, dedupe_key=dedupe_key), requests=True)
+            user_text=None, turns=turns, source_ref=source_ref, dedupe_key=dedupe_key,
+            body_problems=tuple(body_problems)), requests=True)
+        self._check_context_window(turns)
         return turns[-1]
 
     def _given_usage(self, usage: Usage | dict[str, Any], dialect: str, source: UsageSource | None) -> Usage:
@@ -863,7 +932,7 @@ class Session:
     def _store_request(self, state: SessionState, store: Store, prepared: PreparedRequest, *, at: datetime,
                        events: list[str], outcome: pipeline.Outcome, built: pipeline.Built | None,
                        user_text: str | None, turns: list[Turn], source_ref: str | None = None,
-                       dedupe_key: str | None = None) -> SessionState:
+                       dedupe_key: str | None = None, body_problems: tuple[BodyProblem, ...] = ()) -> SessionState:
         """The pipeline's record of a sent request, written to the store; returns the state after it (the
         caller swaps it in once stored) and appends the request's Turn to ``turns``."""
         points, minimum = self._ideal_inputs(state, prepared)
@@ -872,7 +941,7 @@ class Session:
             outcome=outcome, built=built, user_text=user_text, prices=self._priced(prepared.model, outcome.usage),
             retention_points=points, minimum=minimum,
             transport="direct" if isinstance(self.backend, DirectSimulator) else "http",
-            source_ref=source_ref, dedupe_key=dedupe_key,
+            source_ref=source_ref, dedupe_key=dedupe_key, body_problems=body_problems,
         )
         store.write_request(step.write, tokenizer=self._memo.tokenizer)
         rec, analysis, cache_result = step.record, step.analysis, outcome.cache_result
@@ -892,7 +961,9 @@ class Session:
 
     # -- reading back -------------------------------------------------------------------------
     def turns(self) -> pd.DataFrame:
-        """One row per request, oldest first. Token figures: see ``usage_source`` (simulated = estimated)."""
+        """One row per request, oldest first. Token figures: see ``usage_source`` (simulated = estimated).
+        ``body_problems``: what the API would refuse in an imported body stored as its log held it (JSON list of
+        ``{path, problem}``; None when clean)."""
         self._check_open()
         df = self._lab.store.turns_frame(self.id, TURN_COLUMNS)
         # a label for reading: the user's text with invisible characters shown (the body keeps the raw text)
@@ -950,6 +1021,44 @@ def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn
         diff=diff, observation=obs, prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
         segment_states=rec.segment_states,
     )
+
+
+def _entry_id(project: str, namespace: str, number: int, title: str) -> str:
+    """A new knowledge entry's id: project + its number in the project (removed entries included) + title."""
+    entry_id = digest(f"{project}\x1f{number}\x1f{title}".encode(), tag="ltm")[:26]
+    if namespace != project:
+        # A repeat replay: the short id (all a prompt shows) is the first replay's, so the same scenario
+        # gives the same bytes and token counts; the rest of the id keeps it unique in the table.
+        entry_id = digest(f"{namespace}\x1f{number}\x1f{title}".encode(), tag="ltm")[:8] + entry_id[8:]
+    return entry_id
+
+
+_ENTRY_FIELDS = ("title", "content", "category", "key")
+
+
+def _new_entry(where: str, title: Any, content: Any, category: Any, key: Any) -> _EntrySpec:
+    """A new entry's (title, content, category, key), checked: text that can be stored, a non-empty title and
+    content."""
+    check_texts(KnowledgeError, where, required=("title", "content", "category"), title=title, content=content,
+                category=category, key=key)
+    if not title.strip() or not content.strip():
+        raise KnowledgeError(f"{where}: knowledge entries need a non-empty title and content")
+    return title, content, category, key
+
+
+def _entry_spec(i: int, entry: Any) -> _EntrySpec:
+    """Item ``i`` of ``add_many``'s entries (a dict, or an object with the fields as attributes), checked."""
+    where = f"knowledge.add_many: entries[{i}]"
+    if isinstance(entry, Mapping):
+        unknown = sorted(map(str, set(entry) - set(_ENTRY_FIELDS)))
+        if unknown:
+            raise KnowledgeError(f"{where}: unknown field {', '.join(map(repr, unknown))}; an entry has "
+                                 f"{', '.join(_ENTRY_FIELDS)}")
+        get = entry.get
+    else:
+        def get(name: str, default: Any = None) -> Any:
+            return getattr(entry, name, default)
+    return _new_entry(where, get("title"), get("content"), get("category", "note"), get("key"))
 
 
 def check_texts(error: type[PromptCacheError], where: str, *, required: tuple[str, ...] = (),

@@ -107,6 +107,39 @@ def test_malformed_middle_line_is_skipped_and_named(tmp_path: Path) -> None:
         assert "<b>" in res._repr_html_() and "skipped" in res._repr_html_()
 
 
+def test_a_body_the_api_would_refuse_is_stored_and_flagged_one_not_json_is_skipped(tmp_path: Path) -> None:
+    """Lenient import (issue 15 item 8): a log holds what was sent, so a body the API would refuse is stored as
+    logged, reported in ``flagged`` and kept with its request (``turns.body_problems``); a body that is not JSON is
+    skipped."""
+    lines = [exchange(i) for i in range(4)]
+    del lines[1]["request"]["max_tokens"]
+    # request 3 repeats it: a problem in repeated history is flagged where it first appears
+    lines[2]["request"]["messages"][0]["content"][0]["type"] = "txt"
+    nan = json.dumps(exchange(4)).replace('"max_tokens": 1024', '"max_tokens": 1024, "temperature": NaN')
+    log = tmp_path / "proxy.jsonl"
+    log.write_text("".join(json.dumps(x) + "\n" for x in lines) + nan + "\n", encoding="utf-8")
+    with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
+        res = lab.import_log(log)
+        assert res.requests == 4 and res.sessions[0].turn(1).request == lines[1]["request"]  # as logged
+        assert res.flagged.to_dict("records") == [
+            {"file": str(log), "line": 2, "path": "max_tokens", "problem": "Field required"},
+            {"file": str(log), "line": 3, "path": "messages[0].content[0].type",
+             "problem": "unknown content block type 'txt'"}]
+        assert res.skipped.to_dict("records") == [
+            {"file": str(log), "line": 5, "reason": "body not understood: temperature: NaN is not a JSON value"}]
+        assert repr(res).endswith("1 skipped, 2 body problems flagged)")
+        html = res._repr_html_()
+        assert "<details><summary>2 body problems the API would refuse (stored as logged)</summary>" in html
+        assert "<td>unknown content block type 'txt'</td>" in html
+        problems = res.sessions[0].turns().body_problems
+        assert problems.isna().tolist() == [True, False, False, True]
+        assert json.loads(problems[1]) == [{"path": "max_tokens", "problem": "Field required"}]
+    with pc.Lab(tmp_path / "runs.duckdb", read_only=True, progress=False) as lab:  # a later reader sees the flag
+        rec = lab.store.read_request(res.sessions[0].id, 2)
+        assert rec is not None and rec.problems == [
+            {"path": "messages[0].content[0].type", "problem": "unknown content block type 'txt'"}]
+
+
 def test_unknown_format_names_the_file_and_formats(tmp_path: Path) -> None:
     notes = tmp_path / "notes.json"
     notes.write_text('{"shopping": ["eggs", "flour"]}\n')

@@ -385,7 +385,8 @@ def test_otlp_document_with_conversation_ids_and_content():
 def test_otlp_semconv_parts_become_messages_bodies():
     reqs, _, _ = read_all(OtlpReader(), OTLP_DOC)
     body = reqs[2].body
-    assert list(body) == ["model", "tools", "system", "messages"]
+    assert list(body) == ["model", "max_tokens", "tools", "system", "messages"]  # gen_ai.request.max_tokens: 1024
+    assert body["max_tokens"] == 1024
     assert [t["name"] for t in body["tools"]] == ["lookup_charge", "issue_refund"]
     assert body["tools"][0]["input_schema"]["required"] == ["account_id"]
     assert body["system"][0]["text"].startswith("You are the refunds assistant for Northwind Telecom")

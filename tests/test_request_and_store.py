@@ -63,8 +63,9 @@ def test_each_distinct_segment_is_tokenised_once():
 
 BODIES = [
     {"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": [{"role": "user", "content": "plain string"}]},
-    {"model": "claude-sonnet-4-5", "system": "a string system", "tools": [], "messages": []},
-    {"model": "claude-sonnet-4-5", "cache_control": {"type": "ephemeral"}, "metadata": {"user_id": "u"},
+    {"model": "claude-sonnet-4-5", "max_tokens": 0, "system": "a string system", "tools": [],
+     "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []}]},
+    {"model": "claude-sonnet-4-5", "max_tokens": 10, "cache_control": {"type": "ephemeral"}, "metadata": {"user_id": "u"},
      "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
      "tools": [{"name": "t", "description": "d", "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}],
      "messages": [
@@ -93,8 +94,9 @@ json_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_si
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["user", "assistant"]), json_text), min_size=1, max_size=6), json_text)
 def test_round_trip_property(msgs, system):
-    body = {"model": "claude-sonnet-4-5", "system": [{"type": "text", "text": system or "s"}],
-            "messages": [{"role": r, "content": [{"type": "text", "text": t}]} for r, t in msgs]}
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 8, "system": [{"type": "text", "text": system or "s"}],
+            "messages": [{"role": "user" if i == 0 else r, "content": [{"type": "text", "text": t}]}
+                         for i, (r, t) in enumerate(msgs)]}
     with pc.Lab(progress=False) as lab:
         t = lab.session().record(body, at=T0)
         assert lab.store.turn_body(t.session_id, 0) == body
@@ -168,9 +170,9 @@ def test_store_locked_by_another_process(tmp_path):
 def test_failed_step_writes_nothing():
     with pc.Lab(progress=False) as lab:
         s = lab.session(project="p")
-        s.record({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "ok"}]}, at=T0)
+        s.record({"model": "claude-sonnet-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "ok"}]}, at=T0)
         before = {t: lab.sql(f"select count(*) n from {t}").n[0] for t in ("turns", "blocks", "prefix_nodes")}
-        bad = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": [
+        bad = {"model": "claude-sonnet-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "text", "text": f"b{i}", "cache_control": {"type": "ephemeral"}} for i in range(5)]}]}
         with pytest.raises(pc.InvalidRequestError) as info:
             s.record(bad, at=T0 + timedelta(seconds=5))
@@ -178,7 +180,7 @@ def test_failed_step_writes_nothing():
         after = {t: lab.sql(f"select count(*) n from {t}").n[0] for t in ("turns", "blocks", "prefix_nodes")}
         assert before == after
         # the session goes on
-        assert s.record({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "next"}]},
+        assert s.record({"model": "claude-sonnet-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "next"}]},
                         at=T0 + timedelta(seconds=9)).index == 1
 
 

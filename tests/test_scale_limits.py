@@ -263,3 +263,48 @@ def test_a_normal_scenario_loads_without_a_warning(tmp_path, prompt_check):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pc.load_scenario(tmp_path / "ok.yaml")
+
+
+def test_the_lab_installs_the_scenario_prompt_check():
+    assert _loader._PROMPT_CHECK == [prompt_past_context_window]
+
+
+def test_a_session_request_past_the_window_warns_once_per_session(lab):
+    """Step and record check each stored request (estimated tokens, or measured usage when the request has it);
+    the first past the window warns, naming the session and the request; later ones of the object do not."""
+    huge = "You are a careful support agent for a billing platform. " * 25_000  # ~275k estimated tokens
+    s = lab.session(system="You are terse.")
+    _, caught = _caught(s.step, "hi", reply="ok")
+    assert caught == []
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 5, "system": huge,
+            "messages": [{"role": "user", "content": "hi"}]}
+    t, caught = _caught(s.record, body)
+    assert len(caught) == 1 and caught[0].filename == __file__  # points at record()'s caller
+    w = caught[0].message
+    assert w.where == f"session {s.id!r}: request 1" and not w.measured and w.tokens == t.total_tokens > 200_000
+    assert t.index == 1 and s.n_turns == 2  # a warning: stored as given
+    assert _caught(s.record, body)[1] == []  # once per session object
+    imported = lab.session()
+    small = {**body, "system": "Be brief."}
+    _, caught = _caught(imported.record, small, usage={"input_tokens": 5, "cache_read_input_tokens": 250_000,
+                                                       "cache_creation_input_tokens": 0, "output_tokens": 1})
+    assert len(caught) == 1 and caught[0].message.measured and caught[0].message.tokens == 250_005
+    big = lab.session(system=huge)
+    _, caught = _caught(big.step, "hi", reply="ok")
+    assert len(caught) == 1 and caught[0].message.where == f"session {big.id!r}: request 0"
+    assert caught[0].filename == __file__
+
+
+def test_a_failed_resolve_names_ten_entries_not_the_book(lab, monkeypatch):
+    entries = _entries(N)
+    monkeypatch.setattr(KnowledgeController, "entries", lambda self: entries)
+    k = KnowledgeController(lab.session(system="You are terse."))
+    with pytest.raises(pc.KnowledgeError) as info:
+        k.resolve("Entyr 5")
+    msg = str(info.value)
+    assert msg.startswith("no single knowledge entry matches 'Entyr 5'; current entries: 00000000 (Entry 0), ")
+    assert msg.endswith("00000009 (Entry 9), … (100,000 in all)") and len(msg) < 400
+    entries[1:3] = [KnowledgeEntry(f"{i:08d}-twin", "p", 1, "Entry 5", "twin", "note", False, T0) for i in (1, 2)]
+    with pytest.raises(pc.KnowledgeError, match=r"; entries matching it: 00000001 \(Entry 5\), 00000002 \(Entry 5\), "
+                                                r"00000005 \(Entry 5\)$"):
+        k.resolve("Entry 5")  # three entries share the title: those are named

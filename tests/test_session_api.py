@@ -6,7 +6,7 @@ import ast
 import re
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -127,8 +127,27 @@ def test_time_only_moves_forward():
         s.step("a", reply="b", at=T0)
         with pytest.raises(pc.SessionError, match="turn 1: .*before the previous request"):
             s.step("c", reply="d", at=T0 - timedelta(seconds=1))
-        with pytest.raises(ValueError, match="timezone"):
+        with pytest.raises(pc.SessionError, match="at: must be a timezone-aware datetime"):
             s.step("c", reply="d", at=datetime(2026, 11, 2, 10, 0))  # noqa: DTZ001
+        for bad, got in ((datetime(2026, 11, 2, 10, 0), "the naive datetime 2026-11-02T10:00:00"),  # noqa: DTZ001
+                         ("2026-11-02T10:00:00Z", "str '2026-11-02T10:00:00Z'"), (1_700_000_000, "int 1700000000"),
+                         (datetime.min.replace(tzinfo=timezone(timedelta(hours=5))), "0001-01-01T00:00:00+05:00, "
+                          "out of range in UTC")):
+            with pytest.raises(pc.SessionError) as info:
+                s.step("c", reply="d", at=bad)
+            assert str(info.value) == f"request 1: at: must be a timezone-aware datetime, got {got}"
+        assert s.n_turns == 1
+
+
+def test_lab_none_is_in_memory_and_other_paths_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pc.Lab(None, progress=False) as lab:  # an unset setting: in memory, never a file named "None"
+        lab.session().step("a", reply="b")
+        assert lab.path == ":memory:"
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match=r"^Lab\(path\): a file path \(str or Path\) or None, got int$"):
+        pc.Lab(5)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_tool_loop_makes_one_request_per_call():
@@ -274,11 +293,12 @@ def test_removed_key_added_again_resolves_to_the_live_entry(tmp_path):
 
 
 @pytest.mark.parametrize(("body", "where"), [
-    ({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}]},
+    ({"model": "claude-sonnet-4-5", "max_tokens": 8,
+      "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}]}, "messages[0].content"),
+    ({"model": "claude-sonnet-4-5", "max_tokens": 8, "tools": None, "messages": []}, "tools"),
+    ({"model": "claude-sonnet-4-5", "max_tokens": 8, "system": {"text": "x"}, "messages": []}, "system"),
+    ({"model": "claude-sonnet-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": 3}]},
      "messages[0].content"),
-    ({"model": "claude-sonnet-4-5", "tools": None, "messages": []}, "tools"),
-    ({"model": "claude-sonnet-4-5", "system": {"text": "x"}, "messages": []}, "system"),
-    ({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
 ])
 def test_record_rejects_shapes_the_api_rejects(body, where):
     with pc.Lab(progress=False) as lab:
@@ -301,7 +321,7 @@ def test_editing_a_turns_request_changes_nothing_else():
 def test_imported_usage_for_a_model_the_simulator_lacks():
     with pc.Lab(progress=False) as lab:
         s = lab.session()
-        t = s.record({"model": "claude-2.1", "messages": [{"role": "user", "content": "hi"}]}, at=T0,
+        t = s.record({"model": "claude-2.1", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}, at=T0,
                      usage={"input_tokens": 12, "output_tokens": 3})
         assert t.usage.source == "imported" and t.cache_reason is None
 

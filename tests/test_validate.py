@@ -174,6 +174,40 @@ def test_previous_skips_the_repeated_history_but_not_the_rules_across_messages()
     assert [p.path for p in validate_request(decimal, previous=one)] == ["messages[0].content[0].n"]
 
 
+def test_previous_resumes_the_checks_with_the_state_the_repeated_history_leaves():
+    """The repeated messages are not checked again (a log of 1,000 growing requests costs its new tails), but the
+    first new message is checked against them: a tool call still awaiting its answer, in each dialect."""
+    def grown(first: dict, *tail: dict, key: str = "messages") -> dict:
+        again = json.loads(json.dumps(first))  # fresh objects, as an importer parses them
+        again[key] += list(tail)
+        return again
+
+    asked = body(user("2+2?"), assistant([CALL]))
+    assert validate_request(asked) == []
+    assert validate_request(grown(asked, user([RESULT])), previous=asked) == []
+    assert [p.path for p in validate_request(grown(asked, user("no answer")), previous=asked)] == [
+        "messages[1].content[0].id"]
+    chat_call = {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    chat = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}, chat_call,
+                                            {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]}
+    assert validate_request(chat) == []
+    assert validate_request(grown(chat, {"role": "tool", "tool_call_id": "call_1", "content": "again"}),
+                            previous=chat)[0].path == "messages[3].tool_call_id"  # answered already
+    responses = {"model": "gpt-4o", "input": [{"type": "function_call", "call_id": "c1", "name": "f",
+                                               "arguments": "{}"}]}
+    assert validate_request(responses) == []
+    answer = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    assert validate_request(grown(responses, answer, key="input"), previous=responses) == []
+    orphan = {**answer, "call_id": "c2"}
+    assert [p.path for p in validate_request(grown(responses, orphan, key="input"), previous=responses)] == [
+        "input[1].call_id"]
+    # a problem of the repeated history is the previous body's: reported there, once
+    odd = body(user([{"type": "txt", "text": "x"}]))
+    assert [p.path for p in validate_request(odd)] == ["messages[0].content[0].type"]
+    assert validate_request(grown(odd, assistant("ok")), previous=odd) == []
+
+
 def test_tool_results_answer_the_message_just_before():
     later = body(user("2+2?"), assistant([CALL]), user([RESULT]), assistant("4"), user([RESULT]))
     assert [str(p) for p in validate_request(later)] == [

@@ -23,8 +23,10 @@ import pandas as pd
 
 from .._util import digest, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
+from ..analysis.frames import summarize
 from ..cache.anthropic import client_ttls_from_usage
 from ..errors import ImportFormatError, PromptCacheError, SessionError
+from ..request import BodyProblem, check_request
 from ..request.diff import visible
 from ._registry import READERS, detect
 from ._types import ImportedRequest, ReadProgress, SkippedLine
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson")
 SKIPPED_COLUMNS = ["file", "line", "reason"]
+FLAGGED_COLUMNS = ["file", "line", "path", "problem"]
 _SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "exchanges": "proxy", "otlp": "otel"}
 
 
@@ -46,6 +49,10 @@ class ImportResult:
         sessions: the sessions that received requests (new or grown), in import order.
         requests: how many requests were stored now (already-stored requests are not counted).
         skipped: one row per line or entry not imported (``file``, ``line``, ``reason``).
+        flagged: one row per problem of a stored body that the API would refuse (``file``, ``line``, ``path``,
+            ``problem``; :func:`~promptcache_nb.request.validate_request`): a log holds what was sent, so the body
+            is stored as logged, and its request's ``turns.body_problems`` keeps the problems. A body that is
+            not JSON at all (NaN, a lone surrogate, nesting past the limit) is skipped instead.
         unknown_models: model ids the price library does not know (their requests have a NULL cost).
         files: the files read, with their format.
         calibrations: one row per tokenizer family of the imported models: the token-estimate calibration
@@ -56,6 +63,7 @@ class ImportResult:
     sessions: list[Session] = field(default_factory=list)
     requests: int = 0
     skipped: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SKIPPED_COLUMNS))
+    flagged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FLAGGED_COLUMNS))
     unknown_models: list[str] = field(default_factory=list)
     files: list[tuple[str, str]] = field(default_factory=list)
     already_stored: int = 0
@@ -66,24 +74,25 @@ class ImportResult:
         rows = []
         for s in self.sessions:
             df = s.turns()
-            total = (df.input_tokens.fillna(0) + df.cache_read_input_tokens.fillna(0)
-                     + df.cache_creation_input_tokens.fillna(0)).sum()
+            totals = summarize(df)  # the one summary vocabulary (analysis.frames.usage_totals)
             rows.append({
-                "session": s.id, "source": s.source, "parent": s.parent_id, "requests": len(df),
-                "model": s.model, "cache_read_pct": round(100 * df.cache_read_input_tokens.sum() / total, 1)
-                if total else None,
-                "breaks": int(df.broke.fillna(False).sum()),
-                "cost_usd": None if df.cost_usd.isna().all() else round(float(df.cost_usd.sum()), 4),
+                "session": s.id, "source": s.source, "parent": s.parent_id, "requests": totals["requests"],
+                "model": s.model, "cache_read_pct": totals["cache_read_pct"] if totals["total_input"] else None,
+                "breaks": totals["breaks"],
+                # no known cost is unknown, not $0 (an unpriced model's requests have a NULL cost)
+                "cost_usd": None if df.cost_usd.isna().all() else totals["cost_usd"],
             })
         return pd.DataFrame(rows, columns=["session", "source", "parent", "requests", "model", "cache_read_pct",
                                            "breaks", "cost_usd"])
 
     def __repr__(self) -> str:
+        flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""
         return (f"ImportResult({len(self.sessions)} sessions, {self.requests} new requests, "
-                f"{self.already_stored} already stored, {len(self.skipped)} skipped)")
+                f"{self.already_stored} already stored, {len(self.skipped)} skipped{flagged})")
 
     def _repr_html_(self) -> str:
-        # file names, models and skipped lines are data: escaped, invisible characters (and lone surrogates) as
+        # file names, models, skipped lines and body problems are data: escaped, invisible characters (and lone
+        # surrogates) as
         # markers, as everywhere else (request.diff.visible)
         def shown(df: pd.DataFrame) -> str:
             return df.map(lambda v: visible(v) if isinstance(v, str) else v).to_html(index=False, escape=True)
@@ -97,6 +106,9 @@ class ImportResult:
         if len(self.skipped):
             parts.append(f"<details><summary>{len(self.skipped)} skipped</summary>"
                          + shown(self.skipped) + "</details>")
+        if len(self.flagged):
+            parts.append(f"<details><summary>{len(self.flagged)} body problems the API would refuse (stored as "
+                         "logged)</summary>" + shown(self.flagged) + "</details>")
         return "".join(parts) + "</div>"
 
 
@@ -164,6 +176,7 @@ def import_log(
         raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
     result = ImportResult()
     skipped: list[dict[str, Any]] = []
+    flagged: list[dict[str, Any]] = []
     by_session: dict[str, list[ImportedRequest]] = {}
     fmt_of: dict[str, str] = {}
     file_of: dict[str, str] = {}
@@ -212,7 +225,7 @@ def import_log(
             reqs = sorted(by_session[key], key=lambda r: r.at)  # stable: file order for equal times
             fmt = fmt_of[key]
             s, new, dup = _store_session(lab, key, fmt, file_of[key], reqs, project=project, skipped=skipped,
-                                         unknown=unknown, bar=bar)
+                                         unknown=unknown, bar=bar, flagged=flagged)
             result.already_stored += dup
             if new:
                 result.sessions.append(s)
@@ -220,6 +233,7 @@ def import_log(
     finally:
         bar.close()
     result.skipped = pd.DataFrame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], columns=SKIPPED_COLUMNS)
+    result.flagged = pd.DataFrame(flagged, columns=FLAGGED_COLUMNS)
     result.unknown_models = sorted(unknown)
     if result.requests:  # each measured request is an exact prompt total: calibrate the estimator per family
         result.calibrations = calibrate_families(lab, {r.model for v in by_session.values() for r in v if r.model})
@@ -228,7 +242,7 @@ def import_log(
 
 def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
                    project: str | None, skipped: list[dict[str, Any]], unknown: set[str],
-                   bar: Any) -> tuple[Session, int, int]:
+                   bar: Any, flagged: list[dict[str, Any]]) -> tuple[Session, int, int]:
     """Write one session's new requests in one transaction; returns (session, stored now, already stored).
 
     A new session's row is created in that same transaction: a failure leaves nothing of the session behind, and
@@ -263,30 +277,35 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
             todo, dup = _new_requests(s, key, reqs, skipped)
             if not todo:
                 return s, 0, dup
-            for req, prepared in todo:
+            for req, prepared, problems in todo:
                 current = req
                 t = s.record(req.body, at=req.at, usage=req.usage, request_id=req.request_id, events=req.events,
                              reply=req.reply, source_ref=req.source_ref, dedupe_key=req.dedupe_key,
-                             prepared=prepared, usage_source=req.usage.source)
+                             prepared=prepared, usage_source=req.usage.source, body_problems=problems)
                 if t.cost_usd is None:
                     unknown.add(req.model)
                 bar.update(1)
     except PromptCacheError as exc:
         where = current.source_ref if "current" in locals() else f"{file}"
         raise SessionError(f"{where}: {exc}") from None
+    for req, _, problems in todo:  # reported once stored
+        ref_file, line = _split_ref(req.source_ref)
+        flagged += ({"file": ref_file, "line": line, "path": p.path, "problem": p.problem} for p in problems)
     return s, len(todo), dup
 
 
-def _new_requests(s: Session, key: str, reqs: list[ImportedRequest],
-                  skipped: list[dict[str, Any]]) -> tuple[list[tuple[ImportedRequest, Any]], int]:
-    """The requests not stored yet, each segmented (extending the previous body's segments: linear ingest)."""
+def _new_requests(s: Session, key: str, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]
+                  ) -> tuple[list[tuple[ImportedRequest, Any, list[BodyProblem]]], int]:
+    """The requests not stored yet, each segmented (extending the previous body's segments: linear ingest) and
+    checked leniently: what the API would refuse is returned with it, to be stored and reported; a body JSON
+    cannot hold is skipped."""
     store = s.lab.store
     known = store.dedupe_keys(s.id)
     last = store.last_turn(s.id)
     last_at = None if last is None else last["at"]
     unlogged = s.config.get("unlogged_prefix_tokens")
     prev = s.previous_request
-    todo: list[tuple[ImportedRequest, Any]] = []
+    todo: list[tuple[ImportedRequest, Any, list[BodyProblem]]] = []
     dup = 0
     for req in reqs:
         if req.dedupe_key in known:
@@ -298,6 +317,11 @@ def _new_requests(s: Session, key: str, reqs: list[ImportedRequest],
             skipped.append({"file": file, "line": line, "reason": "older than the session's last stored request"})
             continue
         try:
+            # lenient: a log holds what was sent, so what the API would refuse is stored and flagged; a body
+            # JSON cannot hold (BodyValidationError, a ValueError) is skipped below. The previous body's
+            # repeated history is not walked again.
+            problems = check_request(req.body, req.dialect, lenient=True, partial=req.partial,
+                                     previous=None if prev is None else prev.body)
             if req.partial and unlogged is None:
                 # measured prompt total minus what the log holds (estimated): the unlogged system + tools
                 logged = s.prepare(req.body, dialect=req.dialect).total_tokens
@@ -309,7 +333,7 @@ def _new_requests(s: Session, key: str, reqs: list[ImportedRequest],
         except (ValueError, TypeError, PromptCacheError) as exc:
             skipped.append({"file": file, "line": line, "reason": f"body not understood: {exc}"})
             continue
-        todo.append((req, prepared))
+        todo.append((req, prepared, problems))
         prev = prepared
     return todo, dup
 

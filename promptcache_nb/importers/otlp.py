@@ -21,7 +21,7 @@ and ``intValue`` may be a string (64-bit integers are strings in OTLP JSON).
   Messages bodies, since the Anthropic cache works on blocks; every other provider becomes an OpenAI Chat
   Completions body (the semconv message shape is the chat shape, and the OpenAI-compatible providers speak it).
   Without captured content the body is ``{"model": m, "messages": []}``; a body lacking any of instructions,
-  messages or tool definitions is ``partial``.
+  messages or tool definitions is ``partial``. ``gen_ai.request.max_tokens`` becomes the body's ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -133,6 +133,10 @@ class OtlpReader:
         else:
             body = _chat_body(model, system, messages, tools)
             reply = _chat_messages(output or []) or None
+        limit = attrs.get("gen_ai.request.max_tokens")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0:
+            # the request parameter the span records (the Messages API requires it): after the model, as sent
+            body = {"model": model, "max_tokens": limit, **body}
         trace, span_id = span.get("traceId"), span.get("spanId")
         conversation = attrs.get("gen_ai.conversation.id")
         yield ImportedRequest(

@@ -30,13 +30,13 @@ Shapes the cache model judges (more than 4 ``cache_control`` breakpoints, TTL or
 
 from __future__ import annotations
 
-import marshal
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._util import common_prefix_length
 from ..errors import BodyValidationError
 from ._canonical import (
     _CHAT_TOOL_TYPES,
@@ -46,6 +46,7 @@ from ._canonical import (
     _check_chat_message,
     _check_item,
     _check_tool,
+    _snapshots,
     detect_dialect,
 )
 
@@ -114,8 +115,10 @@ def validate_request(body: Any, dialect: str | None = None, *, previous: Mapping
         dialect: ``anthropic``, ``openai-chat`` or ``openai-responses``; detected like
             :func:`~promptcache_nb.request.prepare` when omitted.
         previous: the session's previous body, already validated and not mutated since: its leading
-            messages (input items) that this body repeats exactly are not walked again, so a growing history
-            costs only its new tail. Cross-message rules are still checked over the whole body.
+            messages (input items) that this body repeats exactly are not checked again, so a growing history
+            costs only its new tail. The checks resume at the first new message with the state the repeated
+            ones leave (the tool calls awaiting an answer; a final assistant message that is final no more), so
+            a problem in repeated history is reported once, with the body where it first appeared.
         partial: the body comes from a log that does not record all of it (docs/provider_cache_rules.md
             #unlogged-prefix; an agent's transcript, telemetry without content): what such a log lacks is not
             required (``model``, ``max_tokens``, ``messages`` / ``input``, at least one message).
@@ -134,7 +137,8 @@ def validate_request(body: Any, dialect: str | None = None, *, previous: Mapping
         raise ValueError(f"dialect: must be one of {', '.join(DIALECTS)}, got {dialect!r}")
     out = _Problems()
     list_key = "input" if dialect == "openai-responses" else "messages"
-    _walk_json(body, out, skip=(list_key, _repeated_prefix(body.get(list_key), previous, list_key)))
+    skip = _repeated_prefix(body.get(list_key), previous, list_key)
+    _walk_json(body, out, skip=(list_key, skip))
     if not partial:
         required = ["model"]
         if dialect == "anthropic":
@@ -147,8 +151,10 @@ def validate_request(body: Any, dialect: str | None = None, *, previous: Mapping
             if name not in body:
                 out.add(name, "Field required")
     _check_scalars(body, out, dialect)
+    # the previous body's length: its final message may be final no more
+    prev_len = len(previous[list_key]) if skip and isinstance(previous, Mapping) else 0
     {"anthropic": _check_anthropic, "openai-chat": _check_chat, "openai-responses": _check_responses
-     }[dialect](body, out, partial)
+     }[dialect](body, out, partial, skip, prev_len)
     return out.items
 
 
@@ -182,6 +188,17 @@ class _Problems:
     @property
     def full(self) -> bool:
         return len(self.items) >= MAX_PROBLEMS
+
+
+class _Muted(_Problems):
+    """Where the repeated messages a check replays for its state report: nowhere (reported with the previous
+    body)."""
+
+    def add(self, path: str, problem: str, kind: ProblemKind = "api") -> None:
+        pass
+
+
+_MUTED = _Muted()
 
 
 _ELIDED = object()
@@ -274,34 +291,27 @@ def _walk_json(body: Mapping[str, Any], out: _Problems, *, skip: tuple[str, int]
             stack.pop()
 
 
+#: The body validated last with a ``previous``: its message (input item) list and their ``marshal`` bytes. The next
+#: request's ``previous`` is usually that very list (an import's linear ingest), so its bytes are not computed
+#: again. One entry, replaced by each such call.
+_LAST_UNITS: list[tuple[list[Any], list[Any]]] = []
+
+
 def _repeated_prefix(items: Any, previous: Mapping[str, Any] | None, key: str) -> int:
-    """How many leading ``items`` are exactly the previous body's: equal, and equal in ``marshal`` bytes too, which
-    tell apart what ``==`` does not (``Decimal(1) == 1``, a numpy integer), as prepare does. Found with ``==``
-    (C speed), then confirmed with one ``marshal`` of the whole run; item by item only when that fails."""
+    """How many leading ``items`` are exactly the previous body's: equal ``marshal`` bytes (format 2, prepare's
+    snapshots), which tell apart what ``==`` does not (``Decimal(1) == 1``, a numpy integer, ``1`` and ``True``);
+    what marshal cannot hold (a Decimal, a dict subclass) is never "the same". One marshal per item (C speed)
+    and one comparison of the two byte lists: the previous body's bytes come from the call that validated it."""
     if previous is None or not isinstance(items, list):
         return 0
     before = previous.get(key)
     if not isinstance(before, list):
         return 0
-    n = 0
-    try:
-        for a, b in zip(items, before, strict=False):
-            if a is not b and a != b:
-                break
-            n += 1
-        if _same_bytes(items[:n], before[:n]):
-            return n
-        return next((i for i in range(n) if items[i] is not before[i] and not _same_bytes(items[i], before[i])), n)
-    except RecursionError:  # a previous body deeper than any validated one: walk everything
-        return 0
-
-
-def _same_bytes(a: Any, b: Any) -> bool:
-    """Equal ``marshal`` bytes; what marshal cannot hold (a Decimal, a dict subclass) is never "the same"."""
-    try:
-        return marshal.dumps(a) == marshal.dumps(b)
-    except ValueError:
-        return False
+    last = _LAST_UNITS[0] if _LAST_UNITS else None
+    known = last[1] if last is not None and last[0] is before and len(last[1]) == len(before) else None
+    current = _snapshots(items)
+    _LAST_UNITS[:] = [(items, current)]
+    return common_prefix_length(current, known if known is not None else _snapshots(before))
 
 
 # -- fields common to the dialects -----------------------------------------------------------------------
@@ -340,7 +350,7 @@ def _add_line(out: _Problems, line: str) -> None:
 
 
 # -- Anthropic Messages ----------------------------------------------------------------------------------
-def _check_anthropic(body: Mapping[str, Any], out: _Problems, partial: bool) -> None:
+def _check_anthropic(body: Mapping[str, Any], out: _Problems, partial: bool, skip: int, prev_len: int) -> None:
     # in prefix order (docs/provider_cache_rules.md#anthropic-prefix-order): the first problem is the first one
     # in the prompt. A present key must hold a value: none of the three is nullable.
     if "tools" in body:
@@ -348,7 +358,7 @@ def _check_anthropic(body: Mapping[str, Any], out: _Problems, partial: bool) -> 
     if "system" in body:
         _anthropic_system(body["system"], out)
     if "messages" in body:
-        _anthropic_messages(body["messages"], out, partial)
+        _anthropic_messages(body["messages"], out, partial, skip, prev_len)
 
 
 def _anthropic_system(system: Any, out: _Problems) -> None:
@@ -364,7 +374,7 @@ def _anthropic_system(system: Any, out: _Problems) -> None:
             out.add(f"system[{i}]", f"must be a text block, got {got}")
 
 
-def _anthropic_messages(messages: Any, out: _Problems, partial: bool) -> None:
+def _anthropic_messages(messages: Any, out: _Problems, partial: bool, skip: int, prev_len: int) -> None:
     if not isinstance(messages, list):
         out.add("messages", f"must be a list of messages, got {_type_name(messages)}")
         return
@@ -375,54 +385,62 @@ def _anthropic_messages(messages: Any, out: _Problems, partial: bool) -> None:
     if len(messages) > MAX_MESSAGES:
         out.add("messages", f"at most {MAX_MESSAGES:,} messages, got {len(messages):,}")
     last = len(messages) - 1
+    if 0 < skip == prev_len <= last:  # the previous body's final message is final no more
+        m = messages[skip - 1]
+        if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content") in ("", []):
+            out.add(f"messages[{skip - 1}].content", _EMPTY_CONTENT)
     calls: dict[str, str] = {}  # tool call ids of the message just before -> where ("" for a server tool call)
-    for i, m in enumerate(messages):
+    # the repeated messages were checked with the previous body: the last one is replayed, muted, for its calls
+    for i in range(max(0, skip - 1), last + 1):
         if out.full:
             return
+        o = out if i >= skip else _MUTED
+        m = messages[i]
         broken = _structure(_check_anthropic_message, i, m)
         if broken is not None:
-            _add_line(out, broken)
+            _add_line(o, broken)
             calls = {}
             continue
         role, content = m["role"], m["content"]
         if role not in ("user", "assistant"):
             hint = "; a system prompt goes in the top-level `system` field" if role == "system" else ""
-            out.add(f"messages[{i}].role", f"must be 'user' or 'assistant', got {role!r}{hint}")
+            o.add(f"messages[{i}].role", f"must be 'user' or 'assistant', got {role!r}{hint}")
         elif i == 0 and role != "user":
-            out.add("messages[0].role", f"the first message must use the user role, got {role!r}")
+            o.add("messages[0].role", f"the first message must use the user role, got {role!r}")
         if (content == "" or content == []) and not (role == "assistant" and i == last):
-            out.add(f"messages[{i}].content", "all messages must have non-empty content except for the optional "
-                                              "final assistant message")
+            o.add(f"messages[{i}].content", _EMPTY_CONTENT)
         blocks = content if isinstance(content, list) else []
         answered: set[str] = set()
         for j, block in enumerate(blocks):
             where = f"messages[{i}].content[{j}]"
             t = block.get("type")
             if "type" not in block:
-                out.add(f"{where}.type", "Field required")
+                o.add(f"{where}.type", "Field required")
             elif t not in ANTHROPIC_BLOCK_TYPES:
-                out.add(f"{where}.type", f"unknown content block type {t!r}")
+                o.add(f"{where}.type", f"unknown content block type {t!r}")
             elif t == "tool_result" and role == "user":
                 tid = block.get("tool_use_id")
                 if not isinstance(tid, str):
-                    out.add(f"{where}.tool_use_id",
-                            "Field required" if tid is None else f"must be a string, got {tid!r}")
+                    o.add(f"{where}.tool_use_id", "Field required" if tid is None else f"must be a string, got {tid!r}")
                 elif tid not in calls:
-                    out.add(f"{where}.tool_use_id", f"no tool_use with id {tid!r} in the previous message; each "
-                                                    "tool_result answers a tool_use of the message just before it")
+                    o.add(f"{where}.tool_use_id", f"no tool_use with id {tid!r} in the previous message; each "
+                                                  "tool_result answers a tool_use of the message just before it")
                 else:
                     answered.add(tid)
         if role == "user":
             for tid, where in calls.items():
                 if where and tid not in answered:
-                    out.add(where, f"tool_use {tid!r} has no tool_result in the next message; each tool_use is "
-                                   "answered by a tool_result in the message just after it")
+                    o.add(where, f"tool_use {tid!r} has no tool_result in the next message; each tool_use is "
+                                 "answered by a tool_result in the message just after it")
         calls = {}
         if role == "assistant":
             for j, b in enumerate(blocks):
                 if b.get("type") in _TOOL_CALL_BLOCKS and isinstance(b.get("id"), str):
                     # a server tool's result comes back in the same message; the client may still answer it
                     calls[b["id"]] = f"messages[{i}].content[{j}].id" if b["type"] == "tool_use" else ""
+
+
+_EMPTY_CONTENT = "all messages must have non-empty content except for the optional final assistant message"
 
 
 def _anthropic_tools(tools: Any, out: _Problems) -> None:
@@ -462,7 +480,7 @@ def _check_tools(tools: Any, allowed: frozenset[str], out: _Problems) -> None:
             _add_line(out, broken)
 
 
-def _check_chat(body: Mapping[str, Any], out: _Problems, partial: bool) -> None:
+def _check_chat(body: Mapping[str, Any], out: _Problems, partial: bool, skip: int, prev_len: int) -> None:
     if "system" in body or "input" in body:
         out.add("system" if "system" in body else "input", "not a Chat Completions field")
     _check_tools(body.get("tools"), _CHAT_TOOL_TYPES, out)
@@ -477,23 +495,29 @@ def _check_chat(body: Mapping[str, Any], out: _Problems, partial: bool) -> None:
             out.add("messages", "at least one message is required")
         return
     calls: dict[str, str] = {}  # the last assistant message's tool call ids -> where they are, until answered
-    for i, m in enumerate(messages):
+    # the repeated messages were checked with the previous body: those since its last assistant message are
+    # replayed, muted, for the calls they leave unanswered
+    start = next((i for i in range(min(skip, len(messages)) - 1, -1, -1)
+                  if isinstance(messages[i], Mapping) and messages[i].get("role") == "assistant"), 0)
+    for i in range(start, len(messages)):
         if out.full:
             return
+        o = out if i >= skip else _MUTED
+        m = messages[i]
         broken = _structure(_check_chat_message, i, m)
         if broken is not None:
-            _add_line(out, broken)
+            _add_line(o, broken)
             calls = {}
             continue
         if m["role"] == "tool":
             tid = m.get("tool_call_id")
             if tid not in calls:
-                out.add(f"messages[{i}].tool_call_id", f"no tool call {tid!r} in the preceding assistant message; a "
-                                                       "'tool' message answers one of its tool_calls")
+                o.add(f"messages[{i}].tool_call_id", f"no tool call {tid!r} in the preceding assistant message; a "
+                                                     "'tool' message answers one of its tool_calls")
             calls.pop(tid, None)
             continue
         for tid, where in calls.items():
-            out.add(where, f"tool call {tid!r} has no 'tool' message answering it before messages[{i}]")
+            o.add(where, f"tool call {tid!r} has no 'tool' message answering it before messages[{i}]")
         calls = {}
         if m["role"] == "assistant":
             calls = {c["id"]: f"messages[{i}].tool_calls[{j}].id"
@@ -503,7 +527,7 @@ def _check_chat(body: Mapping[str, Any], out: _Problems, partial: bool) -> None:
 _CALL_OUTPUTS = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
 
 
-def _check_responses(body: Mapping[str, Any], out: _Problems, partial: bool) -> None:
+def _check_responses(body: Mapping[str, Any], out: _Problems, partial: bool, skip: int, prev_len: int) -> None:
     if "messages" in body or "system" in body:
         out.add("messages" if "messages" in body else "system", "not a Responses field")
     _check_tools(body.get("tools"), _RESPONSES_TOOL_TYPES, out)
@@ -518,8 +542,13 @@ def _check_responses(body: Mapping[str, Any], out: _Problems, partial: bool) -> 
         return
     # with stored state (a previous response, a conversation) the call can be in an earlier response
     stored = bool(body.get("previous_response_id") or body.get("conversation"))
-    calls: set[tuple[str, Any]] = set()
-    for i, item in enumerate(items):
+    # the repeated items were checked with the previous body: only the calls they hold are taken from them
+    calls: set[tuple[str, Any]] = {
+        (item["type"], item["call_id"]) for item in items[:skip]
+        if isinstance(item, Mapping) and item.get("type") in _CALL_OUTPUTS.values()
+        and isinstance(item.get("call_id"), str)}
+    for i in range(skip, len(items)):
+        item = items[i]
         if out.full:
             return
         broken = _structure(_check_item, i, item)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._loader import DEFAULT_START, load_scenario, set_model_check
+from ._loader import DEFAULT_START, load_scenario, set_model_check, set_prompt_check
 from ._model import (
     Compaction,
     Event,
@@ -22,5 +22,5 @@ from ._model import (
 __all__ = [
     "DEFAULT_START", "Compaction", "Event", "HostPromptEdit", "KnowledgeAdd", "KnowledgeRemove",
     "KnowledgeSpec", "KnowledgeUpdate", "ModelSwitch", "Restart", "Scenario", "ScenarioTurn",
-    "ToolCall", "ToolsChange", "load_scenario", "set_model_check",
+    "ToolCall", "ToolsChange", "load_scenario", "set_model_check", "set_prompt_check",
 ]

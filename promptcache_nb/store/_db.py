@@ -606,11 +606,15 @@ class Store:
         return cols
 
     def _insert(self, table: str, rows: list[tuple]) -> None:
+        """Insert rows, deferred to the end of a :meth:`batch` block inside one."""
+        if rows and self._buffer is not None:
+            self._buffer.setdefault(table, []).extend(rows)
+            return
+        self._insert_now(table, rows)
+
+    def _insert_now(self, table: str, rows: Sequence[tuple]) -> None:
         # A few rows: one VALUES statement (~0.5 ms); many (a rewritten prefix): the appender.
         if not rows:
-            return
-        if self._buffer is not None:
-            self._buffer.setdefault(table, []).extend(rows)
             return
         if len(rows) <= 8:
             marks = "(" + ", ".join("?" * len(rows[0])) + ")"
@@ -642,13 +646,31 @@ class Store:
         return KnowledgeEntry(*row) if row else None
 
     def knowledge_count(self, project_id: str) -> int:
+        """How many entries a project ever had (removed ones included): a scan, read once per project (entry
+        ids number them)."""
         return int(self.scalar("SELECT count(DISTINCT id) FROM knowledge WHERE project_id = ?", [project_id]))
 
-    def write_knowledge(self, e: KnowledgeEntry) -> None:
-        self.con.execute(
-            "INSERT INTO knowledge VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [e.id, e.project_id, e.version, e.key, e.title, e.content, e.category, e.deleted, e.updated_at],
-        ).fetchall()
+    def write_knowledge(self, entries: Sequence[KnowledgeEntry]) -> None:
+        """Insert entry versions (inside the caller's transaction; in bulk through the appender when many).
+        Written at once, also inside :meth:`batch`: the session reads an entry back before its next request."""
+        self._insert_now("knowledge", [(e.id, e.project_id, e.version, e.key, e.title, e.content, e.category,
+                                        e.deleted, e.updated_at) for e in entries])
+
+    # -- pending events: recorded between requests, consumed by the next one ---------------------------------
+    def pending_events(self, session_id: str) -> list[str]:
+        """The event codes recorded since a session's last request, in order."""
+        return [r[0] for r in self.rows(
+            "SELECT code FROM session_pending_events WHERE session_id = ? ORDER BY seq", [session_id])]
+
+    def add_pending_events(self, session_id: str, first_seq: int, codes: Sequence[str]) -> None:
+        """Record events numbered from ``first_seq`` (inside the caller's transaction). Written at once, also
+        inside :meth:`batch`, so the DELETE of the request that consumes them always sees them."""
+        self._insert_now("session_pending_events",
+                         [(session_id, first_seq + i, code) for i, code in enumerate(codes)])
+
+    def clear_pending_events(self, session_id: str) -> None:
+        """Forget a session's pending events (inside the caller's transaction)."""
+        self.con.execute("DELETE FROM session_pending_events WHERE session_id = ?", [session_id]).fetchall()
 
     # -- messages and deltas ------------------------------------------------------------------
     def message_ref(self, message: dict[str, Any], pending: dict[str, tuple], tokenizer: Any = None) -> str:
@@ -787,6 +809,8 @@ class Store:
                                  canonical_json(content)]).fetchall()
             if write.state is not None:
                 self.write_state(sid, write.state, rec.at, previous=write.state_previous)
+            if write.consumes_pending_events:
+                self.clear_pending_events(sid)
             if self._buffer is not None:
                 self._buffer.setdefault("turns", []).append(rec)
                 return

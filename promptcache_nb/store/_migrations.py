@@ -5,7 +5,9 @@ Each runs in its own transaction and its name is recorded in ``_migrations`` (ll
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
+from operator import attrgetter
 
 import duckdb
 
@@ -14,7 +16,9 @@ MIGRATIONS: list[Migration] = []
 
 
 def migration(fn: Migration) -> Migration:
-    MIGRATIONS.append(fn)
+    # kept in name order whatever the order of definition, so migrations written side by side (m007, m008)
+    # always apply in the order of their names
+    bisect.insort(MIGRATIONS, fn, key=attrgetter("__name__"))
     return fn
 
 
@@ -224,6 +228,37 @@ def m006_compact_store(con: duckdb.DuckDBPyConnection) -> None:
     # session_messages rows it gives back the history the previous request saw, so strategies need not
     # persist a message count (and rewrite session_state) on every turn.
     con.execute("ALTER TABLE turns ADD COLUMN n_messages INTEGER")
+
+
+@migration
+def m007_body_problems(con: duckdb.DuckDBPyConnection) -> None:
+    # What the API would refuse in a request body an import stored as the log held it (a lenient import:
+    # request.validate.check_request): JSON list of {path, problem}; NULL when the body was clean, or checked
+    # strictly (record() refuses such a body). A later reader sees the flag without validating again.
+    con.execute("ALTER TABLE turns ADD COLUMN body_problems TEXT")
+
+
+@migration
+def m008_pending_events(con: duckdb.DuckDBPyConnection) -> None:
+    # The events recorded since a session's last request, one row each: recording one inserts a row instead of
+    # rewriting session_state.extra, whose JSON held the whole list (O(pending events) bytes per knowledge.add).
+    # The next request deletes its session's rows in its own transaction. No primary key: rows live only until
+    # that request, read in seq order.
+    con.execute("""
+        CREATE TABLE session_pending_events (
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,                       -- 0, 1, ... in order of recording
+            code TEXT NOT NULL                          -- knowledge_add:<short id>, tools, compaction, ...
+        )""")
+    # A store written before keeps the list in session_state.extra._pending_events: move it into rows.
+    con.execute("""
+        INSERT INTO session_pending_events
+        SELECT session_id, generate_subscripts(codes, 1) - 1, unnest(codes)
+        FROM (SELECT session_id, json_extract_string(extra, '$._pending_events[*]') AS codes
+              FROM session_state WHERE json_exists(extra, '$._pending_events'))""")
+    con.execute("""
+        UPDATE session_state SET extra = json_merge_patch(extra, '{"_pending_events": null}')
+        WHERE json_exists(extra, '$._pending_events')""")
 
 
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
 Listener = Callable[[str], None]
 #: ``progress(done, total)``: called after each unit of a multi-request action (the views' progress bars).
 Progress = Callable[[int, int], None]
+#: Entries a failed ``KnowledgeController.resolve`` names (a typo in a 100k-entry book is one line, not 100k).
+RESOLVE_LISTED = 10
 
 
 def live_session(session: Session) -> Session:
@@ -524,8 +526,14 @@ class KnowledgeController(_Observable):
         by_title = [e for e in entries if e.title == entry]
         if len(by_title) == 1:
             return by_title[0].id
-        known = ", ".join(f"{e.short_id} ({_html.visible(e.title)})" for e in entries) or "(none)"
-        raise KnowledgeError(f"no single knowledge entry matches {entry!r}; current entries: {known}")
+        # name the candidates when several match, else the current entries: the first few, never 100k of them
+        several = by_prefix if len(by_prefix) > 1 else by_title if len(by_title) > 1 else []
+        shown = several or entries
+        known = ", ".join(f"{e.short_id} ({_html.visible(e.title)[:60]})" for e in shown[:RESOLVE_LISTED])
+        if len(shown) > RESOLVE_LISTED:
+            known += f", … ({len(shown):,} in all)"
+        what = "entries matching it" if several else "current entries"
+        raise KnowledgeError(f"no single knowledge entry matches {entry!r}; {what}: {known or '(none)'}")
 
     def add(self, title: str, content: str, *, category: str = "note") -> str:
         """The "Add entry" button. Returns the new entry's id."""

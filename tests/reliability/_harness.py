@@ -212,8 +212,8 @@ def _stored_in_sync(lab: pc.Lab) -> list[str]:
         if s is None:
             continue
         n = lab.store.one("SELECT count(*) FROM turns WHERE session_id = ?", [sid])[0]
-        extra = lab.store.one("SELECT extra FROM session_state WHERE session_id = ?", [sid])
-        pending = json.loads(extra[0]).get("_pending_events", []) if extra and extra[0] else []
+        pending = [r[0] for r in lab.store.rows(
+            "SELECT code FROM session_pending_events WHERE session_id = ? ORDER BY seq", [sid])]
         if s.n_turns != n or list(s.pending_events) != list(pending):
             out.append(f"{sid}: object has {s.n_turns} requests {list(s.pending_events)} pending, "
                        f"store {n} {pending}")

@@ -199,6 +199,9 @@ PURE = {
     "segment_map_html": lambda x: _side_by_side(x, "?" + x),
     "import_result": lambda x: ImportResult(
         skipped=pd.DataFrame([{"file": x, "line": 3, "reason": f"malformed JSON line: {x}"}]),
+        # a body problem names a field of the logged body and quotes its value: both are data
+        flagged=pd.DataFrame([{"file": x, "line": 4, "path": f"messages[0].content[{x}]",
+                               "problem": f"unknown content block type '{x}'"}]),
         unknown_models=[x], files=[(x, "exchanges")])._repr_html_(),
 }
 
