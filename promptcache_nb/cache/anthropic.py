@@ -217,9 +217,7 @@ class _Along:
             if e.expires_at <= t:
                 continue
             if i <= hit and e.visible_at <= t:
-                cell, top = cells.get(e.ttl) or (_Cell(t + TTL_SECONDS[e.ttl]), i)
-                e.cell = cell
-                cells[e.ttl] = (cell, max(top, i))
+                _share_expiry(cells, e, i, t)
             else:
                 loose.add(i)
         self.cells, self.loose = cells, loose
@@ -236,9 +234,7 @@ class _Along:
                 continue
             live[i] = e
             if i <= hit and e.visible_at <= t:
-                cell, top = cells.get(e.ttl) or (_Cell(t + TTL_SECONDS[e.ttl]), i)
-                e.cell = cell
-                cells[e.ttl] = (cell, max(top, i))
+                _share_expiry(cells, e, i, t)
             else:
                 loose.add(i)
         self.entries, self.cells, self.loose = live, cells, loose
@@ -669,3 +665,10 @@ class AnthropicCache(CacheModel):
         if n < len(self._prev_chain):
             return "prefix_changed"
         return "not_written"
+
+
+def _share_expiry(cells: dict[str, tuple[_Cell, int]], entry: _Entry, index: int, t: float) -> None:
+    """Put ``entry`` (read at ``t``) in its TTL's shared expiry cell: one refresh then moves them all."""
+    cell, top = cells.get(entry.ttl) or (_Cell(t + TTL_SECONDS[entry.ttl]), index)
+    entry.cell = cell
+    cells[entry.ttl] = (cell, max(top, index))
