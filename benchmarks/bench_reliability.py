@@ -2,9 +2,10 @@
 
 - **replay**: ``--trials`` kill trials (default 20) at seeded random points of the suite's scenario
   (``tests/reliability/data/kill_scenario.yaml``: 10 scenario turns with every kind of event, 19 requests),
-  spread over the seven strategies; mostly SIGKILL, with SIGTERM and SIGINT (Ctrl-C) mixed in. A point is a
-  random call of a hook (a request sent, a scenario turn stepped, a COMMIT returned) and, for half the trials,
-  a random delay after it (the parent sends the signal). After each trial the store is reopened, every stored
+  spread over the seven strategies and over three chunkings of the replay (its default, one and three scenario
+  turns per transaction); mostly SIGKILL, with SIGTERM and SIGINT (Ctrl-C) mixed in. A point is a random call of
+  a hook (a request sent, a scenario turn stepped, a COMMIT returned) and, for half the trials, a random delay
+  after it (the parent sends the signal). After each trial the store is reopened, every stored
   request must rebuild byte for byte, none may be half-written, and continuing the scenario from the stored
   position to its end must send exactly the uninterrupted run's requests.
 - **import**: as many trials of ``lab.import_log`` on 4 generated exchanges logs (``bench_import``'s generator,
@@ -65,11 +66,14 @@ def kill_trials(n: int, seed: int, work: Path) -> bool:
     signals = ("SIGKILL",) * 6 + ("SIGTERM", "SIGINT")
     t0 = time.perf_counter()
     expected = {name: h.reference_bodies(name) for name in pc.STRATEGIES}
+    chunkings = (None, 1, 3)  # Lab.replay's default, and smaller chunks: more commits to land at
+    points = {c: h.replay_points(chunk_turns=c) for c in chunkings}
     replay = []
-    for i, kill in enumerate(h.random_kills(rng, n, points={"send": 19, "step": 10, "commit": 14},
-                                            signals=signals)):
-        strategy = pc.STRATEGIES[i % len(pc.STRATEGIES)]
-        replay.append(h.replay_trial(work / f"replay-{i}", kill, expected[strategy], strategy=strategy))
+    for i in range(n):
+        strategy, chunk = pc.STRATEGIES[i % len(pc.STRATEGIES)], chunkings[i % len(chunkings)]
+        kill = h.random_kills(rng, 1, points=points[chunk], signals=signals)[0]
+        replay.append(h.replay_trial(work / f"replay-{i}", kill, expected[strategy], strategy=strategy,
+                                     chunk_turns=chunk))
     ok = _summary("replay kill trials", replay)
     print(f"   ({time.perf_counter() - t0:.0f} s)")
 

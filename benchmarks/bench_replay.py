@@ -7,7 +7,8 @@ with ``Session.step`` one by one instead (one transaction per turn, the Stepper'
 
 Targets (issue 14, "Ingest at the floor"): the 1,000-turn replay <= 5 s CPU (``time.process_time``: this
 process's CPU, DuckDB's threads included; wall time is printed beside it and depends on the machine's
-load); request 1,000 <= 2x request 10 (CPU of ``Session.step``, median of the 10 around each); store
+load); request 1,000 <= 2x request 10 (CPU of ``Session.step``, median of the 10 around each; a replay
+writes its rows in bulk when a chunk of turns commits, outside ``step``: the total includes it); store
 <= 1.5x unique content bytes. Prints figures; asserts nothing (speed targets live here, not in unit tests).
 
     .venv/bin/python benchmarks/bench_replay.py [--turns 1000] [--strategy durable_delta] [--interactive]

@@ -29,7 +29,7 @@ from .cache import CacheModel, get_cache_model
 from .errors import PromptCacheError, SessionError
 from .live import Backend
 from .request import PreparedRequest, canonical_json
-from .scenario import DEFAULT_START, Scenario, set_model_check, set_prompt_check
+from .scenario import DEFAULT_START, Restart, Scenario, ScenarioTurn, set_model_check, set_prompt_check
 from .session import Session, check_texts
 from .store import KnowledgeEntry, Store
 from .strategies import get_strategy
@@ -111,6 +111,29 @@ def _with_changes(entries: list[KnowledgeEntry], changed: Sequence[KnowledgeEntr
         else:
             out.insert(i, e)
     return out
+
+
+#: Scenario turns per transaction of ``Lab.replay``: a COMMIT and the bulk writes cost a few ms each, so 100 turns
+#: make them negligible; an interrupted replay loses at most that many turns.
+REPLAY_CHUNK_TURNS = 100
+
+
+def _reopens(turn: ScenarioTurn) -> bool:
+    """The turn restarts its session, which reloads it from the store."""
+    return any(isinstance(e, Restart) for e in turn.events)
+
+
+def _replay_chunks(turns: Sequence[ScenarioTurn], size: int) -> Iterator[tuple[int, int]]:
+    """``(first, stop)`` ranges of ``turns`` replayed as one transaction each: up to ``size`` turns, and a turn
+    that :func:`_reopens` its session alone (the reload must find everything before it stored)."""
+    first = 0
+    while first < len(turns):
+        stop = first + 1
+        if not _reopens(turns[first]):
+            while stop < len(turns) and stop - first < size and not _reopens(turns[stop]):
+                stop += 1
+        yield first, stop
+        first = stop
 
 
 @dataclass(frozen=True)
@@ -510,12 +533,22 @@ class Lab:
         cache_params: dict[str, Any] | None = None,
         strategy_params: dict[str, Any] | None = None,
         stop_after: int | None = None,
+        chunk_turns: int = REPLAY_CHUNK_TURNS,
     ) -> Session:
         """Replay a scenario under one strategy and cache model; returns the session.
 
         Each replay gets its own knowledge project (``<scenario project>/<strategy>``, suffixed when taken)
         so side-by-side replays never see each other's knowledge edits.
+
+        The store is written in chunks: the events and requests of up to ``chunk_turns`` scenario turns are
+        one transaction (:meth:`batch`: rows written in bulk when the chunk ends), a scenario turn is never
+        split across two, and a turn with a ``restart`` event (which reopens the session from the store) is
+        a transaction of its own. If the replay fails or is interrupted, the chunk it was in is rolled back
+        and every earlier one stays stored; continuing the scenario from the stored position sends what an
+        uninterrupted replay sends. ``chunk_turns=1`` commits every turn (as the Stepper's "Next turn").
         """
+        if chunk_turns < 1:
+            raise ValueError(f"chunk_turns must be at least 1, got {chunk_turns!r}")
         from .scenario import load_scenario
 
         sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -544,23 +577,25 @@ class Lab:
         bar = progress_bar(total=sum(1 + len(t.tool_calls) for t in played), desc=f"{sc.name} · {strat.name}",
                            enabled=show, unit="req")
         at = sc.start
+        i, turn = 0, played[0] if played else None
         try:
-            for i, turn in enumerate(sc.turns):
-                if stop_after is not None and i >= stop_after:
-                    break
-                if i > 0:
-                    at = at + turn.after
-                # a scenario turn's events and its requests are one transaction (as the Stepper's "Next
+            for first, stop in _replay_chunks(played, chunk_turns):
+                # a scenario turn's events and its requests are in one transaction (as the Stepper's "Next
                 # turn"): a kill between an event and its request leaves neither, so continuing the scenario
-                # from the stored position never applies an event twice
-                with self.atomic():
-                    for event in turn.events:
-                        s = s.apply(event, at=at)
-                    t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
-                at = t.at
-                bar.update(1 + len(turn.tool_calls))
+                # from the stored position never applies an event twice. A restart reads the store, which
+                # must hold what came before it, so its turn is not deferred.
+                with self.atomic() if _reopens(played[first]) else self.batch():
+                    for i in range(first, stop):
+                        turn = played[i]
+                        if i > 0:
+                            at = at + turn.after
+                        for event in turn.events:
+                            s = s.apply(event, at=at)
+                        t = s.step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+                        at = t.at
+                        bar.update(1 + len(turn.tool_calls))
         except PromptCacheError as exc:
-            if turn.line and sc.path:
+            if turn is not None and turn.line and sc.path:
                 exc.args = (f"{sc.path}:{turn.line}: turns[{i}]: {exc}",)
             raise
         finally:

@@ -96,7 +96,10 @@ def build(state: SessionState, strategy: Strategy, *, session_id: str, project_i
     history = state.messages + new_messages
     # a copy the strategy may change: the big immutable parts (host prompt, tools) are shared
     values = dict(state.strategy_state)
-    values["extra"] = json.loads(json.dumps(state.strategy_state["extra"]))
+    # ``extra`` deep-copied as a reload from the store gives it: parsed from the JSON last written (not serialised
+    # again each turn: for some strategies it holds the whole stable prefix)
+    written = state.written["extra"] if state.written is not None else None
+    values["extra"] = json.loads(written if written is not None else canonical_json(state.strategy_state["extra"]))
     if values.get("ltm_pin_keys") is not None:
         values["ltm_pin_keys"] = list(values["ltm_pin_keys"])
     deltas = DeltaTable(state.deltas)

@@ -520,7 +520,9 @@ def prepare(
             index reuses its segments, so only the new tail is validated, hashed and counted. "Exactly"
             is checked on ``marshal`` bytes (C speed): unlike ``==`` they tell ``1``, ``1.0`` and ``True``
             apart (whose canonical JSON differs), so a reused segment's bytes are the current body's.
-            ``previous`` must not have been mutated since it was prepared.
+            ``previous`` must not have been mutated since it was prepared. A message list
+            :func:`~promptcache_nb.request.validate_request` (with a ``previous``) checked last is not marshalled
+            again (``Session.record`` and imports check, then prepare): do not change it in place in between.
         dialect: ``anthropic``, ``openai-chat`` or ``openai-responses``; detected from the body when
             omitted (:func:`detect_dialect`).
         unlogged_prefix_tokens: measured tokens of a prompt prefix the log did not record (a partial
@@ -686,6 +688,28 @@ def _snapshots(units: list[Any]) -> list[Any]:
         return out
 
 
+#: The unit list whose bytes were computed last by :func:`remember_snapshots` (``validate_request``'s message or input
+#: list), and those bytes. Two more uses of that very list follow it in an import or ``Session.record``: the
+#: ``prepare`` of the same body, and the next request's check (whose ``previous`` it is); both take the bytes from
+#: here instead of marshalling the list again. One entry; like ``previous``, the list must not be changed between.
+_LAST_SNAPSHOTS: list[tuple[list[Any], list[Any]]] = []
+
+
+def remembered_snapshots(units: list[Any]) -> list[Any] | None:
+    """:func:`_snapshots` of ``units`` if they are the very list remembered last (and as long), else None."""
+    last = _LAST_SNAPSHOTS[0] if _LAST_SNAPSHOTS else None
+    return last[1] if last is not None and last[0] is units and len(last[1]) == len(units) else None
+
+
+def remember_snapshots(units: list[Any]) -> list[Any]:
+    """:func:`_snapshots` of ``units``, remembered for the next uses of the same list."""
+    snaps = remembered_snapshots(units)
+    if snaps is None:
+        snaps = _snapshots(units)
+        _LAST_SNAPSHOTS[:] = [(units, snaps)]
+    return snaps
+
+
 class _Builder:
     """One untrusted ``prepare``: sections in cache-prefix order, each a list of *units* (a tool, a
     system block, a message, an input item) that turn into one or more segments."""
@@ -740,7 +764,9 @@ class _Builder:
             prev_spans = prev.__dict__["_units"].get(key)
         if prev is not None and prev_spans:
             prev_snaps = _prev_snapshots(prev, key)
-            cur = _snapshots(units)
+            cur = remembered_snapshots(units)  # the list validate_request just checked: its bytes are known
+            if cur is None:
+                cur = _snapshots(units)
             n = min(len(cur), len(prev_snaps))
             k = common_prefix_length(cur[:n], prev_snaps[:n])
             tail = list(map(eq, cur[k:n], prev_snaps[k:n]))

@@ -48,6 +48,8 @@ from ._canonical import (
     _check_tool,
     _snapshots,
     detect_dialect,
+    remember_snapshots,
+    remembered_snapshots,
 )
 
 #: Deepest nesting accepted (the body itself is level 1). Real bodies stay far below it (a tool's JSON
@@ -291,27 +293,21 @@ def _walk_json(body: Mapping[str, Any], out: _Problems, *, skip: tuple[str, int]
             stack.pop()
 
 
-#: The body validated last with a ``previous``: its message (input item) list and their ``marshal`` bytes. The next
-#: request's ``previous`` is usually that very list (an import's linear ingest), so its bytes are not computed
-#: again. One entry, replaced by each such call.
-_LAST_UNITS: list[tuple[list[Any], list[Any]]] = []
-
-
 def _repeated_prefix(items: Any, previous: Mapping[str, Any] | None, key: str) -> int:
     """How many leading ``items`` are exactly the previous body's: equal ``marshal`` bytes (format 2, prepare's
     snapshots), which tell apart what ``==`` does not (``Decimal(1) == 1``, a numpy integer, ``1`` and ``True``);
     what marshal cannot hold (a Decimal, a dict subclass) is never "the same". One marshal per item (C speed)
-    and one comparison of the two byte lists: the previous body's bytes come from the call that validated it."""
+    and one comparison of the two byte lists. The bytes are remembered (``remember_snapshots``): the previous
+    body's come from the call that validated it, and the ``prepare`` of this body that follows uses these."""
     if previous is None or not isinstance(items, list):
         return 0
     before = previous.get(key)
     if not isinstance(before, list):
         return 0
-    last = _LAST_UNITS[0] if _LAST_UNITS else None
-    known = last[1] if last is not None and last[0] is before and len(last[1]) == len(before) else None
-    current = _snapshots(items)
-    _LAST_UNITS[:] = [(items, current)]
-    return common_prefix_length(current, known if known is not None else _snapshots(before))
+    known = remembered_snapshots(before)
+    if known is None:
+        known = _snapshots(before)
+    return common_prefix_length(remember_snapshots(items), known)
 
 
 # -- fields common to the dialects -----------------------------------------------------------------------

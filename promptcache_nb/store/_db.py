@@ -740,6 +740,10 @@ class Store:
     def compact_messages(self, session_id: str) -> None:
         """Mark a session's history compacted (inside the caller's transaction): replaced by what follows."""
         self.con.execute("UPDATE session_messages SET compacted = true WHERE session_id = ?", [session_id]).fetchall()
+        deferred = self._buffer.get("session_messages") if self._buffer is not None else None
+        if deferred:  # rows a batch() has not written yet are part of that history too
+            self._buffer["session_messages"] = [  # type: ignore[index]
+                (*r[:4], True) if r[0] == session_id else r for r in deferred]
 
     def message_count(self, session_id: str) -> int:
         return int(self.scalar("SELECT count(*) FROM session_messages WHERE session_id = ?", [session_id]))

@@ -4,7 +4,8 @@
 ``count``-th call of a hook (``send``: a request went out and is about to be stored; ``step``: a scenario
 turn's events are applied and its requests about to be built; ``commit``: a COMMIT has just returned;
 ``record``: an imported request is about to be stored), sent by the child itself at that exact call, or
-by the parent a random ``delay`` after it. Children are forked from a forkserver that has promptcache_nb
+by the parent a random ``delay`` after it. A replay writes in chunks of scenario turns (``chunk_turns``; a
+trial runs with the default or a smaller one, so that kills land at many chunk commits). Children are forked from a forkserver that has promptcache_nb
 imported, so a trial costs a fork instead of an interpreter start; each is a real process with its own
 DuckDB connection to a real file. Afterwards the parent reopens the store and checks that every committed
 request rebuilds byte for byte, that nothing is half-written, and that the work continued from what was
@@ -191,6 +192,10 @@ def _finish(proc: Any, trial: Trial, *, timeout: float) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
     trial.exitcode = proc.exitcode
+    # done, killed by a signal, or exit 130 after a Ctrl-C: any other status is the child failing on its own
+    # (its traceback is on stderr), which must not pass for an interrupted trial
+    if trial.exitcode is not None and trial.exitcode > 0 and trial.exitcode != 130:
+        trial.problems.append(f"the child failed (exit {trial.exitcode}; its traceback is above)")
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
@@ -233,6 +238,36 @@ def turn_starts(sc: pc.Scenario) -> list[int]:
     return starts
 
 
+def replay_points(strategy: str = STRATEGY, chunk_turns: int | None = None) -> dict[str, int]:
+    """How many times each replay hook is called in an uninterrupted replay (an in-memory Lab): the range of a
+    random kill's ``count``. COMMITs: the session and its knowledge set-up, then one per chunk."""
+    counts = dict.fromkeys(("send", "step", "commit"), 0)
+
+    def count(point: str) -> None:
+        counts[point] += 1
+
+    real_step = pc.Session.step
+
+    def step(self: pc.Session, *args: Any, **kwargs: Any) -> Any:
+        count("step")
+        return real_step(self, *args, **kwargs)
+
+    pc.Session.step = step  # type: ignore[method-assign]
+    try:
+        with pc.Lab(progress=False) as lab:
+            lab.store.con = _CommitHook(lab.store.con, count)
+            lab.replay(scenario(), strategy=strategy, backend=RecordingBackend(count), **_chunking(chunk_turns))
+            lab.store.con = lab.store.con._con
+    finally:
+        pc.Session.step = real_step  # type: ignore[method-assign]
+    return counts
+
+
+def _chunking(chunk_turns: int | None) -> dict[str, int]:
+    """``Lab.replay``'s keyword for ``chunk_turns`` (None: its default)."""
+    return {} if chunk_turns is None else {"chunk_turns": chunk_turns}
+
+
 def reference_bodies(strategy: str = STRATEGY) -> list[bytes]:
     """Every request of an uninterrupted replay, in order (an in-memory Lab)."""
     rec = RecordingBackend()
@@ -262,28 +297,33 @@ def continue_replay(lab: pc.Lab, strategy: str, backend: RecordingBackend, turns
     return n
 
 
-def _replay_child(db: str, strategy: str, kill: Kill, report: str, turns: int | None, progress: Any,
-                  committed: Any) -> None:
+def _replay_child(db: str, strategy: str, kill: Kill, report: str, turns: int | None, chunk_turns: int | None,
+                  progress: Any, committed: Any) -> None:
     trigger = _Trigger(kill, progress)
     rec = RecordingBackend(trigger)
-    real_step, real_atomic = pc.Session.step, pc.Lab.atomic
+    real_step, real_atomic, real_batch = pc.Session.step, pc.Lab.atomic, pc.Lab.batch
 
     def step(self: pc.Session, *args: Any, **kwargs: Any) -> Any:
         trigger("step")
         return real_step(self, *args, **kwargs)
 
-    @contextmanager
-    def atomic(self: pc.Lab) -> Any:
-        with real_atomic(self):
-            yield
-        committed.value = len(rec.bodies)  # a scenario turn commits all it sent, or nothing
+    def counted(real: Any) -> Any:
+        @contextmanager
+        def block(self: pc.Lab) -> Any:
+            with real(self):
+                yield
+            committed.value = len(rec.bodies)  # a chunk of scenario turns commits all it sent, or nothing
+        return block
 
-    pc.Session.step, pc.Lab.atomic = step, atomic  # type: ignore[method-assign]
+    def unpatch() -> None:
+        pc.Session.step, pc.Lab.atomic, pc.Lab.batch = real_step, real_atomic, real_batch  # type: ignore[method-assign]
+
+    pc.Session.step, pc.Lab.atomic, pc.Lab.batch = step, counted(real_atomic), counted(real_batch)  # type: ignore[method-assign]
     try:
         with pc.Lab(db, progress=False) as lab:
             lab.store.con = _CommitHook(lab.store.con, trigger)
             try:
-                lab.replay(SCENARIO, strategy=strategy, backend=rec)
+                lab.replay(SCENARIO, strategy=strategy, backend=rec, **_chunking(chunk_turns))
             except RuntimeError as exc:  # DuckDB's stand-in for a Ctrl-C during a statement must not escape
                 _write_json(report, {"interrupted": True, "raised": repr(exc)})
                 raise
@@ -291,7 +331,7 @@ def _replay_child(db: str, strategy: str, kill: Kill, report: str, turns: int | 
                 # Ctrl-C in a notebook: the kernel lives on. Its objects must agree with the store, and going
                 # on from there (in the same process) must send what an uninterrupted run sends.
                 out: dict[str, Any] = {"interrupted": True, "out_of_step": _stored_in_sync(lab)}
-                pc.Session.step, pc.Lab.atomic = real_step, real_atomic  # type: ignore[method-assign]
+                unpatch()
                 lab.store.con = lab.store.con._con
                 again = RecordingBackend()
                 out["from"] = continue_replay(lab, strategy, again, turns)
@@ -304,14 +344,15 @@ def _replay_child(db: str, strategy: str, kill: Kill, report: str, turns: int | 
 
 
 def replay_trial(workdir: Path, kill: Kill, expected: list[bytes], *, strategy: str = STRATEGY,
-                 turns: int | None = None, timeout: float = 120) -> Trial:
-    """Replay in a child, deliver ``kill``, then reopen the store, check it and continue from it for ``turns``
-    scenario turns (None: to the end)."""
+                 turns: int | None = None, chunk_turns: int | None = None, timeout: float = 120) -> Trial:
+    """Replay in a child (``chunk_turns`` scenario turns per transaction; None: ``Lab.replay``'s default),
+    deliver ``kill``, then reopen the store, check it and continue from it for ``turns`` scenario turns (None: to
+    the end)."""
     workdir.mkdir(parents=True, exist_ok=True)
     db, report = workdir / "replay.duckdb", workdir / "report.json"
-    trial = Trial(f"replay/{strategy}", kill)
+    trial = Trial(f"replay/{strategy}" + ("" if chunk_turns is None else f"/chunks of {chunk_turns}"), kill)
     t0 = time.perf_counter()
-    proc, progress, committed = _start(_replay_child, str(db), strategy, kill, str(report), turns)
+    proc, progress, committed = _start(_replay_child, str(db), strategy, kill, str(report), turns, chunk_turns)
     _deliver(proc, kill, progress, timeout=timeout)
     _finish(proc, trial, timeout=timeout)
     trial.committed = committed.value

@@ -4,9 +4,11 @@ After each signal the store reopens; every stored request rebuilds byte for byte
 request an uninterrupted run sent, ``s.turn(i).request`` equals the logged body); nothing is half-written (a
 scenario turn's events and requests commit together, an imported session's requests commit together); and
 continuing from what was stored — the scenario from the stored position, the import run again — sends exactly
-the requests an uninterrupted run sends (here for the next two scenario turns). A few trials here, at the points
-most likely to break and a seeded random one each; ``benchmarks/bench_reliability.py`` runs at least 20 random
-ones of each, going on to the end.
+the requests an uninterrupted run sends (here for the next two scenario turns). A replay commits a chunk of
+scenario turns at a time: trials run with the default chunking and with smaller chunks (one and three turns), so
+kills land inside chunks, between a turn's events and its request, and right at chunk commits. A few trials
+here, at the points most likely to break and a seeded random one each; ``benchmarks/bench_reliability.py`` runs
+at least 20 random ones of each, going on to the end.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from __future__ import annotations
 import random
 
 import pytest
-from _harness import Kill, import_trial, random_kills, reference_bodies, reference_import, replay_trial, write_logs
+from _harness import (
+    Kill,
+    import_trial,
+    random_kills,
+    reference_bodies,
+    reference_import,
+    replay_points,
+    replay_trial,
+    write_logs,
+)
 
 SEED = 16
 
@@ -24,23 +35,34 @@ def expected() -> list[bytes]:
     return reference_bodies()
 
 
-# The scenario's hooks: 19 requests sent, 10 scenario turns stepped, 14 COMMITs (session, 2 knowledge entries,
-# their pending events, then one per scenario turn).
-REPLAY_POINTS = {"send": 19, "step": 10, "commit": 14}
+# The scenario's hooks by chunk size (None: the default): 19 requests sent, 10 scenario turns stepped; COMMITs:
+# the session, its knowledge, the knowledge's pending events cleared, then one per chunk. Chunks (turn ranges):
+# default [0-3] [4] [5-9] (turn 4 holds a restart: a transaction of its own); 3: [0-2] [3] [4] [5-7] [8-9].
+REPLAY_POINTS = {None: {"send": 19, "step": 10, "commit": 6}, 1: {"send": 19, "step": 10, "commit": 13},
+                 3: {"send": 19, "step": 10, "commit": 8}}
 REPLAY_KILLS = [
     # turn 4's three events (a removal, a restart, an addition) applied, its request not built yet
-    Kill("SIGKILL", "step", 5),
-    # inside turn 3's tool loop: two of its three requests went out, none of them is stored
-    Kill("SIGKILL", "send", 8),
-    # Ctrl-C the moment a COMMIT returns: the kernel must count what the store holds, and go on from there
-    Kill("SIGINT", "commit", 9),
-    *random_kills(random.Random(SEED), 1, points=REPLAY_POINTS, signals=("SIGTERM",)),
+    (None, Kill("SIGKILL", "step", 5)),
+    # turn 6's model switch applied inside the chunk of turns 5-9, whose compaction (turn 5) is not written yet
+    (None, Kill("SIGKILL", "step", 7)),
+    # inside turn 3's tool loop: two of its three requests went out; the whole first chunk is lost
+    (None, Kill("SIGKILL", "send", 8)),
+    # Ctrl-C the moment a chunk's COMMIT returns: the kernel must count what the store holds, and go on from there
+    (3, Kill("SIGINT", "commit", 4)),
+    (1, Kill("SIGINT", "commit", 9)),  # one turn per transaction: the Stepper's granularity
+    *((3, k) for k in random_kills(random.Random(SEED), 1, points=REPLAY_POINTS[3], signals=("SIGTERM",))),
 ]
 
 
-@pytest.mark.parametrize("kill", REPLAY_KILLS, ids=str)
-def test_replay_survives(kill, expected, tmp_path):
-    trial = replay_trial(tmp_path, kill, expected, turns=2)
+def test_replay_points_are_the_scenarios():
+    for chunk, points in REPLAY_POINTS.items():
+        assert replay_points(chunk_turns=chunk) == points, chunk
+
+
+@pytest.mark.parametrize(("chunk", "kill"), REPLAY_KILLS,
+                         ids=[f"{k} chunks {c or 'default'}" for c, k in REPLAY_KILLS])
+def test_replay_survives(chunk, kill, expected, tmp_path):
+    trial = replay_trial(tmp_path, kill, expected, turns=2, chunk_turns=chunk)
     assert trial.survived, str(trial)
     if kill.delay is None:  # delivered at that very call: the child did not finish
         assert trial.interrupted, str(trial)
