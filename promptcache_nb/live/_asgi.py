@@ -33,6 +33,9 @@ log = logging.getLogger("promptcache_nb.http")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 #: Default seconds a client has to send a request's headers, and, separately, its body.
 REQUEST_TIMEOUT = 30.0
+#: How far past the limit a declared body is still read (and dropped) so its client gets a clean 413; a bigger
+#: one is refused at once and its connection closed.
+DRAIN_BYTES = 64 * 1024 * 1024
 
 
 class BodyError(Exception):
@@ -49,6 +52,10 @@ async def read_body(request: Request, *, limit: int, timeout: float) -> bytes:
     declared = request.headers.get("content-length")
     # h11 has already refused a Content-Length that is not a non-negative integer (400)
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        if int(declared) <= limit + DRAIN_BYTES:
+            # Read a modestly oversized body to its end, discarding it, before the 413: answering mid-upload
+            # and closing makes the client's kernel reset the connection, so it sees a reset, not the 413.
+            await _discard(request, timeout)
         raise BodyError(413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
@@ -64,6 +71,16 @@ async def read_body(request: Request, *, limit: int, timeout: float) -> bytes:
     except ClientDisconnect:
         raise BodyError(499, "client closed the connection while sending the body") from None
     return b"".join(chunks)
+
+
+async def _discard(request: Request, timeout: float) -> None:
+    """Read and drop a body (bounded by the caller's size check and ``timeout``); errors just end it."""
+    try:
+        with anyio.fail_after(timeout):
+            async for _ in request.stream():
+                pass
+    except (TimeoutError, ClientDisconnect):
+        pass
 
 
 
