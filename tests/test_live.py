@@ -310,10 +310,10 @@ def test_connection_error(server):
 
 
 # -- the same numbers either way ----------------------------------------------------------------
-def _replay_both(server, scenario, strategy: str):
-    # one Lab each: knowledge ids derive from the project name, which a second replay in one Lab suffixes
-    with pc.Lab(progress=False) as lab:
-        direct = lab.replay(scenario, strategy=strategy).turns()
+def _replay_both(server, scenario, strategy: str, stored_session):
+    # one Lab each: knowledge ids derive from the project name, which a second replay in one Lab suffixes.
+    # The direct replay (the in-process simulator) is conftest's, stored once per test run.
+    direct = stored_session(strategy, scenario).turns()
     with pc.Lab(progress=False) as lab, \
             anthropic.Anthropic(base_url=server.base_url, api_key=f"sk-ant-{strategy}", max_retries=0) as c:
         via_sdk = lab.replay(scenario, strategy=strategy, backend=pc.AnthropicBackend(c)).turns()
@@ -326,8 +326,9 @@ def _strategies() -> list[str]:
 
 
 @pytest.mark.parametrize("strategy", _strategies())
-def test_reference_scenario_identical_usage_direct_and_through_the_sdk(server, reference_scenario, strategy):
-    direct, via_sdk = _replay_both(server, reference_scenario, strategy)
+def test_reference_scenario_identical_usage_direct_and_through_the_sdk(server, reference_scenario, strategy,
+                                                                          stored_session):
+    direct, via_sdk = _replay_both(server, reference_scenario, strategy, stored_session)
     assert len(direct) == len(via_sdk) == pc.load_scenario(reference_scenario).n_requests
     # Output tokens (and so cost) are the endpoint's own answer's; everything the cache decides is equal.
     # Scripted replies and tool calls must win over the endpoint's answer, or the two conversations drift
@@ -382,6 +383,7 @@ def test_key_never_reaches_store_logs_or_reprs(server, tmp_path, caplog, capfd):
         assert key[12:].encode() not in haystack  # nor its random part
 
 
+@pytest.mark.slow  # a kernel process runs the notebook
 def test_notebook_live_path_keeps_the_key_out_of_outputs(server, monkeypatch):
     """Execute notebook 05 as if a real key were set, against the local server, and grep its outputs."""
     nbformat = pytest.importorskip("nbformat")

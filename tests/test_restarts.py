@@ -92,15 +92,12 @@ def scenario():
 
 
 @pytest.fixture(scope="module")
-def reference(scenario):
-    """Uninterrupted bodies per strategy; one fresh Lab each, so session ids and entry ids match."""
-    out = {}
-    for name in pc.STRATEGIES:
-        rec = Recorder()
-        with pc.Lab(progress=False) as lab:
-            s = lab.replay(scenario, strategy=name, stop_after=STOP, backend=rec)
-            out[name] = (s.id, rec.bodies)
-    return out
+def reference(scenario, stored_replay):
+    """Uninterrupted bodies per strategy (the requests of turns 0 to STOP - 1): what conftest's replay of the
+    whole reference scenario sent, one fresh Lab each, so session ids and entry ids match."""
+    n = sum(1 + len(t.tool_calls) for t in scenario.turns[:STOP])
+    return {name: (stored.session_id, list(stored.sent[:n]))
+            for name, stored in stored_replay.many(pc.STRATEGIES, REFERENCE).items()}
 
 
 @pytest.mark.parametrize("name", pc.STRATEGIES)
@@ -165,6 +162,7 @@ def child_main(jobs: list[dict]) -> None:
     sys.stdout.write(json.dumps(out))
 
 
+@pytest.mark.slow
 def test_reopen_in_a_new_process_is_byte_identical(tmp_path, scenario, reference):
     jobs, wanted = [], []
     for name in pc.STRATEGIES:
@@ -219,6 +217,7 @@ def _run(s, first, last):
                at=at + timedelta(seconds=30 * i + pause))
 
 
+@pytest.mark.slow  # three 170-request sessions each
 @pytest.mark.parametrize(("cache", "params", "replayed"), [
     ("anthropic", {}, "window"),  # the last hour (its longest TTL)
     ("deepseek", {"lifetime": "20m"}, "window"),  # the last lifetime

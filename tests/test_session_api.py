@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -183,6 +185,7 @@ def test_replay_and_restart_event(tmp_path, scenarios_dir):
         assert len(s.turns()) == sc.n_requests
 
 
+@pytest.mark.slow
 def test_resume_in_a_new_process_sends_identical_bytes(tmp_path):
     db = tmp_path / "p.duckdb"
     with pc.Lab(db, progress=False) as lab:
@@ -374,21 +377,30 @@ def test_costs_follow_the_requests_time_and_size_not_the_wall_clock():
     assert sonnet.cost(u, T0) > 10 * sonnet.cost(small, T0)  # above 200k input tokens the tier rate applies
 
 
+def _every_strategys_bytes(path: str) -> str:
+    """One digest of every stored request body of the scenario replayed under each strategy, in one Lab."""
+    with pc.Lab(progress=False) as lab:
+        out = []
+        for name in pc.STRATEGIES:
+            s = lab.replay(path, strategy=name)
+            out += [hashlib.sha256(pc.canonical_bytes(lab.store.turn_body(s.id, i))).hexdigest()
+                    for i in range(s.n_turns)]
+    return hashlib.sha256("".join(out).encode()).hexdigest()
+
+
+@pytest.mark.slow
 def test_same_scenario_same_bytes_across_processes_and_hash_seeds(scenarios_dir):
-    code = """
-import hashlib, sys, promptcache_nb as pc
-with pc.Lab(progress=False) as lab:
-    out = []
-    for name in pc.STRATEGIES:
-        s = lab.replay(sys.argv[1], strategy=name)
-        out += [hashlib.sha256(pc.canonical_bytes(lab.store.turn_body(s.id, i))).hexdigest()
-                for i in range(s.n_turns)]
-print(hashlib.sha256("".join(out).encode()).hexdigest())
-"""
-    digests = set()
-    for seed in ("1", "987"):
-        env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", code, str(scenarios_dir / "knowledge_churn.yaml")],
-                             capture_output=True, text=True, check=True, env=env).stdout.strip()
-        digests.add(out)
-    assert len(digests) == 1
+    """This process (``PYTHONHASHSEED=0`` in ``make test``, random otherwise) and a fresh interpreter with
+    another hash seed replay the same bytes."""
+    scenario = str(scenarios_dir / "knowledge_churn.yaml")
+    here = os.environ.get("PYTHONHASHSEED")
+    seed = "1" if here == "987" else "987"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_session_api as t; "
+            "print(t._every_strategys_bytes(sys.argv[2]))")
+    with subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parent), scenario],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONHASHSEED": seed}) as child:  # runs while this one does
+        here_bytes = _every_strategys_bytes(scenario)
+        out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err[-3000:]
+    assert out.strip() == here_bytes

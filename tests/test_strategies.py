@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -464,13 +465,16 @@ def _stored_bodies(lab: pc.Lab, s: pc.Session, n: int) -> list[bytes]:
 
 
 @pytest.fixture(scope="module")
-def reference_runs():
-    """Each strategy replayed on the reference scenario in its own fresh Lab."""
+def reference_runs(stored_replay, tmp_path_factory):
+    """Each strategy replayed on the reference scenario in its own fresh Lab (conftest's stored replays,
+    made once per test run; read here from a copy)."""
     out = {}
-    for name in TEACHING_ORDER:
-        with pc.Lab(progress=False) as lab:
-            s = lab.replay(REFERENCE, strategy=name)
-            n = sum(1 + len(t.tool_calls) for t in pc.load_scenario(REFERENCE).turns[:DETERMINISM_TURNS])
+    n = sum(1 + len(t.tool_calls) for t in pc.load_scenario(REFERENCE).turns[:DETERMINISM_TURNS])
+    for name, stored in stored_replay.many(TEACHING_ORDER, REFERENCE).items():
+        copy = tmp_path_factory.mktemp("reference") / stored.path.name
+        shutil.copyfile(stored.path, copy)
+        with pc.Lab(copy, progress=False) as lab:
+            s = lab.session(id=stored.session_id)
             out[name] = (s.efficiency(), s.turns(), _stored_bodies(lab, s, n))
     return out
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel, makes a virtualenv, runs the demo in it
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
