@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -340,6 +340,23 @@ def _structure(check: Callable[..., None], *args: Any) -> str | None:
     return None
 
 
+def _well_formed(elements: list[Any], start: int, skip: int, out: _Problems, check: Callable[..., None]
+                 ) -> Iterator[tuple[int, Any, _Problems]]:
+    """``(index, element, where its problems go)`` from ``start`` while ``out`` has room; a structurally broken
+    element is reported and given as ``None``. Elements before ``skip`` were checked with the previous body:
+    they are walked only for the state they carry (open tool calls), their problems muted."""
+    for i in range(start, len(elements)):
+        if out.full:
+            return
+        o = out if i >= skip else _MUTED
+        broken = _structure(check, i, elements[i])
+        if broken is not None:
+            _add_line(o, broken)
+            yield i, None, o
+        else:
+            yield i, elements[i], o
+
+
 def _add_line(out: _Problems, line: str) -> None:
     path, sep, problem = line.partition(": ")
     out.add(path, problem) if sep else out.add("", line)
@@ -387,14 +404,8 @@ def _anthropic_messages(messages: Any, out: _Problems, partial: bool, skip: int,
             out.add(f"messages[{skip - 1}].content", _EMPTY_CONTENT)
     calls: dict[str, str] = {}  # tool call ids of the message just before -> where ("" for a server tool call)
     # the repeated messages were checked with the previous body: the last one is replayed, muted, for its calls
-    for i in range(max(0, skip - 1), last + 1):
-        if out.full:
-            return
-        o = out if i >= skip else _MUTED
-        m = messages[i]
-        broken = _structure(_check_anthropic_message, i, m)
-        if broken is not None:
-            _add_line(o, broken)
+    for i, m, o in _well_formed(messages, max(0, skip - 1), skip, out, _check_anthropic_message):
+        if m is None:
             calls = {}
             continue
         role, content = m["role"], m["content"]
@@ -495,14 +506,8 @@ def _check_chat(body: Mapping[str, Any], out: _Problems, partial: bool, skip: in
     # replayed, muted, for the calls they leave unanswered
     start = next((i for i in range(min(skip, len(messages)) - 1, -1, -1)
                   if isinstance(messages[i], Mapping) and messages[i].get("role") == "assistant"), 0)
-    for i in range(start, len(messages)):
-        if out.full:
-            return
-        o = out if i >= skip else _MUTED
-        m = messages[i]
-        broken = _structure(_check_chat_message, i, m)
-        if broken is not None:
-            _add_line(o, broken)
+    for i, m, o in _well_formed(messages, start, skip, out, _check_chat_message):
+        if m is None:
             calls = {}
             continue
         if m["role"] == "tool":
@@ -543,13 +548,8 @@ def _check_responses(body: Mapping[str, Any], out: _Problems, partial: bool, ski
         (item["type"], item["call_id"]) for item in items[:skip]
         if isinstance(item, Mapping) and item.get("type") in _CALL_OUTPUTS.values()
         and isinstance(item.get("call_id"), str)}
-    for i in range(skip, len(items)):
-        item = items[i]
-        if out.full:
-            return
-        broken = _structure(_check_item, i, item)
-        if broken is not None:
-            _add_line(out, broken)
+    for i, item, _ in _well_formed(items, skip, skip, out, _check_item):
+        if item is None:
             continue
         t, call_id = item.get("type"), item.get("call_id")
         if not isinstance(call_id, str):
