@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .._util import digest, progress_bar
+from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import summarize
 from ..cache.anthropic import client_ttls_from_usage
@@ -174,6 +174,12 @@ def import_log(
     """Import agent logs into ``lab``; see :meth:`Lab.import_log`."""
     if format != "auto" and format not in READERS:
         raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
+    with gc_paused():
+        return _import(lab, paths, format, project, progress)
+
+
+def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
+            progress: bool) -> ImportResult:
     result = ImportResult()
     skipped: list[dict[str, Any]] = []
     flagged: list[dict[str, Any]] = []

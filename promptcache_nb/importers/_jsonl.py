@@ -33,16 +33,16 @@ def iter_json_lines(path: Path) -> Iterator[JsonLine | SkippedLine | ReadProgres
     """Yield each line of ``path`` parsed, bad lines as :class:`SkippedLine`, then a :class:`ReadProgress`."""
     file = str(path)
     consumed = 0
+    loads = json.loads
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
             complete = raw.endswith(b"\n")
-            text = raw.rstrip(b"\r\n")
-            if not text.strip():
+            if raw.isspace():  # no copies of the line: json.loads takes bytes and skips the newline
                 if complete:
                     consumed = number
                 continue
             try:
-                obj = json.loads(text)
+                obj = loads(raw)
             except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
                 if not complete:
                     break  # the writer is mid-line: leave it for the next import

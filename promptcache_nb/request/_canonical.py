@@ -710,6 +710,18 @@ def remember_snapshots(units: list[Any]) -> list[Any]:
     return snaps
 
 
+def _hand_over_snapshots(logged: dict[str, Any], owned: dict[str, Any]) -> None:
+    """``prepare(copy=True)`` stored a copy of the unit list remembered last: the next request's check compares
+    against that copy (its ``previous``), so the remembered bytes (equal values, hence equal bytes) move to it."""
+    last = _LAST_SNAPSHOTS[0] if _LAST_SNAPSHOTS else None
+    if last is None:
+        return
+    for key, units in logged.items():
+        if units is last[0] and isinstance(owned.get(key), list) and len(owned[key]) == len(units):
+            _LAST_SNAPSHOTS[:] = [(owned[key], last[1])]
+            return
+
+
 class _Builder:
     """One untrusted ``prepare``: sections in cache-prefix order, each a list of *units* (a tool, a
     system block, a message, an input item) that turn into one or more segments."""
@@ -842,6 +854,8 @@ class _Builder:
             return req
         object.__setattr__(req, "_units", self.units)
         object.__setattr__(req, "_snaps", self.snaps)
+        if self.copy:
+            _hand_over_snapshots(self.body, body)
         if prev is not None:
             object.__setattr__(req, "_prefix_of", (weakref.ref(prev), self.run_len))
         if self.dialect == "anthropic":
