@@ -58,6 +58,7 @@ from urllib.parse import urlsplit
 
 from .._util import SIMULATOR_HEADER
 from ..usage import Usage
+from ._history import HistoryDecoder
 from ._sse import SseEvent, parse_sse, usage_from_sse
 from ._types import Dialect, ImportedRequest, SkippedLine
 
@@ -173,13 +174,14 @@ def _text(body: bytes | str) -> str:
     return body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
 
 
-def _json_body(body: bytes | str | dict[str, Any] | None, what: str) -> dict[str, Any]:
+def _json_body(body: bytes | str | dict[str, Any] | None, what: str,
+               bodies: HistoryDecoder | None = None) -> dict[str, Any]:
     if isinstance(body, dict):
         return body
     if body is None:
         raise _Skip(f"{what} body missing")
     try:
-        value = json.loads(_text(body))
+        value = (bodies.loads if bodies is not None else json.loads)(_text(body))
     except ValueError:
         raise _Skip(f"{what} body is not JSON") from None
     if not isinstance(value, dict):
@@ -287,7 +289,8 @@ def _is_stream(ex: HttpExchange, headers: Mapping[str, str], body: Mapping[str, 
 
 
 def convert_exchange(
-    ex: HttpExchange, *, file: str, line: int, source_ref: str, fallback_at: datetime
+    ex: HttpExchange, *, file: str, line: int, source_ref: str, fallback_at: datetime,
+    bodies: HistoryDecoder | None = None,
 ) -> ImportedRequest | SkippedLine:
     """Turn one exchange into an :class:`ImportedRequest`, or a :class:`SkippedLine` with a one-line reason.
 
@@ -297,14 +300,16 @@ def convert_exchange(
         line: the line (JSON Lines) or the 1-based entry index (documents) for ``SkippedLine``.
         source_ref: where the request was read (``file:line`` or ``file#entries[i]``).
         fallback_at: the time to use when neither the container nor the response carries one.
+        bodies: the file's decoder of request body text (reuses the history a body repeats from the one before).
     """
     try:
-        return _convert(ex, file=file, source_ref=source_ref, fallback_at=fallback_at)
+        return _convert(ex, file=file, source_ref=source_ref, fallback_at=fallback_at, bodies=bodies)
     except _Skip as skip:
         return SkippedLine(file=file, line=line, reason=str(skip.args[0]))
 
 
-def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datetime) -> ImportedRequest:
+def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datetime,
+             bodies: HistoryDecoder | None) -> ImportedRequest:
     dialect = endpoint_dialect(ex.method, ex.url)
     path = urlsplit(ex.url).path or ex.url
     if dialect is None:
@@ -320,7 +325,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
     raw_request = ex.request_body
     if not isinstance(raw_request, dict):
         raw_request = decode_body(raw_request, req_headers.get("content-encoding"), what="request")
-    body = _json_body(raw_request, "request")
+    body = _json_body(raw_request, "request", bodies)
 
     raw_response = ex.response_body
     text: str | None = None

@@ -10,7 +10,7 @@ The iterator ends with one :class:`ReadProgress` giving the number of lines full
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +19,10 @@ from typing import Any
 from ._types import ReadProgress, SkippedLine
 
 __all__ = ["JsonLine", "iter_json_lines", "json_objects_in_head", "parse_timestamp"]
+
+#: Read buffer: a logged request body is often a megabyte on one line, which the default 8 KiB buffer reads in
+#: many small pieces (about 3x the time of reading the same file in 1 MiB pieces).
+READ_BUFFER = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,15 @@ class JsonLine:
     obj: dict[str, Any]
 
 
-def iter_json_lines(path: Path) -> Iterator[JsonLine | SkippedLine | ReadProgress]:
-    """Yield each line of ``path`` parsed, bad lines as :class:`SkippedLine`, then a :class:`ReadProgress`."""
+def iter_json_lines(path: Path, loads: Callable[[bytes], Any] = json.loads
+                    ) -> Iterator[JsonLine | SkippedLine | ReadProgress]:
+    """Yield each line of ``path`` parsed, bad lines as :class:`SkippedLine`, then a :class:`ReadProgress`.
+
+    ``loads``: the parser of one line's bytes (``json.loads``, or a :class:`HistoryDecoder`'s, which reuses the
+    history a body repeats from the line before)."""
     file = str(path)
     consumed = 0
-    loads = json.loads
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=READ_BUFFER) as fh:
         for number, raw in enumerate(fh, start=1):
             complete = raw.endswith(b"\n")
             if raw.isspace():  # no copies of the line: json.loads takes bytes and skips the newline

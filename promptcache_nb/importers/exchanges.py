@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import SIMULATOR_HEADER
+from ._history import HistoryDecoder
 from ._http import HttpExchange, convert_exchange, parse_iso_utc
 from ._jsonl import JsonLine, iter_json_lines
 from ._sse import parse_sse
@@ -115,7 +116,8 @@ class ExchangesReader:
         """Yield one record per line, then a :class:`ReadProgress` after the last complete line."""
         file = str(path)
         fallback = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
-        for item in iter_json_lines(path):  # the shared growing-file and bad-line rules
+        # the shared growing-file and bad-line rules; a body's repeated history is the previous line's objects
+        for item in iter_json_lines(path, HistoryDecoder(("request",)).loads):
             if not isinstance(item, JsonLine):
                 yield item
                 continue

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ImportFormatError
+from ._history import HistoryDecoder
 from ._http import HttpExchange, convert_exchange, headers_dict, parse_iso_utc
 from ._types import ImportedRequest, Record, SkippedLine
 
@@ -74,13 +75,15 @@ class HarReader:
         if not isinstance(entries, list):
             raise ImportFormatError(file, "not a HAR file: no log.entries list")
         fallback = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+        bodies = HistoryDecoder()
         for i, entry in enumerate(entries):
-            rec = self._entry(entry, file=file, i=i, fallback=fallback)
+            rec = self._entry(entry, file=file, i=i, fallback=fallback, bodies=bodies)
             if isinstance(rec, ImportedRequest):
                 fallback = rec.at  # entries without a time keep the order of those with one
             yield rec
 
-    def _entry(self, entry: Any, *, file: str, i: int, fallback: datetime) -> ImportedRequest | SkippedLine:
+    def _entry(self, entry: Any, *, file: str, i: int, fallback: datetime,
+               bodies: HistoryDecoder) -> ImportedRequest | SkippedLine:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("request"), Mapping):
             return SkippedLine(file, i + 1, "entry has no request object")
         request = entry["request"]
@@ -109,4 +112,5 @@ class HarReader:
             response_headers=resp_headers,
             started_at=started,
         )
-        return convert_exchange(ex, file=file, line=i + 1, source_ref=f"{file}#entries[{i}]", fallback_at=fallback)
+        return convert_exchange(ex, file=file, line=i + 1, source_ref=f"{file}#entries[{i}]", fallback_at=fallback,
+                                bodies=bodies)

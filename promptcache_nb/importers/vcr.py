@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from ..errors import ImportFormatError
+from ._history import HistoryDecoder
 from ._http import HttpExchange, convert_exchange, headers_dict, parse_http_date
 from ._types import ImportedRequest, Record, SkippedLine
 
@@ -186,13 +187,15 @@ class VcrReader:
         if not isinstance(interactions, list):
             raise ImportFormatError(file, "not a vcr cassette: no interactions list")
         fallback = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+        bodies = HistoryDecoder()
         for i, item in enumerate(interactions):
-            rec = self._interaction(item, file=file, i=i, fallback=fallback)
+            rec = self._interaction(item, file=file, i=i, fallback=fallback, bodies=bodies)
             if isinstance(rec, ImportedRequest):
                 fallback = rec.at
             yield rec
 
-    def _interaction(self, item: Any, *, file: str, i: int, fallback: datetime) -> ImportedRequest | SkippedLine:
+    def _interaction(self, item: Any, *, file: str, i: int, fallback: datetime,
+                     bodies: HistoryDecoder) -> ImportedRequest | SkippedLine:
         request = item.get("request") if isinstance(item, Mapping) else None
         if not isinstance(request, Mapping):
             return SkippedLine(file, i + 1, "interaction has no request")
@@ -208,4 +211,4 @@ class VcrReader:
             started_at=parse_http_date(item.get("recorded_at")),
         )
         return convert_exchange(ex, file=file, line=i + 1, source_ref=f"{file}#interactions[{i}]",
-                                fallback_at=fallback)
+                                fallback_at=fallback, bodies=bodies)

@@ -701,12 +701,13 @@ def remembered_snapshots(units: list[Any]) -> list[Any] | None:
     return last[1] if last is not None and last[0] is units and len(last[1]) == len(units) else None
 
 
-def remember_snapshots(units: list[Any]) -> list[Any]:
-    """:func:`_snapshots` of ``units``, remembered for the next uses of the same list."""
-    snaps = remembered_snapshots(units)
+def remember_snapshots(units: list[Any], snaps: list[Any] | None = None) -> list[Any]:
+    """:func:`_snapshots` of ``units`` (or ``snaps``, the caller's), remembered for the next uses of the same list."""
+    if snaps is None:
+        snaps = remembered_snapshots(units)
     if snaps is None:
         snaps = _snapshots(units)
-        _LAST_SNAPSHOTS[:] = [(units, snaps)]
+    _LAST_SNAPSHOTS[:] = [(units, snaps)]
     return snaps
 
 

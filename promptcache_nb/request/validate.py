@@ -48,6 +48,7 @@ from ._canonical import (
     _check_tool,
     _snapshots,
     detect_dialect,
+    identity_prefix,
     remember_snapshots,
     remembered_snapshots,
 )
@@ -307,7 +308,10 @@ def _repeated_prefix(items: Any, previous: Mapping[str, Any] | None, key: str) -
     known = remembered_snapshots(before)
     if known is None:
         known = _snapshots(before)
-    return common_prefix_length(remember_snapshots(items), known)
+    # items that are the previous body's very objects (an importer's HistoryDecoder hands them back) have its bytes
+    same = identity_prefix(items, before)
+    snaps = remembered_snapshots(items) or remember_snapshots(items, known[:same] + _snapshots(items[same:]))
+    return common_prefix_length(snaps, known)
 
 
 # -- fields common to the dialects -----------------------------------------------------------------------
