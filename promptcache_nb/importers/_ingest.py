@@ -19,8 +19,6 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import summarize
@@ -32,6 +30,8 @@ from ._registry import READERS, detect
 from ._types import ImportedRequest, ReadProgress, SkippedLine
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from ..lab import Lab
     from ..session import Session
 
@@ -62,12 +62,12 @@ class ImportResult:
 
     sessions: list[Session] = field(default_factory=list)
     requests: int = 0
-    skipped: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SKIPPED_COLUMNS))
-    flagged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FLAGGED_COLUMNS))
+    skipped: pd.DataFrame = field(default_factory=lambda: _frame([], SKIPPED_COLUMNS))
+    flagged: pd.DataFrame = field(default_factory=lambda: _frame([], FLAGGED_COLUMNS))
     unknown_models: list[str] = field(default_factory=list)
     files: list[tuple[str, str]] = field(default_factory=list)
     already_stored: int = 0
-    calibrations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=FAMILY_COLUMNS))
+    calibrations: pd.DataFrame = field(default_factory=lambda: _frame([], FAMILY_COLUMNS))
 
     def summary(self) -> pd.DataFrame:
         """One row per session: source, requests, measured cache read %, breaks and cost."""
@@ -82,8 +82,8 @@ class ImportResult:
                 # no known cost is unknown, not $0 (an unpriced model's requests have a NULL cost)
                 "cost_usd": None if df.cost_usd.isna().all() else totals["cost_usd"],
             })
-        return pd.DataFrame(rows, columns=["session", "source", "parent", "requests", "model", "cache_read_pct",
-                                           "breaks", "cost_usd"])
+        return _frame(rows, ["session", "source", "parent", "requests", "model", "cache_read_pct", "breaks",
+                             "cost_usd"])
 
     def __repr__(self) -> str:
         flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""
@@ -238,8 +238,8 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
                 result.requests += new
     finally:
         bar.close()
-    result.skipped = pd.DataFrame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], columns=SKIPPED_COLUMNS)
-    result.flagged = pd.DataFrame(flagged, columns=FLAGGED_COLUMNS)
+    result.skipped = _frame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], SKIPPED_COLUMNS)
+    result.flagged = _frame(flagged, FLAGGED_COLUMNS)
     result.unknown_models = sorted(unknown)
     if result.requests:  # each measured request is an exact prompt total: calibrate the estimator per family
         result.calibrations = calibrate_families(lab, {r.model for v in by_session.values() for r in v if r.model})
@@ -342,6 +342,12 @@ def _new_requests(s: Session, key: str, reqs: list[ImportedRequest], skipped: li
         todo.append((req, prepared, problems))
         prev = prepared
     return todo, dup
+
+
+def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
+    import pandas as pd  # on first use: ``import promptcache_nb`` stays light
+
+    return pd.DataFrame(rows, columns=list(columns))
 
 
 def _split_ref(ref: str) -> tuple[str, int]:
