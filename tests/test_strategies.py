@@ -505,3 +505,151 @@ def test_durable_delta_never_reads_less_than_ideal_on_the_reference(reference_ru
     df = reference_runs["durable_delta"][1]
     assert (df.cache_read_input_tokens >= df.ideal_cache_read).all()
     assert set(df.cache_reason) <= {"cold", "hit", "ttl_expired"}
+
+
+# -- append_only: the fast paths send what the plain algorithm sends ------------------------------
+
+def _hash31_loop(text: str) -> str:
+    """The JavaScript loop, one UTF-16 unit at a time (what the vectorised hash31 must equal)."""
+    from promptcache_nb.strategies.append_only import _base36
+    h, data = 0, text.encode("utf-16-le")
+    for i in range(0, len(data), 2):
+        h = ((h << 5) - h + (data[i] | data[i + 1] << 8)) & 0xFFFFFFFF
+    return _base36(h)
+
+
+def test_hash31_vectorised_matches_the_loop():
+    import random
+    rng = random.Random(7)
+    cases = ["", "a", "é😀\U0010ffff\x00", "x" * 65535, "y" * 65536, "z" * 65537, HOST]
+    for n in (1, 31, 1000, 70_000, 140_001):  # around and across the 65,536-unit chunks, surrogate pairs too
+        cases.append("".join(chr(rng.choice((rng.randint(0, 0x7F), rng.randint(0x80, 0xD7FF),
+                                             rng.randint(0xE000, 0x10FFFF)))) for _ in range(n)))
+    for text in cases:
+        assert hash31(text) == _hash31_loop(text), len(text)
+
+
+def test_append_only_prefix_fingerprint_memo_is_exact():
+    """The memo is keyed by the hashed text: values Python calls equal but JSON writes differently (1, 1.0,
+    True; key order) get their own fingerprints, each the one the plain computation gives."""
+    from promptcache_nb.strategies.append_only import prefix_fingerprint
+
+    def plain(system, tools):
+        t = [{"n": x.get("name"), "d": x.get("description"), "p": x.get("input_schema")} for x in tools]
+        return _hash31_loop(json.dumps({"s": system, "t": t}, separators=(",", ":"), ensure_ascii=False))
+
+    def tool(schema):
+        return [{"name": "t", "description": "d", "input_schema": schema}]
+
+    variants = [tool({"minimum": 1}), tool({"minimum": 1.0}), tool({"minimum": True}),
+                tool({"a": 1, "b": 2}), tool({"b": 2, "a": 1}), copy.deepcopy(TOOLS)]
+    seen = set()
+    for _ in range(2):  # cold, then from the memo
+        for system in (["H"], ["H", "K"], [HOST]):
+            for tools in variants:
+                fp = prefix_fingerprint(system, tools)
+                assert fp == plain(system, tools)
+                seen.add(fp)
+    assert len(seen) == 3 * len(variants)
+
+
+def test_append_only_reuses_tools_only_when_their_json_is_the_same():
+    s = strategy_class("append_only")()
+    one, other = [{"name": "t", "input_schema": {"minimum": 1}}], [{"name": "t", "input_schema": {"minimum": 1.0}}]
+    a = s._same_tools(one)
+    assert a == one and a[0] is not one[0]  # a private copy
+    assert s._same_tools(copy.deepcopy(one))[0] is a[0]  # same JSON: the same objects, prepare() knows them
+    b = s._same_tools(other)
+    assert json.dumps(b) == json.dumps(other) and b[0] is not a[0]
+    reordered = [{"input_schema": {"minimum": 1.0}, "name": "t"}]
+    assert json.dumps(s._same_tools(reordered)) == json.dumps(reordered)  # key order kept, as sent
+
+
+def test_append_only_digest_memo_keeps_only_the_live_history():
+    messages = [{"role": "user", "content": [{"type": "text", "text": f"m{i}"}]} for i in range(4)]
+    s = strategy_class("append_only")()
+    ctx = _context("append_only", messages, {"host_prompt": "H", "tools": TOOLS, "model": "m", "extra": {}})
+    s.build(ctx)  # first request: synced through the digests
+    assert ctx.extra["last_sync"] == "append" and len(s._digest._memo) == 4
+    grown = [*messages, {"role": "assistant", "content": [{"type": "text", "text": "r"}]}]
+    ctx = _context("append_only", grown, ctx.state)
+    ctx.previous_messages = messages
+    s.build(ctx)  # the same objects lead: an append, no digest looked at
+    assert ctx.extra["last_sync"] == "append" and len(s._digest._memo) == 4
+    summary = [{"role": "user", "content": [{"type": "text", "text": "summary"}]}, *grown[2:]]
+    ctx = _context("append_only", summary, ctx.state)
+    ctx.previous_messages = grown
+    s.build(ctx)  # compaction shrank the history
+    assert ctx.extra["last_sync"] == "shrink"
+    assert {id(m) for m, _ in s._digest._memo.values()} == {id(m) for m in summary}  # the dropped ones forgotten
+
+
+def _original_append_only_build(self, ctx):
+    """``AppendOnly.build`` as it was before its fast paths (the digests of every message synced through
+    ``sync_messages`` each request, tools and the marked system block made afresh)."""
+    from promptcache_nb.strategies import append_only as ao
+    system_prompt, tools, rebuilt = ao.build_prefix(ctx)
+    ctx.extra["prefix_rebuilt"] = rebuilt
+    prev = ctx.previous_messages
+    digest = lambda m: ao.fingerprint(m)[:16]  # noqa: E731
+    ctx.extra["last_sync"] = ao.sync_messages(ctx, [digest(m) for m in ctx.messages],
+                                              None if prev is None else [digest(m) for m in prev])
+    system = [ao.text_block(part) for part in system_prompt]
+    system[-1] = ao.with_cache_control(system[-1], ao.EPHEMERAL)
+    messages = list(ctx.messages)
+    last = ao.last_markable_index(messages)
+    if last is not None:
+        ao.mark_message(messages, last, ao.EPHEMERAL)
+    return {"model": ctx.model, "max_tokens": ao.DEFAULT_MAX_TOKENS, "system": system, "tools": tools,
+            "messages": messages}
+
+
+def _with_restarts(sc: pc.Scenario) -> pc.Scenario:
+    """``sc`` (compaction.yaml: compacted before turn 8) with two more compactions, the first with a restart
+    (turn 10 has no tool call: 3 messages synced), the second rewriting those 3 without shrinking them, and a
+    restart alone: the slow sync paths (shrink, rewrite@0), also across a resume from the store."""
+    from dataclasses import replace
+
+    from promptcache_nb.scenario import Compaction, Restart
+    extra = {10: (Compaction("Another summary."), Restart()), 11: (Compaction("A third summary."),),
+             12: (Restart(),)}
+    turns = tuple(replace(t, events=t.events + extra.get(i, ())) for i, t in enumerate(sc.turns))
+    return replace(sc, turns=turns)
+
+
+@pytest.mark.parametrize("scenario", ["compaction", "compaction+restarts", "mcp_reconnect", "knowledge_churn"])
+def test_append_only_fast_paths_build_the_original_bodies(scenario, monkeypatch):
+    """Every scenario event (compaction, restart, tool change, knowledge churn): the bodies the strategy
+    builds (key order kept) and stores, and its ``extra``, equal those of the original algorithm (plain hash
+    loop, no fingerprint memo, every digest synced)."""
+    from promptcache_nb.strategies import append_only as ao
+    sc = pc.load_scenario(REFERENCE.parent / f"{scenario.split('+')[0]}.yaml")
+    if scenario.endswith("+restarts"):
+        sc = _with_restarts(sc)
+
+    def run(build):
+        seen = []
+
+        def recording(self, ctx):
+            body = build(self, ctx)
+            seen.append((json.dumps(body, ensure_ascii=False), json.dumps(ctx.extra, sort_keys=True)))
+            return body
+
+        with monkeypatch.context() as m:
+            m.setattr(ao.AppendOnly, "build", recording)
+            with pc.Lab(progress=False) as lab:
+                s = lab.replay(sc, strategy="append_only")
+                return seen, _stored_bodies(lab, s, s.n_turns)
+
+    fast = run(ao.AppendOnly.build)
+    with monkeypatch.context() as m:
+        m.setattr(ao, "prefix_fingerprint", lambda system, tools: _hash31_loop(json.dumps(
+            {"s": system, "t": [{"n": t.get("name"), "d": t.get("description"), "p": t.get("input_schema")}
+                                for t in tools]}, separators=(",", ":"), ensure_ascii=False)))
+        original = run(_original_append_only_build)
+    assert fast[0] == original[0] and fast[1] == original[1] and len(fast[1]) == len(fast[0]) == sc.n_requests
+    syncs = {json.loads(extra)["last_sync"] for _, extra in fast[0]}
+    if scenario.startswith("compaction"):
+        assert syncs - {"append"}, syncs  # the slow path (a rewritten or shrunk history) was taken too
+    if scenario.endswith("+restarts"):
+        assert {"shrink", "rewrite@0"} <= syncs, syncs

@@ -22,7 +22,10 @@ system block and the last message block, as pi-ai's Anthropic provider places th
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
+from operator import is_
 from typing import Any, ClassVar
 
 from .._util import common_prefix_length
@@ -40,13 +43,36 @@ from ._base import (
     with_cache_control,
 )
 
+_CHUNK = 1 << 16  # UTF-16 units hashed per vectorised step
+_MASK = 0xFFFFFFFF
+
+
+@functools.cache
+def _powers() -> Any:
+    """``[31**k modulo 2**64 for k in 0..CHUNK]``: uint64 arithmetic wraps, and 2**32 divides 2**64, so the low 32
+    bits are exact. Built on first use (numpy is not imported with the package)."""
+    import numpy as np
+
+    powers = np.ones(_CHUNK + 1, dtype=np.uint64)
+    powers[1:] = np.cumprod(np.full(_CHUNK, 31, dtype=np.uint64), dtype=np.uint64)
+    return powers
+
 
 def hash31(text: str) -> str:
-    """oh-my-pi's string hash: ``h = ((h << 5) - h + charCode) | 0`` over UTF-16 units, base 36."""
+    """oh-my-pi's string hash: ``h = ((h << 5) - h + charCode) | 0`` over UTF-16 units, base 36.
+
+    The loop's closed form, ``sum(unit[i] * 31**(n-1-i)) mod 2**32``, computed with numpy a chunk at a time
+    (a system prompt is ~100k units: a Python loop over them took ~25 ms a request)."""
+    import numpy as np
+
+    powers = _powers()
+    units = np.frombuffer(text.encode("utf-16-le"), dtype="<u2")
     h = 0
-    data = text.encode("utf-16-le")
-    for i in range(0, len(data), 2):
-        h = ((h << 5) - h + (data[i] | data[i + 1] << 8)) & 0xFFFFFFFF
+    for start in range(0, len(units), _CHUNK):
+        chunk = units[start:start + _CHUNK]
+        m = len(chunk)
+        tail = int((chunk.astype(np.uint64) * powers[m - 1::-1]).sum(dtype=np.uint64))
+        h = (h * int(powers[m]) + tail) & _MASK
     return _base36(h)
 
 
@@ -60,10 +86,31 @@ def _base36(n: int) -> str:
             return out
 
 
+# The fingerprints computed last, by (system prompt parts, the tools' JSON): the prefix is the same on almost
+# every request, and serialising and hashing it (~100 KB) each time was most of a request's cost. The parts
+# are compared as strings (the host prompt is the very same object turn after turn: an identity check); the
+# tools by their JSON text (a few KB), so a key matches exactly when the hashed text would. A few entries,
+# least recently used dropped.
+_FINGERPRINTS: dict[tuple[tuple[str, ...], str], str] = {}
+_FINGERPRINTS_KEPT = 16
+_FINGERPRINTS_LOCK = threading.Lock()
+
+
 def prefix_fingerprint(system_prompt: list[str], tools: list[dict[str, Any]]) -> str:
     """``JSON.stringify({s, t: [{n, d, p}]})`` hashed; tool order counts, as in oh-my-pi."""
     t = [{"n": t.get("name"), "d": t.get("description"), "p": t.get("input_schema")} for t in tools]
-    return hash31(json.dumps({"s": system_prompt, "t": t}, separators=(",", ":"), ensure_ascii=False))
+    key = (tuple(system_prompt), json.dumps(t, separators=(",", ":"), ensure_ascii=False))
+    with _FINGERPRINTS_LOCK:
+        fp = _FINGERPRINTS.pop(key, None)
+        if fp is not None:
+            _FINGERPRINTS[key] = fp  # most recently used last
+            return fp
+    fp = hash31(json.dumps({"s": system_prompt, "t": t}, separators=(",", ":"), ensure_ascii=False))
+    with _FINGERPRINTS_LOCK:
+        if len(_FINGERPRINTS) >= _FINGERPRINTS_KEPT:
+            del _FINGERPRINTS[next(iter(_FINGERPRINTS))]
+        _FINGERPRINTS[key] = fp
+    return fp
 
 
 def build_prefix(ctx: StrategyContext) -> tuple[list[str], list[dict[str, Any]], bool]:
@@ -92,6 +139,12 @@ class _Digests:
         d = fingerprint(message)[:16]
         self._memo[id(message)] = (message, d)
         return d
+
+    def keep_only(self, messages: list[dict[str, Any]]) -> None:
+        """Forget every message but ``messages`` (the history the next request's sync compares against):
+        the memo no longer keeps what a compaction dropped alive."""
+        memo = self._memo
+        self._memo = {id(m): memo[id(m)] for m in messages if id(m) in memo and memo[id(m)][0] is m}
 
 
 def sync_messages(ctx: StrategyContext, digests: list[str], previous: list[str] | None = None) -> str:
@@ -129,15 +182,40 @@ class AppendOnly(Strategy):
 
     def __init__(self) -> None:
         self._digest = _Digests()
+        self._tools: tuple[str, list[dict[str, Any]]] | None = None  # (JSON text, this instance's own copy)
+        self._marked: tuple[dict[str, Any], dict[str, Any]] | None = None  # (system block, its marked copy)
+
+    def _same_tools(self, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``tools`` as the objects handed out last time when its JSON (key order and types included) is the
+        same: the snapshot is parsed afresh from the stored state every request, and prepare() recognises
+        the objects it saw before by identity instead of serialising and hashing every tool again."""
+        text = json.dumps(tools, ensure_ascii=False)
+        if self._tools is None or self._tools[0] != text:
+            self._tools = (text, json.loads(text))  # a private copy: nothing else holds (or edits) it
+        return list(self._tools[1])
+
+    def _marked_last(self, block: dict[str, Any]) -> dict[str, Any]:
+        """``with_cache_control(block, EPHEMERAL)``, the same dict while ``block`` is (text_block's reuse)."""
+        if self._marked is None or self._marked[0] is not block:
+            self._marked = (block, with_cache_control(block, EPHEMERAL))
+        return self._marked[1]
 
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
         system_prompt, tools, rebuilt = build_prefix(ctx)
+        tools = self._same_tools(tools)
         ctx.extra["prefix_rebuilt"] = rebuilt
-        prev = ctx.previous_messages
-        ctx.extra["last_sync"] = sync_messages(ctx, [self._digest(m) for m in ctx.messages],
-                                               None if prev is None else [self._digest(m) for m in prev])
+        prev, msgs = ctx.previous_messages, ctx.messages
+        if prev is not None and len(prev) <= len(msgs) and all(map(is_, prev, msgs)):
+            # the history synced last time leads this one, the very same objects (the session's history only
+            # grows): their digests are equal, so the sync is an append; no digest need be looked at
+            ctx.extra.pop("log", None)  # what sync_messages does with ``previous``
+            ctx.extra["last_sync"] = "append"
+        else:
+            ctx.extra["last_sync"] = sync_messages(ctx, [self._digest(m) for m in msgs],
+                                                   None if prev is None else [self._digest(m) for m in prev])
+            self._digest.keep_only(msgs)
         system = [text_block(part) for part in system_prompt]
-        system[-1] = with_cache_control(system[-1], EPHEMERAL)
+        system[-1] = self._marked_last(system[-1])
         messages = list(ctx.messages)  # the log's content: identical to the synced history
         last = last_markable_index(messages)
         if last is not None:
