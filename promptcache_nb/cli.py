@@ -7,8 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
-
 from ._data import data_path
 from .errors import PromptCacheError
 
@@ -37,6 +35,8 @@ def _scenario_path(name: str) -> Path:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     import promptcache_nb as pc
 
     from .report import write_report
@@ -90,6 +90,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     import promptcache_nb as pc
 
     # read-only: never creates, migrates or changes the file (a typo'd path, another application's database)
@@ -101,6 +103,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     import promptcache_nb as pc
 
     with pc.Lab(args.db, progress=not args.quiet) as lab:

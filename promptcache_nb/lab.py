@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from . import analysis as _analysis
 from ._util import parse_duration, progress_bar, utc
@@ -34,6 +32,9 @@ from .session import Session, check_texts
 from .store import KnowledgeEntry, Store
 from .strategies import get_strategy
 from .tokens import DEFAULT_TOKENIZER, Tokenizer
+
+if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first DataFrame, not with the package
+    import pandas as pd
 
 # a scenario's models are checked when it loads, against the table Lab.session validates with
 set_model_check(get_cache_model("anthropic").validate_model)

@@ -7,12 +7,13 @@ import html
 import io
 import warnings
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from .plots import plot_compare, plot_cumulative_cost
 from .request.diff import visible
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 
 def _png(fig: Any) -> str:
@@ -33,6 +34,8 @@ REPORT_COLUMNS = {
 
 def _format(summary: pd.DataFrame) -> pd.DataFrame:
     """Readable strings: thousands separators, fixed decimals, friendly headers."""
+    import pandas as pd
+
     out = pd.DataFrame()
     for col, label in REPORT_COLUMNS.items():
         if col not in summary:
@@ -53,6 +56,8 @@ def _format(summary: pd.DataFrame) -> pd.DataFrame:
 
 def _usd(value: Any) -> str:
     """Dollars with four decimals: a small scenario's costs are fractions of a cent, never "0.01"."""
+    import pandas as pd
+
     if value is None or pd.isna(value):
         return "–"
     return f"{float(value):,.4f}"

@@ -22,8 +22,6 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from . import analysis as _analysis
 from . import pipeline
 from ._types import RequestRecord
@@ -62,6 +60,8 @@ from .tokens import Tokenizer, segment_tokens, session_tokenizer
 from .usage import Usage, UsageSource
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from .lab import Lab, _ScopeCache
 
 COMPACTION_HEADER = "Summary of the conversation so far:\n\n"
@@ -281,6 +281,8 @@ class KnowledgeBook:
         """The current entries as a frame for reading: bidi, zero-width and control characters in the text
         columns are shown (``⟨RLO⟩``, ``↵``: :func:`~promptcache_nb.request.visible`); ``list()`` keeps
         the raw text."""
+        import pandas as pd
+
         rows = [
             {"id": e.id, "short_id": e.short_id, "key": visible(e.key) if e.key else e.key,
              "title": visible(e.title), "category": visible(e.category), "version": e.version,

@@ -27,14 +27,15 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from .._util import model_base_id
 from ..errors import PromptCacheError, PromptCacheWarning
 from ..tokens import FAMILIES, CalibratedTokenizer, Tokenizer, estimator_for, tokenizer_family
+
+if TYPE_CHECKING:  # pragma: no cover - numpy and pandas load when a calibration is fitted, not with the package
+    import numpy as np
+    import pandas as pd
 
 ALL_MODELS = "*"
 
@@ -119,6 +120,8 @@ def _measured(lab: Any, model: str | None, family: str | None) -> tuple[list[str
     Partial bodies are left out (their unlogged prefix was sized from the measured total, so their estimate
     agrees with it by construction), and so are sessions with an opted-in calibration (already scaled).
     """
+    import numpy as np
+
     rows = [r for r in lab.store.measured_totals()
             if r["model"] is not None and not r.get("partial") and not r.get("calibrated")]
     if model is not None:  # one model, however its rows name it: dated snapshots and aliases included
@@ -160,6 +163,8 @@ def calibrate(lab: Any, model: str | None = None, *, family: str | None = None) 
         >>> cal.apply(12_000), cal.loo_mean_abs_error_pct          # doctest: +SKIP
         >>> cal.save(lab)                                          # doctest: +SKIP
     """
+    import numpy as np
+
     if model is not None and family is not None:
         raise TypeError("calibrate(): pass model= or family=, not both")
     models, est, meas = _measured(lab, model, family)
@@ -269,6 +274,8 @@ def calibrate_families(lab: Any, models: Iterable[str], *, save: bool = True) ->
         One row per family: ``family, models, n, ratio, overhead, raw_mean_abs_error_pct,
         loo_mean_abs_error_pct, saved, note``.
     """
+    import pandas as pd
+
     rows = []
     for family in sorted({tokenizer_family(m) for m in models if m}):
         row: dict[str, Any] = dict.fromkeys(FAMILY_COLUMNS)

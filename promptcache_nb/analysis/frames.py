@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
+    import pandas as pd
 
 SUMMARY_COLUMNS = [
     "session", "strategy", "cache", "requests", "total_input", "cache_read", "cache_write", "uncached",
@@ -58,6 +59,8 @@ def summarize(df: pd.DataFrame) -> dict[str, Any]:
 
 def compare_df(sessions: Iterable[Any]) -> pd.DataFrame:
     """One row per session: cache read %, efficiency vs ideal, writes, breaks and cost."""
+    import pandas as pd
+
     rows = []
     for s in sessions:
         rows.append({"session": s.id, "strategy": s.strategy, "cache": s.cache, **summarize(s.turns())})

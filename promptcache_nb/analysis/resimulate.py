@@ -16,9 +16,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from .._util import digest
 from ..cache import CacheModel, get_cache_model
@@ -31,6 +29,9 @@ from ..tokens import session_tokenizer
 from ..usage import Usage
 from .frames import SUMMARY_ALIASES, usage_totals
 from .prices import Prices, price_provider, prices_for
+
+if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
+    import pandas as pd
 
 #: The stand-in price model per cache model, for requests whose own model is another provider's (an
 #: Anthropic session re-simulated under OpenAI's cache is priced as ``gpt-5``). A request whose model is
@@ -281,6 +282,8 @@ def _price_resolver(cache_name: str, session_row: dict[str, Any], *, price_model
 
 # -- re-simulation ------------------------------------------------------------------------------
 def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str], Prices | None]) -> pd.DataFrame:
+    import pandas as pd
+
     cache.reset()
     rows: list[tuple] = []  # RESIM_COLUMNS
     for t in turns:
@@ -400,6 +403,8 @@ def compare_caches(
     Example:
         >>> pc.compare_caches(s)  # doctest: +SKIP
     """
+    import pandas as pd
+
     lab, sid = _resolve(session, session_id)
     row = lab.store.session_row(sid)
     turns = load_turns(lab, sid)  # read and built once, replayed under every model

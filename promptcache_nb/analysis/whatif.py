@@ -22,9 +22,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from .._util import fmt_duration, parse_duration
 from ..cache import AnthropicCache, CacheModel, Reason, explain_reason, get_cache_model
@@ -35,6 +33,9 @@ from ..usage import Usage
 from ._ideal import carried_over, rebuilt_tokens, same_model
 from .prices import Prices
 from .resimulate import StoredTurn, _resolve, load_turns, request_prices, simulate
+
+if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
+    import pandas as pd
 
 WHATIF_COLUMNS = [
     "ttl", "idx", "at", "gap_seconds", "total_tokens", "input_tokens", "cache_read_input_tokens",
@@ -104,6 +105,8 @@ def ttl_whatif(
         >>> df = pc.ttl_whatif(s)                                  # doctest: +SKIP
         >>> df.groupby("ttl").cost_usd.sum()                       # doctest: +SKIP
     """
+    import pandas as pd
+
     lab, sid = _resolve(lab_or_session, session_id)
     row = lab.store.session_row(sid)
     price = _session_prices(row)
@@ -164,6 +167,8 @@ def keep_warm(
     Example:
         >>> pc.keep_warm(s, every="4m").rebuilds_avoided       # doctest: +SKIP
     """
+    import pandas as pd
+
     lab, sid = _resolve(session, session_id)
     row = lab.store.session_row(sid)
     price = _session_prices(row)
@@ -304,6 +309,8 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
     Example:
         >>> pc.rebuilds(s)[["idx", "cause", "lost_tokens"]]        # doctest: +SKIP
     """
+    import pandas as pd
+
     lab, sid = _resolve(session, session_id)
     df = lab.store.turns_frame(sid, _REBUILD_COLUMNS)
     reasons = list(df.cache_reason)
@@ -347,6 +354,8 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
 
 
 def _int(value: Any) -> int | None:
+    import pandas as pd
+
     return None if value is None or pd.isna(value) else int(value)
 
 
@@ -457,6 +466,8 @@ class _Evidence:
 
 
 def _total(row: dict[str, Any]) -> int | None:
+    import pandas as pd
+
     parts = (row["input_tokens"], row["cache_read_input_tokens"], row["cache_creation_input_tokens"])
     return None if any(pd.isna(p) for p in parts) else int(sum(parts))
 

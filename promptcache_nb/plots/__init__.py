@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -111,6 +110,8 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
             ``cache_write``, ``uncached``, ``efficiency``, ``cost_usd``).
         ax: draw on this axes instead of a new 9×3.4 in figure.
     """
+    import pandas as pd
+
     fig, ax = _figure(ax, COMPARE_SIZE)
     names = [_literal(n) for n in summary["strategy"].astype(str)]
     x = list(range(len(names)))

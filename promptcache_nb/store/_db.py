@@ -13,10 +13,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import duckdb
-import pandas as pd
 
 from .._types import (  # noqa: F401 - fnv1a re-exported (store.fnv1a)
     Delta,
@@ -32,6 +31,9 @@ from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import prefix_record
 from ..tokens import segment_tokens
 from ._migrations import applied, migrate, rollback_if_active
+
+if TYPE_CHECKING:  # pandas loads on the first DataFrame (duckdb's .df() imports it): not with the package
+    import pandas as pd
 
 BLOCK_SIZE = 16_384
 # the holder ("/usr/bin/python3 (PID 123)"), without DuckDB's advice for its own CLI that may follow it

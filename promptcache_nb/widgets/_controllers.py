@@ -15,8 +15,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import pandas as pd
-
 from ..analysis import compare_df
 from ..errors import KnowledgeError, SessionError
 from ..request import PreparedRequest, canonical_bytes
@@ -26,6 +24,8 @@ from ..usage import Usage
 from . import _html
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
     from ..lab import Lab
     from ..session import Session, Turn
     from ..store import KnowledgeEntry
@@ -93,6 +93,8 @@ def _row_dict(df: pd.DataFrame, index: int) -> dict[str, Any]:
 
 
 def _isna_scalar(v: Any) -> bool:
+    import pandas as pd
+
     if isinstance(v, list | tuple | dict | str):
         return False
     try:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
-import pandas as pd
 import traitlets as T
 
 from ..plots import plot_compare, plot_savings
@@ -31,6 +30,7 @@ from . import _html
 from ._controllers import CompareController, KnowledgeController, StepperController, TurnView
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
     from matplotlib.figure import Figure
 
     from ..request import PreparedRequest
@@ -283,6 +283,8 @@ class SavingsChart(W.VBox):
     highlight = T.Int(None, allow_none=True, help="the request marked on the chart (None: none)")
 
     def __init__(self, source: Session | pd.DataFrame, *, highlight: int | None = None) -> None:
+        import pandas as pd
+
         self._source = source
         self._image = _image()
         self._caption = W.HTML()
@@ -301,6 +303,8 @@ class SavingsChart(W.VBox):
         return bytes(self._image.value or b"")
 
     def _frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         src = self._source
         if isinstance(src, pd.DataFrame):
             return src
