@@ -821,8 +821,10 @@ class Session:
         an importer pass a body it already segmented (its own dialect, unlogged prefix, shared prefix).
         ``dialect`` (``anthropic``, ``openai-chat``, ``openai-responses``; detected when omitted) and
         ``unlogged_prefix_tokens`` (a partial body's measured unlogged prefix) are passed to ``prepare``;
-        a ``usage`` dict is read in the body's dialect. The body is copied; what equals the previous
-        request's body is shared with it, so a growing history costs only its new tail.
+        a ``usage`` dict is read in the body's dialect. ``reply`` (the answer's content blocks) and ``request_id``
+        are stored as given, with or without ``usage``; without them a simulated request stores the backend's.
+        The body is copied; what equals the previous request's body is shared with it, so a growing history costs
+        only its new tail.
 
         The body must follow its API's documented shape (:func:`~promptcache_nb.request.validate_request`), or a
         :class:`~promptcache_nb.errors.BodyValidationError` names the field and nothing is stored. A caller
@@ -850,8 +852,12 @@ class Session:
             measured = self._given_usage(usage, prepared.dialect, usage_source)
             content, request_id_, cache_result = reply, request_id, self._predict(prepared, at)
         else:
-            # simulated: what the backend answered (its content and request id) is what is stored
+            # simulated: what the backend answered (its content and request id) is what is stored, unless the caller
+            # gave the answer its agent got (then its output tokens are estimated from that answer)
             content, measured, cache_result, request_id_ = self._send(state, prepared, at)
+            if reply is not None:
+                content, measured = reply, replace(measured, output_tokens=None)
+            request_id_ = request_id if request_id is not None else request_id_
         outcome = pipeline.Outcome(self._with_output(measured, content), cache_result, request_id_, content, None)
         turns: list[Turn] = []
         self._commit(lambda store: self._store_request(

@@ -101,3 +101,19 @@ def test_record_marshals_a_growing_history_once_per_request(monkeypatch: pytest.
         rows = lab.sql("SELECT count(*) AS n FROM turns").n[0]
     assert rows == 12
     assert long_lists == [2 * i + 1 for i in range(2, 12)]  # one per request, of that request's own messages
+
+
+def test_record_without_usage_stores_the_callers_reply_and_request_id(tmp_path: Path) -> None:
+    """Simulated usage, but the answer and id the caller's agent got: those are what is stored (and reopened)."""
+    answer = [{"type": "text", "text": "The ledger balances after the proration refund of 41.20 EUR."}]
+    with pc.Lab(tmp_path / "lab.duckdb", progress=False) as lab:
+        s = lab.session()
+        t = s.record(body(1), at=T0, reply=answer, request_id="req_from_my_agent")
+        plain = s.record(body(2), at=T0 + timedelta(seconds=30))
+        sid = s.id
+    assert t.reply == answer and t.request_id == "req_from_my_agent"
+    assert t.usage.source == "simulated" and t.usage.output_tokens > 0  # estimated from the caller's answer
+    assert plain.request_id != "req_from_my_agent" and plain.reply != answer  # the backend's own, as before
+    with pc.Lab(tmp_path / "lab.duckdb", progress=False) as lab:
+        again = lab.session(id=sid).turn(0)
+    assert again.reply == answer and again.request_id == "req_from_my_agent"
