@@ -45,12 +45,13 @@ def test_schema_tables_are_documented():
         assert f"`{table}`" in README, table
 
 
-def test_ttl_what_if_figures_are_the_output(reference_scenario):
-    """The README's TTL what-if sentence is what ``ttl_whatif`` / ``keep_warm`` print (issue 13: they drifted)."""
-    with pc.Lab(progress=False) as lab:
-        s = lab.replay(reference_scenario, strategy="durable_delta")
-        totals = pc.ttl_whatif(s, ttls=("5m", "1h")).groupby("ttl")[["cache_read_input_tokens", "cost_usd"]].sum()
-        warm = pc.keep_warm(s, every="4m")
+def test_ttl_what_if_figures_are_the_output(reference_scenario, stored_session):
+    """The README's TTL what-if sentence is what ``ttl_whatif`` / ``keep_warm`` print (issue 13: they drifted).
+    The replay is conftest's, made once per test run (the reference scenario under ``durable_delta``, alone in a
+    fresh Lab, as this test replayed it before), opened from this test's own copy of the stored file."""
+    s = stored_session("durable_delta", reference_scenario)
+    totals = pc.ttl_whatif(s, ttls=("5m", "1h")).groupby("ttl")[["cache_read_input_tokens", "cost_usd"]].sum()
+    warm = pc.keep_warm(s, every="4m")
     read, cost = totals["cache_read_input_tokens"], totals["cost_usd"]
     sentence = " ".join(README.split())
     assert (f"all-1h reads more ({int(read['1h']):,} vs {int(read['5m']):,} tokens) but costs more "

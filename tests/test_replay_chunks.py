@@ -11,6 +11,7 @@ run's rows.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,19 @@ SCENARIOS = {
 CHUNKS = (1, 3, 100)
 
 
+@cache
+def scenario(name: str) -> pc.Scenario:
+    """The scenario, parsed once per worker (a Scenario is a frozen value; parsing it is a tenth of a test)."""
+    return pc.load_scenario(SCENARIOS[name])
+
+
 def stored(lab: pc.Lab) -> dict[str, list[str]]:
-    """Every row of every table (but the migrations log, which holds wall-clock times), in a fixed order."""
-    tables = lab.sql("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
-                     "AND table_name <> '_migrations' ORDER BY 1").table_name
-    return {t: sorted(map(repr, lab.sql(f"SELECT * FROM {t}").itertuples(index=False))) for t in tables}
+    """Every row of every table (but the migrations log, which holds wall-clock times), in a fixed order: the
+    rows as DuckDB returns them (a third of the time of a DataFrame each, and no NULL turned into NaN)."""
+    con = lab.store.con
+    tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = "
+                                        "current_database() AND table_name <> '_migrations' ORDER BY 1").fetchall()]
+    return {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}").fetchall())) for t in tables}
 
 
 def turn_by_turn(sc: pc.Scenario, strategy: str, lab: pc.Lab, backend: Any = None) -> None:
@@ -50,7 +59,7 @@ def reference(name: str, strategy: str) -> dict[str, list[str]]:
     key = (name, strategy)
     if key not in _REFERENCE:
         with pc.Lab(progress=False) as lab:
-            turn_by_turn(pc.load_scenario(SCENARIOS[name]), strategy, lab)
+            turn_by_turn(scenario(name), strategy, lab)
             _REFERENCE[key] = stored(lab)
     return _REFERENCE[key]
 
@@ -59,7 +68,7 @@ def reference(name: str, strategy: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize("strategy", pc.STRATEGIES)
 def test_chunked_replay_stores_what_turn_by_turn_stores(name, strategy):
     want = reference(name, strategy)
-    sc = pc.load_scenario(SCENARIOS[name])
+    sc = scenario(name)
     for chunk in CHUNKS:
         with pc.Lab(progress=False) as lab:
             lab.replay(sc, strategy=strategy, chunk_turns=chunk)
@@ -70,7 +79,7 @@ def test_chunked_replay_stores_what_turn_by_turn_stores(name, strategy):
 
 
 def test_chunks_never_split_a_turn_and_a_restart_commits_alone():
-    sc = pc.load_scenario(SCENARIOS["every_event"])
+    sc = scenario("every_event")
     restart = [i for i, t in enumerate(sc.turns) if any(isinstance(e, pc.scenario.Restart) for e in t.events)]
     assert restart, "the scenario must hold a restart"
     for size in (1, 2, 3, 100):
@@ -126,7 +135,7 @@ def snapshot(s: pc.Session) -> dict[str, Any]:
     (100, 12, RuntimeError),  # the default chunking: turn 6 fails, the compaction turn 5 before it is undone
 ])
 def test_a_failure_mid_chunk_keeps_the_committed_chunks(strategy, chunk, fail_at, error, tmp_path, monkeypatch):
-    sc = pc.load_scenario(SCENARIOS["every_event"])
+    sc = scenario("every_event")
     want_n = committed_before(sc, chunk, fail_at)
     db = tmp_path / "lab.duckdb"
     held: list[pc.Session] = []  # the session objects the replay used, kept as a caller holding one would

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -217,7 +218,7 @@ def _run(s, first, last):
                at=at + timedelta(seconds=30 * i + pause))
 
 
-@pytest.mark.slow  # three 170-request sessions each
+@pytest.mark.slow  # a 171-request session each
 @pytest.mark.parametrize(("cache", "params", "replayed"), [
     ("anthropic", {}, "window"),  # the last hour (its longest TTL)
     ("deepseek", {"lifetime": "20m"}, "window"),  # the last lifetime
@@ -226,16 +227,24 @@ def _run(s, first, last):
 ])
 def test_resume_replays_only_what_the_cache_can_still_hold(tmp_path, monkeypatch, cache, params, replayed):
     """A session longer than its cache's horizon, closed and reopened: the next request reads and writes
-    exactly what the uninterrupted session's does, and the rebuild replayed only the requests it had to."""
-    with pc.Lab(progress=False) as lab:
-        s = _long_session(lab, cache, params)
-        _run(s, 0, LONG_RUN + 1)
-        want = s.last_turn
-    db = tmp_path / "long.duckdb"
+    exactly what the uninterrupted session's does, and the rebuild replayed only the requests it had to.
+
+    One run of the long session: after request LONG_RUN - 1 the store file is copied as closing the Lab
+    would leave it (a CHECKPOINT, which a close does, and nothing else: closing writes no row), then the
+    uninterrupted session sends its next request; the copy is reopened in a new Lab and sends that request
+    again."""
+    db, closed = tmp_path / "long.duckdb", tmp_path / "closed.duckdb"
     with pc.Lab(db, progress=False) as lab:
         s = _long_session(lab, cache, params)
         _run(s, 0, LONG_RUN)
         sid = s.id
+        lab.store.con.execute("CHECKPOINT")
+        shutil.copyfile(db, closed)
+        wal = db.with_name(db.name + ".wal")
+        if wal.exists():
+            shutil.copyfile(wal, closed.with_name(closed.name + ".wal"))
+        _run(s, LONG_RUN, LONG_RUN + 1)
+        want = s.last_turn
     cls = type(pc.get_cache_model(cache))
     seen: list[datetime] = []
     process = cls.process
@@ -245,7 +254,7 @@ def test_resume_replays_only_what_the_cache_can_still_hold(tmp_path, monkeypatch
         return process(self, request, at)
 
     monkeypatch.setattr(cls, "process", counting)
-    with pc.Lab(db, progress=False) as lab:
+    with pc.Lab(closed, progress=False) as lab:
         s = lab.session(id=sid)
         _run(s, LONG_RUN, LONG_RUN + 1)
         got = s.last_turn

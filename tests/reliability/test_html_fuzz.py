@@ -185,7 +185,8 @@ PURE = {
         [{"short_id": x[:8], "title": x, "category": x, "version": 2, "content": x}], pending=[x]),
     # a page of a book of several pages, filtered by the content itself, with more pending events than listed
     "knowledge_table_html (a page)": lambda x: _html.knowledge_table_html(
-        _html.knowledge_page(_book(x), page=1, query=x), pending=[x] * (_html.MAX_LISTED_EVENTS + 5)),
+        _html.knowledge_page(_book(x), page=1, query=x, page_size=BOOK_PAGE),
+        pending=[x] * (_html.MAX_LISTED_EVENTS + 5)),
     "summary_table_html": lambda x: _html.summary_table_html(
         [{"strategy": x, "requests": 3, "cache_read_pct": 50.0, "efficiency": 0.5, "cache_write": 10,
           "uncached": 2, "breaks": 1, "cost_usd": 0.12, "saved_usd": 0.3, "last_reason": x}]),
@@ -206,10 +207,22 @@ PURE = {
 }
 
 
+#: Rows per page of the book above: a small page (the editor's is KNOWLEDGE_PAGE_SIZE, 50) renders the same
+#: markup per row, and a middle page still has pages on both sides, at a tenth of the rows to filter and render.
+BOOK_PAGE = 5
+
+
 def _book(x: str) -> list[dict]:
     """Knowledge rows full of ``x``, more than two pages of them."""
     return [{"id": f"{i:08d}{x}", "short_id": f"{i:08d}", "key": x, "title": f"{x} {i}", "category": x,
-             "version": 1, "content": x} for i in range(2 * _html.KNOWLEDGE_PAGE_SIZE + 20)]
+             "version": 1, "content": x} for i in range(2 * BOOK_PAGE + 2)]
+
+
+def test_the_paged_knowledge_table_is_a_middle_page():
+    """What the fuzzed "(a page)" renderer shows: a full page with pages on both sides, its label filtered."""
+    html = PURE["knowledge_table_html (a page)"]("x")
+    assert html.count("<tr data-id=") == BOOK_PAGE
+    assert f"entries {BOOK_PAGE + 1}–{2 * BOOK_PAGE} of {2 * BOOK_PAGE + 2} matching" in html
 
 
 def test_every_renderer_is_fuzzed():
