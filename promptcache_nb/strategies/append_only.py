@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
 from operator import is_
 from typing import Any, ClassVar
 
@@ -86,31 +85,19 @@ def _base36(n: int) -> str:
             return out
 
 
-# The fingerprints computed last, by (system prompt parts, the tools' JSON): the prefix is the same on almost
-# every request, and serialising and hashing it (~100 KB) each time was most of a request's cost. The parts
-# are compared as strings (the host prompt is the very same object turn after turn: an identity check); the
-# tools by their JSON text (a few KB), so a key matches exactly when the hashed text would. A few entries,
-# least recently used dropped.
-_FINGERPRINTS: dict[tuple[tuple[str, ...], str], str] = {}
-_FINGERPRINTS_KEPT = 16
-_FINGERPRINTS_LOCK = threading.Lock()
-
-
 def prefix_fingerprint(system_prompt: list[str], tools: list[dict[str, Any]]) -> str:
     """``JSON.stringify({s, t: [{n, d, p}]})`` hashed; tool order counts, as in oh-my-pi."""
     t = [{"n": t.get("name"), "d": t.get("description"), "p": t.get("input_schema")} for t in tools]
-    key = (tuple(system_prompt), json.dumps(t, separators=(",", ":"), ensure_ascii=False))
-    with _FINGERPRINTS_LOCK:
-        fp = _FINGERPRINTS.pop(key, None)
-        if fp is not None:
-            _FINGERPRINTS[key] = fp  # most recently used last
-            return fp
-    fp = hash31(json.dumps({"s": system_prompt, "t": t}, separators=(",", ":"), ensure_ascii=False))
-    with _FINGERPRINTS_LOCK:
-        if len(_FINGERPRINTS) >= _FINGERPRINTS_KEPT:
-            del _FINGERPRINTS[next(iter(_FINGERPRINTS))]
-        _FINGERPRINTS[key] = fp
-    return fp
+    return _fingerprint(tuple(system_prompt), json.dumps(t, separators=(",", ":"), ensure_ascii=False))
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint(system_prompt: tuple[str, ...], tools_json: str) -> str:
+    """The hash of ``{"s": system_prompt, "t": tools}`` in compact JSON, remembered: the prefix is the same on
+    almost every request, and hashing it (~100 KB) each time was most of a request's cost. The tools are keyed
+    by their JSON text, so an entry matches exactly when the hashed text would (``1`` and ``1.0`` differ)."""
+    s = json.dumps(list(system_prompt), separators=(",", ":"), ensure_ascii=False)
+    return hash31(f'{{"s":{s},"t":{tools_json}}}')
 
 
 def build_prefix(ctx: StrategyContext) -> tuple[list[str], list[dict[str, Any]], bool]:
