@@ -283,6 +283,17 @@ class Lab:
         s = self._open.get(session_id)
         return None if s is None or s.closed else s
 
+    def forget_session(self, session_id: str) -> None:
+        """Delete a session and everything stored for it, in the current transaction; its open object is
+        closed and every simulated cache is rebuilt on next use (they saw its requests). The importer uses this
+        to store a session again in time order when a request that started earlier arrives late."""
+        self.store.delete_session(session_id)
+        s = self._open.pop(session_id, None)
+        if s is not None:
+            s._close()
+        for entry in self._caches.values():
+            entry.ready = False
+
     def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
         """Run SQL against the store and return a DataFrame. Tables: see README "Schema"."""
         return self.store.sql(query, params)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import glob
 import html
+import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from ..cache.anthropic import client_ttls_from_usage
 from ..errors import ImportFormatError, PromptCacheError, SessionError
 from ..request import BodyProblem, check_request
 from ..request.diff import visible
+from ._jsonl import COMPRESSED_SUFFIXES, UnreadableLog
 from ._registry import READERS, detect
 from ._types import ImportedRequest, ReadProgress, SkippedLine
 
@@ -112,31 +114,85 @@ class ImportResult:
         return "".join(parts) + "</div>"
 
 
-def expand_paths(paths: str | Path | Iterable[str | Path]) -> list[tuple[Path, bool]]:
-    """Files to read, each with whether the user named it directly (a named file must be a known format)."""
+@dataclass(frozen=True)
+class LogFile:
+    """One file to read: its resolved path (one source however it was spelled: relative, ``..``, a symlink),
+    and whether the user named it (a named file must be a known format)."""
+
+    path: Path
+    named: bool
+
+
+def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile], list[dict[str, Any]]]:
+    """The files to read, and the files a directory walk passed over with why (``file``, ``line`` 0, ``reason``).
+
+    A directory is walked whole: a file with a log suffix (``.jsonl``, ``.json``, ``.yaml``…, optionally
+    compressed: ``.jsonl.gz``) is read; any other file, and anything hidden (a name starting with ``.``), is
+    listed as skipped, never passed over in silence. Paths resolve (symlinks, ``..``), and a file reached twice
+    (two spellings, a hard link: same device and inode) is read once.
+    """
     items = [paths] if isinstance(paths, str | Path) else list(paths)
-    out: list[tuple[Path, bool]] = []
+    out: list[LogFile] = []
+    passed: list[dict[str, Any]] = []
     for item in items:
         p = Path(item).expanduser()
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in LOG_SUFFIXES
-                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
-            out.extend((f, False) for f in found)
+            for f in sorted(p.rglob("*")):
+                if not f.is_file():
+                    continue
+                rel = f.relative_to(p).parts
+                if any(part.startswith(".") for part in rel):
+                    passed.append(_passed(f, "hidden file (name or folder starts with '.'): name it to import it"))
+                elif _log_suffix(f) is None:
+                    passed.append(_passed(f, f"not a log file name (suffix {f.suffix or 'none'!r}; logs end "
+                                             f"in {', '.join(LOG_SUFFIXES)}, optionally compressed): name it to "
+                                             "import it"))
+                else:
+                    out.append(LogFile(f, False))
         elif p.is_file():
-            out.append((p, True))
+            out.append(LogFile(p, True))
         elif any(ch in str(item) for ch in "*?["):
             matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(str(item)), recursive=True))
-            out.extend((m, False) for m in matches if m.is_file())
+            out.extend(LogFile(m, False) for m in matches if m.is_file())
+        elif p.exists():
+            raise ImportFormatError(display_path(p), "not a regular file (a FIFO, a device or a socket)")
         else:
-            raise ImportFormatError(str(item), "no such file or directory")
-    seen: set[Path] = set()
-    unique = []
-    for f, named in out:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            unique.append((f, named))
-    return unique
+            raise ImportFormatError(display_path(p), "no such file or directory")
+    seen: set[tuple[int, int]] = set()
+    unique: list[LogFile] = []
+    for f in out:
+        st = f.path.stat()
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            unique.append(LogFile(f.path.resolve(), f.named))
+    return unique, passed
+
+
+def _log_suffix(path: Path) -> str | None:
+    """The log suffix of ``path`` (``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz``), else None."""
+    suffixes = [x.lower() for x in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSED_SUFFIXES:
+        suffixes.pop()
+    return suffixes[-1] if suffixes and suffixes[-1] in LOG_SUFFIXES else None
+
+
+def _passed(path: Path, reason: str) -> dict[str, Any]:
+    return {"file": display_path(path), "line": 0, "reason": reason}
+
+
+def display_path(path: Path | str) -> str:
+    """``path`` as text that can be stored and printed: bytes of a file name that are not UTF-8 become
+    ``\\xNN`` escapes (the name itself is still used to open the file)."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a surrogate that did not come from a file name's bytes
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def session_id_for(fmt: str, session_key: str) -> str:
@@ -181,42 +237,40 @@ def import_log(
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
             progress: bool) -> ImportResult:
     result = ImportResult()
-    skipped: list[dict[str, Any]] = []
     flagged: list[dict[str, Any]] = []
     by_session: dict[str, list[ImportedRequest]] = {}
     fmt_of: dict[str, str] = {}
     file_of: dict[str, str] = {}
-    files = expand_paths(paths)
+    files, skipped = expand_paths(paths)
     bar = progress_bar(total=len(files), desc="reading logs", enabled=progress, unit="file")
     try:
-        for path, named in files:
+        for log in files:
+            path, shown = log.path, display_path(log.path)
             try:
                 reader = READERS[format] if format != "auto" else detect(path)
-            except ImportFormatError:
-                if named:
-                    raise
-                skipped.append({"file": str(path), "line": 0, "reason": "not a known log format"})
-                bar.update(1)
-                continue
-            try:
                 records = list(reader.read(path))
-            except ImportFormatError as exc:
-                if named:
-                    raise
-                reason = f"unreadable {reader.name} file: {exc.problem}"
-                skipped.append({"file": str(path), "line": 0, "reason": reason})
+            except (ImportFormatError, UnreadableLog) as exc:
+                if isinstance(exc, UnreadableLog):
+                    exc = ImportFormatError(shown, f"cannot read ({_unreadable(exc, path)})")
+                if log.named:
+                    raise exc from None
+                problem = exc.problem
+                skipped.append({"file": shown, "line": 0, "reason": problem})
                 bar.update(1)
                 continue
-            result.files.append((str(path), reader.name))
+            result.files.append((shown, reader.name))
+            clean = shown == str(path)
             for rec in records:
                 if isinstance(rec, ImportedRequest):
+                    if not clean:  # a file name that is not UTF-8: its keys and references made storable
+                        rec = _printable(rec)
                     by_session.setdefault(rec.session_key, []).append(rec)
                     fmt_of.setdefault(rec.session_key, reader.name)
-                    file_of.setdefault(rec.session_key, str(path))
+                    file_of.setdefault(rec.session_key, shown)
                 elif isinstance(rec, SkippedLine):
-                    skipped.append({"file": rec.file, "line": rec.line, "reason": rec.reason})
+                    skipped.append({"file": display_path(rec.file), "line": rec.line, "reason": rec.reason})
                 elif isinstance(rec, ReadProgress):
-                    pass  # dedupe keys make re-import idempotent; progress is informational
+                    pass  # per-request identity makes re-import exact; progress is informational
             bar.update(1)
     finally:
         bar.close()
@@ -241,9 +295,32 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     result.skipped = _frame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], SKIPPED_COLUMNS)
     result.flagged = _frame(flagged, FLAGGED_COLUMNS)
     result.unknown_models = sorted(unknown)
-    if result.requests:  # each measured request is an exact prompt total: calibrate the estimator per family
-        result.calibrations = calibrate_families(lab, {r.model for v in by_session.values() for r in v if r.model})
+    models = {r.model for v in by_session.values() for r in v if r.model}
+    # each measured request is an exact prompt total: calibrate the estimator per family. Also when nothing was
+    # new but a family has no calibration yet: an import stopped after its sessions committed gets it back.
+    if result.requests or (models and _uncalibrated(lab, models)):
+        result.calibrations = calibrate_families(lab, models)
     return result
+
+
+def _uncalibrated(lab: Lab, models: set[str]) -> bool:
+    """True when a tokenizer family of ``models`` has measured requests stored but no calibration fitted on
+    them (:func:`calibrate_families` would fit one)."""
+    from ..tokens import tokenizer_family
+
+    fitted = {family for family, _ in lab.store.saved_calibrations()}
+    return any(tokenizer_family(m) not in fitted for m in models)
+
+
+def _unreadable(exc: OSError, path: Path) -> str:
+    return str(exc).removeprefix(f"{path}: ")
+
+
+def _printable(req: ImportedRequest) -> ImportedRequest:
+    """``req`` with the file name inside its keys and references made storable (see :func:`display_path`)."""
+    return replace(req, session_key=display_path(req.session_key), dedupe_key=display_path(req.dedupe_key),
+                   source_ref=display_path(req.source_ref),
+                   parent_key=None if req.parent_key is None else display_path(req.parent_key))
 
 
 def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
@@ -252,13 +329,19 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
     """Write one session's new requests in one transaction; returns (session, stored now, already stored).
 
     A new session's row is created in that same transaction: a failure leaves nothing of the session behind, and
-    the session objects the Lab holds go back to what the store has (``Lab.batch``).
+    the session objects the Lab holds go back to what the store has (``Lab.batch``). A request that started
+    before the last stored one (a proxy writes each call when it completes) cannot be appended, since a
+    session's time only moves forward: when this import holds every stored request of the session, the session
+    is stored again whole, in time order; otherwise the late request is listed in ``skipped``.
     """
     store = lab.store
     sid = session_id_for(fmt, key)
     first = reqs[0]
+    restore = _needs_restore(store, sid, reqs, skipped)
     try:
         with lab.batch():
+            if restore:
+                lab.forget_session(sid)
             if store.session_row(sid) is None:
                 at = first.at.astimezone(UTC)
                 config = {
@@ -280,7 +363,9 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 )
             # keep the Session object a notebook already holds (opening it again would close that one)
             s = lab.active_session(sid) or lab.session(id=sid)
-            todo, dup = _new_requests(s, key, reqs, skipped)
+            todo, dup = _new_requests(s, reqs, skipped)
+            if restore:  # stored again, not new
+                dup += len(restore)
             if not todo:
                 return s, 0, dup
             for req, prepared, problems in todo:
@@ -297,18 +382,41 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
     for req, _, problems in todo:  # reported once stored
         ref_file, line = _split_ref(req.source_ref)
         flagged += ({"file": ref_file, "line": line, "path": p.path, "problem": p.problem} for p in problems)
-    return s, len(todo), dup
+    new = len(todo) - (len(restore) if restore else 0)
+    return s, new, dup
 
 
-def _new_requests(s: Session, key: str, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]
+def _needs_restore(store: Any, sid: str, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]
+                   ) -> set[str]:
+    """The stored dedupe keys of session ``sid`` when it must be stored again whole (a new request started
+    before its last stored one, and ``reqs`` holds every stored request); else an empty set. Late requests that
+    cannot be placed (the session's other requests came from files not read now) are moved to ``skipped``."""
+    last = store.last_turn(sid)
+    if last is None:
+        return set()
+    known = store.dedupe_keys(sid)
+    late = [r for r in reqs if r.dedupe_key not in known and r.at < last["at"]]
+    if not late:
+        return set()
+    here = {r.dedupe_key for r in reqs}
+    if known <= here:
+        return known
+    for r in late:
+        file, line = _split_ref(r.source_ref)
+        skipped.append({"file": file, "line": line, "reason": "started before the session's last stored request, "
+                        "whose other requests come from files not read now: import them together"})
+    late_ids = {id(r) for r in late}
+    reqs[:] = [r for r in reqs if id(r) not in late_ids]
+    return set()
+
+
+def _new_requests(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]
                   ) -> tuple[list[tuple[ImportedRequest, Any, list[BodyProblem]]], int]:
     """The requests not stored yet, each segmented (extending the previous body's segments: linear ingest) and
     checked leniently: what the API would refuse is returned with it, to be stored and reported; a body JSON
-    cannot hold is skipped."""
+    cannot hold, or a usage figure no endpoint reports, is skipped with its file:line."""
     store = s.lab.store
     known = store.dedupe_keys(s.id)
-    last = store.last_turn(s.id)
-    last_at = None if last is None else last["at"]
     unlogged = s.config.get("unlogged_prefix_tokens")
     prev = s.previous_request
     todo: list[tuple[ImportedRequest, Any, list[BodyProblem]]] = []
@@ -319,8 +427,9 @@ def _new_requests(s: Session, key: str, reqs: list[ImportedRequest], skipped: li
             continue
         known.add(req.dedupe_key)
         file, line = _split_ref(req.source_ref)
-        if last_at is not None and req.at < last_at:
-            skipped.append({"file": file, "line": line, "reason": "older than the session's last stored request"})
+        problem = _value_problem(req)
+        if problem is not None:
+            skipped.append({"file": file, "line": line, "reason": problem})
             continue
         try:
             # lenient: a log holds what was sent, so what the API would refuse is stored and flagged; a body
@@ -336,12 +445,45 @@ def _new_requests(s: Session, key: str, reqs: list[ImportedRequest], skipped: li
                 s.note_unlogged_prefix(unlogged)
             prepared = s.prepare(req.body, previous=prev, dialect=req.dialect,
                                  unlogged_prefix_tokens=(unlogged or None) if req.partial else None)
-        except (ValueError, TypeError, PromptCacheError) as exc:
+        except (ValueError, TypeError, RecursionError, PromptCacheError) as exc:
             skipped.append({"file": file, "line": line, "reason": f"body not understood: {exc}"})
             continue
         todo.append((req, prepared, problems))
         prev = prepared
     return todo, dup
+
+
+#: No endpoint reports a request of more tokens than this (the largest context windows are ~10M): a larger
+#: figure is a corrupt log line, skipped rather than stored.
+MAX_TOKENS = 10**12
+_USAGE_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+                 "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens")
+
+
+def _value_problem(req: ImportedRequest) -> str | None:
+    """Why ``req`` cannot be stored as it is (a usage figure out of range, text that is not Unicode), or None."""
+    u = req.usage
+    for name in _USAGE_FIELDS:
+        v = getattr(u, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKENS):
+            return f"usage.{name}: {v!r} is not a token count (a whole number from 0 to {MAX_TOKENS:,})"
+    w5, w1, w = u.cache_creation_5m_input_tokens, u.cache_creation_1h_input_tokens, u.cache_creation_input_tokens
+    if w is not None and (w5 or 0) + (w1 or 0) > w:
+        return f"usage.cache_creation: the 5m + 1h split ({w5} + {w1}) is larger than the total written ({w})"
+    for name, text in (("model", req.model), ("request_id", req.request_id)):
+        if text is not None and not _encodable(text):
+            return f"{name}: holds a lone surrogate (not Unicode text)"
+    if req.reply is not None and not _encodable(json.dumps(req.reply, ensure_ascii=False)):
+        return "reply: holds a lone surrogate (not Unicode text)"
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:

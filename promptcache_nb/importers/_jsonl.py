@@ -9,20 +9,95 @@ The iterator ends with one :class:`ReadProgress` giving the number of lines full
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
 import json
+import lzma
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ._types import ReadProgress, SkippedLine
 
-__all__ = ["JsonLine", "iter_json_lines", "json_objects_in_head", "parse_timestamp"]
+__all__ = ["COMPRESSED_SUFFIXES", "JsonLine", "UnreadableLog", "compression_of", "iter_json_lines",
+           "json_objects_in_head", "open_log", "parse_timestamp", "read_log_bytes"]
 
 #: Read buffer: a logged request body is often a megabyte on one line, which the default 8 KiB buffer reads in
 #: many small pieces (about 3x the time of reading the same file in 1 MiB pieces).
 READ_BUFFER = 1 << 20
+
+
+#: Compressed logs are read transparently, by name (``x.jsonl.gz``): rotated and archived agent logs are often
+#: compressed, and a walk that passed over them silently lost whole sessions.
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+
+
+class UnreadableLog(OSError):
+    """A log that cannot be opened as named: a compression this machine cannot read, or a corrupt archive."""
+
+
+def compression_of(path: Path) -> str | None:
+    """``gz``, ``bz2``, ``xz`` or ``zst`` from the file name's last suffix; None for a plain file."""
+    suffix = path.suffix.lower()
+    return suffix[1:] if suffix in COMPRESSED_SUFFIXES else None
+
+
+def open_log(path: Path) -> IO[bytes]:
+    """``path`` opened for reading bytes, decompressed on the fly when its name says it is compressed.
+
+    Raises:
+        UnreadableLog: a ``.zst`` file without the ``zstandard`` package (``pip install zstandard``).
+    """
+    kind = compression_of(path)
+    if kind is None:
+        return open(path, "rb", buffering=READ_BUFFER)  # noqa: SIM115 - the caller closes it
+    if kind == "gz":
+        return gzip.open(path, "rb")
+    if kind == "bz2":
+        return bz2.open(path, "rb")
+    if kind == "xz":
+        return lzma.open(path, "rb")
+    try:
+        import zstandard
+    except ImportError:
+        raise UnreadableLog(f"{path}: a zstd-compressed log needs the zstandard package (pip install zstandard)"
+                            ) from None
+    raw = open(path, "rb")  # noqa: SIM115 - closed with the reader (closefd)
+    stream = zstandard.ZstdDecompressor().stream_reader(raw, read_size=READ_BUFFER, closefd=True)
+    return io.BufferedReader(stream, READ_BUFFER)  # type: ignore[arg-type]  # lines, as for the other kinds
+
+
+def read_log_bytes(path: Path, limit: int | None = None) -> bytes:
+    """The (decompressed) bytes of ``path``, or its first ``limit`` bytes. A corrupt archive raises
+    :class:`UnreadableLog` naming the file."""
+    try:
+        with open_log(path) as fh:
+            if limit is None:
+                return fh.read()
+            return _read_upto(fh, limit)
+    except (EOFError, lzma.LZMAError, gzip.BadGzipFile, zlib_error()) as exc:
+        raise UnreadableLog(f"{path}: corrupt {compression_of(path)} archive ({exc})") from None
+
+
+def _read_upto(fh: IO[bytes], limit: int) -> bytes:
+    # a decompressing stream may return fewer bytes than asked before its end
+    parts, got = [], 0
+    while got < limit:
+        chunk = fh.read(limit - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def zlib_error() -> type[Exception]:
+    import zlib
+
+    return zlib.error
 
 
 @dataclass(frozen=True)
@@ -41,8 +116,8 @@ def iter_json_lines(path: Path, loads: Callable[[bytes], Any] = json.loads
     history a body repeats from the line before)."""
     file = str(path)
     consumed = 0
-    with open(path, "rb", buffering=READ_BUFFER) as fh:
-        for number, raw in enumerate(fh, start=1):
+    with open_log(path) as fh:
+        for number, raw in enumerate(_lines(fh, path), start=1):
             complete = raw.endswith(b"\n")
             if raw.isspace():  # no copies of the line: json.loads takes bytes and skips the newline
                 if complete:
@@ -56,12 +131,26 @@ def iter_json_lines(path: Path, loads: Callable[[bytes], Any] = json.loads
                 consumed = number
                 yield SkippedLine(file, number, f"not valid JSON ({_short(exc)})")
                 continue
+            except RecursionError:  # the C parser gives up near 1,000 levels: one line, not the import
+                consumed = number
+                yield SkippedLine(file, number, "JSON nested too deep to read (about 1,000 levels or more)")
+                continue
             consumed = number
             if not isinstance(obj, dict):
                 yield SkippedLine(file, number, f"a JSON {type(obj).__name__}, not an object")
                 continue
             yield JsonLine(number, obj)
     yield ReadProgress(file, consumed)
+
+
+def _lines(fh: IO[bytes], path: Path) -> Iterator[bytes]:
+    """The lines of ``fh``; a corrupt compressed stream ends them with :class:`UnreadableLog`."""
+    try:
+        yield from fh
+    except UnreadableLog:
+        raise
+    except (EOFError, lzma.LZMAError, gzip.BadGzipFile, zlib_error(), OSError) as exc:
+        raise UnreadableLog(f"{path}: cannot read on ({exc})") from None
 
 
 def json_objects_in_head(head: str, *, limit: int = 20) -> list[dict[str, Any]]:
@@ -73,7 +162,7 @@ def json_objects_in_head(head: str, *, limit: int = 20) -> list[dict[str, Any]]:
             continue
         try:
             obj = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(obj, dict):
             found.append(obj)
@@ -83,7 +172,7 @@ def json_objects_in_head(head: str, *, limit: int = 20) -> list[dict[str, Any]]:
         # a one-line file without a trailing newline
         try:
             obj = json.loads(lines[-1])
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         if isinstance(obj, dict):
             found.append(obj)

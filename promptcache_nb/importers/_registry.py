@@ -1,7 +1,12 @@
 """The reader registry: format name → :class:`Reader`, and detection by content.
 
-Each reader says whether it handles a file from the file's first 64 KiB (:meth:`Reader.sniff`); the file
-name is never consulted, so a cassette saved as ``.txt`` or a proxy log named ``.log`` is still recognised.
+Each reader says whether it handles a file from the file's first bytes (:meth:`Reader.sniff`); the file
+name is never consulted (except its compression suffix, ``.gz``/``.bz2``/``.xz``/``.zst``, which is read
+through), so a cassette saved as ``.txt`` or a proxy log named ``.log`` is still recognised. Detection reads
+until it knows: 64 KiB first, then four times as much each time no reader accepts, up to the whole file (a
+cassette whose first body is 250 KB names its ``uri`` only after it). When several readers accept a file of
+JSON lines (one Claude Code line inside a proxy log), each line of the head votes for the readers that accept
+it alone, and the reader with the most lines wins; the lines it cannot read are listed in ``skipped``.
 Built-in readers are registered below in the order :func:`detect` asks them; a third-party reader calls
 :func:`register`.
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ImportFormatError
+from ._jsonl import UnreadableLog, json_objects_in_head, read_log_bytes
 from ._types import Reader
 from .claude_code import ClaudeCodeReader
 from .codex import CodexReader
@@ -20,6 +26,8 @@ from .otlp import OtlpReader
 from .vcr import VcrReader
 
 HEAD_BYTES = 64 * 1024
+#: Detection stops doubling the head here: a file that no reader recognises in its first 256 MiB is not a log.
+MAX_HEAD_BYTES = 256 * 1024 * 1024
 
 READERS: dict[str, Reader] = {}
 
@@ -31,27 +39,47 @@ def register(reader: Reader) -> Reader:
 
 
 def read_head(path: Path, size: int = HEAD_BYTES) -> str:
-    """The first ``size`` bytes of ``path`` decoded as UTF-8 (errors replaced, BOM dropped)."""
-    with open(path, "rb") as fh:
-        data = fh.read(size)
+    """The first ``size`` bytes of ``path`` (decompressed) decoded as UTF-8 (errors replaced, BOM dropped)."""
+    return _decode(read_log_bytes(path, size))
+
+
+def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace").removeprefix("\ufeff")
 
 
 def detect(path: str | Path) -> Reader:
-    """The reader whose ``sniff`` accepts the file's first 64 KiB.
+    """The reader that recognises the file, reading more of it until one does (see the module docstring).
 
     Raises:
-        ImportFormatError: no reader accepts it (one line naming the file and the formats tried).
+        ImportFormatError: no reader accepts it (one line naming the file and the formats tried), or it cannot
+            be read (a missing file, a corrupt archive, a ``.zst`` file without ``zstandard``).
     """
     p = Path(path)
-    try:
-        head = read_head(p)
-    except OSError as exc:
-        raise ImportFormatError(str(p), f"cannot read ({exc.strerror or exc})") from None
-    for reader in READERS.values():
-        if reader.sniff(p, head):
-            return reader
-    raise ImportFormatError(str(p), "not a known log format", tried=list(READERS))
+    size = HEAD_BYTES
+    while True:
+        try:
+            data = read_log_bytes(p, size)
+        except UnreadableLog as exc:
+            raise ImportFormatError(str(p), f"cannot read ({str(exc).removeprefix(f'{p}: ')})") from None
+        except OSError as exc:
+            raise ImportFormatError(str(p), f"cannot read ({exc.strerror or exc})") from None
+        head = _decode(data)
+        accepting = [reader for reader in READERS.values() if reader.sniff(p, head)]
+        if accepting:
+            return accepting[0] if len(accepting) == 1 else _most_lines(p, head, accepting)
+        if len(data) < size or size >= MAX_HEAD_BYTES:  # the whole file was read, or enough of it
+            raise ImportFormatError(str(p), "not a known log format", tried=list(READERS))
+        size *= 4
+
+
+def _most_lines(path: Path, head: str, readers: list[Reader]) -> Reader:
+    """Of several readers that accept ``head``, the one that accepts the most of its lines on their own (ties:
+    registration order)."""
+    lines = [line for line in head.split("\n")[:-1] if line.strip()]
+    if len(json_objects_in_head(head, limit=2)) == 0 or not lines:
+        return readers[0]
+    votes = [sum(reader.sniff(path, line + "\n") for line in lines[:50]) for reader in readers]
+    return readers[votes.index(max(votes))]
 
 
 for _reader in (ClaudeCodeReader(), CodexReader(), ExchangesReader(), HarReader(), VcrReader(), OtlpReader()):

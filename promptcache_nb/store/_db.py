@@ -554,6 +554,17 @@ class Store:
     def session_count(self) -> int:
         return int(self.scalar("SELECT count(*) FROM sessions"))
 
+    #: Every table that holds rows of one session (blocks and prefix nodes are shared, content-addressed).
+    _SESSION_TABLES = (("turns", "session_id"), ("session_messages", "session_id"),
+                       ("session_pending_events", "session_id"), ("session_prompt_deltas", "session_id"),
+                       ("session_state", "session_id"), ("sessions", "id"))
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete a session and every row stored for it (inside the caller's transaction): an import re-stores
+        a session whole when a request that started earlier than the stored ones arrives late."""
+        for table, column in self._SESSION_TABLES:
+            self.con.execute(f"DELETE FROM {table} WHERE {column} = ?", [session_id]).fetchall()
+
     def dedupe_keys(self, session_id: str) -> set[str]:
         """The import keys of a session's stored requests (re-importing a file skips these)."""
         rows = self.rows("SELECT dedupe_key FROM turns WHERE session_id = ? AND dedupe_key IS NOT NULL", [session_id])
