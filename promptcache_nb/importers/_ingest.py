@@ -160,11 +160,11 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile
             raise ImportFormatError(display_path(p), "no such file or directory")
     seen: set[tuple[int, int]] = set()
     unique: list[LogFile] = []
-    for f in out:
-        st = f.path.stat()
+    for log in out:
+        st = log.path.stat()
         if (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
-            unique.append(LogFile(f.path.resolve(), f.named))
+            unique.append(LogFile(log.path.resolve(), log.named))
     return unique, passed
 
 

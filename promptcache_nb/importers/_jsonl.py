@@ -55,7 +55,7 @@ def open_log(path: Path) -> IO[bytes]:
     if kind is None:
         return open(path, "rb", buffering=READ_BUFFER)  # noqa: SIM115 - the caller closes it
     if kind == "gz":
-        return gzip.open(path, "rb")
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile is a binary IO
     if kind == "bz2":
         return bz2.open(path, "rb")
     if kind == "xz":
