@@ -74,6 +74,16 @@ BODIES = [
          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok", "is_error": True}]},
          {"role": "assistant", "content": []},
      ]},
+    # mid-conversation system messages (docs/provider_cache_rules.md#anthropic-mid-conversation-system-messages)
+    {"model": "claude-opus-4-8", "max_tokens": 10, "system": "top",
+     "messages": [
+         {"role": "user", "content": "hi"},
+         {"role": "system", "content": "Reply in French."},
+         {"role": "assistant", "content": [{"type": "text", "text": "Salut"}]},
+         {"role": "user", "content": [{"type": "text", "text": "more"}]},
+         {"role": "system", "content": [{"type": "text", "text": "a"},
+                                        {"type": "text", "text": "b", "cache_control": {"type": "ephemeral"}}]},
+     ]},
 ]
 
 

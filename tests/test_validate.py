@@ -100,13 +100,14 @@ def test_a_problem_names_its_field_in_both_notations():
 
 
 def test_strict_raises_one_line_naming_the_request_and_the_field():
-    bad = body(user("hi"), {"role": "wizard", "content": "x"}, {"role": "system", "content": "y"})
+    bad = body(user("hi"), {"role": "wizard", "content": "x"}, user("y"), {"role": "system", "content": "y"},
+               {"role": "system", "content": "z"})
     with pytest.raises(BodyValidationError) as info:
-        check_request(bad, "anthropic", request=3)  # undeclared, a `system` role reads as Chat Completions
-    assert str(info.value) == ("request 3: messages[1].role: must be 'user' or 'assistant', got 'wizard'; "
+        check_request(bad, "anthropic", request=3)  # undeclared, a `system` role with nothing else reads as Chat
+    assert str(info.value) == ("request 3: messages[1].role: must be 'user', 'assistant' or 'system', got 'wizard'; "
                                "and 1 more problem")
     assert isinstance(info.value, pc.SessionError) and isinstance(info.value, ValueError)
-    assert [p.path for p in info.value.problems] == ["messages[1].role", "messages[2].role"]
+    assert [p.path for p in info.value.problems] == ["messages[1].role", "messages[4].role"]  # two system messages
     with pytest.raises(BodyValidationError, match=r"^log\.jsonl:7: request 0: messages\[0\]\.role"):
         check_request(body(assistant("x")), request=0, source="log.jsonl:7")
 
@@ -130,7 +131,7 @@ def test_json_problems_come_first_in_body_order_and_name_the_value():
         "metadata: object keys must be strings, got number key 2",
         "metadata.s: bytes is not a JSON value (a JSON body holds strings, numbers, booleans, null, lists and "
         "objects)",
-        "messages[0].role: must be 'user' or 'assistant', got 'wizard'",
+        "messages[0].role: must be 'user', 'assistant' or 'system', got 'wizard'",
     ]
 
 

@@ -8,8 +8,10 @@ ensure_ascii=False)`` encoded as UTF-8.
 A request splits into *segments*, in the provider's cache-prefix order (docs/provider_cache_rules.md):
 
 * ``anthropic`` — tools → system → messages (docs/provider_cache_rules.md#anthropic-prefix-order): each
-  tool, each system block (or the system string), each message content block (or a message's string content). Paths
-  ``tools[3]``, ``system[2]``, ``messages[5].content[0]``.
+  tool, each system block (or the system string), each message content block (or a message's string content).
+  Paths ``tools[3]``, ``system[2]``, ``messages[5].content[0]``. A mid-conversation ``role: "system"`` message
+  is a message like any other, at its position in the prefix, with role ``system``
+  (docs/provider_cache_rules.md#anthropic-mid-conversation-system-messages).
 * ``openai-chat`` — tools → structured-output schema → messages
   (docs/provider_cache_rules.md#openai-prefix-order): each tool,
   ``response_format``, each whole message (``messages[3]``: role, content, ``tool_calls``, ``tool_call_id``
@@ -312,11 +314,17 @@ _RESPONSES_PARTS = frozenset({"input_text", "input_image", "input_file", "input_
 _CHAT_MSG_KEYS = frozenset(_CHAT_ROLES["assistant"] | _CHAT_ROLES["tool"]) - {"role", "content"}
 
 
-def _message_evidence(m: Any) -> str | None:
-    """Which API a Messages/Chat message can only belong to, if any."""
+def _message_evidence(m: Any, first: bool) -> str | None:
+    """Which API a Messages/Chat message can only belong to, if any (``first``: it is ``messages[0]``).
+
+    A ``system`` message is Chat evidence only first: the Messages API takes one mid-conversation, never first
+    (docs/provider_cache_rules.md#anthropic-mid-conversation-system-messages), so a later one is judged by its
+    content like any message.
+    """
     if not isinstance(m, dict):
         return None
-    if m.get("role") in ("system", "developer", "tool", "function") or (
+    role = m.get("role")
+    if role in ("developer", "tool", "function") or (role == "system" and first) or (
             len(m) > 2 and not _CHAT_MSG_KEYS.isdisjoint(m)):
         return "openai-chat"
     content = m.get("content")
@@ -337,7 +345,8 @@ def detect_dialect(body: dict[str, Any]) -> str:
     Decided by the first evidence found, cheapest first: top-level keys only one API has (``input`` /
     ``instructions`` → Responses; ``system``, ``thinking`` ... → Anthropic; ``max_completion_tokens``,
     ``response_format`` ... → Chat), then the tools' shape (``input_schema`` vs ``function``), then the
-    messages (roles ``system`` / ``developer`` / ``tool``, ``tool_calls``, content part types). A body
+    messages (roles ``developer`` / ``tool``, a first ``system`` message, ``tool_calls``, content part types;
+    a later ``system`` message, which both APIs take, tells only when nothing else does: Chat). A body
     with no evidence at all (user/assistant text only) is read as ``anthropic``; pass ``dialect=`` to
     :func:`prepare` to say otherwise.
     """
@@ -358,10 +367,13 @@ def detect_dialect(body: dict[str, Any]) -> str:
                     return "openai-chat"
     messages = body.get("messages")
     if isinstance(messages, list):
-        for m in messages:
-            found = _message_evidence(m)
+        for i, m in enumerate(messages):
+            found = _message_evidence(m, i == 0)
             if found is not None:
                 return found
+        # a later system message and nothing else to tell: Chat, where a system message may stand anywhere
+        if any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
+            return "openai-chat"
     return "anthropic"
 
 

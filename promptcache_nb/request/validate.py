@@ -1,7 +1,7 @@
 """Does a request body follow its API's documented shape? One implementation for every caller.
 
 ``validate_request(body, dialect)`` lists every :class:`BodyProblem` of a body, each one line naming the field
-(``messages[2].role: must be 'user' or 'assistant', got 'wizard'``). ``Session.record`` calls it through
+(``messages[2].role: must be 'user', 'assistant' or 'system', got 'wizard'``). ``Session.record`` calls it through
 :func:`check_request` (strict: the first problem is a :class:`~promptcache_nb.errors.BodyValidationError`;
 lenient, for imports: the body is stored as the log holds it and the problems are returned to be reported),
 and the simulator endpoint answers its HTTP 400s with the first problem in the API's dotted notation
@@ -15,11 +15,13 @@ Two kinds of problem:
 * ``api`` — valid JSON the API answers with HTTP 400. Anthropic Messages (the ``anthropic`` SDK's
   ``MessageCreateParams``): ``model``, ``max_tokens`` and ``messages`` required; ``max_tokens`` an integer
   ≥ 0 — 0 is documented pre-warming (docs/provider_cache_rules.md#anthropic-ttl-and-refresh), so the
-  simulator accepts it too; roles ``user`` / ``assistant`` only, the first one ``user``, no ``system`` role
-  (docs/provider_cache_rules.md#anthropic-token-counting); non-empty content except a final assistant
-  prefill; every content block with a known ``type``; a ``tool_result`` answers a ``tool_use`` of the message
-  just before it, and a ``tool_use`` is answered in the message just after it; tools named, uniquely, and a
-  custom tool with an ``input_schema``. OpenAI Chat Completions and Responses: the essentials (``model``,
+  simulator accepts it too; roles ``user`` / ``assistant``, the first one ``user``, and ``system`` where the API
+  places a mid-conversation system message — never first, right after a user turn (or an assistant turn ending
+  in a server tool use), followed by an assistant turn or nothing, never two in a row, text blocks only
+  (docs/provider_cache_rules.md#anthropic-mid-conversation-system-messages); non-empty content except a final
+  assistant prefill; every content block with a known ``type``; a ``tool_result`` answers a ``tool_use`` of the
+  message just before it, and a ``tool_use`` is answered in the message just after it; tools named, uniquely, and
+  a custom tool with an ``input_schema``. OpenAI Chat Completions and Responses: the essentials (``model``,
   ``messages`` / ``input``, roles and content parts, a ``tool`` message answering a preceding assistant's
   ``tool_calls``, a ``function_call_output`` answering a ``function_call``).
 
@@ -71,6 +73,9 @@ ANTHROPIC_BLOCK_TYPES = frozenset({
     "container_upload", "mcp_tool_use", "mcp_tool_result", "mcp_tool_listing", "compaction", "fallback",
     "advisor_tool_result", "tool_addition", "tool_removal", "tool_reference",
 })
+#: Roles of a Messages message: ``system`` only mid-conversation (docs/provider_cache_rules.md
+#: #anthropic-mid-conversation-system-messages), where the SDK's ``SystemMessageParam`` has it.
+ANTHROPIC_ROLES = ("user", "assistant", "system")
 #: Ids a ``tool_result`` may answer: a client tool call, or a server tool call the client runs itself.
 _TOOL_CALL_BLOCKS = ("tool_use", "server_tool_use")
 
@@ -85,7 +90,7 @@ class BodyProblem:
 
     Attributes:
         path: the field, in Python notation (``messages[2].content[0].tool_use_id``); ``""`` for the body.
-        problem: what is wrong with it, one line (``must be 'user' or 'assistant', got 'wizard'``).
+        problem: what is wrong with it, one line (``must be 'user', 'assistant' or 'system', got 'wizard'``).
         kind: ``json`` (not a JSON document: refused in every mode) or ``api`` (JSON the API refuses: a lenient
             import stores it and reports it).
     """
@@ -130,7 +135,7 @@ def validate_request(body: Any, dialect: str | None = None, *, previous: Mapping
     Example:
         >>> [str(p) for p in validate_request({"model": "claude-sonnet-4-5", "max_tokens": 8,
         ...                                    "messages": [{"role": "wizard", "content": "hi"}]})]
-        ["messages[0].role: must be 'user' or 'assistant', got 'wizard'"]
+        ["messages[0].role: must be 'user', 'assistant' or 'system', got 'wizard'"]
     """
     if not isinstance(body, Mapping):
         return [BodyProblem("", f"request body must be a JSON object, got {_type_name(body)}", "json")]
@@ -167,9 +172,9 @@ def check_request(body: Any, dialect: str | None = None, *, lenient: bool = Fals
     """:func:`validate_request`, raising what a caller must refuse; returns the problems left to report.
 
     Strict (the default; ``Session.record``): any problem raises :class:`BodyValidationError`, one line naming
-    the first (``request 3: messages[2].role: must be 'user' or 'assistant', got 'wizard'``). Lenient (imports:
-    a real log holds what was sent): only ``json`` problems raise; the ``api`` ones are returned, to be stored
-    with the body and reported. ``request`` (the session's index) and ``source`` (``file:line``) prefix the
+    the first (``request 3: messages[2].role: must be 'user', 'assistant' or 'system', got 'wizard'``). Lenient
+    (imports: a real log holds what was sent): only ``json`` problems raise; the ``api`` ones are returned, to be
+    stored with the body and reported. ``request`` (the session's index) and ``source`` (``file:line``) prefix the
     message.
     """
     problems = validate_request(body, dialect, previous=previous, partial=partial)
@@ -407,17 +412,22 @@ def _anthropic_messages(messages: Any, out: _Problems, partial: bool, skip: int,
         if isinstance(m, Mapping) and m.get("role") == "assistant" and m.get("content") in ("", []):
             out.add(f"messages[{skip - 1}].content", _EMPTY_CONTENT)
     calls: dict[str, str] = {}  # tool call ids of the message just before -> where ("" for a server tool call)
+    before: _Before = None  # the message just before: its role and whether it ends in a server tool call
     # the repeated messages were checked with the previous body: the last one is replayed, muted, for its calls
     for i, m, o in _well_formed(messages, max(0, skip - 1), skip, out, _check_anthropic_message):
         if m is None:
-            calls = {}
+            calls, before = {}, None
             continue
         role, content = m["role"], m["content"]
-        if role not in ("user", "assistant"):
-            hint = "; a system prompt goes in the top-level `system` field" if role == "system" else ""
-            o.add(f"messages[{i}].role", f"must be 'user' or 'assistant', got {role!r}{hint}")
+        if role not in ANTHROPIC_ROLES:
+            o.add(f"messages[{i}].role", f"must be 'user', 'assistant' or 'system', got {role!r}")
+        elif role == "system":
+            _system_placement(i, before, o)
         elif i == 0 and role != "user":
             o.add("messages[0].role", f"the first message must use the user role, got {role!r}")
+        if role == "user" and i > 1 and before is not None and before[0] == "system":  # a first one is told
+            o.add(f"messages[{i}].role", f"must be 'assistant' after the 'system' message messages[{i - 1}] (a "
+                                         "system message is the last message or is followed by an assistant turn)")
         if (content == "" or content == []) and not (role == "assistant" and i == last):
             o.add(f"messages[{i}].content", _EMPTY_CONTENT)
         blocks = content if isinstance(content, list) else []
@@ -429,6 +439,8 @@ def _anthropic_messages(messages: Any, out: _Problems, partial: bool, skip: int,
                 o.add(f"{where}.type", "Field required")
             elif t not in ANTHROPIC_BLOCK_TYPES:
                 o.add(f"{where}.type", f"unknown content block type {t!r}")
+            elif role == "system" and t != "text":
+                o.add(f"{where}.type", f"a 'system' message holds text blocks only, got {t!r}")
             elif t == "tool_result" and role == "user":
                 tid = block.get("tool_use_id")
                 if not isinstance(tid, str):
@@ -449,9 +461,31 @@ def _anthropic_messages(messages: Any, out: _Problems, partial: bool, skip: int,
                 if b.get("type") in _TOOL_CALL_BLOCKS and isinstance(b.get("id"), str):
                     # a server tool's result comes back in the same message; the client may still answer it
                     calls[b["id"]] = f"messages[{i}].content[{j}].id" if b["type"] == "tool_use" else ""
+        before = (role, bool(blocks) and blocks[-1].get("type") == "server_tool_use")
 
 
 _EMPTY_CONTENT = "all messages must have non-empty content except for the optional final assistant message"
+#: The message before the one being checked: (its role, whether it ends in a server tool call); None for none or
+#: a malformed one.
+_Before = tuple[str, bool] | None
+
+
+def _system_placement(i: int, before: _Before, out: _Problems) -> None:
+    """Where a mid-conversation ``system`` message may stand (docs/provider_cache_rules.md
+    #anthropic-mid-conversation-system-messages): never first, right after a user message or an assistant message
+    that ends in a server tool call, never next to another system message. The message after it (an assistant
+    turn, or none) is checked with that message."""
+    where = f"messages[{i}].role"
+    if i == 0:
+        out.add(where, "a 'system' message cannot be the first message; instructions that apply from the start go "
+                       "in the top-level `system` field")
+    elif before is None:
+        return  # the message before is malformed, reported on its own
+    elif before[0] == "system":
+        out.add(where, f"consecutive 'system' messages are not allowed (messages[{i - 1}] is one); merge them")
+    elif before[0] == "assistant" and not before[1]:
+        out.add(where, "a 'system' message must follow a user message (or an assistant message that ends in a "
+                       "server tool use), got one after an assistant message")
 
 
 def _anthropic_tools(tools: Any, out: _Problems) -> None:
