@@ -282,3 +282,36 @@ def test_a_calibration_lost_to_a_kill_comes_back_on_reimport(tmp_path: Path) -> 
         again = lab.import_log(log)
         assert again.requests == 0
         assert lab.store.saved_calibrations() == saved
+
+
+def _shipped_line_logs() -> list[Path]:
+    logs = pc.data_path("logs")
+    return sorted(p for p in logs.rglob("*.jsonl") if "subagents" not in p.parts)
+
+
+@pytest.mark.parametrize("src", _shipped_line_logs(), ids=lambda p: p.name[:40])
+def test_every_shipped_log_reimported_while_it_grows_ends_with_exactly_its_requests(tmp_path: Path, src: Path
+                                                                                     ) -> None:
+    """Lines arrive a few at a time (the proxy's out of order, as it writes them when calls complete), a last
+    line is often half-written, and the log is imported after each step: the store ends as one import of the
+    whole file would leave it."""
+    raw = src.read_bytes().splitlines(keepends=True)
+    if "exchanges" in src.parts:  # a proxy completes calls out of start order
+        raw = raw[1::2] + raw[0::2]
+    rng = random.Random(src.name)
+    grown = tmp_path / src.name
+    columns = ("session_id, dedupe_key, \"at\", input_tokens, cache_read_input_tokens, "
+               "cache_creation_input_tokens, output_tokens")
+    with pc.Lab(tmp_path / "grown.duckdb", progress=False) as lab:
+        done = 0
+        while done < len(raw):
+            done = min(len(raw), done + rng.randint(1, 4))
+            half = raw[done][: len(raw[done]) // 2] if done < len(raw) else b""
+            grown.write_bytes(b"".join(raw[:done]) + half)
+            lab.import_log(grown)
+        got = lab.sql(f"SELECT {columns} FROM turns ORDER BY session_id, idx")
+    with pc.Lab(tmp_path / "once.duckdb", progress=False) as lab:
+        lab.import_log(grown)
+        want = lab.sql(f"SELECT {columns} FROM turns ORDER BY session_id, idx")
+    assert len(want) > 0
+    assert got.to_dict("records") == want.to_dict("records")

@@ -388,26 +388,37 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
 
 def _needs_restore(store: Any, sid: str, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]
                    ) -> set[str]:
-    """The stored dedupe keys of session ``sid`` when it must be stored again whole (a new request started
-    before its last stored one, and ``reqs`` holds every stored request); else an empty set. Late requests that
-    cannot be placed (the session's other requests came from files not read now) are moved to ``skipped``."""
+    """The stored import keys of session ``sid`` when it must be stored again whole, else an empty set.
+
+    Two things cannot be appended: a new request that started before the last stored one (a proxy writes a call
+    when it completes), and a stored request whose usage the log now gives differently (a Claude Code answer
+    still streaming when the log was last imported: its output count was a placeholder). Both need the whole
+    session stored again in time order, which this import can do when it holds every stored request; otherwise
+    those requests are listed in ``skipped`` (and the stored ones stay as they were).
+    """
     last = store.last_turn(sid)
     if last is None:
         return set()
-    known = store.dedupe_keys(sid)
-    late = [r for r in reqs if r.dedupe_key not in known and r.at < last["at"]]
-    if not late:
+    stored = store.stored_usage(sid)
+    late = [r for r in reqs if r.dedupe_key not in stored and r.at < last["at"]]
+    changed = [r for r in reqs if r.dedupe_key in stored and stored[r.dedupe_key] != _usage_row(r)]
+    if not late and not changed:
         return set()
-    here = {r.dedupe_key for r in reqs}
-    if known <= here:
-        return known
-    for r in late:
+    if set(stored) <= {r.dedupe_key for r in reqs}:
+        return set(stored)
+    for r, why in [*((r, "started before the session's last stored request") for r in late),
+                   *((r, "already stored with other usage (the log was still being written)") for r in changed)]:
         file, line = _split_ref(r.source_ref)
-        skipped.append({"file": file, "line": line, "reason": "started before the session's last stored request, "
-                        "whose other requests come from files not read now: import them together"})
-    late_ids = {id(r) for r in late}
-    reqs[:] = [r for r in reqs if id(r) not in late_ids]
+        skipped.append({"file": file, "line": line, "reason": f"{why}, and the session's other requests come "
+                        "from files not read now: import them together to store it again"})
+    drop = {id(r) for r in late}
+    reqs[:] = [r for r in reqs if id(r) not in drop]
     return set()
+
+
+def _usage_row(req: ImportedRequest) -> tuple[int | None, ...]:
+    u = req.usage
+    return (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens)
 
 
 def _new_requests(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]

@@ -565,6 +565,12 @@ class Store:
         for table, column in self._SESSION_TABLES:
             self.con.execute(f"DELETE FROM {table} WHERE {column} = ?", [session_id]).fetchall()
 
+    def stored_usage(self, session_id: str) -> dict[str, tuple[int | None, ...]]:
+        """Each stored request's import key → its measured (input, cache read, cache write, output) tokens."""
+        rows = self.rows("SELECT dedupe_key, input_tokens, cache_read_input_tokens, cache_creation_input_tokens, "
+                         "output_tokens FROM turns WHERE session_id = ? AND dedupe_key IS NOT NULL", [session_id])
+        return {r[0]: tuple(r[1:]) for r in rows}
+
     def dedupe_keys(self, session_id: str) -> set[str]:
         """The import keys of a session's stored requests (re-importing a file skips these)."""
         rows = self.rows("SELECT dedupe_key FROM turns WHERE session_id = ? AND dedupe_key IS NOT NULL", [session_id])
