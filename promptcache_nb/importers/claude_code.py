@@ -249,8 +249,8 @@ def _chain_of(obj: dict[str, Any], session: str, chains: dict[str, _Chain], owne
     agent = obj.get("agentId")
     kind: SessionKind
     if isinstance(agent, str) and agent:
-        key, kind, parent = f"{session}/agent-{agent}", "compaction" if agent.startswith("acompact") else "subagent", \
-            session
+        kind = "compaction" if agent.startswith("acompact") else "subagent"
+        key, parent = f"{session}/agent-{agent}", session
     elif obj.get("isSidechain") is True:
         if parent_chain is not None and parent_chain.kind != "main":
             return parent_chain  # a step of an inline sidechain: the chain its parent is in
