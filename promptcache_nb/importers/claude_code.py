@@ -1,7 +1,7 @@
 """Reader for Claude Code transcripts: ``~/.claude/projects/<project>/<session>.jsonl`` (format ``claude-code``).
 
 A transcript is JSON Lines, one entry per line (``user``, ``assistant``, ``system``, ``summary``,
-``file-history-snapshot``, ``queue-operation``, ``progress``...; unknown types are ignored). What it takes to
+``file-history-snapshot``, ``queue-operation``, ``progress``...). What it takes to
 turn one into API requests:
 
 * **One request per response.** A streamed response is written one line per content block (thinking, text,
@@ -15,9 +15,23 @@ turn one into API requests:
   prompt and tool definitions are not logged, so every body is ``partial``.
 * **Compaction.** A ``system`` line with ``subtype: "compact_boundary"`` restarts the history; the next user
   line (``isCompactSummary``) holds the summary, and the next request carries the ``compaction`` event.
-* **Sessions.** The file ``<session>.jsonl`` is one session keyed by its name. Sub-agents write
-  ``<session>/subagents/agent-<id>.jsonl`` (their own session, ``parent_key`` = the parent session id) and
-  automatic compaction calls ``agent-acompact-<id>.jsonl`` (``session_kind="compaction"``).
+* **Sessions come from the lines' own ids, never the file's name** (files get copied, renamed, or share a name
+  like ``turn-2.jsonl``). A line without ``isSidechain`` belongs to its ``sessionId``'s main session; one with
+  an ``agentId`` to the sub-agent session ``<sessionId>/agent-<agentId>`` (``parent_key`` = ``sessionId``;
+  ``session_kind="compaction"`` for the ``acompact-`` agents of automatic compaction). That covers every layout:
+  2.1.x ``<session>/subagents/agent-<id>.jsonl``, 2.0.x ``agent-<id>.jsonl`` beside the session file, and one
+  file holding several sessions. Claude Code 1.0.x wrote sub-agents *inline* in the main file
+  (``isSidechain: true``, no ``agentId``) with parallel agents interleaved: each chain is found by walking
+  ``parentUuid`` to its root (the agent's prompt, ``parentUuid: null``) and becomes the sub-agent session
+  ``<sessionId>/sidechain-<root uuid>``. Bodies are rebuilt per chain, so no chain's turns enter another's
+  body. A main line hanging from another session's chain (a resumed session) continues that conversation. A
+  line with no ``sessionId`` takes the last one seen (else the file's path).
+* ``progress`` lines, including ``agent_progress`` copies of a sub-agent's messages, are never requests. A line
+  that is not a Claude Code entry at all (a proxy record, some other JSON) is skipped with a reason; entry kinds
+  the client writes without a request (``summary``, ``file-history-snapshot``, newer ones carrying the
+  transcript's ids) are passed over silently.
+* **Bad values cost one request:** usage that is not a non-negative int, a count above 10**9, or a 5m/1h split
+  larger than its write skips that response (``usage.<field>: <problem>``); the response stays in the history.
 * Entries whose model is ``<synthetic>`` (messages the client made up: errors, interruptions) or not a model id
   at all are skipped with a reason.
 """
@@ -31,6 +45,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..errors import PromptCacheError
 from ..usage import Usage
 from ._jsonl import JsonLine, iter_json_lines, json_objects_in_head, parse_timestamp
 from ._messages import append_message
@@ -42,6 +57,12 @@ __all__ = ["ClaudeCodeReader"]
 # included). "<synthetic>" and other placeholders fail it.
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._:/@-]*$", re.IGNORECASE)
 _ENTRY_TYPES = frozenset({"user", "assistant", "system", "progress", "queue-operation"})
+# Entry kinds the client writes; a line of any other kind that carries no transcript id is not an entry at all.
+_KNOWN_TYPES = _ENTRY_TYPES | {"summary", "file-history-snapshot", "custom-title", "attachment", "tag"}
+# Kinds that take part in a conversation (and so belong to a chain) even without a uuid.
+_CHAINED = frozenset({"user", "assistant", "system"})
+#: Above this a token count is not one request's (the largest context windows hold a few million tokens).
+_ABSURD_TOKENS = 10**9
 
 
 @dataclass
@@ -59,6 +80,19 @@ class _Response:
     usage: dict[str, Any]
     reply: list[dict[str, Any]] = field(default_factory=list)
     emitted: bool = False
+
+
+@dataclass
+class _Chain:
+    """One conversation in a transcript (a session's main chain, or one sub-agent's): bodies rebuild per chain."""
+
+    key: str
+    kind: SessionKind
+    parent: str | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    responses: dict[tuple[str, str], _Response] = field(default_factory=dict)
+    open: _Response | None = None  # the response still streaming (its usage may grow)
+    pending_events: list[str] = field(default_factory=list)
 
 
 class ClaudeCodeReader:
@@ -85,43 +119,42 @@ class ClaudeCodeReader:
 
     def read(self, path: Path) -> Iterator[Record]:
         file = str(path)
-        kind, parent = _role_of(path)
-        if kind == "main":
-            session_key: str | None = path.stem
-        else:
-            session_key = f"{parent}/{path.stem}" if parent else None  # else from the lines' sessionId
-        history: list[dict[str, Any]] = []
-        responses: dict[tuple[str, str], _Response] = {}
-        open_key: tuple[str, str] | None = None
-        pending_events: list[str] = []
-        seen_uuids: set[str] = set()
+        chains: dict[str, _Chain] = {}
+        owner: dict[str, _Chain] = {}  # entry uuid -> its chain (also how an entry written twice is recognised)
+        session: str | None = None  # the last sessionId seen, for a line that lacks its own
 
-        def close() -> Iterator[ImportedRequest]:
-            nonlocal open_key
-            if open_key is not None:
-                resp = responses[open_key]
-                open_key = None
+        def close(chain: _Chain) -> Iterator[ImportedRequest | SkippedLine]:
+            resp = chain.open
+            if resp is not None:
+                chain.open = None
                 resp.emitted = True
-                yield self._request(resp, file, session_key or path.stem, kind, parent)
+                yield self._request(resp, file, chain)
 
         for rec in iter_json_lines(path):
             if isinstance(rec, ReadProgress):
-                yield from close()
+                for chain in chains.values():
+                    yield from close(chain)
                 yield rec
                 continue
             if isinstance(rec, SkippedLine):
                 yield rec
                 continue
             obj = rec.obj
+            problem = _not_an_entry(obj)
+            if problem:
+                yield SkippedLine(file, rec.line, problem)
+                continue
             uuid = obj.get("uuid")
-            if isinstance(uuid, str):
-                if uuid in seen_uuids:
-                    continue  # the same entry written twice (resumed sessions copy lines)
-                seen_uuids.add(uuid)
-            if session_key is None and isinstance(obj.get("sessionId"), str):
-                parent = obj["sessionId"]
-                session_key = f"{parent}/{path.stem}"
+            if isinstance(uuid, str) and uuid in owner:
+                continue  # the same entry written twice (resumed sessions copy lines)
             entry = obj.get("type")
+            if entry not in _CHAINED and not isinstance(uuid, str):
+                continue  # bookkeeping outside any conversation (snapshots, queue operations, titles, summaries)
+            if isinstance(obj.get("sessionId"), str):
+                session = obj["sessionId"]
+            chain = _chain_of(obj, session or file, chains, owner)
+            if isinstance(uuid, str):
+                owner[uuid] = chain
             if entry == "assistant":
                 problem = _assistant_problem(obj)
                 if problem:
@@ -130,7 +163,7 @@ class ClaudeCodeReader:
                 message = obj["message"]
                 key = (message["id"], str(obj.get("requestId") or ""))
                 blocks = _blocks(message.get("content"))
-                resp = responses.get(key)
+                resp = chain.responses.get(key)
                 if resp is None:
                     try:
                         # ``at`` is the timestamp of the response's first line. It lags the send by the time
@@ -141,14 +174,14 @@ class ClaudeCodeReader:
                     except ValueError as exc:
                         yield SkippedLine(file, rec.line, f"assistant line: {exc}")
                         continue
-                    yield from close()
-                    resp = self._open(rec, message, key, at, history, tuple(pending_events))
-                    pending_events.clear()
-                    responses[key] = resp
-                    open_key = key
+                    yield from close(chain)
+                    resp = self._open(rec, message, key, at, chain.history, tuple(chain.pending_events))
+                    chain.pending_events.clear()
+                    chain.responses[key] = resp
+                    chain.open = resp
                 elif not resp.emitted:
                     usage = message["usage"]
-                    if (usage.get("output_tokens") or 0) > (resp.usage.get("output_tokens") or 0):
+                    if _output_of(usage) > _output_of(resp.usage):
                         resp.usage = usage
                 # a block of an already emitted response (out of order) still belongs in the history
                 resp.target["content"].extend(blocks)
@@ -159,13 +192,13 @@ class ClaudeCodeReader:
                 if not isinstance(message, dict):
                     yield SkippedLine(file, rec.line, "user line without a message object")
                     continue
-                append_message(history, "user", _blocks(message.get("content")))
+                append_message(chain.history, "user", _blocks(message.get("content")))
             elif entry == "system" and obj.get("subtype") == "compact_boundary":
-                yield from close()
-                history = []
-                pending_events.append("compaction")
-            # other entry types (summary, progress, file-history-snapshot, queue-operation, new ones) hold no
-            # API traffic
+                yield from close(chain)
+                chain.history = []
+                chain.pending_events.append("compaction")
+            # other entry types (progress, including ``agent_progress`` copies of a sub-agent's messages, and
+            # new ones) hold no API traffic of their own
 
     def _open(self, rec: JsonLine, message: dict[str, Any], key: tuple[str, str], at: datetime,
               history: list[dict[str, Any]], events: tuple[str, ...]) -> _Response:
@@ -181,20 +214,27 @@ class ClaudeCodeReader:
                          request_id=key[1] or None, body=body, events=events, target=target,
                          usage=message["usage"])
 
-    def _request(self, resp: _Response, file: str, session_key: str, kind: SessionKind,
-                 parent: str | None) -> ImportedRequest:
+    def _request(self, resp: _Response, file: str, chain: _Chain) -> ImportedRequest | SkippedLine:
+        """The finished response as a request, or the line that opened it when its usage cannot be stored."""
+        try:
+            usage = Usage.from_anthropic(resp.usage, source="imported")
+        except (ValueError, PromptCacheError) as exc:
+            return SkippedLine(file, resp.line, str(exc))
+        problem = _implausible(usage)
+        if problem:
+            return SkippedLine(file, resp.line, problem)
         return ImportedRequest(
-            session_key=session_key,
+            session_key=chain.key,
             dedupe_key=f"{resp.message_id}/{resp.request_id or ''}",
             at=resp.at,
             body=resp.body,
-            usage=Usage.from_anthropic(resp.usage, source="imported"),
+            usage=usage,
             model=resp.model,
             source_ref=f"{file}:{resp.line}",
             dialect="anthropic",
             partial=True,
-            parent_key=parent if kind != "main" else None,
-            session_kind=kind,
+            parent_key=chain.parent,
+            session_kind=chain.kind,
             events=resp.events,
             request_id=resp.request_id,
             reply=resp.reply,
@@ -202,19 +242,66 @@ class ClaudeCodeReader:
         )
 
 
-def _role_of(path: Path) -> tuple[SessionKind, str | None]:
-    """(session kind, parent session id when the directory layout tells it) from the file's name and place."""
-    stem = path.stem
-    if stem.startswith("agent-acompact-"):
-        kind: SessionKind = "compaction"
-    elif stem.startswith("agent-"):
-        kind = "subagent"
+def _chain_of(obj: dict[str, Any], session: str, chains: dict[str, _Chain], owner: dict[str, _Chain]) -> _Chain:
+    """The conversation an entry belongs to, from the entry's own ids (see "Sessions" in the module docstring)."""
+    parent_uuid = obj.get("parentUuid")
+    parent_chain = owner.get(parent_uuid) if isinstance(parent_uuid, str) else None
+    agent = obj.get("agentId")
+    kind: SessionKind
+    if isinstance(agent, str) and agent:
+        kind = "compaction" if agent.startswith("acompact") else "subagent"
+        key, parent = f"{session}/agent-{agent}", session
+    elif obj.get("isSidechain") is True:
+        if parent_chain is not None and parent_chain.kind != "main":
+            return parent_chain  # a step of an inline sidechain: the chain its parent is in
+        # the root of an inline sidechain (1.0.x): parallel sub-agents interleave, so each root starts a chain
+        root = obj.get("uuid") if isinstance(obj.get("uuid"), str) else f"{len(chains)}"
+        key, kind, parent = f"{session}/sidechain-{root}", "subagent", session
     else:
-        return "main", None
-    # <session>/subagents/agent-<id>.jsonl; older clients wrote agent-<id>.jsonl beside the session file, and
-    # then the lines' sessionId names the parent
-    parent = path.parent.parent.name if path.parent.name == "subagents" else None
-    return kind, parent or None
+        key, kind, parent = session, "main", None
+    chain = chains.get(key)
+    if chain is None:
+        chain = chains[key] = _Chain(key, kind, parent)
+        if kind == "main" and parent_chain is not None and parent_chain.kind == "main":
+            # a resumed session continues the conversation its first line hangs from
+            chain.history = [{"role": m["role"], "content": list(m["content"])} for m in parent_chain.history]
+    return chain
+
+
+def _not_an_entry(obj: dict[str, Any]) -> str | None:
+    """Why a JSON object on a transcript line is not a Claude Code entry at all, or None when it is one."""
+    kind = obj.get("type")
+    if isinstance(kind, str) and (kind in _KNOWN_TYPES or any(k in obj for k in ("sessionId", "uuid", "leafUuid"))):
+        return None  # a known entry, or a newer kind that carries the transcript's ids
+    if "request" in obj and "response" in obj:
+        return ("a recording-proxy record (request/response), not a Claude Code transcript entry: "
+                "import the proxy log as its own file")
+    keys = ", ".join(sorted(str(k)[:40] for k in obj)[:6])
+    what = f"type {kind!r:.40}" if kind is not None else "no type"
+    return f"not a Claude Code transcript entry ({what}; keys: {keys})"
+
+
+def _output_of(usage: dict[str, Any]) -> int:
+    """``output_tokens`` of a streamed line when it is a count, else -1 (a bad value never wins the comparison)."""
+    value = usage.get("output_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
+def _implausible(usage: Usage) -> str | None:
+    """Why counts that :meth:`Usage.from_anthropic` accepted cannot be one request's, or None.
+
+    A count above 10**9 is no prompt any model takes (and overflows 32-bit columns); a 5m + 1h split larger than
+    the write it splits cannot be priced."""
+    for name in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens"):
+        value = getattr(usage, name)
+        if value is not None and value > _ABSURD_TOKENS:
+            return f"usage.{name}: {value} tokens in one request is not plausible (limit {_ABSURD_TOKENS})"
+    w5, w1 = usage.cache_creation_5m_input_tokens, usage.cache_creation_1h_input_tokens
+    written = usage.cache_creation_input_tokens
+    if written is not None and (w5 or 0) + (w1 or 0) > written:
+        return (f"usage.cache_creation: ephemeral_5m_input_tokens ({w5}) + ephemeral_1h_input_tokens ({w1}) "
+                f"exceed cache_creation_input_tokens ({written})")
+    return None
 
 
 def _assistant_problem(obj: dict[str, Any]) -> str | None:

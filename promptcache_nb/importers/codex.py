@@ -21,6 +21,13 @@ Each line is ``{"timestamp", "type", "payload"}`` with ``type`` one of ``session
 * **Compaction.** A ``compacted`` line replaces the history with its ``replacement_history`` (or, from older
   clients that log only the summary, one user message holding it); the next request carries ``compaction``.
 * The model is the latest ``turn_context``'s ``model``.
+* **Session** = the first ``session_meta``'s ``id`` (a resumed rollout logs more, a forked one its parent's too),
+  never the file's name (only a rollout without any ``session_meta`` falls back on the id in its name). A thread
+  spawned by another agent (``source: {"subagent": {"thread_spawn": {"parent_thread_id"}}}``) is a ``subagent``
+  session whose ``parent_key`` is that thread's id.
+* **Bad values cost one request:** a count that is not a non-negative int, one request's count above 10**9, or
+  cached above input skips that ``token_count`` (``last_token_usage.<field>: <problem>``). A rollout with no
+  ``token_count`` usage at all says so (line 0) instead of importing nothing in silence.
 """
 
 from __future__ import annotations
@@ -32,9 +39,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..errors import PromptCacheError
 from ..usage import Usage
 from ._jsonl import iter_json_lines, json_objects_in_head, parse_timestamp
-from ._types import ImportedRequest, ReadProgress, Record, SkippedLine
+from ._types import ImportedRequest, ReadProgress, Record, SessionKind, SkippedLine
 
 __all__ = ["CodexReader"]
 
@@ -47,6 +55,9 @@ _NOT_SENT = frozenset({"ghost_snapshot"})
 _ROLLOUT_ID = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$", re.IGNORECASE)
 _USAGE_FIELDS = ("input_tokens", "cached_input_tokens", "output_tokens", "reasoning_output_tokens",
                  "total_tokens")
+_CHECKED_FIELDS = (*_USAGE_FIELDS, "cache_write_input_tokens", "cache_creation_input_tokens")
+#: Above this a token count is not one request's (the largest context windows hold a few million tokens).
+_ABSURD_TOKENS = 10**9
 
 
 class CodexReader:
@@ -63,39 +74,51 @@ class CodexReader:
     def read(self, path: Path) -> Iterator[Record]:
         file = str(path)
         match = _ROLLOUT_ID.search(path.stem)
-        session_key = match.group(1) if match else path.stem
+        # the session_meta id replaces this; a rollout without one falls back on the id Codex puts in its name
+        session_key = match.group(1) if match else file
+        kind: SessionKind = "main"
+        parent_key: str | None = None
         instructions: str | None = None
         model: str | None = None
         items: list[dict[str, Any]] = []
         outputs_from: int | None = None  # index in ``items`` where the pending response's outputs begin
         first_output_at: datetime | None = None
-        last_totals: dict[str, Any] | None = None
+        last_totals: dict[str, Any] | int | None = None  # an int: the line of a total that was not readable
         last_seen: dict[str, Any] | None = None  # the previous token_count's totals (or whole info, without them)
         events: list[str] = []
         session_seen = False
+        usage_seen = False
 
         for rec in iter_json_lines(path):
-            if isinstance(rec, SkippedLine | ReadProgress):
+            if isinstance(rec, ReadProgress):
+                if not usage_seen:
+                    yield SkippedLine(file, 0, "no token_count usage in this rollout: no request to import (a "
+                                               "session that sent none yet, or a client that logs no usage)")
+                yield rec
+                continue
+            if isinstance(rec, SkippedLine):
                 yield rec
                 continue
             obj = rec.obj
-            kind = obj.get("type")
+            kind_of_line = obj.get("type")
             payload = obj.get("payload")
-            if kind not in _LINE_TYPES:
+            if kind_of_line not in _LINE_TYPES:
                 continue  # a line type from a newer client
             if not isinstance(payload, dict):
-                yield SkippedLine(file, rec.line, f"{kind} line without a payload object")
+                yield SkippedLine(file, rec.line, f"{kind_of_line} line without a payload object")
                 continue
-            if kind == "session_meta":
+            if kind_of_line == "session_meta":
                 if not session_seen and isinstance(payload.get("id"), str):
-                    session_key = payload["id"]  # a resumed rollout logs more session_meta lines: keep the first
+                    # a resumed rollout logs more session_meta lines, a forked one its parent's too: keep the first
+                    session_key = payload["id"]
+                    kind, parent_key = _lineage(payload)
                 session_seen = True
                 instructions = _text(payload.get("base_instructions")) or instructions
-            elif kind == "turn_context":
+            elif kind_of_line == "turn_context":
                 if isinstance(payload.get("model"), str):
                     model = payload["model"]
                 instructions = _text(payload.get("base_instructions")) or instructions
-            elif kind == "response_item":
+            elif kind_of_line == "response_item":
                 item_type = payload.get("type")
                 if item_type in _NOT_SENT:
                     continue
@@ -103,7 +126,7 @@ class CodexReader:
                     outputs_from = len(items)
                     first_output_at = _at(obj)
                 items.append(payload)
-            elif kind == "compacted":
+            elif kind_of_line == "compacted":
                 replacement = payload.get("replacement_history")
                 if isinstance(replacement, list):
                     items = [i for i in replacement if isinstance(i, dict) and i.get("type") not in _NOT_SENT]
@@ -114,22 +137,39 @@ class CodexReader:
                               "content": [{"type": "input_text", "text": str(summary)}]}]
                 outputs_from, first_output_at = None, None
                 events.append("compaction")
-            elif kind == "event_msg" and payload.get("type") == "token_count":
+            elif kind_of_line == "event_msg" and payload.get("type") == "token_count":
                 info = payload.get("info")
                 if not isinstance(info, dict):
                     continue  # a rate-limit update, no request behind it
+                usage_seen = True
                 totals = info.get("total_token_usage")
                 seen = totals if isinstance(totals, dict) else info
                 if seen == last_seen:
                     continue  # every token_count is written twice; the cumulative totals tell the copy apart
                 last_seen = seen
-                usage_raw = info.get("last_token_usage")
-                if not isinstance(usage_raw, dict) or "input_tokens" not in usage_raw:
-                    usage_raw = _delta(totals, last_totals)
+                previous = last_totals
+                totals_problem = _counts_problem(totals, "total_token_usage") if isinstance(totals, dict) else None
                 if isinstance(totals, dict):
-                    last_totals = totals
+                    last_totals = rec.line if totals_problem else totals
+                usage_raw = info.get("last_token_usage")
+                where = "last_token_usage"
+                if not isinstance(usage_raw, dict) or "input_tokens" not in usage_raw:
+                    # old clients log only the cumulative totals: this request is the difference of two
+                    where = "total_token_usage (difference from the previous one)"
+                    if totals_problem:
+                        yield SkippedLine(file, rec.line, totals_problem)
+                        continue
+                    if isinstance(previous, int):
+                        yield SkippedLine(file, rec.line, f"total_token_usage: the previous total (line {previous}) "
+                                                          "was not readable, so this request's usage is unknown")
+                        continue
+                    usage_raw = _delta(totals, previous)
                 if usage_raw is None:
                     yield SkippedLine(file, rec.line, "token_count without last_token_usage or total_token_usage")
+                    continue
+                problem = _counts_problem(usage_raw, where, per_request=True)
+                if problem:
+                    yield SkippedLine(file, rec.line, problem)
                     continue
                 if model is None:
                     yield SkippedLine(file, rec.line, "token_count before any turn_context: the model is unknown")
@@ -137,7 +177,7 @@ class CodexReader:
                 try:
                     usage = _usage(usage_raw)
                     at = first_output_at or parse_timestamp(obj.get("timestamp"))
-                except ValueError as exc:
+                except (ValueError, PromptCacheError) as exc:
                     yield SkippedLine(file, rec.line, f"token_count: {exc}")
                     continue
                 cut = len(items) if outputs_from is None else outputs_from
@@ -155,12 +195,48 @@ class CodexReader:
                     source_ref=f"{file}:{rec.line}",
                     dialect="openai-responses",
                     partial=True,  # tool definitions are not in rollouts (nor, in old ones, the instructions)
+                    parent_key=parent_key,
+                    session_kind=kind,
                     events=tuple(events),
                     reply=[i for i in items[cut:] if _is_output(i)] or None,
                     provider="openai",
                 )
                 events.clear()
                 outputs_from, first_output_at = None, None
+
+
+def _lineage(meta: dict[str, Any]) -> tuple[SessionKind, str | None]:
+    """(session kind, parent session id) from ``session_meta.source``: a thread spawned by another agent logs
+    ``{"subagent": {"thread_spawn": {"parent_thread_id": ...}}}``; ``{"subagent": "compact"}`` is a compaction call,
+    other sub-agent sources (``review``...) have no parent in the log."""
+    source = meta.get("source")
+    sub = source.get("subagent", source.get("sub_agent")) if isinstance(source, dict) else None
+    if sub is None:
+        return "main", None
+    if sub == "compact":
+        return "compaction", None
+    spawn = sub.get("thread_spawn") if isinstance(sub, dict) else None
+    parent = spawn.get("parent_thread_id") if isinstance(spawn, dict) else None
+    return "subagent", parent if isinstance(parent, str) and parent else None
+
+
+def _counts_problem(raw: dict[str, Any], where: str, *, per_request: bool = False) -> str | None:
+    """Why a Codex ``TokenUsage`` cannot be stored, naming the field as logged; None when it can.
+
+    Counts must be non-negative ints; one request's (not the cumulative totals, which grow without bound) at most
+    10**9, and its cached part no more than its input."""
+    for key in _CHECKED_FIELDS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{where}.{key}: must be a non-negative int, got {value!r:.40}"
+        if per_request and value > _ABSURD_TOKENS:
+            return f"{where}.{key}: {value} tokens in one request is not plausible (limit {_ABSURD_TOKENS})"
+    cached, prompt = raw.get("cached_input_tokens"), raw.get("input_tokens")
+    if per_request and cached is not None and prompt is not None and cached > prompt:
+        return f"{where}.cached_input_tokens ({cached}) exceeds {where}.input_tokens ({prompt})"
+    return None
 
 
 def _is_output(item: dict[str, Any]) -> bool:
