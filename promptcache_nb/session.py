@@ -74,7 +74,7 @@ TURN_COLUMNS = (
     "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source",
     "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
     "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "previous_cache_read", "changes",
-    "explanation", "request_id", "body_problems",
+    "explanation", "request_id", "body_problems", "cost_source", "notes",
 )
 
 
@@ -493,12 +493,14 @@ class Session:
             self._lab.store.update_session_config(self.id, config)
         self._config = config
 
-    def _request_prices(self, model: str) -> Prices | None:
-        """The prices of one request, by its own model: explicit prices, else genai-prices by the exact id. A
-        model without an exact price is unpriced (its cost NULL), with one
-        :class:`~promptcache_nb.errors.UnpricedModelWarning` per session — never another model's price."""
-        prices = self._prices or _analysis.request_prices(self.cache, model)
-        if prices is None and not self._warned_unpriced:
+    def _request_prices(self, model: str, usage: Usage) -> Prices | None:
+        """The prices of one request, by its own model: explicit prices, else genai-prices by the exact id
+        (measured usage: never a stand-in, :func:`~promptcache_nb.analysis.request_prices`). A model without an
+        exact price is unpriced (its cost NULL, or the cost its provider reported), with one
+        :class:`~promptcache_nb.errors.UnpricedModelWarning` per session when no cost is known — never another
+        model's price."""
+        prices = self._prices or _analysis.request_prices(self.cache, model, measured=usage.measured)
+        if prices is None and usage.reported_cost is None and not self._warned_unpriced:
             self._warned_unpriced = True
             warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=7)  # record()'s caller
         return prices
@@ -868,17 +870,18 @@ class Session:
         return turns[-1]
 
     def _given_usage(self, usage: Usage | dict[str, Any], dialect: str, source: UsageSource | None) -> Usage:
-        """Measured usage passed to :meth:`record`, read in the body's dialect."""
-        if isinstance(usage, Usage):
-            given = usage
-        else:
-            try:
-                if dialect == "anthropic":
-                    given = Usage.from_anthropic(usage, source="imported")
-                else:
-                    given = Usage.from_openai(usage, api="chat" if dialect == "openai-chat" else "responses")
-            except ValueError as exc:
-                raise SessionError(f"request {self._state.next_index}: {exc}") from None
+        """Measured usage passed to :meth:`record`, read in the body's dialect. Every count is checked (an int in
+        ``0..MAX_TOKENS``, a 5m/1h split no larger than its total), a Usage built by hand too: a bad one is a
+        one-line SessionError naming the field, before anything reaches the price library or the store."""
+        try:
+            if isinstance(usage, Usage):
+                given = usage.check()
+            elif dialect == "anthropic":
+                given = Usage.from_anthropic(usage, source="imported")
+            else:
+                given = Usage.from_openai(usage, api="chat" if dialect == "openai-chat" else "responses")
+        except ValueError as exc:
+            raise SessionError(f"request {self._state.next_index}: {exc}") from None
         if source is not None:
             return given.with_source(source)  # e.g. a proxy log of our own simulator: simulated
         return given.with_source("imported") if given.source == "simulated" else given
@@ -965,7 +968,7 @@ class Session:
 
     def _priced(self, model: str, usage: Usage) -> Prices | None:
         # unknown usage has no cost whatever the price: no lookup, and no "unpriced" warning
-        return None if usage.total_input_tokens is None else self._request_prices(model)
+        return None if usage.total_input_tokens is None else self._request_prices(model, usage)
 
     # -- reading back -------------------------------------------------------------------------
     def turns(self) -> pd.DataFrame:
