@@ -169,7 +169,8 @@ class RequestRecord:
     def usage(self) -> Usage:
         return Usage(self.input_tokens, self.cache_read_input_tokens, self.cache_creation_input_tokens,
                      self.cache_creation_5m_input_tokens, self.cache_creation_1h_input_tokens, self.output_tokens,
-                     self.usage_source, json.loads(self.usage_raw) if self.usage_raw else None)
+                     self.usage_source, json.loads(self.usage_raw) if self.usage_raw else None,
+                     notes=tuple(self.notes.split("\n")) if self.notes else ())
 
     @property
     def event_codes(self) -> list[str]:

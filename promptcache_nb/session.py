@@ -90,6 +90,9 @@ class Turn:
             tokens (measured when the usage is measured; never below the request's own read).
         diff: :class:`~promptcache_nb.PrefixDiff` against the previous request (None on the first).
         observation: :class:`~promptcache_nb.Observation` (OpenClaw semantics) or None.
+        cost_source: where ``cost_usd`` came from (``turns.cost_source``): a price source, or ``reported by
+            provider`` (the response's own ``usage.cost``); None when unpriced. ``usage.notes`` says what the
+            figures assumed.
     """
 
     def __init__(
@@ -115,7 +118,9 @@ class Turn:
         observation: Any = None,
         prompt_cache_info: dict[str, Any] | None = None,
         segment_states: tuple[str, ...] = (),
+        cost_source: str | None = None,
     ) -> None:
+        self.cost_source = cost_source
         self.session_id = session_id
         self.index = index
         self.at = at
@@ -963,6 +968,7 @@ class Session:
             cache_detail=cache_result.detail if cache_result else None, events=events, reply=outcome.reply,
             request_id=rec.request_id, prepared=prepared, cache_result=cache_result, diff=analysis.diff,
             observation=analysis.observation, prompt_cache_info=analysis.prompt_cache_info,
+            cost_source=rec.cost_source,
         ))
         return step.state
 
@@ -1030,7 +1036,7 @@ def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn
         events=rec.event_codes, request_id=rec.request_id,
         reply=store.resolve_refs([json.loads(rec.reply)])[0]["content"] if rec.reply else None,
         diff=diff, observation=obs, prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
-        segment_states=rec.segment_states,
+        segment_states=rec.segment_states, cost_source=rec.cost_source,
     )
 
 
