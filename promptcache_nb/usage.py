@@ -153,32 +153,24 @@ class Usage:
         if not isinstance(raw, dict):
             raise UsageError(f"usage: must be an object, got {type(raw).__name__}")
         raw = dict(raw)
-        counts = _anthropic_counts(raw, "usage")
-        parts = [counts]
-        for i, iteration in _compaction_iterations(raw):
-            parts.append(_anthropic_counts(iteration, f"usage.iterations[{i}]"))
-            counts = {k: _add(counts[k], parts[-1][k]) for k in counts}
-        written, w5, w1 = counts["written"], counts["w5"], counts["w1"]
+        uncached, read, written, w5, w1, output = _anthropic_counts(raw, "usage")
+        unsplit = bool(written) and w5 is None and w1 is None
+        if "iterations" in raw:
+            for i, iteration in _compaction_iterations(raw):
+                more = _anthropic_counts(iteration, f"usage.iterations[{i}]")
+                unsplit = unsplit or (bool(more[2]) and more[3] is None and more[4] is None)
+                uncached, read, written, w5, w1, output = (
+                    _add(a, b) for a, b in zip((uncached, read, written, w5, w1, output), more, strict=True))
         notes: tuple[str, ...] = ()
-        if any(p["written"] and p["w5"] is None and p["w1"] is None for p in parts):
+        if unsplit:
             w5 = w1 = None  # a split nobody reported stays unknown
             notes = (TTL_SPLIT_UNKNOWN_NOTE,)
         elif written is not None and w5 is None and w1 is None:
             w5 = w1 = 0  # nothing written: nothing to split
-        u = cls(
-            input_tokens=counts["input"],
-            cache_read_input_tokens=counts["read"] if counts["read"] is not None else (
-                0 if written is not None else None),
-            cache_creation_input_tokens=written,
-            cache_creation_5m_input_tokens=w5,
-            cache_creation_1h_input_tokens=w1,
-            output_tokens=counts["output"],
-            source=source,
-            raw=raw,
-            notes=notes,
-        )
-        _check_split(written, w5, w1, "usage")
-        return u
+        elif written is not None and (w5 or 0) + (w1 or 0) > written:
+            _check_split(written, w5, w1, "usage")
+        return cls(uncached, read if read is not None else (0 if written is not None else None), written, w5, w1,
+                   output, source, raw, None, notes)
 
     @classmethod
     def from_openai(cls, usage: Any, *, api: Literal["chat", "responses"] = "chat",
@@ -282,6 +274,8 @@ def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False)
         if required:
             raise UsageError(f"{where}.{key}: missing")
         return None
+    if value.__class__ is int and 0 <= value <= MAX_TOKENS:  # the common case, without a call
+        return value
     return _check_count(value, f"{where}.{key}")
 
 
@@ -308,17 +302,15 @@ def _add(a: int | None, b: int | None) -> int | None:
     return a if b is None else b if a is None else a + b
 
 
-def _anthropic_counts(raw: dict[str, Any], where: str) -> dict[str, int | None]:
-    """The counts of one Anthropic usage object (the top level or one of its ``iterations``), checked."""
+def _anthropic_counts(raw: dict[str, Any], where: str) -> tuple[int | None, ...]:
+    """``(input, cache read, cache write, 5m write, 1h write, output)`` of one Anthropic usage object (the top
+    level or one of its ``iterations``), checked."""
     creation = _details(raw, "cache_creation", where)
-    return {
-        "input": _count(raw, "input_tokens", where),
-        "read": _count(raw, "cache_read_input_tokens", where),
-        "written": _count(raw, "cache_creation_input_tokens", where),
-        "w5": _count(creation, "ephemeral_5m_input_tokens", f"{where}.cache_creation"),
-        "w1": _count(creation, "ephemeral_1h_input_tokens", f"{where}.cache_creation"),
-        "output": _count(raw, "output_tokens", where),
-    }
+    return (_count(raw, "input_tokens", where), _count(raw, "cache_read_input_tokens", where),
+            _count(raw, "cache_creation_input_tokens", where),
+            _count(creation, "ephemeral_5m_input_tokens", f"{where}.cache_creation"),
+            _count(creation, "ephemeral_1h_input_tokens", f"{where}.cache_creation"),
+            _count(raw, "output_tokens", where))
 
 
 def _compaction_iterations(raw: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
