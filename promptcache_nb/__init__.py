@@ -45,6 +45,7 @@ from .errors import (
     UnknownModelError,
     UnknownStrategyError,
     UnpricedModelWarning,
+    UsageError,
 )
 from .importers import ImportedRequest, ImportResult
 from .lab import Lab
@@ -148,6 +149,7 @@ __all__ = [
     "UnknownStrategyError",
     "UnpricedModelWarning",
     "Usage",
+    "UsageError",
     "VLLMCache",
     "analysis",
     "cache_model_names",

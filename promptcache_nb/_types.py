@@ -153,6 +153,12 @@ class RequestRecord:
     #: ``{path, problem}`` (:class:`~promptcache_nb.request.BodyProblem`); None when the body was clean or checked
     #: strictly
     body_problems: str | None = None
+    #: what a figure assumed, one sentence per line (``Usage.notes``: a write without its 5m/1h split is priced
+    #: at the 5-minute rate); None when nothing was assumed
+    notes: str | None = None
+    #: where ``cost_usd`` came from: a :class:`~promptcache_nb.Prices` source (``genai-prices anthropic/...``,
+    #: ``user``) or ``reported by provider`` (the response's own ``usage.cost``); None when unpriced
+    cost_source: str | None = None
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
@@ -163,7 +169,8 @@ class RequestRecord:
     def usage(self) -> Usage:
         return Usage(self.input_tokens, self.cache_read_input_tokens, self.cache_creation_input_tokens,
                      self.cache_creation_5m_input_tokens, self.cache_creation_1h_input_tokens, self.output_tokens,
-                     self.usage_source, json.loads(self.usage_raw) if self.usage_raw else None)
+                     self.usage_source, json.loads(self.usage_raw) if self.usage_raw else None,
+                     notes=tuple(self.notes.split("\n")) if self.notes else ())
 
     @property
     def event_codes(self) -> list[str]:

@@ -203,6 +203,12 @@ class PriceError(PromptCacheError):
     """No price is known for a model; pass prices= explicitly."""
 
 
+class UsageError(PromptCacheError, ValueError):
+    """A usage payload or :class:`~promptcache_nb.Usage` holds a value no endpoint reports: a count that is
+    negative, not an integer, non-finite or absurd, or a 5m/1h split larger than its total. The message is one line
+    naming the field (``usage.input_tokens: must be a non-negative int, got -1``), so a reader can skip the line."""
+
+
 class PromptCacheWarning(UserWarning):
     """Base class of every warning promptcache_nb issues (figures were stored, but something is missing)."""
 

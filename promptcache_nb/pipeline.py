@@ -160,10 +160,7 @@ def advance(
         retention_points=retention_points, compaction="compaction" in events, minimum=minimum,
         cache_read=usage.cache_read_input_tokens,
     ).tokens
-    if usage.total_input_tokens is None or prices is None:
-        cost = cost_nc = None  # unknown usage, or an unpriced model, has no cost
-    else:
-        cost, cost_nc = prices.cost(usage, at), prices.cost_without_cache(usage, at)
+    cost, cost_nc, cost_source = request_cost(usage, prices, at)
     keys, nodes, shared = prefix_chain(prepared, state.previous_keys, state.previous_nodes)
     rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
     analysis = _analysis.analyse_turn(
@@ -203,6 +200,7 @@ def advance(
         transport=transport, source_ref=source_ref, dedupe_key=dedupe_key,
         body_problems=canonical_json([{"path": p.path, "problem": p.problem} for p in body_problems])
         if body_problems else None,
+        notes="\n".join(usage.notes) or None, cost_source=cost_source,
         # the history the strategy built it from: the next request's previous_messages after a restart
         n_messages=len(built.history) if built is not None else None,
         **analysis.columns,
@@ -223,6 +221,28 @@ def advance(
     after = replace(after, previous=prepared, previous_at=at, previous_keys=keys, previous_nodes=nodes,
                     observation=analysis.state, next_index=idx + 1, pending_events=())
     return Advance(write, after, analysis, usage)
+
+
+#: ``turns.cost_source`` of a request priced by the cost its provider reported (OpenRouter's ``usage.cost``).
+REPORTED_COST_SOURCE = "reported by provider"
+
+
+def request_cost(usage: Usage, prices: Prices | None, at: datetime) -> tuple[float | None, float | None, str | None]:
+    """``(cost, cost without caching, cost source)`` of one request.
+
+    By ``prices`` (its model's, exactly resolved, or explicit); else by the cost the provider reported in the
+    response (``usage.cost``, e.g. OpenRouter), labelled :data:`REPORTED_COST_SOURCE`, with no cost without
+    caching (no rates to compute it from); else unknown (None, None, None) — never another model's price.
+    Unknown usage has no cost either way.
+    """
+    if usage.total_input_tokens is None:
+        return None, None, None
+    if prices is not None:
+        return prices.cost(usage, at), prices.cost_without_cache(usage, at), prices.source
+    reported = usage.reported_cost
+    if reported is not None:
+        return reported, None, REPORTED_COST_SOURCE
+    return None, None, None
 
 
 def history_reply(content: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

@@ -74,7 +74,7 @@ TURN_COLUMNS = (
     "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source",
     "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
     "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "previous_cache_read", "changes",
-    "explanation", "request_id", "body_problems",
+    "explanation", "request_id", "body_problems", "cost_source", "notes",
 )
 
 
@@ -90,6 +90,9 @@ class Turn:
             tokens (measured when the usage is measured; never below the request's own read).
         diff: :class:`~promptcache_nb.PrefixDiff` against the previous request (None on the first).
         observation: :class:`~promptcache_nb.Observation` (OpenClaw semantics) or None.
+        cost_source: where ``cost_usd`` came from (``turns.cost_source``): a price source, or ``reported by
+            provider`` (the response's own ``usage.cost``); None when unpriced. ``usage.notes`` says what the
+            figures assumed.
     """
 
     def __init__(
@@ -115,7 +118,9 @@ class Turn:
         observation: Any = None,
         prompt_cache_info: dict[str, Any] | None = None,
         segment_states: tuple[str, ...] = (),
+        cost_source: str | None = None,
     ) -> None:
+        self.cost_source = cost_source
         self.session_id = session_id
         self.index = index
         self.at = at
@@ -493,12 +498,14 @@ class Session:
             self._lab.store.update_session_config(self.id, config)
         self._config = config
 
-    def _request_prices(self, model: str) -> Prices | None:
-        """The prices of one request, by its own model: explicit prices, else genai-prices by the exact id. A
-        model without an exact price is unpriced (its cost NULL), with one
-        :class:`~promptcache_nb.errors.UnpricedModelWarning` per session — never another model's price."""
-        prices = self._prices or _analysis.request_prices(self.cache, model)
-        if prices is None and not self._warned_unpriced:
+    def _request_prices(self, model: str, usage: Usage) -> Prices | None:
+        """The prices of one request, by its own model: explicit prices, else genai-prices by the exact id
+        (measured usage: never a stand-in, :func:`~promptcache_nb.analysis.request_prices`). A model without an
+        exact price is unpriced (its cost NULL, or the cost its provider reported), with one
+        :class:`~promptcache_nb.errors.UnpricedModelWarning` per session when no cost is known — never another
+        model's price."""
+        prices = self._prices or _analysis.request_prices(self.cache, model, measured=usage.measured)
+        if prices is None and usage.reported_cost is None and not self._warned_unpriced:
             self._warned_unpriced = True
             warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=7)  # record()'s caller
         return prices
@@ -868,17 +875,18 @@ class Session:
         return turns[-1]
 
     def _given_usage(self, usage: Usage | dict[str, Any], dialect: str, source: UsageSource | None) -> Usage:
-        """Measured usage passed to :meth:`record`, read in the body's dialect."""
-        if isinstance(usage, Usage):
-            given = usage
-        else:
-            try:
-                if dialect == "anthropic":
-                    given = Usage.from_anthropic(usage, source="imported")
-                else:
-                    given = Usage.from_openai(usage, api="chat" if dialect == "openai-chat" else "responses")
-            except ValueError as exc:
-                raise SessionError(f"request {self._state.next_index}: {exc}") from None
+        """Measured usage passed to :meth:`record`, read in the body's dialect. Every count is checked (an int in
+        ``0..MAX_TOKENS``, a 5m/1h split no larger than its total), a Usage built by hand too: a bad one is a
+        one-line SessionError naming the field, before anything reaches the price library or the store."""
+        try:
+            if isinstance(usage, Usage):
+                given = usage.check()
+            elif dialect == "anthropic":
+                given = Usage.from_anthropic(usage, source="imported")
+            else:
+                given = Usage.from_openai(usage, api="chat" if dialect == "openai-chat" else "responses")
+        except ValueError as exc:
+            raise SessionError(f"request {self._state.next_index}: {exc}") from None
         if source is not None:
             return given.with_source(source)  # e.g. a proxy log of our own simulator: simulated
         return given.with_source("imported") if given.source == "simulated" else given
@@ -960,12 +968,13 @@ class Session:
             cache_detail=cache_result.detail if cache_result else None, events=events, reply=outcome.reply,
             request_id=rec.request_id, prepared=prepared, cache_result=cache_result, diff=analysis.diff,
             observation=analysis.observation, prompt_cache_info=analysis.prompt_cache_info,
+            cost_source=rec.cost_source,
         ))
         return step.state
 
     def _priced(self, model: str, usage: Usage) -> Prices | None:
         # unknown usage has no cost whatever the price: no lookup, and no "unpriced" warning
-        return None if usage.total_input_tokens is None else self._request_prices(model)
+        return None if usage.total_input_tokens is None else self._request_prices(model, usage)
 
     # -- reading back -------------------------------------------------------------------------
     def turns(self) -> pd.DataFrame:
@@ -1027,7 +1036,7 @@ def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn
         events=rec.event_codes, request_id=rec.request_id,
         reply=store.resolve_refs([json.loads(rec.reply)])[0]["content"] if rec.reply else None,
         diff=diff, observation=obs, prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
-        segment_states=rec.segment_states,
+        segment_states=rec.segment_states, cost_source=rec.cost_source,
     )
 
 

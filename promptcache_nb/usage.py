@@ -7,14 +7,29 @@ Arithmetic (Anthropic's, docs/provider_cache_rules.md#anthropic-usage):
 
 OpenAI reports the prompt *including* what was read from (and written to) the cache (§2.1, §2.2):
 :meth:`Usage.from_openai` converts it exactly to the same arithmetic.
+
+Every count is checked where it enters (:meth:`Usage.from_anthropic`, :meth:`Usage.from_openai`,
+:meth:`Usage.check`): a non-negative ``int`` no larger than :data:`MAX_TOKENS`, and a 5m/1h split no larger than
+its total; anything else is a one-line :class:`~promptcache_nb.errors.UsageError` naming the field.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import math
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, overload
 
+from .errors import UsageError
+
 UsageSource = Literal["simulated", "live", "imported"]
+
+#: The largest token count accepted for one request (10**12). The largest context windows hold a few million
+#: tokens, so a bigger count is a corrupt or hand-edited log, refused by name rather than stored and summed.
+MAX_TOKENS = 10**12
+
+#: The note a request carries when its cache write came without a 5m/1h split (Bedrock, older API versions).
+TTL_SPLIT_UNKNOWN_NOTE = ("cache write TTL split not reported (no usage.cache_creation): priced at the "
+                          "5-minute write rate")
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,8 @@ class Usage:
         raw: the provider's native usage payload, unchanged.
         reasoning_tokens: the part of ``output_tokens`` spent reasoning, when the provider reports it
             (OpenAI ``*_tokens_details.reasoning_tokens``); None when not reported.
+        notes: assumptions made reading the payload, one sentence each (e.g. :data:`TTL_SPLIT_UNKNOWN_NOTE`);
+            stored with the request (``turns.notes``).
     """
 
     input_tokens: int | None = None
@@ -43,7 +60,8 @@ class Usage:
     output_tokens: int | None = None
     source: UsageSource = "simulated"
     raw: dict[str, Any] | None = field(default=None, compare=False)
-    reasoning_tokens: int | None = None  # last: Usage(...) is built positionally around the code
+    reasoning_tokens: int | None = None  # after raw: Usage(...) is built positionally around the code
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def total_input_tokens(self) -> int | None:
@@ -64,6 +82,38 @@ class Usage:
         return self.input_tokens
 
     @property
+    def ttl_split_known(self) -> bool:
+        """False when a cache write's 5m/1h split is unknown (both parts None): a write with no
+        ``cache_creation`` object (Bedrock, older API versions), or an OpenAI write (no TTLs). Such a write is
+        priced at the 5-minute rate."""
+        written = self.cache_creation_input_tokens
+        return not written or not (self.cache_creation_5m_input_tokens is None
+                                   and self.cache_creation_1h_input_tokens is None)
+
+    @property
+    def reported_cost(self) -> float | None:
+        """The cost in USD the provider reported in the response (OpenRouter's ``usage.cost``); None when not
+        reported (or not a finite non-negative number)."""
+        value = (self.raw or {}).get("cost")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            return None
+        return float(value)
+
+    def check(self, where: str = "usage") -> Usage:
+        """This usage, after checking every count as a payload's are checked (a Usage built by hand).
+
+        Raises:
+            UsageError: a count that is not an int in ``0..MAX_TOKENS``, or a 5m/1h split above its total,
+                naming the field (``usage.input_tokens: ...``).
+        """
+        for f in fields(self):
+            if f.name.endswith("_tokens"):
+                _check_count(getattr(self, f.name), f"{where}.{f.name}")
+        _check_split(self.cache_creation_input_tokens, self.cache_creation_5m_input_tokens,
+                     self.cache_creation_1h_input_tokens, where)
+        return self
+
+    @property
     def measured(self) -> bool:
         """True when the figures came from an endpoint (live or imported), not a simulation."""
         return self.source != "simulated"
@@ -79,32 +129,48 @@ class Usage:
     def from_anthropic(cls, usage: Any, *, source: UsageSource = "live") -> Usage:
         """Build from an Anthropic ``usage`` object or dict (SDK model or JSON).
 
+        A write with no ``cache_creation`` object (Bedrock, older API versions) keeps its total with an unknown
+        split (both parts None, :attr:`ttl_split_known` False) and the note :data:`TTL_SPLIT_UNKNOWN_NOTE`: it is
+        priced at the 5-minute rate, never silently called 5m.
+
+        Server-side compaction (docs/provider_cache_rules.md#anthropic-compaction-usage): the top-level counts
+        leave out the ``compaction`` entries of ``usage.iterations``, so each count is the top-level one plus
+        those entries' (the documented "sum across all iterations", as the top level is the sum of the others).
+
         Raises:
-            ValueError: a count that is not a non-negative int, or a ``cache_creation`` that is not an object,
-                naming the field. Absent counts are None (unknown), never 0.
+            UsageError: a count that is not an int in ``0..MAX_TOKENS``, a ``cache_creation`` or iteration that is
+                not an object, or a 5m/1h split above its total, naming the field. Absent counts are None
+                (unknown), never 0.
+
+        Example:
+            >>> u = Usage.from_anthropic({"input_tokens": 180, "output_tokens": 8, "cache_creation_input_tokens": 0,
+            ...     "iterations": [{"type": "compaction", "input_tokens": 100, "output_tokens": 82,
+            ...                     "cache_creation_input_tokens": 55096}]})
+            >>> u.input_tokens, u.cache_creation_input_tokens, u.output_tokens
+            (280, 55096, 90)
         """
         raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else usage
         if not isinstance(raw, dict):
-            raise ValueError(f"usage: must be an object, got {type(raw).__name__}")
+            raise UsageError(f"usage: must be an object, got {type(raw).__name__}")
         raw = dict(raw)
-        for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-            _count(raw, key, "usage")
-        creation = _details(raw, "cache_creation")
-        written = raw.get("cache_creation_input_tokens")
-        w5 = _count(creation, "ephemeral_5m_input_tokens", "usage.cache_creation")
-        w1 = _count(creation, "ephemeral_1h_input_tokens", "usage.cache_creation")
-        if written is not None and w5 is None and w1 is None:
-            w5, w1 = written, 0  # older responses carry no split: everything was 5m
-        return cls(
-            input_tokens=raw.get("input_tokens"),
-            cache_read_input_tokens=raw.get("cache_read_input_tokens", 0 if written is not None else None),
-            cache_creation_input_tokens=written,
-            cache_creation_5m_input_tokens=w5,
-            cache_creation_1h_input_tokens=w1,
-            output_tokens=raw.get("output_tokens"),
-            source=source,
-            raw=raw,
-        )
+        uncached, read, written, w5, w1, output = _anthropic_counts(raw, "usage")
+        unsplit = bool(written) and w5 is None and w1 is None
+        if "iterations" in raw:
+            for i, iteration in _compaction_iterations(raw):
+                more = _anthropic_counts(iteration, f"usage.iterations[{i}]")
+                unsplit = unsplit or (bool(more[2]) and more[3] is None and more[4] is None)
+                uncached, read, written, w5, w1, output = (
+                    _add(a, b) for a, b in zip((uncached, read, written, w5, w1, output), more, strict=True))
+        notes: tuple[str, ...] = ()
+        if unsplit:
+            w5 = w1 = None  # a split nobody reported stays unknown
+            notes = (TTL_SPLIT_UNKNOWN_NOTE,)
+        elif written is not None and w5 is None and w1 is None:
+            w5 = w1 = 0  # nothing written: nothing to split
+        elif written is not None and (w5 or 0) + (w1 or 0) > written:
+            _check_split(written, w5, w1, "usage")
+        return cls(uncached, read if read is not None else (0 if written is not None else None), written, w5, w1,
+                   output, source, raw, None, notes)
 
     @classmethod
     def from_openai(cls, usage: Any, *, api: Literal["chat", "responses"] = "chat",
@@ -133,8 +199,8 @@ class Usage:
             source: ``imported`` (a log) or ``live`` (a response just received).
 
         Raises:
-            ValueError: a shape it does not understand, naming the field (missing prompt figure, a count
-                that is not a non-negative int, cached + written above the prompt).
+            UsageError: a shape it does not understand, naming the field (missing prompt figure, a count
+                that is not an int in ``0..MAX_TOKENS``, cached + written above the prompt).
 
         Example:
             >>> u = Usage.from_openai({"prompt_tokens": 2006, "completion_tokens": 300,
@@ -146,7 +212,7 @@ class Usage:
             raise ValueError(f"api: must be 'chat' or 'responses', got {api!r}")
         raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else usage
         if not isinstance(raw, dict):
-            raise ValueError(f"usage: must be an object, got {type(raw).__name__}")
+            raise UsageError(f"usage: must be an object, got {type(raw).__name__}")
         raw = dict(raw)
         chat = api == "chat"
         prompt_key, output_key = ("prompt_tokens", "completion_tokens") if chat else ("input_tokens", "output_tokens")
@@ -166,7 +232,7 @@ class Usage:
         if cached + written > prompt:
             what = f"usage.{details_key}.cached_tokens ({cached})" + (
                 f" + cache_write_tokens ({written})" if written else "")
-            raise ValueError(f"{what} exceeds usage.{prompt_key} ({prompt})")
+            raise UsageError(f"{what} exceeds usage.{prompt_key} ({prompt})")
         return cls(
             input_tokens=prompt - cached - written,
             cache_read_input_tokens=cached,
@@ -180,8 +246,9 @@ class Usage:
         )
 
     def to_anthropic(self) -> dict[str, Any]:
-        """The Messages API ``usage`` object for these figures."""
-        return {
+        """The Messages API ``usage`` object for these figures (without ``cache_creation`` when the split is
+        unknown, as such a response came)."""
+        out: dict[str, Any] = {
             "input_tokens": self.input_tokens or 0,
             "cache_creation_input_tokens": self.cache_creation_input_tokens or 0,
             "cache_read_input_tokens": self.cache_read_input_tokens or 0,
@@ -191,6 +258,9 @@ class Usage:
             },
             "output_tokens": self.output_tokens or 0,
         }
+        if not self.ttl_split_known:
+            del out["cache_creation"]
+        return out
 
 
 @overload
@@ -198,21 +268,69 @@ def _count(obj: dict[str, Any], key: str, where: str, *, required: Literal[True]
 @overload
 def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False) -> int | None: ...
 def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False) -> int | None:
-    """A token count from a usage payload: a non-negative int, or None when absent (and not required)."""
+    """A token count from a usage payload: an int in ``0..MAX_TOKENS``, or None when absent (and not required)."""
     value = obj.get(key)
     if value is None:
         if required:
-            raise ValueError(f"{where}.{key}: missing")
+            raise UsageError(f"{where}.{key}: missing")
+        return None
+    if value.__class__ is int and 0 <= value <= MAX_TOKENS:  # the common case, without a call
+        return value
+    return _check_count(value, f"{where}.{key}")
+
+
+def _check_count(value: Any, name: str) -> Any:
+    """``value`` when it is None or an int in ``0..MAX_TOKENS``; else a one-line UsageError naming ``name``."""
+    if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{where}.{key}: must be a non-negative int, got {value!r}")
+        # a float (1.5, 1e308, NaN, inf) or a string ("12") is no token count, even when it reads as one
+        raise UsageError(f"{name}: must be a non-negative int, got {value!r}")
+    if value > MAX_TOKENS:
+        raise UsageError(f"{name}: {value:,} tokens is not a plausible count for one request "
+                         f"(at most {MAX_TOKENS:,})")
     return value
 
 
-def _details(raw: dict[str, Any], key: str) -> dict[str, Any]:
+def _check_split(written: int | None, w5: int | None, w1: int | None, where: str) -> None:
+    if written is not None and (w5 or 0) + (w1 or 0) > written:
+        raise UsageError(f"{where}.cache_creation: ephemeral_5m_input_tokens ({w5}) + ephemeral_1h_input_tokens "
+                         f"({w1}) exceeds {where}.cache_creation_input_tokens ({written})")
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    return a if b is None else b if a is None else a + b
+
+
+def _anthropic_counts(raw: dict[str, Any], where: str) -> tuple[int | None, ...]:
+    """``(input, cache read, cache write, 5m write, 1h write, output)`` of one Anthropic usage object (the top
+    level or one of its ``iterations``), checked."""
+    creation = _details(raw, "cache_creation", where)
+    return (_count(raw, "input_tokens", where), _count(raw, "cache_read_input_tokens", where),
+            _count(raw, "cache_creation_input_tokens", where),
+            _count(creation, "ephemeral_5m_input_tokens", f"{where}.cache_creation"),
+            _count(creation, "ephemeral_1h_input_tokens", f"{where}.cache_creation"),
+            _count(raw, "output_tokens", where))
+
+
+def _compaction_iterations(raw: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """The ``compaction`` entries of ``usage.iterations`` (server-side compaction) with their positions; [] when
+    there are none."""
+    iterations = raw.get("iterations")
+    if iterations is None:
+        return []
+    if not isinstance(iterations, list):
+        raise UsageError(f"usage.iterations: must be a list, got {type(iterations).__name__}")
+    for i, it in enumerate(iterations):
+        if not isinstance(it, dict):
+            raise UsageError(f"usage.iterations[{i}]: must be an object, got {type(it).__name__}")
+    return [(i, it) for i, it in enumerate(iterations) if it.get("type") == "compaction"]
+
+
+def _details(raw: dict[str, Any], key: str, where: str = "usage") -> dict[str, Any]:
     value = raw.get(key)
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ValueError(f"usage.{key}: must be an object, got {type(value).__name__}")
+        raise UsageError(f"{where}.{key}: must be an object, got {type(value).__name__}")
     return value

@@ -211,7 +211,7 @@ def test_turn_rows_are_typed(tmp_path):
         cols = dict(lab.sql("select column_name, data_type from information_schema.columns where table_name='turns'")
                     .itertuples(index=False, name=None))
         assert cols["at"] == "TIMESTAMP WITH TIME ZONE"
-        assert cols["cache_read_input_tokens"] == "INTEGER"
+        assert cols["cache_read_input_tokens"] == "BIGINT"  # m009: a count >= 2**31 stores
         assert cols["usage_source"] == "VARCHAR"
         row = lab.sql("select usage_source, events from turns").iloc[0]
         assert row.usage_source == "simulated" and json.loads(row.events) == []

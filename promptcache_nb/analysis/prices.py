@@ -254,22 +254,47 @@ def _is_exact(ref: str, model: Any) -> bool:
     return any(re.fullmatch(rx, ref) for rx in regexes)
 
 
+#: OpenRouter's vendor prefixes (``mistralai/mistral-large``) whose genai-prices provider id is spelt otherwise;
+#: any other prefix is looked up as a provider id as it is (``anthropic``, ``openai``, ``google``, ``x-ai``...).
+_VENDOR_PROVIDERS = {"mistralai": "mistral", "meta-llama": "meta", "z-ai": "zai"}
+
+
+def _exact_match(model: str, provider_id: str | None) -> tuple[str, str] | None:
+    """``(provider id, model id)`` of ``model`` among ``provider_id``'s models (all providers' when None), when
+    genai-prices' match names it exactly (:func:`_is_exact`); None otherwise."""
+    from genai_prices import data_snapshot
+
+    try:
+        provider, found = data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
+    except LookupError:
+        return None
+    return (provider.id, found.id) if _is_exact(model, found) else None
+
+
 @lru_cache(maxsize=512)
 def price_model_id(model: str) -> tuple[str, str] | None:
     """``(provider id, model id)`` of ``model`` in genai-prices, resolved exactly; None when it has no exact
     entry (an unknown id, or one the library would only match by prefix).
 
+    An OpenRouter-style ``vendor/model`` id resolves through genai-prices' provider matching: OpenRouter's own
+    entry for it (``anthropic/claude-sonnet-4.6`` at OpenRouter's price), else the vendor's entry for the model
+    (``anthropic/claude-sonnet-4-5`` → ``anthropic``'s ``claude-sonnet-4-5``), exactly as above — never a model
+    it merely starts like.
+
     Example:
         >>> price_model_id("claude-sonnet-4-5-20250929"), price_model_id("claude-opus-4-9")
         (('anthropic', 'claude-sonnet-4-5'), None)
+        >>> price_model_id("anthropic/claude-sonnet-4.6")
+        ('openrouter', 'anthropic/claude-sonnet-4.6')
     """
-    from genai_prices import data_snapshot
-
-    try:
-        provider, found = data_snapshot.get_snapshot().find_provider_model(model, None, None, None)
-    except LookupError:
-        return None
-    return (provider.id, found.id) if _is_exact(model, found) else None
+    found = _exact_match(model, None)
+    if found is None and "/" in model:
+        vendor, name = model.split("/", 1)
+        vendor = vendor.strip().lower()
+        found = _exact_match(model, "openrouter")
+        if found is None and vendor and name:
+            found = _exact_match(name, _VENDOR_PROVIDERS.get(vendor, vendor))
+    return found
 
 
 @lru_cache(maxsize=512)

@@ -33,9 +33,10 @@ from .prices import Prices, price_provider, prices_for
 if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
     import pandas as pd
 
-#: The stand-in price model per cache model, for requests whose own model is another provider's (an
-#: Anthropic session re-simulated under OpenAI's cache is priced as ``gpt-5``). A request whose model is
-#: the provider's own is priced by its own id (``gpt-5.3-codex`` as ``gpt-5.3-codex``).
+#: The stand-in price model per cache model, for *simulated* requests whose own model is another provider's: a
+#: what-if the user asked for (an Anthropic session re-simulated under OpenAI's cache is priced as ``gpt-5``). A
+#: request whose model is the provider's own is priced by its own id (``gpt-5.3-codex`` as ``gpt-5.3-codex``), and
+#: *measured* traffic only ever by its own model (:func:`request_prices`).
 PRICE_MODELS: dict[str, str] = {"openai": "gpt-5", "deepseek": "deepseek-chat"}
 
 #: vLLM is self-hosted: tokens cost nothing, the saving is compute. Explicit zeros, never a silent default.
@@ -266,9 +267,10 @@ def load_turns(
 
 # -- prices -------------------------------------------------------------------------------------
 def _price_resolver(cache_name: str, session_row: dict[str, Any], *, price_model: str | None,
-                    prices: Prices | None) -> Callable[[str], Prices | None]:
+                    prices: Prices | None, measured: bool = False) -> Callable[[str], Prices | None]:
     """turn model -> Prices under ``cache_name``: explicit prices, else genai-prices by each turn's own
-    model (:func:`request_prices`); None for a model without an exact price — never a silent zero."""
+    model (:func:`request_prices`; ``measured``: a measured session replayed under its own cache model, priced by
+    its own models only, never a stand-in); None for a model without an exact price — never a silent zero."""
     if prices is not None:
         return lambda _model: prices
     if price_model is None and cache_name == "anthropic" and session_row["config"].get("prices"):
@@ -277,7 +279,7 @@ def _price_resolver(cache_name: str, session_row: dict[str, Any], *, price_model
     if price_model is not None:
         fixed = prices_for(price_model)  # asked for by name: an unknown one is an error
         return lambda _model: fixed
-    return lambda model: request_prices(cache_name, model)
+    return lambda model: request_prices(cache_name, model, measured=measured)
 
 
 # -- re-simulation ------------------------------------------------------------------------------
@@ -364,7 +366,10 @@ def _resimulate_turns(turns: Sequence[StoredTurn], row: dict[str, Any], cache: s
     if row is None:
         raise SessionError("no such session")
     model = _cache_for(cache, row, params)
-    price = _price_resolver(model.name, row, price_model=price_model, prices=prices)
+    # Another provider's cache is a what-if the user asked for (its stand-in prices other providers' models); the
+    # session's own cache replays its measured traffic, priced as it was stored: by each request's own model.
+    measured = model.name == row["cache_model"] and any(t.stored.get("usage_source") != "simulated" for t in turns)
+    price = _price_resolver(model.name, row, price_model=price_model, prices=prices, measured=measured)
     df = _replay(turns, model, price)
     sources = sorted({p.source for m in set(df.model) if (p := price(m)) is not None}) if len(df) else []
     df.attrs["prices"] = ", ".join(sources)
@@ -419,9 +424,10 @@ def compare_caches(
 
 
 def default_prices(cache_name: str, model: str) -> Prices:
-    """The price a request of ``model`` pays under ``cache_name``: its own model's (exactly resolved), or
-    the provider's stand-in (``PRICE_MODELS``) when the model belongs to another provider (a Claude session
-    re-simulated under OpenAI's cache is priced as ``gpt-5``); explicit zeros for self-hosted vLLM.
+    """The price a *simulated* request of ``model`` pays under ``cache_name``: its own model's (exactly
+    resolved), or the provider's stand-in (``PRICE_MODELS``) when the model belongs to another provider (a Claude
+    session simulated under OpenAI's cache is priced as ``gpt-5``, a what-if the user asked for by naming the
+    cache); explicit zeros for self-hosted vLLM. Measured traffic is never priced here: :func:`request_prices`.
 
     Raises:
         PriceError: no exact price for the model (never another model's price, never a silent zero).
@@ -436,9 +442,18 @@ def default_prices(cache_name: str, model: str) -> Prices:
     return prices_for(model)
 
 
-def request_prices(cache_name: str, model: str) -> Prices | None:
-    """:func:`default_prices`, or None when the model has no exact price (its cost is then NULL)."""
+def request_prices(cache_name: str, model: str, *, measured: bool = False) -> Prices | None:
+    """The prices of one request, or None when there is no exact price (its cost is then NULL, or the cost its
+    provider reported: ``pipeline.request_cost``).
+
+    A *measured* request (live or imported usage) is priced by its own model only — exactly resolved, an
+    OpenRouter-style ``vendor/model`` id included (:func:`~promptcache_nb.analysis.prices.price_model_id`) —
+    whatever the cache model: a log's ``mistral-large-latest`` is never priced as another provider's stand-in. A
+    simulated one as :func:`default_prices`.
+    """
     try:
+        if measured:
+            return SELF_HOSTED if cache_name == "vllm" else prices_for(model)
         return default_prices(cache_name, model)
     except PriceError:
         return None

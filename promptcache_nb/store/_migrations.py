@@ -261,6 +261,24 @@ def m008_pending_events(con: duckdb.DuckDBPyConnection) -> None:
         WHERE json_exists(extra, '$._pending_events')""")
 
 
+@migration
+def m009_bigint_tokens_and_request_notes(con: duckdb.DuckDBPyConnection) -> None:
+    # Token counts as BIGINT: one request reporting 2**31 tokens or more (a long-lived proxy's cumulative figure,
+    # a corrupt line) overflowed INT32 and aborted a whole import. Every token count of a request, and a block's
+    # estimated tokens, widen; nothing else is a token count.
+    for column in ("total_tokens", "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+                   "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens",
+                   "ideal_cache_read", "diverge_token", "shared_prefix_tokens", "previous_cache_read"):
+        con.execute(f"ALTER TABLE turns ALTER COLUMN {column} SET DATA TYPE BIGINT")
+    con.execute("ALTER TABLE blocks ALTER COLUMN tokens SET DATA TYPE BIGINT")
+    # What a figure of the request assumed, one sentence per line (a cache write whose 5m/1h split was not
+    # reported, priced at the 5-minute rate); NULL when nothing was assumed.
+    con.execute("ALTER TABLE turns ADD COLUMN notes TEXT")
+    # Where cost_usd came from: the price table (``genai-prices anthropic/claude-sonnet-4-6``), explicit prices
+    # (``user``) or the cost the provider reported in its response (``reported by provider``); NULL when unpriced.
+    con.execute("ALTER TABLE turns ADD COLUMN cost_source TEXT")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 
