@@ -214,8 +214,8 @@ BAD_USAGE = [
     ("input_tokens", -1, "usage.input_tokens"),
     ("cache_read_input_tokens", "12", "usage.cache_read_input_tokens"),
     ("output_tokens", 1e308, "usage.output_tokens"),
-    ("cache_creation_input_tokens", 2**31, "usage.cache_creation_input_tokens"),
-    ("input_tokens", 3_000_000_000, "usage.input_tokens"),
+    ("cache_creation_input_tokens", 10**13, "usage.cache_creation_input_tokens"),
+    ("input_tokens", 5 * 10**12, "usage.input_tokens"),
 ]
 
 
@@ -299,7 +299,7 @@ def _codex_requests(path: Path) -> list[tuple[int, dict]]:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("input_tokens", -5), ("cached_input_tokens", "1024"), ("output_tokens", 1e308), ("input_tokens", 2**31),
+    ("input_tokens", -5), ("cached_input_tokens", "1024"), ("output_tokens", 1e308), ("input_tokens", 10**13),
 ])
 def test_codex_bad_token_count_value_skips_that_request_only(tmp_path, field, value):
     good, _ = read_all(CodexReader(), CODEX)

@@ -24,7 +24,7 @@ from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import summarize
 from ..cache.anthropic import client_ttls_from_usage
-from ..errors import ImportFormatError, PromptCacheError, SessionError
+from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
 from ..request import BodyProblem, check_request
 from ..request.diff import visible
 from ._jsonl import COMPRESSED_SUFFIXES, UnreadableLog
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson")
 SKIPPED_COLUMNS = ["file", "line", "reason"]
+NOTES_COLUMNS = ["file", "line", "note"]
 FLAGGED_COLUMNS = ["file", "line", "path", "problem"]
 _SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "exchanges": "proxy", "otlp": "otel"}
 
@@ -60,6 +61,8 @@ class ImportResult:
         calibrations: one row per tokenizer family of the imported models: the token-estimate calibration
             fitted on the lab's measured requests of that family, and whether it was saved
             (:func:`~promptcache_nb.analysis.calibrate.calibrate_families`; measured figures never change).
+        notes: one row per assumption made reading a stored request's usage (``file``, ``line``, ``note``), e.g.
+            a cache write logged without its 5m/1h split, priced at the 5-minute rate (``turns.notes``).
     """
 
     sessions: list[Session] = field(default_factory=list)
@@ -70,6 +73,7 @@ class ImportResult:
     files: list[tuple[str, str]] = field(default_factory=list)
     already_stored: int = 0
     calibrations: pd.DataFrame = field(default_factory=lambda: _frame([], FAMILY_COLUMNS))
+    notes: pd.DataFrame = field(default_factory=lambda: _frame([], NOTES_COLUMNS))
 
     def summary(self) -> pd.DataFrame:
         """One row per session: source, requests, measured cache read %, breaks and cost."""
@@ -89,8 +93,9 @@ class ImportResult:
 
     def __repr__(self) -> str:
         flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""
+        noted = f", {len(self.notes)} with notes" if len(self.notes) else ""
         return (f"ImportResult({len(self.sessions)} sessions, {self.requests} new requests, "
-                f"{self.already_stored} already stored, {len(self.skipped)} skipped{flagged})")
+                f"{self.already_stored} already stored, {len(self.skipped)} skipped{flagged}{noted})")
 
     def _repr_html_(self) -> str:
         # file names, models, skipped lines and body problems are data: escaped, invisible characters (and lone
@@ -108,6 +113,9 @@ class ImportResult:
         if len(self.skipped):
             parts.append(f"<details><summary>{len(self.skipped)} skipped</summary>"
                          + shown(self.skipped) + "</details>")
+        if len(self.notes):
+            parts.append(f"<details><summary>{len(self.notes)} requests priced with an assumption</summary>"
+                         + shown(self.notes) + "</details>")
         if len(self.flagged):
             parts.append(f"<details><summary>{len(self.flagged)} body problems the API would refuse (stored as "
                          "logged)</summary>" + shown(self.flagged) + "</details>")
@@ -238,6 +246,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
             progress: bool) -> ImportResult:
     result = ImportResult()
     flagged: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
     by_session: dict[str, list[ImportedRequest]] = {}
     fmt_of: dict[str, str] = {}
     file_of: dict[str, str] = {}
@@ -285,7 +294,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
             reqs = sorted(by_session[key], key=lambda r: r.at)  # stable: file order for equal times
             fmt = fmt_of[key]
             s, new, dup = _store_session(lab, key, fmt, file_of[key], reqs, project=project, skipped=skipped,
-                                         unknown=unknown, bar=bar, flagged=flagged)
+                                         unknown=unknown, bar=bar, flagged=flagged, notes=notes)
             result.already_stored += dup
             if new:
                 result.sessions.append(s)
@@ -294,6 +303,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
         bar.close()
     result.skipped = _frame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], SKIPPED_COLUMNS)
     result.flagged = _frame(flagged, FLAGGED_COLUMNS)
+    result.notes = _frame(notes, NOTES_COLUMNS)
     result.unknown_models = sorted(unknown)
     models = {r.model for v in by_session.values() for r in v if r.model}
     # each measured request is an exact prompt total: calibrate the estimator per family. Also when nothing was
@@ -325,7 +335,8 @@ def _printable(req: ImportedRequest) -> ImportedRequest:
 
 def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
                    project: str | None, skipped: list[dict[str, Any]], unknown: set[str],
-                   bar: Any, flagged: list[dict[str, Any]]) -> tuple[Session, int, int]:
+                   bar: Any, flagged: list[dict[str, Any]], notes: list[dict[str, Any]]
+                   ) -> tuple[Session, int, int]:
     """Write one session's new requests in one transaction; returns (session, stored now, already stored).
 
     A new session's row is created in that same transaction: a failure leaves nothing of the session behind, and
@@ -382,6 +393,7 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
     for req, _, problems in todo:  # reported once stored
         ref_file, line = _split_ref(req.source_ref)
         flagged += ({"file": ref_file, "line": line, "path": p.path, "problem": p.problem} for p in problems)
+        notes += ({"file": ref_file, "line": line, "note": n} for n in req.usage.notes)
     new = len(todo) - (len(restore) if restore else 0)
     return s, new, dup
 
@@ -464,23 +476,13 @@ def _new_requests(s: Session, reqs: list[ImportedRequest], skipped: list[dict[st
     return todo, dup
 
 
-#: No endpoint reports a request of more tokens than this (the largest context windows are ~10M): a larger
-#: figure is a corrupt log line, skipped rather than stored.
-MAX_TOKENS = 10**12
-_USAGE_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-                 "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens")
-
-
 def _value_problem(req: ImportedRequest) -> str | None:
-    """Why ``req`` cannot be stored as it is (a usage figure out of range, text that is not Unicode), or None."""
-    u = req.usage
-    for name in _USAGE_FIELDS:
-        v = getattr(u, name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKENS):
-            return f"usage.{name}: {v!r} is not a token count (a whole number from 0 to {MAX_TOKENS:,})"
-    w5, w1, w = u.cache_creation_5m_input_tokens, u.cache_creation_1h_input_tokens, u.cache_creation_input_tokens
-    if w is not None and (w5 or 0) + (w1 or 0) > w:
-        return f"usage.cache_creation: the 5m + 1h split ({w5} + {w1}) is larger than the total written ({w})"
+    """Why ``req`` cannot be stored as it is (a usage figure no endpoint reports, text that is not Unicode), or
+    None."""
+    try:
+        req.usage.check()
+    except UsageError as exc:
+        return str(exc)
     for name, text in (("model", req.model), ("request_id", req.request_id)):
         if text is not None and not _encodable(text):
             return f"{name}: holds a lone surrogate (not Unicode text)"

@@ -30,8 +30,9 @@ turn one into API requests:
   that is not a Claude Code entry at all (a proxy record, some other JSON) is skipped with a reason; entry kinds
   the client writes without a request (``summary``, ``file-history-snapshot``, newer ones carrying the
   transcript's ids) are passed over silently.
-* **Bad values cost one request:** usage that is not a non-negative int, a count above 10**9, or a 5m/1h split
-  larger than its write skips that response (``usage.<field>: <problem>``); the response stays in the history.
+* **Bad values cost one request:** usage that :meth:`Usage.from_anthropic` refuses (not a non-negative int, above
+  ``usage.MAX_TOKENS``, a 5m/1h split larger than its write) skips that response (``usage.<field>: <problem>``);
+  the response stays in the history.
 * Entries whose model is ``<synthetic>`` (messages the client made up: errors, interruptions) or not a model id
   at all are skipped with a reason.
 """
@@ -62,7 +63,6 @@ _KNOWN_TYPES = _ENTRY_TYPES | {"summary", "file-history-snapshot", "custom-title
 # Kinds that take part in a conversation (and so belong to a chain) even without a uuid.
 _CHAINED = frozenset({"user", "assistant", "system"})
 #: Above this a token count is not one request's (the largest context windows hold a few million tokens).
-_ABSURD_TOKENS = 10**9
 
 
 @dataclass
@@ -220,9 +220,6 @@ class ClaudeCodeReader:
             usage = Usage.from_anthropic(resp.usage, source="imported")
         except (ValueError, PromptCacheError) as exc:
             return SkippedLine(file, resp.line, str(exc))
-        problem = _implausible(usage)
-        if problem:
-            return SkippedLine(file, resp.line, problem)
         return ImportedRequest(
             session_key=chain.key,
             dedupe_key=f"{resp.message_id}/{resp.request_id or ''}",
@@ -285,23 +282,6 @@ def _output_of(usage: dict[str, Any]) -> int:
     """``output_tokens`` of a streamed line when it is a count, else -1 (a bad value never wins the comparison)."""
     value = usage.get("output_tokens")
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
-
-
-def _implausible(usage: Usage) -> str | None:
-    """Why counts that :meth:`Usage.from_anthropic` accepted cannot be one request's, or None.
-
-    A count above 10**9 is no prompt any model takes (and overflows 32-bit columns); a 5m + 1h split larger than
-    the write it splits cannot be priced."""
-    for name in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens"):
-        value = getattr(usage, name)
-        if value is not None and value > _ABSURD_TOKENS:
-            return f"usage.{name}: {value} tokens in one request is not plausible (limit {_ABSURD_TOKENS})"
-    w5, w1 = usage.cache_creation_5m_input_tokens, usage.cache_creation_1h_input_tokens
-    written = usage.cache_creation_input_tokens
-    if written is not None and (w5 or 0) + (w1 or 0) > written:
-        return (f"usage.cache_creation: ephemeral_5m_input_tokens ({w5}) + ephemeral_1h_input_tokens ({w1}) "
-                f"exceed cache_creation_input_tokens ({written})")
-    return None
 
 
 def _assistant_problem(obj: dict[str, Any]) -> str | None:

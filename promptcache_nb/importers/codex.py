@@ -25,7 +25,8 @@ Each line is ``{"timestamp", "type", "payload"}`` with ``type`` one of ``session
   never the file's name (only a rollout without any ``session_meta`` falls back on the id in its name). A thread
   spawned by another agent (``source: {"subagent": {"thread_spawn": {"parent_thread_id"}}}``) is a ``subagent``
   session whose ``parent_key`` is that thread's id.
-* **Bad values cost one request:** a count that is not a non-negative int, one request's count above 10**9, or
+* **Bad values cost one request:** a count that is not a non-negative int, one request's count above
+  ``usage.MAX_TOKENS``, or
   cached above input skips that ``token_count`` (``last_token_usage.<field>: <problem>``). A rollout with no
   ``token_count`` usage at all says so (line 0) instead of importing nothing in silence.
 """
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PromptCacheError
-from ..usage import Usage
+from ..usage import MAX_TOKENS, Usage
 from ._jsonl import iter_json_lines, json_objects_in_head, parse_timestamp
 from ._types import ImportedRequest, ReadProgress, Record, SessionKind, SkippedLine
 
@@ -57,7 +58,6 @@ _USAGE_FIELDS = ("input_tokens", "cached_input_tokens", "output_tokens", "reason
                  "total_tokens")
 _CHECKED_FIELDS = (*_USAGE_FIELDS, "cache_write_input_tokens", "cache_creation_input_tokens")
 #: Above this a token count is not one request's (the largest context windows hold a few million tokens).
-_ABSURD_TOKENS = 10**9
 
 
 class CodexReader:
@@ -224,15 +224,15 @@ def _counts_problem(raw: dict[str, Any], where: str, *, per_request: bool = Fals
     """Why a Codex ``TokenUsage`` cannot be stored, naming the field as logged; None when it can.
 
     Counts must be non-negative ints; one request's (not the cumulative totals, which grow without bound) at most
-    10**9, and its cached part no more than its input."""
+    ``MAX_TOKENS``, and its cached part no more than its input."""
     for key in _CHECKED_FIELDS:
         value = raw.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             return f"{where}.{key}: must be a non-negative int, got {value!r:.40}"
-        if per_request and value > _ABSURD_TOKENS:
-            return f"{where}.{key}: {value} tokens in one request is not plausible (limit {_ABSURD_TOKENS})"
+        if per_request and value > MAX_TOKENS:
+            return f"{where}.{key}: {value} tokens in one request is not plausible (limit {MAX_TOKENS})"
     cached, prompt = raw.get("cached_input_tokens"), raw.get("input_tokens")
     if per_request and cached is not None and prompt is not None and cached > prompt:
         return f"{where}.cached_input_tokens ({cached}) exceeds {where}.input_tokens ({prompt})"
