@@ -739,8 +739,8 @@ def with_trusted_ids(converted: list[tuple[ImportedRequest | SkippedLine, HttpEx
     out: list[ImportedRequest | SkippedLine] = []
     for i, (rec, _ex) in enumerate(converted):
         if isinstance(rec, ImportedRequest):
-            trusted = rec.request_id and len(by_id.get(rec.request_id, ())) <= 1
-            key = rec.request_id if trusted else position_key(rec.source_ref, digests.get(i, ""))
+            rid = rec.request_id
+            key = rid if rid and len(by_id.get(rid, ())) <= 1 else position_key(rec.source_ref, digests.get(i, ""))
             if key != rec.dedupe_key:
                 rec = replace(rec, dedupe_key=key)
         out.append(rec)
