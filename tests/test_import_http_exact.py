@@ -520,3 +520,40 @@ def test_bedrock_other_models_and_damaged_streams_are_skipped_with_a_reason() ->
                       {"anthropic_version": "bedrock-2023-05-31", "messages": []}, cut,
                       {"content-type": "application/vnd.amazon.eventstream"})
     assert isinstance(damaged, SkippedLine) and damaged.reason.startswith("event stream")
+
+
+# --- 1b. OTLP spans: ids only where trustworthy ---------------------------------------------------------------
+
+
+def otlp_span(span_id: str, trace_id: str, start_s: int, tokens: int) -> dict:
+    def attr(key: str, value: dict) -> dict:
+        return {"key": key, "value": value}
+    return {"traceId": trace_id, "spanId": span_id, "name": "chat gpt-4.1-mini", "kind": 3,
+            "startTimeUnixNano": str(1_773_064_800 + start_s) + "000000000",
+            "endTimeUnixNano": str(1_773_064_801 + start_s) + "000000000",
+            "attributes": [attr("gen_ai.operation.name", {"stringValue": "chat"}),
+                           attr("gen_ai.system", {"stringValue": "openai"}),
+                           attr("gen_ai.request.model", {"stringValue": "gpt-4.1-mini"}),
+                           attr("gen_ai.usage.input_tokens", {"intValue": str(tokens)}),
+                           attr("gen_ai.usage.cache_read_input_tokens", {"intValue": "1024"}),
+                           attr("gen_ai.usage.output_tokens", {"intValue": "90"})]}
+
+
+def test_otlp_spans_without_trustworthy_ids_are_each_their_own_request(tmp_path: Path) -> None:
+    from promptcache_nb.importers.otlp import OtlpReader
+
+    def line(*spans: dict) -> str:
+        return json.dumps({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [
+            {"scope": {"name": "opentelemetry.instrumentation.openai_v2"}, "spans": list(spans)}]}]}) + "\n"
+
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    path = tmp_path / "collector.jsonl"
+    path.write_text(
+        line(otlp_span("", "", 0, 2300), otlp_span("", "", 5, 2400))  # an exporter that strips ids: one line
+        + line(otlp_span("0000000000000000", "0" * 32, 9, 2500))  # the spec's invalid (all-zero) ids
+        + line(otlp_span("00f067aa0ba902b7", trace, 12, 2600), otlp_span("00f067aa0ba902b7", trace, 15, 2700)),
+        encoding="utf-8")
+    keys = [r.dedupe_key for r in requests_of(list(OtlpReader().read(path)))]
+    assert len(keys) == 5 and len(set(keys)) == 5, keys
+    assert keys[3] == f"{trace}/00f067aa0ba902b7"  # a real id, the first time the file names it
+    assert keys == [r.dedupe_key for r in requests_of(list(OtlpReader().read(path)))]
