@@ -8,7 +8,9 @@ Each ``log.entries[i]`` with an Anthropic Messages or OpenAI Chat / Responses ca
 
 HAR stores bodies *after* HTTP content decoding while keeping the ``Content-Encoding`` header, so that
 header is ignored here; a body that is still gzip (its magic bytes) is decoded anyway.
-``source_ref`` is ``<file>#entries[<i>]`` and a skipped entry's ``line`` is ``i + 1``.
+``source_ref`` is ``<file>#entries[<i>]`` and a skipped entry's ``line`` is ``i + 1``. ``dedupe_key``: the
+provider's request id where the file never gives it to two different calls, else the entry's place and a digest
+of what it recorded (:func:`._http.with_trusted_ids`).
 """
 
 from __future__ import annotations

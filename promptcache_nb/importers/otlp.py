@@ -89,6 +89,10 @@ class OtlpReader:
         yield from self._document(doc, file, lambda k: f"{file}#{k}", ids_seen)
 
     def _document(self, doc: dict[str, Any], file: str, ref: Any, ids_seen: set[str]) -> Iterator[Record]:
+        if not isinstance(doc.get("resourceSpans"), list):
+            # a line of another format in a collector's file: listed, never dropped without a word
+            yield SkippedLine(file, _line_of(ref(0)), "not an OTLP trace export (no resourceSpans list)")
+            return
         k = 0
         for rs in _list(doc.get("resourceSpans")):
             scopes = _list(rs.get("scopeSpans")) or _list(rs.get("instrumentationLibrarySpans"))

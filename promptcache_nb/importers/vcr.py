@@ -11,7 +11,12 @@ usage, sessions).
 Cassettes carry no timestamps (vcrpy records none): a request's time is ``recorded_at``, else the response's
 ``Date`` header, else the response's own ``created`` time, else the previous request's, else the file's
 modification time. ``source_ref`` is ``<file>#interactions[<i>]`` and a skipped interaction's ``line`` is
-``i + 1``.
+``i + 1``. ``dedupe_key`` is the provider's request id where the cassette never gives it to two different calls,
+else the interaction's place and a digest of what it recorded (:func:`._http.with_trusted_ids`): recorders
+that redact ids (``REQUEST-ID-XXX``) must not make two calls one.
+
+Detection (:meth:`VcrReader.sniff`) needs no ``uri`` in the head: vcrpy sorts a request's keys, so a large first
+body pushes ``uri:`` past any fixed head, while the ``- request:`` item that opens the list is on line 2.
 
 The YAML is read with a *safe* loader and a document over :data:`MAX_CASSETTE_BYTES`, or whose aliases would
 expand it (a "billion laughs" bomb) or refer to themselves, is refused with one line.
