@@ -561,3 +561,26 @@ def test_otlp_spans_without_trustworthy_ids_are_each_their_own_request(tmp_path:
     assert len(keys) == 5 and len(set(keys)) == 5, keys
     assert keys[3] == f"{trace}/00f067aa0ba902b7"  # a real id, the first time the file names it
     assert keys == [r.dedupe_key for r in requests_of(list(OtlpReader().read(path)))]
+
+
+def test_stream_usage_with_compaction_iterations_takes_message_delta_as_sent() -> None:
+    """With server-side compaction the final ``message_delta`` carries ``iterations``; its top-level figures are
+    then the last iteration's (lower than ``message_start``'s), and the iterations hold the rest."""
+    usage = streamed({"input_tokens": 12, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                      "output_tokens": 52, "iterations": COMPACTION_USAGE["iterations"]})
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"], usage["output_tokens"]) == (12, 0, 52)
+    assert usage["iterations"][0]["cache_creation_input_tokens"] == 55_096 and "cache_creation" not in usage
+
+
+def test_bedrock_stream_recorded_as_text_is_read(tmp_path: Path) -> None:
+    events = [MESSAGE_START, *BLOCKS, {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                                       "usage": {"output_tokens": 9}}]
+    body = b"".join(invoke_chunk(e) for e in events)
+    ex = HttpExchange("POST", f"{BEDROCK}/{PROFILE}/invoke-with-response-stream", 200,
+                      json.dumps({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 64,
+                                  "messages": [{"role": "user", "content": "hi"}]}),
+                      body.decode("utf-8", errors="surrogateescape"),
+                      response_headers={"content-type": "application/vnd.amazon.eventstream"})
+    req = convert_exchange(ex, file="b.yaml", line=1, source_ref="b.yaml#interactions[0]", fallback_at=T0)
+    assert isinstance(req, ImportedRequest)
+    assert (req.usage.cache_read_input_tokens, req.usage.output_tokens, req.model) == (30_000, 9, PROFILE)

@@ -623,7 +623,8 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
     response_id: str | None = None
     response_model: str | None = None
     if bedrock is not None and bedrock.streamed and decoded is not None:
-        data = decoded if isinstance(decoded, bytes) else decoded.encode("latin-1", errors="replace")
+        # a recorder that stored the stream as text decoded it as UTF-8 (vcrpy does when the bytes allow it)
+        data = decoded if isinstance(decoded, bytes) else decoded.encode("utf-8", errors="surrogateescape")
         summary, metrics_usage = _bedrock_stream(data, bedrock)
         native = summary.usage
         if native is None and metrics_usage is not None:
