@@ -584,3 +584,15 @@ def test_bedrock_stream_recorded_as_text_is_read(tmp_path: Path) -> None:
     req = convert_exchange(ex, file="b.yaml", line=1, source_ref="b.yaml#interactions[0]", fallback_at=T0)
     assert isinstance(req, ImportedRequest)
     assert (req.usage.cache_read_input_tokens, req.usage.output_tokens, req.model) == (30_000, 9, PROFILE)
+
+
+def test_har_sniff_on_a_head_cut_anywhere() -> None:
+    import re
+
+    har = Path(__file__).resolve().parent / "fixtures" / "logs" / "har" / "billing_widget.har"
+    text = har.read_text(encoding="utf-8")
+    opened = re.compile(r'"log"\s*:\s*\{\s*"(?:version|creator|browser|pages|entries|comment)"\s*:')
+    for cut in range(0, 120):
+        head = text[:cut]
+        assert HarReader().sniff(har, head) == bool(opened.search(head)), cut
+        assert not VcrReader().sniff(har, head) and not ExchangesReader().sniff(har, head)
