@@ -515,6 +515,13 @@ def test_bedrock_other_models_and_damaged_streams_are_skipped_with_a_reason() ->
 
     nova = convert(f"{BEDROCK}/amazon.nova-pro-v1%3A0/converse", {"messages": []}, "{}")
     assert nova == SkippedLine("b.yaml", 1, "Bedrock model not analysed (not a Claude model): amazon.nova-pro-v1:0")
+    opaque = convert(f"{BEDROCK}/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Aapplication-inference-profile"
+                     "%2Fk3x9p2q7w1ab/invoke",
+                     {"anthropic_version": "bedrock-2023-05-31", "max_tokens": 64,
+                      "messages": [{"role": "user", "content": "hi"}]},
+                     json.dumps({"id": "msg_bdrk_1", "type": "message", "role": "assistant", "content": [],
+                                 "usage": {"input_tokens": 8, "output_tokens": 2}}))
+    assert isinstance(opaque, ImportedRequest) and opaque.model == "k3x9p2q7w1ab"  # Claude, by its body's shape
     cut = invoke_chunk(MESSAGE_START)[:-9]
     damaged = convert(f"{BEDROCK}/{PROFILE}/invoke-with-response-stream",
                       {"anthropic_version": "bedrock-2023-05-31", "messages": []}, cut,

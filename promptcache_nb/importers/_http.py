@@ -594,8 +594,6 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
     if not 200 <= ex.status < 300:
         raise _Skip(f"HTTP {ex.status}")
     provider = "anthropic" if dialect == "anthropic" else "openai"
-    if bedrock is not None and "anthropic." not in bedrock.model and "claude" not in bedrock.model:
-        raise _Skip(f"Bedrock model not analysed (not a Claude model): {bedrock.model}")
     req_headers = headers_dict(ex.request_headers)
     resp_headers = headers_dict(ex.response_headers)
 
@@ -604,6 +602,12 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         raw_request = decode_body(raw_request, req_headers.get("content-encoding"), what="request")
     body = _json_body(raw_request, "request", bodies if bedrock is None or not bedrock.converse else None)
     if bedrock is not None:
+        # an application inference profile's id names no model: an InvokeModel body in the Messages shape
+        # (its anthropic_version) still says Claude
+        claude = "anthropic." in bedrock.model or "claude" in bedrock.model or (
+            not bedrock.converse and "anthropic_version" in body)
+        if not claude:
+            raise _Skip(f"Bedrock model not analysed (not a Claude model): {bedrock.model}")
         # the model is in the URL only; a Converse body is translated to the Messages body Claude receives
         body = converse_request_to_messages(body, bedrock.model) if bedrock.converse else \
             {"model": bedrock.model, **body}
