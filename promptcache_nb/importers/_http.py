@@ -30,10 +30,20 @@ Usage conversion (``source="imported"``, the native payload kept in ``Usage.raw`
   means the split is unknown, not 0).
 - A usage object whose shape is not understood is skipped as ``unknown usage shape: <field>: <problem>``.
 
-Request id: the ``request-id`` / ``x-request-id`` response header, else the id the container recorded,
-else the response's ``id``. ``dedupe_key`` is that id, else the ``source_ref``.
+Amazon Bedrock Runtime (``POST …/model/<model-id>/invoke``, ``/invoke-with-response-stream``, ``/converse``,
+``/converse-stream``; :func:`bedrock_call`) → dialect ``anthropic``, provider ``anthropic`` for Claude models
+(other Bedrock models are skipped naming the model). The model comes from the URL (the body has none);
+InvokeModel bodies and responses are the Messages shape, Converse bodies are translated to it
+(:func:`converse_request_to_messages`) and Converse usage names are read (:func:`converse_usage`). Streams are
+``application/vnd.amazon.eventstream`` (:func:`aws_event_stream`).
 
-Sessions (``session_key``): one session per file and provider — ``"<file>|anthropic"`` /
+Request id: the ``request-id`` / ``x-request-id`` (Bedrock: ``x-amzn-requestid``) response header, else the id
+the container recorded, else the response's ``id``. ``dedupe_key`` is that id as converted here; the readers
+then replace it where the id is not trustworthy (:func:`with_trusted_ids` for cassettes and HAR files, the
+first-occurrence rule of the proxy's log), so a redacted id never makes two calls one.
+
+Sessions (``session_key``): one session per file (the path the reader was given, so two files of one name in
+different folders are two sessions) and provider — ``"<file>|anthropic"`` /
 ``"<file>|openai"`` — split further when the request names its end user or conversation: Anthropic
 ``metadata.user_id``, OpenAI ``prompt_cache_key`` (else ``user``, else ``safety_identifier``), appended as
 ``"|<value>"``. HTTP recordings carry no conversation id, and a cassette or HAR file is usually one test or
@@ -46,20 +56,24 @@ body's ``created`` / ``created_at``, else the caller's fallback (the file's modi
 
 from __future__ import annotations
 
+import base64
+import binascii
 import gzip
 import json
+import re
+import struct
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from .._util import SIMULATOR_HEADER
+from .._util import SIMULATOR_HEADER, digest
 from ..usage import Usage
 from ._history import HistoryDecoder
-from ._sse import SseEvent, parse_sse, usage_from_sse
+from ._sse import SseEvent, StreamSummary, parse_sse, usage_from_sse
 from ._types import Dialect, ImportedRequest, SkippedLine
 
 MAX_DECODED_BYTES = 512 * 1024 * 1024  # a decompression bomb stops here, with a one-line reason
@@ -139,6 +153,266 @@ def endpoint_dialect(method: str, url: str) -> Dialect | None:
     if path.endswith("/responses"):
         return "openai-responses"
     return None
+
+
+# --- Amazon Bedrock ---------------------------------------------------------------------------------------
+
+_BEDROCK_PATH = re.compile(
+    r"/model/(?P<model>[^/]+)/(?P<op>invoke|invoke-with-response-stream|converse|converse-stream)$")
+
+
+@dataclass(frozen=True)
+class BedrockCall:
+    """A Bedrock Runtime call: the operation and the model id its URL names.
+
+    Attributes:
+        operation: ``invoke``, ``invoke-with-response-stream`` (InvokeModel: the body and response are the
+            model's own API, the Anthropic Messages shape for Claude) or ``converse``, ``converse-stream``
+            (Bedrock's model-neutral Converse shape).
+        model: the model id from the URL, percent-decoded; an inference-profile or foundation-model ARN is cut
+            to the id after its last ``/`` (``arn:…:inference-profile/us.anthropic.claude-…`` →
+            ``us.anthropic.claude-…``).
+    """
+
+    operation: str
+    model: str
+
+    @property
+    def streamed(self) -> bool:
+        return self.operation.endswith("stream")
+
+    @property
+    def converse(self) -> bool:
+        return self.operation.startswith("converse")
+
+
+def bedrock_call(method: str, url: str) -> BedrockCall | None:
+    """The Bedrock Runtime operation of ``POST …/model/<model-id>/<operation>``, or None for any other call.
+
+    The URL is ``https://bedrock-runtime.<region>.amazonaws.com/model/<model-id>/invoke`` (also
+    ``/invoke-with-response-stream``, ``/converse``, ``/converse-stream``); the id is percent-encoded in the
+    path (an ARN's ``:`` and ``/``) and may be a cross-region inference profile
+    (``us.anthropic.claude-sonnet-4-5-20250929-v1:0``).
+    """
+    if method.upper() != "POST":
+        return None
+    match = _BEDROCK_PATH.search(urlsplit(url).path.rstrip("/"))
+    if match is None:
+        return None
+    model = unquote(match.group("model"))
+    if model.startswith("arn:") and "/" in model:
+        model = model.rsplit("/", 1)[1]
+    return BedrockCall(match.group("op"), model)
+
+
+def converse_usage(raw: Any) -> Usage:
+    """Convert Bedrock Converse ``usage`` (``TokenUsage``) to :class:`Usage`, the native object kept in ``raw``.
+
+    Fields (Bedrock API reference, ``TokenUsage``): ``inputTokens`` (the tokens not read from or written to the
+    cache, as Anthropic's ``input_tokens``: AWS's prompt-caching guide reports reads and writes beside it, and
+    ``totalTokens`` = input + output + reads + writes), ``outputTokens``, ``cacheReadInputTokens``,
+    ``cacheWriteInputTokens`` and ``cacheDetails`` (``[{"ttl": "5m" | "1h", "inputTokens": n}]``, the writes
+    by TTL). Without ``cacheDetails`` the 5m/1h split of a write is not reported.
+    """
+    if not isinstance(raw, Mapping):
+        raise _Skip(f"unknown usage shape: usage: must be an object, got {type(raw).__name__}")
+    for name in ("inputTokens", "outputTokens"):
+        if raw.get(name) is None:
+            raise _Skip(f"unknown usage shape: usage.{name}: missing")
+    shaped: dict[str, Any] = {"input_tokens": raw.get("inputTokens"), "output_tokens": raw.get("outputTokens")}
+    if raw.get("cacheReadInputTokens") is not None:
+        shaped["cache_read_input_tokens"] = raw["cacheReadInputTokens"]
+    if raw.get("cacheWriteInputTokens") is not None:
+        shaped["cache_creation_input_tokens"] = raw["cacheWriteInputTokens"]
+    details = raw.get("cacheDetails")
+    if isinstance(details, list) and details:
+        split = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}
+        for item in details:
+            ttl = item.get("ttl") if isinstance(item, Mapping) else None
+            key = {"5m": "ephemeral_5m_input_tokens", "1h": "ephemeral_1h_input_tokens"}.get(str(ttl))
+            if key is None:
+                raise _Skip(f"unknown usage shape: usage.cacheDetails: ttl {ttl!r} is not 5m or 1h")
+            split[key] += item.get("inputTokens") or 0
+        shaped["cache_creation"] = split
+    return replace(anthropic_usage(shaped), raw=dict(raw))
+
+
+def _converse_block(block: Any) -> dict[str, Any] | None:
+    """One Converse content block as the Anthropic block it stands for (None for a ``cachePoint``)."""
+    if not isinstance(block, Mapping):
+        return {"type": "unknown", "value": block}
+    if "text" in block:
+        return {"type": "text", "text": block["text"]}
+    if "toolUse" in block:
+        use = block["toolUse"] or {}
+        return {"type": "tool_use", "id": use.get("toolUseId"), "name": use.get("name"), "input": use.get("input", {})}
+    if "toolResult" in block:
+        result = block["toolResult"] or {}
+        parts = []
+        for part in result.get("content") or []:
+            if isinstance(part, Mapping) and "json" in part:
+                parts.append({"type": "text", "text": json.dumps(part["json"], sort_keys=True)})
+            else:
+                converted = _converse_block(part)
+                if converted is not None:
+                    parts.append(converted)
+        out: dict[str, Any] = {"type": "tool_result", "tool_use_id": result.get("toolUseId"), "content": parts}
+        if result.get("status") == "error":
+            out["is_error"] = True
+        return out
+    if "reasoningContent" in block:
+        text = (block["reasoningContent"] or {}).get("reasoningText") or {}
+        return {"type": "thinking", "thinking": text.get("text", ""), "signature": text.get("signature", "")}
+    if "cachePoint" in block:
+        return None
+    kind = next(iter(block), "unknown")  # image, document, video…: kept under their Converse name
+    return {"type": str(kind), "source": block.get(kind)}
+
+
+def _converse_blocks(blocks: Any, where: str) -> list[dict[str, Any]]:
+    """Converse blocks → Anthropic blocks; a ``cachePoint`` becomes ``cache_control`` on the block before it."""
+    if not isinstance(blocks, list):
+        raise _Skip(f"request body {where} is not a list of Converse content blocks")
+    out: list[dict[str, Any]] = []
+    for block in blocks:
+        converted = _converse_block(block)
+        if converted is not None:
+            out.append(converted)
+            continue
+        if out:
+            ttl = ((block.get("cachePoint") or {}).get("ttl") if isinstance(block, Mapping) else None)
+            out[-1]["cache_control"] = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
+    return out
+
+
+def converse_request_to_messages(body: Mapping[str, Any], model: str) -> dict[str, Any]:
+    """A Converse request body as the Anthropic Messages body it sends to a Claude model on Bedrock.
+
+    ``system`` and each message's ``content`` are lists of Converse blocks (``text``, ``toolUse``,
+    ``toolResult``, ``image``…, and ``cachePoint`` markers, which set ``cache_control`` on the block before
+    them); ``toolConfig.tools`` holds ``toolSpec`` entries (``inputSchema.json``) and ``cachePoint`` markers;
+    ``inferenceConfig.maxTokens`` is ``max_tokens``. The order of blocks, and so the cache prefix, is kept.
+    """
+    out: dict[str, Any] = {"model": model}
+    config = body.get("inferenceConfig")
+    if isinstance(config, Mapping) and config.get("maxTokens") is not None:
+        out["max_tokens"] = config["maxTokens"]
+    tool_config = body.get("toolConfig")
+    if isinstance(tool_config, Mapping) and isinstance(tool_config.get("tools"), list):
+        tools: list[dict[str, Any]] = []
+        for tool in tool_config["tools"]:
+            spec = tool.get("toolSpec") if isinstance(tool, Mapping) else None
+            if isinstance(spec, Mapping):
+                schema = spec.get("inputSchema") or {}
+                tools.append({"name": spec.get("name"), "description": spec.get("description", ""),
+                              "input_schema": schema.get("json", schema) if isinstance(schema, Mapping) else {}})
+            elif isinstance(tool, Mapping) and "cachePoint" in tool and tools:
+                tools[-1]["cache_control"] = {"type": "ephemeral"}
+        out["tools"] = tools
+    if body.get("system") is not None:
+        out["system"] = _converse_blocks(body["system"], "system")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise _Skip("request body has no messages list (Converse)")
+    out["messages"] = [
+        {"role": m.get("role"), "content": _converse_blocks(m.get("content"), f"messages[{i}].content")}
+        if isinstance(m, Mapping) else m
+        for i, m in enumerate(messages)
+    ]
+    return out
+
+
+def aws_event_stream(data: bytes) -> list[tuple[dict[str, str], bytes]]:
+    """Split an ``application/vnd.amazon.eventstream`` body into (string headers, payload) messages.
+
+    Each message: total length (4 bytes, big-endian), headers length (4), prelude CRC32 (4), headers,
+    payload, message CRC32 (4); a header is a 1-byte name length, the name, a 1-byte value type and the value
+    (type 7, a string: 2-byte length and UTF-8). Raises ``_Skip`` naming the offset of a damaged message.
+    """
+    sizes = {0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16}  # fixed-size value types (bool true/false: 0)
+    messages: list[tuple[dict[str, str], bytes]] = []
+    pos = 0
+    while pos < len(data):
+        if len(data) - pos < 16:
+            raise _Skip(f"event stream cut at byte {pos}")
+        total, header_len, prelude_crc = struct.unpack_from(">III", data, pos)
+        if zlib.crc32(data[pos:pos + 8]) != prelude_crc or total < 16 + header_len or pos + total > len(data):
+            raise _Skip(f"event stream message at byte {pos} is damaged")
+        headers: dict[str, str] = {}
+        h = pos + 12
+        end = h + header_len
+        while h < end:
+            name_len = data[h]
+            name = data[h + 1:h + 1 + name_len].decode("utf-8", errors="replace")
+            kind = data[h + 1 + name_len]
+            h += 2 + name_len
+            if kind in (6, 7):  # byte array, string
+                (length,) = struct.unpack_from(">H", data, h)
+                value = data[h + 2:h + 2 + length]
+                if kind == 7:
+                    headers[name] = value.decode("utf-8", errors="replace")
+                h += 2 + length
+            elif kind in sizes:
+                h += sizes[kind]
+            else:
+                raise _Skip(f"event stream header type {kind} at byte {h} is unknown")
+        messages.append((headers, data[end:pos + total - 4]))
+        pos += total
+    return messages
+
+
+def _bedrock_stream(data: bytes, call: BedrockCall) -> tuple[StreamSummary, dict[str, Any] | None]:
+    """Summarise a Bedrock stream: its Anthropic events (InvokeModel) or Converse events.
+
+    InvokeModel streams carry each Anthropic Messages event base64-encoded in a ``chunk`` event's
+    ``{"bytes": …}``; the last one adds ``amazon-bedrock-invocationMetrics`` (token counts in Bedrock's names,
+    returned second as a fallback usage). ConverseStream sends ``messageStart``, ``contentBlockDelta``,
+    ``messageStop`` and a ``metadata`` event whose ``usage`` is Converse's ``TokenUsage``.
+    """
+    events: list[dict[str, Any]] = []
+    metrics: dict[str, Any] | None = None
+    converse_meta: dict[str, Any] | None = None
+    text: list[str] = []
+    stop_reason: str | None = None
+    for headers, payload in aws_event_stream(data):
+        kind = headers.get(":event-type") or headers.get(":exception-type") or ""
+        if headers.get(":message-type") == "exception":
+            raise _Skip(f"stream ended with an error: {headers.get(':exception-type', 'exception')}: "
+                        f"{payload[:200].decode('utf-8', errors='replace')}")
+        try:
+            obj = json.loads(payload) if payload else {}
+        except ValueError:
+            raise _Skip(f"event stream {kind or 'event'} payload is not JSON") from None
+        if not isinstance(obj, dict):
+            continue
+        if call.converse:
+            if kind == "metadata":
+                converse_meta = obj
+            elif kind == "contentBlockDelta":
+                delta = obj.get("delta") or {}
+                if isinstance(delta.get("text"), str):
+                    text.append(delta["text"])
+            elif kind == "messageStop":
+                stop_reason = obj.get("stopReason")
+            continue
+        try:
+            inner = json.loads(base64.b64decode(obj.get("bytes") or ""))
+        except (binascii.Error, ValueError):
+            raise _Skip("event stream chunk is not base64 JSON") from None
+        if isinstance(inner, dict):
+            if isinstance(inner.get("amazon-bedrock-invocationMetrics"), dict):
+                metrics = inner["amazon-bedrock-invocationMetrics"]
+            events.append({"event": inner.get("type"), "data": inner})
+    if call.converse:
+        usage = converse_meta.get("usage") if converse_meta else None
+        content = [{"type": "text", "text": "".join(text)}] if text else []
+        return StreamSummary("anthropic", usage, None, None, content, stop_reason, None, 0, usage is not None), None
+    fallback = None
+    if metrics is not None and metrics.get("inputTokenCount") is not None:
+        fallback = {"inputTokens": metrics.get("inputTokenCount"), "outputTokens": metrics.get("outputTokenCount"),
+                    "cacheReadInputTokens": metrics.get("cacheReadInputTokenCount"),
+                    "cacheWriteInputTokens": metrics.get("cacheWriteInputTokenCount")}
+    return usage_from_sse(events, "anthropic"), fallback
 
 
 def _limited(decompressor: Any, data: bytes, what: str) -> bytes:
@@ -310,7 +584,8 @@ def convert_exchange(
 
 def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datetime,
              bodies: HistoryDecoder | None) -> ImportedRequest:
-    dialect = endpoint_dialect(ex.method, ex.url)
+    bedrock = bedrock_call(ex.method, ex.url)
+    dialect = "anthropic" if bedrock is not None else endpoint_dialect(ex.method, ex.url)
     path = urlsplit(ex.url).path or ex.url
     if dialect is None:
         raise _Skip(f"endpoint not analysed: {path}")
@@ -325,9 +600,20 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
     raw_request = ex.request_body
     if not isinstance(raw_request, dict):
         raw_request = decode_body(raw_request, req_headers.get("content-encoding"), what="request")
-    body = _json_body(raw_request, "request", bodies)
+    body = _json_body(raw_request, "request", bodies if bedrock is None or not bedrock.converse else None)
+    if bedrock is not None:
+        # an application inference profile's id names no model: an InvokeModel body in the Messages shape
+        # (its anthropic_version) still says Claude
+        claude = "anthropic." in bedrock.model or "claude" in bedrock.model or (
+            not bedrock.converse and "anthropic_version" in body)
+        if not claude:
+            raise _Skip(f"Bedrock model not analysed (not a Claude model): {bedrock.model}")
+        # the model is in the URL only; a Converse body is translated to the Messages body Claude receives
+        body = converse_request_to_messages(body, bedrock.model) if bedrock.converse else \
+            {"model": bedrock.model, **body}
 
     raw_response = ex.response_body
+    decoded: bytes | str | None = None
     text: str | None = None
     if raw_response is not None and not isinstance(raw_response, dict):
         decoded = decode_body(raw_response, resp_headers.get("content-encoding"))
@@ -337,9 +623,22 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
     cut_short = False
     reply: list[dict[str, Any]] | None = None
     native: Any = None
+    fallback_native: Any = ex.usage
     response_id: str | None = None
     response_model: str | None = None
-    if _is_stream(ex, resp_headers, body, text):
+    if bedrock is not None and bedrock.streamed and decoded is not None:
+        # a recorder that stored the stream as text decoded it as UTF-8 (vcrpy does when the bytes allow it)
+        data = decoded if isinstance(decoded, bytes) else decoded.encode("utf-8", errors="surrogateescape")
+        summary, metrics_usage = _bedrock_stream(data, bedrock)
+        native = summary.usage
+        if native is None and metrics_usage is not None:
+            native, bedrock = metrics_usage, BedrockCall("converse-stream", bedrock.model)  # Bedrock's names
+        if native is None:
+            raise _Skip("streamed without usage")
+        reply, response_id = summary.content or None, summary.response_id
+        if not bedrock.converse and not summary.complete:
+            cut_short = True
+    elif _is_stream(ex, resp_headers, body, text):
         events = ex.sse if ex.sse is not None else parse_sse(text or "")
         summary = usage_from_sse(events, dialect)
         if summary.error:
@@ -360,11 +659,17 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
             response_id = response.get("id")
             response_model = response.get("model")
             reply = _reply(response, dialect)
+            if bedrock is not None and bedrock.converse:
+                message = (response.get("output") or {}).get("message") or {}
+                reply = _converse_blocks(message.get("content") or [], "output") or None
         if native is None:
-            native = ex.usage
+            native = fallback_native
         if native is None:
             raise _Skip("response has no usage")
-    usage = convert_usage(native, dialect)
+    if bedrock is not None and bedrock.converse:
+        usage = converse_usage(native)
+    else:
+        usage = convert_usage(native, dialect)
     if any(k.lower() == SIMULATOR_HEADER for k in resp_headers):
         usage = replace(usage, source="simulated")  # our simulator answered: estimated tokens, not measured
     if cut_short:
@@ -374,7 +679,8 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
     if not isinstance(model, str) or not model:
         raise _Skip("request has no model")
     request_id = (
-        resp_headers.get("request-id") or resp_headers.get("x-request-id") or ex.request_id or response_id
+        resp_headers.get("request-id") or resp_headers.get("x-request-id") or resp_headers.get("x-amzn-requestid")
+        or ex.request_id or response_id
     )
     return ImportedRequest(
         session_key=session_key_for(file, provider, body),
@@ -390,6 +696,60 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         reply=reply,
         provider=provider,
     )
+
+
+# --- re-import identity ----------------------------------------------------------------------------------
+
+
+def exchange_digest(ex: HttpExchange) -> str:
+    """A digest of everything an exchange recorded about one call: method, URL, status, both bodies, the stream
+    and the usage beside it. Two different calls differ in at least their request body or their response."""
+    parts: list[bytes] = []
+    for part in (ex.method, ex.url, ex.status, ex.request_body, ex.response_body, ex.sse, ex.usage):
+        if isinstance(part, bytes):
+            data = part
+        elif isinstance(part, str):
+            data = part.encode("utf-8", errors="surrogatepass")
+        else:
+            data = json.dumps(part, sort_keys=True, default=repr).encode("utf-8", errors="surrogatepass")
+        parts.append(len(data).to_bytes(8, "big") + data)
+    return digest(b"".join(parts), tag="http-exchange")
+
+
+def position_key(source_ref: str, content_digest: str) -> str:
+    """The re-import identity of a request that has no trustworthy id: where it is in its file, and what it is."""
+    return f"{source_ref}|{content_digest}"
+
+
+def with_trusted_ids(converted: list[tuple[ImportedRequest | SkippedLine, HttpExchange | None]]
+                     ) -> list[ImportedRequest | SkippedLine]:
+    """Give each request of one recorded file (a cassette, a HAR) a ``dedupe_key`` that cannot collide.
+
+    A provider request id is the key only where it is trustworthy: every request of the file that carries it
+    is the same call (same :func:`exchange_digest`). Recorders that redact the id (``REQUEST-ID-XXX``, crewAI's
+    cassettes) give it to different calls; those, and requests without an id, are keyed by
+    :func:`position_key` (the entry's place in the file and its digest), so none is taken for a duplicate.
+    """
+    digests: dict[int, str] = {}
+    by_id: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
+    for rec, _ex in converted:
+        if isinstance(rec, ImportedRequest) and rec.request_id:
+            counts[rec.request_id] = counts.get(rec.request_id, 0) + 1
+    for i, (rec, ex) in enumerate(converted):
+        if isinstance(rec, ImportedRequest) and ex is not None and (not rec.request_id or counts[rec.request_id] > 1):
+            digests[i] = exchange_digest(ex)  # only where needed: most ids are unique
+            if rec.request_id:
+                by_id.setdefault(rec.request_id, set()).add(digests[i])
+    out: list[ImportedRequest | SkippedLine] = []
+    for i, (rec, _ex) in enumerate(converted):
+        if isinstance(rec, ImportedRequest):
+            rid = rec.request_id
+            key = rid if rid and len(by_id.get(rid, ())) <= 1 else position_key(rec.source_ref, digests.get(i, ""))
+            if key != rec.dedupe_key:
+                rec = replace(rec, dedupe_key=key)
+        out.append(rec)
+    return out
 
 
 def _reply(response: Mapping[str, Any], dialect: Dialect) -> list[dict[str, Any]] | None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SseEvent", "SseParser", "StreamSummary", "parse_sse", "usage_from_sse"]
+__all__ = ["SseEvent", "SseParser", "StreamSummary", "merge_anthropic_stream_usage", "parse_sse", "usage_from_sse"]
 
 
 @dataclass(frozen=True)
@@ -177,8 +177,9 @@ class StreamSummary:
         dialect: ``anthropic``, ``openai-chat`` or ``openai-responses`` (detected from the events).
         usage: the provider's native usage object for the whole call, or None when the stream carried none
             (an OpenAI Chat stream without ``stream_options.include_usage``). Anthropic: the
-            ``message_start`` usage updated with every non-null figure of ``message_delta`` usage (so
-            ``output_tokens`` is the final count, not the placeholder). OpenAI: the ``usage`` object as sent.
+            ``message_start`` usage combined with ``message_delta``'s by :func:`merge_anthropic_stream_usage`
+            (so ``output_tokens`` is the final count, not the placeholder, and the start's cache figures
+            stay). OpenAI: the ``usage`` object as sent.
         response_id: the response's ``id`` (``msg_…``, ``chatcmpl-…``, ``resp_…``).
         model: the model the response names.
         content: the reply rebuilt from the deltas: Anthropic content blocks; for OpenAI Chat one assistant
@@ -260,6 +261,52 @@ def usage_from_sse(events: Iterable[SseEvent | Mapping[str, Any]], provider: str
     return _chat(pairs)
 
 
+#: Counts message_start reports for real (its output_tokens is a placeholder, so the delta's always wins).
+_INPUT_COUNTS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def merge_anthropic_stream_usage(start: dict[str, Any] | None, delta: dict[str, Any]) -> dict[str, Any]:
+    """The usage of a streamed Anthropic message: ``message_start``'s usage combined with one ``message_delta``'s.
+
+    The rule, from the Messages streaming docs ("The token counts shown in the ``usage`` field of the
+    ``message_delta`` event are *cumulative*", https://docs.anthropic.com/en/docs/build-with-claude/streaming) and
+    the SDK's ``MessageDeltaUsage`` (every count optional but ``output_tokens``):
+
+    - start from ``message_start``'s ``message.usage`` (input, cache read, cache write and its 5m/1h
+      ``cache_creation`` split; ``output_tokens`` there is a placeholder);
+    - every field ``message_delta`` carries with a value replaces it (cumulative, so the delta's figure is the
+      whole call's); a field it omits or sends as null keeps ``message_start``'s figure, so the cache read
+      reported only at the start is never lost;
+    - a cumulative input count cannot fall: a delta input/cache figure *below* ``message_start``'s is a
+      placeholder (Anthropic-compatible gateways send ``0`` for figures they do not track), not a total, and
+      ``message_start``'s figure stays. Except when the delta carries ``iterations`` (server-side compaction):
+      its top-level figures then describe the final iteration and are taken as sent;
+    - when the delta changes ``cache_creation_input_tokens`` without its own ``cache_creation`` object, the
+      start's 5m/1h split no longer sums to the total and is dropped (the split becomes unknown, never wrong).
+
+    Several ``message_delta`` events (server tools) are merged in order; each is cumulative, so the last wins.
+    """
+    usage = dict(start or {})
+    compaction = isinstance(delta.get("iterations"), list)
+    for key, value in delta.items():
+        if value is None:
+            continue
+        before = usage.get(key)
+        if (not compaction and key in _INPUT_COUNTS and _is_count(before) and _is_count(value)
+                and value < before):
+            continue
+        usage[key] = value
+    written_before = (start or {}).get("cache_creation_input_tokens")
+    if ("cache_creation" not in delta and "cache_creation" in usage
+            and usage.get("cache_creation_input_tokens") != written_before):
+        del usage["cache_creation"]
+    return usage
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _anthropic(pairs: list[tuple[str | None, Any]]) -> StreamSummary:
     usage: dict[str, Any] | None = None
     response_id = model = stop_reason = error = None
@@ -297,8 +344,7 @@ def _anthropic(pairs: list[tuple[str | None, Any]]) -> StreamSummary:
             stop_reason = (data.get("delta") or {}).get("stop_reason", stop_reason)
             delta_usage = data.get("usage")
             if isinstance(delta_usage, dict):
-                usage = dict(usage or {})
-                usage.update({k: v for k, v in delta_usage.items() if v is not None})
+                usage = merge_anthropic_stream_usage(usage, delta_usage)
                 complete = True
         elif kind == "error":
             err = data.get("error") or {}

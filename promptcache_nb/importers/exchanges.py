@@ -54,6 +54,18 @@ know, and a line whose ``v`` is newer than the reader's is skipped naming the ve
 ``error`` (str, optional)
     One line saying why no response came back (connection refused, timeout, client went away).
 
+Reading
+=======
+A line that is not an exchange object (a Claude Code or Codex entry pasted into the log, any other JSON) is
+listed in ``skipped`` with its line and why, never dropped silently; the exchanges around it are read.
+
+Re-import identity (``dedupe_key``): the proxy writes a line when a call *completes*, stamped with when it
+*started*, so lines are not in time order and a growing log is re-imported while calls overlap. Each line's
+key therefore depends only on the line itself: its ``request_id`` the first time the file names that id (the
+provider's ids are unique, and a line once written never changes, so the key stays the same however the file
+grows), else — no id, or an id an earlier line already carried (a redacted or constant id) — a digest of the
+line's bytes.
+
 Credentials (``x-api-key``, ``authorization``, ``api-key``, cookies) are never written: the format has no
 request-header field at all.
 
@@ -69,17 +81,17 @@ Example (one line, wrapped here)::
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .._util import SIMULATOR_HEADER
+from .._util import SIMULATOR_HEADER, digest
 from ._history import HistoryDecoder
 from ._http import HttpExchange, convert_exchange, parse_iso_utc
-from ._jsonl import JsonLine, iter_json_lines
+from ._jsonl import JsonLine, iter_json_lines, json_objects_in_head
 from ._sse import parse_sse
 from ._types import ImportedRequest, Record, SkippedLine
 
@@ -101,33 +113,55 @@ class ExchangesReader:
     name = "exchanges"
 
     def sniff(self, path: Path, head: str) -> bool:
-        """The first non-blank line is an exchange object (or, cut by the 64 KiB head, starts like one)."""
-        for line in head.splitlines():
-            if not line.strip():
-                continue
-            try:
-                return _looks_like_exchange(json.loads(line))
-            except ValueError:
-                # A first line longer than the head (a big system prompt): the proxy writes "v" and "at" first.
-                return bool(_FIRST_KEYS.match(line)) and '"path"' in line and '"request"' in line
-        return False
+        """Most JSON objects on the head's complete lines are exchanges (a stray line of another format, such as
+        a Claude Code entry pasted in, does not flip it); or, when the first line is longer than the head (a big
+        system prompt), that line starts like one: the proxy writes ``v`` and ``at`` first."""
+        objs = json_objects_in_head(head)
+        if objs:
+            exchanges = sum(1 for obj in objs if _looks_like_exchange(obj))
+            return exchanges > 0 and exchanges * 2 >= len(objs)
+        first = next((line for line in head.splitlines() if line.strip()), "")
+        return bool(_FIRST_KEYS.match(first)) and '"path"' in first and '"request"' in first
 
     def read(self, path: Path) -> Iterator[Record]:
-        """Yield one record per line, then a :class:`ReadProgress` after the last complete line."""
+        """Yield one record per line, then a :class:`ReadProgress` after the last complete line.
+
+        ``dedupe_key`` (see the module docstring, "Re-import identity"): the line's ``request_id`` the first
+        time the file names it, else a digest of the line's bytes.
+        """
         file = str(path)
         fallback = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+        decoder = HistoryDecoder(("request",))
+        raw_line = b""
+
+        def loads(raw: bytes) -> Any:
+            nonlocal raw_line
+            raw_line = raw  # kept for the line's digest, computed only for lines without a trustworthy id
+            return decoder.loads(raw)
+
+        ids_seen: set[str] = set()
         # the shared growing-file and bad-line rules; a body's repeated history is the previous line's objects
-        for item in iter_json_lines(path, HistoryDecoder(("request",)).loads):
+        for item in iter_json_lines(path, loads):
             if not isinstance(item, JsonLine):
                 yield item
                 continue
             rec = self._record(item.obj, file=file, lineno=item.line, fallback=fallback)
             if isinstance(rec, ImportedRequest):
                 fallback = rec.at
+                rid = rec.request_id
+                if rid and rid not in ids_seen:
+                    ids_seen.add(rid)
+                    key = rid
+                else:
+                    key = digest(raw_line.rstrip(b"\r\n"), tag="exchanges-line")
+                if key != rec.dedupe_key:
+                    rec = replace(rec, dedupe_key=key)
             yield rec
 
     def _record(self, obj: dict[str, Any], *, file: str, lineno: int, fallback: datetime
                 ) -> ImportedRequest | SkippedLine:
+        if not _looks_like_exchange(obj):
+            return SkippedLine(file, lineno, _not_an_exchange(obj))
         version = obj.get("v", EXCHANGES_FORMAT_VERSION)
         if not isinstance(version, int) or version > EXCHANGES_FORMAT_VERSION:
             return SkippedLine(file, lineno, f"exchanges format version {version!r} is newer than this reader "
@@ -170,6 +204,16 @@ class ExchangesReader:
             response_headers={SIMULATOR_HEADER: "1"} if obj.get("simulated") is True else {},
         )
         return convert_exchange(ex, file=file, line=lineno, source_ref=f"{file}:{lineno}", fallback_at=fallback)
+
+
+def _not_an_exchange(obj: dict[str, Any]) -> str:
+    """Why a JSON object is not read as a proxy record, naming the format it belongs to when it is recognisable."""
+    if "sessionId" in obj and ("uuid" in obj or "parentUuid" in obj or obj.get("type") in ("user", "assistant")):
+        return "a claude-code entry, not a proxy record (import the session file itself)"
+    if "payload" in obj and "timestamp" in obj:
+        return "a codex entry, not a proxy record"
+    missing = [key for key in ("request", "path", "status") if key not in obj and not (key == "path" and "url" in obj)]
+    return f"not a proxy record: no {', '.join(missing)}"
 
 
 def _short(exc: Exception) -> str:

@@ -8,7 +8,9 @@ Each ``log.entries[i]`` with an Anthropic Messages or OpenAI Chat / Responses ca
 
 HAR stores bodies *after* HTTP content decoding while keeping the ``Content-Encoding`` header, so that
 header is ignored here; a body that is still gzip (its magic bytes) is decoded anyway.
-``source_ref`` is ``<file>#entries[<i>]`` and a skipped entry's ``line`` is ``i + 1``.
+``source_ref`` is ``<file>#entries[<i>]`` and a skipped entry's ``line`` is ``i + 1``. ``dedupe_key``: the
+provider's request id where the file never gives it to two different calls, else the entry's place and a digest
+of what it recorded (:func:`._http.with_trusted_ids`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from typing import Any
 
 from ..errors import ImportFormatError
 from ._history import HistoryDecoder
-from ._http import HttpExchange, convert_exchange, headers_dict, parse_iso_utc
+from ._http import HttpExchange, convert_exchange, headers_dict, parse_iso_utc, with_trusted_ids
 from ._types import ImportedRequest, Record, SkippedLine
 
 __all__ = ["HarReader"]
 
 _LOG_OBJECT = re.compile(r'"log"\s*:\s*\{')
+_HAR_LOG_KEY = re.compile(r'^\s*"(?:version|creator|browser|pages|entries|comment)"\s*:')
 
 
 def _body(holder: Any, key: str) -> bytes | str | None:
@@ -53,10 +56,17 @@ class HarReader:
     name = "har"
 
     def sniff(self, path: Path, head: str) -> bool:
-        """A JSON object with a ``log`` object that has ``entries`` (or HAR's ``creator``)."""
+        """A JSON object whose ``log`` object has ``entries`` or HAR's ``creator``/``version``, ahead of any
+        body: exporters write ``log`` first, and its ``version`` and ``creator`` before the entries, so a huge
+        first body (past the head) does not hide them."""
         text = head.lstrip()
-        return text.startswith("{") and bool(_LOG_OBJECT.search(text[:4096])) and (
-            '"entries"' in text or '"creator"' in text)
+        if not text.startswith("{"):
+            return False
+        opening = _LOG_OBJECT.search(text[:4096])
+        if opening is None:
+            return False
+        after = text[opening.end():opening.end() + 4096]
+        return _HAR_LOG_KEY.search(after) is not None
 
     def read(self, path: Path) -> Iterator[Record]:
         """Yield one record per entry, in file order.
@@ -76,16 +86,18 @@ class HarReader:
             raise ImportFormatError(file, "not a HAR file: no log.entries list")
         fallback = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
         bodies = HistoryDecoder()
+        converted: list[tuple[ImportedRequest | SkippedLine, HttpExchange | None]] = []
         for i, entry in enumerate(entries):
-            rec = self._entry(entry, file=file, i=i, fallback=fallback, bodies=bodies)
+            rec, ex = self._entry(entry, file=file, i=i, fallback=fallback, bodies=bodies)
             if isinstance(rec, ImportedRequest):
                 fallback = rec.at  # entries without a time keep the order of those with one
-            yield rec
+            converted.append((rec, ex))
+        yield from with_trusted_ids(converted)
 
-    def _entry(self, entry: Any, *, file: str, i: int, fallback: datetime,
-               bodies: HistoryDecoder) -> ImportedRequest | SkippedLine:
+    def _entry(self, entry: Any, *, file: str, i: int, fallback: datetime, bodies: HistoryDecoder
+               ) -> tuple[ImportedRequest | SkippedLine, HttpExchange | None]:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("request"), Mapping):
-            return SkippedLine(file, i + 1, "entry has no request object")
+            return SkippedLine(file, i + 1, "entry has no request object"), None
         request = entry["request"]
         response: Mapping[str, Any] = entry["response"] if isinstance(entry.get("response"), Mapping) else {}
         started = None
@@ -93,7 +105,7 @@ class HarReader:
             try:
                 started = parse_iso_utc(entry["startedDateTime"])
             except ValueError:
-                return SkippedLine(file, i + 1, f"startedDateTime {entry['startedDateTime']!r} is not ISO 8601")
+                return SkippedLine(file, i + 1, f"startedDateTime {entry['startedDateTime']!r} is not ISO 8601"), None
         status = response.get("status")
         if isinstance(status, bool) or not isinstance(status, int) or status <= 0:
             status = None  # HAR writes 0 (or omits the response) for blocked and failed requests
@@ -113,4 +125,4 @@ class HarReader:
             started_at=started,
         )
         return convert_exchange(ex, file=file, line=i + 1, source_ref=f"{file}#entries[{i}]", fallback_at=fallback,
-                                bodies=bodies)
+                                bodies=bodies), ex

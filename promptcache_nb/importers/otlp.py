@@ -10,6 +10,9 @@ and ``intValue`` may be a string (64-bit integers are strings in OTLP JSON).
   and embedding operations (``invoke_agent`` spans may sum their children's usage: counting them would count
   twice).
 * **Sessions** group by ``gen_ai.conversation.id``, else by the trace id. ``at`` is the span's start.
+* **Re-import identity** (``dedupe_key``): the span's ``traceId/spanId`` where it is trustworthy, else its place
+  in the file and a digest of the span (:func:`_span_key`), so spans without ids, or with redacted ones, that
+  share a line are never taken for one request.
 * **Usage** (semantic conventions): ``gen_ai.usage.cache_read.input_tokens`` and
   ``gen_ai.usage.cache_creation.input_tokens`` (older spellings ``gen_ai.usage.cache_read_input_tokens``,
   ``gen_ai.usage.cache_creation_input_tokens``...) are *included* in ``gen_ai.usage.input_tokens``, so
@@ -29,10 +32,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .._util import digest
 from ..usage import Usage
 from ._jsonl import JsonLine, iter_json_lines
 from ._messages import append_message
@@ -64,10 +69,11 @@ class OtlpReader:
         file = str(path)
         with open(path, "rb") as fh:
             first = fh.readline()
+        ids_seen: set[str] = set()  # span ids keyed so far in this file (see _span_key)
         if _is_object(first):  # one document per line (or a one-line document)
             for rec in iter_json_lines(path):
                 if isinstance(rec, JsonLine):
-                    yield from self._document(rec.obj, file, lambda k, n=rec.line: f"{file}:{n}")
+                    yield from self._document(rec.obj, file, lambda k, n=rec.line: f"{file}:{n}", ids_seen)
                 else:
                     yield rec
             return
@@ -80,16 +86,23 @@ class OtlpReader:
         if not isinstance(doc, dict):
             yield SkippedLine(file, 0, "not an OTLP JSON document (the top level is not an object)")
             return
-        yield from self._document(doc, file, lambda k: f"{file}#{k}")
+        yield from self._document(doc, file, lambda k: f"{file}#{k}", ids_seen)
 
-    def _document(self, doc: dict[str, Any], file: str, ref: Any) -> Iterator[Record]:
+    def _document(self, doc: dict[str, Any], file: str, ref: Any, ids_seen: set[str]) -> Iterator[Record]:
+        if not isinstance(doc.get("resourceSpans"), list):
+            # a line of another format in a collector's file: listed, never dropped without a word
+            yield SkippedLine(file, _line_of(ref(0)), "not an OTLP trace export (no resourceSpans list)")
+            return
         k = 0
         for rs in _list(doc.get("resourceSpans")):
             scopes = _list(rs.get("scopeSpans")) or _list(rs.get("instrumentationLibrarySpans"))
             for ss in scopes:
                 for span in _list(ss.get("spans")):
                     k += 1
-                    yield from self._span(span, file, ref(k))
+                    for rec in self._span(span, file, ref(k)):
+                        if isinstance(rec, ImportedRequest):
+                            rec = replace(rec, dedupe_key=_span_key(span, rec.source_ref, k, ids_seen))
+                        yield rec
 
     def _span(self, span: Any, file: str, source_ref: str) -> Iterator[Record]:
         line = _line_of(source_ref)
@@ -137,11 +150,11 @@ class OtlpReader:
         if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0:
             # the request parameter the span records (the Messages API requires it): after the model, as sent
             body = {"model": model, "max_tokens": limit, **body}
-        trace, span_id = span.get("traceId"), span.get("spanId")
+        trace = span.get("traceId")
         conversation = attrs.get("gen_ai.conversation.id")
         yield ImportedRequest(
             session_key=str(conversation) if conversation else str(trace or file),
-            dedupe_key=f"{trace}/{span_id}" if trace and span_id else source_ref,
+            dedupe_key=source_ref,  # replaced by _span_key, which sees the whole file's ids
             at=at,
             body=body,
             usage=usage,
@@ -153,6 +166,21 @@ class OtlpReader:
             reply=reply,
             provider=provider,
         )
+
+
+def _span_key(span: dict[str, Any], source_ref: str, k: int, ids_seen: set[str]) -> str:
+    """The re-import identity of one span: ``<traceId>/<spanId>`` the first time the file names that pair (span
+    ids are random and unique per the OTel spec, and the first occurrence keeps its key however a collector's
+    file grows), else — no ids, the spec's all-zero invalid ids, or a pair an earlier span already carried (a
+    redacted or re-used id) — the span's place in the file (document and span index) and a digest of the span."""
+    trace, span_id = span.get("traceId"), span.get("spanId")
+    if isinstance(trace, str) and isinstance(span_id, str) and trace.strip("0") and span_id.strip("0"):
+        pair = f"{trace}/{span_id}"
+        if pair not in ids_seen:
+            ids_seen.add(pair)
+            return pair
+    content = json.dumps(span, sort_keys=True, default=repr).encode("utf-8", errors="surrogatepass")
+    return f"{source_ref}/spans[{k}]|{digest(content, tag='otlp-span')}"
 
 
 # ---- OTLP values -----------------------------------------------------------------------------------------

@@ -11,7 +11,12 @@ usage, sessions).
 Cassettes carry no timestamps (vcrpy records none): a request's time is ``recorded_at``, else the response's
 ``Date`` header, else the response's own ``created`` time, else the previous request's, else the file's
 modification time. ``source_ref`` is ``<file>#interactions[<i>]`` and a skipped interaction's ``line`` is
-``i + 1``.
+``i + 1``. ``dedupe_key`` is the provider's request id where the cassette never gives it to two different calls,
+else the interaction's place and a digest of what it recorded (:func:`._http.with_trusted_ids`): recorders
+that redact ids (``REQUEST-ID-XXX``) must not make two calls one.
+
+Detection (:meth:`VcrReader.sniff`) needs no ``uri`` in the head: vcrpy sorts a request's keys, so a large first
+body pushes ``uri:`` past any fixed head, while the ``- request:`` item that opens the list is on line 2.
 
 The YAML is read with a *safe* loader and a document over :data:`MAX_CASSETTE_BYTES`, or whose aliases would
 expand it (a "billion laughs" bomb) or refer to themselves, is refused with one line.
@@ -32,7 +37,7 @@ import yaml
 
 from ..errors import ImportFormatError
 from ._history import HistoryDecoder
-from ._http import HttpExchange, convert_exchange, headers_dict, parse_http_date
+from ._http import HttpExchange, convert_exchange, headers_dict, parse_http_date, with_trusted_ids
 from ._types import ImportedRequest, Record, SkippedLine
 
 __all__ = ["MAX_CASSETTE_BYTES", "VcrReader"]
@@ -43,6 +48,9 @@ MAX_ALIASES = 10_000
 
 _YAML_SNIFF = re.compile(r"^(?:http_)?interactions:", re.M)
 _JSON_SNIFF = re.compile(r'"(?:http_)?interactions"\s*:\s*\[')
+# the list's first item opens with its request (vcrpy: "- request:", Ruby VCR: "- request:" too)
+_YAML_FIRST_ITEM = re.compile(r"^(?:http_)?interactions:[ \t]*\n(?:[ \t]*#.*\n)*[ \t]*-[ \t]+request:[ \t]*\n", re.M)
+_JSON_FIRST_ITEM = re.compile(r'"(?:http_)?interactions"\s*:\s*\[\s*\{\s*"(?:request|response)"\s*:\s*\{')
 
 _Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -166,12 +174,19 @@ class VcrReader:
     name = "vcr"
 
     def sniff(self, path: Path, head: str) -> bool:
-        """A top-level ``interactions:`` key with requests that have a ``uri`` (YAML or JSON)."""
+        """A top-level ``interactions:`` key whose first item is a ``request`` (or whose requests have a
+        ``uri``), YAML or JSON.
+
+        vcrpy writes a request's keys sorted (``body`` before ``uri``), so a cassette whose first body is larger
+        than the head shows no ``uri`` in it: the ``- request:`` item that opens the list identifies it, on a
+        head cut anywhere after it."""
         if head.lstrip().startswith("{"):
-            return bool(_JSON_SNIFF.search(head)) and '"uri"' in head
+            return bool(_JSON_SNIFF.search(head)) and ('"uri"' in head or _JSON_FIRST_ITEM.search(head) is not None)
         if re.match(r"(?:http_)?interactions:\s*\[\]\s*$", head.split("\n", 1)[0]):
             return True  # a cassette that recorded nothing
-        return bool(_YAML_SNIFF.search(head)) and re.search(r"^\s+uri:", head, re.M) is not None
+        if _YAML_SNIFF.search(head) is None:
+            return False
+        return _YAML_FIRST_ITEM.search(head) is not None or re.search(r"^\s+uri:", head, re.M) is not None
 
     def read(self, path: Path) -> Iterator[Record]:
         """Yield one record per interaction, in cassette order.
@@ -188,17 +203,19 @@ class VcrReader:
             raise ImportFormatError(file, "not a vcr cassette: no interactions list")
         fallback = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
         bodies = HistoryDecoder()
+        converted: list[tuple[ImportedRequest | SkippedLine, HttpExchange | None]] = []
         for i, item in enumerate(interactions):
-            rec = self._interaction(item, file=file, i=i, fallback=fallback, bodies=bodies)
+            rec, ex = self._interaction(item, file=file, i=i, fallback=fallback, bodies=bodies)
             if isinstance(rec, ImportedRequest):
                 fallback = rec.at
-            yield rec
+            converted.append((rec, ex))
+        yield from with_trusted_ids(converted)
 
-    def _interaction(self, item: Any, *, file: str, i: int, fallback: datetime,
-                     bodies: HistoryDecoder) -> ImportedRequest | SkippedLine:
+    def _interaction(self, item: Any, *, file: str, i: int, fallback: datetime, bodies: HistoryDecoder
+                     ) -> tuple[ImportedRequest | SkippedLine, HttpExchange | None]:
         request = item.get("request") if isinstance(item, Mapping) else None
         if not isinstance(request, Mapping):
-            return SkippedLine(file, i + 1, "interaction has no request")
+            return SkippedLine(file, i + 1, "interaction has no request"), None
         response = item.get("response") if isinstance(item.get("response"), Mapping) else {}
         ex = HttpExchange(
             method=str(request.get("method") or "GET").upper(),
@@ -211,4 +228,4 @@ class VcrReader:
             started_at=parse_http_date(item.get("recorded_at")),
         )
         return convert_exchange(ex, file=file, line=i + 1, source_ref=f"{file}#interactions[{i}]",
-                                fallback_at=fallback, bodies=bodies)
+                                fallback_at=fallback, bodies=bodies), ex
