@@ -557,7 +557,8 @@ def test_server_wrong_method_is_a_json_405_and_validation_follows_the_api(api):
         base = {"model": MODEL, "max_tokens": 16}
         for messages, problem in (
             ([], "at least one message"),
-            ([{"role": "system", "content": "x"}], "'user' or 'assistant'"),
+            ([{"role": "system", "content": "x"}], "cannot be the first message"),
+            ([{"role": "wizard", "content": "x"}], "'user', 'assistant' or 'system'"),
             ([{"role": "assistant", "content": "x"}], "first message"),
             ([{"role": "user", "content": ""}], "non-empty content"),
             ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4"}]}],
