@@ -315,3 +315,25 @@ def test_every_shipped_log_reimported_while_it_grows_ends_with_exactly_its_reque
         want = lab.sql(f"SELECT {columns} FROM turns ORDER BY session_id, idx")
     assert len(want) > 0
     assert got.to_dict("records") == want.to_dict("records")
+
+
+def test_a_write_without_its_ttl_split_is_stored_unknown_and_listed(tmp_path: Path) -> None:
+    first = call(0)
+    unsplit = {k: v for k, v in first["usage"].items() if k != "cache_creation"}  # Bedrock, older APIs
+    first["usage"] = first["response"]["usage"] = unsplit
+    big = call(1, usage={"input_tokens": 4, "cache_read_input_tokens": 3_000_000_000,
+                         "cache_creation_input_tokens": 30,
+                         "cache_creation": {"ephemeral_5m_input_tokens": 30, "ephemeral_1h_input_tokens": 0},
+                         "output_tokens": 61})
+    log = tmp_path / "proxy.jsonl"
+    log.write_text(lines([first, big]), encoding="utf-8")
+    with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
+        with pytest.warns(pc.ContextWindowWarning, match="3,000,000,034 measured input tokens"):
+            res = lab.import_log(log)
+        assert res.requests == 2 and res.skipped.empty
+        assert list(res.notes.line) == [1] and "5-minute" in res.notes.note[0]
+        assert "1 with notes" in repr(res)
+        df = res.sessions[0].turns()
+        assert df.cache_creation_5m_input_tokens.isna()[0] and df.cache_creation_1h_input_tokens.isna()[0]
+        assert int(df.cache_creation_input_tokens[0]) == 1900
+        assert int(df.cache_read_input_tokens[1]) == 3_000_000_000  # past INT32: stored exactly (BIGINT)

@@ -498,7 +498,6 @@ def test_bedrock_invoke_and_converse_calls_are_read(tmp_path: Path) -> None:
     assert converse_stream.reply == [{"type": "text", "text": "Tag v4.12.0 after the canary."}]
 
 
-@pytest.mark.filterwarnings("ignore::promptcache_nb.errors.UnpricedModelWarning")  # prices: another branch
 def test_bedrock_cassette_end_to_end(tmp_path: Path) -> None:
     path = bedrock_cassette(tmp_path / "test_release_assistant_bedrock.yaml")
     with pc.Lab(progress=False) as lab:
@@ -506,6 +505,9 @@ def test_bedrock_cassette_end_to_end(tmp_path: Path) -> None:
         assert res.requests == 4 and len(res.skipped) == 0
         df = res.sessions[0].turns()
         assert list(df.cache_read_input_tokens) == [0, 1_310, 1_310, 1_310]
+        # priced at Bedrock's own (regional) rates, never as a look-alike
+        assert res.unknown_models == [] and df.cost_usd.notna().all()
+        assert pc.prices_for(PROFILE).provider_id == "aws"
 
 
 def test_bedrock_other_models_and_damaged_streams_are_skipped_with_a_reason() -> None:

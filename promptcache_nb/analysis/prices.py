@@ -271,6 +271,32 @@ def _exact_match(model: str, provider_id: str | None) -> tuple[str, str] | None:
     return (provider.id, found.id) if _is_exact(model, found) else None
 
 
+#: An Amazon Bedrock model id: optional cross-region prefix, ``anthropic.<model>``, and the version suffix
+#: (``us.anthropic.claude-sonnet-4-5-20250929-v1:0``).
+_BEDROCK_ID = re.compile(r"(?P<base>(?:[a-z-]+\.)?anthropic\.[a-z0-9.-]+?)-v\d+(?::\d+)?")
+
+
+def _bedrock_match(model: str, base: str) -> tuple[str, str] | None:
+    """genai-prices' ``aws`` entry for a Bedrock id, when its match clause names the id without its version suffix
+    outright (``us.anthropic.claude-sonnet-4-5-20250929``); None otherwise (never a look-alike)."""
+    from genai_prices import data_snapshot
+
+    try:
+        provider, found = data_snapshot.get_snapshot().find_provider_model(model, None, "aws", None)
+    except LookupError:
+        return None
+    # the id itself is the reference genai-prices matches (its entry's own id is not in its clause)
+    return (provider.id, model) if base in _clause_strings(found.match) else None
+
+
+def _clause_strings(logic: Any) -> set[str]:
+    """Every string a genai-prices match clause compares with (equals, starts_with, contains)."""
+    out = {v.lower() for a in ("equals", "starts_with", "contains") if isinstance(v := getattr(logic, a, None), str)}
+    for sub in getattr(logic, "or_", None) or ():
+        out |= _clause_strings(sub)
+    return out
+
+
 @lru_cache(maxsize=512)
 def price_model_id(model: str) -> tuple[str, str] | None:
     """``(provider id, model id)`` of ``model`` in genai-prices, resolved exactly; None when it has no exact
@@ -286,8 +312,14 @@ def price_model_id(model: str) -> tuple[str, str] | None:
         (('anthropic', 'claude-sonnet-4-5'), None)
         >>> price_model_id("anthropic/claude-sonnet-4.6")
         ('openrouter', 'anthropic/claude-sonnet-4.6')
+
+    An Amazon Bedrock id resolves to genai-prices' ``aws`` entry that names it (Bedrock's own, regional price):
+        >>> price_model_id("us.anthropic.claude-sonnet-4-5-20250929-v1:0")
+        ('aws', 'us.anthropic.claude-sonnet-4-5-20250929-v1:0')
     """
     found = _exact_match(model, None)
+    if found is None and (bedrock := _BEDROCK_ID.fullmatch(model.lower())) is not None:
+        found = _bedrock_match(model, bedrock.group("base"))
     if found is None and "/" in model:
         vendor, name = model.split("/", 1)
         vendor = vendor.strip().lower()
