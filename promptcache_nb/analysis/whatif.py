@@ -31,7 +31,7 @@ from ..errors import PromptCacheError
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
 from ..usage import Usage
-from ._ideal import carried_over
+from ._ideal import carried_over, simulated_rebuild
 from .cause import NOISE_FLOOR, MeasuredCause, MeasuredRequest, measured_cause
 from .prices import Prices
 from .resimulate import StoredTurn, _resolve, load_turns, request_prices, simulate
@@ -130,7 +130,7 @@ def ttl_whatif(
 
 
 def _is_rebuild(idx: int, read: int | None, expected: int, reason: str | None) -> bool:
-    return idx > 0 and read is not None and read < expected and reason != "hit"
+    return idx > 0 and read is not None and simulated_rebuild(read, expected, reason)
 
 
 def keep_warm(
