@@ -71,7 +71,7 @@ def test_summaries_share_one_vocabulary() -> None:
         totals = usage_totals(s.turns())
         assert {k: summary[k] for k in totals} == totals
         assert list(summary) == ["requests", "total_input", "cache_read", "cache_write", "uncached",
-                                 "ideal_cache_read", "cache_read_pct", "efficiency", "breaks", "cost_usd",
+                                 "ideal_cache_read", "cache_read_pct", "efficiency", "breaks", "rebuilds", "cost_usd",
                                  "cost_no_cache_usd", "saved_usd"]
         compared = pc.compare_caches(s, ["anthropic", "openai"])
         assert "cache_read_pct" in compared and list(compared.read_pct) == list(compared.cache_read_pct)

@@ -20,8 +20,9 @@ than the provider's minimum cacheable length (nothing could be cached). The caus
 supports, in this order: a model switch; a compaction (the ``compaction`` event, or a history that shrank);
 a TTL expiry (the gap since the previous request, which last read or wrote the lost entries, is longer than
 their lifetime); a change of the unlogged prefix (a partial log) — only with evidence: the unlogged prefix's
-measured size differs, or the measured prompt total minus the logged estimate moved by more than the
-estimate of what was appended could explain; a prefix change located in the logged body; the 20-block
+measured size differs, or the read stopped inside it and the measured prompt total minus the logged
+estimate moved by more than the estimate of what was appended could explain (a read past it matched all
+of it); a prefix change located in the logged body; the 20-block
 lookback (the simulator's verdict); else a **provider-side miss** — the logged prefix was unchanged and
 nothing in the timing explains it (an eviction, another server or cache namespace).
 
@@ -251,7 +252,8 @@ def _ladder(previous: MeasuredRequest, current: MeasuredRequest, diff: PrefixDif
         detail.update(path=d.path, byte=d.byte_offset, excerpt=None if d.excerpt is None else str(d.excerpt),
                       divergence_path=where, changed_path=d.path)
         return Reason.PREFIX_CHANGED.value
-    drift = _unlogged_drift(previous, current)
+    # a read past the unlogged prefix matched all of it: only a read that stopped inside it can mean it changed
+    drift = _unlogged_drift(previous, current) if int(detail["read"]) < (unlogged_now or 0) else None
     if drift is not None:
         detail.update(unlogged_before=drift[0], unlogged_now=drift[1], estimated=True)
         return Reason.UNLOGGED_PREFIX_CHANGED.value

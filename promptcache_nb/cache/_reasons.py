@@ -138,21 +138,21 @@ def _short(code: Reason, detail: Mapping[str, Any], gap: float | None) -> str:
         n_prev, n_cur = detail.get("messages") or ("?", "?")
         return f"compaction: the history was replaced by a summary ({n_prev} -> {n_cur} messages)"
     if code is Reason.UNLOGGED_PREFIX_CHANGED:
-        before, now = detail.get("unlogged_before") or 0, detail.get("unlogged_now") or 0
+        was, became = int(detail.get("unlogged_before") or 0), int(detail.get("unlogged_now") or 0)
         if detail.get("estimated"):
             return ("prefix changed outside the logged content: the measured prompt total minus the logged "
-                    f"content's estimate went from {before:,} to {now:,} tokens, more than what was appended "
+                    f"content's estimate went from {was:,} to {became:,} tokens, more than what was appended "
                     "explains")
         return ("prefix changed outside the logged content: the unlogged prefix (system prompt, tools) went "
-                f"from {before:,} to {now:,} measured tokens")
+                f"from {was:,} to {became:,} measured tokens")
     if code is Reason.PROVIDER_MISS:
         text = "provider-side miss (the logged prefix was unchanged)"
         if detail.get("unlogged") is not None:
             return (f"{text}: the API read {detail.get('read', 0):,} tokens, less than the "
                     f"{detail['unlogged']:,}-token prefix the log does not hold (system prompt, tools), whose "
                     "measured size did not change: a change inside it cannot be told from a miss")
-        return f"{text}: nothing in the request or its timing explains it — an eviction, or another server or " \
-               "cache namespace"
+        return (f"{text}: nothing in the logged request or its timing explains it — an eviction, another server "
+                "or cache namespace, or a part of the prompt the provider renders differently from the log")
     return code.value
 
 
