@@ -248,7 +248,8 @@ class Observation:
         cache_read: this request's cache read (None without usage).
         complete_miss: broke because of an unexplained total miss rather than a drop.
         explanation: plain words joining the observation, the prefix diff and the cache model's reason.
-        cache_reason: the cache model's reason code (``hit``, ``ttl_expired``…), None for live usage.
+        cache_reason: the request's reason code (``hit``, ``ttl_expired``…): for measured usage its one cause
+            (:func:`~promptcache_nb.analysis.cause.measured_cause`), else the cache model's.
     """
 
     snapshot: Snapshot
