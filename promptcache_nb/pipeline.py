@@ -163,9 +163,11 @@ def advance(
     cost, cost_nc, cost_source = request_cost(usage, prices, at)
     keys, nodes, shared = prefix_chain(prepared, state.previous_keys, state.previous_nodes)
     rest_body = canonical_json({"shape": prepared.shape, "rest": prepared.rest})
+    # a measured request's one cause (cache_reason, cache_detail, explanation) is decided in the analysis
     analysis = _analysis.analyse_turn(
         previous=prev, current=prepared, usage=usage, cache_result=cache_result, previous_state=state.observation,
-        at=at, previous_at=prev_at, events=events, transport=transport,
+        at=at, previous_at=prev_at, events=events, transport=transport, retention_points=retention_points,
+        minimum=minimum,
     )
     messages: list[tuple[int, dict[str, Any]]] = []
     added: list[dict[str, Any]] = []
@@ -193,8 +195,8 @@ def advance(
         output_tokens=usage.output_tokens, usage_source=usage.source,
         usage_raw=None if usage.raw is None else canonical_json(usage.raw),
         ideal_cache_read=ideal, cost_usd=cost, cost_no_cache_usd=cost_nc,
-        cache_reason=cache_result.reason if cache_result else None,
-        cache_detail=canonical_json(cache_result.detail) if cache_result else None,
+        cache_reason=analysis.cache_reason,
+        cache_detail=None if analysis.cache_detail is None else canonical_json(analysis.cache_detail),
         events=canonical_json(events), request_id=outcome.request_id, user_text=label(user_text), reply=reply_ref,
         segment_map=encode_segment_map(cache_result.segment_states) if cache_result else None,
         transport=transport, source_ref=source_ref, dedupe_key=dedupe_key,

@@ -965,7 +965,7 @@ class Session:
             session_id=self.id, index=rec.idx, at=at, request=prepared.body, usage=step.usage,
             ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens, cost_usd=rec.cost_usd,
             cost_no_cache_usd=rec.cost_no_cache_usd, cache_reason=rec.cache_reason,
-            cache_detail=cache_result.detail if cache_result else None, events=events, reply=outcome.reply,
+            cache_detail=analysis.cache_detail, events=events, reply=outcome.reply,
             request_id=rec.request_id, prepared=prepared, cache_result=cache_result, diff=analysis.diff,
             observation=analysis.observation, prompt_cache_info=analysis.prompt_cache_info,
             cost_source=rec.cost_source,

@@ -129,8 +129,8 @@ def test_a_prefix_change_located_in_the_logged_body(lab):
 
 
 def test_a_pure_append_that_lost_its_cache_is_found_and_not_explained_away(lab):
-    """The logged body only appended, the API read nothing, nothing timed out: likely eviction — and the
-    simulator, which expected a full read, says so."""
+    """The logged body only appended, the API read nothing, nothing timed out: a provider-side miss (the
+    logged prefix was unchanged) — and the simulator, which expected a full read, says so."""
     s = lab.session(project="evicted")
     s.record(body(2), at=at(0), usage=usage(3, 0, 20_000))
     s.record(body(3), at=at(30), usage=usage(3, 20_000, 1_500))
@@ -138,12 +138,13 @@ def test_a_pure_append_that_lost_its_cache_is_found_and_not_explained_away(lab):
     row = pc.rebuilds(s).iloc[0]
     predicted = t.cache_detail["predicted_usage"]["cache_read_input_tokens"]
     assert predicted == prepare(body(3)).total_tokens  # the simulator read all #1 wrote (estimated)
-    assert row.reason == "evicted" and row.lost_tokens == 21_503
-    assert f"The simulator expected to read {predicted:,} tokens; the API read 0 — likely eviction." in row.explanation
-    # the per-turn explanation puts the measurement first and the disagreeing prediction second
+    assert row.reason == "provider_miss" == t.cache_reason and row.lost_tokens == 21_503
+    assert row.cause.startswith("provider-side miss (the logged prefix was unchanged)")
+    assert f"The simulator expected to read {predicted:,} tokens (its reason: hit); the API read 0." in row.explanation
+    # the per-turn explanation puts the measurement first, then the same sentence as the rebuild row
     text = t.observation.explanation
     assert text.startswith("Cache break: the cache read fell from 20,000 to 0 tokens")
-    assert f"The simulator expected to read {predicted:,} tokens (its reason: hit); the API read 0" in text
+    assert row.explanation in text
     assert "The cache read everything the previous request left cached" not in text
 
 
@@ -160,15 +161,27 @@ def test_a_prefix_change_outside_the_logged_content(lab):
     row = pc.rebuilds(s).iloc[0]
     assert row.reason == "unlogged_prefix_changed" and row.changed_path == "(unlogged prefix)"
     assert "went from 24,000 to 25,000 measured tokens" in row.cause
-    # (b) same unlogged size, the logged part only appended, and the API read less than the unlogged prefix
+    # (b) same unlogged size, the logged part only appended, but the measured total grew 1,500 tokens for an
+    # append of a few: measured total − logged estimate moved, so the unlogged part changed (with evidence)
     s = lab.session(project="partial-b")
     s.record(b1, at=at(0), usage=usage(3, 0, 25_000), prepared=_partial(b1, 24_000))
-    s.record(b2, at=at(30), usage=usage(3, 10_000, 16_500), prepared=_partial(b2, 24_000))
+    t = s.record(b2, at=at(30), usage=usage(3, 10_000, 16_500), prepared=_partial(b2, 24_000))
     row = pc.rebuilds(s).iloc[0]
-    assert row.reason == "unlogged_prefix_changed" and row.changed_path is None
-    assert row.cause.startswith("prefix changed outside the logged content: the API read 10,000 tokens, less "
-                                "than the 24,000-token prefix the log does not hold")
-    assert row.lost_tokens == 25_003 - 10_000
+    assert row.reason == "unlogged_prefix_changed" == t.cache_reason and row.changed_path is None
+    assert row.cause.startswith("prefix changed outside the logged content: the measured prompt total minus the "
+                                "logged content's estimate went from ")
+    assert row.lost_tokens == 25_003 - 10_000 and row.explanation in t.observation.explanation
+    # (c) the same read, but the measured total grew by what was appended: no evidence of a change outside the
+    # log, so no such claim — a provider-side miss, saying the read stopped inside the unlogged prefix
+    s = lab.session(project="partial-c")
+    grown = 25_003 + (_partial(b2, 24_000).total_tokens - _partial(b1, 24_000).total_tokens)
+    s.record(b1, at=at(0), usage=usage(3, 0, 25_000), prepared=_partial(b1, 24_000))
+    t = s.record(b2, at=at(30), usage=usage(3, 10_000, grown - 10_003), prepared=_partial(b2, 24_000))
+    row = pc.rebuilds(s).iloc[0]
+    assert row.reason == "provider_miss" == t.cache_reason
+    assert row.cause.startswith("provider-side miss (the logged prefix was unchanged): the API read 10,000 tokens, "
+                                "less than the 24,000-token prefix the log does not hold")
+    assert "prefix changed outside" not in t.observation.explanation
 
 
 def test_a_model_switch(lab):
@@ -255,7 +268,8 @@ def test_a_hit_at_an_early_breakpoint_is_a_hit(lab):
     m.record(body(1, auto=False, system_marker=True), at=at(0), usage=usage(1_200, 0, 18_000))
     t = m.record(body(2, auto=False, system_marker=True), at=at(30), usage=usage(1_300, 18_000, 0))
     assert t.cache_reason == "hit" and "nothing to read" not in t.observation.explanation
-    assert "The simulator predicted the same: the cache read everything" in t.observation.explanation
+    assert ("The simulator predicted the same: no rebuild: this request read 18,000 of the 19,200 prompt tokens the "
+            "previous request held" in t.observation.explanation)
     assert pc.rebuilds(m).empty
 
 
@@ -338,7 +352,8 @@ def test_an_unknown_model_mid_session_never_breaks_it(tmp_path):
             opus = s.record(body(2, model="claude-opus-4-9"), at=at(20), usage=usage(3, 0, 21_000))
         assert len([w for w in caught if issubclass(w.category, pc.UnpricedModelWarning)]) == 1  # once per session
         assert syn.cost_usd is None and opus.cost_usd is None  # never claude-opus-4's price
-        assert syn.cache_reason is None and opus.cache_reason is None  # the simulator cannot predict them
+        assert syn.cache_reason is None  # no prompt reached the API, and the simulator cannot predict it
+        assert opus.cache_reason == "model_switch"  # measured: the one cause, found without the simulator
         after = s.record(body(3), at=at(30), usage=usage(3, 20_000, 1_500))  # no UnknownModelError
         assert after.cost_usd == pytest.approx(SONNET.cost(after.usage, at(30)))
         df = pc.ttl_whatif(s)

@@ -148,7 +148,7 @@ def test_rebuilds_attribute_each_cause(lab):
     causes = dict(zip(df.idx, df.cause, strict=True))
     assert causes[2] == "TTL expiry: the 5m entry was idle 6m40s"
     assert causes[3] == "prefix changed at system[0]"
-    assert causes[4] == "model switch from claude-sonnet-4-5"
+    assert causes[4] == "model switch from claude-sonnet-4-5 to claude-sonnet-4: caches are kept per model"
     assert causes[5].startswith("breakpoint too far back: the entry at messages[8]")
     assert causes[7].startswith("prefix below the 1024-token minimum")
     assert df.changed_path.tolist()[1] == "system[0]"
@@ -198,8 +198,12 @@ def test_claude_code_bodies_stay_as_logged(claude_code):
 def test_claude_code_session_simulates_the_clients_breakpoints(claude_code):
     s = claude_code
     df = s.turns()
+    # measured causes: request 9 follows a compaction and sent only 231 tokens again (under the noise floor)
     assert list(df.cache_reason) == ["cold", "hit", "hit", "hit", "hit", "hit", "ttl_expired", "hit", "hit",
-                                     "prefix_changed", "hit"]
+                                     "hit", "hit"]
+    assert s.turn(9).cache_detail["predicted_reason"] == "prefix_changed"
+    assert "No rebuild: this request read 14,210 of the 15,908 prompt tokens" in s.turn(9).observation.explanation
+    assert "the rest left the prompt: compaction" in s.turn(9).observation.explanation
     detail = s.turn(6).cache_detail
     assert detail["assumed_breakpoints"] and detail["breakpoints"][0] == "(unlogged prefix)"
     assert detail["breakpoint_ttls"] == ["1h", "5m"]

@@ -64,6 +64,12 @@ def rebuilt_tokens(previous_total: int | None, cache_read: int | None, cache_wri
     return max(0, min(previous_total - cache_read, cache_write))
 
 
+def simulated_rebuild(read: int, expected: int, reason: str | None) -> bool:
+    """A simulated request (estimated figures: no noise floor) is a rebuild when it read less than the previous
+    request carried over (``expected``) and its cache model did not call it a hit."""
+    return read < expected and reason != "hit"
+
+
 def same_model(a: str | None, b: str | None) -> bool:
     """Two model ids name the same model (dated snapshots and aliases of one model are one cache)."""
     return a is not None and b is not None and (a == b or model_base_id(a) == model_base_id(b))

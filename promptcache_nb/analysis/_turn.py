@@ -16,6 +16,10 @@ the ``turns`` row:
 * ``broke`` / ``previous_cache_read`` / ``changes`` / ``explanation`` — the
   :class:`~promptcache_nb.Observation` (``changes`` is a canonical JSON list of ``{code, detail}``).
 
+For a request with measured usage, ``cache_reason`` and ``cache_detail`` are its one cause
+(:func:`~promptcache_nb.analysis.cause.measured_cause`), which the explanation states too; the cache
+model's verdict is kept in the detail as a prediction (``predicted_reason``, ``predicted_usage``).
+
 Per-turn cost is a few C-speed passes over the segment list (hash keys, common prefix, cumulative
 tokens) plus byte work inside the one divergent segment.
 """
@@ -23,8 +27,8 @@ tokens) plus byte work inside the one divergent segment.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +37,7 @@ from ..request import PreparedRequest, SegmentMemo, canonical_json, prepare
 from ..request.diff import PrefixDiff, compute_diff
 from ..store import Store
 from ..usage import Usage
+from .cause import MeasuredCause, MeasuredRequest, measured_cause
 from .observe import (
     Change,
     Observation,
@@ -57,6 +62,11 @@ class TurnAnalysis:
     observation: Observation | None = None
     state: ObservationState | None = None
     prompt_cache_info: dict[str, Any] | None = None
+    #: the request's stored ``cache_reason`` / ``cache_detail``: a measured request's one cause, else the cache
+    #: model's verdict
+    cache_reason: str | None = None
+    cache_detail: dict[str, Any] | None = None
+    cause: MeasuredCause | None = None
 
 
 def analyse_turn(
@@ -70,15 +80,24 @@ def analyse_turn(
     previous_at: datetime | None,
     events: list[str],
     transport: str | None = None,
+    retention_points: Sequence[tuple[int, float]] | None = None,
+    minimum: int = 0,
 ) -> TurnAnalysis:
-    """Diff ``current`` against ``previous`` and observe it; ``state`` feeds the next call."""
+    """Diff ``current`` against ``previous`` and observe it; ``state`` feeds the next call.
+
+    ``retention_points`` (the cache model's, for ``previous``) and ``minimum`` (its minimum cacheable length
+    for ``current``'s model) feed a measured request's cause."""
     d = compute_diff(previous, current) if previous is not None else None
+    st = previous_state if isinstance(previous_state, ObservationState) else None
+    cause, next_sent = _cause(st, previous, current, usage, cache_result, d, at, events, retention_points,
+                              minimum)
+    reason = cause.reason if cause is not None else cache_result.reason if cache_result else None
+    detail = cause.detail if cause is not None else cache_result.detail if cache_result else None
     obs, state = observe(
-        current, usage, state=previous_state if isinstance(previous_state, ObservationState) else None,
-        diff=d, previous=previous, cache_reason=cache_result.reason if cache_result else None,
-        cache_detail=cache_result.detail if cache_result else None, at=at, previous_at=previous_at,
-        events=events, transport=transport or default_transport(usage),
+        current, usage, state=st, diff=d, previous=previous, cache_reason=reason, cache_detail=detail, at=at,
+        previous_at=previous_at, events=events, transport=transport or default_transport(usage), cause=cause,
     )
+    state = replace(state, last_sent=next_sent[0], last_sent_points=next_sent[1])
     columns = {
         "diverge_path": d.path if d else None,
         "diverge_byte": d.byte_offset if d else None,
@@ -90,7 +109,32 @@ def analyse_turn(
         "changes": canonical_json([c.to_dict() for c in obs.changes]),
         "explanation": obs.explanation,
     }
-    return TurnAnalysis(columns, d, obs, state, obs.prompt_cache_info())
+    return TurnAnalysis(columns, d, obs, state, obs.prompt_cache_info(), reason, detail, cause)
+
+
+def _cause(st: ObservationState | None, previous: PreparedRequest | None, current: PreparedRequest, usage: Usage,
+           cache_result: CacheResult | None, d: PrefixDiff | None, at: datetime, events: list[str],
+           retention_points: Sequence[tuple[int, float]] | None, minimum: int
+           ) -> tuple[MeasuredCause | None, tuple[MeasuredRequest | None, tuple[tuple[int, float], ...] | None]]:
+    """A measured request's cause against the last request that reached the API, and that baseline for the
+    next request (with its retention points once known)."""
+    sent = st.last_sent if st is not None else None
+    points = st.last_sent_points if st is not None else None
+    if sent is not None and sent.request is previous:  # the session's points are this baseline's
+        points = tuple(retention_points) if retention_points is not None else None
+    cause = None
+    if usage.measured and usage.total_input_tokens and (sent is not None or previous is None):
+        cause = measured_cause(
+            sent, MeasuredRequest(current, at, usage, tuple(events)),
+            diff=d if sent is not None and sent.request is previous else None, retention_points=points,
+            minimum=minimum, predicted_reason=cache_result.reason if cache_result else None,
+            predicted_detail=cache_result.detail if cache_result else None,
+        )
+    if not usage.measured:
+        return cause, (None, None)  # estimated figures are no baseline for measured ones
+    if usage.total_input_tokens:
+        return cause, (MeasuredRequest(current, at, usage, tuple(events)), None)
+    return cause, (sent, points)  # no prompt reached the API (a placeholder entry): the baseline stays
 
 
 # -- rebuilding from the store ------------------------------------------------------------------
@@ -111,7 +155,7 @@ def _prompt_total(row: dict[str, Any]) -> int | None:
 
 
 _STATE_COLUMNS = ("usage_source", "transport", "input_tokens", "cache_read_input_tokens",
-                  "cache_creation_input_tokens")
+                  "cache_creation_input_tokens", "at", "events")
 
 
 def _state_as_of(store: Store, session_id: str, upto: int | None,
@@ -129,7 +173,22 @@ def _state_as_of(store: Store, session_id: str, upto: int | None,
         read_snap = snap if marks.read_idx == marks.last_idx else _snapshot_at(store, session_id, marks.read_idx,
                                                                                 read_row, requests)
     return ObservationState(snap, last_read, read_snap, marks.touch_at.astimezone(UTC) if marks.touch_at else None,
-                            _prompt_total(last) if last else None)
+                            _prompt_total(last) if last else None,
+                            _last_sent(store, session_id, marks.last_idx, last, requests))
+
+
+def _last_sent(store: Store, session_id: str, idx: int, row: dict[str, Any] | None,
+               requests: Mapping[int, PreparedRequest] | None) -> MeasuredRequest | None:
+    """The baseline of the next measured cause after a restart: the last request, when it is measured and
+    reached the API (after a placeholder entry the baseline is not looked for further back)."""
+    if row is None or row["usage_source"] not in ("live", "imported") or not _prompt_total(row):
+        return None
+    got = requests.get(idx) if requests is not None else None
+    prepared = got if got is not None else prepare(store.turn_body(session_id, idx))
+    usage = Usage(row["input_tokens"], row["cache_read_input_tokens"], row["cache_creation_input_tokens"],
+                  source=row["usage_source"])
+    events = tuple(json.loads(row["events"])) if row["events"] else ()
+    return MeasuredRequest(prepared, row["at"].astimezone(UTC), usage, events)
 
 
 def observation_state_from_store(store: Store, session_id: str, *,

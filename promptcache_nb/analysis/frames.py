@@ -10,8 +10,18 @@ if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not w
 
 SUMMARY_COLUMNS = [
     "session", "strategy", "cache", "requests", "total_input", "cache_read", "cache_write", "uncached",
-    "ideal_cache_read", "cache_read_pct", "efficiency", "breaks", "cost_usd", "cost_no_cache_usd", "saved_usd",
+    "ideal_cache_read", "cache_read_pct", "efficiency", "breaks", "rebuilds", "cost_usd", "cost_no_cache_usd",
+    "saved_usd",
 ]
+
+#: What ``breaks`` and ``rebuilds`` count, in one sentence (the summaries' docstrings and README say it).
+BREAKS_VS_REBUILDS = (
+    "breaks counts OpenClaw breaks — the cache read fell at least 5 % and 1,000 tokens below the previous "
+    "read, or to 0 with nothing changed — while rebuilds counts the requests that had to send again more than "
+    "256 tokens of what the previous request held (pc.rebuilds), so a cache lost after an earlier partial read, "
+    "or a small loss, is a rebuild without being a break, and a read that fell because the prompt got shorter "
+    "is a break without being a rebuild."
+)
 
 
 def efficiency(df: pd.DataFrame) -> float:
@@ -44,17 +54,44 @@ def usage_totals(df: pd.DataFrame) -> dict[str, Any]:
 
 def summarize(df: pd.DataFrame) -> dict[str, Any]:
     """Totals of one session's ``turns()`` frame: :func:`usage_totals` plus ``ideal_cache_read``,
-    ``efficiency`` (Σ cache read / Σ ideal) and ``breaks``."""
+    ``efficiency`` (Σ cache read / Σ ideal), ``breaks`` (OpenClaw breaks) and ``rebuilds`` (requests that sent
+    again more than 256 tokens of what the previous one held). The two differ: :data:`BREAKS_VS_REBUILDS`."""
     totals = usage_totals(df)
     read, ideal = totals["cache_read"], int(df.ideal_cache_read.sum())
     order = ("requests", "total_input", "cache_read", "cache_write", "uncached", "ideal_cache_read",
-             "cache_read_pct", "efficiency", "breaks", "cost_usd", "cost_no_cache_usd", "saved_usd")
+             "cache_read_pct", "efficiency", "breaks", "rebuilds", "cost_usd", "cost_no_cache_usd", "saved_usd")
     extra = {
         "ideal_cache_read": ideal,
         "efficiency": round(read / ideal, 4) if ideal else float("nan"),
         "breaks": int(df.broke.fillna(False).astype(bool).sum()) if "broke" in df else 0,
+        "rebuilds": count_rebuilds(df),
     }
     return {k: totals[k] if k in totals else extra[k] for k in order}
+
+
+def count_rebuilds(df: pd.DataFrame) -> int:
+    """The rows of a ``turns()`` frame that :func:`~promptcache_nb.rebuilds` lists (at its default noise floor):
+    a measured request whose stored ``cache_reason`` names a rebuild (``analysis.cause`` stores one exactly
+    then); a simulated one that read less than the previous request carried over and was no hit."""
+    import pandas as pd
+
+    from ..cache._reasons import NOT_REBUILD
+    from ._ideal import carried_over, simulated_rebuild
+
+    if "cache_reason" not in df or "usage_source" not in df:
+        return 0
+    n = 0
+    prev_total: int | None = None
+    for i, r in enumerate(df.itertuples(index=False)):
+        parts = (r.input_tokens, r.cache_read_input_tokens, r.cache_creation_input_tokens)
+        total = int(r.total_tokens) if any(pd.isna(p) for p in parts) else int(sum(parts))
+        reason = None if pd.isna(r.cache_reason) else r.cache_reason
+        if i and r.usage_source in ("live", "imported"):
+            n += reason is not None and reason not in NOT_REBUILD
+        elif prev_total is not None and not pd.isna(r.cache_read_input_tokens) and reason is not None:
+            n += simulated_rebuild(int(r.cache_read_input_tokens), carried_over(prev_total, total), reason)
+        prev_total = total
+    return n
 
 
 def compare_df(sessions: Iterable[Any]) -> pd.DataFrame:

@@ -34,6 +34,7 @@ from ..cache._reasons import explain_reason, where
 from ..request import PreparedRequest, canonical_bytes
 from ..request.diff import PrefixDiff, marker_indices, sections, visible, visible_html
 from ..usage import Usage
+from .cause import MeasuredCause, MeasuredRequest, prediction_gap
 
 MAX_STABLE_CACHE_READ_RATIO = 0.95  # applied as cache_read * 100 < previous * 95: exact at the edge
 MIN_CACHE_BREAK_TOKEN_DROP = 1_000
@@ -219,6 +220,11 @@ class ObservationState:
             ``lastCacheTouchAt``).
         prompt_total: the previous request's prompt total as stored (``input + cache read + cache
             write``: measured when its usage was), for the next request's ideal read; None when unknown.
+        last_sent: the last request with measured usage that reached the API (a prompt total above 0), the
+            baseline of the next request's :func:`~promptcache_nb.analysis.cause.measured_cause`; None after a
+            simulated request.
+        last_sent_points: the cache model's retention points of ``last_sent`` (None until the next request
+            brings them).
     """
 
     snapshot: Snapshot | None = None
@@ -226,6 +232,8 @@ class ObservationState:
     last_read_snapshot: Snapshot | None = None
     last_cache_touch_at: datetime | None = None
     prompt_total: int | None = None
+    last_sent: MeasuredRequest | None = None
+    last_sent_points: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -240,7 +248,8 @@ class Observation:
         cache_read: this request's cache read (None without usage).
         complete_miss: broke because of an unexplained total miss rather than a drop.
         explanation: plain words joining the observation, the prefix diff and the cache model's reason.
-        cache_reason: the cache model's reason code (``hit``, ``ttl_expired``…), None for live usage.
+        cache_reason: the request's reason code (``hit``, ``ttl_expired``…): for measured usage its one cause
+            (:func:`~promptcache_nb.analysis.cause.measured_cause`), else the cache model's.
     """
 
     snapshot: Snapshot
@@ -378,6 +387,7 @@ def observe(
     previous_at: datetime | None = None,
     events: Any = (),
     transport: str = "direct",
+    cause: MeasuredCause | None = None,
 ) -> tuple[Observation, ObservationState]:
     """Observe one request; returns the observation and the state the next request needs.
 
@@ -389,6 +399,8 @@ def observe(
         cache_reason / cache_detail: the cache model's ``CacheResult.reason`` / ``detail``.
         at / previous_at: request times (UTC). events: session events applied before this request.
         transport: ``direct`` or ``http``.
+        cause: a measured request's one cause (:func:`~promptcache_nb.analysis.cause.measured_cause`): its
+            sentence replaces the cache model's, and ``cache_reason`` / ``cache_detail`` should be its own.
     """
     snap = snapshot(current, transport=transport)
     if state is None and previous is not None:
@@ -425,6 +437,7 @@ def observe(
         current=current, usage=usage, diff=diff, changes=changes, broke=broke, complete_miss=complete_miss,
         previous_cache_read=baseline, cache_read=cache_read, cache_reason=cache_reason,
         cache_detail=cache_detail or {}, at=at, previous_at=previous_at, events=events, first=first,
+        cause=cause,
     )
     obs = Observation(
         snapshot=snap, changes=tuple(changes), broke=broke, previous_cache_read=baseline,
@@ -437,34 +450,6 @@ def observe(
 
 
 # -- plain words -------------------------------------------------------------------------------
-
-#: Measured and predicted reads disagree when their shares of the prompt differ by more than this ...
-PREDICTION_TOLERANCE = 0.1
-#: ... and by more than this many tokens (estimated and measured counts differ by ±20 % anyway).
-PREDICTION_NOISE_TOKENS = 256
-
-
-def prediction_gap(usage: Usage | None, detail: dict[str, Any]) -> tuple[int, int] | None:
-    """(predicted read, measured read) when a measured request's read disagrees with the cache model's
-    prediction (``detail["predicted_usage"]``); None when they agree or there is nothing to compare.
-
-    Reads are compared as shares of each side's prompt total (the prediction counts estimated tokens),
-    so an estimator off by 20 % is no disagreement; a read of 0 against a predicted 21k is.
-    """
-    predicted = detail.get("predicted_usage") or {}
-    p_read = predicted.get("cache_read_input_tokens")
-    if usage is None or not usage.measured or p_read is None or usage.cache_read_input_tokens is None:
-        return None
-    m_read = usage.cache_read_input_tokens
-    p_total = sum(predicted.get(k) or 0 for k in ("input_tokens", "cache_read_input_tokens",
-                                                   "cache_creation_input_tokens"))
-    m_total = usage.total_input_tokens or 0
-    p_share = p_read / p_total if p_total else 0.0
-    m_share = m_read / m_total if m_total else 0.0
-    if abs(p_share - m_share) > PREDICTION_TOLERANCE and abs(p_read - m_read) > PREDICTION_NOISE_TOKENS:
-        return p_read, m_read
-    return None
-
 
 def _with_prediction(cause: str, reason: str, detail: dict[str, Any], usage: Usage | None) -> str:
     """The cache model's cause in its place: as is for simulated usage; for measured usage second to the
@@ -486,9 +471,12 @@ def explain(
     *, current: PreparedRequest, usage: Usage | None, diff: PrefixDiff | None, changes: list[Change],
     broke: bool | None, complete_miss: bool, previous_cache_read: int | None, cache_read: int | None,
     cache_reason: str | None, cache_detail: dict[str, Any], at: datetime | None, previous_at: datetime | None,
-    events: Any, first: bool,
+    events: Any, first: bool, cause: MeasuredCause | None = None,
 ) -> str:
-    """The observation in plain words (deterministic: numbers with thousands separators, no clock)."""
+    """The observation in plain words (deterministic: numbers with thousands separators, no clock).
+
+    A measured request's cause is ``cause``'s sentence, the one its :func:`~promptcache_nb.rebuilds` row
+    states; the OpenClaw break line before it never says "no break" alone when tokens were sent again."""
     parts: list[str] = []
     if first:
         parts.append("First request of the session.")
@@ -505,15 +493,21 @@ def explain(
             drop = (previous_cache_read or 0) - cache_read
             parts.append(f"Cache break: the cache read fell from {previous_cache_read:,} to {cache_read:,} "
                          f"tokens (-{drop:,}).")
+    elif previous_cache_read and cause is not None and cause.rebuild:
+        parts.append(f"Read {cache_read:,} cached tokens (previous request: {previous_cache_read:,}): not an "
+                     "OpenClaw break (a drop of 5 % and 1,000 tokens), but "
+                     f"{cause.lost_tokens:,} tokens were sent again.")
     elif previous_cache_read:
         parts.append(f"Read {cache_read:,} cached tokens (previous request: {previous_cache_read:,}): "
                      "no break.")
     else:
         parts.append(f"Read {cache_read:,} cached tokens.")
     gap = (at - previous_at).total_seconds() if at is not None and previous_at is not None else None
-    if cache_reason:
-        cause = explain_reason(cache_reason, cache_detail, gap=gap, request=current, usage=usage, diff=diff)
-        parts.append(_with_prediction(cause, cache_reason, cache_detail, usage))
+    if cause is not None:
+        parts.append(cause.explanation)
+    elif cache_reason:
+        said = explain_reason(cache_reason, cache_detail, gap=gap, request=current, usage=usage, diff=diff)
+        parts.append(_with_prediction(said, cache_reason, cache_detail, usage))
     if diff is not None:
         if diff.pure_append:
             if diff.identical:

@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from .._util import fmt_duration, parse_duration
 from ..cache import AnthropicCache, CacheModel, Reason, explain_reason, get_cache_model
+from ..cache._reasons import NOT_REBUILD
 from ..errors import PromptCacheError
-from ..request import PreparedRequest, SegmentMemo, compute_diff, prepare
+from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
 from ..usage import Usage
-from ._ideal import carried_over, rebuilt_tokens, same_model
+from ._ideal import carried_over, simulated_rebuild
+from .cause import NOISE_FLOOR, MeasuredCause, MeasuredRequest, measured_cause
 from .prices import Prices
 from .resimulate import StoredTurn, _resolve, load_turns, request_prices, simulate
 
@@ -48,12 +50,6 @@ REBUILD_COLUMNS = [
     "detail", "measured", "explanation",
 ]
 
-#: Default noise floor of :func:`rebuilds` on measured usage, in tokens.
-NOISE_FLOOR = 256
-
-#: Reason codes of measured rebuilds that the cache models do not use.
-UNLOGGED_PREFIX_CHANGED = Reason.UNLOGGED_PREFIX_CHANGED.value
-COMPACTION = Reason.COMPACTION.value
 
 
 def _session_prices(row: dict[str, Any]) -> Callable[[str], Prices | None]:
@@ -134,7 +130,7 @@ def ttl_whatif(
 
 
 def _is_rebuild(idx: int, read: int | None, expected: int, reason: str | None) -> bool:
-    return idx > 0 and read is not None and read < expected and reason != "hit"
+    return idx > 0 and read is not None and simulated_rebuild(read, expected, reason)
 
 
 def keep_warm(
@@ -278,21 +274,20 @@ _REBUILD_COLUMNS = ("idx", "at", "model", "total_tokens", "input_tokens", "cache
 
 
 def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = NOISE_FLOOR) -> pd.DataFrame:
-    """The requests that had to write again what the cache held, each with its cause.
+    """The requests that had to send again what the cache held, each with its cause.
 
-    **Measured requests** (live or imported usage) are judged on their measured figures only. A rebuild
-    is what the request wrote of what the previous request held:
-    ``clamp(previous prompt total − cache read, 0, cache write)`` measured tokens
-    (:func:`~promptcache_nb.analysis._ideal.rebuilt_tokens`), counted only above ``noise_floor`` — so the
-    few uncached tail tokens of every request are never a rebuild, and a rebuild hidden behind a body that
-    looks like a pure append is found. The cause is the first that the evidence supports, in this order:
-    a model switch; a compaction (the ``compaction`` event, or a history that shrank); a TTL expiry (the
-    gap since the previous request, which last read or wrote the lost entries, is longer than their TTL);
-    a prefix change located in the body (segment path, byte, an excerpt of both sides); a prefix change
-    outside the logged content (a partial log: its unlogged prefix differs, or the API read less than it
-    while the logged part is unchanged); the 20-block lookback; the minimum cacheable length; else
-    unexplained — likely eviction. ``explanation`` states the measured figures, then the simulator's
-    prediction when it disagrees.
+    **Measured requests** (live or imported usage) are judged on their measured figures only, by the one
+    function that also gave the request its stored ``cache_reason`` and its explanation
+    (:func:`~promptcache_nb.analysis.cause.measured_cause`, see there for the rule): a rebuild is what the
+    request sent again of what the previous request held — ``clamp(previous prompt total − cache read, 0,
+    re-sent)`` measured tokens, where re-sent is the cache write on a provider with explicit writes
+    (Anthropic) and everything not read on one that caches implicitly (OpenAI, Codex, DeepSeek, Gemini) —
+    counted only above ``noise_floor``. The cause is the first the evidence supports: a model switch; a
+    compaction; a TTL expiry; a change of the unlogged prefix (only with evidence); a prefix change located
+    in the body; the 20-block lookback; else a provider-side miss (the logged prefix was unchanged). So a
+    row's ``reason`` is the request's own ``cache_reason`` and its ``explanation`` is the sentence its
+    observation states. ``explanation`` gives the measured figures, then the simulator's prediction when it
+    disagrees.
 
     **Simulated requests** are judged as before: a request (not the first) whose cache read is below
     what the previous request carried over and whose cache model did not report ``hit``, with the cache
@@ -300,7 +295,9 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
 
     Args:
         session: a Session (or a Lab, with ``session_id``).
-        noise_floor: measured rebuilds of at most this many tokens are ignored.
+        noise_floor: measured rebuilds of at most this many tokens are ignored (the stored causes use
+            :data:`~promptcache_nb.analysis.cause.NOISE_FLOOR`; a lower floor lists the cause the same
+            function found for the smaller ones).
 
     Returns:
         One row per rebuild: ``idx, at, gap_seconds, expected_read, read, lost_tokens, reason, cause,
@@ -323,8 +320,8 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
             res = simulate(cache, t.request, t.at)
             if reasons[i] is None and not measured[i] and res is not None:
                 reasons[i], details[i] = res.reason, res.detail
-    evidence = _Evidence(lab, sid) if any(measured) else None
-    records = df.to_dict("records") if evidence is not None else []
+    records = df.to_dict("records")
+    evidence: _Evidence | None = None  # stores written before the measured cause was stored: computed again
     rows: list[dict[str, Any]] = []
     prev_total: int | None = None
     prev_at = None
@@ -334,10 +331,15 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
         total = known if known is not None else int(r.total_tokens)
         read = None if pd.isna(r.cache_read_input_tokens) else int(r.cache_read_input_tokens)
         gap = None if prev_at is None else (r.at - prev_at).total_seconds()
-        if i and measured[i] and evidence is not None:
-            found = evidence.rebuild(i, records, details[i], reasons[i], noise_floor=noise_floor)
-            if found is not None:
-                rows.append({"idx": r.idx, "at": r.at, "gap_seconds": gap, **found, "measured": True})
+        if i and measured[i]:
+            reason, detail = reasons[i], details[i]
+            if "lost_tokens" not in detail:
+                evidence = evidence or _Evidence(lab, sid)
+                found = evidence.cause(i, records, detail, reason)
+                reason, detail = (found.reason, found.detail) if found is not None else (reason, {})
+            row = _measured_row(reason, detail, noise_floor)
+            if row is not None:
+                rows.append({"idx": r.idx, "at": r.at, "gap_seconds": gap, **row, "measured": True})
         elif prev_total is not None:
             expected = carried_over(prev_total, total)
             if read is not None and _is_rebuild(r.idx, read, expected, reasons[i]):
@@ -353,6 +355,21 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
     return pd.DataFrame(rows, columns=REBUILD_COLUMNS)
 
 
+def _measured_row(reason: str | None, detail: dict[str, Any], noise_floor: int) -> dict[str, Any] | None:
+    """A measured request's rebuild row from its stored cause (None: no rebuild above ``noise_floor``)."""
+    lost = int(detail.get("lost_tokens") or 0)
+    if lost <= noise_floor or reason in (Reason.COLD.value, Reason.BELOW_MINIMUM.value):
+        return None
+    if reason is None or reason in NOT_REBUILD:  # under the stored floor: the cause found for it all the same
+        reason = detail.get("rebuild_reason")
+        if reason is None:
+            return None
+    return {"expected_read": int(detail.get("expected_read") or 0), "read": detail.get("read"), "lost_tokens": lost,
+            "reason": reason, "cause": explain_reason(reason, detail, short=True),
+            "changed_path": detail.get("changed_path"), "detail": detail,
+            "explanation": explain_reason(reason, detail)}
+
+
 def _int(value: Any) -> int | None:
     import pandas as pd
 
@@ -360,7 +377,8 @@ def _int(value: Any) -> int | None:
 
 
 class _Evidence:
-    """The stored bodies of a session, for attributing its measured rebuilds (built on demand)."""
+    """The stored bodies of a session, to find the measured causes a store written before they were stored
+    lacks (built on demand)."""
 
     def __init__(self, lab: Any, session_id: str) -> None:
         self.store = lab.store
@@ -380,89 +398,35 @@ class _Evidence:
             req = self._requests[idx] = prepare(self.store.turn_body(self.sid, idx), memo=self.memo)
         return req
 
-    def _ttl_beyond(self, req: PreparedRequest, measured_total: int, read: int) -> float:
-        """The shortest lifetime among ``req``'s cached prefixes longer than what was read (its whole
-        prefix's lifetime when none is)."""
-        try:
-            points = self.cache.retention_points(req)
-        except PromptCacheError:
-            points = [(req.total_tokens, 300.0)]
-        whole = req.total_tokens or 1
-        beyond = [ttl for tokens, ttl in points if tokens * measured_total > read * whole]
-        return min(beyond) if beyond else points[-1][1]
+    def _measured(self, row: dict[str, Any]) -> MeasuredRequest:
+        usage = Usage(_int(row["input_tokens"]), _int(row["cache_read_input_tokens"]),
+                      _int(row["cache_creation_input_tokens"]), source=row["usage_source"])
+        events = tuple(json.loads(row["events"])) if isinstance(row["events"], str) else ()
+        return MeasuredRequest(self.request(int(row["idx"])), row["at"].to_pydatetime(), usage, events)
 
-    def rebuild(self, i: int, records: list[dict[str, Any]], detail: dict[str, Any],
-                predicted_reason: str | None, *, noise_floor: int) -> dict[str, Any] | None:
+    def cause(self, i: int, records: list[dict[str, Any]], detail: dict[str, Any],
+              predicted_reason: str | None) -> MeasuredCause | None:
         cur = records[i]
+        if not _total(cur):
+            return None
         # the previous request that reached the API: entries such as Claude Code's "<synthetic>" ones carry
         # no prompt (total 0) and touch no cache
         j = i - 1
         while j >= 0 and not _total(records[j]):
             j -= 1
-        if j < 0:
+        if j < 0 or records[j]["usage_source"] not in ("live", "imported"):
             return None
-        prev = records[j]
-        prev_total = _total(prev)
-        read, write = _int(cur["cache_read_input_tokens"]), _int(cur["cache_creation_input_tokens"])
-        lost = rebuilt_tokens(prev_total, read, write)
-        if lost <= noise_floor or prev_total is None or read is None or write is None:
-            return None
-        total = _total(cur)
-        evidence: dict[str, Any] = {"previous_total": prev_total, "read": read, "write": write,
-                                    "total": total}
-        reason, cause, path = self._attribute(cur, prev, prev_total, read, detail, predicted_reason, evidence)
-        text = (f"{cause[0].upper()}{cause[1:]}. Measured: the previous request held {prev_total:,} prompt tokens; "
-                f"this one read {read:,} and wrote {write:,}, so {lost:,} tokens were written again.")
-        predicted = (detail.get("predicted_usage") or {}).get("cache_read_input_tokens")
-        if predicted is not None:
-            evidence["predicted_read"] = predicted
-            if abs(predicted - read) > noise_floor:
-                text += f" The simulator expected to read {predicted:,} tokens; the API read {read:,}"
-                text += " — likely eviction." if reason == "evicted" else "."
-        return {"expected_read": carried_over(prev_total, total or 0), "read": read, "lost_tokens": lost,
-                "reason": reason, "cause": cause, "changed_path": path, "detail": evidence, "explanation": text}
-
-    def _attribute(self, cur: dict[str, Any], prev: dict[str, Any], prev_total: int, read: int, detail: dict[str, Any],
-                   predicted_reason: str | None, evidence: dict[str, Any]) -> tuple[str, str, str | None]:
-        before, now = prev["model"], cur["model"]
-        if not same_model(before, now):
-            evidence["previous_model"] = before
-            return "model_switch", f"model switch from {before} to {now}: caches are kept per model", None
-        cur_req, prev_req = self.request(int(cur["idx"])), self.request(int(prev["idx"]))
-        d = compute_diff(prev_req, cur_req)
-        events = json.loads(cur["events"]) if isinstance(cur["events"], str) else []
-        n_prev, n_cur = _history_length(prev_req), _history_length(cur_req)
-        if "compaction" in events or (d.index is not None and n_cur < n_prev and _in_history(d.path)):
-            evidence["messages"] = [n_prev, n_cur]
-            return COMPACTION, _cause(COMPACTION, evidence, None), None
-        # TTL: the previous request read or wrote everything it held, so its entries' lifetimes run from it
-        gap = (cur["at"] - prev["at"]).total_seconds()
-        ttl = self._ttl_beyond(prev_req, prev_total, read)
-        if gap > ttl:
-            evidence.update(gap_seconds=gap, ttl_seconds=ttl)
-            return "ttl_expired", _cause("ttl_expired", {"expired_ttl": _ttl_name(ttl)}, gap), None
-        unlogged = cur_req.unlogged_prefix_tokens
-        if d.index is not None:
-            seg = cur_req.segments[d.index] if d.index < len(cur_req.segments) else prev_req.segments[d.index]
-            if seg.kind == "unlogged":
-                evidence.update(unlogged_before=prev_req.unlogged_prefix_tokens, unlogged_now=unlogged)
-                return UNLOGGED_PREFIX_CHANGED, _cause(UNLOGGED_PREFIX_CHANGED, evidence, gap), seg.path
-            evidence.update(path=d.path, byte=d.byte_offset, excerpt=None if d.excerpt is None else str(d.excerpt))
-            where = d.path if d.byte_offset is None else f"{d.path} (byte {d.byte_offset:,})"
-            return "prefix_changed", _cause("prefix_changed", {"divergence_path": where}, gap), d.path
-        if unlogged is not None and read < unlogged:
-            evidence["unlogged"] = unlogged
-            return UNLOGGED_PREFIX_CHANGED, _cause(UNLOGGED_PREFIX_CHANGED, evidence, gap), None
-        if predicted_reason == "lookback_exceeded":
-            return "lookback_exceeded", _cause(predicted_reason, detail, gap), None
+        prev = self._measured(records[j])
         try:
-            minimum = self.cache.min_cacheable_tokens(now)
+            points = self.cache.retention_points(prev.request)
+        except PromptCacheError:
+            points = [(prev.request.total_tokens, 300.0)]
+        try:
+            minimum = self.cache.min_cacheable_tokens(str(cur["model"]))
         except PromptCacheError:
             minimum = 0
-        if predicted_reason == "below_minimum" or prev_total < minimum:
-            return "below_minimum", _cause("below_minimum", {"min_tokens": minimum, **detail}, gap), None
-        return ("evicted", "unexplained: nothing in the request or its timing explains it — likely eviction "
-                "(or another cache namespace)", None)
+        return measured_cause(prev, self._measured(cur), retention_points=points, minimum=minimum,
+                              predicted_reason=predicted_reason, predicted_detail=detail)
 
 
 def _total(row: dict[str, Any]) -> int | None:
@@ -470,21 +434,3 @@ def _total(row: dict[str, Any]) -> int | None:
 
     parts = (row["input_tokens"], row["cache_read_input_tokens"], row["cache_creation_input_tokens"])
     return None if any(pd.isna(p) for p in parts) else int(sum(parts))
-
-
-def _history_length(req: PreparedRequest) -> int:
-    body = req.body
-    history = body.get("messages", body.get("input"))
-    return len(history) if isinstance(history, list) else 0
-
-
-def _in_history(path: str | None) -> bool:
-    return path is not None and path.startswith(("messages", "input"))
-
-
-def _ttl_name(seconds: float) -> str:
-    if seconds % 3600 == 0:
-        return f"{int(seconds // 3600)}h"
-    if seconds % 60 == 0:
-        return f"{int(seconds // 60)}m"
-    return fmt_duration(seconds)

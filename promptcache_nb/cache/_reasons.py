@@ -17,6 +17,14 @@ from ..request import PreparedRequest
 from ..request.diff import PrefixDiff
 from ..usage import Usage
 
+#: A measured read and the simulator's predicted one disagree only beyond this many tokens (estimated and
+#: measured counts differ by ±20 % anyway).
+PREDICTION_NOISE_TOKENS = 256
+
+#: The codes a measured request that is *not* a rebuild can carry (analysis.cause); every other code means a
+#: rebuild.
+NOT_REBUILD = frozenset({"cold", "hit", "below_minimum", "no_breakpoint", "unsupported"})
+
 
 class Reason(StrEnum):
     """Why a request read less than the previous request left behind. Stable codes, stored as text."""
@@ -35,6 +43,7 @@ class Reason(StrEnum):
     # Found only by the analysis of measured usage (:func:`~promptcache_nb.rebuilds`), never by a cache model:
     COMPACTION = "compaction"  #: the history was replaced by a summary
     UNLOGGED_PREFIX_CHANGED = "unlogged_prefix_changed"  #: a part of the prompt the log does not hold changed
+    PROVIDER_MISS = "provider_miss"  #: the logged prefix was unchanged, nothing in the timing explains the miss
 
     def explain(self, detail: Mapping[str, Any] | None = None, **context: Any) -> str:
         """This code in words; see :func:`explain_reason` for ``context``."""
@@ -43,7 +52,8 @@ class Reason(StrEnum):
 
 #: The codes a cache model may return (``CacheResult.reason``), in the order of :class:`Reason`.
 REASONS: tuple[str, ...] = tuple(r.value for r in Reason if r not in (Reason.COMPACTION,
-                                                                       Reason.UNLOGGED_PREFIX_CHANGED))
+                                                                       Reason.UNLOGGED_PREFIX_CHANGED,
+                                                                       Reason.PROVIDER_MISS))
 
 
 def where(d: PrefixDiff) -> str:
@@ -98,6 +108,8 @@ def explain_reason(
         return str(reason) if short else f"Cache model reason: {reason}."
     if short:
         return _short(code, detail, gap)
+    if "lost_tokens" in detail:  # a measured request (analysis.cause.measured_cause): its figures say it
+        return _measured_sentence(code, detail, gap)
     return _sentence(code, detail, gap=gap, request=request, usage=usage, diff=diff)
 
 
@@ -109,7 +121,8 @@ def _short(code: Reason, detail: Mapping[str, Any], gap: float | None) -> str:
     if code is Reason.PREFIX_CHANGED:
         return f"prefix changed at {detail.get('divergence_path')}"
     if code is Reason.MODEL_SWITCH:
-        return f"model switch from {detail.get('previous_model')}"
+        now = f" to {detail['model']}: caches are kept per model" if detail.get("model") else ""
+        return f"model switch from {detail.get('previous_model')}{now}"
     if code is Reason.BELOW_MINIMUM:
         return f"prefix below the {detail.get('min_tokens', 'minimum')}-token minimum: nothing was cached"
     if code is Reason.LOOKBACK_EXCEEDED:
@@ -125,14 +138,59 @@ def _short(code: Reason, detail: Mapping[str, Any], gap: float | None) -> str:
         n_prev, n_cur = detail.get("messages") or ("?", "?")
         return f"compaction: the history was replaced by a summary ({n_prev} -> {n_cur} messages)"
     if code is Reason.UNLOGGED_PREFIX_CHANGED:
-        if "unlogged_now" in detail:
-            return ("prefix changed outside the logged content: the unlogged prefix (system prompt, tools) went "
-                    f"from {detail.get('unlogged_before') or 0:,} to {detail.get('unlogged_now') or 0:,} "
-                    "measured tokens")
-        return (f"prefix changed outside the logged content: the API read {detail.get('read', 0):,} tokens, less "
-                f"than the {detail.get('unlogged', 0):,}-token prefix the log does not hold (system prompt, "
-                "tools), while the logged part is unchanged")
+        was, became = int(detail.get("unlogged_before") or 0), int(detail.get("unlogged_now") or 0)
+        if detail.get("estimated"):
+            return ("prefix changed outside the logged content: the measured prompt total minus the logged "
+                    f"content's estimate went from {was:,} to {became:,} tokens, more than what was appended "
+                    "explains")
+        return ("prefix changed outside the logged content: the unlogged prefix (system prompt, tools) went "
+                f"from {was:,} to {became:,} measured tokens")
+    if code is Reason.PROVIDER_MISS:
+        text = "provider-side miss (the logged prefix was unchanged)"
+        if detail.get("unlogged") is not None:
+            return (f"{text}: the API read {detail.get('read', 0):,} tokens, less than the "
+                    f"{detail['unlogged']:,}-token prefix the log does not hold (system prompt, tools), whose "
+                    "measured size did not change: a change inside it cannot be told from a miss")
+        return (f"{text}: nothing in the logged request or its timing explains it — an eviction, another server "
+                "or cache namespace, or a part of the prompt the provider renders differently from the log")
     return code.value
+
+
+def _measured_sentence(code: Reason, detail: Mapping[str, Any], gap: float | None) -> str:
+    """A measured request's cause with its measured figures (and the simulator's prediction when it
+    disagrees): the sentence its observation and its :func:`~promptcache_nb.rebuilds` row share."""
+    lost = int(detail.get("lost_tokens") or 0)
+    read, write = detail.get("read", 0), detail.get("write", 0)
+    held = detail.get("previous_total")
+    if code.value in NOT_REBUILD:
+        text = _sentence(code, detail, gap=gap, request=None, usage=None, diff=None)
+        if code is Reason.HIT and held is not None and read == 0:
+            text = "No rebuild: nothing the previous request cached had to be sent again."
+        elif code is Reason.HIT and held is not None and held - read > PREDICTION_NOISE_TOKENS:
+            # the read fell, but what is missing was not sent again: it left the prompt or was never cached
+            rest = ("the rest left the prompt: " + _short(Reason.COMPACTION, detail, gap)
+                    if detail.get("rebuild_reason") == Reason.COMPACTION.value
+                    else "the rest was the previous request's uncached tail, or left the prompt")
+            text = (f"No rebuild: this request read {read:,} of the {held:,} prompt tokens the previous request "
+                    f"held and sent {lost:,} of them again, within the noise floor; {rest}.")
+        elif code is Reason.BELOW_MINIMUM and held is not None:
+            text = (f"Below the minimum: the previous prompt ({held:,} measured tokens) is shorter than the "
+                    "provider caches, so nothing could be read.")
+    else:
+        short = _short(code, detail, gap)
+        if detail.get("implicit"):
+            how = (f"this one read {read:,} and sent {detail.get('resent', 0):,} uncached, so {lost:,} tokens were "
+                   "sent again uncached")
+        else:
+            how = f"this one read {read:,} and wrote {write:,}, so {lost:,} tokens were written again"
+        text = f"{short[:1].upper()}{short[1:]}. Measured: the previous request held {held:,} prompt tokens; {how}."
+    predicted = detail.get("predicted_read")  # set only when the prediction disagrees (as shares of the prompt)
+    if predicted is not None:
+        text += (f" The simulator expected to read {predicted:,} tokens (its reason: "
+                 f"{detail.get('predicted_reason')}); the API read {read:,}.")
+    elif detail.get("predicted_reason") == code.value and code is not Reason.COLD:
+        text = f"The simulator predicted the same: {text[:1].lower() + text[1:] if text[1:2].islower() else text}"
+    return text
 
 
 def _sentence(code: Reason, detail: Mapping[str, Any], *, gap: float | None, request: PreparedRequest | None,

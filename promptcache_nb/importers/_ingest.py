@@ -76,7 +76,14 @@ class ImportResult:
     notes: pd.DataFrame = field(default_factory=lambda: _frame([], NOTES_COLUMNS))
 
     def summary(self) -> pd.DataFrame:
-        """One row per session: source, requests, measured cache read %, breaks and cost."""
+        """One row per session: source, requests, measured cache read %, ``openclaw_breaks``, ``rebuilds`` and cost.
+
+        ``openclaw_breaks`` counts OpenClaw breaks (the cache read fell at least 5 % and 1,000 tokens below the
+        previous read, or to 0 with nothing changed); ``rebuilds`` counts the requests that had to send again
+        more than 256 tokens of what the previous request held (:func:`~promptcache_nb.rebuilds`). They differ:
+        a small loss, or one after an earlier partial read, is a rebuild without a break; a read that fell
+        because the prompt got shorter (a compaction) is a break without a rebuild.
+        """
         rows = []
         for s in self.sessions:
             df = s.turns()
@@ -84,12 +91,12 @@ class ImportResult:
             rows.append({
                 "session": s.id, "source": s.source, "parent": s.parent_id, "requests": totals["requests"],
                 "model": s.model, "cache_read_pct": totals["cache_read_pct"] if totals["total_input"] else None,
-                "breaks": totals["breaks"],
+                "openclaw_breaks": totals["breaks"], "rebuilds": totals["rebuilds"],
                 # no known cost is unknown, not $0 (an unpriced model's requests have a NULL cost)
                 "cost_usd": None if df.cost_usd.isna().all() else totals["cost_usd"],
             })
-        return _frame(rows, ["session", "source", "parent", "requests", "model", "cache_read_pct", "breaks",
-                             "cost_usd"])
+        return _frame(rows, ["session", "source", "parent", "requests", "model", "cache_read_pct", "openclaw_breaks",
+                             "rebuilds", "cost_usd"])
 
     def __repr__(self) -> str:
         flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""
