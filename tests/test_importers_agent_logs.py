@@ -374,7 +374,7 @@ def test_otlp_document_with_conversation_ids_and_content():
     assert [r.request_id for r in reqs] == ["msg_01Aq7Pz3Kd9Xw2", "msg_01Bt4Lm8Ns2Vy6", "msg_01Cw9Rn5Ht7Ek3"]
     assert reqs[0].at == datetime(2026, 3, 4, 9, 0, 0, 120000, tzinfo=UTC)
     # semconv: cache read and write are included in input_tokens (1082 = 37 uncached + 0 read + 1045 written)
-    assert [figures(r) for r in reqs] == [(37, 0, 1045, 1045, 0, 96), (161, 1045, 0, 0, 0, 61),
+    assert [figures(r) for r in reqs] == [(37, 0, 1045, None, None, 96), (161, 1045, 0, 0, 0, 61),
                                           (211, 1045, 0, 0, 0, 142)]
     assert [r.usage.total_input_tokens for r in reqs] == [1082, 1206, 1256]
     assert reqs[0].usage.raw["gen_ai.usage.cache_creation.input_tokens"] == 1045
@@ -418,7 +418,7 @@ def test_otlp_json_lines_grouped_by_trace_with_older_spellings():
     assert figures(reqs[0])[:3] == (2304, 0, 0)
     assert figures(reqs[1]) == (307, 2304, 0, 0, 0, 143)
     # Anthropic's exclusive figures passed through (18 < 4096 + 230): input is already the uncached count
-    assert figures(reqs[2]) == (18, 4096, 230, 230, 0, 64)
+    assert figures(reqs[2]) == (18, 4096, 230, None, None, 64)
     assert reqs[2].usage.total_input_tokens == 4344
 
 
@@ -482,7 +482,8 @@ def test_otlp_cache_write_ttl_follows_the_provider(tmp_path):
                     + _span_line("1a1b1c1d1e1f2021", {"gen_ai.provider.name": "deepseek",
                                                       "gen_ai.request.model": "deepseek-chat", **common}) + "\n")
     anthropic, deepseek = read_all(OtlpReader(), path)[0]
-    assert figures(anthropic) == (952, 0, 2048, 2048, 0, 20)  # unsplit Anthropic writes are 5m
+    assert figures(anthropic) == (952, 0, 2048, None, None, 20)  # spans carry no TTL split: unknown
+    assert anthropic.usage.notes and "5-minute" in anthropic.usage.notes[0] and not deepseek.usage.notes
     assert figures(deepseek) == (952, 0, 2048, None, None, 20)  # no TTLs outside Anthropic
     assert (deepseek.provider, deepseek.dialect) == ("deepseek", "openai-chat")
 

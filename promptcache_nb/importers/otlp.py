@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util import digest
-from ..usage import Usage
+from ..usage import TTL_SPLIT_UNKNOWN_NOTE, Usage
 from ._jsonl import JsonLine, iter_json_lines
 from ._messages import append_message
 from ._types import Dialect, ImportedRequest, Record, SkippedLine
@@ -267,12 +267,10 @@ def _usage(attrs: dict[str, Any], *, anthropic: bool) -> Usage:
             # The semconv says cache figures are included in input_tokens; a negative remainder means this
             # instrumentation passed Anthropic's figures through, where input_tokens is already uncached.
             uncached = total
-    # Spans carry no TTL split. Anthropic: as Usage.from_anthropic does for unsplit writes, all 5m. Other
-    # providers' writes have no TTLs: as Usage.from_openai, 0/0 without a write, None (not applicable) with one.
-    if anthropic:
-        w5, w1 = write, (None if write is None else 0)
-    else:
-        w5 = w1 = None if write else write
+    # Spans carry no TTL split. A write's split is then unknown, as in Usage.from_anthropic for an unsplit write:
+    # NULL 5m/1h, priced at the 5-minute rate with that assumption noted. No write: 0/0 (nothing to split).
+    w5 = w1 = None if write else write
+    notes = (TTL_SPLIT_UNKNOWN_NOTE,) if anthropic and write else ()
     return Usage(
         input_tokens=uncached,
         cache_read_input_tokens=read,
@@ -282,6 +280,7 @@ def _usage(attrs: dict[str, Any], *, anthropic: bool) -> Usage:
         output_tokens=_count(attrs, ("gen_ai.usage.output_tokens",)),
         source="imported",
         raw={k: v for k, v in sorted(attrs.items()) if k.startswith("gen_ai.usage.")},
+        notes=notes,
     )
 
 
