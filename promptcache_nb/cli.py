@@ -117,10 +117,14 @@ def cmd_import(args: argparse.Namespace) -> int:
             print(summary.to_string(index=False))
         for s, rb in zip(res.sessions, rebuilds, strict=True):
             if len(rb):
-                print(f"\n{s.id}: {len(rb)} cache rebuilds")
-                print(rb.to_string(index=False, max_rows=20))
+                # the evidence dict and the long explanation are in pc.rebuilds(s); here, one line each
+                print(f"\n{s.id}: {len(rb)} rebuilds (requests that sent again > 256 tokens the cache held)")
+                print(rb[["idx", "at", "gap_seconds", "lost_tokens", "cause"]].to_string(index=False, max_rows=20))
         if res.unknown_models:
             print("\nmodels without a price (cost left empty): " + ", ".join(res.unknown_models))
+        if len(res.notes):
+            print(f"\n{len(res.notes)} requests priced with an assumption:")
+            print(res.notes.to_string(index=False, max_rows=20))
         if len(res.skipped):
             print(f"\n{len(res.skipped)} skipped:")
             print(res.skipped.to_string(index=False, max_rows=20))
