@@ -578,12 +578,15 @@ class Lab:
             first = sessions[sessions["project_id"] == base]["id"]
             # without a first session, the new session's own id (what a missing "session" name means)
             extra = {"_id_namespace": {"project": base, **({"session": str(first.iloc[0])} if len(first) else {})}}
-        s = self._new_session(strat.name, cache, sc.model, project=project_id, system=sc.host_prompt,
-                              tools=list(sc.tools), start=sc.start, step="30s", backend=backend,
-                              cache_params=cache_params, strategy_params=strategy_params, prices=None,
-                              calibration=None, cache_scope=None, extra=extra)
-        s.knowledge.add_many(sc.knowledge, at=sc.start)  # one transaction however many entries
-        s._clear_pending_events()
+        # the session row and its starting knowledge commit together: a kill between them would leave a session
+        # that resumes with no knowledge and sends other requests than an uninterrupted replay
+        with self.atomic():
+            s = self._new_session(strat.name, cache, sc.model, project=project_id, system=sc.host_prompt,
+                                  tools=list(sc.tools), start=sc.start, step="30s", backend=backend,
+                                  cache_params=cache_params, strategy_params=strategy_params, prices=None,
+                                  calibration=None, cache_scope=None, extra=extra)
+            s.knowledge.add_many(sc.knowledge, at=sc.start)
+            s._clear_pending_events()
         show = self.progress if progress is None else progress
         played = sc.turns if stop_after is None else sc.turns[:stop_after]
         bar = progress_bar(total=sum(1 + len(t.tool_calls) for t in played), desc=f"{sc.name} · {strat.name}",

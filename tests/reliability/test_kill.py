@@ -36,10 +36,10 @@ def expected() -> list[bytes]:
 
 
 # The scenario's hooks by chunk size (None: the default): 19 requests sent, 10 scenario turns stepped; COMMITs:
-# the session, its knowledge, the knowledge's pending events cleared, then one per chunk. Chunks (turn ranges):
+# the session with its starting knowledge (one transaction), then one per chunk. Chunks (turn ranges):
 # default [0-3] [4] [5-9] (turn 4 holds a restart: a transaction of its own); 3: [0-2] [3] [4] [5-7] [8-9].
-REPLAY_POINTS = {None: {"send": 19, "step": 10, "commit": 6}, 1: {"send": 19, "step": 10, "commit": 13},
-                 3: {"send": 19, "step": 10, "commit": 8}}
+REPLAY_POINTS = {None: {"send": 19, "step": 10, "commit": 4}, 1: {"send": 19, "step": 10, "commit": 11},
+                 3: {"send": 19, "step": 10, "commit": 6}}
 REPLAY_KILLS = [
     # turn 4's three events (a removal, a restart, an addition) applied, its request not built yet
     (None, Kill("SIGKILL", "step", 5)),
@@ -48,8 +48,10 @@ REPLAY_KILLS = [
     # inside turn 3's tool loop: two of its three requests went out; the whole first chunk is lost
     (None, Kill("SIGKILL", "send", 8)),
     # Ctrl-C the moment a chunk's COMMIT returns: the kernel must count what the store holds, and go on from there
-    (3, Kill("SIGINT", "commit", 4)),
-    (1, Kill("SIGINT", "commit", 9)),  # one turn per transaction: the Stepper's granularity
+    (3, Kill("SIGINT", "commit", 2)),
+    (1, Kill("SIGINT", "commit", 7)),  # one turn per transaction: the Stepper's granularity
+    # the replay's start: right after the session and its starting knowledge commit, before any request
+    (None, Kill("SIGKILL", "commit", 1)),
     *((3, k) for k in random_kills(random.Random(SEED), 1, points=REPLAY_POINTS[3], signals=("SIGTERM",))),
 ]
 
@@ -91,3 +93,31 @@ def test_import_survives(kill, logs, tmp_path):
     assert trial.survived, str(trial)
     if kill.delay is None:
         assert trial.interrupted, str(trial)
+
+
+def test_a_replay_stopped_while_seeding_leaves_no_half_seeded_session(tmp_path, monkeypatch):
+    """The session row and the scenario's starting knowledge commit together: an interrupt while the knowledge
+    is written leaves no session behind (before, a session with no knowledge, which resumed with other requests)."""
+    from _harness import RecordingBackend, scenario
+
+    import promptcache_nb as pc
+    from promptcache_nb.widgets import StepperController
+
+    sc = scenario()
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
+        with monkeypatch.context() as m:
+            m.setattr(pc.KnowledgeBook, "add_many", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                lab.replay(sc, strategy="durable_delta")
+        assert lab.sessions().empty  # nothing half-seeded to resume
+        # going on (a re-run cell) sends what an uninterrupted replay sends
+        seeded = lab.replay(sc, strategy="durable_delta", stop_after=0)
+        assert len(seeded.knowledge.df()) == len(sc.knowledge)
+        rec = RecordingBackend()
+        s = lab.session(id=seeded.id, backend=rec)
+        StepperController(s, sc).run(3)
+    assert rec.bodies == reference_bodies("durable_delta")[: len(rec.bodies)]
