@@ -35,7 +35,7 @@ from pydantic import Field
 from .._options import Duration, Options
 from .._util import parse_duration
 from ..request import PreparedRequest
-from ._base import CacheModel, CacheResult
+from ._base import CacheModel, CacheResult, Reason
 from ._prefix import (
     ChainInterner,
     common_prefix_len,
@@ -178,7 +178,7 @@ class DeepSeekCache(CacheModel):
             detail["construction_pending_seconds"] = round(pending, 3)
         reason = self._reason(request, model, chain, cum, n, hit, why, t, detail)
         self._prev = {"model": model, "n": n, "chain": chain, "t": t}
-        return CacheResult(usage, reason, detail, states_for(cum, hit), native)
+        return CacheResult(usage, Reason(reason), detail, states_for(cum, hit), native)
 
     def _reason(self, request, model, chain, cum, n, hit, why, t, detail) -> str:
         prev = self._prev

@@ -47,7 +47,7 @@ from pydantic import Field
 from .._options import Duration, Options
 from .._util import parse_duration
 from ..request import PreparedRequest
-from ._base import CacheModel, CacheResult
+from ._base import CacheModel, CacheResult, Reason
 from ._prefix import (
     ChainInterner,
     common_prefix_len,
@@ -262,7 +262,7 @@ class OpenAICache(CacheModel):
         reason = self._reason(request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail)
         self._prev = {"model": model, "n": n, "chain": chain, "route": route, "key": pkey, "t": t,
                       "stored": stored}
-        return CacheResult(usage, reason, detail, states_for(cum, cached), native)
+        return CacheResult(usage, Reason(reason), detail, states_for(cum, cached), native)
 
     def _reason(self, request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail) -> str:
         prev = self._prev

@@ -43,7 +43,7 @@ from pydantic import Field
 
 from .._options import Options
 from ..request import PreparedRequest
-from ._base import CacheModel, CacheResult
+from ._base import CacheModel, CacheResult, Reason
 from ._prefix import (
     ChainInterner,
     common_prefix_len,
@@ -254,7 +254,7 @@ class VLLMCache(CacheModel):
         detail["hit_path"] = segment_path(request, _segment_of(cum, cached)) if cached else None
         reason = status or self._reason(request, chain, cum, n, cached, cap, once, detail)
         self._prev = {"root": root, "model": model, "salt": salt, "n": n, "chain": chain}
-        return CacheResult(usage, reason, detail, states_for(cum, cached), native)
+        return CacheResult(usage, Reason(reason), detail, states_for(cum, cached), native)
 
     def _insert(self, chain: list[int], cum: list[int], start: int) -> None:
         """Cache every full block of the request; it ends as the most recently used."""
