@@ -1,9 +1,11 @@
 """Lab: a DuckDB-backed workspace of sessions, and what they share.
 
-A Lab owns the store (one connection), opens :class:`~promptcache_nb.Session` objects, and keeps what several
-sessions share: the simulated provider caches (one per cache scope, rebuilt from the store when missing) and
-each project's knowledge. Lab and Session are one unit split over two modules (see ``session.py``); replays
-and imports run through sessions, so every request goes through the one pipeline (``pipeline.py``).
+A Lab owns the store (one connection), creates and opens :class:`~promptcache_nb.Session` objects
+(:meth:`Lab.new_session`, :meth:`Lab.open_session`, :meth:`Lab.create_session` for the importers), and owns what
+several sessions share (``_shared.py``): the simulated provider caches (one per cache scope, rebuilt from the store
+when missing) and each project's knowledge. Sessions get them through the ``_protocols.SessionHost`` protocol and
+never import this module; the Lab uses only a Session's public methods. Replays and imports run through
+sessions, so every request goes through the one pipeline (``pipeline.py``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -220,7 +220,7 @@ class KnowledgeBook:
     def __len__(self) -> int:
         return len(self.list())
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[KnowledgeEntry]:
         return iter(self.list())
 
     def get(self, entry_id: str) -> KnowledgeEntry:
@@ -460,11 +460,11 @@ class Session:
 
     @property
     def model(self) -> str:
-        return self._state.strategy_state["model"]
+        return str(self._state.strategy_state["model"])
 
     @property
     def host_prompt(self) -> str:
-        return self._state.strategy_state["host_prompt"]
+        return str(self._state.strategy_state["host_prompt"])
 
     @property
     def tools(self) -> list[dict[str, Any]]:

@@ -288,7 +288,7 @@ def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str
     import pandas as pd
 
     cache.reset()
-    rows: list[tuple] = []  # RESIM_COLUMNS
+    rows: list[tuple[Any, ...]] = []  # RESIM_COLUMNS
     for t in turns:
         result = simulate(cache, t.request, t.at)
         if result is None:  # a model this cache model cannot simulate: no figures, never a crash

@@ -116,7 +116,7 @@ def ttl_whatif(
         turns = load_turns(lab, sid, ttl=ttl)
         cache = _anthropic(row, ttl)
         gaps = _gaps(turns)
-        rows: list[tuple] = []  # WHATIF_COLUMNS
+        rows: list[tuple[Any, ...]] = []  # WHATIF_COLUMNS
         for t, gap in zip(turns, gaps, strict=True):
             res = simulate(cache, t.request, t.at)
             if res is None:

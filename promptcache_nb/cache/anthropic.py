@@ -58,7 +58,8 @@ from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest, canonical_json
 from ..request._canonical import prefix_record
 from ..usage import Usage
-from ._base import CacheModel, CacheResult, Reason
+from ._base import CacheModel, CacheResult
+from ._reasons import Reason
 
 LOOKBACK_POSITIONS = 20
 MAX_BREAKPOINTS = 4

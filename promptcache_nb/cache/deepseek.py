@@ -35,7 +35,7 @@ from pydantic import Field
 from .._options import Duration, Options
 from .._util import parse_duration
 from ..request import PreparedRequest
-from ._base import CacheModel, CacheResult, Reason
+from ._base import CacheModel, CacheResult
 from ._prefix import (
     ChainInterner,
     common_prefix_len,
@@ -44,6 +44,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
+from ._reasons import Reason
 
 UNIT_TOKENS = 64
 

@@ -47,7 +47,7 @@ from pydantic import Field
 from .._options import Duration, Options
 from .._util import parse_duration
 from ..request import PreparedRequest
-from ._base import CacheModel, CacheResult, Reason
+from ._base import CacheModel, CacheResult
 from ._prefix import (
     ChainInterner,
     common_prefix_len,
@@ -56,6 +56,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
+from ._reasons import Reason
 
 MIN_TOKENS = 1024
 INCREMENT = 128

@@ -43,7 +43,7 @@ from pydantic import Field
 
 from .._options import Options
 from ..request import PreparedRequest
-from ._base import CacheModel, CacheResult, Reason
+from ._base import CacheModel, CacheResult
 from ._prefix import (
     ChainInterner,
     common_prefix_len,
@@ -52,6 +52,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
+from ._reasons import Reason
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32_768
