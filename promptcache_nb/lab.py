@@ -1,118 +1,55 @@
 """Lab: a DuckDB-backed workspace of sessions, and what they share.
 
-A Lab owns the store (one connection), opens :class:`~promptcache_nb.Session` objects, and keeps what several
-sessions share: the simulated provider caches (one per cache scope, rebuilt from the store when missing) and
-each project's knowledge. Lab and Session are one unit split over two modules (see ``session.py``); replays
-and imports run through sessions, so every request goes through the one pipeline (``pipeline.py``).
+A Lab owns the store (one connection), creates and opens :class:`~promptcache_nb.Session` objects
+(:meth:`Lab.new_session`, :meth:`Lab.open_session`, :meth:`Lab.create_session` for the importers), and owns what
+several sessions share (``_shared.py``): the simulated provider caches (one per cache scope, rebuilt from the store
+when missing) and each project's knowledge. Sessions get them through the ``_protocols.SessionHost`` protocol and
+never import this module; the Lab uses only a Session's public methods. Replays and imports run through
+sessions, so every request goes through the one pipeline (``pipeline.py``).
 """
 
 from __future__ import annotations
 
-import bisect
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import analysis as _analysis
+from ._config import SessionConfig
+from ._shared import (  # noqa: F401 - CacheWindow, ScopeKey, scope_key: re-exported from their old home
+    CACHE_SCOPES,
+    CacheWindow,
+    KnowledgeCache,
+    ScopeCaches,
+    ScopeKey,
+    cache_scope_of,
+    scope_key,
+)
 from ._util import parse_duration, progress_bar, utc
+from .analysis.calibrate import Calibration
 from .analysis.limits import prompt_past_context_window
 from .analysis.prices import Prices
 from .cache import CacheModel, get_cache_model
 from .errors import PromptCacheError, SessionError
 from .live import Backend
-from .request import PreparedRequest, canonical_json
 from .scenario import DEFAULT_START, Restart, Scenario, ScenarioTurn, set_model_check, set_prompt_check
 from .session import Session, check_texts
-from .store import KnowledgeEntry, Store
+from .store import Store
 from .strategies import get_strategy
 from .tokens import DEFAULT_TOKENIZER, Tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first DataFrame, not with the package
     import pandas as pd
 
+    from .importers import ImportResult
+
 # a scenario's models are checked when it loads, against the table Lab.session validates with
 set_model_check(get_cache_model("anthropic").validate_model)
 set_prompt_check(prompt_past_context_window)  # a host prompt past the model's context window: one warning
-
-#: (scope, its owner, cache model, canonical parameters): sessions with equal keys share one simulated cache.
-ScopeKey = tuple[str, str, str, str]
-
-#: Who shares a simulated provider cache (``lab.session(cache_scope=...)``).
-CACHE_SCOPES = ("session", "project", "lab")
-
-
-def cache_scope_of(row: dict[str, Any]) -> str:
-    """A stored session's cache scope: as configured, else ``project`` for an imported session (its sub-agents
-    and compaction calls read the parent's entries) and ``session`` for a simulated one."""
-    scope = row["config"].get("cache_scope")
-    if scope is None:
-        scope = "project" if row.get("strategy") is None else "session"
-    return scope
-
-
-def scope_key(scope: str, session_id: str, project_id: str, cache_model: str,
-              cache_params: dict[str, Any]) -> ScopeKey:
-    """(scope, its owner, cache model, parameters): sessions with equal keys share one simulated cache."""
-    owner = session_id if scope == "session" else project_id if scope == "project" else ""
-    return (scope, owner, cache_model, canonical_json(cache_params))
-
-
-def _scope_key_of(row: dict[str, Any]) -> ScopeKey:
-    """The scope key of a stored session row."""
-    return scope_key(cache_scope_of(row), row["id"], row["project_id"], row["cache_model"],
-                     row["config"].get("cache_params", {}))
-
-
-def _session_scope_key(session: Session) -> ScopeKey:
-    return scope_key(session.cache_scope, session.id, session.project, session.cache, session.cache_params)
-
-
-@dataclass
-class _ScopeCache:
-    """A simulated provider cache shared by the sessions of one cache scope."""
-
-    model: CacheModel
-    ready: bool = False
-
-
-@dataclass
-class _ProjectKnowledge:
-    """What the Lab keeps of a project's knowledge between changes: read from the store once, then kept up to date
-    by each committed change (``Lab._knowledge_changed``); dropped whole when a rollback may have undone one."""
-
-    entries: list[KnowledgeEntry] | None = None  #: current entries ordered by id (``Store.knowledge``); None: unread
-    numbered: int | None = None  #: entries ever added, removed ones included (the next id's number); None: uncounted
-
-
-_ENTRY_ID = attrgetter("id")
-
-
-def _with_changes(entries: list[KnowledgeEntry], changed: Sequence[KnowledgeEntry]) -> list[KnowledgeEntry]:
-    """``entries`` (current, ordered by id) with the new versions ``changed`` applied, as a new list: a list handed
-    out before (``knowledge.list()``, a strategy's context) never changes under its holder."""
-    if len(changed) > 8:  # many (add_many): one sort of the union beats an insertion each
-        by_id = {e.id: e for e in entries}
-        by_id.update((e.id, e) for e in changed)
-        return sorted((e for e in by_id.values() if not e.deleted), key=_ENTRY_ID)
-    out = list(entries)
-    for e in changed:
-        i = bisect.bisect_left(out, e.id, key=_ENTRY_ID)
-        present = i < len(out) and out[i].id == e.id
-        if e.deleted:
-            if present:
-                del out[i]
-        elif present:
-            out[i] = e
-        else:
-            out.insert(i, e)
-    return out
-
 
 #: Scenario turns per transaction of ``Lab.replay``: a COMMIT and the bulk writes cost a few ms each, so 100 turns
 #: make them negligible; an interrupted replay loses at most that many turns.
@@ -135,13 +72,6 @@ def _replay_chunks(turns: Sequence[ScenarioTurn], size: int) -> Iterator[tuple[i
                 stop += 1
         yield first, stop
         first = stop
-
-
-@dataclass(frozen=True)
-class CacheWindow:
-    """Where a rebuild of a session's simulated cache starts: ``since`` (None: at its first request)."""
-
-    since: datetime | None
 
 
 class Lab:
@@ -173,15 +103,15 @@ class Lab:
         self.store = Store(self.path, read_only=read_only, trace=trace)  # trace=print: every statement, as it runs
         self.tokenizer = tokenizer or DEFAULT_TOKENIZER
         self.progress = progress
-        self._knowledge_cache: dict[str, _ProjectKnowledge] = {}
+        #: Each project's knowledge, read once and kept up to date (``_shared.KnowledgeCache``): handed to sessions.
+        self.knowledge_cache = KnowledgeCache(self.store)
+        #: The simulated provider caches, one per cache scope (``_shared.ScopeCaches``): they outlive a restarted
+        #: Session object (a provider's cache does not restart with the agent) and are rebuilt from the store
+        #: when missing. Handed to sessions.
+        self.caches = ScopeCaches(self)
         # Weak: sessions hold their Lab, never the reverse, so `del lab` (with no session left) closes the
         # file at once instead of waiting for the garbage collector to break a Lab <-> Session cycle.
         self._open: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
-        # The simulated provider caches, one per cache scope (scope_key): they outlive a restarted
-        # Session object (a provider's cache does not restart with the agent) and are rebuilt from the store
-        # when missing. Weak: the sessions using one keep it, so a Lab that ran many replays does not keep
-        # every cache they built.
-        self._caches: weakref.WeakValueDictionary[ScopeKey, _ScopeCache] = weakref.WeakValueDictionary()
 
     @property
     def read_only(self) -> bool:
@@ -197,39 +127,13 @@ class Lab:
     def close(self) -> None:
         """Close the store (releases the file lock). Sessions of this Lab stop working."""
         for s in list(self._open.values()):
-            s._close()
+            s.close()
         self._open.clear()
         self.store.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.store.closed else f"{self.store.session_count()} sessions"
         return f"Lab({self.path!r}, {state})"
-
-    def _knowledge(self, project: str) -> list[KnowledgeEntry]:
-        """A project's current knowledge, ordered by id: read from the store once, then kept up to date (every
-        request of its sessions needs it). Treat it as read-only."""
-        held = self._knowledge_cache.setdefault(project, _ProjectKnowledge())
-        if held.entries is None:
-            held.entries = self.store.knowledge(project)
-        return held.entries
-
-    def _knowledge_numbered(self, project: str) -> int:
-        """How many entries ``project`` ever had, removed ones included: the number of the next one added."""
-        held = self._knowledge_cache.setdefault(project, _ProjectKnowledge())
-        if held.numbered is None:
-            held.numbered = self.store.knowledge_count(project)  # one scan per project, not one per add
-        return held.numbered
-
-    def _knowledge_changed(self, project: str, changed: Sequence[KnowledgeEntry], *, added: int = 0) -> None:
-        """New versions of ``project``'s entries (``added`` of them new entries) are stored: the Lab's copy follows
-        them instead of reading the whole book again. A rollback drops it (``_all_or_nothing``)."""
-        held = self._knowledge_cache.get(project)
-        if held is None:
-            return
-        if held.entries is not None:
-            held.entries = _with_changes(held.entries, changed)
-        if held.numbered is not None:
-            held.numbered += added
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -265,17 +169,11 @@ class Lab:
                 yield
         except BaseException:
             if store.commit_count == commits:  # rolled back: no object may keep what the store lost
-                self._knowledge_cache.clear()
-                for entry in list(self._caches.values()):
-                    entry.ready = False  # simulated caches saw requests the store lost: rebuilt on next use
+                self.knowledge_cache.clear()
+                self.caches.drop_all()  # they saw requests the store lost: rebuilt on next use
                 for s in list(self._open.values()):
-                    if s.closed:
-                        continue
-                    row = self.store.session_row(s.id)
-                    if row is None:
-                        s._close()  # created inside the block: it no longer exists
-                    else:
-                        s._reload(row)
+                    if not s.closed:
+                        s.reload()  # closes itself when created inside the block (it no longer exists)
             raise
 
     def active_session(self, session_id: str) -> Session | None:
@@ -290,11 +188,10 @@ class Lab:
         self.store.delete_session(session_id)
         s = self._open.pop(session_id, None)
         if s is not None:
-            s._close()
-        for entry in self._caches.values():
-            entry.ready = False
+            s.close()
+        self.caches.drop_all()
 
-    def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
+    def sql(self, query: str, params: list[Any] | dict[str, Any] | None = None) -> pd.DataFrame:
         """Run SQL against the store and return a DataFrame. Tables: see README "Schema"."""
         return self.store.sql(query, params)
 
@@ -302,7 +199,73 @@ class Lab:
         """Every session of this Lab (id, project, strategy, cache model, model, creation time), oldest first."""
         return self.store.sessions_frame()
 
+    def open_session(self, session_id: str, *, backend: Backend | None = None) -> Session:
+        """A stored session, to continue it. Opening a session that is already open returns that same object
+        (with ``backend``, when given, as its backend), so the object a notebook holds keeps working.
+
+        Example:
+            >>> s = lab.open_session("s001-naive")  # doctest: +SKIP
+        """
+        s = self.active_session(session_id)
+        if s is not None:
+            if backend is not None:
+                s.backend = backend
+            return s
+        row = self.store.session_row(session_id)
+        if row is None:
+            known = self.store.session_ids()
+            raise SessionError(f"no session {session_id!r} in {self.path!r}; known: {', '.join(known) or '(none)'}")
+        s = Session(self, row, backend=backend)
+        self._open[session_id] = s
+        return s
+
     def session(
+        self,
+        strategy: str | None = None,
+        cache: str | None = None,
+        model: str | None = None,
+        *,
+        project: str | None = None,
+        system: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        id: str | None = None,  # noqa: A002 - the README's name
+        start: datetime | None = None,
+        step: str | timedelta | None = None,
+        backend: Backend | None = None,
+        cache_params: dict[str, Any] | None = None,
+        strategy_params: dict[str, Any] | None = None,
+        prices: Prices | None = None,
+        calibration: Calibration | str | None = None,
+        cache_scope: str | None = None,
+    ) -> Session:
+        """:meth:`new_session`, or :meth:`open_session` with ``id=`` (then every other argument but
+        ``backend`` must be omitted or match the stored session: a stored session keeps its own settings).
+
+        Example:
+            >>> s = lab.session(system="You are terse.")  # doctest: +SKIP
+            >>> lab.session(id=s.id) is s  # doctest: +SKIP
+            True
+        """
+        if id is None:
+            return self.new_session(
+                "naive" if strategy is None else strategy, "anthropic" if cache is None else cache,
+                "claude-sonnet-4-5" if model is None else model, project="default" if project is None else project,
+                system="" if system is None else system, tools=tools, start=start,
+                step="30s" if step is None else step, backend=backend, cache_params=cache_params,
+                strategy_params=strategy_params, prices=prices, calibration=calibration, cache_scope=cache_scope)
+        s = self.open_session(id, backend=backend)
+        stored = {"strategy": s.strategy, "cache": s.cache, "model": s.model, "project": s.project}
+        given = {"strategy": strategy, "cache": cache, "model": model, "project": project, "system": system,
+                 "tools": tools, "start": start, "step": step, "cache_params": cache_params,
+                 "strategy_params": strategy_params, "prices": prices, "calibration": calibration,
+                 "cache_scope": cache_scope}
+        clash = [f"{k}={v!r}" for k, v in given.items() if v is not None and (k not in stored or v != stored[k])]
+        if clash:
+            raise SessionError(f"lab.session(id={id!r}, {', '.join(clash)}): a stored session keeps its own "
+                               "settings; use lab.open_session(id) to continue it, lab.new_session(...) for a new one")
+        return s
+
+    def new_session(
         self,
         strategy: str = "naive",
         cache: str = "anthropic",
@@ -311,17 +274,16 @@ class Lab:
         project: str = "default",
         system: str = "",
         tools: list[dict[str, Any]] | None = None,
-        id: str | None = None,  # noqa: A002 - the README's name
         start: datetime | None = None,
         step: str | timedelta = "30s",
         backend: Backend | None = None,
         cache_params: dict[str, Any] | None = None,
         strategy_params: dict[str, Any] | None = None,
         prices: Prices | None = None,
-        calibration: Any = None,
+        calibration: Calibration | str | None = None,
         cache_scope: str | None = None,
     ) -> Session:
-        """Create a session, or resume one from the store with ``id=``.
+        """Create a session.
 
         Args:
             strategy: one of ``pc.STRATEGIES``.
@@ -339,18 +301,10 @@ class Lab:
                 of ``project`` with the same cache model and parameters: a sub-agent or a compaction call
                 that re-sends the parent's prefix reads the parent's entries) or ``"lab"`` (every session of
                 this Lab). Imported sessions default to ``"project"``.
+
+        Example:
+            >>> s = lab.new_session("durable_delta", system="You are terse.", project="demo")  # doctest: +SKIP
         """
-        if id is not None:
-            row = self.store.session_row(id)
-            if row is None:
-                known = self.store.session_ids()
-                raise SessionError(f"no session {id!r} in {self.path!r}; known: {', '.join(known) or '(none)'}")
-            old = self._open.get(id)
-            if old is not None:
-                old._close()
-            s = Session(self, row, backend=backend, cache_scope=cache_scope_of(row))
-            self._open[id] = s
-            return s
         return self._new_session(strategy, cache, model, project=project, system=system, tools=tools, start=start,
                                  step=step, backend=backend, cache_params=cache_params,
                                  strategy_params=strategy_params, prices=prices, calibration=calibration,
@@ -359,10 +313,10 @@ class Lab:
     def _new_session(self, strategy: str, cache: str, model: str, *, project: str, system: str,
                      tools: list[dict[str, Any]] | None, start: datetime | None, step: str | timedelta,
                      backend: Backend | None, cache_params: dict[str, Any] | None,
-                     strategy_params: dict[str, Any] | None, prices: Prices | None, calibration: Any,
-                     cache_scope: str | None, extra: dict[str, Any] | None = None) -> Session:
-        """:meth:`session` for a new session; ``extra`` starts its state's ``extra`` (``replay``'s id
-        namespace)."""
+                     strategy_params: dict[str, Any] | None, prices: Prices | None,
+                     calibration: Calibration | str | None, cache_scope: str | None,
+                     extra: dict[str, Any] | None = None) -> Session:
+        """:meth:`new_session`; ``extra`` starts its state's ``extra`` (``replay``'s id namespace)."""
         check_texts(SessionError, "lab.session", system=system, tools=tools)
         if cache_scope is not None and cache_scope not in CACHE_SCOPES:
             raise SessionError(f"cache_scope={cache_scope!r}: use one of {', '.join(map(repr, CACHE_SCOPES))}")
@@ -382,121 +336,45 @@ class Lab:
             if calibration != "stored":
                 raise SessionError(f"calibration={calibration!r}: pass a pc.Calibration or 'stored'")
             calibration = _analysis.load_calibration(self, model)
-        config = {
-            "calibration": None if calibration is None else {
+        config = SessionConfig(
+            start=start, step_seconds=parse_duration(step).total_seconds(), cache_params=cache_params or {},
+            strategy_params=strategy_params, cache_scope=cache_scope or "session",
+            prices=None if prices is None else {k: getattr(prices, k) for k in
+                                                ("input", "output", "cache_read", "cache_write_5m",
+                                                 "cache_write_1h", "source")},
+            calibration=None if calibration is None else {
                 "model": calibration.model, "ratio": float(calibration.ratio),
                 "overhead": float(calibration.overhead)},
-            "start": start.isoformat(), "step_seconds": parse_duration(step).total_seconds(),
-            "cache_params": cache_params or {}, "strategy_params": strategy_params,
-            "cache_scope": cache_scope or "session",
-            "prices": None if prices is None else {k: getattr(prices, k) for k in
-                                                   ("input", "output", "cache_read", "cache_write_5m",
-                                                    "cache_write_1h", "source")},
-        }
-        state = {"host_prompt": system, "tools": list(tools or []), "model": model, "extra": dict(extra or {})}
+        )
+        return self.create_session(config, session_id=session_id, project=project, strategy=strat.name,
+                                   cache=cache_model.name, model=model, system=system, tools=tools, extra=extra,
+                                   backend=backend)
+
+    def create_session(self, config: SessionConfig, *, session_id: str, project: str, model: str,
+                       strategy: str | None = None, cache: str = "anthropic", system: str = "",
+                       tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
+                       source: str | None = None, parent_id: str | None = None,
+                       backend: Backend | None = None) -> Session:
+        """Store a new session as given, checked no further, and open it: its row (created at ``config.start``)
+        and first state, in one transaction (the caller's, when inside :meth:`atomic` / :meth:`batch`). The
+        importers call it for each new imported session (``strategy`` None, ``source`` the log it came from);
+        :meth:`new_session` validates its arguments, then calls it.
+        """
         store = self.store
+        if store.session_row(session_id) is not None:
+            raise SessionError(f"session {session_id!r} already exists in {self.path!r}")
+        row: dict[str, Any] = {"id": session_id, "project_id": project, "strategy": strategy, "cache_model": cache,
+                               "model": model, "created_at": config.start, "config": config.to_stored()}
+        if source is not None or parent_id is not None:
+            row.update(source=source, parent_id=parent_id)
+        state = {"host_prompt": system, "tools": list(tools or []), "model": model, "extra": dict(extra or {})}
         with store.transaction():
-            store.ensure_project(project, start)
-            store.create_session({"id": session_id, "project_id": project, "strategy": strat.name,
-                                  "cache_model": cache_model.name, "model": model, "created_at": start,
-                                  "config": config}, state)
-        row = store.session_row(session_id)
-        assert row is not None  # created just above, in the committed transaction
-        s = Session(self, row, backend=backend, cache_scope=cache_scope_of(row))
-        self._open[session_id] = s
-        return s
+            store.ensure_project(project, config.start)
+            store.create_session(row, state)
+        return self.open_session(session_id, backend=backend)
 
-    # -- simulated provider caches, one per cache scope ---------------------------------------
-    def _scope_cache(self, session: Session) -> _ScopeCache:
-        """The cache of ``session``'s scope, rebuilt from the store when the Lab holds none ready."""
-        key = _session_scope_key(session)
-        entry = self._caches.get(key)
-        if entry is None:
-            entry = self._caches[key] = _ScopeCache(get_cache_model(session.cache, **session.cache_params))
-        if not entry.ready:
-            self._rebuild_cache(key, entry, session)
-        return entry
-
-    def _existing_cache(self, session: Session) -> _ScopeCache | None:
-        """The cache of ``session``'s scope if the Lab holds one (ready or not); never builds one."""
-        return self._caches.get(_session_scope_key(session))
-
-    def _cache_for_validation(self, session: Session) -> CacheModel:
-        """A cache model of ``session``'s kind to check a model id with (the scope's, else a new one)."""
-        entry = self._existing_cache(session)
-        return entry.model if entry is not None else get_cache_model(session.cache, **session.cache_params)
-
-    def _cache_window(self, session: Session, last_at: datetime) -> CacheWindow | None:
-        """Where a rebuild of ``session``'s cache would start, when the Lab holds no ready cache for it and its
-        scope is the session alone; None otherwise."""
-        if session.cache_scope != "session":
-            return None
-        entry = self._existing_cache(session)
-        if entry is not None and entry.ready:
-            return None
-        try:
-            model = entry.model if entry is not None else get_cache_model(session.cache, **session.cache_params)
-        except (PromptCacheError, TypeError, ValueError):
-            return None  # the session still opens; its first simulated request says what is wrong
-        return CacheWindow(self._rebuild_since(model, [session.id], last_at))
-
-    def _rebuild_since(self, model: CacheModel, members: list[str], last_at: datetime | None) -> datetime | None:
-        """The first request time a rebuild of ``model`` over ``members`` must replay from (None: the first
-        request): after the last pause nothing survived (``state_horizon_seconds``), and within the model's
-        ``replay_window_seconds`` before the last request."""
-        horizon = model.state_horizon_seconds()
-        since = self.store.after_last_pause(members, horizon) if horizon is not None else None
-        window = model.replay_window_seconds()
-        if window is not None and last_at is not None:
-            cut = last_at - timedelta(seconds=window)
-            since = cut if since is None else max(since, cut)
-        return since
-
-    def _drop_cache(self, session: Session) -> None:
-        """``session``'s simulated cache may have seen a request the store did not keep: rebuilt on next use."""
-        entry = self._existing_cache(session)
-        if entry is not None:
-            entry.ready = False
-
-    def _rebuild_cache(self, key: ScopeKey, entry: _ScopeCache, session: Session) -> None:
-        """Rebuild a scope's cache from the requests that can still matter (:meth:`_rebuild_since`: never from
-        before a pause nothing survives, and within the model's replay window before the scope's last request;
-        all of them for an LRU cache). Their bodies are rebuilt in bulk (one set of queries per session), and
-        the sessions' requests are replayed in time order."""
-        model = entry.model
-        model.reset()
-        model.forget_streams()
-        if session.cache_scope == "session":
-            members = [session.id]
-        else:
-            members = [r["id"] for r in self.store.session_rows(session.cache)
-                       if _scope_key_of(r) == key]
-        since = self._rebuild_since(model, members, self.store.last_request_at(members))
-        requests: list[tuple[datetime, str, int, PreparedRequest]] = []
-        for sid in members:
-            open_ = self._open.get(sid)
-            memo = open_._memo if open_ is not None and not open_.closed else None
-            preloaded = None
-            resume = open_._take_resume_turns() if open_ is not None else None
-            if resume is not None:
-                window, turns = resume
-                start = window.since
-                if start is None and since is None or start is not None and since is not None and start <= since:
-                    preloaded = [t for t in turns if since is None or t.at >= since]
-            if preloaded is None:
-                preloaded = _analysis.load_turns(self, sid, since=since, memo=memo)
-            requests.extend((t.at, sid, t.idx, t.request) for t in preloaded)
-        if len(members) > 1:
-            requests.sort(key=lambda r: r[:3])
-        for at, sid, _idx, request in requests:
-            model.stream(sid)
-            # a stored request the model cannot simulate (an unknown model, stored with measured usage) is
-            # skipped, as when it was recorded: it never breaks the session
-            _analysis.simulate(model, request, at)
-        entry.ready = True
-
-    def import_log(self, paths: Any, *, format: str = "auto", project: str | None = None,  # noqa: A002
-                   progress: bool | None = None) -> Any:
+    def import_log(self, paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
+                   project: str | None = None, progress: bool | None = None) -> ImportResult:
         """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
 
         ``paths`` is a file, a directory (walked), a glob or a list. Each session's new requests are stored in
@@ -586,7 +464,7 @@ class Lab:
                                   cache_params=cache_params, strategy_params=strategy_params, prices=None,
                                   calibration=None, cache_scope=None, extra=extra)
             s.knowledge.add_many(sc.knowledge, at=sc.start)
-            s._clear_pending_events()
+            s.clear_pending_events()
         show = self.progress if progress is None else progress
         played = sc.turns if stop_after is None else sc.turns[:stop_after]
         bar = progress_bar(total=sum(1 + len(t.tool_calls) for t in played), desc=f"{sc.name} · {strat.name}",

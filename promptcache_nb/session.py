@@ -6,10 +6,10 @@ a typed :class:`~promptcache_nb.RequestRecord`) → store (one transaction). The
 one :class:`~promptcache_nb.pipeline.SessionState` value, swapped only once the store has the change.
 
 :class:`~promptcache_nb.Lab` (``lab.py``) opens sessions and holds what they share (the store, the simulated
-provider caches, the knowledge cache). The two are one unit split over two modules: a Session calls the Lab's
-``_scope_cache``, ``_drop_cache``, ``_cache_for_validation``, ``_cache_window``, ``_knowledge``,
-``_knowledge_numbered`` and ``_knowledge_changed``; the Lab calls a Session's ``_close``, ``_reload``, ``_memo``,
-``_take_resume_turns`` and ``_clear_pending_events``. Nothing else reaches into either.
+provider caches and the knowledge cache: ``_shared.py``). A Session is handed its Lab as a
+:class:`~promptcache_nb._protocols.SessionHost` (the store, those two shared objects, and ``open_session`` for a
+restart) and never imports it; the Lab uses only a Session's public methods (``close``, ``reload``,
+``clear_pending_events``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,22 @@ from __future__ import annotations
 import copy
 import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import analysis as _analysis
 from . import pipeline
+from ._config import SessionConfig
+from ._shared import (  # noqa: F401 - CACHE_SCOPES, cache_scope_of: re-exported from their old home
+    CACHE_SCOPES,
+    CacheWindow,
+    ScopeCache,
+    ScopeMember,
+    cache_scope_of,
+    stored_cache_scope,
+)
 from ._types import RequestRecord
 from ._util import digest, parse_duration, utc
 from .analysis import limits
@@ -62,7 +71,9 @@ from .usage import Usage, UsageSource
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .lab import Lab, _ScopeCache
+    from ._protocols import SessionHost
+    from .analysis.resimulate import StoredTurn
+    from .lab import Lab
 
 COMPACTION_HEADER = "Summary of the conversation so far:\n\n"
 COMPACTION_ACK = "Understood. I have the summary and will continue from it."
@@ -204,12 +215,12 @@ class KnowledgeBook:
 
     def list(self) -> list[KnowledgeEntry]:
         """Current entries (latest version, not removed), ordered by id."""
-        return self._s._lab._knowledge(self._s.project)
+        return self._s._lab.knowledge_cache.entries(self._s.project)
 
     def __len__(self) -> int:
         return len(self.list())
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[KnowledgeEntry]:
         return iter(self.list())
 
     def get(self, entry_id: str) -> KnowledgeEntry:
@@ -248,14 +259,14 @@ class KnowledgeBook:
         """Store new entries (title, content, category, key) and their pending events in one transaction."""
         s = self._s
         project, lab = s.project, s._lab
-        first = lab._knowledge_numbered(project)  # counted once per project, then kept by the Lab
+        first = lab.knowledge_cache.numbered(project)  # counted once per project, then kept by the Lab
         ns = s._id_namespace.get("project", project)
         when = self._now(at)
         entries = [KnowledgeEntry(_entry_id(project, ns, first + i, title), project, 1, title, content, category,
                                   False, when, key) for i, (title, content, category, key) in enumerate(specs)]
         s._note_event(*(f"knowledge_add:{e.short_id}" for e in entries),
                       write=lambda store: store.write_knowledge(entries),
-                      committed=lambda: lab._knowledge_changed(project, entries, added=len(entries)))
+                      committed=lambda: lab.knowledge_cache.changed(project, entries, added=len(entries)))
         return [e.id for e in entries]
 
     def update(self, entry_id: str, *, title: str | None = None, content: str | None = None,
@@ -300,45 +311,50 @@ class KnowledgeBook:
         # the entry's new version and its pending event commit together: a kill in between keeps neither
         lab = self._s._lab
         self._s._note_event(event, write=lambda store: store.write_knowledge([entry]),
-                            committed=lambda: lab._knowledge_changed(entry.project_id, [entry]))
+                            committed=lambda: lab.knowledge_cache.changed(entry.project_id, [entry]))
 
     def __repr__(self) -> str:
         return f"KnowledgeBook(project={self._s.project!r}, entries={len(self)})"
 
 
 class Session:
-    """One agent conversation under one strategy and one cache model. Create with :meth:`Lab.session`."""
+    """One agent conversation under one strategy and one cache model. Create with :meth:`Lab.new_session`, continue
+    a stored one with :meth:`Lab.open_session`."""
 
-    def __init__(self, lab: Lab, row: dict[str, Any], *, backend: Backend | None, cache_scope: str) -> None:
+    def __init__(self, lab: SessionHost, row: dict[str, Any], *, backend: Backend | None) -> None:
         self._lab = lab
         self.id: str = row["id"]
         self.project: str = row["project_id"]
         self.strategy: str = row["strategy"]
         self.cache: str = row["cache_model"]
-        cfg = row["config"]
-        self._config = cfg
+        cfg = self._config = SessionConfig.from_stored(row["config"])
         # imported sessions have no strategy: their requests were built by someone else's agent
         self._strategy = get_strategy(self.strategy) if self.strategy is not None else None
         self.source: str | None = row.get("source")
         self.parent_id: str | None = row.get("parent_id")
-        self._cache_params = cfg.get("cache_params", {})
+        self._cache_params = dict(cfg.cache_params)
         #: Which sessions share this session's simulated provider cache: ``session`` (its own),
         #: ``project`` or ``lab`` (every session of the scope with the same cache model and parameters).
-        self.cache_scope: str = cache_scope
+        self.cache_scope: str = stored_cache_scope(cfg.cache_scope, imported=self.strategy is None)
+        self._caches = lab.caches
         # the Lab's cache for that scope, held while this object lives (a restarted session keeps it)
-        self._scope_entry: _ScopeCache | None = lab._existing_cache(self)
+        self._scope_entry: ScopeCache | None = self._caches.existing(self._member())
         self.backend: Backend = backend or DirectSimulator()
-        self._prices = Prices(**cfg["prices"]) if cfg.get("prices") else None
-        self._step_gap = timedelta(seconds=cfg.get("step_seconds", 30))
-        self._start = datetime.fromisoformat(cfg["start"])
+        self._prices = Prices(**cfg.prices) if cfg.prices else None
+        self._step_gap = timedelta(seconds=cfg.step_seconds)
+        self._start = cfg.start
         # an opted-in calibration scales every estimate of this session (ratio per text; README "Calibration");
         # session_tokenizer is the one place that decides it, for every path that counts this session's requests
-        self._memo = SegmentMemo(session_tokenizer(lab.tokenizer, cfg.get("calibration")))
+        self._memo = SegmentMemo(session_tokenizer(lab.tokenizer, cfg.calibration))
+        self._caches.attach(self.id, self._memo)  # a rebuild of the shared cache counts this session's requests with it
         self._closed = False
         self._warned_unpriced = False
         self._warned_window = False  # a request past the model's context window was reported (once per object)
-        self._resume_turns: tuple[Any, list[Any]] | None = None  # (window, requests) for Lab._rebuild_cache
         self._state = self._load()
+
+    def _member(self) -> ScopeMember:
+        """This session as its simulated cache sees it (the project may change: ``Lab.move_sessions``)."""
+        return ScopeMember(self.id, self.project, self.cache_scope, self.cache, self._cache_params)
 
     # -- loading ------------------------------------------------------------------------------
     def _load(self) -> SessionState:
@@ -347,12 +363,12 @@ class Session:
         strategy_state = store.state_row(self.id)
         messages = store.messages(self.id)
         last = store.last_turn(self.id)
-        self._resume_turns = None
         prev: PreparedRequest | None = None
         prev_at: datetime | None = None
         keys: list[str] = []
         nodes: list[str] = []
         observation: Any = None
+        resume: tuple[CacheWindow, list[StoredTurn]] | None = None
         if last is not None:
             prev_at = last["at"].astimezone(UTC)
             # the last request, and the last one whose cache read is known (the observation's baseline), in
@@ -364,17 +380,19 @@ class Session:
                 if read_at is not None:
                     since = min(since, read_at["at"])
             # A session-scoped cache the Lab holds no ready copy of is rebuilt from a window before the last
-            # request (Lab._rebuild_cache): load that window now, with the requests above, in the same queries.
-            window = self._lab._cache_window(self, last["at"])
+            # request (ScopeCaches.get): load that window now, with the requests above, in the same queries, and
+            # hand them to the Lab's caches for that rebuild.
+            window = self._caches.window(self._member(), last["at"])
             if window is not None:
                 since = None if window.since is None else min(since, window.since)
             turns = _analysis.load_turns(self._lab, self.id, since=since, memo=self._memo)
             if window is not None:
-                self._resume_turns = (window, turns)
+                resume = (window, turns)
             loaded = {t.idx: t.request for t in turns}
             prev = loaded[last["idx"]]
             keys, nodes, _ = prefix_chain(prev, [], [])
             observation = _analysis.observation_state_from_store(store, self.id, requests=loaded)
+        self._caches.preload(self.id, resume)
         # the history the last strategy-built request saw (StrategyContext.previous_messages)
         built = store.built_from(self.id)
         built_messages: list[dict[str, Any]] | None = None
@@ -389,37 +407,46 @@ class Session:
             pending_events=tuple(store.pending_events(self.id)),
         )
 
-    def _reload(self, row: dict[str, Any]) -> None:
-        """Back to what the store holds (``Lab.atomic`` / ``Lab.batch`` rolled back a change this object saw);
-        ``row``: the session's stored row."""
-        self.project, self._config = row["project_id"], row["config"]
+    def reload(self) -> None:
+        """Back to what the store holds: ``Lab.atomic`` / ``Lab.batch`` call it when they roll back a change this
+        object saw. A session the store no longer has (created inside the rolled-back block) is closed."""
+        self._check_open()
+        row = self._lab.store.session_row(self.id)
+        if row is None:
+            self.close()
+            return
+        self.project, self._config = row["project_id"], SessionConfig.from_stored(row["config"])
         self._state = self._load()
 
-    def _close(self) -> None:
-        """This object stops working (restarted, its Lab closed, or its rows rolled back)."""
-        self._closed = True
-
-    def _take_resume_turns(self) -> tuple[Any, list[Any]] | None:
-        """The requests ``_load`` read for a rebuild of this session's cache (once)."""
-        got, self._resume_turns = self._resume_turns, None
-        return got
+    def close(self) -> None:
+        """Stop using this object (the stored session is unchanged; ``lab.open_session(id)`` opens it again).
+        A restart, ``Lab.close`` and ``Lab.forget_session`` close it."""
+        if not self._closed:
+            self._closed = True
+            self._caches.detach(self.id, self._memo)
 
     @property
     def lab(self) -> Lab:
         """The Lab this session belongs to (its store, tokenizer and path)."""
-        return self._lab
+        return cast("Lab", self._lab)  # only a Lab opens sessions; the session itself uses it as a SessionHost
 
     @property
     def closed(self) -> bool:
         """True once this object was restarted, or its Lab closed: open the session again with
-        ``lab.session(id=...)``."""
+        ``lab.open_session(id)``."""
         return self._closed
 
     @property
     def config(self) -> dict[str, Any]:
-        """The session's stored configuration (a copy): start, step, cache and strategy parameters, prices,
-        calibration, cache scope; for an imported session its format, log key and unlogged prefix."""
-        return copy.deepcopy(self._config)
+        """The session's stored configuration as a dict (a copy): start, step, cache and strategy parameters,
+        prices, calibration, cache scope; for an imported session its format, log key and unlogged prefix. The
+        typed value: :attr:`session_config`."""
+        return copy.deepcopy(self._config.to_stored())
+
+    @property
+    def session_config(self) -> SessionConfig:
+        """The session's stored configuration (a :class:`~promptcache_nb.SessionConfig`)."""
+        return self._config
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -433,11 +460,11 @@ class Session:
 
     @property
     def model(self) -> str:
-        return self._state.strategy_state["model"]
+        return str(self._state.strategy_state["model"])
 
     @property
     def host_prompt(self) -> str:
-        return self._state.strategy_state["host_prompt"]
+        return str(self._state.strategy_state["host_prompt"])
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -493,9 +520,9 @@ class Session:
         """Store the size of the prefix (system prompt and tools) a partial log leaves out, measured once from its
         first request (measured total minus the logged part): later requests, and later imports of the same
         log, are sized with it. Written in the caller's transaction when there is one."""
-        config = {**self._config, "unlogged_prefix_tokens": tokens}
+        config = self._config.replace(unlogged_prefix_tokens=tokens)
         with self._lab.store.transaction():
-            self._lab.store.update_session_config(self.id, config)
+            self._lab.store.update_session_config(self.id, config.to_stored())
         self._config = config
 
     def _request_prices(self, model: str, usage: Usage) -> Prices | None:
@@ -514,10 +541,10 @@ class Session:
         if self._closed:
             raise SessionError(
                 f"session object {self.id!r} was restarted or its Lab closed; use the object restart() "
-                "returned, or lab.session(id=...)"
+                "returned, or lab.open_session(id)"
             )
         if self._lab.store.closed:
-            raise SessionError("the Lab is closed; open it again with pc.Lab(path) and lab.session(id=...)")
+            raise SessionError("the Lab is closed; open it again with pc.Lab(path) and lab.open_session(id)")
 
     def _clock_now(self) -> datetime:
         return self._state.previous_at or self._start
@@ -574,9 +601,9 @@ class Session:
 
         self._commit(run, committed=committed)
 
-    def _clear_pending_events(self) -> None:
-        """Forget (and store that) the events recorded so far: ``Lab.replay`` sets a scenario's knowledge up
-        without reporting it as events of its first request."""
+    def clear_pending_events(self) -> None:
+        """Forget (and store that) the events recorded so far: they are not reported with the next request.
+        ``Lab.replay`` sets a scenario's knowledge up this way."""
         cur = self._state
         if not cur.pending_events:
             return
@@ -591,13 +618,13 @@ class Session:
     def _cache(self) -> CacheModel:
         """The session's simulated provider cache: the Lab's instance for this session's cache scope, made
         current for this session's requests (rebuilt from the store when the Lab has none ready)."""
-        entry = self._scope_entry = self._lab._scope_cache(self)  # held: the Lab keeps it only weakly
+        entry = self._scope_entry = self._caches.get(self._member())  # held: the Lab keeps it only weakly
         entry.model.stream(self.id)
         return entry.model
 
     def _cache_stale(self) -> None:
         """The simulated cache may have seen a request the store did not keep: rebuild it before its next use."""
-        self._lab._drop_cache(self)
+        self._caches.drop(self._member())
 
     # -- events -------------------------------------------------------------------------------
     def set_tools(self, tools: list[dict[str, Any]]) -> None:
@@ -609,7 +636,7 @@ class Session:
 
     def switch_model(self, model: str) -> None:
         self._check_open()
-        model = self._lab._cache_for_validation(self).validate_model(model)
+        model = self._caches.model_for_validation(self._member()).validate_model(model)
         if self._prices is None:
             _analysis.default_prices(self.cache, model)
         self._note_event(f"model_switch:{model}", changes={"model": model})
@@ -645,8 +672,8 @@ class Session:
     def restart(self) -> Session:
         """Drop every in-memory object and resume from the store alone; use the returned session."""
         self._check_open()
-        self._closed = True
-        return self._lab.session(id=self.id, backend=self.backend)
+        self.close()
+        return self._lab.open_session(self.id, backend=self.backend)
 
     def apply(self, event: Event, *, at: datetime | None = None) -> Session:
         """Apply one scenario event; returns the session to keep using (a new one after a restart)."""
@@ -778,8 +805,8 @@ class Session:
         assert self._strategy is not None  # checked just above
         return pipeline.build(state, self._strategy, session_id=self.id, project_id=self.project,
                               strategy_name=self.strategy, new_messages=new_msgs, at=at,
-                              knowledge=self._lab._knowledge(self.project),
-                              params=self._config.get("strategy_params", {}), memo=self._memo)
+                              knowledge=self._lab.knowledge_cache.entries(self.project),
+                              params=dict(self._config.strategy_params), memo=self._memo)
 
     def _built_request(self, state: SessionState, store: Store, new_msgs: list[dict[str, Any]],
                        reply_msg: dict[str, Any] | None, *, at: datetime, user_text: str | None,
@@ -1118,10 +1145,18 @@ def _as_call(c: Any) -> Any:
     raise TypeError(f"tool_calls items must be ToolCall or dict, got {type(c).__name__}")
 
 
-def __getattr__(name: str) -> Any:
-    """Names that moved to :mod:`promptcache_nb.lab` still import from here."""
-    if name in ("Lab", "CACHE_SCOPES", "cache_scope_of"):
-        from . import lab
+_WARNED: set[str] = set()
 
-        return getattr(lab, name)
+
+def __getattr__(name: str) -> Any:
+    """``promptcache_nb.session.Lab``, the name's old home, still works (one DeprecationWarning): the Lab is read
+    from the loaded package, never imported from here (a session never imports the Lab)."""
+    if name == "Lab":
+        import sys
+
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn("promptcache_nb.session.Lab moved: use promptcache_nb.Lab", DeprecationWarning,
+                          stacklevel=2)
+        return sys.modules["promptcache_nb"].Lab  # loaded: importing this module loads the package first
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,8 +2,9 @@
 
 One turn travels scenario → strategy → request → cache model / live API → store → analysis → plots, and a
 stored log travels importer → request → store → analysis. ``pipeline`` turns one request into its typed
-record (no SQL), ``session`` composes a request from the stages through it, ``lab`` opens sessions (the
-importers' ingest stores imported requests through them); widgets are views over sessions; the CLI, the report
+record (no SQL), ``_shared`` holds what a Lab's sessions share (simulated caches, knowledge), ``session``
+composes a request from the stages through it, ``lab`` opens sessions and hands them its shared objects through
+the ``_protocols.SessionHost`` protocol (the importers' ingest creates sessions with ``Lab.create_session``); widgets are views over sessions; the CLI, the report
 and the package's public namespace sit on top. Leaves (errors, helpers, typed options, domain values, the tokenizer,
 usage) import only leaves.
 """
@@ -20,7 +21,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "promptcache_nb"
 
-LEAVES = {"errors", "_util", "_data", "_options", "_types", "tokens", "usage"}
+LEAVES = {"errors", "_util", "_data", "_options", "_types", "_config", "_protocols", "tokens", "usage"}
 
 #: A module may import (at module level or inside a function) only leaves and stages of a lower rank.
 RANKS = {
@@ -34,9 +35,10 @@ RANKS = {
     "analysis": 7,  # pandas views, observation, prices, what-ifs
     "plots": 8,
     "pipeline": 9,  # one request: build → (send) → ideal read → price → analyse → typed record; no SQL
+    "_shared": 9,  # what a Lab's sessions share: simulated caches per scope (rebuilt from the store), knowledge
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
-    "lab": 11,  # opens sessions, holds what they share (store, simulated caches); replays scenarios
-    "ingest": 12,  # importers/_ingest.py: stores imported requests through a Lab's sessions
+    "lab": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
+    "ingest": 12,  # importers/_ingest.py: stores imported requests through Lab.create_session and sessions
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
     "report": 13,
     "__init__": 13,  # the curated public namespace
@@ -46,7 +48,6 @@ RANKS = {
 #: Upward imports that are allowed, each inside a function (loaded on first use), with the reason.
 LAZY_UPWARD = {
     ("importers", "ingest"): "importers/__init__ re-exports import_log and ImportResult on first use",
-    ("session", "lab"): "session.Lab, session.cache_scope_of: the names' old home, resolved on first use",
 }
 
 
@@ -158,7 +159,7 @@ def test_every_module_has_a_place() -> None:
 
 def test_the_pipeline_writes_nothing_and_the_session_never_imports_the_lab() -> None:
     """The request pipeline is pure (its record goes to the store through the session), and Lab sits above
-    Session: a session gets its Lab passed in, never imports it (only the old-name shim, lazily)."""
+    Session: a session gets its Lab passed in (a ``SessionHost``), never imports it."""
     tree = ast.parse((PACKAGE / "pipeline.py").read_text(encoding="utf-8"))
     from_store = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and "store" in (n.module or "")
                   for a in n.names}
@@ -166,8 +167,7 @@ def test_the_pipeline_writes_nothing_and_the_session_never_imports_the_lab() -> 
     calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
     assert not calls & {"execute", "sql", "query", "rows", "one", "scalar", "write_request", "transaction"}
     imports = package_imports()
-    eager = [i for i in imports if node(i.source) == "session" and node(i.target) == "lab" and not i.lazy]
-    assert eager == []
+    assert [i for i in imports if node(i.source) == "session" and node(i.target) == "lab"] == []
     assert any(node(i.source) == "lab" and node(i.target) == "session" for i in imports)
 
 
@@ -184,3 +184,26 @@ def test_upstream_stages_never_import_the_store(unit: str) -> None:
     """Values are pure: nothing before the store touches it (issue 12's layout)."""
     offenders = [i for i in package_imports() if node(i.source) == unit and node(i.target) == "store"]
     assert offenders == []
+
+
+def _private_reach_ins(module: str, owners: set[str]) -> list[str]:
+    """``x._name`` in ``module`` where ``x`` is a name in ``owners`` or an attribute named like one
+    (``self._lab._knowledge``): a private member of another module's object."""
+    tree = ast.parse((PACKAGE / module).read_text(encoding="utf-8"))
+    found = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")):
+            continue
+        v = n.value
+        name = v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else None
+        if name in owners:
+            found.append(f"{module}:{n.lineno}: {ast.unparse(n)}")
+    return found
+
+
+def test_lab_and_session_use_only_each_others_public_names() -> None:
+    """Lab and Session were one object in two files (issue 25): each now uses the other's public names only;
+    what they share lives in ``_shared`` (caches, knowledge), handed over through ``_protocols.SessionHost``."""
+    assert _private_reach_ins("lab.py", {"s", "session", "open_", "old", "sess"}) == []
+    assert _private_reach_ins("session.py", {"lab", "_lab", "host"}) == []
+    assert _private_reach_ins("importers/_ingest.py", {"lab", "s", "session"}) == []

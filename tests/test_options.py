@@ -72,7 +72,7 @@ def test_valid_values_are_coerced_and_kept() -> None:
     assert check_cache_params("vllm", None) == {}  # defaults are not spelled out
     with pc.Lab(progress=False) as lab:
         s = lab.session("durable_delta", system=HOST, strategy_params={"delta_budget_tokens": "50"})
-        assert s._config["strategy_params"] == {"delta_budget_tokens": 50}
+        assert s.config["strategy_params"] == {"delta_budget_tokens": 50}
 
 
 @pytest.mark.parametrize("name", cache_model_names())
@@ -107,7 +107,7 @@ def test_a_config_stored_before_the_check_still_loads(tmp_path: Path) -> None:
     with pc.Lab(db, progress=False) as lab:
         s = lab.session("durable_delta", system=HOST, start=T0, strategy_params={"delta_budget_tokens": 400})
         s.step("hello", reply="hi")
-        old = {**s._config, "strategy_params": {"delta_budget_token": 400}, "cache_params": {}}
+        old = {**s.config, "strategy_params": {"delta_budget_token": 400}, "cache_params": {}}
         lab.store.update_session_config(s.id, old)
         sid = s.id
     with pc.Lab(db, progress=False) as lab:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import promptcache_nb as pc
+from promptcache_nb._shared import ScopeCaches
 from promptcache_nb.live import Backend, DirectSimulator
 from promptcache_nb.request import canonical_bytes
 
@@ -278,13 +279,13 @@ def test_a_restart_keeps_the_labs_cache_and_a_failed_step_rebuilds_it(monkeypatc
     """The simulated provider cache belongs to the Lab (a provider's cache does not restart with the agent):
     a restart event replays nothing; a failed step, whose requests the store dropped, rebuilds it."""
     rebuilt: list[str] = []
-    rebuild = pc.Lab._rebuild_cache
+    rebuild = ScopeCaches._rebuild
 
-    def counting(self, key, entry, session):
-        rebuilt.append(session.id)
-        return rebuild(self, key, entry, session)
+    def counting(self, key, entry, member):
+        rebuilt.append(member.session_id)
+        return rebuild(self, key, entry, member)
 
-    monkeypatch.setattr(pc.Lab, "_rebuild_cache", counting)
+    monkeypatch.setattr(ScopeCaches, "_rebuild", counting)
     with pc.Lab(progress=False) as lab:
         s = _long_session(lab, "anthropic", {})
         _run(s, 0, 3)

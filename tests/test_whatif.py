@@ -192,7 +192,7 @@ def test_claude_code_bodies_stay_as_logged(claude_code):
     stored = [s._lab.store.turn_body(s.id, i) for i in range(11)]
     assert [canonical_bytes(b) for b in stored] == [canonical_bytes(b) for b in logged]  # byte-identical
     assert not any("cache_control" in json.dumps(b) for b in stored)  # the breakpoints exist only in the model
-    assert s._config["cache_params"] == {"client_ttls": ["1h", "5m"]}  # from the measured 5m/1h write split
+    assert s.session_config.cache_params == {"client_ttls": ["1h", "5m"]}  # from the measured 5m/1h write split
 
 
 def test_claude_code_session_simulates_the_clients_breakpoints(claude_code):

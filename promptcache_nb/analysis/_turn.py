@@ -199,7 +199,8 @@ def observation_state_from_store(store: Store, session_id: str, *,
 
 
 def stored_diff_and_observation(
-    store: Store, session_id: str, index: int, prev_body: dict | None, body: dict, *, memo: SegmentMemo | None = None
+    store: Store, session_id: str, index: int, prev_body: dict[str, Any] | None, body: dict[str, Any], *,
+    memo: SegmentMemo | None = None,
 ) -> tuple[PrefixDiff | None, Observation]:
     """Diff and observation of a stored turn (``Session.turn``); ``prev_body`` None for turn 0.
 

@@ -37,6 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover - numpy and pandas load when a calibration
     import numpy as np
     import pandas as pd
 
+    from .._protocols import LabLike
+
 ALL_MODELS = "*"
 
 
@@ -85,7 +87,7 @@ class Calibration:
         """``base`` with this calibration's ratio applied per text (the overhead stays per request)."""
         return CalibratedTokenizer(base, self)
 
-    def save(self, lab: Any) -> None:
+    def save(self, lab: LabLike) -> None:
         """Store this calibration in the lab's ``calibrations`` table (one transaction)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         lab.store.save_calibration({**values, "fitted_at": self.fitted_at or datetime.now(UTC)})
@@ -114,7 +116,7 @@ def model_key(model: str) -> str:
     return base
 
 
-def _measured(lab: Any, model: str | None, family: str | None) -> tuple[list[str], np.ndarray, np.ndarray]:
+def _measured(lab: LabLike, model: str | None, family: str | None) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(models, estimated, measured) of the measured requests an estimate can be fitted on.
 
     Partial bodies are left out (their unlogged prefix was sized from the measured total, so their estimate
@@ -134,7 +136,7 @@ def _measured(lab: Any, model: str | None, family: str | None) -> tuple[list[str
     return [r["model"] for r in rows], est, meas
 
 
-def calibrate(lab: Any, model: str | None = None, *, family: str | None = None) -> Calibration:
+def calibrate(lab: LabLike, model: str | None = None, *, family: str | None = None) -> Calibration:
     """Fit ``measured ≈ ratio × estimated + overhead`` over the lab's measured turns of ``model``.
 
     A calibration belongs to one tokenizer family (:func:`~promptcache_nb.tokens.tokenizer_family`): the
@@ -217,7 +219,7 @@ def calibrate(lab: Any, model: str | None = None, *, family: str | None = None) 
     return cal
 
 
-def load_calibration(lab: Any, model: str | None = None, *, tokenizer: str | None = None) -> Calibration:
+def load_calibration(lab: LabLike, model: str | None = None, *, tokenizer: str | None = None) -> Calibration:
     """The latest saved calibration of ``model`` (``None`` → the pooled ``"*"``).
 
     For a model, the first of: a calibration saved under that id, one saved under another id of the same
@@ -261,7 +263,7 @@ FAMILY_COLUMNS = ["family", "models", "n", "ratio", "overhead", "raw_mean_abs_er
                   "saved", "note"]
 
 
-def calibrate_families(lab: Any, models: Iterable[str], *, save: bool = True) -> pd.DataFrame:
+def calibrate_families(lab: LabLike, models: Iterable[str], *, save: bool = True) -> pd.DataFrame:
     """Fit (and save) one calibration per tokenizer family of ``models``, over all the lab's measured turns
     of that family: what importing measured traffic does (each measured request gives an exact prompt total).
 

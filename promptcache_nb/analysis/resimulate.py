@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .._config import SessionConfig
+from .._protocols import LabLike, StoredSession, resolve_session
 from .._util import digest
-from ..cache import CacheModel, get_cache_model
+from ..cache import CacheModel, CacheResult, get_cache_model
 from ..cache._prefix import common_prefix_len
 from ..errors import PriceError, PromptCacheError, SessionError
 from ..request import PreparedRequest, Segment, SegmentMemo, canonical_bytes, content_hash, prepare, rebuild_body
@@ -76,15 +78,16 @@ _TURN_FIELDS = (
 )
 
 
-def _resolve(lab_or_session: Any, session_id: str | None) -> tuple[Any, str]:
-    """(lab, session id) from ``(lab, id)`` or a Session."""
-    if session_id is None:
-        lab = getattr(lab_or_session, "lab", None)
-        sid = getattr(lab_or_session, "id", None)
-        if lab is None or sid is None:
-            raise TypeError("pass a Session, or a Lab and a session_id")
-        return lab, sid
-    return lab_or_session, session_id
+_resolve = resolve_session  # the name the analysis modules used
+
+
+def stored_session_row(lab: LabLike, session_id: str) -> dict[str, Any]:
+    """The stored row of ``session_id`` (``config`` a dict), or a SessionError naming the known ones."""
+    row = lab.store.session_row(session_id)
+    if row is None:
+        known = lab.store.session_ids()
+        raise SessionError(f"no session {session_id!r} in {lab.path!r}; known: {', '.join(known) or '(none)'}")
+    return row
 
 
 class _Loader:
@@ -96,21 +99,18 @@ class _Loader:
     session's tokenizer.
     """
 
-    def __init__(self, lab: Any, session_id: str, *, ttl: str | None = None, since: datetime | None = None,
+    def __init__(self, lab: LabLike, session_id: str, *, ttl: str | None = None, since: datetime | None = None,
                  memo: SegmentMemo | None = None) -> None:
         store: Store = lab.store
-        session_row = store.session_row(session_id)
-        if session_row is None:
-            known = store.session_ids()
-            raise SessionError(
-                f"no session {session_id!r} in {lab.path!r}; known: {', '.join(known) or '(none)'}")
+        session_row = stored_session_row(lab, session_id)
         self.session_id = session_id
         self.ttl = ttl
         self.rows = store.turn_rows(session_id, _TURN_FIELDS, since=since)
         self.rests = {h: json.loads(b) for h, b in store.rest_bodies(session_id, since=since).items()}
         self.nodes: dict[str, StoredNode] = store.session_nodes(session_id, since=since) if self.rows else {}
         # the session's own tokenizer (its opted-in calibration included): a request re-simulates as it was stored
-        self.memo = memo or SegmentMemo(session_tokenizer(lab.tokenizer, session_row["config"].get("calibration")))
+        self.memo = memo or SegmentMemo(session_tokenizer(lab.tokenizer,
+                                                                SessionConfig.from_stored(session_row["config"]).calibration))
         self._view = self.memo  # the memo of the current request's model (SegmentMemo.for_model)
         self._segs: dict[tuple[str, bool, int], Segment] = {}  # (node, system is a str, id(view))
         self._counters: dict[str, tuple[int, int, int, int]] = {}  # node -> tools, system, messages, block
@@ -256,8 +256,8 @@ class _Loader:
 
 
 def load_turns(
-    lab_or_session: Any, session_id: str | None = None, *, ttl: str | None = None, since: datetime | None = None,
-    memo: SegmentMemo | None = None,
+    lab_or_session: LabLike | StoredSession, session_id: str | None = None, *, ttl: str | None = None,
+    since: datetime | None = None, memo: SegmentMemo | None = None,
 ) -> list[StoredTurn]:
     """A stored session's requests, rebuilt from the store in bulk (``ttl`` rewrites every ``cache_control``
     ttl; ``since``: only the requests sent at or after it; ``memo``: the session's segment memo)."""
@@ -273,8 +273,9 @@ def _price_resolver(cache_name: str, session_row: dict[str, Any], *, price_model
     its own models only, never a stand-in); None for a model without an exact price — never a silent zero."""
     if prices is not None:
         return lambda _model: prices
-    if price_model is None and cache_name == "anthropic" and session_row["config"].get("prices"):
-        fixed = Prices(**session_row["config"]["prices"])  # the session's own explicit prices
+    own = SessionConfig.from_stored(session_row["config"]).prices
+    if price_model is None and cache_name == "anthropic" and own:
+        fixed = Prices(**own)  # the session's own explicit prices
         return lambda _model: fixed
     if price_model is not None:
         fixed = prices_for(price_model)  # asked for by name: an unknown one is an error
@@ -287,7 +288,7 @@ def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str
     import pandas as pd
 
     cache.reset()
-    rows: list[tuple] = []  # RESIM_COLUMNS
+    rows: list[tuple[Any, ...]] = []  # RESIM_COLUMNS
     for t in turns:
         result = simulate(cache, t.request, t.at)
         if result is None:  # a model this cache model cannot simulate: no figures, never a crash
@@ -316,12 +317,12 @@ def _cache_for(name: str | CacheModel, session_row: dict[str, Any], params: dict
             raise TypeError("pass cache parameters to the cache model's constructor, not with an instance")
         return name
     if not params and name == session_row["cache_model"]:
-        params = session_row["config"].get("cache_params", {})  # the session's own settings
+        params = dict(SessionConfig.from_stored(session_row["config"]).cache_params)  # the session's own settings
     return get_cache_model(name, **params)
 
 
 def resimulate(
-    lab: Any,
+    lab: LabLike | StoredSession,
     session_id: str | None = None,
     cache: str | CacheModel = "openai",
     *,
@@ -356,7 +357,7 @@ def resimulate(
         >>> df.cache_read_input_tokens.sum() / df.total_tokens.sum()  # doctest: +SKIP
     """
     lab, sid = _resolve(lab, session_id)
-    row = lab.store.session_row(sid)
+    row = stored_session_row(lab, sid)
     turns = load_turns(lab, sid)
     return _resimulate_turns(turns, row, cache, price_model=price_model, prices=prices, params=cache_params)
 
@@ -385,7 +386,7 @@ def summarize_usage(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def compare_caches(
-    session: Any,
+    session: StoredSession | LabLike,
     caches: Iterable[str | CacheModel] = ("anthropic", "openai", "deepseek", "vllm"),
     *,
     session_id: str | None = None,
@@ -411,7 +412,7 @@ def compare_caches(
     import pandas as pd
 
     lab, sid = _resolve(session, session_id)
-    row = lab.store.session_row(sid)
+    row = stored_session_row(lab, sid)
     turns = load_turns(lab, sid)  # read and built once, replayed under every model
     params, price_models = params or {}, price_models or {}
     out = []
@@ -459,7 +460,7 @@ def request_prices(cache_name: str, model: str, *, measured: bool = False) -> Pr
         return None
 
 
-def simulate(cache: CacheModel, request: PreparedRequest, at: datetime) -> Any:
+def simulate(cache: CacheModel, request: PreparedRequest, at: datetime) -> CacheResult | None:
     """``cache.process``, or None for a request the cache model cannot simulate (a model its table lacks,
     Claude Code's ``<synthetic>`` entries...). Cache models raise those errors before changing any state."""
     try:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from .._config import SessionConfig
+from .._protocols import LabLike, StoredSession, resolve_session
 from .._util import fmt_duration, parse_duration
 from ..cache import AnthropicCache, CacheModel, Reason, explain_reason, get_cache_model
 from ..cache._reasons import NOT_REBUILD
@@ -34,7 +36,7 @@ from ..usage import Usage
 from ._ideal import carried_over, simulated_rebuild
 from .cause import NOISE_FLOOR, MeasuredCause, MeasuredRequest, measured_cause
 from .prices import Prices
-from .resimulate import StoredTurn, _resolve, load_turns, request_prices, simulate
+from .resimulate import StoredTurn, load_turns, request_prices, simulate, stored_session_row
 
 if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
     import pandas as pd
@@ -53,8 +55,9 @@ REBUILD_COLUMNS = [
 
 
 def _session_prices(row: dict[str, Any]) -> Callable[[str], Prices | None]:
-    if row["config"].get("prices"):
-        fixed = Prices(**row["config"]["prices"])
+    own = SessionConfig.from_stored(row["config"]).prices
+    if own:
+        fixed = Prices(**own)
         return lambda _model: fixed
     return lambda model: request_prices("anthropic", model)
 
@@ -65,7 +68,7 @@ def _cost(price: Callable[[str], Prices | None], model: str, usage: Usage, at: A
 
 
 def _anthropic(row: dict[str, Any], ttl: str | None = None) -> CacheModel:
-    params = row["config"].get("cache_params", {}) if row["cache_model"] == "anthropic" else {}
+    params = dict(SessionConfig.from_stored(row["config"]).cache_params) if row["cache_model"] == "anthropic" else {}
     if ttl is not None:  # the what-if TTL applies to the breakpoints assumed on partial bodies too
         params = {**params, "client_ttls": (ttl, ttl)}
     return get_cache_model("anthropic", **params)
@@ -82,7 +85,7 @@ def _gaps(turns: list[StoredTurn]) -> list[float | None]:
 
 
 def ttl_whatif(
-    lab_or_session: Any,
+    lab_or_session: StoredSession | LabLike,
     session_id: str | None = None,
     ttls: Iterable[str] = ("5m", "1h"),
 ) -> pd.DataFrame:
@@ -103,8 +106,8 @@ def ttl_whatif(
     """
     import pandas as pd
 
-    lab, sid = _resolve(lab_or_session, session_id)
-    row = lab.store.session_row(sid)
+    lab, sid = resolve_session(lab_or_session, session_id)
+    row = stored_session_row(lab, sid)
     price = _session_prices(row)
     frames = []
     for ttl in ttls:
@@ -113,7 +116,7 @@ def ttl_whatif(
         turns = load_turns(lab, sid, ttl=ttl)
         cache = _anthropic(row, ttl)
         gaps = _gaps(turns)
-        rows: list[tuple] = []  # WHATIF_COLUMNS
+        rows: list[tuple[Any, ...]] = []  # WHATIF_COLUMNS
         for t, gap in zip(turns, gaps, strict=True):
             res = simulate(cache, t.request, t.at)
             if res is None:
@@ -134,7 +137,7 @@ def _is_rebuild(idx: int, read: int | None, expected: int, reason: str | None) -
 
 
 def keep_warm(
-    session: Any,
+    session: StoredSession | LabLike,
     every: str | float | timedelta = "4m",
     *,
     session_id: str | None = None,
@@ -165,8 +168,8 @@ def keep_warm(
     """
     import pandas as pd
 
-    lab, sid = _resolve(session, session_id)
-    row = lab.store.session_row(sid)
+    lab, sid = resolve_session(session, session_id)
+    row = stored_session_row(lab, sid)
     price = _session_prices(row)
     step = parse_duration(every)
     if step.total_seconds() <= 0:
@@ -273,7 +276,8 @@ _REBUILD_COLUMNS = ("idx", "at", "model", "total_tokens", "input_tokens", "cache
                     "cache_creation_input_tokens", "usage_source", "cache_reason", "cache_detail", "events")
 
 
-def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = NOISE_FLOOR) -> pd.DataFrame:
+def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
+             noise_floor: int = NOISE_FLOOR) -> pd.DataFrame:
     """The requests that had to send again what the cache held, each with its cause.
 
     **Measured requests** (live or imported usage) are judged on their measured figures only, by the one
@@ -308,14 +312,13 @@ def rebuilds(session: Any, *, session_id: str | None = None, noise_floor: int = 
     """
     import pandas as pd
 
-    lab, sid = _resolve(session, session_id)
+    lab, sid = resolve_session(session, session_id)
     df = lab.store.turns_frame(sid, _REBUILD_COLUMNS)
     reasons = list(df.cache_reason)
     details = [json.loads(d) if isinstance(d, str) else {} for d in df.cache_detail]
     measured = [s in ("live", "imported") for s in df.usage_source]
     if any(r is None and not m for r, m in zip(reasons, measured, strict=True)):
-        row = lab.store.session_row(sid)
-        cache = _anthropic(row)
+        cache = _anthropic(stored_session_row(lab, sid))
         for i, t in enumerate(load_turns(lab, sid)):
             res = simulate(cache, t.request, t.at)
             if reasons[i] is None and not measured[i] and res is not None:
@@ -380,16 +383,17 @@ class _Evidence:
     """The stored bodies of a session, to find the measured causes a store written before they were stored
     lacks (built on demand)."""
 
-    def __init__(self, lab: Any, session_id: str) -> None:
+    def __init__(self, lab: LabLike, session_id: str) -> None:
         self.store = lab.store
         self.sid = session_id
-        row = lab.store.session_row(session_id)
-        params = row["config"].get("cache_params", {})
+        row = stored_session_row(lab, session_id)
+        config = SessionConfig.from_stored(row["config"])
+        params = dict(config.cache_params)
         try:
             self.cache: CacheModel = get_cache_model(row["cache_model"], **params)
         except PromptCacheError:
             self.cache = AnthropicCache()
-        self.memo = SegmentMemo(session_tokenizer(lab.tokenizer, row["config"].get("calibration")))
+        self.memo = SegmentMemo(session_tokenizer(lab.tokenizer, config.calibration))
         self._requests: dict[int, PreparedRequest] = {}
 
     def request(self, idx: int) -> PreparedRequest:

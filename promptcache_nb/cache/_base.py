@@ -23,7 +23,7 @@ class CacheResult:
     """
 
     usage: Usage
-    reason: str  # a :class:`Reason` code
+    reason: Reason  #: why the request read less than it could (a str subclass: stored as its code)
     detail: dict[str, Any] = field(default_factory=dict)
     segment_states: tuple[str, ...] = ()
     native: dict[str, Any] = field(default_factory=dict)

@@ -59,6 +59,7 @@ from ..request import PreparedRequest, canonical_json
 from ..request._canonical import prefix_record
 from ..usage import Usage
 from ._base import CacheModel, CacheResult
+from ._reasons import Reason
 
 LOOKBACK_POSITIONS = 20
 MAX_BREAKPOINTS = 4
@@ -610,7 +611,7 @@ class AnthropicCache(CacheModel):
         self._prev_model, self._prev_total = model, total
         self._prev_cacheable = c  # the longest prefix this request read or wrote: what it left cached
         self._prev_written = {bp for bp, _ in writes}
-        return CacheResult(usage, reason, detail, states, usage.to_anthropic())
+        return CacheResult(usage, Reason(reason), detail, states, usage.to_anthropic())
 
     def _entries_along(self, model: str, chain: list[bytes], t: float) -> _Along:
         """Live entries on ``chain`` by position: the previous request's for the shared run (entries

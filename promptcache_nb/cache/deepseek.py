@@ -44,6 +44,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
+from ._reasons import Reason
 
 UNIT_TOKENS = 64
 
@@ -178,7 +179,7 @@ class DeepSeekCache(CacheModel):
             detail["construction_pending_seconds"] = round(pending, 3)
         reason = self._reason(request, model, chain, cum, n, hit, why, t, detail)
         self._prev = {"model": model, "n": n, "chain": chain, "t": t}
-        return CacheResult(usage, reason, detail, states_for(cum, hit), native)
+        return CacheResult(usage, Reason(reason), detail, states_for(cum, hit), native)
 
     def _reason(self, request, model, chain, cum, n, hit, why, t, detail) -> str:
         prev = self._prev

@@ -56,6 +56,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
+from ._reasons import Reason
 
 MIN_TOKENS = 1024
 INCREMENT = 128
@@ -262,7 +263,7 @@ class OpenAICache(CacheModel):
         reason = self._reason(request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail)
         self._prev = {"model": model, "n": n, "chain": chain, "route": route, "key": pkey, "t": t,
                       "stored": stored}
-        return CacheResult(usage, reason, detail, states_for(cum, cached), native)
+        return CacheResult(usage, Reason(reason), detail, states_for(cum, cached), native)
 
     def _reason(self, request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail) -> str:
         prev = self._prev

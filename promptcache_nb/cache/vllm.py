@@ -52,6 +52,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
+from ._reasons import Reason
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32_768
@@ -254,7 +255,7 @@ class VLLMCache(CacheModel):
         detail["hit_path"] = segment_path(request, _segment_of(cum, cached)) if cached else None
         reason = status or self._reason(request, chain, cum, n, cached, cap, once, detail)
         self._prev = {"root": root, "model": model, "salt": salt, "n": n, "chain": chain}
-        return CacheResult(usage, reason, detail, states_for(cum, cached), native)
+        return CacheResult(usage, Reason(reason), detail, states_for(cum, cached), native)
 
     def _insert(self, chain: list[int], cum: list[int], start: int) -> None:
         """Cache every full block of the request; it ends as the most recently used."""

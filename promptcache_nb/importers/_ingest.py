@@ -20,6 +20,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._config import SessionConfig
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import summarize
@@ -360,27 +361,21 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
         with lab.batch():
             if restore:
                 lab.forget_session(sid)
-            if store.session_row(sid) is None:
+            s = lab.active_session(sid)  # keep the Session object a notebook already holds
+            if s is None and store.session_row(sid) is None:
                 at = first.at.astimezone(UTC)
-                config = {
-                    "start": at.isoformat(), "step_seconds": 30, "cache_params": _cache_params(reqs),
-                    "strategy_params": {},
-                    "prices": None, "calibration": None, "format": fmt, "session_key": key,
-                    "session_kind": first.session_kind, "unlogged_prefix_tokens": None,
+                config = SessionConfig(
+                    start=at, step_seconds=30, cache_params=_cache_params(reqs), format=fmt, session_key=key,
+                    session_kind=first.session_kind,
                     # one provider cache per project: sub-agents and compaction calls read the parent's entries
-                    "cache_scope": "project",
-                }
-                proj = project or f"imported/{fmt}"
-                store.ensure_project(proj, at)
-                store.create_session(
-                    {"id": sid, "project_id": proj, "strategy": None, "cache_model": _cache_model_for(first),
-                     "model": first.model or "unknown", "created_at": at, "config": config,
-                     "source": f"{fmt}:{file}",
-                     "parent_id": session_id_for(fmt, first.parent_key) if first.parent_key else None},
-                    {"host_prompt": "", "tools": [], "model": first.model or "unknown", "extra": {}},
+                    cache_scope="project",
                 )
-            # keep the Session object a notebook already holds (opening it again would close that one)
-            s = lab.active_session(sid) or lab.session(id=sid)
+                s = lab.create_session(
+                    config, session_id=sid, project=project or f"imported/{fmt}", strategy=None,
+                    cache=_cache_model_for(first), model=first.model or "unknown", source=f"{fmt}:{file}",
+                    parent_id=session_id_for(fmt, first.parent_key) if first.parent_key else None)
+            elif s is None:
+                s = lab.open_session(sid)
             todo, dup = _new_requests(s, reqs, skipped)
             if restore:  # stored again, not new
                 dup += len(restore)
@@ -447,7 +442,7 @@ def _new_requests(s: Session, reqs: list[ImportedRequest], skipped: list[dict[st
     cannot hold, or a usage figure no endpoint reports, is skipped with its file:line."""
     store = s.lab.store
     known = store.dedupe_keys(s.id)
-    unlogged = s.config.get("unlogged_prefix_tokens")
+    unlogged = s.session_config.unlogged_prefix_tokens
     prev = s.previous_request
     todo: list[tuple[ImportedRequest, Any, list[BodyProblem]]] = []
     dup = 0

@@ -33,8 +33,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     from matplotlib.figure import Figure
 
+    from ..lab import Lab
     from ..request import PreparedRequest
-    from ..session import Lab, Session, Turn
+    from ..session import Session, Turn
 
 PNG_DPI = 90
 # full button labels: as wide as their text and never shrunk by a crowded row (descriptions truncate otherwise)

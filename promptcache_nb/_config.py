@@ -1,0 +1,90 @@
+"""SessionConfig: a stored session's configuration, as one typed value.
+
+The store keeps it as canonical JSON in ``sessions.config``; :meth:`SessionConfig.from_stored` reads that dict
+and :meth:`SessionConfig.to_stored` writes it back key for key (an unknown key a later version stored is kept
+in ``extra``), so a config read and written again is byte-identical. Nothing outside this module reads the
+dict by key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+#: Keys every stored config has (a session created by ``Lab.new_session`` or ``Lab.create_session``).
+_BASE_KEYS = ("start", "step_seconds", "cache_params", "strategy_params", "cache_scope", "prices", "calibration")
+#: Keys an imported session's config has as well (``format`` given), each stored even when None.
+_IMPORT_KEYS = ("format", "session_key", "session_kind", "unlogged_prefix_tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionConfig:
+    """What a session was created with (``sessions.config``). Treat the mappings as read-only.
+
+    Example:
+        >>> from datetime import UTC, datetime
+        >>> cfg = SessionConfig(start=datetime(2026, 1, 5, tzinfo=UTC))
+        >>> cfg.to_stored()["step_seconds"]
+        30.0
+    """
+
+    start: datetime  #: the session clock's first timestamp (UTC)
+    step_seconds: float = 30.0  #: the default gap between turns (an int is kept as given: imports store 30)
+    cache_params: Mapping[str, Any] = field(default_factory=dict)  #: the cache model's parameters
+    strategy_params: Mapping[str, Any] = field(default_factory=dict)  #: the strategy's options, validated
+    #: who shares the simulated cache (``session``, ``project``, ``lab``); None: an old store that did not say
+    cache_scope: str | None = None
+    #: explicit prices (the fields of :class:`~promptcache_nb.Prices`), None: genai-prices
+    prices: Mapping[str, Any] | None = None
+    #: an opted-in calibration (``model``, ``ratio``, ``overhead``), None: none
+    calibration: Mapping[str, Any] | None = None
+    format: str | None = None  #: imported sessions: the log format (None: a simulated session)  # noqa: A003
+    session_key: str | None = None  #: imported sessions: the log's own session key
+    session_kind: str | None = None  #: imported sessions: main, sub-agent, compaction...
+    #: a partial log's measured unlogged prefix (system + tools), once known
+    unlogged_prefix_tokens: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  #: stored keys this version does not know, as stored
+
+    @property
+    def imported(self) -> bool:
+        """True for an imported session's config (it names its log format)."""
+        return self.format is not None
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, Any]) -> SessionConfig:
+        """The config of a stored ``sessions.config`` dict; keys an older store lacks take their defaults."""
+        known = {k: stored[k] for k in (*_BASE_KEYS, *_IMPORT_KEYS) if k in stored and k != "start"}
+        for k in ("cache_params", "strategy_params"):
+            if known.get(k) is None:
+                known.pop(k, None)
+        extra = {k: v for k, v in stored.items() if k not in _BASE_KEYS and k not in _IMPORT_KEYS}
+        return cls(start=datetime.fromisoformat(stored["start"]), extra=extra, **known)
+
+    @staticmethod
+    def stored_cache_scope(stored: Mapping[str, Any]) -> str | None:
+        """The ``cache_scope`` of a stored config dict (None when it does not say), without reading the rest."""
+        scope = stored.get("cache_scope")
+        return None if scope is None else str(scope)
+
+    def to_stored(self) -> dict[str, Any]:
+        """The dict the store writes as canonical JSON (what :meth:`from_stored` reads back)."""
+        out: dict[str, Any] = {
+            "start": self.start.isoformat(), "step_seconds": self.step_seconds,
+            "cache_params": dict(self.cache_params), "strategy_params": dict(self.strategy_params),
+            "cache_scope": self.cache_scope,
+            "prices": None if self.prices is None else dict(self.prices),
+            "calibration": None if self.calibration is None else dict(self.calibration),
+        }
+        if self.format is not None:
+            out.update(format=self.format, session_key=self.session_key, session_kind=self.session_kind,
+                       unlogged_prefix_tokens=self.unlogged_prefix_tokens)
+        elif self.unlogged_prefix_tokens is not None:
+            out["unlogged_prefix_tokens"] = self.unlogged_prefix_tokens
+        out.update(self.extra)
+        return out
+
+    def replace(self, **changes: Any) -> SessionConfig:
+        """A copy with ``changes`` applied (``dataclasses.replace``)."""
+        return replace(self, **changes)

@@ -1,0 +1,68 @@
+"""The seams between a Lab, its sessions and the functions that read them, as protocols (a leaf: no runtime
+imports of the package).
+
+* :class:`LabLike`: what reading a stored session needs (a store, a tokenizer, a path): a
+  :class:`~promptcache_nb.Lab`.
+* :class:`StoredSession`: a session object (its id and Lab): a :class:`~promptcache_nb.Session`.
+* :class:`SessionHost`: what a Session is handed by the Lab that opens it: the store, the shared simulated caches
+  and knowledge cache (``_shared.py``), and a way to open a session again (``Session.restart``). A Session never
+  imports the Lab; the Lab calls only a Session's public methods.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # annotations only: a leaf imports no stage
+    from ._shared import KnowledgeCache, ScopeCaches
+    from .live import Backend
+    from .session import Session
+    from .store import Store
+    from .tokens import Tokenizer
+
+
+class LabLike(Protocol):
+    """A workspace of stored sessions (a :class:`~promptcache_nb.Lab`)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def path(self) -> str: ...
+
+
+@runtime_checkable
+class StoredSession(Protocol):
+    """A session object: its id and the Lab that stores it (a :class:`~promptcache_nb.Session`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def lab(self) -> LabLike: ...
+
+
+class SessionHost(LabLike, Protocol):
+    """What a Session is handed by its Lab: the store, what sessions share, and reopening."""
+
+    @property
+    def caches(self) -> ScopeCaches: ...
+
+    @property
+    def knowledge_cache(self) -> KnowledgeCache: ...
+
+    def open_session(self, session_id: str, *, backend: Backend | None = None) -> Session: ...
+
+
+def resolve_session(lab_or_session: LabLike | StoredSession, session_id: str | None) -> tuple[LabLike, str]:
+    """(lab, session id) from ``(lab, id)`` or a Session (``session_id`` omitted)."""
+    if session_id is None:
+        if not isinstance(lab_or_session, StoredSession):
+            raise TypeError("pass a Session, or a Lab and a session_id")
+        return lab_or_session.lab, lab_or_session.id
+    if isinstance(lab_or_session, StoredSession):
+        return lab_or_session.lab, session_id  # a Session and another id: that session of the same Lab
+    return lab_or_session, session_id
