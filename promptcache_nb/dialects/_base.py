@@ -65,6 +65,7 @@ class Dialect(Protocol):
         count_tokens_endpoint: the API has a token-counting endpoint (``/v1/messages/count_tokens``).
         stream_placeholder_usage: a stream cut short reports a placeholder output count (Anthropic's
             ``message_start``), so its usage is not final.
+        logged_usage_counts: the counts a logged usage object must carry to be read (an importer skips one without).
         fast_path: ``prepare(trusted=True)`` may take the per-message reuse path for bodies built by strategies.
         whole_units: each unit of :attr:`list_key` is one segment (the OpenAI formats).
         scalar_keys: segment kind -> the top-level key of a one-segment section (``schema`` -> ``text``).
@@ -81,6 +82,7 @@ class Dialect(Protocol):
     implicit_caching: bool
     count_tokens_endpoint: bool
     stream_placeholder_usage: bool
+    logged_usage_counts: tuple[str, ...]
     fast_path: bool
     whole_units: bool
     scalar_keys: Mapping[str, str]

@@ -553,6 +553,7 @@ class AnthropicMessages:
     implicit_caching = False
     count_tokens_endpoint = True
     stream_placeholder_usage = True
+    logged_usage_counts: tuple[str, ...] = ("input_tokens", "output_tokens")
     fast_path = True
     whole_units = False
     scalar_keys: Mapping[str, str] = {}

@@ -256,6 +256,7 @@ class OpenAIChat:
     implicit_caching = True
     count_tokens_endpoint = False
     stream_placeholder_usage = False
+    logged_usage_counts: tuple[str, ...] = ()
     fast_path = False
     whole_units = True
     scalar_keys: Mapping[str, str] = {"schema": "response_format"}

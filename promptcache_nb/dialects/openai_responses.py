@@ -248,6 +248,7 @@ class OpenAIResponses:
     implicit_caching = True
     count_tokens_endpoint = False
     stream_placeholder_usage = False
+    logged_usage_counts: tuple[str, ...] = ()
     fast_path = False
     whole_units = True
     scalar_keys: Mapping[str, str] = {"schema": "text", "system": "instructions", "msg-str": "input"}
