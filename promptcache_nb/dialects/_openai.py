@@ -17,7 +17,7 @@ from ._problems import Problems, add_line, structure, type_name
 
 #: OpenAI top-level fields that never affect what the prefix cache matches (output limits, sampling,
 #: streaming, bookkeeping).
-VOLATILE_FIELDS = (
+VOLATILE_FIELDS: tuple[str, ...] = (
     "logprobs", "max_completion_tokens", "max_output_tokens", "max_tokens", "metadata", "n", "seed", "stop",
     "store", "stream", "stream_options", "temperature", "top_logprobs", "top_p",
 )

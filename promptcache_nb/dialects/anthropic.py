@@ -546,9 +546,9 @@ class AnthropicMessages:
     provider = "anthropic"
     list_key = "messages"
     only_keys = ONLY_KEYS
-    volatile_fields = VOLATILE_FIELDS
+    volatile_fields: tuple[str, ...] = VOLATILE_FIELDS
     field_levels: Mapping[str, str] = FIELD_LEVELS
-    limit_fields = ("max_tokens",)
+    limit_fields: tuple[str, ...] = ("max_tokens",)
     limits_nullable = False
     implicit_caching = False
     count_tokens_endpoint = True

@@ -249,9 +249,9 @@ class OpenAIChat:
     provider = "openai"
     list_key = "messages"
     only_keys = ONLY_KEYS
-    volatile_fields = VOLATILE_FIELDS
+    volatile_fields: tuple[str, ...] = VOLATILE_FIELDS
     field_levels: Mapping[str, str] = FIELD_LEVELS
-    limit_fields = ("max_tokens", "max_completion_tokens")
+    limit_fields: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
     limits_nullable = True
     implicit_caching = True
     count_tokens_endpoint = False

@@ -241,9 +241,9 @@ class OpenAIResponses:
     provider = "openai"
     list_key = "input"
     only_keys = ONLY_KEYS
-    volatile_fields = VOLATILE_FIELDS
+    volatile_fields: tuple[str, ...] = VOLATILE_FIELDS
     field_levels: Mapping[str, str] = FIELD_LEVELS
-    limit_fields = ("max_output_tokens",)
+    limit_fields: tuple[str, ...] = ("max_output_tokens",)
     limits_nullable = True
     implicit_caching = True
     count_tokens_endpoint = False
