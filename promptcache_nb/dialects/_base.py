@@ -10,7 +10,7 @@ asks the body's dialect object (``dialects.get(name)``, ``dialects.detect(body)`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..usage import Usage, UsageSource
@@ -48,6 +48,7 @@ class SegmentSink(Protocol):
         ...
 
 
+@runtime_checkable
 class Dialect(Protocol):
     """One API's request format. Implementations: :mod:`.anthropic`, :mod:`.openai_chat`, :mod:`.openai_responses`.
 
