@@ -233,3 +233,21 @@ def test_no_module_outside_dialects_asks_which_wire_format_it_holds() -> None:
 def test_dialect_checker_catches_a_comparison() -> None:
     src = 'if p.dialect == "anthropic":\n    pass\nif kind in ("openai-chat", "x"):\n    pass\nok = a == b\n'
     assert [line for _, line, _ in dialect_tests({"m.py": src})] == [1, 3]
+
+
+def test_frozen_values_get_no_side_attributes() -> None:
+    """A value stays a value (STYLE rule 18): ``object.__setattr__`` only inside ``__post_init__`` (at most 2), so
+    derived data lives in declared fields (``PreparedRequest.derived``), visible to mypy and to
+    ``dataclasses.replace``."""
+    sites: list[tuple[str, int, str]] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for n in ast.walk(fn):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "__setattr__"
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id == "object"):
+                    sites.append((str(path.relative_to(PACKAGE)), n.lineno, fn.name))
+    assert len(sites) <= 2, sites
+    assert all(name == "__post_init__" for _, _, name in sites), sites
