@@ -473,14 +473,6 @@ def anthropic_usage(raw: Any) -> Usage:
     return convert_usage(raw, "anthropic")
 
 
-def openai_usage(raw: Any, dialect: Dialect) -> Usage:
-    """Convert an OpenAI Chat / Responses ``usage`` object with :meth:`Usage.from_openai` (``source="imported"``).
-
-    Its refusals (a shape it does not understand, naming the field) become skip reasons.
-    """
-    return convert_usage(raw, dialect)
-
-
 def convert_usage(raw: Any, dialect: Dialect) -> Usage:
     """Native usage of ``dialect`` → :class:`Usage` (``Dialect.usage``, ``source="imported"``); a log's usage must
     carry the counts the format names (``Dialect.logged_usage_counts``). Raises ``_Skip`` naming the field it does
