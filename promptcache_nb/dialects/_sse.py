@@ -183,8 +183,8 @@ class StreamSummary:
         usage: the provider's native usage object for the whole call, or None when the stream carried none
             (an OpenAI Chat stream without ``stream_options.include_usage``). Anthropic: the
             ``message_start`` usage combined with ``message_delta``'s by
-            :func:`~promptcache_nb.dialects.anthropic.merge_anthropic_stream_usage` (so ``output_tokens`` is the final count, not the placeholder, and the start's cache figures
-            stay). OpenAI: the ``usage`` object as sent.
+            :func:`~promptcache_nb.dialects.anthropic.merge_anthropic_stream_usage` (so ``output_tokens`` is the
+            final count, not the placeholder, and the start's cache figures stay). OpenAI: the ``usage`` object as sent.
         response_id: the response's ``id`` (``msg_…``, ``chatcmpl-…``, ``resp_…``).
         model: the model the response names.
         content: the reply rebuilt from the deltas: Anthropic content blocks; for OpenAI Chat one assistant
