@@ -230,7 +230,7 @@ def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False)
         if required:
             raise UsageError(f"{where}.{key}: missing")
         return None
-    if value.__class__ is int and 0 <= value <= MAX_TOKENS:  # the common case, without a call
+    if type(value) is int and 0 <= value <= MAX_TOKENS:  # the common case, without a call
         return value
     return _check_count(value, f"{where}.{key}")
 

@@ -31,6 +31,7 @@ import copy as _copy
 import json
 import marshal
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, count, repeat
 from operator import attrgetter, eq, is_not
@@ -51,8 +52,8 @@ from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 #: The dialect names (one vocabulary: :data:`promptcache_nb.dialects.DialectName`).
 Dialect = DialectName
 UNLOGGED_PATH = "(unlogged prefix)"
-_TOKENS = attrgetter("tokens")
-_NBYTES = attrgetter("nbytes")
+_TOKENS: Callable[[Segment], int] = attrgetter("tokens")
+_NBYTES: Callable[[Segment], int] = attrgetter("nbytes")
 
 
 def canonical_json(value: Any) -> str:
@@ -133,7 +134,7 @@ class SegmentMemo:
 
     def __init__(self, tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> None:
         self.tokenizer = tokenizer
-        self._by_id: dict[int, tuple[Any, str, str, dict | None, int]] = {}
+        self._by_id: dict[int, tuple[Any, str, str, dict[str, Any] | None, int]] = {}
         self._tokens: dict[tuple[str, str], int] = {}
         self._segments: dict[int, Segment] = {}  # trusted elements: the Segment last built for them
         self._views: dict[int, tuple[Tokenizer, SegmentMemo]] = {}
@@ -153,7 +154,7 @@ class SegmentMemo:
             got = self._views[id(tok)] = (tok, view)
         return got[1]
 
-    def hashes(self, element: Any, *, trusted: bool) -> tuple[str, str, dict | None, int]:
+    def hashes(self, element: Any, *, trusted: bool) -> tuple[str, str, dict[str, Any] | None, int]:
         """(content hash, storage hash, cache_control, canonical byte length) of one segment."""
         if trusted and not isinstance(element, str):
             hit = self._by_id.get(id(element))
@@ -234,7 +235,8 @@ class PreparedRequest:
     @property
     def dialect(self) -> str:
         """``anthropic``, ``openai-chat`` or ``openai-responses``."""
-        return self.shape.get("dialect", "anthropic")
+        name: str = self.shape.get("dialect", "anthropic")
+        return name
 
     @property
     def wire(self) -> WireFormat:
@@ -268,8 +270,8 @@ class PreparedRequest:
             prev, k = prefix_record(self)
             pn = prev.derived.nbytes if prev is not None else None
             segs = self.segments
-            if pn is not None and k:  # the previous request's size, its tail after the shared run swapped
-                n = pn - sum(map(_NBYTES, prev.segments[k:])) + sum(map(_NBYTES, segs[k:]))  # type: ignore[union-attr]
+            if prev is not None and pn is not None and k:  # the previous size, its tail after the shared run swapped
+                n = pn - sum(map(_NBYTES, prev.segments[k:])) + sum(map(_NBYTES, segs[k:]))
             else:
                 n = sum(map(_NBYTES, segs))
             self.derived.nbytes = n
@@ -279,7 +281,7 @@ class PreparedRequest:
         return sum(s.tokens for s in self.segments if s.kind in ("tool", "system", "schema", "unlogged"))
 
 
-class LoggedBody(dict):
+class LoggedBody(dict[str, Any]):
     """A request body rebuilt from its segments (``rebuild_body``, ``Store.turn_body``): a plain ``dict``
     equal to the body as logged, which also remembers what :func:`prepare` needs to rebuild the very same
     segments — the dialect when it is not ``anthropic`` and the unlogged prefix's measured size.
@@ -426,7 +428,7 @@ def _prepare_trusted(
     shape["messages"] = "absent" if messages is None else "list"
     if unlogged is not None:
         shape["unlogged"] = unlogged
-    prev_msgs: list = []
+    prev_msgs: list[Any] = []
     prev_spans: list[tuple[int, int]] = []
     prev_derived = previous.derived if previous is not None else None
     if (prev_derived is not None and prev_derived.msg_spans is not None
@@ -832,7 +834,8 @@ def shared_prefix_of(p: PreparedRequest, previous: PreparedRequest) -> int:
     return rec[1] if rec is not None and rec[0]() is previous else 0
 
 
-def rebuild_body(shape: dict[str, Any], rest: dict[str, Any], chain: list[tuple[str, str | None, Any]]) -> dict:
+def rebuild_body(shape: dict[str, Any], rest: dict[str, Any], chain: list[tuple[str, str | None, Any]]
+                 ) -> dict[str, Any]:
     """Inverse of :func:`prepare`: a body from its shape, other fields and (kind, role, element) list (the format's
     ``Dialect.rebuild`` places the segments).
 

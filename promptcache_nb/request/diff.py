@@ -46,7 +46,7 @@ import json
 import pickle
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress, count
@@ -61,6 +61,7 @@ from ..dialects.anthropic import VOLATILE_FIELDS as VOLATILE_FIELDS
 from ._canonical import (
     BodyPlan,
     PreparedRequest,
+    Segment,
     SegmentMemo,
     canonical_bytes,
     canonical_json,
@@ -283,7 +284,7 @@ class _Info:
 
 def _common_run(a: _Info, b: _Info, a0: int = 0, b0: int = 0) -> int:
     """Length of the common run of segment keys of ``a`` from ``a0`` and ``b`` from ``b0``."""
-    def cut(xs: list, start: int) -> list:
+    def cut(xs: list[Any], start: int) -> list[Any]:
         return xs if start == 0 else xs[start:]
 
     return min(
@@ -295,9 +296,9 @@ def _common_run(a: _Info, b: _Info, a0: int = 0, b0: int = 0) -> int:
 
 _HASH = attrgetter("content_hash")
 _ROLE_ATTR = attrgetter("role")
-_TOKENS = attrgetter("tokens")
+_TOKENS: Callable[[Segment], int] = attrgetter("tokens")
 _CACHE_CONTROL = attrgetter("cache_control")
-_NBYTES = attrgetter("nbytes")
+_NBYTES: Callable[[Segment], int] = attrgetter("nbytes")
 _KIND = attrgetter("kind")
 _ROLE = itemgetter("role")
 
@@ -711,7 +712,7 @@ class PrefixDiff:
         p_items = [(pk[j], prev.segments[j].path) for j in range(n, p_end)]
         c_items = [(ck[j], cur.segments[j].path) for j in range(n, c_end)]
         same = set(p_items) & set(c_items)  # same content at the same path
-        left: dict[tuple, list[str]] = {}
+        left: dict[tuple[Any, ...], list[str]] = {}
         for key, path in p_items:
             if (key, path) not in same:
                 left.setdefault(key, []).append(path)
