@@ -38,6 +38,7 @@ from ._util import digest, parse_duration, utc
 from .analysis import limits
 from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult
+from .dialects import get as get_format
 from .errors import (
     APIError,
     BodyValidationError,
@@ -908,10 +909,8 @@ class Session:
         try:
             if isinstance(usage, Usage):
                 given = usage.check()
-            elif dialect == "anthropic":
-                given = Usage.from_anthropic(usage, source="imported")
             else:
-                given = Usage.from_openai(usage, api="chat" if dialect == "openai-chat" else "responses")
+                given = get_format(dialect).usage(usage, source="imported")
         except ValueError as exc:
             raise SessionError(f"request {self._state.next_index}: {exc}") from None
         if source is not None:

@@ -361,24 +361,23 @@ class AnthropicCache(CacheModel):
         Computed once per request and layout (the session asks again for the ideal read of the next turn).
         """
         layout = (self.assume_client_breakpoints, self.client_ttls)
-        got = req.__dict__.get("_anthropic_breakpoints")
+        got = req.derived.breakpoints
         if got is None or got[0] != layout:
-            got = (layout, self._breakpoints(req))
-            object.__setattr__(req, "_anthropic_breakpoints", got)
+            got = req.derived.breakpoints = (layout, self._breakpoints(req))
         return got[1]
 
     def _explicit_marks(self, req: PreparedRequest) -> list[tuple[int, str]]:
         """(index, ttl) of every segment's own ``cache_control``: the previous request's for the leading
         segments the two share as the very same objects, a walk over the new ones only (O(new segments))."""
         prev, k = prefix_record(req)
-        known = prev.__dict__.get("_anthropic_explicit") if prev is not None and k else None
+        known = prev.derived.explicit_marks if prev is not None and k else None
         marks: list[tuple[int, str]] = [m for m in known if m[0] < k] if known is not None else []
         segs = req.segments
         for i in range(k if known is not None else 0, len(segs)):
             cc = segs[i].cache_control
             if cc is not None:
                 marks.append((i, self._ttl_of(cc)))
-        object.__setattr__(req, "_anthropic_explicit", tuple(marks))
+        req.derived.explicit_marks = tuple(marks)
         return marks
 
     def _breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
