@@ -192,11 +192,6 @@ class DeltaOptions(Options):
                                      "knowledge delta message; changed entries beyond it are listed by id only")
 
 
-def budget_tokens(ctx: StrategyContext) -> int:
-    # read leniently: a session stored before options were checked keeps loading (its extra keys ignored)
-    return int(ctx.params.get("delta_budget_tokens", DELTA_BUDGET_TOKENS))
-
-
 Insert = tuple[int, int, dict[str, Any]]  # (insertAt, seq, message)
 
 

@@ -50,7 +50,10 @@ class DurableDelta(Strategy):
     """Lore #747: pinned system[2] plus cumulative knowledge deltas replayed at fixed positions."""
 
     name: ClassVar[str] = "durable_delta"
-    Options: ClassVar[type[_lore.Options]] = _lore.DeltaOptions
+    class Options(_lore.DeltaOptions):
+        """Parameters of the delta strategy."""
+
+    options: Options
     title: ClassVar[str] = "pinned knowledge + durable, replayed prompt deltas"
     source: ClassVar[str] = "Lore PR #747 (BYK/loreai, closes #740)"
 
@@ -64,14 +67,14 @@ class DurableDelta(Strategy):
             changed = _lore.changed_entries(current, baseline)
             text = _lore.delta_text(
                 _lore.DURABLE_BANNER, prioritized(changed, set(), ctx.latest_user_text),
-                _lore.removed_ids(current, baseline), budget_tokens=_lore.budget_tokens(ctx),
+                _lore.removed_ids(current, baseline), budget_tokens=self.options.delta_budget_tokens,
             )
         elif view.changed_since_covered:
             changed = _lore.changed_entries(current, baseline, covered)
             fresh = {e.id for e in _lore.changed_entries(current, covered)}
             text = _lore.delta_text(
                 _lore.DURABLE_BANNER, prioritized(changed, fresh, ctx.latest_user_text),
-                _lore.removed_ids(current, baseline, covered), budget_tokens=_lore.budget_tokens(ctx),
+                _lore.removed_ids(current, baseline, covered), budget_tokens=self.options.delta_budget_tokens,
             )
         if view.rewritten or view.changed_since_covered:
             ctx.extra["delta_keys"] = view.next_keys
