@@ -91,7 +91,7 @@ def resolve_model(model: str) -> str:
     models (``claude-opus-4-0``) and Bedrock ids (``anthropic.claude-sonnet-4-5-20250929-v1:0``).
 
     Never by prefix: ``claude-opus-4-9`` is not ``claude-opus-4`` (its minimum and price differ), so an id
-    the table lacks raises :class:`~promptcache_nb.UnknownModelError`.
+    the table lacks raises :class:`~promptcache_nb.errors.UnknownModelError`.
     """
     if model in MIN_CACHEABLE_TOKENS:
         return model
