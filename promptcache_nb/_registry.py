@@ -11,7 +11,8 @@ loaded on the first lookup, so ``import promptcache_nb`` stays as fast as it was
     my_strategy = "my_package:MyStrategy"
 
 The entry point names the component (a class, or for readers a class or an instance); it is registered under
-its own ``name`` attribute, after the built-ins.
+its own ``name`` attribute, after the built-ins, and never replaces a component already registered under that
+name (a plugin adds names; :meth:`Registry.register` in code may still replace one deliberately).
 """
 
 from __future__ import annotations
@@ -60,9 +61,8 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def lookup(self, name: str) -> T:
         """The component registered as ``name``; raises the registry's one-line error listing the valid names."""
-        self._load_plugins()
         try:
-            return self._items[name]
+            return self[name]
         except KeyError:
             raise self._unknown(name, list(self._items)) from None
 
@@ -72,8 +72,14 @@ class Registry(Mapping[str, T], Generic[T]):
         return tuple(self._items)
 
     def __getitem__(self, name: str) -> T:
-        self._load_plugins()
-        return self._items[name]
+        # a name already registered needs no plugin: entry points never replace one, so the answer is the same
+        # before and after they load (and the package's own import-time lookups never import a plugin, which
+        # would import the half-initialised package)
+        component = self._items.get(name)
+        if component is None:
+            self._load_plugins()
+            component = self._items[name]
+        return component
 
     def __iter__(self) -> Iterator[str]:
         self._load_plugins()
@@ -94,6 +100,9 @@ class Registry(Mapping[str, T], Generic[T]):
             try:
                 loaded = ep.load()
                 component = self._prepare(loaded) if self._prepare is not None else loaded
+                name = getattr(component, "name", None)
+                if name in self._items and self._items[name] is not component:
+                    raise TypeError(f"a {self.kind} named {name!r} is already registered ({self._items[name]!r})")
                 self.register(component)
             except (ImportError, AttributeError, TypeError, PromptCacheError) as exc:
                 warnings.warn(PluginWarning(f"{self.kind} plugin {ep.name!r} ({ep.value}) could not be loaded: "

@@ -391,7 +391,7 @@ class AnthropicCache(CacheModel):
         """The layout the client sent and the log dropped: the end of the unlogged prefix, and automatic
         caching on the last eligible block (module docstring)."""
         prefix_ttl, tail_ttl = self.options.client_ttls
-        marks = [(0, prefix_ttl)]
+        marks: list[tuple[int, str]] = [(0, prefix_ttl)]
         last = self._last_eligible(req)
         if last is not None and last > 0:
             marks.append((last, tail_ttl))

@@ -22,12 +22,12 @@ from typing import Any, overload
 
 from pydantic import Field
 
-from .._options import Options
 from .._types import Delta, KnowledgeEntry
 from ._base import (
     DEFAULT_MAX_TOKENS,
     EPHEMERAL,
     EPHEMERAL_1H,
+    Strategy,
     StrategyContext,
     fingerprint,
     format_entry,
@@ -185,7 +185,7 @@ def delta_message(text: str) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
-class DeltaOptions(Options):
+class DeltaOptions(Strategy.Options):
     """Options of the delta strategies (``volatile_delta``, ``durable_delta``)."""
 
     delta_budget_tokens: int = Field(DELTA_BUDGET_TOKENS, ge=1, description="estimated-token budget of one "

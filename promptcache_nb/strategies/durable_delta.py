@@ -50,12 +50,13 @@ class DurableDelta(Strategy):
     """Lore #747: pinned system[2] plus cumulative knowledge deltas replayed at fixed positions."""
 
     name: ClassVar[str] = "durable_delta"
+    title: ClassVar[str] = "pinned knowledge + durable, replayed prompt deltas"
+    source: ClassVar[str] = "Lore PR #747 (BYK/loreai, closes #740)"
+
     class Options(_lore.DeltaOptions):
         """Parameters of the delta strategy."""
 
     options: Options
-    title: ClassVar[str] = "pinned knowledge + durable, replayed prompt deltas"
-    source: ClassVar[str] = "Lore PR #747 (BYK/loreai, closes #740)"
 
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
         view = _lore.begin_turn(ctx, "delta_keys")

@@ -30,12 +30,13 @@ class VolatileDelta(Strategy):
     """#740 proposal: pinned system[2] plus a one-request knowledge delta at the tail."""
 
     name: ClassVar[str] = "volatile_delta"
+    title: ClassVar[str] = "pinned knowledge + one-turn delta message"
+    source: ClassVar[str] = "Lore issue #740 proposal (BYK/loreai), before PR #747"
+
     class Options(_lore.DeltaOptions):
         """Parameters of the delta strategy."""
 
     options: Options
-    title: ClassVar[str] = "pinned knowledge + one-turn delta message"
-    source: ClassVar[str] = "Lore issue #740 proposal (BYK/loreai), before PR #747"
 
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
         view = _lore.begin_turn(ctx, "seen_keys")
