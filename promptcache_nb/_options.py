@@ -22,7 +22,8 @@ from .errors import InvalidOptionError
 
 def _duration(value: Any) -> str | float | timedelta:
     parse_duration(value)  # raises ValueError naming the accepted forms; the value itself is kept as given
-    return value  # parse_duration accepted it: a str, a number or a timedelta
+    accepted: str | float | timedelta = value  # parse_duration accepted it: a str, a number or a timedelta
+    return accepted
 
 
 #: A duration option: ``"5m"``, ``"1.5h"``, seconds as a number, or a ``timedelta``.

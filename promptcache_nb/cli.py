@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        code: int = args.fn(args)
+        return code
     except PromptCacheError as exc:
         print(f"promptcache-nb: error: {exc}", file=sys.stderr)
         return 2

@@ -296,9 +296,9 @@ class AnthropicCache(CacheModel):
         self._entries: dict[tuple[str, bytes], _Entry] = {}
         self._prev_keys: list[str] = []
         self._prev_chain: list[bytes] = []
-        self._prev_segments: tuple = ()
-        self._prev_salts: tuple = ()
-        self._salts_now: tuple = ()
+        self._prev_segments: tuple[Any, ...] = ()
+        self._prev_salts: tuple[Any, ...] = ()
+        self._salts_now: tuple[Any, ...] = ()
         self._prev_model: str | None = None
         self._prev_total = 0
         self._prev_cacheable = 0
@@ -404,7 +404,7 @@ class AnthropicCache(CacheModel):
         ttl = cc.get("ttl", "5m")
         if ttl not in TTL_SECONDS:
             raise InvalidRequestError(f"cache_control.ttl: Input should be '5m' or '1h', got {ttl!r}")
-        return ttl
+        return str(ttl)
 
     @staticmethod
     def _last_eligible(req: PreparedRequest) -> int | None:
@@ -599,7 +599,8 @@ class AnthropicCache(CacheModel):
         return along
 
     def _reason(
-        self, req, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail
+        self, req: PreparedRequest, model: str, marks: list[tuple[int, str]], chain: list[bytes], positions: list[int],
+        cum: list[int], read: int, minimum: int, t: float, expired_seen: _Entry | None, detail: dict[str, Any],
     ) -> str:
         if self._prev_model is None:
             # the first request of its session: a read came from another session sharing the cache

@@ -168,7 +168,8 @@ class DeepSeekCache(CacheModel):
         self._prev = {"model": model, "n": n, "chain": chain, "t": t}
         return CacheResult(usage, reason, detail, states_for(cum, hit), native)
 
-    def _reason(self, request, model, chain, cum, n, hit, why, t, detail) -> str:
+    def _reason(self, request: PreparedRequest, model: str, chain: list[int], cum: list[int], n: int, hit: int,
+                why: str | None, t: float, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
             return "hit" if hit else "cold"

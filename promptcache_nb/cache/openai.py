@@ -242,7 +242,8 @@ class OpenAICache(CacheModel):
                       "stored": stored}
         return CacheResult(usage, reason, detail, states_for(cum, cached), native)
 
-    def _reason(self, request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail) -> str:
+    def _reason(self, request: PreparedRequest, model: str, chain: list[int], cum: list[int], n: int, cached: int,
+                route: int, pkey: Any, dead_why: str | None, t: float, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
             return "hit" if cached else "cold"

@@ -265,7 +265,8 @@ class VLLMCache(CacheModel):
             if not tip.children:
                 self._push_leaf(chain[-1], tip)
 
-    def _reason(self, request, chain, cum, n, cached, cap, once, detail) -> str:
+    def _reason(self, request: PreparedRequest, chain: list[int], cum: list[int], n: int, cached: int, cap: int,
+                once: int, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
             return "hit" if cached else "cold"

@@ -31,7 +31,7 @@ class DeltaTable:
 
     def __init__(self, rows: list[Delta]) -> None:
         self._rows = {d.seq: d for d in rows}
-        self.ops: list[tuple[str, int, dict | None, dict | None]] = []
+        self.ops: list[tuple[str, int, dict[str, Any] | None, dict[str, Any] | None]] = []
 
     def list(self) -> list[Delta]:
         """Rows ordered by seq."""
@@ -95,7 +95,8 @@ class StrategyContext:
     @property
     def extra(self) -> dict[str, Any]:
         """Strategy-specific persisted state (JSON-serialisable values only)."""
-        return self.state.setdefault("extra", {})
+        extra: dict[str, Any] = self.state.setdefault("extra", {})
+        return extra
 
 
 class Strategy(ABC):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from .._types import KnowledgeEntry
 from . import _lore
 from ._base import (
     EPHEMERAL_1H,
@@ -40,7 +41,7 @@ from ._base import (
 CONTEXT_TTL = EPHEMERAL_1H
 
 
-def prioritized(changed: list, fresh_ids: set[str], query: str) -> list:
+def prioritized(changed: list[KnowledgeEntry], fresh_ids: set[str], query: str) -> list[KnowledgeEntry]:
     """Changes not yet surfaced first (so the newest change always fits the budget), each group ranked."""
     ranked = rank_by_relevance(changed, query)
     return [e for e in ranked if e.id in fresh_ids] + [e for e in ranked if e.id not in fresh_ids]
