@@ -22,13 +22,9 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
-from .errors import PromptCacheError, PromptCacheWarning
+from .errors import PluginWarning, PromptCacheError
 
 T = TypeVar("T")
-
-
-class PluginWarning(PromptCacheWarning):
-    """An entry point could not be loaded: the component it names is missing (the others still work)."""
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -109,4 +105,4 @@ class Registry(Mapping[str, T], Generic[T]):
                                             f"{type(exc).__name__}: {exc}"), stacklevel=3)
 
 
-__all__ = ["PluginWarning", "Registry"]
+__all__ = ["Registry"]

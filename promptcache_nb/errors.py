@@ -238,6 +238,11 @@ class CalibrationWarning(PromptCacheWarning):
     requests carry something the estimate does not see)."""
 
 
+class PluginWarning(PromptCacheWarning):
+    """An entry point (``promptcache_nb.strategies``, ``.cache_models``, ``.readers``) could not be loaded, or names
+    a component already registered: that component is missing, the others still work."""
+
+
 class ContextWindowWarning(PromptCacheWarning):
     """A request's input tokens exceed its model's context window (per genai-prices): the provider's API
     would reject it. The request is still accepted — simulated, recorded, loaded — as given.
