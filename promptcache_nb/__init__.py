@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import analysis, plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from ._data import data_path
 from ._types import KnowledgeEntry, RequestRecord
+from .advice import FIXES, Advice, advise, counterfactual
 from .analysis import Change, Observation, Prices, compare_df, efficiency, prices_for, summarize
 from .analysis.calibrate import Calibration, CalibrationWarning, calibrate, load_calibration
 from .analysis.resimulate import compare_caches, resimulate
@@ -88,6 +89,7 @@ def __getattr__(name: str):
 __all__ = [
     "APIConnectionError",
     "APIError",
+    "Advice",
     "AnthropicBackend",
     "AuthenticationError",
     "BPETokenizer",
@@ -105,6 +107,7 @@ __all__ = [
     "ContextWindowWarning",
     "DeepSeekCache",
     "DirectSimulator",
+    "FIXES",
     "HeuristicTokenizer",
     "ImportFormatError",
     "ImportResult",
@@ -149,6 +152,7 @@ __all__ = [
     "UnpricedModelWarning",
     "Usage",
     "VLLMCache",
+    "advise",
     "analysis",
     "cache_model_names",
     "calibrate",
@@ -156,6 +160,7 @@ __all__ = [
     "compare_caches",
     "compare_df",
     "count_tokens",
+    "counterfactual",
     "data_path",
     "diff",
     "efficiency",

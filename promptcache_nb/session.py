@@ -813,7 +813,7 @@ class Session:
                source_ref: str | None = None, dedupe_key: str | None = None,
                prepared: PreparedRequest | None = None, dialect: str | None = None,
                unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None,
-               body_problems: Iterable[BodyProblem] = ()) -> Turn:
+               body_problems: Iterable[BodyProblem] = (), output_tokens: int | None = None) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
         (measured) usage; without, the session's cache model simulates it. The strategy is not used.
 
@@ -830,7 +830,8 @@ class Session:
         :class:`~promptcache_nb.errors.BodyValidationError` names the field and nothing is stored. A caller
         passing ``prepared`` vouches for the body: the importer checks it leniently itself (a log holds what was
         sent) and passes what the API would refuse as ``body_problems``, stored with the request
-        (``turns.body_problems``).
+        (``turns.body_problems``). ``output_tokens`` sets a simulated request's output (a counterfactual keeps
+        the original's: caching never changes what a model writes).
         """
         self._check_open()
         state = self._state
@@ -857,6 +858,8 @@ class Session:
             content, measured, cache_result, request_id_ = self._send(state, prepared, at)
             if reply is not None:
                 content, measured = reply, replace(measured, output_tokens=None)
+            if output_tokens is not None:
+                measured = replace(measured, output_tokens=output_tokens)
             request_id_ = request_id if request_id is not None else request_id_
         outcome = pipeline.Outcome(self._with_output(measured, content), cache_result, request_id_, content, None)
         turns: list[Turn] = []

@@ -35,6 +35,7 @@ RANKS = {
     "plots": 8,
     "pipeline": 9,  # one request: build → (send) → ideal read → price → analyse → typed record; no SQL
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
+    "advice": 11,  # counterfactual sessions and ranked advice over stored sessions (never imports lab)
     "lab": 11,  # opens sessions, holds what they share (store, simulated caches); replays scenarios
     "ingest": 12,  # importers/_ingest.py: stores imported requests through a Lab's sessions
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)

@@ -1,0 +1,272 @@
+"""Counterfactual replays: a stored session's own requests, transformed by fixes, run through a cache model.
+
+:func:`counterfactual` stores the result as a new simulated session in the same Lab; the advice
+(:mod:`._advice`) runs the same :class:`Original` through :meth:`Original.simulate` without storing anything.
+Both count tokens with the same tokenizer (the Lab's, calibrated on the original's measured usage when the Lab
+holds a calibration for its model), replay the original bodies the same way (the *baseline*), and price with
+the re-simulation's prices (:func:`~promptcache_nb.analysis.resimulate.resimulate`): savings are like for like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..analysis import load_calibration
+from ..analysis.resimulate import StoredTurn, _resimulate_turns, load_turns, request_prices
+from ..errors import PromptCacheError, SessionError
+from ..request import PreparedRequest, SegmentMemo, prepare
+from ..tokens import session_tokenizer
+from . import _fixes
+from ._fixes import Plan, Request
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ..lab import Lab
+    from ..session import Session
+
+MEASURED = ("live", "imported")
+
+#: The label of every counterfactual figure.
+COUNTERFACTUAL = "simulated (counterfactual)"
+
+
+def _partial_reason(unlogged: int) -> str:
+    return (f"the log holds no system prompt or tools (an unlogged prefix of {unlogged:,} tokens): there is "
+            "nothing to move, pin, freeze or mark")
+
+
+@dataclass
+class Original:
+    """A stored session read back for counterfactuals: its requests, its row, the tokenizer they are counted
+    with, and the cache model they run through."""
+
+    lab: Lab
+    row: dict[str, Any]
+    turns: list[StoredTurn]
+    calibration: dict[str, Any] | None
+    cache: str
+    cache_params: dict[str, Any]
+    memo: SegmentMemo
+
+    @classmethod
+    def load(cls, session: Session, *, cache: str | None = None) -> Original:
+        """Read ``session`` back (``cache``: another cache model's name; default the session's)."""
+        lab = session.lab
+        row = lab.store.session_row(session.id)
+        if row is None:
+            raise SessionError(f"no session {session.id!r} in {lab.path!r}")
+        calibration = row["config"].get("calibration")
+        first = lab.store.turn_rows(session.id, ("usage_source",))
+        if calibration is None and any(r["usage_source"] in MEASURED for r in first):
+            try:  # importing measured traffic saves one per tokenizer family: count as the original measured
+                cal = load_calibration(lab, row["model"])
+                calibration = {"model": cal.model, "ratio": float(cal.ratio), "overhead": float(cal.overhead)}
+            except PromptCacheError:
+                calibration = None
+        memo = SegmentMemo(session_tokenizer(lab.tokenizer, calibration))
+        turns = load_turns(lab, session.id, memo=memo)
+        name = cache or row["cache_model"]
+        params = dict(row["config"].get("cache_params") or {}) if name == row["cache_model"] else {}
+        return cls(lab, row, turns, calibration, name, params, memo)
+
+    @property
+    def partial(self) -> int | None:
+        """The unlogged prefix's tokens when the bodies are partial, else None."""
+        for t in self.turns:
+            if t.request.unlogged_prefix_tokens is not None:
+                return t.request.unlogged_prefix_tokens
+        return None
+
+    @property
+    def measured(self) -> bool:
+        return any(t.stored.get("usage_source") in MEASURED for t in self.turns)
+
+    def gaps(self) -> list[float | None]:
+        return [None] + [(b.at - a.at).total_seconds() for a, b in zip(self.turns, self.turns[1:], strict=False)]
+
+    def _max_pings(self) -> int:
+        """How many pings cost less than one rebuild: (write − read) / read at the session's prices."""
+        cfg = self.row["config"].get("prices")
+        p = None
+        if cfg:
+            from ..analysis import Prices
+
+            p = Prices(**cfg)
+        elif self.turns:
+            p = request_prices(self.cache, self.turns[0].model)
+        if p is None or not p.cache_read:
+            return 11  # Anthropic's ratios: (1.25 − 0.1) / 0.1
+        return max(0, int((p.cache_write_5m - p.cache_read) / p.cache_read))
+
+    def plan(self, fixes: Sequence[str]) -> Plan:
+        """The counterfactual requests under ``fixes`` (in application order), and what was not possible."""
+        requests = [Request(t.at, t.request.body, t.idx) for t in self.turns]
+        params = dict(self.cache_params)
+        plan = Plan(requests, params)
+        dialects = {t.request.dialect for t in self.turns}
+        unlogged = self.partial
+        for name in _fixes.check_fixes(fixes):
+            if name in _fixes.BODY_FIXES and unlogged is not None:
+                plan.not_possible[name] = _partial_reason(unlogged)
+                continue
+            if name in _fixes.BODY_FIXES and dialects - {"anthropic"}:
+                plan.not_possible[name] = (f"bodies in the {', '.join(sorted(dialects - {'anthropic'}))} dialect: "
+                                           "only Anthropic Messages bodies are transformed")
+                continue
+            if name in ("ttl", "keep_warm") and self.cache != "anthropic":
+                plan.not_possible[name] = (f"the {self.cache} cache model has no TTL to choose or refresh "
+                                           "(Anthropic's cache only)")
+                continue
+            if name == "frozen_prefix":
+                done = _fixes.frozen_prefix(plan.requests)
+            elif name == "tail_volatile":
+                done = _fixes.tail_volatile(plan.requests)
+            elif name == "durable_deltas":
+                done = _fixes.durable_deltas(plan.requests)
+            elif name == "breakpoints":
+                done = _fixes.breakpoints(plan.requests)
+            elif name == "ttl":
+                done = _fixes.ttl(plan.requests, gaps=self.gaps())
+                if unlogged is not None:  # the client's assumed breakpoints (AnthropicCache client_ttls)
+                    params["client_ttls"] = ["1h", "1h"]
+                    done.changed = [r.origin for r in plan.requests]
+            else:
+                done = _fixes.keep_warm(plan.requests, ttl_seconds=self._ttl_of(params), max_pings=self._max_pings())
+            plan.requests = done.requests
+            plan.applied[name] = done
+        plan.cache_params = params
+        return plan
+
+    def _ttl_of(self, params: dict[str, Any]) -> Any:
+        """A body's shortest entry lifetime: 1h only when every marker (or assumed breakpoint) is 1h."""
+        partial_1h = list(params.get("client_ttls") or ["5m", "5m"]) == ["1h", "1h"]
+
+        def life(body: dict[str, Any]) -> float:
+            ttls = _fixes_ttls(body)
+            if not ttls:
+                return 3600.0 if self.partial is not None and partial_1h else 300.0
+            return 3600.0 if all(t == "1h" for t in ttls) else 300.0
+
+        return life
+
+    def prepared(self, plan: Plan) -> list[tuple[Request, PreparedRequest]]:
+        """Each request of ``plan`` segmented (an unchanged body keeps the original's segments)."""
+        originals = {t.idx: t.request for t in self.turns}
+        memo = self.memo
+        out: list[tuple[Request, PreparedRequest]] = []
+        prev: PreparedRequest | None = None
+        for r in plan.requests:
+            orig = originals[r.origin]
+            if r.body is orig.body:
+                req = orig
+            else:
+                req = prepare(r.body, memo=memo, previous=prev, dialect=orig.dialect,
+                              unlogged_prefix_tokens=orig.unlogged_prefix_tokens)
+            out.append((r, req))
+            prev = req
+        return out
+
+    def simulate(self, plan: Plan) -> pd.DataFrame:
+        """Per-request usage and cost of ``plan`` (the re-simulation's columns, plus ``ping``)."""
+        outputs = {t.idx: t.output_tokens for t in self.turns}
+        models = {t.idx: t.model for t in self.turns}
+        turns = [StoredTurn(r.origin, r.at, models[r.origin], req, 0 if r.ping else outputs[r.origin], {})
+                 for r, req in self.prepared(plan)]
+        df = _resimulate_turns(turns, self.row, self.cache, price_model=None, prices=None,
+                               params=dict(plan.cache_params))
+        df["ping"] = [r.ping for r in plan.requests]
+        return df
+
+
+def _fixes_ttls(body: dict[str, Any]) -> list[str]:
+    """The TTLs of a body's markers (``5m`` when a marker names none)."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            cc = value.get("cache_control")
+            if isinstance(cc, dict):
+                found.append(str(cc.get("ttl", "5m")))
+            for k, v in value.items():
+                if k != "cache_control" and isinstance(v, dict | list):
+                    walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk({k: v for k, v in body.items() if k in ("tools", "system", "messages", "cache_control")})
+    return found
+
+
+def resolve_fixes(fixes: Sequence[str] | str | None, strategy: str | None) -> tuple[str, ...]:
+    """The fix set of ``fixes=`` or ``strategy=`` (exactly one of them)."""
+    if (fixes is None) == (strategy is None):
+        raise ValueError("pass fixes=[...] or strategy=... (one of them)")
+    if strategy is not None:
+        return _fixes.strategy_fixes(strategy)
+    return _fixes.check_fixes([fixes] if isinstance(fixes, str) else list(fixes or ()))
+
+
+def counterfactual(
+    session: Session,
+    *,
+    fixes: Sequence[str] | str | None = None,
+    strategy: str | None = None,
+    cache: str | None = None,
+) -> Session:
+    """A new simulated session: ``session``'s requests with ``fixes`` applied, at the original times.
+
+    One request per original request (plus the keep-warm pings, events ``keep_warm_ping``), whose bodies are the
+    originals transformed by the fixes (:mod:`promptcache_nb.advice._fixes`), run through the session's cache
+    model (or ``cache``) and counted with the Lab's tokenizer calibrated on the original's measured usage when
+    the Lab holds a calibration for its model. Output tokens are the original's. The new session is linked:
+    ``cf.config["counterfactual_of"] == session.id``, ``cf.config["fixes"]`` the fixes applied and
+    ``cf.config["fixes_not_possible"]`` those the data does not support, with why (a partial log: only ``ttl``
+    and ``keep_warm``). Every figure it holds is ``simulated (counterfactual)``.
+
+    Args:
+        session: a stored session (imported, live or simulated).
+        fixes: fix names (``pc.FIXES``), or ``strategy``: the fix set a strategy amounts to
+            (``"clock_at_tail"``, ``"append_only"``, ``"durable_delta"``).
+        cache: another cache model's name (default: the session's, with its parameters).
+
+    Example:
+        >>> cf = pc.counterfactual(s, fixes=["tail_volatile"])      # doctest: +SKIP
+        >>> cf.turns().cost_usd.sum(), cf.config["counterfactual_of"]  # doctest: +SKIP
+    """
+    names = resolve_fixes(fixes, strategy)
+    orig = Original.load(session, cache=cache)
+    return store_counterfactual(orig, names)
+
+
+def store_counterfactual(orig: Original, names: tuple[str, ...]) -> Session:
+    """Store ``orig`` under ``names`` as a new session (see :func:`counterfactual`)."""
+    plan = orig.plan(names)
+    lab, row = orig.lab, orig.row
+    store = lab.store
+    n = 1
+    while store.session_row(sid := f"{row['id']}-cf{n}") is not None:
+        n += 1
+    first_at = orig.turns[0].at if orig.turns else row["created_at"]
+    config = {
+        "start": first_at.isoformat(), "step_seconds": 30, "cache_params": plan.cache_params, "strategy_params": {},
+        "prices": row["config"].get("prices"), "calibration": orig.calibration, "cache_scope": "session",
+        "counterfactual_of": row["id"], "fixes": list(plan.applied), "fixes_not_possible": dict(plan.not_possible),
+        "fixes_asked": list(names), "unlogged_prefix_tokens": orig.partial,
+    }
+    with lab.batch():
+        store.create_session(
+            {"id": sid, "project_id": row["project_id"], "strategy": None, "cache_model": orig.cache,
+             "model": row["model"], "created_at": first_at, "config": config,
+             "source": f"counterfactual:{row['id']}"},
+            {"host_prompt": "", "tools": [], "model": row["model"], "extra": {}},
+        )
+        s = lab.session(id=sid)
+        outputs = {t.idx: t.output_tokens for t in orig.turns}
+        for r, req in orig.prepared(plan):
+            s.record(r.body, at=r.at, prepared=req, events=("keep_warm_ping",) if r.ping else (),
+                     output_tokens=0 if r.ping else outputs[r.origin])
+    return s
