@@ -417,6 +417,12 @@ class Session:
         return copy.deepcopy(self._config)
 
     @property
+    def memo(self) -> SegmentMemo:
+        """The session's segment memo: its tokenizer and the counts it already made (pass it to ``load_turns``
+        so a stored request is not counted again). Treat it as read-only."""
+        return self._memo
+
+    @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer that counts this session's requests: the Lab's, calibrated when the session opted in."""
         return self._memo.tokenizer

@@ -66,7 +66,9 @@ class Original:
                 calibration = {"model": cal.model, "ratio": float(cal.ratio), "overhead": float(cal.overhead)}
             except PromptCacheError:
                 calibration = None
-        memo = SegmentMemo(session_tokenizer(lab.tokenizer, calibration))
+        own = calibration == row["config"].get("calibration")
+        # the session's own memo when it counts the same way: what importing counted is not counted again
+        memo = session.memo if own else SegmentMemo(session_tokenizer(lab.tokenizer, calibration))
         turns = load_turns(lab, session.id, memo=memo)
         name = cache or row["cache_model"]
         params = dict(row["config"].get("cache_params") or {}) if name == row["cache_model"] else {}

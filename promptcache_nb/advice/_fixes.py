@@ -33,6 +33,7 @@ possible.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,9 @@ BODY_FIXES = frozenset({"frozen_prefix", "tail_volatile", "durable_deltas", "bre
 
 #: A system line whose digits-free shape changed this many times between consecutive requests is volatile.
 MIN_CHANGES = 3
+
+#: The shortest cache lifetime (Anthropic's 5 minutes): no gap shorter than it needs a ping.
+MIN_TTL_SECONDS = 300.0
 
 _THINKING = frozenset({"thinking", "redacted_thinking"})
 
@@ -250,23 +254,22 @@ def frozen_prefix(requests: Sequence[Request]) -> Applied:
             if first is None:
                 was, now = (", ".join(str(t.get("name")) for t in ts[:3]) for ts in (tools, new_tools))
                 first = f"request {r.origin}: tools not in name order (`{was}…` → `{now}…`)"
-        key = (_without_cc(body.get("system")), _without_cc(new_tools))
-        if key == frozen_key:
-            system, new_tools2 = frozen
-            if system is not body.get("system") and system != body.get("system") or new_tools2 != new_tools:
-                refreezes += 1
-                if first is None:
-                    first = f"request {r.origin}: system/tools markers moved, content unchanged"
-            new_tools = new_tools2
+        system = body.get("system")
+        if frozen[0] == system and frozen[1] == new_tools:
+            pass  # the same bytes: nothing to freeze (and the body's own objects stay)
+        elif (key := (_without_cc(system), _without_cc(new_tools))) == frozen_key:
+            refreezes += 1  # only markers moved: re-send the frozen bytes
+            if first is None:
+                first = f"request {r.origin}: system/tools markers moved, content unchanged"
+            system, new_tools = frozen
         else:
-            frozen_key, frozen = key, (body.get("system"), new_tools)
-            system = body.get("system")
+            frozen_key, frozen = key, (system, new_tools)
         messages = body.get("messages")
         sent = messages
         if isinstance(messages, list) and len(messages) >= len(prev_orig):
             keep = []
             for j, m in enumerate(messages):
-                if j < len(prev_orig) and m is not prev_orig[j] and _without_cc(m) != _without_cc(prev_orig[j]):
+                if j < len(prev_orig) and m != prev_orig[j] and _without_cc(m) != _without_cc(prev_orig[j]):
                     keep.append(_without_cc(prev_sent[j]))
                     rewrites += 1
                     if first is None:
@@ -298,7 +301,9 @@ def frozen_prefix(requests: Sequence[Request]) -> Applied:
 _DIGITS = re.compile(r"\d+")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _shape(line: str) -> str:
+    """The line with its digits blanked (a clock's shape stays while its value moves)."""
     return _DIGITS.sub("#", line)
 
 
@@ -512,30 +517,46 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
     out: list[Request] = []
     changed: list[int] = []
     before: list[int] = []
-    converted: dict[int, dict[str, Any]] = {}  # id(message) -> the message with list content
+    converted: dict[int, tuple[Any, Any]] = {}  # id(message) -> (message, as sent: list content, no markers)
+    stripped: dict[int, tuple[Any, Any]] = {}  # id(block) -> (block, without its marker)
+    # the previous request's (source, marker, result) for tools and system: an unchanged part stays one object
+    reused: dict[str, tuple[Any, Any, Any]] = {}
     for r in requests:
         body = r.body
         mark = marker or _first_marker(body) or {"type": "ephemeral"}
         before.append(_marker_count(body) + (1 if "cache_control" in body else 0))
         new = {k: v for k, v in body.items() if k != "cache_control"}
-        tools = body.get("tools")
-        if isinstance(tools, list) and tools:
-            new["tools"] = [*_strip(tools[:-1]), {**_strip(tools[-1:])[0], "cache_control": mark}]
-        system = body.get("system")
-        if isinstance(system, str) and system:
-            new["system"] = [{"type": "text", "text": system, "cache_control": mark}]
-        elif isinstance(system, list) and system:
-            new["system"] = [*_strip(system[:-1]), {**_strip(system[-1:])[0], "cache_control": mark}]
+        for key in ("tools", "system"):
+            part = body.get(key)
+            if not part or not isinstance(part, list | str):
+                continue
+            seen = reused.get(key)
+            if seen is not None and seen[0] is part and seen[1] == mark:
+                new[key] = seen[2]
+                continue
+            if isinstance(part, str):
+                new[key] = [{"type": "text", "text": part, "cache_control": mark}]
+            else:
+                new[key] = [*_strip(part[:-1]), {**_strip(part[-1:])[0], "cache_control": mark}]
+            reused[key] = (part, mark, new[key])
         messages = body.get("messages")
         if isinstance(messages, list):
             sent = []
             for m in messages:
                 got = converted.get(id(m))
-                if got is None or got.get("_of") is not m:
+                if got is None or got[0] is not m:
                     content = m.get("content")
-                    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else _strip(content)
-                    got = converted[id(m)] = {"_of": m, "message": {**m, "content": blocks}}
-                sent.append(got["message"])
+                    if isinstance(content, str):
+                        blocks = [{"type": "text", "text": content}]
+                    else:  # the blocks are shared by consecutive bodies even where their message dicts are not
+                        blocks = []
+                        for b in content:
+                            done = stripped.get(id(b))
+                            if done is None or done[0] is not b:
+                                done = stripped[id(b)] = (b, _strip([b])[0])
+                            blocks.append(done[1])
+                    got = converted[id(m)] = (m, {**m, "content": blocks})
+                sent.append(got[1])
             if sent:
                 last = sent[-1]
                 content = list(last["content"])
@@ -565,17 +586,42 @@ def _first_marker(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # -- ttl ---------------------------------------------------------------------------------------
-def _ttl_marks(value: Any, ttl: str) -> Any:
-    """``value`` with every ``cache_control`` given ``ttl`` (the same object where there is none)."""
-    if isinstance(value, dict):
-        new = {k: _ttl_marks(v, ttl) for k, v in value.items() if k != "cache_control"}
-        if isinstance(value.get("cache_control"), dict):
-            new["cache_control"] = {**value["cache_control"], "ttl": ttl}
-        return value if new == value else {**value, **new}
-    if isinstance(value, list):
-        items = [_ttl_marks(v, ttl) for v in value]
-        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
-    return value
+def _ttl_block(block: Any, ttl: str) -> Any:
+    """A block (tool, system block, message content block) with its marker's TTL set (itself when unmarked)."""
+    if isinstance(block, dict) and isinstance(block.get("cache_control"), dict) \
+            and block["cache_control"].get("ttl") != ttl:
+        return {**block, "cache_control": {**block["cache_control"], "ttl": ttl}}
+    return block
+
+
+def _ttl_list(items: Any, ttl: str) -> Any:
+    if not isinstance(items, list):
+        return items
+    out = [_ttl_block(b, ttl) for b in items]
+    return items if all(a is b for a, b in zip(out, items, strict=True)) else out
+
+
+def _ttl_marks(body: dict[str, Any], ttl: str, memo: dict[int, tuple[Any, Any]]) -> dict[str, Any]:
+    """``body`` with every ``cache_control`` (top level, tools, system, message blocks) given ``ttl``; unchanged
+    parts stay the same objects. ``memo``: id(message) -> (message, result), for messages shared by requests."""
+    new = dict(body)
+    if isinstance(body.get("cache_control"), dict):
+        new["cache_control"] = {**body["cache_control"], "ttl": ttl}
+    for key in ("tools", "system"):
+        if key in body:
+            new[key] = _ttl_list(body[key], ttl)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        sent = []
+        for m in messages:
+            got = memo.get(id(m))
+            if got is None or got[0] is not m:
+                content = m.get("content") if isinstance(m, dict) else None
+                marked = _ttl_list(content, ttl)
+                got = memo[id(m)] = (m, m if marked is content else {**m, "content": marked})
+            sent.append(got[1])
+        new["messages"] = messages if all(a is b for a, b in zip(sent, messages, strict=True)) else sent
+    return body if all(new[k] is body.get(k) for k in new) else new
 
 
 def ttl(requests: Sequence[Request], *, to: str = "1h", gaps: Sequence[float | None] = ()) -> Applied:
@@ -588,8 +634,9 @@ def ttl(requests: Sequence[Request], *, to: str = "1h", gaps: Sequence[float | N
     """
     out: list[Request] = []
     changed: list[int] = []
+    memo: dict[int, tuple[Any, Any]] = {}
     for r in requests:
-        new = _ttl_marks(r.body, to)
+        new = _ttl_marks(r.body, to, memo)
         if new is not r.body:
             changed.append(r.origin)
             out.append(Request(r.at, new, r.origin, r.ping))
@@ -621,9 +668,9 @@ def keep_warm(requests: Sequence[Request], *, ttl_seconds: Callable[[dict[str, A
     first: str | None = None
     prev: Request | None = None
     for r in requests:
-        if prev is not None and not r.ping:
+        gap = 0.0 if prev is None else (r.at - prev.at).total_seconds()
+        if prev is not None and not r.ping and gap > MIN_TTL_SECONDS:
             life = ttl_seconds(prev.body)
-            gap = (r.at - prev.at).total_seconds()
             every = max(60.0, life - 60.0)
             if gap > life:
                 n = int(gap // every) - (1 if gap % every == 0 else 0)
