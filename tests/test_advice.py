@@ -194,7 +194,7 @@ def test_keep_warm_pings_only_gaps_a_few_pings_can_bridge() -> None:
     body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
     times = [t0, t0 + timedelta(minutes=3), t0 + timedelta(minutes=23), t0 + timedelta(minutes=143)]
     reqs = [Request(at, body, k) for k, at in enumerate(times)]
-    done = _fixes.keep_warm(reqs, ttl_seconds=lambda _b: 300.0, max_pings=11)
+    done = _fixes.keep_warm(reqs, ttl_seconds=lambda _b: 300.0, worth=lambda _i, n: n <= 11)
     real = [r for r in done.requests if not r.ping]
     assert [r.at for r in real] == times and [r.origin for r in real] == [0, 1, 2, 3]
     pings = [r for r in done.requests if r.ping]
@@ -301,7 +301,7 @@ def test_claude_code_ttl_advice_names_exactly_the_rebuilds_after_5_to_60_minute_
         # 489 conversation tokens saved from a rebuild do not pay for every tail write at 2×: said, not hidden
         assert by_fix.loc["ttl", "tokens_saved"] > 0
         assert by_fix.loc["ttl", "verdict"] == ("saves" if by_fix.loc["ttl", "usd_saved"] > 0 else "costs more")
-        assert by_fix.loc["ttl", "confidence"].endswith("(replay of the original vs measured)")
+        assert by_fix.loc["ttl", "confidence"].endswith("vs measured")
         missing = advice.not_possible.set_index("fix")
         assert set(missing.index) == {"frozen_prefix", "tail_volatile", "durable_deltas", "breakpoints"}
         assert "no system prompt or tools" in missing.loc["tail_volatile", "why"]
@@ -323,3 +323,27 @@ def test_shipped_claude_code_example_gets_only_timing_advice() -> None:
         cf = advice.apply("ttl", session=row.session)
         assert cf.config["counterfactual_of"] == row.session
         assert row.session in advice.summary() or "requests" in advice.summary()
+
+
+# -- the command line ----------------------------------------------------------------------------
+def test_cli_advise_prints_ranked_findings_within_120_columns(tmp_path, capsys) -> None:
+    from promptcache_nb.cli import main
+
+    db = tmp_path / "runs.duckdb"
+    with pc.Lab(db, progress=False) as lab:
+        lab.import_log(GAPS_LOG)
+        lab.import_log(pc.data_path("logs") / "claude_code")
+        sid = lab.sessions().id.iloc[0]
+    assert main(["advise", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "(simulated\n(counterfactual))." in out and lines[2].startswith("session")  # the summary, wrapped
+    assert max(map(len, lines)) <= 120
+    assert "tail_volatile   not possible (5 sessions): the log holds no system prompt or tools" in out
+    assert main(["advise", "--db", str(db), "--session", sid]) == 0
+    one = capsys.readouterr().out
+    assert one.splitlines()[2].startswith("fix ") and sid not in one.splitlines()[3]
+    assert main(["advise", "--db", str(db), "--session", "nope"]) == 2
+    assert "no session 'nope'" in capsys.readouterr().err
+    with pc.Lab(db, progress=False) as lab:  # read-only: nothing was stored
+        assert not any(r["config"].get("counterfactual_of") for r in lab.store.session_rows())

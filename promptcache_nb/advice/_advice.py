@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,9 @@ ACTIONS: dict[str, str] = {
     "all": "Apply together every fix that saves alone",
 }
 
+#: Above this relative error of the baseline against the measured cost, the confidence is called low.
+LOW_CONFIDENCE = 0.25
+
 #: A fix whose saving is within this many dollars of zero "saves nothing".
 NOTHING = 5e-5
 
@@ -63,7 +67,7 @@ def _confidence(orig: Original, baseline: pd.DataFrame) -> tuple[float | None, s
     if measured_cost <= 0:
         return None, "measured cost is zero"
     err = abs(simulated_cost - measured_cost) / measured_cost
-    return err, f"±{err:.0%} (replay of the original vs measured)"
+    return err, f"±{err:.0%} vs measured" + (" — low: the replay disagrees" if err > LOW_CONFIDENCE else "")
 
 
 def _evaluate(session_id: str, orig: Original, fixes: tuple[str, ...]) -> tuple[list[dict[str, Any]],
@@ -139,17 +143,21 @@ class Advice:
     label = COUNTERFACTUAL
 
     def summary(self) -> str:
-        """One line: the best fix, what it saves of what, on how many requests."""
+        """One line: the best fix (on a Lab: the best summed over its sessions), what it saves of what, on how
+        many requests."""
         if not len(self.findings):
             return "No fix applies to these requests."
-        top = self.findings.iloc[0]
         n = sum(len(o.turns) for o in self._originals.values())
         base = float(self.findings.drop_duplicates("session").cost_simulated_usd.sum())
-        if top.verdict != "saves":
+        if self.fleet is not None:
+            top = self.fleet.iloc[0]
+            fix, saved = str(top.fix), float(top.usd_saved)
+        else:
+            top = self.findings.iloc[0]
+            fix, saved = str(top.fix), float(top.usd_saved)
+        if saved < NOTHING:
             return f"No fix saves anything on these {n} requests ({COUNTERFACTUAL})."
-        saved = float(top.usd_saved) if self.fleet is None else float(
-            self.fleet.set_index("fix").loc[top.fix, "usd_saved"])
-        return (f"{top.action}: saves {_usd(saved)} of {_usd(base)} ({saved / base:.0%}) on these {n} requests "
+        return (f"{ACTIONS[fix]}: saves {_usd(saved)} of {_usd(base)} ({saved / base:.0%}) on these {n} requests "
                 f"({COUNTERFACTUAL}).")
 
     def apply(self, fix: str, session: str | None = None) -> Session:
@@ -180,16 +188,25 @@ class Advice:
         return df[["session", "fix", "usd_saved", "pct_of_cost", "tokens_saved", "extra_tokens", "requests",
                    "confidence", "verdict", "evidence"]]
 
-    def __repr__(self) -> str:
-        lines = [f"Advice — {self.summary()}"]
+    def text(self, width: int = 120) -> str:
+        """The findings as plain text, one line per fix plus its evidence, each at most ``width`` characters
+        (the CLI prints this)."""
+        many = len(self._originals) > 1
+        head = f"{'fix':<15} {'verdict':<13} {'usd_saved':>10} {'of cost':>7} {'requests':>8}  "
+        lines = [(("session" + " " * 13) if many else "") + head + "confidence"]
         for r in self.findings.itertuples(index=False):
-            lines.append(f"  {r.fix:<15} {r.verdict:<14} ${r.usd_saved:>9.4f} ({_pct(r.pct_of_cost)})  "
-                         f"{r.session}  {_requests_text(r.requests)}")
-            lines.append(f"  {'':<15} {visible(r.evidence)[:150]}")
+            who = f"{r.session[:19]:<20}" if many else ""
+            lines.append(f"{who}{r.fix:<15} {r.verdict:<13} {_usd(r.usd_saved):>10} {_pct(r.pct_of_cost):>7} "
+                         f"{len(r.requests):>8}  {r.confidence}")
+            lines.append(f"{'':<{len(who) + 16}}{visible(r.evidence)}")
         for fix, rows in self.not_possible.groupby("fix", sort=False):
             where = rows.session.iloc[0] if len(rows) == 1 else f"{len(rows)} sessions"
-            lines.append(f"  {fix:<15} not possible ({where}): {visible(rows.why.iloc[0])[:150]}")
-        return "\n".join(lines)
+            lines.append(f"{fix:<15} not possible ({where}): {visible(rows.why.iloc[0])}")
+        cut = [ln if len(ln) <= width else ln[: width - 1] + "…" for ln in lines]
+        return "\n".join([*textwrap.wrap(self.summary(), width), *cut])
+
+    def __repr__(self) -> str:
+        return f"Advice — {self.text()}"
 
     def _repr_html_(self) -> str:
         # evidence quotes the user's prompts: escaped, invisible characters shown (request.diff.visible)

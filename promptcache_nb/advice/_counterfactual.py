@@ -9,15 +9,16 @@ the re-simulation's prices (:func:`~promptcache_nb.analysis.resimulate.resimulat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..analysis import load_calibration
+from ..analysis import Prices, load_calibration
 from ..analysis.resimulate import StoredTurn, _resimulate_turns, load_turns, request_prices
 from ..errors import PromptCacheError, SessionError
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
+from ..usage import Usage
 from . import _fixes
 from ._fixes import Plan, Request
 
@@ -89,19 +90,32 @@ class Original:
     def gaps(self) -> list[float | None]:
         return [None] + [(b.at - a.at).total_seconds() for a, b in zip(self.turns, self.turns[1:], strict=False)]
 
-    def _max_pings(self) -> int:
-        """How many pings cost less than one rebuild: (write − read) / read at the session's prices."""
+    def _prices(self, model: str) -> Prices | None:
         cfg = self.row["config"].get("prices")
-        p = None
-        if cfg:
-            from ..analysis import Prices
+        return Prices(**cfg) if cfg else request_prices(self.cache, model)
 
-            p = Prices(**cfg)
-        elif self.turns:
-            p = request_prices(self.cache, self.turns[0].model)
-        if p is None or not p.cache_read:
-            return 11  # Anthropic's ratios: (1.25 − 0.1) / 0.1
-        return max(0, int((p.cache_write_5m - p.cache_read) / p.cache_read))
+    def _ping_pays(self, requests: list[Request], params: dict[str, Any]) -> Callable[[int, int], bool]:
+        """``worth(i, n)`` for :func:`~._fixes.keep_warm`: do ``n`` pings (each reading the previous request's
+        prompt) cost less than what ``requests[i]`` rebuilt in a replay of ``requests`` (its write beyond the
+        new tail, at the write price instead of the read price)?"""
+        sim = self.simulate(Plan(list(requests), dict(params)))
+        totals = [int(x) for x in sim.total_tokens]
+        writes = list(sim.itertuples(index=False))
+
+        def worth(i: int, n: int) -> bool:
+            row = writes[i]
+            p = self._prices(row.model)
+            if p is None or pd_isna(row.cache_creation_input_tokens):
+                return False
+            lost = max(0, int(row.cache_creation_input_tokens) - max(0, totals[i] - totals[i - 1]))
+            share_1h = (row.cache_creation_1h_input_tokens or 0) / (row.cache_creation_input_tokens or 1)
+            w1h = int(lost * share_1h)
+            rebuild = (p.cost(Usage(0, 0, lost, lost - w1h, w1h, 0), row.at) or 0.0) - (
+                p.cost(Usage(0, lost, 0, 0, 0, 0), row.at) or 0.0)
+            ping = p.cost(Usage(0, totals[i - 1], 0, 0, 0, 0), row.at) or 0.0
+            return n * ping < rebuild
+
+        return worth
 
     def plan(self, fixes: Sequence[str]) -> Plan:
         """The counterfactual requests under ``fixes`` (in application order), and what was not possible."""
@@ -136,7 +150,8 @@ class Original:
                     params["client_ttls"] = ["1h", "1h"]
                     done.changed = [r.origin for r in plan.requests]
             else:
-                done = _fixes.keep_warm(plan.requests, ttl_seconds=self._ttl_of(params), max_pings=self._max_pings())
+                done = _fixes.keep_warm(plan.requests, ttl_seconds=self._ttl_of(params),
+                                        worth=self._ping_pays(plan.requests, params))
             plan.requests = done.requests
             plan.applied[name] = done
         plan.cache_params = params
@@ -181,6 +196,10 @@ class Original:
                                params=dict(plan.cache_params))
         df["ping"] = [r.ping for r in plan.requests]
         return df
+
+
+def pd_isna(value: Any) -> bool:
+    return value is None or value != value  # NaN is the one value unequal to itself
 
 
 def _fixes_ttls(body: dict[str, Any]) -> list[str]:

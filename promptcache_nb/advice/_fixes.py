@@ -655,37 +655,35 @@ def ping_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def keep_warm(requests: Sequence[Request], *, ttl_seconds: Callable[[dict[str, Any]], float],
-              max_pings: int) -> Applied:
+              worth: Callable[[int, int], bool]) -> Applied:
     """Pings through the idle gaps that would expire the cache, where they cost less than the rebuild.
 
     After a request whose shortest entry lives ``ttl_seconds(body)``, a gap longer than that gets a ping every
-    ``ttl − 60 s`` (the previous body, ``max_tokens: 0``) — when it needs at most ``max_pings`` of them (a ping
-    reads the prefix; the rebuild it avoids writes it again: ``max_pings`` is (write − read) / read).
+    ``ttl − 60 s`` (the previous body, ``max_tokens: 0``: it reads, and so refreshes, the prefix) when
+    ``worth(i, n)`` says ``n`` pings before ``requests[i]`` cost less than the rebuild they avoid (the counterfactual
+    prices both from a replay of the requests).
     """
     out: list[Request] = []
     pinged: list[int] = []
-    gaps_kept = 0
     first: str | None = None
     prev: Request | None = None
-    for r in requests:
+    for i, r in enumerate(requests):
         gap = 0.0 if prev is None else (r.at - prev.at).total_seconds()
         if prev is not None and not r.ping and gap > MIN_TTL_SECONDS:
             life = ttl_seconds(prev.body)
             every = max(60.0, life - 60.0)
-            if gap > life:
-                n = int(gap // every) - (1 if gap % every == 0 else 0)
-                if 0 < n <= max_pings:
-                    gaps_kept += 1
-                    pinged.append(r.origin)
-                    if first is None:
-                        first = f"{gap / 60:.0f} min gap before request {r.origin}: {n} pings"
-                    body = ping_body(prev.body)
-                    out += [Request(prev.at + timedelta(seconds=every * m), body, prev.origin, True)
-                            for m in range(1, n + 1)]
+            n = int(gap // every) - (1 if gap % every == 0 else 0)
+            if gap > life and n > 0 and worth(i, n):
+                pinged.append(r.origin)
+                if first is None:
+                    first = f"{gap / 60:.0f} min gap before request {r.origin}: {n} pings"
+                body = ping_body(prev.body)
+                out += [Request(prev.at + timedelta(seconds=every * m), body, prev.origin, True)
+                        for m in range(1, n + 1)]
         out.append(r)
         if not r.ping:
             prev = r
     pings = sum(1 for r in out if r.ping) - sum(1 for r in requests if r.ping)
-    evidence = (f"{first}; {pings} pings keep {gaps_kept} gaps warm" if first else
-                "no idle gap that a few pings could keep warm")
+    evidence = (f"{first}; {pings} pings keep {len(pinged)} gaps warm" if first else
+                "no idle gap where pings cost less than the rebuild")
     return Applied(out, pinged, evidence)
