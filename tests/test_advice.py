@@ -347,3 +347,46 @@ def test_cli_advise_prints_ranked_findings_within_120_columns(tmp_path, capsys) 
     assert "no session 'nope'" in capsys.readouterr().err
     with pc.Lab(db, progress=False) as lab:  # read-only: nothing was stored
         assert not any(r["config"].get("counterfactual_of") for r in lab.store.session_rows())
+
+
+# -- the widget ----------------------------------------------------------------------------------
+def test_whatif_controller_and_widget(lab, replays) -> None:
+    s = replays["clock_in_system"]
+    c = pc.widgets.WhatIfController(s)
+    assert c.available == pc.FIXES and c.not_possible == {}
+    base = c.totals()
+    assert base["counterfactual_cost_usd"] == pytest.approx(base["simulated_cost_usd"])  # no fix: the original
+    assert c.first_changed() is None and "no request body changed" in c.diff_html()
+    c.toggle("tail_volatile", True)
+    t = c.totals()
+    assert c.fixes == ("tail_volatile",) and t["counterfactual_cost_usd"] < base["simulated_cost_usd"]
+    df = c.frame()
+    assert len(df) == 100 and df.counterfactual_read_pct.mean() > df.simulated_read_pct.mean()
+    assert c.first_changed() == 0 and "original (left) against counterfactual (right)" in c.diff_html()
+    with pytest.raises(ValueError, match="unknown fix"):
+        c.toggle("clock", True)
+
+    w = pc.widgets.WhatIf(s)
+    assert repr(w) == f"WhatIf(session={s.id!r}, fixes=[])"
+    w._boxes["durable_deltas"].value = True  # a click on the box
+    assert w.controller.fixes == ("durable_deltas",) and w.fixes == ["durable_deltas"]
+    w.tick("tail_volatile")
+    assert w.controller.fixes == ("tail_volatile", "durable_deltas") and w._boxes["tail_volatile"].value
+    w.untick("durable_deltas")
+    assert w.controller.fixes == ("tail_volatile",)
+    assert "simulated (counterfactual)" in w._header.value and "<script" not in w.snapshot_html()
+    w.rank()
+    assert "every fix, ranked" in w._findings.value and "tail_volatile" in w.snapshot_html()
+
+
+def test_whatif_on_a_partial_log_offers_only_timing_fixes() -> None:
+    with pc.Lab(progress=False) as lab:
+        (s,) = lab.import_log(GAPS_LOG).sessions
+        w = pc.widgets.WhatIf(s)
+        assert set(w._boxes) == {"ttl", "keep_warm"}
+        assert "tail_volatile: not possible" in w._missing.value
+        with pytest.raises(ValueError, match="no system prompt or tools"):
+            w.tick("breakpoints")
+        w.tick("ttl")
+        df = w.controller.frame()
+        assert df.measured_cost_usd.notna().all() and df.loc[3, "counterfactual_read_pct"] > df.loc[3, "measured_read_pct"]

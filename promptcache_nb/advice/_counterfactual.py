@@ -186,12 +186,13 @@ class Original:
             prev = req
         return out
 
-    def simulate(self, plan: Plan) -> pd.DataFrame:
-        """Per-request usage and cost of ``plan`` (the re-simulation's columns, plus ``ping``)."""
+    def simulate(self, plan: Plan, prepared: list[tuple[Request, PreparedRequest]] | None = None) -> pd.DataFrame:
+        """Per-request usage and cost of ``plan`` (the re-simulation's columns, plus ``ping``); ``prepared``:
+        :meth:`prepared` of ``plan`` when the caller already has it."""
         outputs = {t.idx: t.output_tokens for t in self.turns}
         models = {t.idx: t.model for t in self.turns}
         turns = [StoredTurn(r.origin, r.at, models[r.origin], req, 0 if r.ping else outputs[r.origin], {})
-                 for r, req in self.prepared(plan)]
+                 for r, req in (prepared if prepared is not None else self.prepared(plan))]
         df = _resimulate_turns(turns, self.row, self.cache, price_model=None, prices=None,
                                params=dict(plan.cache_params))
         df["ping"] = [r.ping for r in plan.requests]
