@@ -417,6 +417,16 @@ class Session:
         return copy.deepcopy(self._config)
 
     @property
+    def counterfactual_of(self) -> str | None:
+        """The session this one replays with fixes applied (``pc.counterfactual``), else None."""
+        return self._config.get("counterfactual_of")
+
+    @property
+    def fixes(self) -> tuple[str, ...]:
+        """The fixes a counterfactual session applied (``pc.FIXES``); empty for any other session."""
+        return tuple(self._config.get("fixes") or ())
+
+    @property
     def memo(self) -> SegmentMemo:
         """The session's segment memo: its tokenizer and the counts it already made (pass it to ``load_turns``
         so a stored request is not counted again). Treat it as read-only."""

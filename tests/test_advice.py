@@ -243,8 +243,8 @@ def test_counterfactual_lands_close_to_the_strategy_it_stands_for(lab, replays, 
     assert imported.strategy is None  # no strategy information survives the log
     for target in ("clock_at_tail", "append_only", "durable_delta"):
         cf = pc.counterfactual(imported, strategy=target)
-        assert cf.config["counterfactual_of"] == imported.id
-        assert cf.config["fixes"] == list(pc.advice.STRATEGY_FIXES[target])
+        assert cf.counterfactual_of == imported.id and imported.counterfactual_of is None
+        assert cf.fixes == pc.advice.STRATEGY_FIXES[target] and imported.fixes == ()
         got, real = cf.turns(), replays[target].turns()
         assert len(got) == len(real) == 100
         assert list(got["at"]) == list(imported.turns()["at"])  # the original times

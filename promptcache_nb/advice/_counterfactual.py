@@ -143,7 +143,7 @@ class Original:
             elif name == "durable_deltas":
                 done = _fixes.durable_deltas(plan.requests)
             elif name == "breakpoints":
-                done = _fixes.breakpoints(plan.requests)
+                done = self._best_breakpoints(plan.requests, params)
             elif name == "ttl":
                 done = _fixes.ttl(plan.requests, gaps=self.gaps())
                 if unlogged is not None:  # the client's assumed breakpoints (AnthropicCache client_ttls)
@@ -156,6 +156,19 @@ class Original:
             plan.applied[name] = done
         plan.cache_params = params
         return plan
+
+    def _best_breakpoints(self, requests: list[Request], params: dict[str, Any]) -> _fixes.Applied:
+        """:func:`~._fixes.breakpoints` with the system marker on the block that makes this traffic cheapest
+        (each of the first 4 system blocks tried by replay)."""
+        n = min(_fixes.system_blocks(requests), _fixes.MAX_SYSTEM_CANDIDATES)
+        if n <= 1:
+            return _fixes.breakpoints(requests)
+        tried = []
+        for i in range(n):
+            done = _fixes.breakpoints(requests, system_block=i)
+            cost = float(self.simulate(Plan(done.requests, dict(params))).cost_usd.sum())
+            tried.append((cost, i, done))
+        return min(tried, key=lambda t: (t[0], t[1]))[2]
 
     def _ttl_of(self, params: dict[str, Any]) -> Any:
         """A body's shortest entry lifetime: 1h only when every marker (or assumed breakpoint) is 1h."""
@@ -245,7 +258,7 @@ def counterfactual(
     originals transformed by the fixes (:mod:`promptcache_nb.advice._fixes`), run through the session's cache
     model (or ``cache``) and counted with the Lab's tokenizer calibrated on the original's measured usage when
     the Lab holds a calibration for its model. Output tokens are the original's. The new session is linked:
-    ``cf.config["counterfactual_of"] == session.id``, ``cf.config["fixes"]`` the fixes applied and
+    ``cf.counterfactual_of == session.id``, ``cf.fixes`` the fixes applied (both kept in its config), and
     ``cf.config["fixes_not_possible"]`` those the data does not support, with why (a partial log: only ``ttl``
     and ``keep_warm``). Every figure it holds is ``simulated (counterfactual)``.
 

@@ -69,6 +69,9 @@ BODY_FIXES = frozenset({"frozen_prefix", "tail_volatile", "durable_deltas", "bre
 #: A system line whose digits-free shape changed this many times between consecutive requests is volatile.
 MIN_CHANGES = 3
 
+#: How many system blocks the breakpoints fix tries its system marker on.
+MAX_SYSTEM_CANDIDATES = 4
+
 #: The shortest cache lifetime (Anthropic's 5 minutes): no gap shorter than it needs a ping.
 MIN_TTL_SECONDS = 300.0
 
@@ -500,19 +503,28 @@ def _marker_count(body: dict[str, Any]) -> int:
     return n
 
 
+def system_blocks(requests: Sequence[Request]) -> int:
+    """The most system blocks any request has (a string system prompt is one)."""
+    return max((1 if isinstance(r.body.get("system"), str) else len(r.body.get("system") or [])
+                for r in requests), default=0)
+
+
 def _strip(items: list[Any]) -> list[Any]:
     return [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) and "cache_control" in b
             else b for b in items]
 
 
-def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = None) -> Applied:
+def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = None,
+                system_block: int | None = None) -> Applied:
     """Place 3 of Anthropic's 4 ``cache_control`` markers where this traffic's prefixes end.
 
     Every marker the client placed (and the automatic top-level one) is replaced by: one on the last tool
-    (the tools survive a system prompt change), one on the last system block, one on the last block of the
-    newest message (the next request reads it: it starts within the 20-block lookback of a request that adds
-    fewer than 20 blocks). A string system prompt or message becomes one text block (in every request alike, so
-    bytes stay stable). ``marker`` defaults to the client's first (TTL included), else ``{"type": "ephemeral"}``.
+    (the tools survive a system prompt change), one on a system block — ``system_block`` (the counterfactual
+    tries each and keeps the cheapest: the end of the longest prefix that stays), by default the last — and
+    one on the last block of the newest message (the next request reads it: it starts within the 20-block
+    lookback of a request that adds fewer than 20 blocks). A string system prompt or message becomes one text
+    block (in every request alike, so bytes stay stable). ``marker`` defaults to the client's first (TTL
+    included), else ``{"type": "ephemeral"}``.
     """
     out: list[Request] = []
     changed: list[int] = []
@@ -537,7 +549,10 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
             if isinstance(part, str):
                 new[key] = [{"type": "text", "text": part, "cache_control": mark}]
             else:
-                new[key] = [*_strip(part[:-1]), {**_strip(part[-1:])[0], "cache_control": mark}]
+                at = len(part) - 1 if key == "tools" or system_block is None else min(system_block, len(part) - 1)
+                blocks = _strip(part)
+                blocks[at] = {**blocks[at], "cache_control": mark}
+                new[key] = blocks
             reused[key] = (part, mark, new[key])
         messages = body.get("messages")
         if isinstance(messages, list):
@@ -560,17 +575,18 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
             if sent:
                 last = sent[-1]
                 content = list(last["content"])
-                at = next((i for i in range(len(content) - 1, -1, -1)
-                           if isinstance(content[i], dict) and content[i].get("type") not in _THINKING
-                           and (content[i].get("type") != "text" or content[i].get("text"))), None)
-                if at is not None:
-                    content[at] = {**content[at], "cache_control": mark}
+                where = next((i for i in range(len(content) - 1, -1, -1)
+                              if isinstance(content[i], dict) and content[i].get("type") not in _THINKING
+                              and (content[i].get("type") != "text" or content[i].get("text"))), None)
+                if where is not None:
+                    content[where] = {**content[where], "cache_control": mark}
                     sent[-1] = {**last, "content": content}
             new["messages"] = sent
         changed.append(r.origin)
         out.append(Request(r.at, new, r.origin, r.ping))
     shown = f"{min(before)}–{max(before)}" if before and min(before) != max(before) else str(before[0] if before else 0)
-    evidence = f"{shown} markers per request before; after: last tool, last system block, newest message's last block"
+    placed = "last system block" if system_block is None else f"system[{system_block}]"
+    evidence = f"{shown} markers per request before; after: last tool, {placed}, newest message's last block"
     return Applied(out, changed, evidence)
 
 
