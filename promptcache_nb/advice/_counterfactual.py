@@ -9,8 +9,9 @@ the re-simulation's prices (:func:`~promptcache_nb.analysis.resimulate.resimulat
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..analysis import Prices, load_calibration
@@ -51,6 +52,8 @@ class Original:
     cache: str
     cache_params: dict[str, Any]
     memo: SegmentMemo
+    #: simulations by (the bodies' ids, ping flags, cache parameters) -> (those bodies, kept alive; the frame)
+    _sims: dict[Any, tuple[list[Any], pd.DataFrame]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, session: Session, *, cache: str | None = None) -> Original:
@@ -98,12 +101,14 @@ class Original:
         """``worth(i, n)`` for :func:`~._fixes.keep_warm`: do ``n`` pings (each reading the previous request's
         prompt) cost less than what ``requests[i]`` rebuilt in a replay of ``requests`` (its write beyond the
         new tail, at the write price instead of the read price)?"""
-        sim = self.simulate(Plan(list(requests), dict(params)))
-        totals = [int(x) for x in sim.total_tokens]
-        writes = list(sim.itertuples(index=False))
+        replay: list[Any] = []  # (totals, rows): replayed on the first gap asked about
 
         def worth(i: int, n: int) -> bool:
-            row = writes[i]
+            if not replay:
+                sim = self.simulate(Plan(list(requests), dict(params)))
+                replay.extend(([int(x) for x in sim.total_tokens], list(sim.itertuples(index=False))))
+            totals, rows = replay
+            row = rows[i]
             p = self._prices(row.model)
             if p is None or pd_isna(row.cache_creation_input_tokens):
                 return False
@@ -201,7 +206,18 @@ class Original:
 
     def simulate(self, plan: Plan, prepared: list[tuple[Request, PreparedRequest]] | None = None) -> pd.DataFrame:
         """Per-request usage and cost of ``plan`` (the re-simulation's columns, plus ``ping``); ``prepared``:
-        :meth:`prepared` of ``plan`` when the caller already has it."""
+        :meth:`prepared` of ``plan`` when the caller already has it. The same requests under the same cache
+        parameters are simulated once (the memo keeps the bodies it is keyed by alive)."""
+        key = (tuple(id(r.body) for r in plan.requests), tuple(r.ping for r in plan.requests),
+               json.dumps(plan.cache_params, sort_keys=True))
+        hit = self._sims.get(key)
+        if hit is not None:
+            return hit[1].copy()
+        df = self._simulate(plan, prepared)
+        self._sims[key] = ([r.body for r in plan.requests], df)
+        return df.copy()
+
+    def _simulate(self, plan: Plan, prepared: list[tuple[Request, PreparedRequest]] | None) -> pd.DataFrame:
         outputs = {t.idx: t.output_tokens for t in self.turns}
         models = {t.idx: t.model for t in self.turns}
         turns = [StoredTurn(r.origin, r.at, models[r.origin], req, 0 if r.ping else outputs[r.origin], {})
