@@ -390,3 +390,35 @@ def test_whatif_on_a_partial_log_offers_only_timing_fixes() -> None:
         w.tick("ttl")
         df = w.controller.frame()
         assert df.measured_cost_usd.notna().all() and df.loc[3, "counterfactual_read_pct"] > df.loc[3, "measured_read_pct"]
+
+
+# -- like for like -------------------------------------------------------------------------------
+def test_no_fix_replays_a_simulated_session_exactly(lab, replays) -> None:
+    s = replays["durable_delta"]
+    same = pc.counterfactual(s, fixes=[])
+    a, b = s.turns(), same.turns()
+    assert list(b.cache_read_input_tokens) == list(a.cache_read_input_tokens)
+    assert b.cost_usd.sum() == pytest.approx(a.cost_usd.sum(), rel=1e-12)
+    assert same.fixes == () and same.counterfactual_of == s.id
+
+
+def test_counterfactual_under_another_cache_model(lab, replays) -> None:
+    s = replays["clock_in_system"]
+    cf = pc.counterfactual(s, fixes=["tail_volatile", "ttl"], cache="openai")
+    assert cf.cache == "openai" and cf.fixes == ("tail_volatile",)
+    assert "no TTL to choose" in cf.config["fixes_not_possible"]["ttl"]
+    before = pc.resimulate(lab, s.id, cache="openai").cost_usd.sum()  # the original under the same model
+    assert cf.turns().cost_usd.sum() < before
+
+
+def test_a_lab_where_nothing_saves_says_so() -> None:
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(strategy="naive", project="flat")
+        t0 = datetime(2026, 1, 5, 13, 0, tzinfo=UTC)
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "system": "Be terse.",
+                "messages": [{"role": "user", "content": "hi"}]}
+        s.record(body, at=t0)
+        advice = pc.advise(lab)
+        assert advice.summary() == "No fix saves anything on this request (simulated (counterfactual))."
+        assert set(advice.findings.verdict) <= {"saves nothing", "costs more"}
+        assert advice.fleet is not None and len(advice.fleet) == len(advice.findings)

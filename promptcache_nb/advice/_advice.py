@@ -156,8 +156,8 @@ class Advice:
             top = self.findings.iloc[0]
             fix, saved = str(top.fix), float(top.usd_saved)
         if saved < NOTHING:
-            return f"No fix saves anything on these {n} requests ({COUNTERFACTUAL})."
-        return (f"{ACTIONS[fix]}: saves {_usd(saved)} of {_usd(base)} ({saved / base:.0%}) on these {n} requests "
+            return f"No fix saves anything on {_these(n)} ({COUNTERFACTUAL})."
+        return (f"{ACTIONS[fix]}: saves {_usd(saved)} of {_usd(base)} ({saved / base:.0%}) on {_these(n)} "
                 f"({COUNTERFACTUAL}).")
 
     def apply(self, fix: str, session: str | None = None) -> Session:
@@ -222,6 +222,10 @@ class Advice:
             parts += [f"<details><summary>{len(self.not_possible)} fixes not possible</summary>",
                       table(self.not_possible), "</details>"]
         return "".join(parts) + "</div>"
+
+
+def _these(n: int) -> str:
+    return "this request" if n == 1 else f"these {n} requests"
 
 
 def _usd(x: float) -> str:

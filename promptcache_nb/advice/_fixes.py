@@ -116,6 +116,11 @@ class Plan:
     not_possible: dict[str, str] = field(default_factory=dict)
 
 
+def _n(count: int, word: str) -> str:
+    """``1 ping``, ``3 pings``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
 def check_fixes(fixes: Sequence[str]) -> tuple[str, ...]:
     """``fixes`` in application order; an unknown name fails naming the known ones."""
     unknown = [f for f in fixes if f not in FIX_NAMES]
@@ -484,7 +489,7 @@ def durable_deltas(requests: Sequence[Request]) -> Applied:
             out.append(Request(r.at, new, r.origin, r.ping))
         else:
             out.append(r)
-    evidence = (f"{first}; {deltas} deltas in {len(requests)} requests" if first else
+    evidence = (f"{first}; {_n(deltas, 'delta')} in {_n(len(requests), 'request')}" if first else
                 "the system prompt never changed: nothing to pin")
     return Applied(out, changed, evidence)
 
@@ -586,7 +591,8 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
         out.append(Request(r.at, new, r.origin, r.ping))
     shown = f"{min(before)}–{max(before)}" if before and min(before) != max(before) else str(before[0] if before else 0)
     placed = "last system block" if system_block is None else f"system[{system_block}]"
-    evidence = f"{shown} markers per request before; after: last tool, {placed}, newest message's last block"
+    evidence = (f"{shown} marker{'' if shown == '1' else 's'} per request before; after: last tool, {placed}, "
+                "newest message's last block")
     return Applied(out, changed, evidence)
 
 
@@ -659,7 +665,7 @@ def ttl(requests: Sequence[Request], *, to: str = "1h", gaps: Sequence[float | N
         else:
             out.append(r)
     middle = [(k, g) for k, g in enumerate(gaps) if g is not None and 300 < g <= 3600]
-    evidence = (f"{len(middle)} idle gaps between 5 and 60 min (first before request {middle[0][0]}: "
+    evidence = (f"{_n(len(middle), 'idle gap')} between 5 and 60 min (first before request {middle[0][0]}: "
                 f"{middle[0][1] / 60:.0f} min)" if middle else "no idle gap between 5 and 60 min")
     return Applied(out, changed, evidence)
 
@@ -692,7 +698,7 @@ def keep_warm(requests: Sequence[Request], *, ttl_seconds: Callable[[dict[str, A
             if gap > life and n > 0 and worth(i, n):
                 pinged.append(r.origin)
                 if first is None:
-                    first = f"{gap / 60:.0f} min gap before request {r.origin}: {n} pings"
+                    first = f"{gap / 60:.0f} min gap before request {r.origin}: {_n(n, 'ping')}"
                 body = ping_body(prev.body)
                 out += [Request(prev.at + timedelta(seconds=every * m), body, prev.origin, True)
                         for m in range(1, n + 1)]
@@ -700,6 +706,6 @@ def keep_warm(requests: Sequence[Request], *, ttl_seconds: Callable[[dict[str, A
         if not r.ping:
             prev = r
     pings = sum(1 for r in out if r.ping) - sum(1 for r in requests if r.ping)
-    evidence = (f"{first}; {pings} pings keep {len(pinged)} gaps warm" if first else
+    evidence = (f"{first}; {_n(pings, 'ping')} keep {_n(len(pinged), 'gap')} warm" if first else
                 "no idle gap where pings cost less than the rebuild")
     return Applied(out, pinged, evidence)
