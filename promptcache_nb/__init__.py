@@ -5,7 +5,7 @@ The public API; everything else is internal. ``import promptcache_nb as pc``.
 
 from __future__ import annotations
 
-from . import analysis, plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
+from . import advice, analysis, plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from ._data import data_path
 from ._types import KnowledgeEntry, RequestRecord
 from .advice import FIXES, Advice, advise, counterfactual
@@ -152,6 +152,7 @@ __all__ = [
     "UnpricedModelWarning",
     "Usage",
     "VLLMCache",
+    "advice",
     "advise",
     "analysis",
     "cache_model_names",
