@@ -422,3 +422,19 @@ def test_a_lab_where_nothing_saves_says_so() -> None:
         assert advice.summary() == "No fix saves anything on this request (simulated (counterfactual))."
         assert set(advice.findings.verdict) <= {"saves nothing", "costs more"}
         assert advice.fleet is not None and len(advice.fleet) == len(advice.findings)
+
+
+def test_the_ttl_fix_agrees_with_the_ttl_whatif(lab, replays) -> None:
+    """The ``ttl`` fix on its own is :func:`pc.ttl_whatif`'s 1h run: two paths, one figure."""
+    for s in (replays["durable_delta"], replays["clock_in_system"]):
+        advice = pc.advise(s, fixes=("ttl",))
+        whatif = pc.ttl_whatif(s)
+        one_hour = whatif[whatif.ttl == "1h"].cost_usd.sum()
+        assert advice.findings.set_index("fix").loc["ttl", "cost_counterfactual_usd"] == pytest.approx(one_hour)
+    with pc.Lab(progress=False) as other:
+        other.import_log(pc.data_path("logs") / "claude_code")
+        main = next(x for x in (other.session(id=i) for i in other.sessions().id) if x.n_turns > 5)
+        advice = pc.advise(main, fixes=("ttl",))
+        whatif = pc.ttl_whatif(main)
+        assert advice.findings.set_index("fix").loc["ttl", "cost_counterfactual_usd"] == pytest.approx(
+            whatif[whatif.ttl == "1h"].cost_usd.sum())
