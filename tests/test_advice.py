@@ -149,15 +149,18 @@ def test_frozen_prefix_never_rewrites_history() -> None:
     m0 = {"role": "user", "content": "long tool output " * 20}
     a0 = {"role": "assistant", "content": "ok"}
     trimmed = {"role": "user", "content": "[output trimmed]"}
+    later = [trimmed, a0, {"role": "user", "content": "next"}, a0, {"role": "user", "content": "more"}]
     bodies = [{"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [m0]},
               {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [m0, a0, {"role": "user", "content": "next"}]},
-              {"model": "claude-sonnet-4-5", "max_tokens": 64,
-               "messages": [trimmed, a0, {"role": "user", "content": "next"}, a0, {"role": "user", "content": "more"}]},
+              {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": later},
+              {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [*later, a0, {"role": "user", "content": "x"}]},
               {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "summary"}]}]
     done = _fixes.frozen_prefix([Request(t0 + timedelta(minutes=k), b, k) for k, b in enumerate(bodies)])
     assert done.requests[2].body["messages"][0] == m0  # re-sent as first sent
-    assert done.requests[3].body["messages"] == bodies[3]["messages"]  # a compaction starts anew
-    assert done.changed == [2] and "messages[0] re-rendered" in done.evidence
+    assert done.requests[3].body["messages"][0] == m0  # and on every later request
+    assert done.requests[3].body["messages"][1:] == bodies[3]["messages"][1:]
+    assert done.requests[4].body["messages"] == bodies[4]["messages"]  # a compaction starts anew
+    assert done.changed == [2, 3] and "messages[0] re-rendered" in done.evidence
 
 
 def test_breakpoints_place_three_markers_and_nothing_else(lab, replays) -> None:

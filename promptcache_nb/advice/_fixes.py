@@ -277,13 +277,17 @@ def frozen_prefix(requests: Sequence[Request]) -> Applied:
         if isinstance(messages, list) and len(messages) >= len(prev_orig):
             keep = []
             for j, m in enumerate(messages):
-                if j < len(prev_orig) and m != prev_orig[j] and _without_cc(m) != _without_cc(prev_orig[j]):
+                if j >= len(prev_orig):
+                    keep.append(m)
+                elif m == prev_orig[j] or _without_cc(m) == _without_cc(prev_orig[j]):
+                    # unchanged since the last request: what was sent for it then (the first-sent version, when
+                    # an earlier rewrite was undone)
+                    keep.append(m if prev_sent[j] is prev_orig[j] else prev_sent[j])
+                else:
                     keep.append(_without_cc(prev_sent[j]))
                     rewrites += 1
                     if first is None:
                         first = f"request {r.origin}: messages[{j}] re-rendered (history rewritten)"
-                else:
-                    keep.append(m)
             if any(a is not b for a, b in zip(keep, messages, strict=True)):
                 sent = keep
         new = dict(body)
@@ -348,7 +352,7 @@ def _volatile_shapes(texts: list[list[str] | None], min_changes: int
                                 if first_change[i] is None:
                                     first_change[i] = {"request": k, "block": i, "old": x, "new": y,
                                                        "byte": len("\n".join(la[:a0]).encode()) + (1 if a0 else 0)}
-                if set(gone) & set(came):
+                if {x for x in gone if x.strip()} & set(came):  # a line that only moved: a re-ranked list
                     moved[i] = True
         prev = blocks
     shapes = [{s for s, n in c.items() if n >= min_changes} for c in counts]
