@@ -239,8 +239,16 @@ def write_proxy_log(s: pc.Session, path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def churn_replays(lab: pc.Lab) -> dict[str, pc.Session]:
+    return {st: lab.replay("data/scenarios/knowledge_churn.yaml", strategy=st)
+            for st in ("naive", "clock_in_system", "clock_at_tail", "append_only", "durable_delta")}
+
+
+@pytest.mark.parametrize("scenario", ["support_agent", "knowledge_churn"])
 @pytest.mark.parametrize("source", ["naive", "clock_in_system"])
-def test_counterfactual_lands_close_to_the_strategy_it_stands_for(lab, replays, tmp_path, source) -> None:
+def test_counterfactual_lands_close_to_the_strategy_it_stands_for(request, lab, tmp_path, scenario, source) -> None:
+    replays = request.getfixturevalue("replays" if scenario == "support_agent" else "churn_replays")
     log = write_proxy_log(replays[source], tmp_path / f"{source}.jsonl")
     (imported,) = lab.import_log(log).sessions
     assert imported.strategy is None  # no strategy information survives the log
@@ -249,7 +257,7 @@ def test_counterfactual_lands_close_to_the_strategy_it_stands_for(lab, replays, 
         assert cf.counterfactual_of == imported.id and imported.counterfactual_of is None
         assert cf.fixes == pc.advice.STRATEGY_FIXES[target] and imported.fixes == ()
         got, real = cf.turns(), replays[target].turns()
-        assert len(got) == len(real) == 100
+        assert len(got) == len(real) == len(imported.turns())
         assert list(got["at"]) == list(imported.turns()["at"])  # the original times
         gap = abs(got.cost_usd.sum() - real.cost_usd.sum()) / real.cost_usd.sum()
         assert gap < EQUIVALENCE_BOUND, (source, target, gap)
