@@ -40,6 +40,7 @@ RANKS = {
     "pipeline": 9,  # one request: build → (send) → ideal read → price → analyse → typed record; no SQL
     "_shared": 9,  # what a Lab's sessions share: simulated caches per scope (rebuilt from the store), knowledge
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
+    "advice": 11,  # counterfactual sessions and ranked advice over stored sessions (never imports lab)
     "lab": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
     "ingest": 12,  # importers/_ingest.py: stores imported requests through Lab.create_session and sessions
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
