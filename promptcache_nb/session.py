@@ -460,12 +460,13 @@ class Session:
     @property
     def counterfactual_of(self) -> str | None:
         """The session this one replays with fixes applied (``pc.counterfactual``), else None."""
-        return self._config.get("counterfactual_of")
+        value = self._config.extra.get("counterfactual_of")
+        return None if value is None else str(value)
 
     @property
     def fixes(self) -> tuple[str, ...]:
         """The fixes a counterfactual session applied (``pc.advice.FIXES``); empty for any other session."""
-        return tuple(self._config.get("fixes") or ())
+        return tuple(self._config.extra.get("fixes") or ())
 
     @property
     def memo(self) -> SegmentMemo:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._config import SessionConfig
 from ..analysis import Prices, load_calibration
 from ..analysis.resimulate import StoredTurn, _resimulate_turns, load_turns, request_prices
 from ..errors import PromptCacheError, SessionError
@@ -302,20 +303,14 @@ def store_counterfactual(orig: Original, names: tuple[str, ...]) -> Session:
     while store.session_row(sid := f"{row['id']}-cf{n}") is not None:
         n += 1
     first_at = orig.turns[0].at if orig.turns else row["created_at"]
-    config = {
-        "start": first_at.isoformat(), "step_seconds": 30, "cache_params": plan.cache_params, "strategy_params": {},
-        "prices": row["config"].get("prices"), "calibration": orig.calibration, "cache_scope": "session",
-        "counterfactual_of": row["id"], "fixes": list(plan.applied), "fixes_not_possible": dict(plan.not_possible),
-        "fixes_asked": list(names), "unlogged_prefix_tokens": orig.partial,
-    }
+    config = SessionConfig(
+        start=first_at, step_seconds=30, cache_params=plan.cache_params, prices=row["config"].get("prices"),
+        calibration=orig.calibration, cache_scope="session", unlogged_prefix_tokens=orig.partial,
+        extra={"counterfactual_of": row["id"], "fixes": list(plan.applied),
+               "fixes_not_possible": dict(plan.not_possible), "fixes_asked": list(names)})
     with lab.batch():
-        store.create_session(
-            {"id": sid, "project_id": row["project_id"], "strategy": None, "cache_model": orig.cache,
-             "model": row["model"], "created_at": first_at, "config": config,
-             "source": f"counterfactual:{row['id']}"},
-            {"host_prompt": "", "tools": [], "model": row["model"], "extra": {}},
-        )
-        s = lab.session(id=sid)
+        s = lab.create_session(config, session_id=sid, project=row["project_id"], model=row["model"],
+                               cache=orig.cache, source=f"counterfactual:{row['id']}")
         outputs = {t.idx: t.output_tokens for t in orig.turns}
         for r, req in orig.prepared(plan):
             s.record(r.body, at=r.at, prepared=req, events=("keep_warm_ping",) if r.ping else (),
