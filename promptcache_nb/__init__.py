@@ -50,6 +50,7 @@ from .errors import (
 from .importers import ImportedRequest, ImportResult
 from .lab import Lab
 from .live import Backend, BackendResponse, DirectSimulator, SimulatorServer, TokenCount, count_tokens
+from .live.capture import Capture, capture
 from .request import PrefixDiff, PreparedRequest, Segment, canonical_bytes, prepare
 from .request.diff import diff
 from .scenario import Scenario, ToolCall, load_scenario
@@ -100,6 +101,7 @@ __all__ = [
     "CacheResult",
     "CalibratedTokenizer",
     "Calibration",
+    "Capture",
     "CalibrationWarning",
     "Change",
     "CharsTokenizer",
@@ -155,6 +157,7 @@ __all__ = [
     "cache_model_names",
     "calibrate",
     "canonical_bytes",
+    "capture",
     "compare_caches",
     "compare_df",
     "count_tokens",

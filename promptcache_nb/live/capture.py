@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._util import SIMULATOR_HEADER
 from ..errors import PromptCacheError
+from ..usage import UsageSource
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -184,7 +185,7 @@ class Capture:
         converted = convert_exchange(ex, file="capture", line=0, source_ref="capture", fallback_at=attempt.at)
         if isinstance(converted, SkippedLine):
             raise _NotStored(converted.reason)
-        source = "simulated" if converted.usage.source == "simulated" else "live"
+        source: UsageSource = "simulated" if converted.usage.source == "simulated" else "live"
         with _RECORD_LOCK:
             s = self.session
             prev = s.previous_request
@@ -246,21 +247,31 @@ class _TeeMixin:
         if self._done:
             return
         self._done = True
+        raw, self._chunks = b"".join(self._chunks), []
+        body = None
         if not 200 <= self._status < 300:
             error = f"HTTP {self._status}"  # an error answer (the SDK may retry it): never a stored request
-        elif error is None and not complete:
-            error = "response closed before its end"
-        body = None
-        if error is None:
-            raw = b"".join(self._chunks)
+        elif error is None:
             try:
                 # decoded by the same library that negotiated the encoding (gzip, br, zstd...)
                 body = self._module.Response(self._status, headers=self._headers, content=raw).content
             except Exception as exc:
                 error = f"response body not decoded: {type(exc).__name__}"
-        self._chunks = []
+            # the OpenAI SDK stops reading a stream at its `[DONE]` event and closes it: complete all the same
+            if error is None and not complete and not _stream_complete(self._headers, body):
+                error = "response closed before its end"
         headers = self._module.Headers({k: v for k, v in self._headers.items() if k.lower() != "content-encoding"})
-        self._capture._finished(self._attempt, status=self._status, headers=headers, body=body, error=error)
+        self._capture._finished(self._attempt, status=self._status, headers=headers,
+                                body=None if error else body, error=error)
+
+
+def _stream_complete(headers: Any, body: bytes | None) -> bool:
+    """True when an event stream closed early by its reader had already sent its final usage event."""
+    if body is None or "text/event-stream" not in headers.get("content-type", ""):
+        return False
+    from ..importers._sse import parse_sse, usage_from_sse
+
+    return usage_from_sse(parse_sse(body)).complete
 
 
 class _SyncTee(_TeeMixin):
@@ -315,6 +326,10 @@ class _SyncTransport:
             return response
         tee = self._tee()
         tee._setup(response.stream, self._capture, attempt, response, self._module)
+        if isinstance(response.stream, self._module.ByteStream):  # all in memory already (a mock transport)
+            tee._chunks.append(b"".join(response.stream))
+            tee._report(complete=True)
+            return response
         response.stream = tee
         return response
 
@@ -338,6 +353,10 @@ class _AsyncTransport:
             return response
         tee = self._tee()
         tee._setup(response.stream, self._capture, attempt, response, self._module)
+        if isinstance(response.stream, self._module.ByteStream):  # all in memory already (a mock transport)
+            tee._chunks.append(b"".join(response.stream))
+            tee._report(complete=True)
+            return response
         response.stream = tee
         return response
 
