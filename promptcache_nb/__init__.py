@@ -10,6 +10,7 @@ from ._data import data_path
 from ._types import KnowledgeEntry, RequestRecord
 from .analysis import Change, Observation, Prices, compare_df, efficiency, prices_for, summarize
 from .analysis.calibrate import Calibration, CalibrationWarning, calibrate, load_calibration
+from .analysis.gate import CacheCheck, assert_cache_stable
 from .analysis.resimulate import compare_caches, resimulate
 from .analysis.whatif import keep_warm, rebuilds, ttl_whatif
 from .cache import (
@@ -97,12 +98,13 @@ __all__ = [
     "BackendResponse",
     "BodyValidationError",
     "CACHE_MODELS",
+    "CacheCheck",
     "CacheModel",
     "CacheResult",
     "CalibratedTokenizer",
     "Calibration",
-    "Capture",
     "CalibrationWarning",
+    "Capture",
     "Change",
     "CharsTokenizer",
     "ContextWindowWarning",
@@ -154,6 +156,7 @@ __all__ = [
     "UsageError",
     "VLLMCache",
     "analysis",
+    "assert_cache_stable",
     "cache_model_names",
     "calibrate",
     "canonical_bytes",

@@ -51,8 +51,9 @@ from ..usage import UsageSource
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ..lab import Lab
-    from ..session import Session, Turn
+    # annotations only (absolute: the runtime import graph has no live -> session edge)
+    from promptcache_nb.lab import Lab
+    from promptcache_nb.session import Session, Turn
 
 log = logging.getLogger(__name__)
 
