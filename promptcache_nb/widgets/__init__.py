@@ -6,6 +6,8 @@
 - :class:`DiffView` — the escaped side-by-side prefix diff plus the segment map.
 - :class:`SavingsChart` — :func:`promptcache_nb.plots.plot_savings` as a widget.
 - :class:`Compare` — one scenario under several strategies in lockstep.
+- :class:`Monitor` — a captured session's calls as they arrive (``lab.capture(client)``): rows, running read %,
+  $ saved, the latest request's diff and observation.
 
 Every button has a kernel-side twin (``stepper.next()``, ``editor.edit(...)``) and every view a controller
 (``stepper.controller``) that works without a kernel. While a click works its buttons are disabled, a
@@ -19,12 +21,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._controllers import CompareController, KnowledgeController, StepperController, TurnView
+from ._controllers import CompareController, KnowledgeController, MonitorController, StepperController, TurnView
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._views import Compare, DiffView, KnowledgeEditor, SavingsChart, Stepper
+    from ._views import Compare, DiffView, KnowledgeEditor, Monitor, SavingsChart, Stepper
 
-_VIEWS = ("Compare", "DiffView", "KnowledgeEditor", "SavingsChart", "Stepper")
+_VIEWS = ("Compare", "DiffView", "KnowledgeEditor", "Monitor", "SavingsChart", "Stepper")
 
 
 def __getattr__(name: str) -> Any:
@@ -36,6 +38,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [  # sorted; a literal so linters see the re-exports
-    "Compare", "CompareController", "DiffView", "KnowledgeController", "KnowledgeEditor", "SavingsChart",
-    "Stepper", "StepperController", "TurnView",
+    "Compare", "CompareController", "DiffView", "KnowledgeController", "KnowledgeEditor", "Monitor",
+    "MonitorController", "SavingsChart", "Stepper", "StepperController", "TurnView",
 ]
