@@ -28,7 +28,6 @@ test asks for the fixture.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -168,6 +167,11 @@ def _check(item: pytest.Item, fixture: PromptCache) -> None:
 # -- shared files: written by several xdist workers --------------------------------------------------------
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; xdist workers there may interleave their writes
+        yield
+        return
     lock = path.with_name(path.name + ".lock")
     with lock.open("a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)

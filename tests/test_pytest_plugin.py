@@ -164,3 +164,10 @@ class _Reuse:
         client = self._client
         client.close = lambda: None
         return client
+
+
+def test_an_upstream_goes_through_the_recording_proxy(tmp_path):
+    with pc.SimulatorServer() as upstream:  # stands in for https://api.anthropic.com
+        res = run_pytest(tmp_path, "--prompt-cache-upstream", upstream.base_url, "-k", "stable", clock=False)
+        assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout + res.stderr
+        assert [r.status for r in upstream.requests] == [200] * 4  # the test's calls reached the upstream
