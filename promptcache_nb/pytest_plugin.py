@@ -85,7 +85,7 @@ class PromptCache:
         res = self.lab.import_log(self.log_path, format="exchanges", project="prompt_cache", progress=False)
         ids = list(self.lab.sessions().id)
         by_id = {s.id: s for s in res.sessions}
-        return [by_id.get(i) or self.lab.active_session(i) or self.lab.session(id=i) for i in ids]
+        return [by_id.get(i) or self.lab.open_session(i) for i in ids]
 
     @property
     def session(self) -> Session:

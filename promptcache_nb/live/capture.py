@@ -405,24 +405,16 @@ def _default_cache(client: Any) -> tuple[str, str]:
 
 def _new_session(lab: Lab, *, project: str | None, cache: str, model: str, client: Any) -> Session:
     """A session for captured traffic: no strategy (the user's own code built the requests), like an import."""
+    from .._config import SessionConfig
     from ..cache import get_cache_model
 
     get_cache_model(cache)  # a misspelt name fails here, naming the valid ones
-    start = datetime.now(UTC)
-    store = lab.store
-    n = store.session_count() + 1
-    while store.session_row(sid := f"capture-{n:03d}") is not None:
+    n = lab.store.session_count() + 1
+    while lab.store.session_row(sid := f"capture-{n:03d}") is not None:
         n += 1
-    project = project or "capture"
-    config = {"start": start.isoformat(), "step_seconds": 30, "cache_params": {}, "strategy_params": {},
-              "prices": None, "calibration": None, "cache_scope": "session", "format": "capture"}
-    with store.transaction():
-        store.ensure_project(project, start)
-        store.create_session({"id": sid, "project_id": project, "strategy": None, "cache_model": cache,
-                              "model": model, "created_at": start, "config": config,
-                              "source": f"capture:{type(client).__module__.split('.')[0]}"},
-                             {"host_prompt": "", "tools": [], "model": model, "extra": {}})
-    return lab.session(id=sid)
+    return lab.create_session(SessionConfig(start=datetime.now(UTC), cache_scope="session"), session_id=sid,
+                              project=project or "capture", model=model, strategy=None, cache=cache,
+                              source=f"capture:{type(client).__module__.split('.')[0]}")
 
 
 @contextmanager
