@@ -112,7 +112,9 @@ def prompt_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pro
     upstream = request.config.getoption("--prompt-cache-upstream")
     server = None
     if upstream is None:
-        server = pc.SimulatorServer().start()
+        # entries readable as soon as written: a call made after the previous one returned reads it, as on the API
+        # (the default half-second time-to-first-token would make a fast test's calls all miss, and pass vacuously)
+        server = pc.SimulatorServer(cache_params={"ttft_seconds": 0}).start()
         upstream = server.base_url
     proxy = pc.RecordingProxy(upstream, tmp_path / "prompt_cache.jsonl").start()
     lab = pc.Lab(tmp_path / "prompt_cache.duckdb", progress=False)
