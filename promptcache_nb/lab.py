@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first DataFrame, n
     import pandas as pd
 
     from .importers import ImportResult
+    from .live.capture import Capture
 
 # a scenario's models are checked when it loads, against the table Lab.session validates with
 set_model_check(get_cache_model("anthropic").validate_model)
@@ -391,7 +392,7 @@ class Lab:
         return import_log(self, paths, format=format, project=project, progress=show)
 
     def capture(self, client: Any, *, session: Session | None = None, project: str | None = None,
-                cache: str | None = None) -> AbstractContextManager[Any]:
+                cache: str | None = None) -> AbstractContextManager[Capture]:
         """Store every call ``client`` completes in the ``with`` block (``pc.capture``; README "In your notebook
         and in CI")."""
         from .live.capture import capture
