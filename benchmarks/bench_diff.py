@@ -138,8 +138,8 @@ def case(a: dict, where: str, repeat: int) -> None:
 
     def prepared_diff() -> tuple:
         # fresh PreparedRequest wrappers so the per-request memo is cold, as for a new pair
-        x = pc.PreparedRequest(pa.body, pa.segments, pa.shape, pa.rest, pa.total_tokens)
-        y = pc.PreparedRequest(pb.body, pb.segments, pb.shape, pb.rest, pb.total_tokens)
+        x = pc.request.PreparedRequest(pa.body, pa.segments, pa.shape, pa.rest, pa.total_tokens)
+        y = pc.request.PreparedRequest(pb.body, pb.segments, pb.shape, pb.rest, pb.total_tokens)
         dd = compute_diff(x, y)
         return dd.path, dd.byte_offset, dd.token_offset
 

@@ -52,9 +52,9 @@ def pct(a: float, b: float) -> float:
     return abs(a - b) / b * 100
 
 
-def fitted(lab: pc.Lab, family: str | None = None, model: str | None = None) -> pc.Calibration:
+def fitted(lab: pc.Lab, family: str | None = None, model: str | None = None) -> pc.analysis.Calibration:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", pc.CalibrationWarning)  # reported in the table either way
+        warnings.simplefilter("ignore", pc.errors.CalibrationWarning)  # reported in the table either way
         return pc.calibrate(lab, family=family) if model is None else pc.calibrate(lab, model=model)
 
 
@@ -147,10 +147,10 @@ def main() -> None:
     for name in ("o200k_base", "cl100k_base"):
         load = subprocess.run(  # the first count in a fresh process loads the ranks
             [sys.executable, "-c", "import time, promptcache_nb as pc; t = time.perf_counter(); "
-             f"pc.BPETokenizer({name!r}).count('x'); print(time.perf_counter() - t)"],
+             f"pc.tokens.BPETokenizer({name!r}).count('x'); print(time.perf_counter() - t)"],
             capture_output=True, text=True, check=True).stdout
         load = float(load)
-        tok = pc.BPETokenizer(name)
+        tok = pc.tokens.BPETokenizer(name)
         tok.count("warm up")
         started = time.perf_counter()
         n = tok.count(big)

@@ -1,82 +1,87 @@
 """promptcache_nb — see why an LLM agent's prompt cache hits or misses, and what it costs.
 
-The public API; everything else is internal. ``import promptcache_nb as pc``.
+The public API; everything else is internal. ``import promptcache_nb as pc``. The names a notebook uses most sit
+here; the rest live in their subpackage: exceptions and warnings in ``pc.errors``, tokenizers in ``pc.tokens``,
+prices and frames in ``pc.analysis``, backends in ``pc.live``, request internals in ``pc.request``, strategy and
+cache-model registries in ``pc.strategies`` and ``pc.cache``. A name that moved off the top level still resolves
+here, with one :class:`DeprecationWarning` naming its new spelling.
 """
 
 from __future__ import annotations
 
-from . import analysis, plots, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
+import importlib
+import warnings
+from typing import Any
+
+from . import analysis, errors, plots, tokens, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from ._data import data_path
-from ._types import KnowledgeEntry, RequestRecord
-from .analysis import Change, Observation, Prices, compare_df, efficiency, prices_for, summarize
-from .analysis.calibrate import Calibration, CalibrationWarning, calibrate, load_calibration
-from .analysis.gate import CacheCheck, assert_cache_stable
+from .analysis import Observation, compare_df, summarize
+from .analysis.calibrate import calibrate
+from .analysis.gate import assert_cache_stable
 from .analysis.resimulate import compare_caches, resimulate
 from .analysis.whatif import keep_warm, rebuilds, ttl_whatif
 from .cache import (
+    AnthropicCache,
     CacheModel,
-    CacheResult,
     DeepSeekCache,
     OpenAICache,
     VLLMCache,
-    cache_model_names,
     get_cache_model,
     register_cache_model,
 )
-from .errors import (
-    APIConnectionError,
-    APIError,
-    AuthenticationError,
-    BodyValidationError,
-    ContextWindowWarning,
-    ImportFormatError,
-    InvalidOptionError,
-    InvalidRequestError,
-    KnowledgeError,
-    OverloadedError,
-    PriceError,
-    PromptCacheError,
-    PromptCacheWarning,
-    RateLimitError,
-    ScenarioError,
-    SessionError,
-    StoreError,
-    StoreLockedError,
-    UnknownCacheModelError,
-    UnknownModelError,
-    UnknownStrategyError,
-    UnpricedModelWarning,
-    UsageError,
-)
-from .importers import ImportedRequest, ImportResult
+from .cache import cache_model_names as _cache_model_names
+from .errors import InvalidOptionError, PromptCacheError, StoreLockedError
+from .importers import ImportResult
 from .lab import Lab
-from .live import Backend, BackendResponse, DirectSimulator, SimulatorServer, TokenCount, count_tokens
-from .live.capture import Capture, capture
-from .request import PrefixDiff, PreparedRequest, Segment, canonical_bytes, prepare
+from .live import SimulatorServer, count_tokens
+from .live.capture import capture
+from .request import PrefixDiff
 from .request.diff import diff
-from .scenario import Scenario, ToolCall, load_scenario
-from .session import KnowledgeBook, Session, Turn
-from .strategies import Strategy, StrategyContext, register_strategy, strategy_names
-from .tokens import (
-    BPETokenizer,
-    CalibratedTokenizer,
-    CharsTokenizer,
-    HeuristicTokenizer,
-    ModelTokenizer,
-    Tokenizer,
-    tokenizer_family,
-)
+from .scenario import Scenario, load_scenario
+from .session import Session, Turn
+from .strategies import Strategy, register_strategy
+from .strategies import strategy_names as _strategy_names
 from .usage import Usage
 
 __version__ = "0.1.0"
 
+#: Names that left the top level: old name -> where it lives now (relative to the package).
+_MOVED = {
+    **{name: f"errors.{name}" for name in (
+        "APIConnectionError", "APIError", "AuthenticationError", "BodyValidationError", "CalibrationWarning",
+        "ContextWindowWarning", "ImportFormatError", "InvalidRequestError", "KnowledgeError", "OverloadedError",
+        "PriceError", "PromptCacheWarning", "RateLimitError", "ScenarioError", "SessionError", "StoreError",
+        "UnknownCacheModelError", "UnknownModelError", "UnknownStrategyError", "UnpricedModelWarning",
+        "UsageError",
+    )},
+    **{name: f"tokens.{name}" for name in (
+        "BPETokenizer", "CalibratedTokenizer", "CharsTokenizer", "HeuristicTokenizer", "ModelTokenizer",
+        "Tokenizer", "tokenizer_family",
+    )},
+    **{name: f"analysis.{name}" for name in (
+        "Calibration", "Change", "Prices", "efficiency", "load_calibration", "prices_for",
+    )},
+    **{name: f"live.{name}" for name in ("Backend", "BackendResponse", "DirectSimulator", "TokenCount")},
+    **{name: f"request.{name}" for name in ("PreparedRequest", "Segment", "canonical_bytes", "prepare")},
+    "CacheResult": "cache.CacheResult",
+    "cache_model_names": "cache.cache_model_names",
+    "strategy_names": "strategies.strategy_names",
+    "StrategyContext": "strategies.StrategyContext",
+    "ImportedRequest": "importers.ImportedRequest",
+    "ToolCall": "scenario.ToolCall",
+    "KnowledgeBook": "session.KnowledgeBook",
+    "KnowledgeEntry": "store.KnowledgeEntry",
+    "RequestRecord": "pipeline.RequestRecord",
+}
+_warned: set[str] = set()
 
-def __getattr__(name: str):
-    # Live registries: strategies and cache models registered later are listed too.
+
+def __getattr__(name: str) -> Any:
+    # Live registries: strategies and cache models registered later (plugins included) are listed too.
     if name == "STRATEGIES":
-        return strategy_names()
+        return _strategy_names()
     if name == "CACHE_MODELS":
-        return cache_model_names()
+        return _cache_model_names()
     if name == "AnthropicBackend":  # imports the anthropic SDK (~1.5 s): only when asked for
         from .live.anthropic_backend import AnthropicBackend
 
@@ -85,102 +90,65 @@ def __getattr__(name: str):
         from .live.proxy import RecordingProxy
 
         return RecordingProxy
+    new = _MOVED.get(name)
+    if new is not None:
+        module, _, attr = new.rpartition(".")
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        if name not in _warned:  # once per name: a loop over old code is not a wall of warnings
+            _warned.add(name)
+            warnings.warn(f"promptcache_nb.{name} moved: use pc.{new} (promptcache_nb.{new})", DeprecationWarning,
+                          stacklevel=2)
+        return value
     raise AttributeError(f"module 'promptcache_nb' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*__all__, "__version__"})
+
+
 __all__ = [
-    "APIConnectionError",
-    "APIError",
     "AnthropicBackend",
-    "AuthenticationError",
-    "BPETokenizer",
-    "Backend",
-    "BackendResponse",
-    "BodyValidationError",
+    "AnthropicCache",
     "CACHE_MODELS",
-    "CacheCheck",
     "CacheModel",
-    "CacheResult",
-    "CalibratedTokenizer",
-    "Calibration",
-    "CalibrationWarning",
-    "Capture",
-    "Change",
-    "CharsTokenizer",
-    "ContextWindowWarning",
     "DeepSeekCache",
-    "DirectSimulator",
-    "HeuristicTokenizer",
-    "ImportFormatError",
     "ImportResult",
-    "ImportedRequest",
     "InvalidOptionError",
-    "InvalidRequestError",
-    "KnowledgeBook",
-    "KnowledgeEntry",
-    "KnowledgeError",
     "Lab",
-    "ModelTokenizer",
     "Observation",
     "OpenAICache",
-    "OverloadedError",
     "PrefixDiff",
-    "PreparedRequest",
-    "PriceError",
-    "Prices",
     "PromptCacheError",
-    "PromptCacheWarning",
-    "RateLimitError",
     "RecordingProxy",
-    "RequestRecord",
     "STRATEGIES",
     "Scenario",
-    "ScenarioError",
-    "Segment",
     "Session",
-    "SessionError",
     "SimulatorServer",
-    "StoreError",
     "StoreLockedError",
     "Strategy",
-    "StrategyContext",
-    "TokenCount",
-    "Tokenizer",
-    "ToolCall",
     "Turn",
-    "UnknownCacheModelError",
-    "UnknownModelError",
-    "UnknownStrategyError",
-    "UnpricedModelWarning",
     "Usage",
-    "UsageError",
     "VLLMCache",
     "analysis",
     "assert_cache_stable",
-    "cache_model_names",
     "calibrate",
-    "canonical_bytes",
     "capture",
     "compare_caches",
     "compare_df",
     "count_tokens",
     "data_path",
     "diff",
-    "efficiency",
+    "errors",
     "get_cache_model",
     "keep_warm",
-    "load_calibration",
     "load_scenario",
     "plots",
-    "prepare",
-    "prices_for",
     "rebuilds",
     "register_cache_model",
     "register_strategy",
     "resimulate",
-    "strategy_names",
     "summarize",
-    "tokenizer_family",
+    "tokens",
     "ttl_whatif",
     "widgets",
 ]

@@ -9,6 +9,7 @@ silently ignored (llm's per-model ``Options``).
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Self
@@ -21,7 +22,8 @@ from .errors import InvalidOptionError
 
 def _duration(value: Any) -> str | float | timedelta:
     parse_duration(value)  # raises ValueError naming the accepted forms; the value itself is kept as given
-    return value  # parse_duration accepted it: a str, a number or a timedelta
+    accepted: str | float | timedelta = value  # parse_duration accepted it: a str, a number or a timedelta
+    return accepted
 
 
 #: A duration option: ``"5m"``, ``"1.5h"``, seconds as a number, or a ``timedelta``.
@@ -45,6 +47,33 @@ class Options(BaseModel):
             return cls.model_validate(dict(params or {}))
         except ValidationError as exc:
             raise _invalid(cls, exc, owner) from None
+
+    @classmethod
+    def stored(cls, params: Mapping[str, Any] | None, *, owner: str) -> Self:
+        """Options read back from a stored config: names this model does not know are ignored (a session
+        stored before options were checked keeps loading); the known ones are checked as :meth:`check` does."""
+        return cls.check({k: v for k, v in (params or {}).items() if k in cls.model_fields}, owner=owner)
+
+    @classmethod
+    def signature(cls) -> inspect.Signature:
+        """The keyword-only constructor signature these options give their owner (``help()``, IDEs)."""
+        return inspect.Signature([
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
+                              annotation=field.annotation)
+            for name, field in cls.model_fields.items()
+        ])
+
+    @classmethod
+    def document(cls, doc: str | None) -> str | None:
+        """``doc`` (a class docstring) with an ``Args:`` section listing these options from the fields'
+        descriptions, before its ``Example:`` section if it has one (unchanged if it already has ``Args:``)."""
+        if not doc or not cls.model_fields or "\nArgs:\n" in doc:
+            return doc
+        text = inspect.cleandoc(doc)
+        args = "Args:\n" + "\n".join(f"    {name} (default {field.default!r}): {field.description}"
+                                       for name, field in cls.model_fields.items())
+        head, sep, example = text.partition("\nExample:\n")
+        return f"{head.rstrip()}\n\n{args}\n" + (f"\nExample:\n{example}" if sep else "")
 
     def explicit(self) -> dict[str, Any]:
         """The options the caller set, with their validated values (defaults left out: stored configs stay

@@ -150,9 +150,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .cache import cache_model_names
+    from .importers import READERS
     from .strategies import strategy_names
 
-    strategies, caches = strategy_names(), cache_model_names()
+    # the registries list the plugins installed (entry points) as well as the built-ins
+    strategies, caches, formats = strategy_names(), cache_model_names(), tuple(READERS)
     bundled = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
     p = argparse.ArgumentParser(
         prog="promptcache-nb",
@@ -195,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("paths", nargs="+", help="files, directories (walked) or globs")
     i.add_argument("--db", required=True, help="the DuckDB store to import into (created if missing)")
     i.add_argument("--format", default="auto",
-                   help="force a format: claude-code, codex, vcr, har, exchanges, otlp (default: detect by content)")
+                   help=f"force a format: {', '.join(formats)} (default: detect by content)")
     i.add_argument("--project", default=None, help="knowledge project for the imported sessions "
                                                    "(default: imported/<format>)")
     i.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -218,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        code: int = args.fn(args)
+        return code
     except PromptCacheError as exc:
         print(f"promptcache-nb: error: {exc}", file=sys.stderr)
         return 2

@@ -227,9 +227,20 @@ class UnpricedModelWarning(PromptCacheWarning):
         where = f"session {session_id!r}: " if session_id else ""
         super().__init__(
             f"{where}no exact price for model {model!r} in genai-prices; its requests are stored with "
-            "cost_usd NULL (never another model's price). Pass prices=pc.Prices(...) to the session to price "
+            "cost_usd NULL (never another model's price). Pass prices=pc.analysis.Prices(...) to the session to price "
             "them; later unpriced requests of this session are not reported again"
         )
+
+
+class CalibrationWarning(PromptCacheWarning):
+    """A calibration was fitted, but its leave-one-out error is no better than the uncalibrated estimator's:
+    opting in to it would not improve the estimates (the measured sizes are too noisy, too few, or the
+    requests carry something the estimate does not see)."""
+
+
+class PluginWarning(PromptCacheWarning):
+    """An entry point (``promptcache_nb.strategies``, ``.cache_models``, ``.readers``) could not be loaded, or names
+    a component already registered: that component is missing, the others still work."""
 
 
 class ContextWindowWarning(PromptCacheWarning):

@@ -295,7 +295,7 @@ class Lab:
             start: the session clock's first timestamp (UTC); later turns default to +``step``.
             backend: where requests go (default: the in-process simulator).
             prices: explicit prices for a model genai-prices does not know.
-            calibration: opt in to a token-estimate calibration: a ``pc.Calibration``, or ``"stored"`` for
+            calibration: opt in to a token-estimate calibration: a ``pc.analysis.Calibration``, or ``"stored"`` for
                 the latest one saved in this Lab for ``model`` (``pc.calibrate(...).save(lab)``).
             cache_scope: who shares the simulated provider cache (a provider caches per workspace, not per
                 conversation): ``"session"`` (the default: this session alone), ``"project"`` (every session
@@ -335,7 +335,7 @@ class Lab:
             session_id = f"s{n:03d}-{strat.name}"
         if isinstance(calibration, str):
             if calibration != "stored":
-                raise SessionError(f"calibration={calibration!r}: pass a pc.Calibration or 'stored'")
+                raise SessionError(f"calibration={calibration!r}: pass a pc.analysis.Calibration or 'stored'")
             calibration = _analysis.load_calibration(self, model)
         config = SessionConfig(
             start=start, step_seconds=parse_duration(step).total_seconds(), cache_params=cache_params or {},

@@ -38,6 +38,7 @@ from ._util import digest, parse_duration, utc
 from .analysis import limits
 from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult
+from .dialects import get as get_format
 from .errors import (
     APIError,
     BodyValidationError,
@@ -45,6 +46,7 @@ from .errors import (
     KnowledgeError,
     PromptCacheError,
     SessionError,
+    UnknownStrategyError,
     UnpricedModelWarning,
 )
 from .live import Backend, DirectSimulator
@@ -64,7 +66,7 @@ from .scenario import (
 )
 from .store import KnowledgeEntry, Store
 from .store._db import prefix_chain, state_columns
-from .strategies import get_strategy
+from .strategies import Strategy, strategy_class
 from .tokens import Tokenizer, segment_tokens, session_tokenizer
 from .usage import Usage, UsageSource
 
@@ -328,8 +330,15 @@ class Session:
         self.strategy: str = row["strategy"]
         self.cache: str = row["cache_model"]
         cfg = self._config = SessionConfig.from_stored(row["config"])
-        # imported sessions have no strategy: their requests were built by someone else's agent
-        self._strategy = get_strategy(self.strategy) if self.strategy is not None else None
+        # imported sessions have no strategy: their requests were built by someone else's agent; a session whose
+        # strategy is not registered here (a plugin not installed) opens read-only: stepping it says why
+        self._strategy: Strategy | None = None
+        self._missing_strategy: UnknownStrategyError | None = None
+        if self.strategy is not None:
+            try:
+                self._strategy = strategy_class(self.strategy).from_stored(dict(cfg.strategy_params))
+            except UnknownStrategyError as exc:
+                self._missing_strategy = exc
         self.source: str | None = row.get("source")
         self.parent_id: str | None = row.get("parent_id")
         self._cache_params = dict(cfg.cache_params)
@@ -771,6 +780,9 @@ class Session:
                 return
 
     def _check_strategy(self) -> None:
+        if self._missing_strategy is not None:
+            raise SessionError(f"session {self.id!r} is read-only here: {self._missing_strategy}; install the package "
+                               "that provides it (or register_strategy it) to step the session")
         if self._strategy is None:
             raise SessionError(f"session {self.id!r} was imported ({self.source}); it has no strategy to build a "
                                "request with: add requests with record(), or replay a scenario in a new session")
@@ -908,10 +920,8 @@ class Session:
         try:
             if isinstance(usage, Usage):
                 given = usage.check()
-            elif dialect == "anthropic":
-                given = Usage.from_anthropic(usage, source="imported")
             else:
-                given = Usage.from_openai(usage, api="chat" if dialect == "openai-chat" else "responses")
+                given = get_format(dialect).usage(usage, source="imported")
         except ValueError as exc:
             raise SessionError(f"request {self._state.next_index}: {exc}") from None
         if source is not None:

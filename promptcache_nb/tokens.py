@@ -452,7 +452,7 @@ class CalibratedTokenizer:
     use ``calibration.apply(prepared.total_tokens)``.
 
     Example:
-        >>> cal = pc.load_calibration(lab, "claude-sonnet-4-5")          # doctest: +SKIP
+        >>> cal = pc.analysis.load_calibration(lab, "claude-sonnet-4-5")          # doctest: +SKIP
         >>> tok = CalibratedTokenizer(HeuristicTokenizer(), cal)         # doctest: +SKIP
         >>> lab2 = pc.Lab("runs.duckdb", tokenizer=tok)                   # doctest: +SKIP
     """

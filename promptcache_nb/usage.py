@@ -22,6 +22,10 @@ from typing import Any, Literal, overload
 from .errors import UsageError
 
 UsageSource = Literal["simulated", "live", "imported"]
+#: The ``api`` of :meth:`Usage.from_openai`: a dialect name (``chat`` and ``responses``: their short forms).
+OpenAIApi = Literal["openai-chat", "openai-responses", "chat", "responses"]
+_OPENAI_APIS = {"openai-chat": "openai-chat", "openai-responses": "openai-responses", "chat": "openai-chat",
+                "responses": "openai-responses"}
 
 #: The largest token count accepted for one request (10**12). The largest context windows hold a few million
 #: tokens, so a bigger count is a corrupt or hand-edited log, refused by name rather than stored and summed.
@@ -149,32 +153,12 @@ class Usage:
             >>> u.input_tokens, u.cache_creation_input_tokens, u.output_tokens
             (280, 55096, 90)
         """
-        raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else usage
-        if not isinstance(raw, dict):
-            raise UsageError(f"usage: must be an object, got {type(raw).__name__}")
-        raw = dict(raw)
-        uncached, read, written, w5, w1, output = _anthropic_counts(raw, "usage")
-        unsplit = bool(written) and w5 is None and w1 is None
-        if "iterations" in raw:
-            for i, iteration in _compaction_iterations(raw):
-                more = _anthropic_counts(iteration, f"usage.iterations[{i}]")
-                unsplit = unsplit or (bool(more[2]) and more[3] is None and more[4] is None)
-                uncached, read, written, w5, w1, output = (
-                    _add(a, b) for a, b in zip((uncached, read, written, w5, w1, output), more, strict=True))
-        notes: tuple[str, ...] = ()
-        if unsplit:
-            w5 = w1 = None  # a split nobody reported stays unknown
-            notes = (TTL_SPLIT_UNKNOWN_NOTE,)
-        elif written is not None and w5 is None and w1 is None:
-            w5 = w1 = 0  # nothing written: nothing to split
-        elif written is not None and (w5 or 0) + (w1 or 0) > written:
-            _check_split(written, w5, w1, "usage")
-        return cls(uncached, read if read is not None else (0 if written is not None else None), written, w5, w1,
-                   output, source, raw, None, notes)
+        from .dialects.anthropic import usage_from_payload  # the format's module reads its payload
+
+        return usage_from_payload(usage, source=source)
 
     @classmethod
-    def from_openai(cls, usage: Any, *, api: Literal["chat", "responses"] = "chat",
-                    source: UsageSource = "imported") -> Usage:
+    def from_openai(cls, usage: Any, *, api: OpenAIApi = "openai-chat", source: UsageSource = "imported") -> Usage:
         """Build from an OpenAI ``usage`` object or dict (Chat Completions or Responses), exactly.
 
         Chat: ``prompt_tokens``, ``prompt_tokens_details.cached_tokens``, ``completion_tokens``,
@@ -195,7 +179,8 @@ class Usage:
 
         Args:
             usage: the ``usage`` object (an SDK model or its JSON dict).
-            api: ``chat`` (Chat Completions) or ``responses``.
+            api: the dialect, ``openai-chat`` (Chat Completions) or ``openai-responses``; ``chat`` and ``responses``
+                are accepted too.
             source: ``imported`` (a log) or ``live`` (a response just received).
 
         Raises:
@@ -208,42 +193,13 @@ class Usage:
             >>> u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.total_input_tokens
             (86, 1920, 0, 2006)
         """
-        if api not in ("chat", "responses"):
-            raise ValueError(f"api: must be 'chat' or 'responses', got {api!r}")
-        raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else usage
-        if not isinstance(raw, dict):
-            raise UsageError(f"usage: must be an object, got {type(raw).__name__}")
-        raw = dict(raw)
-        chat = api == "chat"
-        prompt_key, output_key = ("prompt_tokens", "completion_tokens") if chat else ("input_tokens", "output_tokens")
-        prompt = _count(raw, prompt_key, "usage", required=True)
-        output = _count(raw, output_key, "usage")
-        details_key = "prompt_tokens_details" if chat else "input_tokens_details"
-        details = _details(raw, details_key)
-        cached = _count(details, "cached_tokens", f"usage.{details_key}")
-        written = _count(details, "cache_write_tokens", f"usage.{details_key}")
-        if cached is None and "prompt_cache_hit_tokens" in raw:
-            cached = _count(raw, "prompt_cache_hit_tokens", "usage")
-        out_key = "completion_tokens_details" if chat else "output_tokens_details"
-        reasoning = _count(_details(raw, out_key), "reasoning_tokens", f"usage.{out_key}")
-        if cached is None:
-            return cls(output_tokens=output, source=source, raw=raw, reasoning_tokens=reasoning)
-        written = written or 0
-        if cached + written > prompt:
-            what = f"usage.{details_key}.cached_tokens ({cached})" + (
-                f" + cache_write_tokens ({written})" if written else "")
-            raise UsageError(f"{what} exceeds usage.{prompt_key} ({prompt})")
-        return cls(
-            input_tokens=prompt - cached - written,
-            cache_read_input_tokens=cached,
-            cache_creation_input_tokens=written,
-            cache_creation_5m_input_tokens=None if written else 0,
-            cache_creation_1h_input_tokens=None if written else 0,
-            output_tokens=output,
-            source=source,
-            raw=raw,
-            reasoning_tokens=reasoning,
-        )
+        from .dialects import get  # the format's module reads its payload
+
+        name = _OPENAI_APIS.get(api)
+        if name is None:
+            raise ValueError(f"api: must be 'chat' or 'responses' (the dialects openai-chat, openai-responses), "
+                             f"got {api!r}")
+        return get(name).usage(usage, source=source)
 
     def to_anthropic(self) -> dict[str, Any]:
         """The Messages API ``usage`` object for these figures (without ``cache_creation`` when the split is
@@ -274,7 +230,7 @@ def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False)
         if required:
             raise UsageError(f"{where}.{key}: missing")
         return None
-    if value.__class__ is int and 0 <= value <= MAX_TOKENS:  # the common case, without a call
+    if type(value) is int and 0 <= value <= MAX_TOKENS:  # the common case, without a call
         return value
     return _check_count(value, f"{where}.{key}")
 
@@ -300,31 +256,6 @@ def _check_split(written: int | None, w5: int | None, w1: int | None, where: str
 
 def _add(a: int | None, b: int | None) -> int | None:
     return a if b is None else b if a is None else a + b
-
-
-def _anthropic_counts(raw: dict[str, Any], where: str) -> tuple[int | None, ...]:
-    """``(input, cache read, cache write, 5m write, 1h write, output)`` of one Anthropic usage object (the top
-    level or one of its ``iterations``), checked."""
-    creation = _details(raw, "cache_creation", where)
-    return (_count(raw, "input_tokens", where), _count(raw, "cache_read_input_tokens", where),
-            _count(raw, "cache_creation_input_tokens", where),
-            _count(creation, "ephemeral_5m_input_tokens", f"{where}.cache_creation"),
-            _count(creation, "ephemeral_1h_input_tokens", f"{where}.cache_creation"),
-            _count(raw, "output_tokens", where))
-
-
-def _compaction_iterations(raw: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
-    """The ``compaction`` entries of ``usage.iterations`` (server-side compaction) with their positions; [] when
-    there are none."""
-    iterations = raw.get("iterations")
-    if iterations is None:
-        return []
-    if not isinstance(iterations, list):
-        raise UsageError(f"usage.iterations: must be a list, got {type(iterations).__name__}")
-    for i, it in enumerate(iterations):
-        if not isinstance(it, dict):
-            raise UsageError(f"usage.iterations[{i}]: must be an object, got {type(it).__name__}")
-    return [(i, it) for i, it in enumerate(iterations) if it.get("type") == "compaction"]
 
 
 def _details(raw: dict[str, Any], key: str, where: str = "usage") -> dict[str, Any]:

@@ -45,7 +45,7 @@ class StoredReplay:
     sent: tuple[bytes, ...]  # every request body the replay sent (canonical bytes), in order
 
 
-class _Recording(pc.DirectSimulator):
+class _Recording(pc.live.DirectSimulator):
     """The default backend (the in-process simulator), keeping the bytes of every request it sends."""
 
     def __init__(self) -> None:

@@ -91,12 +91,12 @@ def test_usage_identity_and_split():
 
 
 def test_more_than_four_breakpoints_is_the_apis_400():
-    with pytest.raises(pc.InvalidRequestError, match="A maximum of 4 blocks with cache_control may be provided. Found 5."):
+    with pytest.raises(pc.errors.InvalidRequestError, match="A maximum of 4 blocks with cache_control may be provided. Found 5."):
         run(AnthropicCache(), body(8, {1: "5m", 2: "5m", 3: "5m", 4: "5m", 5: "5m"}), T0)
 
 
 def test_automatic_breakpoint_takes_a_slot():
-    with pytest.raises(pc.InvalidRequestError, match="Found 5"):
+    with pytest.raises(pc.errors.InvalidRequestError, match="Found 5"):
         run(AnthropicCache(), body(8, {1: "5m", 2: "5m", 3: "5m", 4: "5m"}, auto=True), T0)
 
 
@@ -111,12 +111,12 @@ def test_automatic_caching_marks_last_block_and_moves_forward():
 
 def test_automatic_same_block_conflicting_ttl_is_400():
     b = body(6, {6: "1h"}, auto=True)
-    with pytest.raises(pc.InvalidRequestError, match="conflicts"):
+    with pytest.raises(pc.errors.InvalidRequestError, match="conflicts"):
         run(AnthropicCache(), b, T0)
 
 
 def test_one_hour_after_five_minutes_is_400():
-    with pytest.raises(pc.InvalidRequestError, match="1h"):
+    with pytest.raises(pc.errors.InvalidRequestError, match="1h"):
         run(AnthropicCache(), body(8, {3: "5m", 6: "1h"}), T0)
 
 
@@ -223,7 +223,7 @@ def test_no_breakpoint_caches_nothing():
 
 def test_model_table_and_unknown_model():
     assert resolve_model("claude-sonnet-4-5-20250929") == "claude-sonnet-4-5"
-    with pytest.raises(pc.UnknownModelError, match="valid: claude-3-5-haiku"):
+    with pytest.raises(pc.errors.UnknownModelError, match="valid: claude-3-5-haiku"):
         resolve_model("gpt-4o")
 
 

@@ -187,7 +187,7 @@ def _send_request(path: Path, case: dict) -> None:
         text, kind = error["message"], error["type"]
     except (ValueError, KeyError, TypeError):  # the HTTP layer's own answer to bad framing: plain text
         text, kind = payload.decode("utf-8", "replace").strip(), "invalid_request_error"
-    raise pc.APIError(f"{path.name}: {text}", status_code=status, error_type=kind)
+    raise pc.errors.APIError(f"{path.name}: {text}", status_code=status, error_type=kind)
 
 
 T0 = datetime(2025, 1, 1, 9, tzinfo=UTC)
@@ -222,8 +222,8 @@ def _record_body(path: Path, case: dict) -> None:
             if exc.source is not None:
                 raise
             raise BodyValidationError(exc.problems, request=exc.request, source=path.name) from None
-        except pc.SessionError as exc:
-            raise pc.SessionError(f"{path.name}: {exc}") from None
+        except pc.errors.SessionError as exc:
+            raise pc.errors.SessionError(f"{path.name}: {exc}") from None
         finally:
             assert lab.sql("select count(*) n from turns").n[0] == 0, f"{path.name} was stored"
 
@@ -235,10 +235,10 @@ class Kind:
 
 
 KINDS: dict[str, Kind] = {
-    "scenarios": Kind(_load_scenario, pc.ScenarioError),
-    "stores": Kind(_open_store, pc.StoreError),
-    "server_requests": Kind(_send_request, pc.APIError),
-    "bodies": Kind(_record_body, pc.SessionError),
+    "scenarios": Kind(_load_scenario, pc.errors.ScenarioError),
+    "stores": Kind(_open_store, pc.errors.StoreError),
+    "server_requests": Kind(_send_request, pc.errors.APIError),
+    "bodies": Kind(_record_body, pc.errors.SessionError),
 }
 
 
@@ -292,7 +292,7 @@ def test_alias_bomb_fails_fast_in_a_fresh_process():
         import promptcache_nb as pc
         try:
             pc.load_scenario({str(bomb)!r})
-        except pc.ScenarioError as exc:
+        except pc.errors.ScenarioError as exc:
             print(exc)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

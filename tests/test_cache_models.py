@@ -33,7 +33,7 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def read(result: pc.CacheResult) -> int:
+def read(result: pc.cache.CacheResult) -> int:
     return result.usage.cache_read_input_tokens
 
 
@@ -359,7 +359,7 @@ def test_resimulate_matches_a_plain_replay_of_the_stored_bodies(recorded, name):
 
 def test_resimulate_prices(recorded):
     lab, s = recorded
-    gpt5 = pc.prices_for("gpt-5")
+    gpt5 = pc.analysis.prices_for("gpt-5")
     df = pc.resimulate(lab, s.id, cache="openai")
     row = df.iloc[2]
     expected = (row.input_tokens * gpt5.input + row.cache_read_input_tokens * gpt5.cache_read) / 1e6
@@ -369,9 +369,9 @@ def test_resimulate_prices(recorded):
     assert pc.resimulate(lab, s.id, cache="deepseek").attrs["prices"].endswith("deepseek-chat")
     v = pc.resimulate(lab, s.id, cache="vllm")
     assert (v.cost_usd == 0).all() and v.attrs["prices"] == SELF_HOSTED.source
-    with pytest.raises(pc.PriceError, match="prices="):
+    with pytest.raises(pc.errors.PriceError, match="prices="):
         pc.resimulate(lab, s.id, cache="openai", price_model="no-such-model-xyz")
-    mine = pc.Prices(1.0, 2.0, 0.5, 0.0, 0.0, source="mine")
+    mine = pc.analysis.Prices(1.0, 2.0, 0.5, 0.0, 0.0, source="mine")
     assert pc.resimulate(lab, s.id, cache="vllm", prices=mine).attrs["prices"] == "mine"
 
 

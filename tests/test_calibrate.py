@@ -99,10 +99,10 @@ def test_save_and_load_through_the_m002_migration(tmp_path):
         cal = pc.calibrate(lab, model="claude-sonnet-4-5")
         cal.save(lab)
         with pytest.raises(pc.PromptCacheError, match="pc.calibrate"):
-            pc.load_calibration(lab, "claude-haiku-4-5")
+            pc.analysis.load_calibration(lab, "claude-haiku-4-5")
     with pc.Lab(path, progress=False) as lab:  # reopening migrates nothing twice
         assert lab.store.migrations_applied_now == []
-        back = pc.load_calibration(lab, "claude-sonnet-4-5")
+        back = pc.analysis.load_calibration(lab, "claude-sonnet-4-5")
     assert isinstance(back, Calibration)
     assert (back.ratio, back.overhead, back.n) == (cal.ratio, cal.overhead, cal.n)
     assert back.loo_mean_abs_error_pct == pytest.approx(cal.loo_mean_abs_error_pct)
@@ -114,7 +114,7 @@ def test_calibrated_tokenizer_scales_texts_not_requests():
                       max_abs_error_pct=2.0)
     base = HeuristicTokenizer()
     tok = CalibratedTokenizer(base, cal)
-    assert isinstance(tok, pc.Tokenizer)
+    assert isinstance(tok, pc.tokens.Tokenizer)
     text = "The ledger reconciles every refund against the original invoice."
     assert tok.count(text) == round(base.count(text) * 1.25)
     assert tok.count("") == 0
@@ -137,7 +137,7 @@ def test_session_opts_in_to_a_stored_calibration(tmp_path):
     with pc.Lab(db, progress=False) as lab:
         plain = lab.session(system="You answer billing questions. " * 80, project="a")
         base = plain.step("how do refunds work?", reply="within 30 days", at=at).total_tokens
-        pc.Calibration(model="claude-sonnet-4-5", ratio=1.25, overhead=40.0, n=10, mean_abs_error_pct=1.0,
+        pc.analysis.Calibration(model="claude-sonnet-4-5", ratio=1.25, overhead=40.0, n=10, mean_abs_error_pct=1.0,
                        max_abs_error_pct=2.0, tokenizer=lab.tokenizer.name).save(lab)
         cal_s = lab.session(system="You answer billing questions. " * 80, project="b", calibration="stored")
         calibrated = cal_s.step("how do refunds work?", reply="within 30 days", at=at).total_tokens

@@ -218,7 +218,7 @@ def test_the_cause_is_the_same_after_a_restart_and_skips_placeholder_entries(tmp
         s = lab.session(id=sid)
         t = s.record(body(3), at=at(30 + 420), usage=usage(3, 0, 23_000))
         assert t.cache_reason == "ttl_expired" and agree(s).lost_tokens[0] == 21_503
-    with pc.Lab(progress=False) as lab, pytest.warns(pc.UnpricedModelWarning):
+    with pc.Lab(progress=False) as lab, pytest.warns(pc.errors.UnpricedModelWarning):
         s = lab.session(project="placeholder")
         s.record(body(1), at=at(0), usage=usage(3, 0, 20_000))
         s.record(body(2), at=at(30), usage=usage(3, 20_000, 1_500))

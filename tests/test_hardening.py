@@ -170,7 +170,7 @@ def test_an_interrupt_or_error_before_commit_rolls_back(how):
         s = lab.session(system="host")
         s.step("first", reply="one", at=T0)
         _arm(lab, before=True, error=error)
-        raised = KeyboardInterrupt if error is None else pc.StoreError
+        raised = KeyboardInterrupt if error is None else pc.errors.StoreError
         with pytest.raises(raised):
             s.step("second", reply="two")
         assert s.n_turns == _turns(lab, s.id) == 1
@@ -185,7 +185,7 @@ def test_a_failed_first_migration_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_migrations, "MIGRATIONS", [m001_broken])
     path = tmp_path / "m.duckdb"
-    with pytest.raises(pc.StoreError, match="could not be migrated: .*boom"):
+    with pytest.raises(pc.errors.StoreError, match="could not be migrated: .*boom"):
         pc.Lab(path, progress=False)
     con = duckdb.connect(str(path))
     assert con.execute("SELECT table_name FROM duckdb_tables()").fetchall() == []  # not even _migrations
@@ -203,11 +203,11 @@ def test_read_only_lab_reads_and_refuses_writes(tmp_path):
         assert lab.read_only
         s = lab.session(id=sid)
         assert s.turn(0).request["messages"][0]["content"][0]["text"] == "hi"
-        with pytest.raises(pc.StoreError, match="read-only"):
+        with pytest.raises(pc.errors.StoreError, match="read-only"):
             s.step("more", reply="no")
-        with pytest.raises(pc.StoreError, match="read-only"):
+        with pytest.raises(pc.errors.StoreError, match="read-only"):
             lab.session(system="new")
-        with pytest.raises(pc.StoreError, match="read-only"):
+        with pytest.raises(pc.errors.StoreError, match="read-only"):
             lab.sql("DELETE FROM turns")
         assert s.n_turns == 1
     assert path.read_bytes() == data
@@ -215,7 +215,7 @@ def test_read_only_lab_reads_and_refuses_writes(tmp_path):
 
 def test_read_only_never_creates_or_migrates(tmp_path):
     missing = tmp_path / "missing.duckdb"
-    with pytest.raises(pc.StoreError, match="does not exist"):
+    with pytest.raises(pc.errors.StoreError, match="does not exist"):
         pc.Lab(missing, read_only=True)
     assert not missing.exists()
     empty = tmp_path / "empty.duckdb"
@@ -248,7 +248,7 @@ def test_allow_outside_opts_in(tmp_path):
     (tmp_path / "sc").mkdir()
     sc = tmp_path / "sc" / "s.yaml"
     sc.write_text("model: claude-sonnet-4-5\nhost_prompt_file: ../prompt.md\nturns:\n  - {user: hi, reply: yo}\n")
-    with pytest.raises(pc.ScenarioError, match=r"s\.yaml:2: host_prompt_file: '\.\./prompt\.md' resolves outside"):
+    with pytest.raises(pc.errors.ScenarioError, match=r"s\.yaml:2: host_prompt_file: '\.\./prompt\.md' resolves outside"):
         pc.load_scenario(sc)
     assert pc.load_scenario(sc, allow_outside=True).host_prompt == "You help.\n"
 
@@ -256,7 +256,7 @@ def test_allow_outside_opts_in(tmp_path):
 # -- 10. lone surrogates -----------------------------------------------------------------------------------
 def test_lone_surrogates_are_refused_at_the_boundary():
     with pc.Lab(progress=False) as lab:
-        with pytest.raises(pc.SessionError, match="lab.session: system contains a lone surrogate"):
+        with pytest.raises(pc.errors.SessionError, match="lab.session: system contains a lone surrogate"):
             lab.session(system=SURROGATE)
         s = lab.session(system="host")
         s.step("hi", reply="yo", at=T0)
@@ -270,14 +270,14 @@ def test_lone_surrogates_are_refused_at_the_boundary():
             (lambda: s.set_tools([{"name": SURROGATE}]), "set_tools: tools"),
             (lambda: s.compact(SURROGATE), "compact: summary"),
         ]:
-            with pytest.raises(pc.SessionError, match=match) as info:
+            with pytest.raises(pc.errors.SessionError, match=match) as info:
                 call()
             assert "\n" not in str(info.value)
         for call in (lambda: s.knowledge.add(SURROGATE, "c"), lambda: s.knowledge.add("t", "c", category=SURROGATE)):
-            with pytest.raises(pc.KnowledgeError, match="knowledge.add: .* lone surrogate"):
+            with pytest.raises(pc.errors.KnowledgeError, match="knowledge.add: .* lone surrogate"):
                 call()
         kid = s.knowledge.add("t", "c")
-        with pytest.raises(pc.KnowledgeError, match="knowledge.update: content contains a lone surrogate"):
+        with pytest.raises(pc.errors.KnowledgeError, match="knowledge.update: content contains a lone surrogate"):
             s.knowledge.update(kid, content=SURROGATE)
         # nothing changed: the prompt, the events, the store; the next step works
         assert s.host_prompt == "host" and s.pending_events[-1].startswith("knowledge_add")

@@ -162,12 +162,12 @@ def test_a_failing_session_leaves_nothing_behind(tmp_path: Path, monkeypatch: py
     def flaky(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
-            raise pc.StoreError("disk full (simulated)")
+            raise pc.errors.StoreError("disk full (simulated)")
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(pc.Session, "record", flaky)
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
-        with pytest.raises(pc.SessionError, match="proxy.jsonl:3: disk full"):
+        with pytest.raises(pc.errors.SessionError, match="proxy.jsonl:3: disk full"):
             lab.import_log(log)
         assert lab.sql("SELECT count(*) AS n FROM turns").n[0] == 0
         assert lab.sql("SELECT count(*) AS n FROM sessions").n[0] == 0
@@ -205,6 +205,6 @@ def test_record_refuses_anthropic_usage_it_does_not_understand() -> None:
         for usage, field in (({"input_tokens": "ten", "output_tokens": 1}, "usage.input_tokens"),
                              ({"input_tokens": 5, "cache_read_input_tokens": -3}, "usage.cache_read_input_tokens"),
                              ({"input_tokens": 5, "cache_creation": 7}, "usage.cache_creation")):
-            with pytest.raises(pc.SessionError, match=rf"request 0: {field}"):
+            with pytest.raises(pc.errors.SessionError, match=rf"request 0: {field}"):
                 s.record(body, at=T0, usage=usage)
         assert s.n_turns == 0

@@ -328,7 +328,7 @@ def test_a_write_without_its_ttl_split_is_stored_unknown_and_listed(tmp_path: Pa
     log = tmp_path / "proxy.jsonl"
     log.write_text(lines([first, big]), encoding="utf-8")
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
-        with pytest.warns(pc.ContextWindowWarning, match="3,000,000,034 measured input tokens"):
+        with pytest.warns(pc.errors.ContextWindowWarning, match="3,000,000,034 measured input tokens"):
             res = lab.import_log(log)
         assert res.requests == 2 and res.skipped.empty
         assert list(res.notes.line) == [1] and "5-minute" in res.notes.note[0]

@@ -506,7 +506,7 @@ def test_bedrock_cassette_end_to_end(tmp_path: Path) -> None:
         assert list(df.cache_read_input_tokens) == [0, 1_310, 1_310, 1_310]
         # priced at Bedrock's own (regional) rates, never as a look-alike
         assert res.unknown_models == [] and df.cost_usd.notna().all()
-        assert pc.prices_for(PROFILE).provider_id == "aws"
+        assert pc.analysis.prices_for(PROFILE).provider_id == "aws"
 
 
 def test_bedrock_other_models_and_damaged_streams_are_skipped_with_a_reason() -> None:

@@ -40,7 +40,7 @@ CHILD = textwrap.dedent("""
     out = {"after_import": sorted(m for m in LAZY if m in sys.modules), "loaded_by": dict(loaded_by)}
     # the public names are plain attributes; reading them loads nothing heavy
     names = [pc.Lab, pc.compare_df, pc.resimulate, pc.ttl_whatif, pc.rebuilds, pc.calibrate, pc.plots.plot_savings,
-             pc.plots.plot_compare, pc.widgets.StepperController, pc.Session, pc.KnowledgeBook]
+             pc.plots.plot_compare, pc.widgets.StepperController, pc.Session, pc.session.KnowledgeBook]
     out["after_attributes"] = sorted(m for m in LAZY if m in sys.modules)
     out["loaded_by_attributes"] = dict(loaded_by)
 

@@ -76,7 +76,7 @@ def test_an_invalid_entry_adds_none(bad, message):
         s = lab.session(system="host")
         s.knowledge.add("First", "kept")
         before = (_rows(lab), _pending_rows(lab, s.id), s.pending_events, s.knowledge.list())
-        with pytest.raises(pc.KnowledgeError, match=message):
+        with pytest.raises(pc.errors.KnowledgeError, match=message):
             s.knowledge.add_many([ENTRIES[0], ENTRIES[1], bad, ENTRIES[3]])
         assert (_rows(lab), _pending_rows(lab, s.id), s.pending_events, s.knowledge.list()) == before
 

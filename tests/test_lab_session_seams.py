@@ -32,7 +32,7 @@ def test_the_stored_config_column_is_unchanged():
     with pc.Lab(progress=False) as lab:
         a = lab.new_session("durable_delta", project="p", start=T0, step="45s",
                             cache_params={"client_ttls": ["1h", "5m"]}, cache_scope="project")
-        prices = pc.Prices(input=1.0, output=2.0, cache_read=0.1, cache_write_5m=1.25, cache_write_1h=2.0,
+        prices = pc.analysis.Prices(input=1.0, output=2.0, cache_read=0.1, cache_write_5m=1.25, cache_write_1h=2.0,
                            source="mine")
         b = lab.session(start=T0, prices=prices)
         assert _config_column(lab, a.id) == STORED_PROJECT_SCOPED
@@ -75,7 +75,7 @@ def test_session_with_id_refuses_contradicting_arguments_and_keeps_the_object():
 def test_open_session_with_a_backend_gives_the_open_object_that_backend_and_restart_gives_a_new_one():
     with pc.Lab(progress=False) as lab:
         s = lab.new_session(start=T0)
-        backend = pc.DirectSimulator()
+        backend = pc.live.DirectSimulator()
         assert lab.open_session(s.id, backend=backend) is s and s.backend is backend
         s2 = s.restart()
         assert s2 is not s and s.closed and s2.backend is backend and lab.active_session(s.id) is s2

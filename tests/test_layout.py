@@ -21,7 +21,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "promptcache_nb"
 
-LEAVES = {"errors", "_util", "_data", "_options", "_types", "_config", "_protocols", "tokens", "usage"}
+#: ``dialects`` (the wire formats) is a leaf: what an API's bodies, usage and streams look like depends on nothing
+#: of ours but the usage record and the errors, and every stage reads it.
+LEAVES = {"errors", "_util", "_data", "_options", "_registry", "_types", "_config", "_protocols", "tokens", "usage",
+          "dialects"}
 
 #: A module may import (at module level or inside a function) only leaves and stages of a lower rank.
 RANKS = {
@@ -208,3 +211,68 @@ def test_lab_and_session_use_only_each_others_public_names() -> None:
     assert _private_reach_ins("lab.py", {"s", "session", "open_", "old", "sess"}) == []
     assert _private_reach_ins("session.py", {"lab", "_lab", "host"}) == []
     assert _private_reach_ins("importers/_ingest.py", {"lab", "s", "session"}) == []
+
+
+#: The wire formats' names: a comparison with one of them (or with anything named ``dialect``) asks which format a
+#: body holds, which only ``promptcache_nb/dialects/`` may do (STYLE rule 19).
+_FORMAT_NAMES = {"openai-chat", "openai-responses"}
+#: Dialect comparisons allowed outside ``dialects/`` (each must carry a comment on its line saying why).
+MAX_DIALECT_TESTS = 3
+
+
+def _names_a_dialect(n: ast.AST) -> bool:
+    if isinstance(n, ast.Name):
+        return "dialect" in n.id.lower()
+    if isinstance(n, ast.Attribute):
+        return "dialect" in n.attr.lower()
+    if isinstance(n, ast.Constant):
+        return n.value in _FORMAT_NAMES
+    if isinstance(n, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_dialect(e) for e in n.elts)
+    return False
+
+
+def dialect_tests(sources: dict[str, str]) -> list[tuple[str, int, str]]:
+    """(module, line, source line) of every ``==`` / ``!=`` / ``in`` / ``not in`` that compares a dialect."""
+    out = []
+    for name, text in sorted(sources.items()):
+        lines = text.splitlines()
+        for n in ast.walk(ast.parse(text)):
+            if (isinstance(n, ast.Compare)
+                    and any(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in n.ops)
+                    and any(_names_a_dialect(o) for o in [n.left, *n.comparators])):
+                out.append((name, n.lineno, lines[n.lineno - 1]))
+    return out
+
+
+def test_no_module_outside_dialects_asks_which_wire_format_it_holds() -> None:
+    """Everything that knows an API's shape sits in ``dialects/``; elsewhere code asks the dialect object."""
+    sources = {str(p.relative_to(PACKAGE)): p.read_text(encoding="utf-8") for p in sorted(PACKAGE.rglob("*.py"))
+               if "dialects" not in p.relative_to(PACKAGE).parts}
+    found = dialect_tests(sources)
+    assert len(found) <= MAX_DIALECT_TESTS, found
+    uncommented = [f for f in found if "#" not in f[2]]
+    assert uncommented == []
+
+
+def test_dialect_checker_catches_a_comparison() -> None:
+    src = 'if p.dialect == "anthropic":\n    pass\nif kind in ("openai-chat", "x"):\n    pass\nok = a == b\n'
+    assert [line for _, line, _ in dialect_tests({"m.py": src})] == [1, 3]
+
+
+def test_frozen_values_get_no_side_attributes() -> None:
+    """A value stays a value (STYLE rule 18): ``object.__setattr__`` only inside ``__post_init__`` (at most 2), so
+    derived data lives in declared fields (``PreparedRequest.derived``), visible to mypy and to
+    ``dataclasses.replace``."""
+    sites: list[tuple[str, int, str]] = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for n in ast.walk(fn):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "__setattr__"
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id == "object"):
+                    sites.append((str(path.relative_to(PACKAGE)), n.lineno, fn.name))
+    assert len(sites) <= 2, sites
+    assert all(name == "__post_init__" for _, _, name in sites), sites

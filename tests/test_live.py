@@ -234,7 +234,7 @@ def test_401_leaves_the_store_unchanged(server, live_session):
     lab, session_with = live_session
     before = counts(lab)
     s = session_with(api_key="bad")
-    with pytest.raises(pc.AuthenticationError) as info:
+    with pytest.raises(pc.errors.AuthenticationError) as info:
         s.step("second", reply="ok")
     err = info.value
     assert err.status_code == 401 and err.request_id == server.requests[-1].request_id
@@ -249,13 +249,13 @@ def test_400_five_breakpoints(server, live_session):
     s = session_with()
     bad = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": [
         {"type": "text", "text": f"b{i}", "cache_control": {"type": "ephemeral"}} for i in range(5)]}]}
-    with pytest.raises(pc.InvalidRequestError, match="Found 5") as info:
+    with pytest.raises(pc.errors.InvalidRequestError, match="Found 5") as info:
         s.record(bad)
-    assert info.value.turn == 1 and isinstance(info.value, pc.APIError)
+    assert info.value.turn == 1 and isinstance(info.value, pc.errors.APIError)
     assert server.requests[-1].status == 400
     assert counts(lab) == before
     # the backend itself carries the endpoint's request id
-    with pytest.raises(pc.InvalidRequestError) as direct:
+    with pytest.raises(pc.errors.InvalidRequestError) as direct:
         s.backend.send(prepare(bad), at=T0 + timedelta(hours=1), cache=pc.get_cache_model("anthropic"))
     assert direct.value.request_id == server.requests[-1].request_id
     assert s.step("second", reply="ok").index == 1
@@ -266,7 +266,7 @@ def test_429_surfaces_retry_after(server, live_session):
     before = counts(lab)
     server.inject_error(429, retry_after=7)
     s = session_with()
-    with pytest.raises(pc.RateLimitError) as info:
+    with pytest.raises(pc.errors.RateLimitError) as info:
         s.step("second", reply="ok")
     assert info.value.retry_after == 7.0 and "retry after 7s" in str(info.value)
     assert info.value.request_id == server.requests[-1].request_id
@@ -279,7 +279,7 @@ def test_529_overloaded(server, live_session):
     before = counts(lab)
     server.inject_error(529)
     s = session_with()
-    with pytest.raises(pc.OverloadedError) as info:
+    with pytest.raises(pc.errors.OverloadedError) as info:
         s.step("second", reply="ok")
     assert info.value.status_code == 529 and info.value.error_type == "overloaded_error"
     assert counts(lab) == before
@@ -304,7 +304,7 @@ def test_connection_error(server):
     with anthropic.Anthropic(base_url="http://127.0.0.1:9", api_key=KEY, max_retries=0) as c, \
             pc.Lab(progress=False) as lab:
         s = lab.session(backend=pc.AnthropicBackend(c))
-        with pytest.raises(pc.APIConnectionError, match="127.0.0.1:9"):
+        with pytest.raises(pc.errors.APIConnectionError, match="127.0.0.1:9"):
             s.step("hello", reply="hi")
         assert counts(lab)["turns"] == 0
 
@@ -371,7 +371,7 @@ def test_key_never_reaches_store_logs_or_reprs(server, tmp_path, caplog, capfd):
     # a refused key: the error names the problem, not the key
     with pc.SimulatorServer(api_keys=["sk-ant-only-this-one"]) as strict, \
             anthropic.Anthropic(base_url=strict.base_url, api_key=key, max_retries=0) as refused, \
-            pytest.raises(pc.AuthenticationError) as info:
+            pytest.raises(pc.errors.AuthenticationError) as info:
         pc.AnthropicBackend(refused).send(prepare(body()), at=T0, cache=pc.get_cache_model("anthropic"))
     texts.append(str(info.value))
     out, err = capfd.readouterr()
@@ -414,14 +414,14 @@ def test_serve_main_runs_until_stopped(capsys):
     assert serve_main(["--port", "0", "--ttft", "0.1"], ready=ready) == 0
     assert seen == ["(simulated reply)"]
     assert "listening on http://127.0.0.1:" in capsys.readouterr().out
-    with pytest.raises(pc.UnknownCacheModelError):
+    with pytest.raises(pc.errors.UnknownCacheModelError):
         run_serve(type("A", (), {"cache": "nope", "host": "127.0.0.1", "port": 0, "ttft": None})())
 
 
 def test_error_tree():
-    assert issubclass(pc.InvalidRequestError, pc.APIError) and issubclass(pc.APIError, pc.PromptCacheError)
-    e = pc.RateLimitError("slow down", retry_after=2, request_id="req_1").at_turn(4)
+    assert issubclass(pc.errors.InvalidRequestError, pc.errors.APIError) and issubclass(pc.errors.APIError, pc.PromptCacheError)
+    e = pc.errors.RateLimitError("slow down", retry_after=2, request_id="req_1").at_turn(4)
     assert str(e) == ("turn 4: rate_limit_error (429): slow down; retry after 2s, or raise the client's "
                       "max_retries [request_id req_1]")
     assert e.retry_after == 2 and e.request_id == "req_1"
-    assert str(pc.InvalidRequestError("Found 5.")) == "invalid_request_error (400): Found 5."
+    assert str(pc.errors.InvalidRequestError("Found 5.")) == "invalid_request_error (400): Found 5."

@@ -21,7 +21,7 @@ from promptcache_nb.request import prepare
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 SYSTEM = "You are the support agent for a billing product. " * 180  # ~1.8k estimated tokens
-SONNET = pc.prices_for("claude-sonnet-4-5")
+SONNET = pc.analysis.prices_for("claude-sonnet-4-5")
 
 
 def body(n_turns: int, *, system: str = SYSTEM, model: str = "claude-sonnet-4-5", auto: bool = True,
@@ -294,11 +294,11 @@ def test_model_ids_resolve_exactly_never_by_prefix():
     assert price_model_id("claude-opus-4-9") is None  # not claude-opus-4 (3x the price)
     assert price_model_id("claude-sonnet-4-5-preview-x") is None  # genai-prices would match it by prefix
     assert price_model_id("<synthetic>") is None
-    with pytest.raises(pc.PriceError, match="claude-opus-4-9"):
-        pc.prices_for("claude-opus-4-9")
+    with pytest.raises(pc.errors.PriceError, match="claude-opus-4-9"):
+        pc.analysis.prices_for("claude-opus-4-9")
     assert resolve_model("claude-sonnet-4-5-20250929") == "claude-sonnet-4-5"
     assert resolve_model("claude-opus-4-0") == resolve_model("claude-opus-4-20250514") == "claude-opus-4"
-    with pytest.raises(pc.UnknownModelError):
+    with pytest.raises(pc.errors.UnknownModelError):
         resolve_model("claude-opus-4-9")
 
 
@@ -347,10 +347,10 @@ def test_an_unknown_model_mid_session_never_breaks_it(tmp_path):
     with pc.Lab(path, progress=False) as lab:
         s = lab.session(project="unknown")
         s.record(body(1), at=at(0), usage=usage(3, 0, 20_000))
-        with pytest.warns(pc.UnpricedModelWarning, match="<synthetic>") as caught:
+        with pytest.warns(pc.errors.UnpricedModelWarning, match="<synthetic>") as caught:
             syn = s.record(body(2, model="<synthetic>"), at=at(10), usage=usage(0, 0, 0, 0))
             opus = s.record(body(2, model="claude-opus-4-9"), at=at(20), usage=usage(3, 0, 21_000))
-        assert len([w for w in caught if issubclass(w.category, pc.UnpricedModelWarning)]) == 1  # once per session
+        assert len([w for w in caught if issubclass(w.category, pc.errors.UnpricedModelWarning)]) == 1  # once per session
         assert syn.cost_usd is None and opus.cost_usd is None  # never claude-opus-4's price
         assert syn.cache_reason is None  # no prompt reached the API, and the simulator cannot predict it
         assert opus.cache_reason == "model_switch"  # measured: the one cause, found without the simulator

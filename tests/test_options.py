@@ -76,18 +76,32 @@ def test_valid_values_are_coerced_and_kept() -> None:
 
 
 @pytest.mark.parametrize("name", cache_model_names())
-def test_cache_options_mirror_the_constructor(name: str) -> None:
-    """The Options model and the constructor's keyword parameters never drift apart."""
+def test_cache_options_are_declared_once(name: str) -> None:
+    """The nested Options model is the one declaration: the signature and the docstring's Args come from it,
+    and the instance reads its values from ``self.options``."""
     cls = cache_model_class(name)
-    params = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+    params = {p.name: p.default for p in inspect.signature(cls).parameters.values()
               if p.kind is inspect.Parameter.KEYWORD_ONLY}
     fields = cls.Options.model_fields
     assert set(fields) == set(params)
+    assert issubclass(cls.Options, pc.CacheModel.Options) and cls.Options is not pc.CacheModel.Options
     for field_name, field in fields.items():
         assert field.description, f"{name}.{field_name} has no description"
-        default = field.default
-        assert default == params[field_name] or tuple(default) == tuple(params[field_name]), field_name
+        assert field.default == params[field_name], field_name
+        assert f"    {field_name} (default " in (cls.__doc__ or ""), field_name
     assert cls.Options.model_config["extra"] == "forbid"
+    assert cls().options == cls.Options()
+
+
+def test_constructor_keywords_build_the_options() -> None:
+    cache = pc.AnthropicCache(lookback=5, client_ttls=("1h", "5m"))
+    assert cache.options.lookback == 5 and cache.options.client_ttls == ("1h", "5m")
+    with pytest.raises(pc.InvalidOptionError) as info:
+        pc.OpenAICache(idle_ttl="2h")
+    assert one_line(info).startswith("cache model 'openai': option 'max_age'='1h': idle_ttl (2h) exceeds max_age")
+    with pytest.raises(pc.InvalidOptionError, match="strategy 'durable_delta': unknown option 'budget'"):
+        strategy_class("durable_delta")(budget=3)
+    assert strategy_class("durable_delta")(delta_budget_tokens=7).options.delta_budget_tokens == 7
 
 
 @pytest.mark.parametrize("name", strategy_names())

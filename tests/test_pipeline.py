@@ -19,13 +19,13 @@ HOST = "You are the billing support assistant. Answer precisely and cite the tic
 
 def test_a_request_record_mirrors_the_turns_table() -> None:
     with pc.Lab(progress=False) as lab:
-        assert list(pc.RequestRecord.columns()) == lab.store._table_columns("turns")
+        assert list(pc.pipeline.RequestRecord.columns()) == lab.store._table_columns("turns")
         s = lab.session("durable_delta", system=HOST, start=T0)
         s.knowledge.add("Refund window", "Refunds are automatic within 30 days.", category="gotcha", at=T0)
         s.step("first", reply="one")
         t = s.step("second", reply="two", tool_calls=[{"name": "lookup", "input": {"id": 7}, "result": "ok"}])
         rec = lab.store.read_request(s.id, t.index)
-        assert isinstance(rec, pc.RequestRecord) and (rec.session_id, rec.idx) == (s.id, 2)
+        assert isinstance(rec, pc.pipeline.RequestRecord) and (rec.session_id, rec.idx) == (s.id, 2)
         assert rec.usage == t.usage and rec.segment_states == t.segment_states and rec.at == t.at
         assert (rec.ideal_cache_read, rec.cost_usd, rec.cache_reason) == (t.ideal_cache_read, t.cost_usd,
                                                                            t.cache_reason)
@@ -66,7 +66,7 @@ class _FailingOn:
     def send(self, prepared, *, at, cache) -> BackendResponse:
         self.calls += 1
         if self.calls - 1 == self.n:
-            raise pc.APIConnectionError("connection reset (simulated)")
+            raise pc.errors.APIConnectionError("connection reset (simulated)")
         return self.inner.send(prepared, at=at, cache=cache)
 
 
@@ -79,7 +79,7 @@ def test_a_failed_tool_loop_changes_nothing_in_memory() -> None:
         before = s._state
         assert isinstance(before, SessionState)
         s.backend = _FailingOn(1)  # type: ignore[assignment]
-        with pytest.raises(pc.APIConnectionError):
+        with pytest.raises(pc.errors.APIConnectionError):
             s.step("look it up", reply="done", tool_calls=[{"name": "lookup", "input": {}, "result": "42"}])
         assert s._state is before and s.n_turns == 1 and len(s.turns()) == 1
         s.backend = DirectSimulator()

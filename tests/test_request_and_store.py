@@ -194,7 +194,7 @@ def test_failed_step_writes_nothing():
         before = {t: lab.sql(f"select count(*) n from {t}").n[0] for t in ("turns", "blocks", "prefix_nodes")}
         bad = {"model": "claude-sonnet-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "text", "text": f"b{i}", "cache_control": {"type": "ephemeral"}} for i in range(5)]}]}
-        with pytest.raises(pc.InvalidRequestError) as info:
+        with pytest.raises(pc.errors.InvalidRequestError) as info:
             s.record(bad, at=T0 + timedelta(seconds=5))
         assert info.value.turn == 1 and "Found 5" in str(info.value)
         after = {t: lab.sql(f"select count(*) n from {t}").n[0] for t in ("turns", "blocks", "prefix_nodes")}

@@ -131,11 +131,11 @@ def responses_body() -> dict:
     }
 
 
-def stored_roundtrip(p: pc.PreparedRequest) -> dict:
+def stored_roundtrip(p: pc.request.PreparedRequest) -> dict:
     return rebuild_body(p.shape, p.rest, [(s.kind, s.role, s.element) for s in p.segments])
 
 
-def same_segments(a: pc.PreparedRequest, b: pc.PreparedRequest) -> None:
+def same_segments(a: pc.request.PreparedRequest, b: pc.request.PreparedRequest) -> None:
     assert [(s.path, s.kind, s.role, s.content_hash, s.block_hash, s.tokens, s.nbytes, s.cache_control)
             for s in a.segments] == [
            (s.path, s.kind, s.role, s.content_hash, s.block_hash, s.tokens, s.nbytes, s.cache_control)
@@ -448,7 +448,7 @@ def test_openai_bodies_and_usage_through_session_record_and_the_store(tmp_path):
             back = lab.store.turn_body(s.id, i)
             assert canonical_bytes(back) == canonical_bytes(body)
             same_segments(prepare(back), prepare(body))
-        with pytest.raises(pc.SessionError, match=r"usage.prompt_tokens: missing"):
+        with pytest.raises(pc.errors.SessionError, match=r"usage.prompt_tokens: missing"):
             s.record(second, at=T0 + timedelta(seconds=90), usage={"completion_tokens": 1})
         # re-simulation rebuilds the stored OpenAI requests with the same segments
         df = s.resimulate("openai")

@@ -299,12 +299,12 @@ def test_a_failed_resolve_names_ten_entries_not_the_book(lab, monkeypatch):
     entries = _entries(N)
     monkeypatch.setattr(KnowledgeController, "entries", lambda self: entries)
     k = KnowledgeController(lab.session(system="You are terse."))
-    with pytest.raises(pc.KnowledgeError) as info:
+    with pytest.raises(pc.errors.KnowledgeError) as info:
         k.resolve("Entyr 5")
     msg = str(info.value)
     assert msg.startswith("no single knowledge entry matches 'Entyr 5'; current entries: 00000000 (Entry 0), ")
     assert msg.endswith("00000009 (Entry 9), … (100,000 in all)") and len(msg) < 400
     entries[1:3] = [KnowledgeEntry(f"{i:08d}-twin", "p", 1, "Entry 5", "twin", "note", False, T0) for i in (1, 2)]
-    with pytest.raises(pc.KnowledgeError, match=r"; entries matching it: 00000001 \(Entry 5\), 00000002 \(Entry 5\), "
+    with pytest.raises(pc.errors.KnowledgeError, match=r"; entries matching it: 00000001 \(Entry 5\), 00000002 \(Entry 5\), "
                                                 r"00000005 \(Entry 5\)$"):
         k.resolve("Entry 5")  # three entries share the title: those are named

@@ -60,7 +60,7 @@ GOOD_HEAD = "model: claude-sonnet-4-5\nhost_prompt: You help.\n"
 )
 def test_bad_scenarios_one_line_errors(tmp_path, text, line, field):
     path = write(tmp_path, text)
-    with pytest.raises(pc.ScenarioError) as info:
+    with pytest.raises(pc.errors.ScenarioError) as info:
         pc.load_scenario(path)
     msg = str(info.value)
     assert "\n" not in msg
@@ -71,7 +71,7 @@ def test_bad_scenarios_one_line_errors(tmp_path, text, line, field):
 
 
 def test_missing_file():
-    with pytest.raises(pc.ScenarioError, match="not found"):
+    with pytest.raises(pc.errors.ScenarioError, match="not found"):
         pc.load_scenario("/nonexistent/x.yaml")
 
 

@@ -85,19 +85,19 @@ def test_brief_api_end_to_end(tmp_path):
 
 def test_unknown_names_list_valid_ones():
     with pc.Lab(progress=False) as lab:
-        with pytest.raises(pc.UnknownStrategyError, match="valid: .*naive"):
+        with pytest.raises(pc.errors.UnknownStrategyError, match="valid: .*naive"):
             lab.session(strategy="nope")
-        with pytest.raises(pc.UnknownCacheModelError, match="valid: .*anthropic"):
+        with pytest.raises(pc.errors.UnknownCacheModelError, match="valid: .*anthropic"):
             lab.session(cache="nope")
-        with pytest.raises(pc.UnknownModelError, match="claude-sonnet-4-5"):
+        with pytest.raises(pc.errors.UnknownModelError, match="claude-sonnet-4-5"):
             lab.session(model="claude-nonexistent-9")
 
 
 def test_price_missing_is_an_error_not_zero():
-    with pytest.raises(pc.PriceError, match="prices="):
-        pc.prices_for("no-such-model-anywhere")
+    with pytest.raises(pc.errors.PriceError, match="prices="):
+        pc.analysis.prices_for("no-such-model-anywhere")
     with pc.Lab(progress=False) as lab:
-        p = pc.Prices(input=1, output=2, cache_read=0.1, cache_write_5m=1.25, cache_write_1h=2)
+        p = pc.analysis.Prices(input=1, output=2, cache_read=0.1, cache_write_5m=1.25, cache_write_1h=2)
         s = lab.session(system=HOST, prices=p)
         t = s.step("x", reply="y", at=T0)
         assert t.cost_usd == pytest.approx(p.cost(t.usage))
@@ -127,15 +127,15 @@ def test_time_only_moves_forward():
     with pc.Lab(progress=False) as lab:
         s = lab.session()
         s.step("a", reply="b", at=T0)
-        with pytest.raises(pc.SessionError, match="turn 1: .*before the previous request"):
+        with pytest.raises(pc.errors.SessionError, match="turn 1: .*before the previous request"):
             s.step("c", reply="d", at=T0 - timedelta(seconds=1))
-        with pytest.raises(pc.SessionError, match="at: must be a timezone-aware datetime"):
+        with pytest.raises(pc.errors.SessionError, match="at: must be a timezone-aware datetime"):
             s.step("c", reply="d", at=datetime(2026, 11, 2, 10, 0))  # noqa: DTZ001
         for bad, got in ((datetime(2026, 11, 2, 10, 0), "the naive datetime 2026-11-02T10:00:00"),  # noqa: DTZ001
                          ("2026-11-02T10:00:00Z", "str '2026-11-02T10:00:00Z'"), (1_700_000_000, "int 1700000000"),
                          (datetime.min.replace(tzinfo=timezone(timedelta(hours=5))), "0001-01-01T00:00:00+05:00, "
                           "out of range in UTC")):
-            with pytest.raises(pc.SessionError) as info:
+            with pytest.raises(pc.errors.SessionError) as info:
                 s.step("c", reply="d", at=bad)
             assert str(info.value) == f"request 1: at: must be a timezone-aware datetime, got {got}"
         assert s.n_turns == 1
@@ -157,7 +157,7 @@ def test_tool_loop_makes_one_request_per_call():
         s = lab.session(system=HOST)
         last = s.step("find it", reply="found", at=T0, tool_calls=[
             {"name": "lookup_account", "input": {"id": "a1"}, "result": "{...}"},
-            pc.ToolCall("lookup_account", {"id": "a2"}, "{...}"),
+            pc.scenario.ToolCall("lookup_account", {"id": "a2"}, "{...}"),
         ])
         assert last.index == 2
         msgs = last.request["messages"]
@@ -209,7 +209,7 @@ with pc.Lab({str(db)!r}, progress=False) as lab:
     assert out == expected
 
 
-class FlakyBackend(pc.DirectSimulator):
+class FlakyBackend(pc.live.DirectSimulator):
     """Fails the n-th send once (a 529 in the middle of a tool loop)."""
 
     def __init__(self, fail_at: int) -> None:
@@ -270,9 +270,9 @@ def test_closed_lab_says_so():
     lab.close()
     for call in (lambda: lab.session(), lambda: lab.sql("select 1"), lambda: lab.session(id=s.id),
                  lambda: lab.move_sessions("default", "x")):
-        with pytest.raises(pc.StoreError, match="closed"):
+        with pytest.raises(pc.errors.StoreError, match="closed"):
             call()
-    with pytest.raises(pc.SessionError, match="closed"):
+    with pytest.raises(pc.errors.SessionError, match="closed"):
         s.step("x", reply="y")
 
 
@@ -306,7 +306,7 @@ def test_removed_key_added_again_resolves_to_the_live_entry(tmp_path):
 def test_record_rejects_shapes_the_api_rejects(body, where):
     with pc.Lab(progress=False) as lab:
         s = lab.session()
-        with pytest.raises(pc.SessionError, match=rf"request 0: {re.escape(where)}"):
+        with pytest.raises(pc.errors.SessionError, match=rf"request 0: {re.escape(where)}"):
             s.record(body, at=T0)
         assert lab.sql("select count(*) n from turns").n[0] == 0
 
@@ -338,11 +338,11 @@ def test_ideal_is_zero_below_the_minimum_cacheable_length():
 
 
 def test_a_models_tool_use_answer_does_not_break_the_next_request():
-    class AsksForTools(pc.DirectSimulator):
+    class AsksForTools(pc.live.DirectSimulator):
         def send(self, request, *, at, cache):
             r = super().send(request, at=at, cache=cache)
             block = {"type": "tool_use", "id": "toolu_x", "name": "lookup_account", "input": {"id": "a"}}
-            return pc.BackendResponse(usage=r.usage, cache_result=r.cache_result,
+            return pc.live.BackendResponse(usage=r.usage, cache_result=r.cache_result,
                                       content=[{"type": "text", "text": "Let me check."}, block])
 
     with pc.Lab(progress=False) as lab:
@@ -355,7 +355,7 @@ def test_a_models_tool_use_answer_does_not_break_the_next_request():
 
 
 def test_stored_turns_use_the_labs_tokenizer():
-    with pc.Lab(progress=False, tokenizer=pc.CharsTokenizer()) as lab:
+    with pc.Lab(progress=False, tokenizer=pc.tokens.CharsTokenizer()) as lab:
         s = lab.session(system=HOST)
         s.step("a", reply="b", at=T0)
         live = s.step("c", reply="d", at=T0 + timedelta(seconds=5))
@@ -367,12 +367,12 @@ def test_stored_turns_use_the_labs_tokenizer():
 def test_costs_follow_the_requests_time_and_size_not_the_wall_clock():
     u = pc.Usage(input_tokens=1_000_000, cache_read_input_tokens=0, cache_creation_input_tokens=0,
                  cache_creation_5m_input_tokens=0, cache_creation_1h_input_tokens=0, output_tokens=0)
-    ds = pc.prices_for("deepseek-chat")
+    ds = pc.analysis.prices_for("deepseek-chat")
     peak = ds.cost(u, datetime(2026, 11, 2, 10, 0, tzinfo=UTC))
     off_peak = ds.cost(u, datetime(2026, 11, 2, 17, 0, tzinfo=UTC))
     assert off_peak < peak  # DeepSeek's off-peak discount, from genai-prices
     assert ds.cost(u) == ds.cost(u)  # no `at`: a fixed reference time, never the wall clock
-    sonnet = pc.prices_for("claude-sonnet-4-5")
+    sonnet = pc.analysis.prices_for("claude-sonnet-4-5")
     small = pc.Usage(100_000, 0, 0, 0, 0, 0)
     assert sonnet.cost(u, T0) > 10 * sonnet.cost(small, T0)  # above 200k input tokens the tier rate applies
 
@@ -383,7 +383,7 @@ def _every_strategys_bytes(path: str) -> str:
         out = []
         for name in pc.STRATEGIES:
             s = lab.replay(path, strategy=name)
-            out += [hashlib.sha256(pc.canonical_bytes(lab.store.turn_body(s.id, i))).hexdigest()
+            out += [hashlib.sha256(pc.request.canonical_bytes(lab.store.turn_body(s.id, i))).hexdigest()
                     for i in range(s.n_turns)]
     return hashlib.sha256("".join(out).encode()).hexdigest()
 

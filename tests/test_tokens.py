@@ -64,7 +64,7 @@ def lab():
     ("claude-v4.7", "claude-v4.7"),  # a family name is its own family
 ])
 def test_family_of_each_model_id(model, family):
-    assert pc.tokenizer_family(model) == family
+    assert pc.tokens.tokenizer_family(model) == family
 
 
 def test_openai_bpe_is_exact_and_offline(monkeypatch):
@@ -138,7 +138,7 @@ def test_default_lab_counts_claude_as_the_heuristic_did():
 def test_a_calibrated_session_resimulates_with_its_own_tokenizer(lab):
     """Regression: re-simulating a session with an opted-in calibration counted with the uncalibrated Lab
     tokenizer (a request stored as 2,142 tokens re-simulated as 1,649)."""
-    cal = pc.Calibration("claude-sonnet-4-5", ratio=1.3, overhead=0.0, n=10, mean_abs_error_pct=1.0,
+    cal = pc.analysis.Calibration("claude-sonnet-4-5", ratio=1.3, overhead=0.0, n=10, mean_abs_error_pct=1.0,
                          max_abs_error_pct=2.0)
     s = lab.session(project="cal", system="You answer billing questions. " * 80, calibration=cal)
     for i in range(4):
@@ -203,7 +203,7 @@ def test_calibration_warns_when_leave_one_out_is_no_better(lab):
     # unbiased ±5 % noise: the uncalibrated estimate is already as good as any fit
     record_measured(lab, [claude_body(i) for i in range(8)], lambda i, e: round(e * (1.05 if i % 2 else 0.95)),
                     project="noise")
-    with pytest.warns(pc.CalibrationWarning, match="no better than the uncalibrated"):
+    with pytest.warns(pc.errors.CalibrationWarning, match="no better than the uncalibrated"):
         cal = pc.calibrate(lab, family="claude-v3")
     assert not cal.improves and cal.loo_mean_abs_error_pct >= cal.raw_mean_abs_error_pct
 
@@ -244,7 +244,7 @@ def test_importing_measured_traffic_calibrates_per_family(tmp_path):
         # measured figures are never adjusted
         assert list(result.sessions[0].turns().input_tokens) == truth
         # a session can opt in to the family's stored calibration
-        cal = pc.load_calibration(lab, "claude-sonnet-4-5-20250929")
+        cal = pc.analysis.load_calibration(lab, "claude-sonnet-4-5-20250929")
         assert cal.model == "claude-v3" and cal.tokenizer == "heuristic-v1"
         s = lab.session(project="opt-in", calibration="stored")
         t = s.record(bodies[2], at=T0)
@@ -273,7 +273,7 @@ def test_count_tokens_without_a_key_is_the_labelled_estimate(monkeypatch):
     assert not n.measured and int(n) == n.input_tokens
     gpt = pc.count_tokens(chat_body(1))
     assert (gpt.source, gpt.tokenizer) == ("estimated", "o200k_base")
-    with pytest.raises(pc.APIError, match="no client and no ANTHROPIC_API_KEY"):
+    with pytest.raises(pc.errors.APIError, match="no client and no ANTHROPIC_API_KEY"):
         pc.count_tokens(claude_body(1), api=True)
 
 
@@ -285,9 +285,9 @@ def test_count_tokens_through_the_simulator_endpoint_is_labelled_simulated():
             assert (n.source, n.tokenizer) == ("simulated", "count_tokens endpoint")
             assert n.input_tokens == prepare(claude_body(2)).total_tokens
             bad = anthropic.Anthropic(base_url=server.base_url, api_key="bad", max_retries=0)
-            with pytest.raises(pc.AuthenticationError):
+            with pytest.raises(pc.errors.AuthenticationError):
                 pc.count_tokens(claude_body(2), client=bad, api=True)
-            with pytest.warns(pc.PromptCacheWarning, match="returning the offline estimate"):
+            with pytest.warns(pc.errors.PromptCacheWarning, match="returning the offline estimate"):
                 assert pc.count_tokens(claude_body(2), client=bad).source == "estimated"
             bad.close()
         finally:
@@ -317,4 +317,4 @@ def test_model_tokenizer_options():
     tok = ModelTokenizer(ratios={"claude-v4.7": 1.0}, exact_openai=False)
     assert tok.for_model("claude-opus-4-7").name == "heuristic-v1"
     assert tok.for_model("gpt-4.1").name == "heuristic-v1"
-    assert isinstance(tok, pc.Tokenizer) and tok.count("hello world") == HeuristicTokenizer().count("hello world")
+    assert isinstance(tok, pc.tokens.Tokenizer) and tok.count("hello world") == HeuristicTokenizer().count("hello world")

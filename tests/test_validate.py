@@ -106,7 +106,7 @@ def test_strict_raises_one_line_naming_the_request_and_the_field():
         check_request(bad, "anthropic", request=3)  # undeclared, a `system` role with nothing else reads as Chat
     assert str(info.value) == ("request 3: messages[1].role: must be 'user', 'assistant' or 'system', got 'wizard'; "
                                "and 1 more problem")
-    assert isinstance(info.value, pc.SessionError) and isinstance(info.value, ValueError)
+    assert isinstance(info.value, pc.errors.SessionError) and isinstance(info.value, ValueError)
     assert [p.path for p in info.value.problems] == ["messages[1].role", "messages[4].role"]  # two system messages
     with pytest.raises(BodyValidationError, match=r"^log\.jsonl:7: request 0: messages\[0\]\.role"):
         check_request(body(assistant("x")), request=0, source="log.jsonl:7")

@@ -13,7 +13,7 @@ from promptcache_nb.request import prepare
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 SYSTEM = "You are the support agent for a billing product. " * 180  # ~1.6k tokens: above 1,024
-SONNET = pc.prices_for("claude-sonnet-4-5")
+SONNET = pc.analysis.prices_for("claude-sonnet-4-5")
 
 
 def body(n_turns: int, *, system: str = SYSTEM, model: str = "claude-sonnet-4-5", extra_blocks: int = 0):
@@ -188,7 +188,7 @@ def test_claude_code_bodies_stay_as_logged(claude_code):
     s = claude_code
     path = Path(s.source.split(":", 1)[1])
     logged = [r.body for r in READERS["claude-code"].read(path)
-              if isinstance(r, pc.ImportedRequest) and r.model != "<synthetic>"]
+              if isinstance(r, pc.importers.ImportedRequest) and r.model != "<synthetic>"]
     stored = [s._lab.store.turn_body(s.id, i) for i in range(11)]
     assert [canonical_bytes(b) for b in stored] == [canonical_bytes(b) for b in logged]  # byte-identical
     assert not any("cache_control" in json.dumps(b) for b in stored)  # the breakpoints exist only in the model

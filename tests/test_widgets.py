@@ -230,15 +230,15 @@ def test_all_request_content_is_escaped(stepper):
 
 
 def test_side_by_side_marks_the_first_difference():
-    a = pc.prepare({"model": "m", "system": [{"type": "text", "text": "same head, old tail"}],
+    a = pc.request.prepare({"model": "m", "system": [{"type": "text", "text": "same head, old tail"}],
                     "messages": [{"role": "user", "content": "hi"}]})
-    b = pc.prepare({"model": "m", "system": [{"type": "text", "text": "same head, new <tail>"}],
+    b = pc.request.prepare({"model": "m", "system": [{"type": "text", "text": "same head, new <tail>"}],
                     "messages": [{"role": "user", "content": "hi"}]})
     out = _html.side_by_side_html(a, b)
     assert 'data-role="divergence"' in out
     assert re.search(r"same head, <mark[^>]*>new &lt;tail&gt;</mark>", out)
     assert "first difference at <code>system[0]</code>" in out
-    appended = pc.prepare({"model": "m", "system": [{"type": "text", "text": "same head, old tail"}],
+    appended = pc.request.prepare({"model": "m", "system": [{"type": "text", "text": "same head, old tail"}],
                            "messages": [{"role": "user", "content": "hi"},
                                         {"role": "assistant", "content": "yo"}]})
     assert "pure append" in _html.side_by_side_html(a, appended)
@@ -246,7 +246,7 @@ def test_side_by_side_marks_the_first_difference():
 
 
 def test_segment_map_has_one_box_per_segment():
-    req = pc.prepare({"model": "m", "system": "s " * 50, "messages": [{"role": "user", "content": "hi"}]})
+    req = pc.request.prepare({"model": "m", "system": "s " * 50, "messages": [{"role": "user", "content": "hi"}]})
     out = _html.segment_map_html(req.segments, ("read", "uncached"))
     assert out.count("data-state=") == 2 and 'data-state="read"' in out
     assert "no per-segment cache states" in _html.segment_map_html(req.segments, ())
@@ -352,7 +352,7 @@ def test_a_model_switch_shows_the_field_not_a_segment(lab):
     assert "model (top-level field)" in dv.html and "claude-haiku-4-5" in dv.html
 
 
-class FailOnce(pc.DirectSimulator):
+class FailOnce(pc.live.DirectSimulator):
     """The network seam: the next send fails once when armed (an overloaded API)."""
 
     armed = False
@@ -360,7 +360,7 @@ class FailOnce(pc.DirectSimulator):
     def send(self, request, *, at, cache):
         if self.armed:
             self.armed = False
-            raise pc.OverloadedError("Overloaded")
+            raise pc.errors.OverloadedError("Overloaded")
         return super().send(request, at=at, cache=cache)
 
 
@@ -374,7 +374,7 @@ def test_a_failed_scenario_turn_changes_nothing_and_can_be_retried(lab):
     k.edit("tone", content="Be very brief.")  # the user's own pending edit survives the failure
     versions = ctl.session.knowledge.df().set_index("key").version.to_dict()
     backend.armed = True
-    with pytest.raises(pc.OverloadedError):
+    with pytest.raises(pc.errors.OverloadedError):
         ctl.next()  # scenario turn 3: its knowledge update is applied, then the request fails
     s = ctl.session
     assert s.knowledge.df().set_index("key").version.to_dict() == versions  # the update was undone

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .._util import model_base_id
-from ..errors import PromptCacheError, PromptCacheWarning
+from ..errors import CalibrationWarning, PromptCacheError  # noqa: F401 - CalibrationWarning: its former home
 from ..tokens import FAMILIES, CalibratedTokenizer, Tokenizer, estimator_for, tokenizer_family
 
 if TYPE_CHECKING:  # pragma: no cover - numpy and pandas load when a calibration is fitted, not with the package
@@ -98,12 +98,6 @@ class Calibration:
                 f"n={self.n}, "
                 f"error {self.mean_abs_error_pct:.2f}% mean / {self.max_abs_error_pct:.2f}% max "
                 f"(leave-one-out {loo}; uncalibrated {self.raw_mean_abs_error_pct:.2f}%))")
-
-
-class CalibrationWarning(PromptCacheWarning):
-    """A calibration was fitted, but its leave-one-out error is no better than the uncalibrated estimator's:
-    opting in to it would not improve the estimates (the measured sizes are too noisy, too few, or the
-    requests carry something the estimate does not see)."""
 
 
 def model_key(model: str) -> str:

@@ -173,7 +173,7 @@ def measured_cause(
     prev_total = previous.total if previous is not None else None
     if previous is None or not prev_total:
         return MeasuredCause(Reason.COLD.value, False, 0, None, detail)
-    implicit = current.request.dialect != "anthropic"  # no explicit cache writes: all not read was re-sent
+    implicit = current.request.wire.implicit_caching  # no explicit cache writes: all not read was re-sent
     resent = uncached + write if implicit else write
     lost = rebuilt_tokens(prev_total, read, resent)
     detail.update(previous_total=prev_total, resent=resent, implicit=implicit, lost_tokens=lost,

@@ -374,7 +374,7 @@ def prices_for(model: str) -> Prices:
     if resolved is None:
         raise PriceError(
             f"no exact price for model {model!r} in genai-prices (an unknown id is never priced as a model it "
-            "merely starts like); pass prices=pc.Prices(input=..., output=..., cache_read=..., "
+            "merely starts like); pass prices=pc.analysis.Prices(input=..., output=..., cache_read=..., "
             "cache_write_5m=..., cache_write_1h=...)"
         )
     provider_id, model_id = resolved

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._config import SessionConfig
 from .._protocols import LabLike, StoredSession, resolve_session
@@ -34,6 +34,8 @@ from .prices import Prices, price_provider, prices_for
 
 if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
     import pandas as pd
+
+    from ..dialects import SegmentKind
 
 #: The stand-in price model per cache model, for *simulated* requests whose own model is another provider's: a
 #: what-if the user asked for (an Anthropic session re-simulated under OpenAI's cache is priced as ``gpt-5``). A
@@ -162,7 +164,7 @@ class _Loader:
             bhash, nbytes = digest(exact, tag="seg"), len(exact)
         chash = bhash if cc is None else content_hash(element)
         tokens = view.tokens(kind, chash, element)
-        seg = Segment(path, kind, role, chash, bhash, tokens, cc, element, nbytes)
+        seg = Segment(path, cast("SegmentKind", kind), role, chash, bhash, tokens, cc, element, nbytes)  # as stored
         self._segs[(node, sys_str, vid)] = seg
         self._totals[(vid, node)] = total + seg.tokens
         return seg

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._registry import Registry
 from ..errors import UnknownCacheModelError
 from ._base import CacheModel, CacheResult
 from ._reasons import REASONS, Reason, explain_reason
@@ -13,26 +14,30 @@ from .deepseek import DeepSeekCache
 from .openai import OpenAICache
 from .vllm import VLLMCache
 
-_REGISTRY: dict[str, type[CacheModel]] = {
-    cls.name: cls for cls in (AnthropicCache, OpenAICache, DeepSeekCache, VLLMCache)
-}
+#: Cache models by name; plugins join from the ``promptcache_nb.cache_models`` entry points.
+CACHE_MODEL_REGISTRY: Registry[type[CacheModel]] = Registry("cache model", "promptcache_nb.cache_models",
+                                                            unknown=UnknownCacheModelError)
 
 
 def register_cache_model(cls: type[CacheModel]) -> type[CacheModel]:
-    _REGISTRY[cls.name] = cls
-    return cls
+    """Register a cache model class under its ``name`` (a class decorator); a package can instead declare an
+    entry point in the ``promptcache_nb.cache_models`` group."""
+    return CACHE_MODEL_REGISTRY.register(cls)
+
+
+for _cls in (AnthropicCache, OpenAICache, DeepSeekCache, VLLMCache):
+    register_cache_model(_cls)
+del _cls
 
 
 def cache_model_names() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    """Every registered cache model name, sorted."""
+    return tuple(sorted(CACHE_MODEL_REGISTRY.names()))
 
 
 def cache_model_class(name: str) -> type[CacheModel]:
     """The registered class of a cache model name; raises UnknownCacheModelError listing the valid ones."""
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        raise UnknownCacheModelError(name, list(_REGISTRY))
-    return cls
+    return CACHE_MODEL_REGISTRY.lookup(name)
 
 
 def check_cache_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -58,10 +63,11 @@ def get_cache_model(name: str | CacheModel, **params: Any) -> CacheModel:
         if params:
             raise TypeError("pass cache parameters to the cache model's constructor, not with an instance")
         return name
-    return cache_model_class(name)(**check_cache_params(name, params))
+    return cache_model_class(name)(**params)  # the constructor checks the options
 
 
 __all__ = [
+    "CACHE_MODEL_REGISTRY",
     "REASONS",
     "AnthropicCache",
     "CacheModel",

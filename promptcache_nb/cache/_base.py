@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar
 
-from .._options import Options
+from .._options import Options as _Options
 from ..request import PreparedRequest
 from ..usage import Usage
 from ._reasons import REASONS, Reason  # noqa: F401 - re-exported: the codes ``CacheResult.reason`` takes
@@ -42,12 +42,30 @@ PREDICTED_FIELDS = (
 
 
 class CacheModel(ABC):
-    """A simulated provider prompt cache. Stateful: feed it a session's requests in order."""
+    """A simulated provider prompt cache. Stateful: feed it a session's requests in order.
+
+    A model declares its parameters once, in a nested ``Options`` model (a subclass of ``CacheModel.Options``,
+    described fields with defaults), and reads ``self.options.x``; the constructor takes the same names as
+    keyword arguments and checks them (:class:`~promptcache_nb.InvalidOptionError`, one line naming the valid
+    ones); its signature and the ``Args:`` of its docstring come from the model.
+    """
 
     name: ClassVar[str]
     known_models: ClassVar[tuple[str, ...]] = ()
-    #: The constructor's keyword parameters as a typed model (what ``get_cache_model`` validates).
-    Options: ClassVar[type[Options]] = Options
+
+    class Options(_Options):
+        """The cache model's parameters (what ``get_cache_model`` validates); none by default."""
+
+    #: The validated parameters this model simulates with.
+    options: Options
+
+    def __init__(self, **options: Any) -> None:
+        self.options = type(self).Options.check(options, owner=f"cache model {self.name!r}")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = cls.Options.signature()  # type: ignore[attr-defined] # read by inspect.signature
+        cls.__doc__ = cls.Options.document(cls.__doc__)
 
     @abstractmethod
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:

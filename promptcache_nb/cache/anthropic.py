@@ -52,7 +52,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from .._options import Options
 from .._util import common_prefix_length, model_base_id
 from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest, canonical_json
@@ -93,7 +92,7 @@ def resolve_model(model: str) -> str:
     models (``claude-opus-4-0``) and Bedrock ids (``anthropic.claude-sonnet-4-5-20250929-v1:0``).
 
     Never by prefix: ``claude-opus-4-9`` is not ``claude-opus-4`` (its minimum and price differ), so an id
-    the table lacks raises :class:`~promptcache_nb.UnknownModelError`.
+    the table lacks raises :class:`~promptcache_nb.errors.UnknownModelError`.
     """
     if model in MIN_CACHEABLE_TOKENS:
         return model
@@ -254,83 +253,53 @@ def _h(parent: bytes, key: str) -> bytes:
     return hashlib.sha256(parent + key.encode()).digest()[:16]
 
 
-class AnthropicOptions(Options):
-    """Parameters of :class:`AnthropicCache`."""
-
-    ttft_seconds: float = Field(0.5, ge=0, description="seconds before an entry written by a request becomes "
-                                "readable (the response must have begun, §1.6)")
-    min_tokens: dict[str, int] | None = Field(None, description="per-model overrides of the minimum "
-                                              "cacheable length table")
-    lookback: int = Field(LOOKBACK_POSITIONS, ge=1, description="positions checked per breakpoint (20)")
-    coalesce_tool_runs: bool = Field(False, description="count a run of consecutive tool_use (or "
-                                     "tool_result) blocks as one position")
-    refresh_along_prefix: bool = Field(True, description="a read refreshes every live entry along the prefix "
-                                       "it read (True) or only the entry it matched (False)")
-    assume_client_breakpoints: bool = Field(True, description="a partial body (an unlogged prefix) with no "
-                                            "cache_control anywhere gets the client's layout: a breakpoint at "
-                                            "the end of the unlogged prefix and one on the last block")
-    client_ttls: tuple[Literal["5m", "1h"], Literal["5m", "1h"]] = Field(
-        ("5m", "5m"), description="TTLs of the assumed breakpoints: (unlogged prefix, last block)")
-
-    @field_validator("client_ttls")
-    @classmethod
-    def _ttl_order(cls, value: tuple[str, str]) -> tuple[str, str]:
-        if value == ("5m", "1h"):
-            raise ValueError("a 1h breakpoint must not come after a 5m one: use ('1h', '5m'), ('1h', '1h') or "
-                             "('5m', '5m')")
-        return value
-
-
 class AnthropicCache(CacheModel):
-    """Simulated Anthropic prompt cache for one workspace.
-
-    Args:
-        ttft_seconds: delay before an entry written by a request becomes readable (the response must have
-            begun, §1.6); requests closer together than this both pay full price.
-        min_tokens: override the per-model minimum table.
-        lookback: positions checked per breakpoint (20 in the docs).
-        coalesce_tool_runs: count a run of consecutive tool_use (or tool_result) blocks as one position.
-        refresh_along_prefix: a read refreshes every live entry along the prefix it read (default; see
-            the module docstring), or only the entry it matched (``False``).
-        assume_client_breakpoints: give a partial body without any ``cache_control`` the client's
-            breakpoints (end of the unlogged prefix, last block; see the module docstring).
-        client_ttls: the TTLs of those two assumed breakpoints, ``(prefix, last block)``.
-    """
+    """Simulated Anthropic prompt cache for one workspace (its options: :class:`AnthropicCache.Options`)."""
 
     name: ClassVar[str] = "anthropic"
     known_models: ClassVar[tuple[str, ...]] = tuple(MIN_CACHEABLE_TOKENS)
-    Options: ClassVar[type[Options]] = AnthropicOptions
 
-    def __init__(
-        self,
-        *,
-        ttft_seconds: float = 0.5,
-        min_tokens: dict[str, int] | None = None,
-        lookback: int = LOOKBACK_POSITIONS,
-        coalesce_tool_runs: bool = False,
-        refresh_along_prefix: bool = True,
-        assume_client_breakpoints: bool = True,
-        client_ttls: Iterable[str] = ("5m", "5m"),
-    ) -> None:
-        ttls = tuple(client_ttls)
-        if len(ttls) != 2 or any(t not in TTL_SECONDS for t in ttls) or ttls == ("5m", "1h"):
-            raise ValueError(f"client_ttls: expected (prefix, last block) TTLs, 1h before 5m, got {ttls!r}")
-        self.assume_client_breakpoints = assume_client_breakpoints
-        self.client_ttls: tuple[str, str] = ttls  # type: ignore[assignment]
-        self.ttft_seconds = ttft_seconds
-        self.refresh_along_prefix = refresh_along_prefix
-        self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(min_tokens or {})}
-        self.lookback = lookback
-        self.coalesce_tool_runs = coalesce_tool_runs
+    class Options(CacheModel.Options):
+        """Parameters of :class:`AnthropicCache`."""
+
+        ttft_seconds: float = Field(0.5, ge=0, description="seconds before an entry written by a request becomes "
+                                    "readable (the response must have begun, §1.6)")
+        min_tokens: dict[str, int] | None = Field(None, description="per-model overrides of the minimum "
+                                                  "cacheable length table")
+        lookback: int = Field(LOOKBACK_POSITIONS, ge=1, description="positions checked per breakpoint (20)")
+        coalesce_tool_runs: bool = Field(False, description="count a run of consecutive tool_use (or "
+                                         "tool_result) blocks as one position")
+        refresh_along_prefix: bool = Field(True, description="a read refreshes every live entry along the prefix "
+                                           "it read (True) or only the entry it matched (False)")
+        assume_client_breakpoints: bool = Field(True, description="a partial body (an unlogged prefix) with no "
+                                                "cache_control anywhere gets the client's layout: a breakpoint at "
+                                                "the end of the unlogged prefix and one on the last block")
+        client_ttls: tuple[Literal["5m", "1h"], Literal["5m", "1h"]] = Field(
+            ("5m", "5m"), description="TTLs of the assumed breakpoints: (unlogged prefix, last block)")
+
+        @field_validator("client_ttls")
+        @classmethod
+        def _ttl_order(cls, value: tuple[str, str]) -> tuple[str, str]:
+            if value == ("5m", "1h"):
+                raise ValueError("a 1h breakpoint must not come after a 5m one: use ('1h', '5m'), ('1h', '1h') or "
+                                 "('5m', '5m')")
+            return value
+
+    options: Options
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        #: the minimum cacheable length per model: the documented table with ``options.min_tokens`` over it
+        self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(self.options.min_tokens or {})}
         self.reset()
 
     def reset(self) -> None:
         self._entries: dict[tuple[str, bytes], _Entry] = {}
         self._prev_keys: list[str] = []
         self._prev_chain: list[bytes] = []
-        self._prev_segments: tuple = ()
-        self._prev_salts: tuple = ()
-        self._salts_now: tuple = ()
+        self._prev_segments: tuple[Any, ...] = ()
+        self._prev_salts: tuple[Any, ...] = ()
+        self._salts_now: tuple[Any, ...] = ()
         self._prev_model: str | None = None
         self._prev_total = 0
         self._prev_cacheable = 0
@@ -360,31 +329,30 @@ class AnthropicCache(CacheModel):
 
         Computed once per request and layout (the session asks again for the ideal read of the next turn).
         """
-        layout = (self.assume_client_breakpoints, self.client_ttls)
-        got = req.__dict__.get("_anthropic_breakpoints")
+        layout = (self.options.assume_client_breakpoints, self.options.client_ttls)
+        got = req.derived.breakpoints
         if got is None or got[0] != layout:
-            got = (layout, self._breakpoints(req))
-            object.__setattr__(req, "_anthropic_breakpoints", got)
+            got = req.derived.breakpoints = (layout, self._breakpoints(req))
         return got[1]
 
     def _explicit_marks(self, req: PreparedRequest) -> list[tuple[int, str]]:
         """(index, ttl) of every segment's own ``cache_control``: the previous request's for the leading
         segments the two share as the very same objects, a walk over the new ones only (O(new segments))."""
         prev, k = prefix_record(req)
-        known = prev.__dict__.get("_anthropic_explicit") if prev is not None and k else None
+        known = prev.derived.explicit_marks if prev is not None and k else None
         marks: list[tuple[int, str]] = [m for m in known if m[0] < k] if known is not None else []
         segs = req.segments
         for i in range(k if known is not None else 0, len(segs)):
             cc = segs[i].cache_control
             if cc is not None:
                 marks.append((i, self._ttl_of(cc)))
-        object.__setattr__(req, "_anthropic_explicit", tuple(marks))
+        req.derived.explicit_marks = tuple(marks)
         return marks
 
     def _breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
         marks = self._explicit_marks(req)
         auto = req.rest.get("cache_control")
-        if (not marks and auto is None and self.assume_client_breakpoints and req.segments
+        if (not marks and auto is None and self.options.assume_client_breakpoints and req.segments
                 and req.segments[0].kind == "unlogged"):
             return self._client_breakpoints(req)
         if auto is not None:
@@ -422,8 +390,8 @@ class AnthropicCache(CacheModel):
     def _client_breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
         """The layout the client sent and the log dropped: the end of the unlogged prefix, and automatic
         caching on the last eligible block (module docstring)."""
-        prefix_ttl, tail_ttl = self.client_ttls
-        marks = [(0, prefix_ttl)]
+        prefix_ttl, tail_ttl = self.options.client_ttls
+        marks: list[tuple[int, str]] = [(0, prefix_ttl)]
         last = self._last_eligible(req)
         if last is not None and last > 0:
             marks.append((last, tail_ttl))
@@ -436,7 +404,7 @@ class AnthropicCache(CacheModel):
         ttl = cc.get("ttl", "5m")
         if ttl not in TTL_SECONDS:
             raise InvalidRequestError(f"cache_control.ttl: Input should be '5m' or '1h', got {ttl!r}")
-        return ttl
+        return str(ttl)
 
     @staticmethod
     def _last_eligible(req: PreparedRequest) -> int | None:
@@ -503,12 +471,12 @@ class AnthropicCache(CacheModel):
 
     def _positions(self, req: PreparedRequest) -> list[int]:
         """Lookback position number per segment (consecutive tool runs share one when coalescing)."""
-        if not self.coalesce_tool_runs:
+        if not self.options.coalesce_tool_runs:
             return range(len(req.segments))  # type: ignore[return-value]
         pos, out, prev = -1, [], None
         for seg in req.segments:
             t = seg.element.get("type") if isinstance(seg.element, dict) else None
-            run = t if (self.coalesce_tool_runs and t in ("tool_use", "tool_result")) else None
+            run = t if (self.options.coalesce_tool_runs and t in ("tool_use", "tool_result")) else None
             if run is None or run != prev:
                 pos += 1
             prev = run
@@ -547,9 +515,10 @@ class AnthropicCache(CacheModel):
 
         hit: int | None = None
         expired_seen: _Entry | None = None
+        lookback = self.options.lookback
         for bp, _ttl in sorted(marks, reverse=True):
             i = bp
-            while i >= 0 and positions[bp] - positions[i] < self.lookback:
+            while i >= 0 and positions[bp] - positions[i] < lookback:
                 e = self._entries.get((model, chain[i]))
                 if e is not None:
                     if e.visible_at <= t < e.expires_at:
@@ -561,7 +530,7 @@ class AnthropicCache(CacheModel):
             if hit is not None:
                 break
         read = cum[hit] if hit is not None else 0
-        along = self._entries_along(model, chain, t) if self.refresh_along_prefix else None
+        along = self._entries_along(model, chain, t) if self.options.refresh_along_prefix else None
         if hit is not None:
             e = self._entries[(model, chain[hit])]
             if along is not None and along.entries.get(hit) is e:
@@ -574,7 +543,7 @@ class AnthropicCache(CacheModel):
         writes = [(bp, ttl) for bp, ttl in marks if cum[bp] > read and cum[bp] >= minimum]
         for bp, ttl in writes:
             entry = self._entries[(model, chain[bp])] = _Entry(
-                ttl, t + TTL_SECONDS[ttl], t + self.ttft_seconds, t, cum[bp]
+                ttl, t + TTL_SECONDS[ttl], t + self.options.ttft_seconds, t, cum[bp]
             )
             if along is not None:
                 along.add(bp, entry)
@@ -630,7 +599,8 @@ class AnthropicCache(CacheModel):
         return along
 
     def _reason(
-        self, req, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail
+        self, req: PreparedRequest, model: str, marks: list[tuple[int, str]], chain: list[bytes], positions: list[int],
+        cum: list[int], read: int, minimum: int, t: float, expired_seen: _Entry | None, detail: dict[str, Any],
     ) -> str:
         if self._prev_model is None:
             # the first request of its session: a read came from another session sharing the cache
@@ -659,7 +629,7 @@ class AnthropicCache(CacheModel):
         for i in range(len(chain) - 1, -1, -1):
             e = self._entries.get((model, chain[i]))
             if e is not None and e.visible_at <= t < e.expires_at and cum[i] > read:
-                if all(positions[bp] - positions[i] >= self.lookback for bp, _ in marks if bp >= i):
+                if all(positions[bp] - positions[i] >= self.options.lookback for bp, _ in marks if bp >= i):
                     detail["unreached_path"] = req.segments[i].path
                     detail["unreached_tokens"] = cum[i]
                     return "lookback_exceeded"
@@ -673,3 +643,6 @@ def _share_expiry(cells: dict[str, tuple[_Cell, int]], entry: _Entry, index: int
     cell, top = cells.get(entry.ttl) or (_Cell(t + TTL_SECONDS[entry.ttl]), index)
     entry.cell = cell
     cells[entry.ttl] = (cell, max(top, index))
+
+
+AnthropicOptions = AnthropicCache.Options  # its former name

@@ -27,12 +27,12 @@ differences between Anthropic and DeepSeek are ignored (same segments, same esti
 from __future__ import annotations
 
 from bisect import bisect_right
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from .._options import Duration, Options
+from .._options import Duration
 from .._util import parse_duration
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
@@ -49,23 +49,8 @@ from ._reasons import Reason
 UNIT_TOKENS = 64
 
 
-class DeepSeekOptions(Options):
-    """Parameters of :class:`DeepSeekCache`."""
-
-    unit: int = Field(UNIT_TOKENS, ge=1, description="storage unit in tokens (64)")
-    construction_delay: Duration = Field(2.0, description="before a request's prompt is usable by later ones "
-                                         "(a duration: '2s', seconds, or a timedelta)")
-    lifetime: Duration = Field("6h", description="an unused prefix is cleared after this long (a duration: "
-                               "'6h', seconds, or a timedelta)")
-
-
 class DeepSeekCache(CacheModel):
     """Simulated DeepSeek disk cache for one user (caches are isolated per user [D1]).
-
-    Args:
-        unit: storage unit in tokens (64).
-        construction_delay: seconds (or ``"2s"``) before a request's prompt is usable by later ones.
-        lifetime: an unused prefix is cleared after this long (``"6h"``).
 
     Example:
         >>> import promptcache_nb as pc
@@ -73,24 +58,27 @@ class DeepSeekCache(CacheModel):
     """
 
     name: ClassVar[str] = "deepseek"
-    Options: ClassVar[type[Options]] = DeepSeekOptions
 
-    def __init__(
-        self,
-        *,
-        unit: int = UNIT_TOKENS,
-        construction_delay: str | float | timedelta = 2.0,
-        lifetime: str | float | timedelta = "6h",
-    ) -> None:
-        if unit < 1:
-            raise ValueError("unit must be >= 1")
-        self.unit = unit
-        self.construction_delay = parse_duration(construction_delay).total_seconds()
-        self.lifetime = parse_duration(lifetime).total_seconds()
+    class Options(CacheModel.Options):
+        """Parameters of :class:`DeepSeekCache`."""
+
+        unit: int = Field(UNIT_TOKENS, ge=1, description="storage unit in tokens (64)")
+        construction_delay: Duration = Field(2.0, description="before a request's prompt is usable by later ones "
+                                             "(a duration: '2s', seconds, or a timedelta)")
+        lifetime: Duration = Field("6h", description="an unused prefix is cleared after this long (a duration: "
+                                   "'6h', seconds, or a timedelta)")
+
+    options: Options
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        #: in seconds, from the options
+        self.construction_delay = parse_duration(self.options.construction_delay).total_seconds()
+        self.lifetime = parse_duration(self.options.lifetime).total_seconds()
         self.reset()
 
     def min_cacheable_tokens(self, model: str) -> int:
-        return self.unit  # hits come in whole units
+        return self.options.unit  # hits come in whole units
 
     def reset(self) -> None:
         self._chains = ChainInterner()
@@ -163,7 +151,7 @@ class DeepSeekCache(CacheModel):
             self._last_chain = []  # another model's chain shares no nodes with this one
         live, why = self._match(chain, t)
         lcp = cum[live - 1] if live else 0
-        hit = lcp // self.unit * self.unit
+        hit = lcp // self.options.unit * self.options.unit
         pending = self._written[chain[live]] + self.construction_delay - t if why == "constructing" else None
         self._write(chain, live, why, t)
         self._last_chain, self._last_t = chain, t
@@ -173,7 +161,7 @@ class DeepSeekCache(CacheModel):
             "prompt_tokens_details": {"cached_tokens": hit},
         }
         usage = read_only_usage(n, hit, native)
-        detail: dict[str, Any] = {"model": model, "lcp_tokens": lcp, "unit": self.unit,
+        detail: dict[str, Any] = {"model": model, "lcp_tokens": lcp, "unit": self.options.unit,
                                   "hit_path": segment_path(request, live - 1) if hit else None}
         if pending is not None:
             detail["construction_pending_seconds"] = round(pending, 3)
@@ -181,7 +169,8 @@ class DeepSeekCache(CacheModel):
         self._prev = {"model": model, "n": n, "chain": chain, "t": t}
         return CacheResult(usage, Reason(reason), detail, states_for(cum, hit), native)
 
-    def _reason(self, request, model, chain, cum, n, hit, why, t, detail) -> str:
+    def _reason(self, request: PreparedRequest, model: str, chain: list[int], cum: list[int], n: int, hit: int,
+                why: str | None, t: float, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
             return "hit" if hit else "cold"
@@ -191,9 +180,9 @@ class DeepSeekCache(CacheModel):
         shared = common_prefix_len(chain, prev["chain"])
         detail["divergence_index"] = shared
         detail["divergence_path"] = segment_path(request, shared)
-        if n < self.unit:
+        if n < self.options.unit:
             return "below_minimum"
-        possible = min(prev["n"], n) // self.unit * self.unit
+        possible = min(prev["n"], n) // self.options.unit * self.options.unit
         if hit >= possible > 0:
             return "hit"
         if possible == 0:
@@ -207,3 +196,6 @@ class DeepSeekCache(CacheModel):
         if shared < len(prev["chain"]) and (cum[shared - 1] if shared else 0) < min(prev["n"], n):
             return "prefix_changed"
         return "not_written"
+
+
+DeepSeekOptions = DeepSeekCache.Options  # its former name

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
-from .._options import Duration, Options
+from .._options import Duration
 from .._util import parse_duration
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
@@ -81,34 +81,8 @@ class _Shard:
     prev_life: tuple[float, float] | None = None
 
 
-class OpenAIOptions(Options):
-    """Parameters of :class:`OpenAICache`."""
-
-    retention: Literal["in_memory", "24h"] = Field("in_memory", description="'in_memory' or '24h' "
-                                                   "(prompt_cache_retention)")
-    idle_ttl: Duration = Field("5m", description="in_memory only: a prefix unused this long is gone "
-                               "(a duration: '5m', seconds, or a timedelta)")
-    max_age: Duration = Field("1h", description="in_memory only: the cap on a prefix's lifetime after it was "
-                              "computed (a duration: '1h', seconds, or a timedelta)")
-    min_tokens: int = Field(MIN_TOKENS, ge=1, description="shortest cacheable prompt (1,024)")
-    increment: int = Field(INCREMENT, ge=1, description="cached counts step by this many tokens above "
-                           "min_tokens (128)")
-    routing_tokens: int = Field(ROUTING_TOKENS, ge=0, description="how many leading tokens pick the machine")
-    prompt_cache_key: str | None = Field(None, description="the routing key when the body has no "
-                                         "prompt_cache_key field")
-
-
 class OpenAICache(CacheModel):
     """Simulated OpenAI prompt cache (classic, automatic) for one organisation.
-
-    Args:
-        retention: ``"in_memory"`` (default) or ``"24h"`` (``prompt_cache_retention``).
-        idle_ttl: in_memory only: a prefix unused this long is gone (default ``"5m"``).
-        max_age: in_memory only: the hard cap on a prefix's lifetime after it was computed (``"1h"``).
-        min_tokens: shortest cacheable prompt (1,024).
-        increment: cached counts step by this many tokens above ``min_tokens`` (128, 2024 docs).
-        routing_tokens: how many leading tokens pick the machine (256).
-        prompt_cache_key: the routing key when the body has no ``prompt_cache_key`` field.
 
     Example:
         >>> import promptcache_nb as pc
@@ -116,41 +90,44 @@ class OpenAICache(CacheModel):
     """
 
     name: ClassVar[str] = "openai"
-    Options: ClassVar[type[Options]] = OpenAIOptions
 
-    def __init__(
-        self,
-        *,
-        retention: str = "in_memory",
-        idle_ttl: str | float | timedelta = "5m",
-        max_age: str | float | timedelta = "1h",
-        min_tokens: int = MIN_TOKENS,
-        increment: int = INCREMENT,
-        routing_tokens: int = ROUTING_TOKENS,
-        prompt_cache_key: str | None = None,
-    ) -> None:
-        if retention not in RETENTIONS:
-            raise ValueError(f"retention must be one of {RETENTIONS}, got {retention!r}")
-        if increment < 1 or min_tokens < 1:
-            raise ValueError("increment and min_tokens must be >= 1")
-        self.retention = retention
-        if retention == "24h":
-            self.idle_ttl = self.max_age = 86_400.0
-        else:
-            self.idle_ttl, self.max_age = _seconds(idle_ttl), _seconds(max_age)
-            if self.idle_ttl > self.max_age:
-                raise ValueError(
-                    f"idle_ttl ({idle_ttl}) exceeds max_age ({max_age}): in_memory prefixes live at most "
-                    "max_age; use retention='24h' for longer"
-                )
-        self.min_tokens = min_tokens
-        self.increment = increment
-        self.routing_tokens = routing_tokens
-        self.prompt_cache_key = prompt_cache_key
+    class Options(CacheModel.Options):
+        """Parameters of :class:`OpenAICache`."""
+
+        retention: Literal["in_memory", "24h"] = Field("in_memory", description="'in_memory' or '24h' "
+                                                       "(prompt_cache_retention)")
+        idle_ttl: Duration = Field("5m", description="in_memory only: a prefix unused this long is gone "
+                                   "(a duration: '5m', seconds, or a timedelta)")
+        max_age: Duration = Field("1h", validate_default=True, description="in_memory only: the cap on a "
+                                  "prefix's lifetime after it was computed (a duration: '1h', seconds, or a "
+                                  "timedelta)")
+        min_tokens: int = Field(MIN_TOKENS, ge=1, description="shortest cacheable prompt (1,024)")
+        increment: int = Field(INCREMENT, ge=1, description="cached counts step by this many tokens above "
+                               "min_tokens (128)")
+        routing_tokens: int = Field(ROUTING_TOKENS, ge=0, description="how many leading tokens pick the machine")
+        prompt_cache_key: str | None = Field(None, description="the routing key when the body has no "
+                                             "prompt_cache_key field")
+
+        @field_validator("max_age")
+        @classmethod
+        def _idle_within_max_age(cls, value: str | float | timedelta, info: ValidationInfo) -> str | float | timedelta:
+            idle = info.data.get("idle_ttl")
+            if info.data.get("retention") != "24h" and idle is not None and _seconds(idle) > _seconds(value):
+                raise ValueError(f"idle_ttl ({idle}) exceeds max_age ({value}): in_memory prefixes live at most "
+                                 "max_age; use retention='24h' for longer")
+            return value
+
+    options: Options
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        #: in seconds, from the options (a day each under ``retention="24h"``)
+        self.idle_ttl, self.max_age = ((86_400.0, 86_400.0) if self.options.retention == "24h" else
+                                       (_seconds(self.options.idle_ttl), _seconds(self.options.max_age)))
         self.reset()
 
     def min_cacheable_tokens(self, model: str) -> int:
-        return self.min_tokens
+        return self.options.min_tokens
 
     def reset(self) -> None:
         self._chains = ChainInterner()
@@ -163,7 +140,7 @@ class OpenAICache(CacheModel):
         """The longest idle life: ``idle_ttl`` for ``in_memory``, 24 hours for ``24h`` (a request of an
         ``in_memory`` model that asks ``prompt_cache_retention="24h"`` keeps its prefixes a day: create the
         model with ``retention="24h"`` for such traffic, so a resumed session replays far enough back)."""
-        return 86_400.0 if self.retention == "24h" else self.idle_ttl
+        return 86_400.0 if self.options.retention == "24h" else self.idle_ttl
 
     def replay_window_seconds(self) -> None:
         """None: a prefix in use dies ``max_age`` after it was *computed*, and it is recomputed by the first
@@ -180,7 +157,7 @@ class OpenAICache(CacheModel):
         asked = request.rest.get("prompt_cache_retention")
         if asked == "24h":
             return 86_400.0, 86_400.0
-        if asked == "in_memory" and self.retention == "24h":
+        if asked == "in_memory" and self.options.retention == "24h":
             return _seconds("5m"), _seconds("1h")
         return self.idle_ttl, self.max_age
 
@@ -189,9 +166,10 @@ class OpenAICache(CacheModel):
 
     def cached_for(self, lcp_tokens: int) -> int:
         """Tokens reported cached for a live shared prefix of ``lcp_tokens`` (1024 + k·128, or 0)."""
-        if lcp_tokens < self.min_tokens:
+        least, step = self.options.min_tokens, self.options.increment
+        if lcp_tokens < least:
             return 0
-        return self.min_tokens + (lcp_tokens - self.min_tokens) // self.increment * self.increment
+        return least + (lcp_tokens - least) // step * step
 
     # -- the model ----------------------------------------------------------------------------
     def _match(self, shard: _Shard | None, chain: list[int], t: float) -> tuple[int, str | None]:
@@ -229,15 +207,15 @@ class OpenAICache(CacheModel):
         _keys, chain = self._chains.chain(root, request)
         cum = cumulative_tokens(request)
         n = cum[-1] if cum else 0
-        pkey = request.rest.get("prompt_cache_key", self.prompt_cache_key)
-        route = chain[min(bisect_left(cum, self.routing_tokens), len(chain) - 1)] if chain else root
+        pkey = request.rest.get("prompt_cache_key", self.options.prompt_cache_key)
+        route = chain[min(bisect_left(cum, self.options.routing_tokens), len(chain) - 1)] if chain else root
         shard_id = (route, pkey)
         shard = self._shards.get(shard_id)
 
         live, dead_why = self._match(shard, chain, t)
         lcp = cum[live - 1] if live else 0
-        cached = self.cached_for(min(lcp, n)) if n >= self.min_tokens else 0
-        stored = n >= self.min_tokens  # shorter prompts are not cached at all (§2.1)
+        cached = self.cached_for(min(lcp, n)) if n >= self.options.min_tokens else 0
+        stored = n >= self.options.min_tokens  # shorter prompts are not cached at all (§2.1)
         if stored:
             if shard is None:
                 shard = self._shards[shard_id] = _Shard()
@@ -256,8 +234,8 @@ class OpenAICache(CacheModel):
         usage = read_only_usage(n, cached, native)
         asked = request.rest.get("prompt_cache_retention")
         detail: dict[str, Any] = {
-            "model": model, "retention": asked if asked in RETENTIONS else self.retention, "lcp_tokens": lcp,
-            "min_tokens": self.min_tokens, "increment": self.increment, "prompt_cache_key": pkey,
+            "model": model, "retention": asked if asked in RETENTIONS else self.options.retention, "lcp_tokens": lcp,
+            "min_tokens": self.options.min_tokens, "increment": self.options.increment, "prompt_cache_key": pkey,
             "hit_path": segment_path(request, live - 1) if cached else None,
         }
         reason = self._reason(request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail)
@@ -265,7 +243,8 @@ class OpenAICache(CacheModel):
                       "stored": stored}
         return CacheResult(usage, Reason(reason), detail, states_for(cum, cached), native)
 
-    def _reason(self, request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail) -> str:
+    def _reason(self, request: PreparedRequest, model: str, chain: list[int], cum: list[int], n: int, cached: int,
+                route: int, pkey: Any, dead_why: str | None, t: float, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
             return "hit" if cached else "cold"
@@ -275,7 +254,7 @@ class OpenAICache(CacheModel):
         if prev["model"] != model:
             detail["previous_model"] = prev["model"]
             return "model_switch"
-        if n < self.min_tokens:
+        if n < self.options.min_tokens:
             return "below_minimum"
         possible = self.cached_for(min(prev["n"], n))
         if cached >= possible > 0:
@@ -296,3 +275,6 @@ class OpenAICache(CacheModel):
         if shared < len(prev["chain"]) and (cum[shared - 1] if shared else 0) < min(prev["n"], n):
             return "prefix_changed"
         return "not_written"
+
+
+OpenAIOptions = OpenAICache.Options  # its former name

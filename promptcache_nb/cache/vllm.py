@@ -41,7 +41,6 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from .._options import Options
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
 from ._prefix import (
@@ -71,22 +70,8 @@ class _Node:
     heap_seq: int = -1
 
 
-class VLLMOptions(Options):
-    """Parameters of :class:`VLLMCache`."""
-
-    block_size: int = Field(BLOCK_SIZE, ge=1, description="tokens per KV block (16)")
-    num_blocks: int | None = Field(NUM_BLOCKS, ge=1, description="KV blocks in the pool; None for an "
-                                   "unbounded pool (no eviction)")
-    cache_salt: str | None = Field(None, description="namespace salt when the body has no cache_salt field")
-
-
 class VLLMCache(CacheModel):
     """Simulated vLLM prefix cache (one server, one KV pool).
-
-    Args:
-        block_size: tokens per KV block (16).
-        num_blocks: KV blocks in the pool; ``None`` for an unbounded pool (no eviction).
-        cache_salt: namespace salt when the body has no ``cache_salt`` field.
 
     Example:
         >>> import promptcache_nb as pc
@@ -94,19 +79,23 @@ class VLLMCache(CacheModel):
     """
 
     name: ClassVar[str] = "vllm"
-    Options: ClassVar[type[Options]] = VLLMOptions
 
-    def __init__(self, *, block_size: int = BLOCK_SIZE, num_blocks: int | None = NUM_BLOCKS,
-                 cache_salt: str | None = None) -> None:
-        if block_size < 1 or (num_blocks is not None and num_blocks < 1):
-            raise ValueError("block_size and num_blocks must be >= 1")
-        self.block_size = block_size
-        self.num_blocks = num_blocks
-        self.cache_salt = cache_salt
+    class Options(CacheModel.Options):
+        """Parameters of :class:`VLLMCache`."""
+
+        block_size: int = Field(BLOCK_SIZE, ge=1, description="tokens per KV block (16)")
+        num_blocks: int | None = Field(NUM_BLOCKS, ge=1, description="KV blocks in the pool; None for an "
+                                       "unbounded pool (no eviction)")
+        cache_salt: str | None = Field(None, description="namespace salt when the body has no cache_salt field")
+
+    options: Options
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self.reset()
 
     def min_cacheable_tokens(self, model: str) -> int:
-        return self.block_size + 1  # only full blocks, and a hit leaves at least one token to compute
+        return self.options.block_size + 1  # only full blocks, and a hit leaves at least one token to compute
 
     def reset(self) -> None:
         self._chains = ChainInterner()
@@ -116,7 +105,7 @@ class VLLMCache(CacheModel):
         self._empty: dict[int, int] = {}  # heap seq -> hash-less free blocks in that run
         self._seq = 0
         self._tick = 0
-        self._push(-1, 0, None, self.num_blocks if self.num_blocks is not None else sys.maxsize)
+        self._push(-1, 0, None, self.options.num_blocks if self.options.num_blocks is not None else sys.maxsize)
         self._last_root: int | None = None
         self._last_chain: list[int] = []  # the previous scheduled request: all its full blocks cached
         self._prev: dict[str, Any] | None = None
@@ -200,12 +189,12 @@ class VLLMCache(CacheModel):
     # -- the model ----------------------------------------------------------------------------
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
         model = request.model
-        salt = request.rest.get("cache_salt", self.cache_salt)
+        salt = request.rest.get("cache_salt", self.options.cache_salt)
         root = self._chains.root("vllm", model, salt)
         _keys, chain = self._chains.chain(root, request)
         cum = cumulative_tokens(request)
         n = cum[-1] if cum else 0
-        size = self.block_size
+        size = self.options.block_size
         full, blocks = n // size, -(-n // size)
         cap = (n - 1) // size if n else 0  # hits stop at num_tokens - 1 [V2]
         nodes = self._nodes
@@ -233,7 +222,7 @@ class VLLMCache(CacheModel):
             j += 1
         once = min(full if j == len(chain) else (cum[j - 1] // size if j else 0), cap) * size
         need = blocks - hit_blocks
-        capacity = self.num_blocks if self.num_blocks is not None else sys.maxsize
+        capacity = self.options.num_blocks if self.options.num_blocks is not None else sys.maxsize
 
         detail: dict[str, Any] = {"model": model, "block_size": size, "cache_salt": salt}
         if need > capacity - walked:
@@ -259,7 +248,7 @@ class VLLMCache(CacheModel):
 
     def _insert(self, chain: list[int], cum: list[int], start: int) -> None:
         """Cache every full block of the request; it ends as the most recently used."""
-        nodes, size = self._nodes, self.block_size
+        nodes, size = self._nodes, self.options.block_size
         for k in range(start, len(chain)):
             nid = chain[k]
             lo, hi = (cum[k - 1] // size if k else 0), cum[k] // size
@@ -277,7 +266,8 @@ class VLLMCache(CacheModel):
             if not tip.children:
                 self._push_leaf(chain[-1], tip)
 
-    def _reason(self, request, chain, cum, n, cached, cap, once, detail) -> str:
+    def _reason(self, request: PreparedRequest, chain: list[int], cum: list[int], n: int, cached: int, cap: int,
+                once: int, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
             return "hit" if cached else "cold"
@@ -292,7 +282,7 @@ class VLLMCache(CacheModel):
         detail["divergence_path"] = segment_path(request, shared)
         if cap == 0:
             return "below_minimum"  # no full block before the last token
-        size = self.block_size
+        size = self.options.block_size
         possible = min(prev["n"] // size, cap) * size
         if once > cached:
             detail["evicted_tokens"] = once - cached
@@ -312,3 +302,6 @@ def _segment_of(cum: list[int], tokens: int) -> int:
     from bisect import bisect_left
 
     return bisect_left(cum, tokens)
+
+
+VLLMOptions = VLLMCache.Options  # its former name

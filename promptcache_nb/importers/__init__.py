@@ -24,5 +24,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+
+def __dir__() -> list[str]:
+    return sorted(__all__)  # the public names, the lazily loaded ones included (Tab completion)
+
+
 __all__ = ["READERS", "ImportResult", "ImportedRequest", "ReadProgress", "Reader", "SkippedLine", "detect",
            "import_log"]

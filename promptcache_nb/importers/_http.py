@@ -71,6 +71,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._util import SIMULATOR_HEADER, digest
+from ..dialects import get as get_format
 from ..usage import Usage
 from ._history import HistoryDecoder
 from ._sse import SseEvent, StreamSummary, parse_sse, usage_from_sse
@@ -469,31 +470,21 @@ def _json_body(body: bytes | str | dict[str, Any] | None, what: str,
 def anthropic_usage(raw: Any) -> Usage:
     """Convert an Anthropic ``usage`` object with :meth:`Usage.from_anthropic` (``source="imported"``); a log's
     usage must carry both ``input_tokens`` and ``output_tokens``. Refusals become skip reasons naming the field."""
-    for name in ("input_tokens", "output_tokens"):
-        if isinstance(raw, dict) and raw.get(name) is None:
-            raise _Skip(f"unknown usage shape: usage.{name}: missing")
-    try:
-        return Usage.from_anthropic(raw, source="imported")
-    except ValueError as exc:
-        raise _Skip(f"unknown usage shape: {exc}") from None
-
-
-def openai_usage(raw: Any, dialect: Dialect) -> Usage:
-    """Convert an OpenAI Chat / Responses ``usage`` object with :meth:`Usage.from_openai` (``source="imported"``).
-
-    Its refusals (a shape it does not understand, naming the field) become skip reasons.
-    """
-    try:
-        return Usage.from_openai(raw, api="chat" if dialect == "openai-chat" else "responses", source="imported")
-    except ValueError as exc:
-        raise _Skip(f"unknown usage shape: {exc}") from None
+    return convert_usage(raw, "anthropic")
 
 
 def convert_usage(raw: Any, dialect: Dialect) -> Usage:
-    """Native usage of ``dialect`` → :class:`Usage`; raises ``_Skip`` naming the field it does not understand."""
-    if dialect == "anthropic":
-        return anthropic_usage(raw)
-    return openai_usage(raw, dialect)
+    """Native usage of ``dialect`` → :class:`Usage` (``Dialect.usage``, ``source="imported"``); a log's usage must
+    carry the counts the format names (``Dialect.logged_usage_counts``). Raises ``_Skip`` naming the field it does
+    not understand."""
+    fmt = get_format(dialect)
+    for name in fmt.logged_usage_counts:
+        if isinstance(raw, dict) and raw.get(name) is None:
+            raise _Skip(f"unknown usage shape: usage.{name}: missing")
+    try:
+        return fmt.usage(raw, source="imported")
+    except ValueError as exc:
+        raise _Skip(f"unknown usage shape: {exc}") from None
 
 
 # --- the exchange -----------------------------------------------------------------------------------------
@@ -593,7 +584,8 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         raise _Skip(f"no response: {ex.error}" if ex.error else "no response")
     if not 200 <= ex.status < 300:
         raise _Skip(f"HTTP {ex.status}")
-    provider = "anthropic" if dialect == "anthropic" else "openai"
+    fmt = get_format(dialect)
+    provider = fmt.provider
     req_headers = headers_dict(ex.request_headers)
     resp_headers = headers_dict(ex.response_headers)
 
@@ -647,7 +639,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         if native is None:
             raise _Skip("streamed without usage")
         reply, response_id, response_model = summary.content or None, summary.response_id, summary.model
-        if dialect == "anthropic" and summary.usage is not None and not summary.complete:
+        if fmt.stream_placeholder_usage and summary.usage is not None and not summary.complete:
             cut_short = True  # no message_delta: output_tokens is message_start's placeholder
     else:
         if isinstance(raw_response, dict):
@@ -658,7 +650,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
             native = response.get("usage")
             response_id = response.get("id")
             response_model = response.get("model")
-            reply = _reply(response, dialect)
+            reply = fmt.reply(response)
             if bedrock is not None and bedrock.converse:
                 message = (response.get("output") or {}).get("message") or {}
                 reply = _converse_blocks(message.get("content") or [], "output") or None
@@ -752,12 +744,4 @@ def with_trusted_ids(converted: list[tuple[ImportedRequest | SkippedLine, HttpEx
     return out
 
 
-def _reply(response: Mapping[str, Any], dialect: Dialect) -> list[dict[str, Any]] | None:
-    if dialect == "anthropic":
-        content = response.get("content")
-    elif dialect == "openai-chat":
-        choices = response.get("choices") or []
-        content = [c.get("message") for c in choices[:1] if isinstance(c, Mapping) and c.get("message")]
-    else:
-        content = response.get("output")
-    return [c for c in content if isinstance(c, dict)] if isinstance(content, list) else None
+

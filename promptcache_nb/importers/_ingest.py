@@ -25,6 +25,7 @@ from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import summarize
 from ..cache.anthropic import client_ttls_from_usage
+from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
 from ..request import BodyProblem, check_request
 from ..request.diff import visible
@@ -230,9 +231,7 @@ def _cache_model_for(req: ImportedRequest) -> str:
     provider = (req.provider or "").lower()
     if provider in ("anthropic", "openai", "deepseek"):
         return provider
-    if req.dialect != "anthropic":
-        return "openai"
-    return "anthropic"
+    return get_format(req.dialect).provider
 
 
 def import_log(

@@ -8,13 +8,16 @@ cassette whose first body is 250 KB names its ``uri`` only after it). When sever
 JSON lines (one Claude Code line inside a proxy log), each line of the head votes for the readers that accept
 it alone, and the reader with the most lines wins; the lines it cannot read are listed in ``skipped``.
 Built-in readers are registered below in the order :func:`detect` asks them; a third-party reader calls
-:func:`register`.
+:func:`register`, or its package declares an entry point in the ``promptcache_nb.readers`` group (a reader
+class or instance), asked after the built-ins.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from .._registry import Registry
 from ..errors import ImportFormatError
 from ._jsonl import UnreadableLog, json_objects_in_head, read_log_bytes
 from ._types import Reader
@@ -29,13 +32,26 @@ HEAD_BYTES = 64 * 1024
 #: Detection stops doubling the head here: a file that no reader recognises in its first 256 MiB is not a log.
 MAX_HEAD_BYTES = 256 * 1024 * 1024
 
-READERS: dict[str, Reader] = {}
+
+
+def _unknown_format(name: str, valid: list[str]) -> ImportFormatError:
+    return ImportFormatError("--format", f"unknown format {name!r}; known: {', '.join(sorted(valid))}")
+
+
+def _instance(loaded: Any) -> Reader:
+    """An entry point may name a reader class or an instance."""
+    reader: Reader = loaded() if isinstance(loaded, type) else loaded
+    return reader
+
+
+#: Readers by format name, in the order :func:`detect` asks them; plugins join from the
+#: ``promptcache_nb.readers`` entry points on the first lookup.
+READERS: Registry[Reader] = Registry("reader", "promptcache_nb.readers", unknown=_unknown_format, prepare=_instance)
 
 
 def register(reader: Reader) -> Reader:
     """Add ``reader`` under ``reader.name`` (replacing a reader of that name) and return it."""
-    READERS[reader.name] = reader
-    return reader
+    return READERS.register(reader)
 
 
 def read_head(path: Path, size: int = HEAD_BYTES) -> str:

@@ -12,9 +12,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from ..dialects import DialectName as Dialect  # one vocabulary: the wire formats' names
 from ..usage import Usage
 
-Dialect = Literal["anthropic", "openai-chat", "openai-responses"]
 SessionKind = Literal["main", "subagent", "compaction"]
 
 

@@ -140,7 +140,7 @@ class OtlpReader:
         messages = _parsed(attrs.get("gen_ai.input.messages"))
         tools = _parsed(attrs.get("gen_ai.tool.definitions"))
         output = _parsed(attrs.get("gen_ai.output.messages"))
-        if dialect == "anthropic":
+        if provider == "anthropic":
             body = _anthropic_body(model, system, messages, tools)
             reply = [b for m in (output or []) if isinstance(m, dict) for b in _anthropic_blocks(m)] or None
         else:

@@ -20,6 +20,11 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+
+def __dir__() -> list[str]:
+    return sorted(__all__)  # the public names, the lazily loaded ones included (Tab completion)
+
+
 __all__ = [
     "AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "RecordingProxy", "ServedRequest",
     "SimulatorServer", "TokenCount", "count_tokens",

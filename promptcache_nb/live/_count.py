@@ -85,7 +85,7 @@ def count_tokens(
     estimate = TokenCount(prepared.total_tokens, "estimated", prepared.tokenizer, prepared.model)
     if api is False:
         return estimate
-    if prepared.dialect != "anthropic":
+    if not prepared.wire.count_tokens_endpoint:
         if api:
             raise APIError(f"count_tokens: no token-counting endpoint for a {prepared.dialect} body; "
                            "it is counted offline (api=None or False)", error_type="client_error")

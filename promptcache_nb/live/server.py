@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._util import digest
 from ..cache import CacheModel, cache_model_names, get_cache_model
+from ..dialects import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Dialect
+from ..dialects.anthropic import ERROR_TYPES
 from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..request.validate import MAX_DEPTH, validate_request
@@ -60,18 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("promptcache_nb.server")
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    529: "overloaded_error",
-}
 _DEFAULT_MESSAGES = {
     400: "invalid request (injected by the simulator)",
     401: "invalid x-api-key",
@@ -84,24 +74,13 @@ _DEFAULT_MESSAGES = {
     500: "Internal server error",
     529: "Overloaded",
 }
-#: OpenAI's error ``type`` / ``code`` for the same statuses.
-_OPENAI_ERRORS = {
-    400: ("invalid_request_error", None),
-    401: ("invalid_request_error", "invalid_api_key"),
-    403: ("invalid_request_error", "unsupported_country_region_territory"),
-    404: ("invalid_request_error", "model_not_found"),
-    405: ("invalid_request_error", None),
-    408: ("invalid_request_error", "timeout"),
-    413: ("invalid_request_error", "request_too_large"),
-    429: ("requests", "rate_limit_exceeded"),
-    500: ("server_error", None),
-    529: ("server_error", "overloaded"),
-}
 MESSAGES, COUNT_TOKENS = "/v1/messages", "/v1/messages/count_tokens"
 CHAT, RESPONSES = "/v1/chat/completions", "/v1/responses"
 _PATHS = (MESSAGES, COUNT_TOKENS, CHAT, RESPONSES)
 _OPENAI_PATHS = (CHAT, RESPONSES)
-_DIALECTS = {MESSAGES: "anthropic", COUNT_TOKENS: "anthropic", CHAT: "openai-chat", RESPONSES: "openai-responses"}
+#: The wire format each path speaks (its validation, error body and stream).
+_FORMATS: dict[str, Dialect] = {MESSAGES: ANTHROPIC, COUNT_TOKENS: ANTHROPIC, CHAT: OPENAI_CHAT,
+                                RESPONSES: OPENAI_RESPONSES}
 #: How many answered requests :attr:`SimulatorServer.requests` keeps (oldest dropped first).
 MAX_SERVED = 100_000
 
@@ -315,6 +294,7 @@ class SimulatorServer:
         request_id = f"req_sim_{seq:06d}"
         path = path.split("?", 1)[0].rstrip("/")
         openai = path in _OPENAI_PATHS
+        fmt = _FORMATS.get(path, ANTHROPIC)  # an unknown path is answered in the Messages shape
         workspace = at = None
         stream = False
         payload: bytes | list[bytes]
@@ -342,13 +322,12 @@ class SimulatorServer:
         except _Reject as rej:
             status = rej.status
             out_headers = {"content-type": "application/json", **rej.headers}
-            payload = _error_body(status, rej.message, request_id, openai=openai)
+            payload = fmt.error_body(status, rej.message, request_id)
         except Exception:  # a simulator bug must still answer in the API's shape
             log.exception("simulator failed on %s %s (%s)", method, path, request_id)
             status = 500
             out_headers = {"content-type": "application/json"}
-            payload = _error_body(500, "internal simulator error (see the promptcache_nb.server log)", request_id,
-                                  openai=openai)
+            payload = fmt.error_body(500, "internal simulator error (see the promptcache_nb.server log)", request_id)
         out_headers = {**out_headers, "request-id": request_id, SIMULATOR_HEADER: self.cache}
         if openai:
             out_headers["x-request-id"] = request_id
@@ -407,7 +386,7 @@ class SimulatorServer:
             raise _Reject(400, f"{AT_HEADER}: expected an ISO-8601 time with a UTC offset, got {value!r}")
         return at.astimezone(UTC)
 
-    def _prepare(self, payload: dict[str, Any], dialect: str = "anthropic") -> PreparedRequest:
+    def _prepare(self, payload: dict[str, Any], dialect: str = ANTHROPIC.name) -> PreparedRequest:
         """Segment a body :func:`_validate` accepted. No lock: the memo's dictionaries are only ever filled with
         the same value for a key."""
         try:
@@ -469,14 +448,14 @@ class SimulatorServer:
             "content": content, "stop_reason": stop_reason, "stop_sequence": None, "usage": usage,
         }
         if stream:
-            return 200, _SSE_HEADERS, _sse(message)
+            return 200, _SSE_HEADERS, ANTHROPIC.sse_write(message)
         return 200, {"content-type": "application/json"}, json.dumps(message).encode()
 
     # -- OpenAI -------------------------------------------------------------------------------
     def _openai(self, path: str, payload: dict[str, Any], workspace: str, at: datetime, seq: int,
                 stream: bool) -> _Answer:
         chat = path == CHAT
-        prepared = self._prepare(payload, _DIALECTS[path])
+        prepared = self._prepare(payload, _FORMATS[path].name)
         assert self.openai_cache is not None
         usage = self._process(prepared, workspace, self.openai_cache, at)
         text = self._text(payload)
@@ -500,7 +479,8 @@ class SimulatorServer:
             }
             if stream:
                 options = payload.get("stream_options") or {}
-                return 200, _SSE_HEADERS, _chat_sse(completion, include_usage=bool(options.get("include_usage")))
+                return 200, _SSE_HEADERS, OPENAI_CHAT.sse_write(completion,
+                                                                include_usage=bool(options.get("include_usage")))
             return 200, {"content-type": "application/json"}, json.dumps(completion).encode()
         native = {
             "input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
@@ -521,7 +501,7 @@ class SimulatorServer:
             "usage": native, "user": None, "metadata": payload.get("metadata") or {},
         }
         if stream:
-            return 200, _SSE_HEADERS, _responses_sse(response)
+            return 200, _SSE_HEADERS, OPENAI_RESPONSES.sse_write(response)
         return 200, {"content-type": "application/json"}, json.dumps(response).encode()
 
     # -- HTTP ---------------------------------------------------------------------------------
@@ -573,7 +553,7 @@ def _validate(payload: Any, path: str) -> None:
     """Refuse what the API refuses before any cache model sees it: the first problem the one validator
     (:func:`~promptcache_nb.request.validate_request`, shared with ``Session.record``) finds, in the API's dotted
     notation (``messages.0.role: ...``)."""
-    problems = validate_request(payload, _DIALECTS[path], count_tokens=path == COUNT_TOKENS)
+    problems = validate_request(payload, _FORMATS[path].name, count_tokens=path == COUNT_TOKENS)
     if problems:
         raise _Reject(400, problems[0].api_line)
 
@@ -585,96 +565,6 @@ def _not_json(constant: str) -> Any:
 
 def _key_digest(key: str) -> str:
     return digest(key.encode("utf-8"), tag="workspace")
-
-
-def _error_body(status: int, message: str, request_id: str, *, openai: bool) -> bytes:
-    if openai:
-        kind, code = _OPENAI_ERRORS.get(status, ("server_error", None))
-        return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
-    error = {"type": ERROR_TYPES.get(status, "api_error"), "message": message}
-    return json.dumps({"type": "error", "error": error, "request_id": request_id}).encode()
-
-
-def _event(name: str | None, data: Any) -> bytes:
-    head = f"event: {name}\n" if name else ""
-    body = data if isinstance(data, str) else json.dumps(data)
-    return f"{head}data: {body}\n\n".encode()
-
-
-def _halves(text: str) -> list[str]:
-    """The text in two deltas (so a client sees a real stream), dropping empty ones."""
-    cut = len(text) // 2
-    return [piece for piece in (text[:cut], text[cut:]) if piece]
-
-
-def _sse(message: dict[str, Any]) -> list[bytes]:
-    """The Messages streaming events for a complete message (usage in message_start and message_delta)."""
-    usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None,
-             "usage": {**usage, "output_tokens": 0}}
-    events: list[tuple[str, dict[str, Any]]] = [
-        ("message_start", {"type": "message_start", "message": start}),
-        ("ping", {"type": "ping"}),
-    ]
-    for i, block in enumerate(message["content"]):
-        events.append(("content_block_start", {"type": "content_block_start", "index": i,
-                                               "content_block": {"type": "text", "text": ""}}))
-        for piece in _halves(block["text"]):
-            events.append(("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                   "delta": {"type": "text_delta", "text": piece}}))
-        events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    final_usage = {k: usage[k] for k in (
-        "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")}
-    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
-    events.append(("message_delta", {"type": "message_delta", "usage": final_usage, "delta": delta}))
-    events.append(("message_stop", {"type": "message_stop"}))
-    return [_event(name, data) for name, data in events]
-
-
-def _chat_sse(completion: dict[str, Any], *, include_usage: bool) -> list[bytes]:
-    """Chat Completions chunks: role, content deltas, finish_reason, then (when asked) usage with no choices."""
-    head = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
-
-    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        out = {**head, "object": "chat.completion.chunk",
-               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        if include_usage:
-            out["usage"] = None  # every chunk but the last carries a null usage (the API's documented shape)
-        return out
-
-    message = completion["choices"][0]["message"]
-    chunks = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
-    chunks += [chunk({"content": piece}, None) for piece in _halves(message["content"] or "")]
-    chunks.append(chunk({}, completion["choices"][0]["finish_reason"]))
-    if include_usage:
-        chunks.append({**head, "object": "chat.completion.chunk", "choices": [], "usage": completion["usage"]})
-    return [_event(None, c) for c in chunks] + [_event(None, "[DONE]")]
-
-
-def _responses_sse(response: dict[str, Any]) -> list[bytes]:
-    """Responses events from ``response.created`` to ``response.completed`` (which carries the usage)."""
-    item = response["output"][0]
-    part = item["content"][0]
-    text = part["text"]
-    pending = {**response, "status": "in_progress", "output": [], "usage": None}
-    ids = {"item_id": item["id"], "output_index": 0}
-    events: list[dict[str, Any]] = [
-        {"type": "response.created", "response": pending},
-        {"type": "response.in_progress", "response": pending},
-        {"type": "response.output_item.added", "output_index": 0,
-         "item": {**item, "status": "in_progress", "content": []}},
-        {"type": "response.content_part.added", **ids, "content_index": 0,
-         "part": {**part, "text": ""}},
-    ]
-    events += [{"type": "response.output_text.delta", **ids, "content_index": 0, "delta": piece, "logprobs": []}
-               for piece in _halves(text)]
-    events += [
-        {"type": "response.output_text.done", **ids, "content_index": 0, "text": text, "logprobs": []},
-        {"type": "response.content_part.done", **ids, "content_index": 0, "part": part},
-        {"type": "response.output_item.done", "output_index": 0, "item": item},
-        {"type": "response.completed", "response": response},
-    ]
-    return [_event(e["type"], {**e, "sequence_number": n}) for n, e in enumerate(events)]
 
 
 # -- CLI ----------------------------------------------------------------------------------------

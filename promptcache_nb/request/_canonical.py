@@ -5,19 +5,12 @@ A request is the exact JSON body of an API call in one of three *dialects*: ``an
 hashed we use one canonical serialization: ``json.dumps(sort_keys=True, separators=(",", ":"),
 ensure_ascii=False)`` encoded as UTF-8.
 
-A request splits into *segments*, in the provider's cache-prefix order (docs/provider_cache_rules.md):
-
-* ``anthropic`` — tools → system → messages (docs/provider_cache_rules.md#anthropic-prefix-order): each
-  tool, each system block (or the system string), each message content block (or a message's string content).
-  Paths ``tools[3]``, ``system[2]``, ``messages[5].content[0]``. A mid-conversation ``role: "system"`` message
-  is a message like any other, at its position in the prefix, with role ``system``
-  (docs/provider_cache_rules.md#anthropic-mid-conversation-system-messages).
-* ``openai-chat`` — tools → structured-output schema → messages
-  (docs/provider_cache_rules.md#openai-prefix-order): each tool,
-  ``response_format``, each whole message (``messages[3]``: role, content, ``tool_calls``, ``tool_call_id``
-  ... in one segment, so every key round-trips).
-* ``openai-responses`` — tools → schema (``text``) → ``instructions`` → input (same section): each tool,
-  ``text``, ``instructions``, the ``input`` string or each ``input[5]`` item.
+A request splits into *segments*, in the provider's cache-prefix order (docs/provider_cache_rules.md). Each
+format says how, in its module of :mod:`promptcache_nb.dialects` (``Dialect.segment``): for ``anthropic`` each
+tool, system block and message content block (``tools[3]``, ``system[2]``, ``messages[5].content[0]``); for
+``openai-chat`` each tool, ``response_format`` and whole message (``messages[3]``); for ``openai-responses`` each
+tool, ``text``, ``instructions`` and input item (``input[5]``). This module builds the segments the dialect names,
+reusing the previous request's for the units both share.
 
 Each segment has a path, a content hash that ignores ``cache_control`` (markers never change what
 matches) and a storage hash over its exact bytes. A log that lacks part of the prompt (no system prompt,
@@ -25,9 +18,11 @@ no tools) can be given a measured *unlogged prefix*: one synthetic segment first
 ``(unlogged prefix)``, kind ``unlogged``) that carries the measured size and no content
 (docs/provider_cache_rules.md#unlogged-prefix).
 
-Segment kinds: ``tool``, ``system``, ``schema``, ``msg-start`` (first block of an Anthropic message),
-``msg`` (a later block), ``msg-str`` (string content), ``msg-empty``, ``msg-whole`` (a whole OpenAI chat
-message), ``item`` (a Responses input item) and ``unlogged``.
+Segment kinds: :data:`~promptcache_nb.dialects.SegmentKind`.
+
+Data derived from a request for speed (cumulative token sums, the segment spans of each unit, the link to the
+previous request) lives in its declared :class:`PreparedDerived` (``PreparedRequest.derived``), never in side
+attributes.
 """
 
 from __future__ import annotations
@@ -36,20 +31,29 @@ import copy as _copy
 import json
 import marshal
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, count, repeat
-from operator import attrgetter, eq, is_not, itemgetter
-from typing import Any, Literal
+from operator import attrgetter, eq, is_not
+from typing import Any
 
 from .._util import common_prefix_length, digest
+from ..dialects import ANTHROPIC as DEFAULT_FORMAT  # the format a shape without "dialect" names
+from ..dialects import DIALECTS as DIALECTS  # re-exported: request.DIALECTS
+from ..dialects import Dialect as WireFormat
+from ..dialects import DialectName, SegmentKind
+from ..dialects import detect as detect_format
+from ..dialects import get as get_format
+from ..dialects.anthropic import SEGMENTED as TOP_LEVEL_SEGMENTED
+from ..dialects.anthropic import message_segments, system_segment, tool_segment
+from ..dialects.openai_responses import ITEM_TYPES as RESPONSES_ITEM_TYPES  # noqa: F401  (its old home)
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 
-Dialect = Literal["anthropic", "openai-chat", "openai-responses"]
-DIALECTS: tuple[str, ...] = ("anthropic", "openai-chat", "openai-responses")
-TOP_LEVEL_SEGMENTED = ("tools", "system", "messages")
+#: The dialect names (one vocabulary: :data:`promptcache_nb.dialects.DialectName`).
+Dialect = DialectName
 UNLOGGED_PATH = "(unlogged prefix)"
-_TOKENS = attrgetter("tokens")
-_NBYTES = attrgetter("nbytes")
+_TOKENS: Callable[[Segment], int] = attrgetter("tokens")
+_NBYTES: Callable[[Segment], int] = attrgetter("nbytes")
 
 
 def canonical_json(value: Any) -> str:
@@ -77,7 +81,7 @@ class Segment:
     """
 
     path: str
-    kind: str
+    kind: SegmentKind
     role: str | None
     content_hash: str
     block_hash: str
@@ -130,7 +134,7 @@ class SegmentMemo:
 
     def __init__(self, tokenizer: Tokenizer = DEFAULT_TOKENIZER) -> None:
         self.tokenizer = tokenizer
-        self._by_id: dict[int, tuple[Any, str, str, dict | None, int]] = {}
+        self._by_id: dict[int, tuple[Any, str, str, dict[str, Any] | None, int]] = {}
         self._tokens: dict[tuple[str, str], int] = {}
         self._segments: dict[int, Segment] = {}  # trusted elements: the Segment last built for them
         self._views: dict[int, tuple[Tokenizer, SegmentMemo]] = {}
@@ -150,7 +154,7 @@ class SegmentMemo:
             got = self._views[id(tok)] = (tok, view)
         return got[1]
 
-    def hashes(self, element: Any, *, trusted: bool) -> tuple[str, str, dict | None, int]:
+    def hashes(self, element: Any, *, trusted: bool) -> tuple[str, str, dict[str, Any] | None, int]:
         """(content hash, storage hash, cache_control, canonical byte length) of one segment."""
         if trusted and not isinstance(element, str):
             hit = self._by_id.get(id(element))
@@ -176,6 +180,36 @@ class SegmentMemo:
         return n
 
 
+@dataclass(slots=True, eq=False)
+class PreparedDerived:
+    """What is derived from one request for speed, declared: filled by the preparer (``prepare``, the stored-request
+    loader) or on first use, never compared, never copied by ``dataclasses.replace``.
+
+    Attributes:
+        cum: tokens through each segment (:meth:`PreparedRequest.cumulative_tokens`).
+        nbytes: bytes of the segments' canonical JSON (:attr:`PreparedRequest.segment_bytes`).
+        units: segmented key -> the (start, stop) segment span of each of its units (tools, blocks, messages).
+        snaps: segmented key -> per-unit ``marshal`` bytes (to tell which units the next request repeats).
+        msg_spans: the span of each message, for the trusted fast path (formats with ``fast_path``).
+        prefix_of: (a weak reference to the previous request, how many leading segments the two share).
+        partial: a prefix of a request (``BodyPlan.prefix``): never a ``previous`` to reuse units from.
+        breakpoints: a cache model's memo of this request's breakpoints: (its layout, the breakpoints).
+        explicit_marks: (index, ttl) of every segment's own ``cache_control`` (the Anthropic cache model's).
+        diff_info: what the prefix diff reads of this request's segments (``request.diff``'s ``_Info``).
+    """
+
+    cum: list[int] | None = None
+    nbytes: int | None = None
+    units: dict[str, list[tuple[int, int]]] | None = None
+    snaps: dict[str, list[Any]] | None = None
+    msg_spans: list[tuple[int, int]] | None = None
+    prefix_of: tuple[weakref.ref[PreparedRequest], int] | None = None
+    partial: bool = False
+    breakpoints: tuple[Any, list[tuple[int, str]]] | None = None
+    explicit_marks: tuple[tuple[int, str], ...] | None = None
+    diff_info: Any = None
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     """A request body with its segments, token counts and shape; the unit every later stage uses.
@@ -192,6 +226,7 @@ class PreparedRequest:
     rest: dict[str, Any]
     total_tokens: int
     tokenizer: str = field(default="", compare=False)
+    derived: PreparedDerived = field(default_factory=PreparedDerived, init=False, compare=False, repr=False)
 
     @property
     def model(self) -> str:
@@ -200,7 +235,13 @@ class PreparedRequest:
     @property
     def dialect(self) -> str:
         """``anthropic``, ``openai-chat`` or ``openai-responses``."""
-        return self.shape.get("dialect", "anthropic")
+        name: str = self.shape.get("dialect", "anthropic")
+        return name
+
+    @property
+    def wire(self) -> WireFormat:
+        """The body's wire format (:mod:`promptcache_nb.dialects`): ask it, never compare :attr:`dialect`."""
+        return get_format(self.shape.get("dialect", "anthropic"))
 
     @property
     def unlogged_prefix_tokens(self) -> int | None:
@@ -214,33 +255,33 @@ class PreparedRequest:
     def cumulative_tokens(self) -> list[int]:
         """Tokens through each segment (computed once per request, extending the previous request's sums
         over the leading segments the two share; treat as read-only)."""
-        cum = self.__dict__.get("_cum")
+        derived = self.derived
+        cum = derived.cum
         if cum is None:
             prev, k = prefix_record(self)
-            cum = extend_cumulative(self.segments, prev, k)
-            object.__setattr__(self, "_cum", cum)
+            cum = derived.cum = extend_cumulative(self.segments, prev, k)
         return cum
 
     @property
     def segment_bytes(self) -> int:
         """Bytes of the segments' canonical JSON (envelopes not counted)."""
-        n = self.__dict__.get("_nbytes")
+        n = self.derived.nbytes
         if n is None:
             prev, k = prefix_record(self)
-            pn = prev.__dict__.get("_nbytes") if prev is not None else None
+            pn = prev.derived.nbytes if prev is not None else None
             segs = self.segments
-            if pn is not None and k:  # the previous request's size, its tail after the shared run swapped
-                n = pn - sum(map(_NBYTES, prev.segments[k:])) + sum(map(_NBYTES, segs[k:]))  # type: ignore[union-attr]
+            if prev is not None and pn is not None and k:  # the previous size, its tail after the shared run swapped
+                n = pn - sum(map(_NBYTES, prev.segments[k:])) + sum(map(_NBYTES, segs[k:]))
             else:
                 n = sum(map(_NBYTES, segs))
-            object.__setattr__(self, "_nbytes", n)
+            self.derived.nbytes = n
         return n
 
     def tokens_before_messages(self) -> int:
         return sum(s.tokens for s in self.segments if s.kind in ("tool", "system", "schema", "unlogged"))
 
 
-class LoggedBody(dict):
+class LoggedBody(dict[str, Any]):
     """A request body rebuilt from its segments (``rebuild_body``, ``Store.turn_body``): a plain ``dict``
     equal to the body as logged, which also remembers what :func:`prepare` needs to rebuild the very same
     segments — the dialect when it is not ``anthropic`` and the unlogged prefix's measured size.
@@ -253,253 +294,13 @@ class LoggedBody(dict):
     unlogged_prefix_tokens: int | None = None
 
 
-# -- dialects ---------------------------------------------------------------------------------------
-# Top-level keys only one API has (the OpenAI and Anthropic API references).
-_RESPONSES_KEYS = frozenset({
-    "input", "instructions", "previous_response_id", "max_output_tokens", "text", "reasoning", "include",
-    "truncation", "conversation", "prompt", "background", "max_tool_calls",
-})
-_ANTHROPIC_KEYS = frozenset({
-    "system", "stop_sequences", "top_k", "thinking", "mcp_servers", "container", "context_management",
-    "cache_control", "output_config", "speed",
-})
-_CHAT_KEYS = frozenset({
-    "max_completion_tokens", "response_format", "n", "logprobs", "top_logprobs", "stream_options",
-    "frequency_penalty", "presence_penalty", "logit_bias", "seed", "parallel_tool_calls", "reasoning_effort",
-    "modalities", "audio", "prediction", "functions", "function_call", "web_search_options", "stop", "store",
-    "user", "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity",
-})
-_CHAT_ROLES: dict[str, frozenset[str]] = {
-    "system": frozenset({"role", "content", "name"}),
-    "developer": frozenset({"role", "content", "name"}),
-    "user": frozenset({"role", "content", "name"}),
-    # reasoning_content and prefix: DeepSeek's documented extensions of the assistant message
-    "assistant": frozenset({"role", "content", "name", "tool_calls", "function_call", "refusal", "audio",
-                            "annotations", "reasoning_content", "prefix"}),
-    "tool": frozenset({"role", "content", "tool_call_id"}),
-    "function": frozenset({"role", "content", "name"}),  # deprecated, still accepted by the API
-}
-_CHAT_PARTS: dict[str, frozenset[str]] = {
-    "system": frozenset({"text"}), "developer": frozenset({"text"}), "tool": frozenset({"text"}),
-    "function": frozenset({"text"}),
-    "user": frozenset({"text", "image_url", "input_audio", "file"}),
-    "assistant": frozenset({"text", "refusal"}),
-}
-_CHAT_ONLY_PARTS = frozenset({"image_url", "input_audio", "file", "refusal"})
-_ANTHROPIC_ONLY_PARTS = frozenset({
-    "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking", "server_tool_use",
-    "web_search_tool_result", "search_result", "container_upload", "mcp_tool_use", "mcp_tool_result",
-})
-_CHAT_TOOL_TYPES = frozenset({"function", "custom"})
-_RESPONSES_TOOL_TYPES = frozenset({
-    "function", "file_search", "computer", "computer_use_preview", "web_search", "web_search_2025_08_26",
-    "web_search_preview", "web_search_preview_2025_03_11", "mcp", "code_interpreter",
-    "programmatic_tool_calling", "image_generation", "local_shell", "shell", "custom", "namespace",
-    "tool_search", "apply_patch",
-})
-#: Responses input item types (the openai SDK's ``ResponseInputItemParam`` union).
-RESPONSES_ITEM_TYPES = frozenset({
-    "message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
-    "reasoning", "web_search_call", "file_search_call", "computer_call", "computer_call_output",
-    "local_shell_call", "local_shell_call_output", "shell_call", "shell_call_output", "apply_patch_call",
-    "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
-    "image_generation_call", "code_interpreter_call", "tool_search_call", "tool_search_output",
-    "additional_tools", "configuration_update", "compaction", "compaction_trigger", "item_reference",
-    "program", "program_output",
-})
-_RESPONSES_ROLES = frozenset({"user", "assistant", "system", "developer"})
-_RESPONSES_PARTS = frozenset({"input_text", "input_image", "input_file", "input_audio", "output_text", "refusal"})
-
-
-_CHAT_MSG_KEYS = frozenset(_CHAT_ROLES["assistant"] | _CHAT_ROLES["tool"]) - {"role", "content"}
-
-
-def _message_evidence(m: Any, first: bool) -> str | None:
-    """Which API a Messages/Chat message can only belong to, if any (``first``: it is ``messages[0]``).
-
-    A ``system`` message is Chat evidence only first: the Messages API takes one mid-conversation, never first
-    (docs/provider_cache_rules.md#anthropic-mid-conversation-system-messages), so a later one is judged by its
-    content like any message.
-    """
-    if not isinstance(m, dict):
-        return None
-    role = m.get("role")
-    if role in ("developer", "tool", "function") or (role == "system" and first) or (
-            len(m) > 2 and not _CHAT_MSG_KEYS.isdisjoint(m)):
-        return "openai-chat"
-    content = m.get("content")
-    if isinstance(content, list):
-        for part in content:
-            if isinstance(part, dict):
-                t = part.get("type")
-                if t in _ANTHROPIC_ONLY_PARTS or "cache_control" in part:
-                    return "anthropic"
-                if t in _CHAT_ONLY_PARTS:
-                    return "openai-chat"
-    return None
-
+# -- prepare ---------------------------------------------------------------------------------------
 
 def detect_dialect(body: dict[str, Any]) -> str:
-    """The API a request body is written for: ``anthropic``, ``openai-chat`` or ``openai-responses``.
+    """The API a request body is written for: ``anthropic``, ``openai-chat`` or ``openai-responses``
+    (:func:`promptcache_nb.dialects.detect`, which documents the rule)."""
+    return detect_format(body).name
 
-    Decided by the first evidence found, cheapest first: top-level keys only one API has (``input`` /
-    ``instructions`` → Responses; ``system``, ``thinking`` ... → Anthropic; ``max_completion_tokens``,
-    ``response_format`` ... → Chat), then the tools' shape (``input_schema`` vs ``function``), then the
-    messages (roles ``developer`` / ``tool``, a first ``system`` message, ``tool_calls``, content part types;
-    a later ``system`` message, which both APIs take, tells only when nothing else does: Chat). A body
-    with no evidence at all (user/assistant text only) is read as ``anthropic``; pass ``dialect=`` to
-    :func:`prepare` to say otherwise.
-    """
-    keys = body.keys()
-    if not _RESPONSES_KEYS.isdisjoint(keys):
-        return "openai-responses"
-    if not _ANTHROPIC_KEYS.isdisjoint(keys):
-        return "anthropic"
-    if not _CHAT_KEYS.isdisjoint(keys):
-        return "openai-chat"
-    tools = body.get("tools")
-    if isinstance(tools, list):
-        for tool in tools:
-            if isinstance(tool, dict):
-                if "input_schema" in tool:
-                    return "anthropic"
-                if "function" in tool or tool.get("type") == "function":
-                    return "openai-chat"
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for i, m in enumerate(messages):
-            found = _message_evidence(m, i == 0)
-            if found is not None:
-                return found
-        # a later system message and nothing else to tell: Chat, where a system message may stand anywhere
-        if any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
-            return "openai-chat"
-    return "anthropic"
-
-
-# -- validation (one-line errors naming the field) ----------------------------------------------------
-
-def _check_body(body: dict[str, Any]) -> None:
-    """Reject Messages shapes the API rejects (and that could not round-trip byte for byte)."""
-    _check_anthropic_top(body)
-    system = body.get("system")
-    for i, block in enumerate(system if isinstance(system, list) else ()):
-        _check_system_block(i, block)
-    for i, m in enumerate(body.get("messages", [])):
-        _check_anthropic_message(i, m)
-
-
-def _check_anthropic_top(body: dict[str, Any]) -> None:
-    if "tools" in body and not isinstance(body["tools"], list):
-        raise ValueError("tools: must be a list of tool definitions (omit the key for none)")
-    if "system" in body and not isinstance(body["system"], str | list):
-        raise ValueError("system: must be a string or a list of text blocks (omit the key for none)")
-    if not isinstance(body.get("messages", []), list):
-        raise ValueError("messages: must be a list")
-
-
-def _check_system_block(i: int, block: Any) -> None:
-    if not isinstance(block, dict):
-        raise ValueError(f"system[{i}]: must be a content block object")
-
-
-def _check_anthropic_message(i: int, m: Any) -> None:
-    if not isinstance(m, dict) or "role" not in m or "content" not in m:
-        raise ValueError(f"messages[{i}]: each message needs 'role' and 'content'")
-    extra = set(m) - {"role", "content"}
-    if extra:
-        raise ValueError(f"messages[{i}]: unsupported keys {sorted(extra)}")
-    content = m["content"]
-    if not isinstance(content, str | list):
-        raise ValueError(f"messages[{i}].content: must be a string or a list of content blocks")
-    for j, block in enumerate(content if isinstance(content, list) else ()):
-        if not isinstance(block, dict):
-            raise ValueError(f"messages[{i}].content[{j}]: must be a content block object")
-
-
-def _check_tool(i: int, tool: Any, allowed: frozenset[str]) -> None:
-    if not isinstance(tool, dict):
-        raise ValueError(f"tools[{i}]: must be a tool definition object")
-    t = tool.get("type")
-    if t not in allowed:
-        raise ValueError(f"tools[{i}].type: unknown tool type {t!r}")
-    if allowed is _CHAT_TOOL_TYPES:
-        inner = tool.get(t)
-        if not isinstance(inner, dict) or not isinstance(inner.get("name"), str):
-            raise ValueError(f"tools[{i}].{t}: must be an object with a 'name'")
-
-
-def _check_chat_message(i: int, m: Any) -> None:
-    if not isinstance(m, dict):
-        raise ValueError(f"messages[{i}]: must be a message object")
-    role = m.get("role")
-    allowed = _CHAT_ROLES.get(role) if isinstance(role, str) else None
-    if allowed is None or not isinstance(role, str):
-        raise ValueError(f"messages[{i}].role: unknown role {role!r}")
-    for k in m:
-        if k not in allowed:
-            raise ValueError(f"messages[{i}].{k}: unknown key for a {role!r} message")
-    if "content" not in m:
-        if role != "assistant" or not (m.get("tool_calls") or m.get("function_call")):
-            raise ValueError(f"messages[{i}].content: missing")
-    content = m.get("content")
-    if content is None:
-        if role not in ("assistant", "function"):
-            raise ValueError(f"messages[{i}].content: must be a string or a list of content parts")
-    elif isinstance(content, list):
-        parts = _CHAT_PARTS[role]
-        for j, part in enumerate(content):
-            if not isinstance(part, dict):
-                raise ValueError(f"messages[{i}].content[{j}]: must be a content part object")
-            if part.get("type") not in parts:
-                raise ValueError(
-                    f"messages[{i}].content[{j}].type: unknown content part type {part.get('type')!r} "
-                    f"for a {role!r} message")
-    elif not isinstance(content, str):
-        raise ValueError(f"messages[{i}].content: must be a string or a list of content parts")
-    if role == "tool" and not isinstance(m.get("tool_call_id"), str):
-        raise ValueError(f"messages[{i}].tool_call_id: required (a string) for a 'tool' message")
-    calls = m.get("tool_calls")
-    if calls is not None:
-        if not isinstance(calls, list):
-            raise ValueError(f"messages[{i}].tool_calls: must be a list")
-        for j, call in enumerate(calls):
-            t = call.get("type") if isinstance(call, dict) else None
-            if t not in _CHAT_TOOL_TYPES:
-                raise ValueError(f"messages[{i}].tool_calls[{j}].type: unknown tool call type {t!r}")
-            if not isinstance(call.get(t), dict):
-                raise ValueError(f"messages[{i}].tool_calls[{j}].{t}: must be an object")
-
-
-def _check_item(i: int, item: Any) -> None:
-    if not isinstance(item, dict):
-        raise ValueError(f"input[{i}]: must be an input item object")
-    t = item.get("type")
-    if t is None:
-        if "role" in item:
-            t = "message"  # an EasyInputMessage: the type is optional
-        elif set(item) == {"id"}:
-            return  # an item_reference: the type is optional
-        else:
-            raise ValueError(f"input[{i}].type: missing (an item needs a type, or role and content)")
-    if t not in RESPONSES_ITEM_TYPES:
-        raise ValueError(f"input[{i}].type: unknown item type {t!r}")
-    if t != "message":
-        return
-    role = item.get("role")
-    if role not in _RESPONSES_ROLES:
-        raise ValueError(f"input[{i}].role: unknown role {role!r}")
-    content = item.get("content")
-    if isinstance(content, list):
-        for j, part in enumerate(content):
-            pt = part.get("type") if isinstance(part, dict) else None
-            if pt not in _RESPONSES_PARTS:
-                raise ValueError(f"input[{i}].content[{j}].type: unknown content part type {pt!r}")
-    elif not isinstance(content, str):
-        raise ValueError(f"input[{i}].content: must be a string or a list of content parts")
-
-
-# -- prepare ---------------------------------------------------------------------------------------
 
 def unlogged_segment(tokens: int) -> Segment:
     """The synthetic first segment of a partial body: ``tokens`` measured, no content.
@@ -553,19 +354,19 @@ def prepare(
         >>> p.dialect, [s.path for s in p.segments]
         ('openai-chat', ['messages[0]', 'messages[1]'])
     """
-    dialect, pinned, unlogged_prefix_tokens = _read_arguments(body, dialect, unlogged_prefix_tokens)
+    fmt, pinned, unlogged_prefix_tokens = _read_arguments(body, dialect, unlogged_prefix_tokens)
     memo = (memo or SegmentMemo()).for_model(body.get("model"))  # the estimator of this body's model
-    if trusted and dialect == "anthropic" and not copy and not pinned:
+    if trusted and fmt.fast_path and not copy and not pinned:
         return _prepare_trusted(body, memo, previous, unlogged_prefix_tokens)
-    return _Builder(body, dialect, memo, previous, unlogged_prefix_tokens, copy, pinned).build()
+    return _Builder(body, fmt, memo, previous, unlogged_prefix_tokens, copy, pinned).build()
 
 
-def _read_arguments(body: Any, dialect: str | None, unlogged: int | None) -> tuple[str, bool, int | None]:
-    """How :func:`prepare` (and :class:`BodyPlan`) reads a body and its arguments: (dialect, pinned, unlogged
-    prefix tokens).
+def _read_arguments(body: Any, dialect: str | None, unlogged: int | None) -> tuple[WireFormat, bool, int | None]:
+    """How :func:`prepare` (and :class:`BodyPlan`) reads a body and its arguments: (its wire format, pinned,
+    unlogged prefix tokens) — the format resolved once per request.
 
-    A :class:`LoggedBody` supplies what is not given; ``pinned`` is an explicit ``anthropic`` the body
-    alone would not tell (the shape must record it).
+    A :class:`LoggedBody` supplies what is not given; ``pinned`` is an explicit default format (the one a shape
+    omits) the body alone would not tell: the shape must record it.
     """
     if dialect is None:
         dialect = getattr(body, "dialect", None)
@@ -573,28 +374,25 @@ def _read_arguments(body: Any, dialect: str | None, unlogged: int | None) -> tup
         unlogged = getattr(body, "unlogged_prefix_tokens", None)
     if not isinstance(body, dict):
         raise TypeError(f"request body must be a dict, got {type(body).__name__}")
-    pinned = False
     if dialect is None:
-        dialect = detect_dialect(body)
-    elif dialect not in DIALECTS:
-        raise ValueError(f"dialect: must be one of {', '.join(DIALECTS)}, got {dialect!r}")
-    elif dialect == "anthropic":
-        pinned = detect_dialect(body) != "anthropic"
-    return dialect, pinned, unlogged
+        return detect_format(body), False, unlogged
+    fmt = get_format(dialect)
+    return fmt, fmt is DEFAULT_FORMAT and detect_format(body) is not fmt, unlogged
 
 
 def _prepare_trusted(
     body: dict[str, Any], memo: SegmentMemo, previous: PreparedRequest | None, unlogged: int | None,
 ) -> PreparedRequest:
-    """Messages bodies our strategies built from immutable history objects: messages that are the very
-    same objects at the same index reuse the previous request's segments wholesale, so a turn costs
-    O(messages), not O(blocks), in Python."""
+    """Messages bodies our strategies built from immutable history objects (the format's ``fast_path``): messages
+    that are the very same objects at the same index reuse the previous request's segments wholesale, so a turn
+    costs O(messages), not O(blocks), in Python. Segments as :mod:`promptcache_nb.dialects.anthropic` names them
+    (``tool_segment``, ``system_segment``, ``message_segments``: the one rule the checked path uses too)."""
     segs: list[Segment] = []
     shape: dict[str, Any] = {}
 
     cached = memo._segments
 
-    def add(path: str, kind: str, role: str | None, element: Any) -> None:
+    def add(path: str, kind: SegmentKind, role: str | None, element: Any) -> None:
         # the same history object at the same position: reuse its Segment (the common case)
         seg = cached.get(id(element))
         if (seg is not None and seg.element is element and seg.path == path and seg.kind == kind
@@ -615,27 +413,28 @@ def _prepare_trusted(
     else:
         shape["tools"] = "list"
         for i, tool in enumerate(tools):
-            add(f"tools[{i}]", "tool", None, tool)
+            add(*tool_segment(i, tool))
     system = body.get("system")
     if system is None:
         shape["system"] = "absent"
     elif isinstance(system, str):
         shape["system"] = "str"
-        add("system", "system", None, system)
+        add(*system_segment(None, system))
     else:
         shape["system"] = "list"
         for i, block in enumerate(system):
-            add(f"system[{i}]", "system", None, block)
+            add(*system_segment(i, block))
     messages = body.get("messages")
     shape["messages"] = "absent" if messages is None else "list"
     if unlogged is not None:
         shape["unlogged"] = unlogged
-    prev_msgs: list = []
+    prev_msgs: list[Any] = []
     prev_spans: list[tuple[int, int]] = []
-    if (previous is not None and previous.__dict__.get("_msg_spans") is not None
-            and previous.tokenizer == memo.tokenizer.name):
-        prev_msgs = previous.body.get("messages") or []
-        prev_spans = previous.__dict__["_msg_spans"]
+    prev_derived = previous.derived if previous is not None else None
+    if (prev_derived is not None and prev_derived.msg_spans is not None
+            and previous.tokenizer == memo.tokenizer.name):  # type: ignore[union-attr]
+        prev_msgs = previous.body.get("messages") or []  # type: ignore[union-attr]
+        prev_spans = prev_derived.msg_spans
     spans: list[tuple[int, int]] = []
     msgs = messages or []
     m0 = len(segs)  # where the messages start
@@ -660,20 +459,15 @@ def _prepare_trusted(
             segs.extend(previous.segments[a:b])  # type: ignore[union-attr]
             spans.append((start, len(segs)))
             continue
-        role, content = msg["role"], msg["content"]
-        if isinstance(content, str):
-            add(f"messages[{i}].content", "msg-str", role, content)
-        elif not content:
-            add(f"messages[{i}].content", "msg-empty", role, content)
-        else:
-            for j, block in enumerate(content):
-                add(f"messages[{i}].content[{j}]", "msg-start" if j == 0 else "msg", role, block)
+        for unit in message_segments(i, msg["role"], msg["content"]):
+            add(*unit)
         spans.append((start, len(segs)))
     rest = {key: v for key, v in body.items() if key not in TOP_LEVEL_SEGMENTED}
     cum = extend_cumulative(segs, previous, run)
     req = PreparedRequest(body, tuple(segs), shape, rest, cum[-1] if cum else 0, memo.tokenizer.name)
-    object.__setattr__(req, "_msg_spans", spans)
-    object.__setattr__(req, "_cum", cum)
+    derived = req.derived
+    derived.msg_spans = spans
+    derived.cum = cum
     mark_prefix(req, previous, run)
     return req
 
@@ -745,15 +539,16 @@ class _Builder:
     until: int | None = None  # a prefix: build only the units that make the first ``until`` segments
     cut = False  # ... and some units were left out
 
-    def __init__(self, body: dict[str, Any], dialect: str, memo: SegmentMemo,
+    def __init__(self, body: dict[str, Any], fmt: WireFormat, memo: SegmentMemo,
                  previous: PreparedRequest | None, unlogged: int | None, copy_: bool, pinned: bool) -> None:
-        self.body, self.dialect, self.memo, self.unlogged, self.copy = body, dialect, memo, unlogged, copy_
-        usable = (previous is not None and previous.dialect == dialect
-                  and previous.__dict__.get("_units") is not None
+        self.body, self.fmt, self.memo, self.unlogged, self.copy = body, fmt, memo, unlogged, copy_
+        usable = (previous is not None and previous.derived.units is not None
+                  and previous.wire is fmt
                   and previous.tokenizer == memo.tokenizer.name)  # its segments' counts are this estimator's
         self.previous = previous if usable else None
         self.segs: list[Segment] = []
-        self.shape: dict[str, Any] = {} if dialect == "anthropic" and not pinned else {"dialect": dialect}
+        # the stored shape names the format unless it is the default one, told by the body alone
+        self.shape: dict[str, Any] = {} if fmt is DEFAULT_FORMAT and not pinned else {"dialect": fmt.name}
         self.units: dict[str, list[tuple[int, int]]] = {}
         self.snaps: dict[str, list[Any]] = {}
         self.owned: dict[str, Any] = {}  # copy=True: segmented key -> the owned value
@@ -761,7 +556,7 @@ class _Builder:
         self.run, self.run_len = self.previous is not None, 0
 
     # -- helpers ----------------------------------------------------------------------------------
-    def seg(self, path: str, kind: str, role: str | None, element: Any) -> None:
+    def seg(self, path: str, kind: SegmentKind, role: str | None, element: Any) -> None:
         memo = self.memo
         chash, bhash, cc, nbytes = memo.hashes(element, trusted=False)
         if self.keys is not None:  # planning: what a diff compares, no token count
@@ -786,7 +581,7 @@ class _Builder:
         tail: list[bool] = []  # reuse flags for units k.. that the previous body also has
         prev_units = prev_spans = None
         if prev is not None and prev.shape.get(key) == self.shape.get(key):  # same shape: str vs list
-            prev_spans = prev.__dict__["_units"].get(key)
+            prev_spans = prev.derived.units.get(key)  # type: ignore[union-attr]
         if prev is not None and prev_spans:
             prev_snaps = _prev_snapshots(prev, key)
             cur = remembered_snapshots(units)  # the list validate_request just checked: its bytes are known
@@ -851,7 +646,7 @@ class _Builder:
             else:
                 self.segs.append(unlogged_segment(self.unlogged))
                 self.run = False
-        segmented = getattr(self, "_" + self.dialect.replace("-", "_"))()
+        segmented = self.fmt.segment(self)
         if self.unlogged is not None:
             shape["unlogged"] = self.unlogged
         rest = {k: v for k, v in body.items() if k not in segmented}
@@ -861,149 +656,20 @@ class _Builder:
             body = {k: (owned[k] if k in owned else rest[k]) for k in body}
         cum = extend_cumulative(self.segs, prev, self.run_len)
         req = PreparedRequest(body, tuple(self.segs), shape, rest, cum[-1] if cum else 0, self.memo.tokenizer.name)
-        object.__setattr__(req, "_cum", cum)
+        derived = req.derived
+        derived.cum = cum
         if self.cut:  # a prefix (BodyPlan.prefix): never a ``previous`` to reuse units from
-            object.__setattr__(req, "_partial", True)
+            derived.partial = True
             return req
-        object.__setattr__(req, "_units", self.units)
-        object.__setattr__(req, "_snaps", self.snaps)
+        derived.units = self.units
+        derived.snaps = self.snaps
         if self.copy:
             _hand_over_snapshots(self.body, body)
         if prev is not None:
-            object.__setattr__(req, "_prefix_of", (weakref.ref(prev), self.run_len))
-        if self.dialect == "anthropic":
-            object.__setattr__(req, "_msg_spans", self.units.get("messages", []))
+            derived.prefix_of = (weakref.ref(prev), self.run_len)
+        if self.fmt.fast_path:
+            derived.msg_spans = self.units.get(self.fmt.list_key, [])
         return req
-
-    def _anthropic(self) -> tuple[str, ...]:
-        body, shape = self.body, self.shape
-        _check_anthropic_top(body)
-        tools = body.get("tools")
-        shape["tools"] = "absent" if tools is None else "list"
-        if tools is not None:
-            self.section("tools", tools, lambda i, t: self.seg(f"tools[{i}]", "tool", None, t))
-        system = body.get("system")
-        if system is None:
-            shape["system"] = "absent"
-        elif isinstance(system, str):
-            shape["system"] = "str"
-            self.section("system", [system], lambda i, s: self.seg("system", "system", None, s), scalar=True)
-        else:
-            shape["system"] = "list"
-
-            def system_block(i: int, block: Any) -> None:
-                _check_system_block(i, block)
-                self.seg(f"system[{i}]", "system", None, block)
-
-            self.section("system", system, system_block)
-        messages = body.get("messages")
-        shape["messages"] = "absent" if messages is None else "list"
-
-        def message(i: int, msg: Any) -> None:
-            _check_anthropic_message(i, msg)
-            role, content = msg["role"], msg["content"]
-            if isinstance(content, str):
-                self.seg(f"messages[{i}].content", "msg-str", role, content)
-            elif not content:
-                self.seg(f"messages[{i}].content", "msg-empty", role, content)
-            else:
-                for j, block in enumerate(content):
-                    self.seg(f"messages[{i}].content[{j}]", "msg-start" if j == 0 else "msg", role, block)
-
-        if messages is not None:
-            self.section("messages", messages, message)
-        return TOP_LEVEL_SEGMENTED
-
-    def _tools(self, allowed: frozenset[str]) -> list[str]:
-        tools = self.body.get("tools")
-        if tools is None:
-            self.shape["tools"] = "absent"
-            return []
-        if not isinstance(tools, list):
-            raise ValueError("tools: must be a list of tool definitions")
-        self.shape["tools"] = "list"
-
-        def tool(i: int, t: Any) -> None:
-            _check_tool(i, t, allowed)
-            self.seg(f"tools[{i}]", "tool", None, t)
-
-        self.section("tools", tools, tool)
-        return ["tools"]
-
-    def _schema(self, key: str) -> list[str]:
-        value = self.body.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, dict):
-            raise ValueError(f"{key}: must be an object")
-        self.section(key, [value], lambda i, v: self.seg(key, "schema", None, v), scalar=True)
-        return [key]
-
-    def _openai_chat(self) -> list[str]:
-        body, shape = self.body, self.shape
-        if "input" in body or "system" in body:
-            raise ValueError(f"{'input' if 'input' in body else 'system'}: not a Chat Completions field")
-        segmented = self._tools(_CHAT_TOOL_TYPES) + self._schema("response_format")
-        messages = body.get("messages")
-        if messages is None:
-            shape["messages"] = "absent"
-            return segmented
-        if not isinstance(messages, list):
-            raise ValueError("messages: must be a list")
-        shape["messages"] = "list"
-
-        def message(i: int, m: Any) -> None:
-            _check_chat_message(i, m)
-            self.seg(f"messages[{i}]", "msg-whole", m["role"], m)
-
-        self.section("messages", messages, message)
-        return [*segmented, "messages"]
-
-    def _openai_responses(self) -> list[str]:
-        body, shape = self.body, self.shape
-        if "messages" in body or "system" in body:
-            raise ValueError(f"{'messages' if 'messages' in body else 'system'}: not a Responses field")
-        segmented = self._tools(_RESPONSES_TOOL_TYPES) + self._schema("text")
-        instructions = body.get("instructions")
-        if instructions is None:
-            shape["instructions"] = "absent"
-        elif isinstance(instructions, str):
-            shape["instructions"] = "str"
-            self.section("instructions", [instructions],
-                         lambda i, s: self.seg("instructions", "system", None, s), scalar=True)
-            segmented.append("instructions")
-        else:
-            raise ValueError("instructions: must be a string")
-        inp = body.get("input")
-        if inp is None:
-            shape["input"] = "absent"
-        elif isinstance(inp, str):
-            shape["input"] = "str"
-            self.section("input", [inp], lambda i, s: self.seg("input", "msg-str", "user", s), scalar=True)
-            segmented.append("input")
-        elif isinstance(inp, list):
-            shape["input"] = "list"
-
-            def item(i: int, it: Any) -> None:
-                _check_item(i, it)
-                self.seg(f"input[{i}]", "item", it.get("role"), it)
-
-            self.section("input", inp, item)
-            segmented.append("input")
-        else:
-            raise ValueError("input: must be a string or a list of input items")
-        return segmented
-
-
-_CONTENT = itemgetter("content")
-
-
-def _messages_width(messages: list[Any]) -> int:
-    """Segments of Messages messages, as ``_Builder._anthropic`` splits them: one per content block, one for
-    string or empty content (C-speed passes, bar one type test per message)."""
-    contents = list(map(_CONTENT, messages))
-    lists = [c for c in contents if isinstance(c, list)]
-    return len(contents) - len(lists) + sum(map(len, lists)) + lists.count([])
 
 
 class BodyPlan:
@@ -1024,12 +690,13 @@ class BodyPlan:
                  unlogged_prefix_tokens: int | None = None) -> None:
         self.body = body
         self._arguments = (dialect, unlogged_prefix_tokens)
-        self.dialect, self._pinned, self.unlogged = _read_arguments(body, dialect, unlogged_prefix_tokens)
+        self.wire, self._pinned, self.unlogged = _read_arguments(body, dialect, unlogged_prefix_tokens)
+        self.dialect: str = self.wire.name
         self._memo = memo or SegmentMemo()
         self._planner = self._builder()
         planner = self._planner
         planner.plan = []
-        segmented = getattr(planner, "_" + self.dialect.replace("-", "_"))()
+        segmented = self.wire.segment(planner)
         if self.unlogged is not None:
             planner.shape["unlogged"] = self.unlogged
         self.shape = planner.shape
@@ -1046,13 +713,13 @@ class BodyPlan:
 
     def _builder(self) -> _Builder:
         memo = self._memo.for_model(self.body.get("model"))
-        return _Builder(self.body, self.dialect, memo, None, self.unlogged, False, self._pinned)
+        return _Builder(self.body, self.wire, memo, None, self.unlogged, False, self._pinned)
 
     def width(self, section: int, start: int, stop: int) -> int:
         """How many segments units ``[start, stop)`` of a section make."""
         key, units = self.sections[section]
-        if key == "messages" and self.dialect == "anthropic":
-            return _messages_width(units[start:stop])
+        if key == self.wire.list_key:
+            return self.wire.units_width(units[start:stop])
         return stop - start
 
     @property
@@ -1106,7 +773,7 @@ class BodyPlan:
 def prefix_record(p: PreparedRequest) -> tuple[PreparedRequest | None, int]:
     """(the previous request, how many leading segments ``p`` shares with it: :func:`shared_prefix_of`);
     (None, 0) when unknown."""
-    rec = p.__dict__.get("_prefix_of")
+    rec = p.derived.prefix_of
     if rec is None:
         return None, 0
     prev = rec[0]()
@@ -1116,7 +783,7 @@ def prefix_record(p: PreparedRequest) -> tuple[PreparedRequest | None, int]:
 def extend_cumulative(segments: Any, previous: PreparedRequest | None, shared: int) -> list[int]:
     """Cumulative tokens of ``segments``: ``previous``'s sums for the first ``shared`` (its very segments),
     then only the new tail is added up — O(new segments) per request, the shared run a list copy."""
-    pcum = previous.__dict__.get("_cum") if previous is not None and shared else None
+    pcum = previous.derived.cum if previous is not None and shared else None
     if pcum is None or len(pcum) < shared:
         return list(accumulate(map(_TOKENS, segments)))
     cum = pcum[:shared]
@@ -1139,7 +806,7 @@ def mark_prefix(p: PreparedRequest, previous: PreparedRequest | None, shared: in
     extended rather than recomputed."""
     if previous is None:
         return
-    object.__setattr__(p, "_prefix_of", (weakref.ref(previous), shared))
+    p.derived.prefix_of = (weakref.ref(previous), shared)
 
 
 def _units_of(body: dict[str, Any], key: str) -> list[Any]:
@@ -1149,7 +816,8 @@ def _units_of(body: dict[str, Any], key: str) -> list[Any]:
 
 def _prev_snapshots(prev: PreparedRequest, key: str) -> list[Any]:
     """The previous request's per-unit bytes (computed from its body the first time they are needed)."""
-    snaps = prev.__dict__["_snaps"]
+    snaps = prev.derived.snaps
+    assert snaps is not None  # a previous request whose units are known has its snapshots
     got = snaps.get(key)
     if got is None:
         got = snaps[key] = _snapshots(_units_of(prev.body, key))
@@ -1162,66 +830,25 @@ def shared_prefix_of(p: PreparedRequest, previous: PreparedRequest) -> int:
     ``prepare(..., previous=previous)`` or the stored-request loader recorded it (0 when unknown).
     Everything keyed by segment content (diffs, prefix chains, stored blocks, cumulative tokens) can start
     after them."""
-    rec = p.__dict__.get("_prefix_of")
+    rec = p.derived.prefix_of
     return rec[1] if rec is not None and rec[0]() is previous else 0
 
 
-def rebuild_body(shape: dict[str, Any], rest: dict[str, Any], chain: list[tuple[str, str | None, Any]]) -> dict:
-    """Inverse of :func:`prepare`: a body from its shape, other fields and (kind, role, element) list.
+def rebuild_body(shape: dict[str, Any], rest: dict[str, Any], chain: list[tuple[str, str | None, Any]]
+                 ) -> dict[str, Any]:
+    """Inverse of :func:`prepare`: a body from its shape, other fields and (kind, role, element) list (the format's
+    ``Dialect.rebuild`` places the segments).
 
     The ``unlogged`` segment is not part of the body and is skipped. When the shape names a dialect or an
     unlogged prefix the result is a :class:`LoggedBody` carrying both, so ``prepare(rebuild_body(...))``
     rebuilds the same segments.
     """
-    dialect = shape.get("dialect", "anthropic")
+    fmt = get_format(shape.get("dialect", "anthropic"))
     unlogged = shape.get("unlogged")
     body: dict[str, Any] = dict(rest) if "dialect" not in shape and unlogged is None else LoggedBody(rest)
     if isinstance(body, LoggedBody):
-        body.dialect = dialect
+        body.dialect = fmt.name
         body.unlogged_prefix_tokens = unlogged
     if shape.get("tools") == "list":
         body["tools"] = []
-    if dialect != "anthropic":
-        return _rebuild_openai(body, shape, dialect, chain)
-    if shape.get("system") == "list":
-        body["system"] = []
-    if shape.get("messages") == "list":
-        body["messages"] = []
-    for kind, role, element in chain:
-        if kind == "tool":
-            body["tools"].append(element)
-        elif kind == "system":
-            if shape.get("system") == "str":
-                body["system"] = element
-            else:
-                body["system"].append(element)
-        elif kind in ("msg-str", "msg-empty"):
-            body["messages"].append({"role": role, "content": element})
-        elif kind == "msg-start":
-            body["messages"].append({"role": role, "content": [element]})
-        elif kind == "msg":
-            body["messages"][-1]["content"].append(element)
-        elif kind != "unlogged":
-            raise ValueError(f"unknown segment kind {kind!r}")
-    return body
-
-
-def _rebuild_openai(body: dict[str, Any], shape: dict[str, Any], dialect: str,
-                    chain: list[tuple[str, str | None, Any]]) -> dict:
-    key = "messages" if dialect == "openai-chat" else "input"
-    if shape.get(key) == "list":
-        body[key] = []
-    for kind, _role, element in chain:
-        if kind == "tool":
-            body["tools"].append(element)
-        elif kind in ("msg-whole", "item"):
-            body[key].append(element)
-        elif kind == "schema":
-            body["response_format" if dialect == "openai-chat" else "text"] = element
-        elif kind == "system":
-            body["instructions"] = element
-        elif kind == "msg-str":
-            body["input"] = element
-        elif kind != "unlogged":
-            raise ValueError(f"unknown segment kind {kind!r} for {dialect}")
-    return body
+    return fmt.rebuild(body, shape, chain)

@@ -45,9 +45,8 @@ import io
 import json
 import pickle
 import unicodedata
-import weakref
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress, count
@@ -55,9 +54,14 @@ from operator import attrgetter, is_not, itemgetter, ne
 from typing import Any
 
 from .._util import common_prefix_length
+from ..dialects._openai import FIELD_LEVELS as OPENAI_FIELD_LEVELS  # noqa: F401  (their old home)
+from ..dialects._openai import VOLATILE_FIELDS as OPENAI_VOLATILE_FIELDS  # noqa: F401
+from ..dialects.anthropic import FIELD_LEVELS as FIELD_LEVELS
+from ..dialects.anthropic import VOLATILE_FIELDS as VOLATILE_FIELDS
 from ._canonical import (
     BodyPlan,
     PreparedRequest,
+    Segment,
     SegmentMemo,
     canonical_bytes,
     canonical_json,
@@ -65,23 +69,8 @@ from ._canonical import (
     shared_prefix_of,
 )
 
-#: Top-level fields that never affect cache matching (ignored for the divergence, listed).
-VOLATILE_FIELDS: tuple[str, ...] = (
-    "cache_control", "max_tokens", "metadata", "stop_sequences", "stream", "temperature", "top_k", "top_p",
-)
-#: Top-level fields that invalidate the cache from a level on (the §1.3 table, as cache/anthropic.py keys it).
-FIELD_LEVELS = {
-    "model": "tools", "speed": "system", "tool_choice": "messages", "thinking": "messages",
-    "output_config": "messages",
-}
-#: OpenAI top-level fields that never affect what the prefix cache matches (output limits, sampling,
-#: streaming, bookkeeping).
-OPENAI_VOLATILE_FIELDS = (
-    "logprobs", "max_completion_tokens", "max_output_tokens", "max_tokens", "metadata", "n", "seed", "stop",
-    "store", "stream", "stream_options", "temperature", "top_logprobs", "top_p",
-)
-#: OpenAI: caches are per model (§2.1); nothing else is documented to invalidate the prefix.
-OPENAI_FIELD_LEVELS = {"model": "tools"}
+# The volatile and cache-relevant top-level fields of each format (``Dialect.volatile_fields``, ``field_levels``);
+# the names below are their old home.
 _WHOLE_KINDS = ("msg-whole", "item")
 _EXCERPT_BEFORE = 40
 _EXCERPT_AFTER = 40
@@ -295,7 +284,7 @@ class _Info:
 
 def _common_run(a: _Info, b: _Info, a0: int = 0, b0: int = 0) -> int:
     """Length of the common run of segment keys of ``a`` from ``a0`` and ``b`` from ``b0``."""
-    def cut(xs: list, start: int) -> list:
+    def cut(xs: list[Any], start: int) -> list[Any]:
         return xs if start == 0 else xs[start:]
 
     return min(
@@ -307,22 +296,11 @@ def _common_run(a: _Info, b: _Info, a0: int = 0, b0: int = 0) -> int:
 
 _HASH = attrgetter("content_hash")
 _ROLE_ATTR = attrgetter("role")
-_TOKENS = attrgetter("tokens")
+_TOKENS: Callable[[Segment], int] = attrgetter("tokens")
 _CACHE_CONTROL = attrgetter("cache_control")
-_NBYTES = attrgetter("nbytes")
+_NBYTES: Callable[[Segment], int] = attrgetter("nbytes")
 _KIND = attrgetter("kind")
 _ROLE = itemgetter("role")
-_INFO: dict[int, tuple[weakref.ref, _Info]] = {}
-_INFO_MAX = 16
-
-
-def section_counts(body: dict[str, Any]) -> tuple[int, int]:
-    """(tool segments, system segments) of a Messages body, as ``prepare`` splits it (see :func:`sections`
-    for any prepared request)."""
-    tools, system = body.get("tools"), body.get("system")
-    n_tools = 0 if tools is None else len(tools)
-    n_sys = 0 if system is None else 1 if isinstance(system, str) else len(system)
-    return n_tools, n_sys
 
 
 def sections(p: PreparedRequest | BodyPlan) -> tuple[int, int, int]:
@@ -332,30 +310,24 @@ def sections(p: PreparedRequest | BodyPlan) -> tuple[int, int, int]:
     shape, body, rest = p.shape, p.body, p.rest
     t0 = 0 if shape.get("unlogged") is None else 1
     n_tools = len(body["tools"]) if shape.get("tools") == "list" else 0
-    dialect = shape.get("dialect", "anthropic")
-    if dialect == "anthropic":
-        n_sys = section_counts(body)[1]
-    elif dialect == "openai-chat":
-        n_sys = int("response_format" in body and "response_format" not in rest)
-    else:
-        n_sys = int("text" in body and "text" not in rest) + int(shape.get("instructions") == "str")
+    n_sys = p.wire.system_count(body, shape, rest)
     return t0, t0 + n_tools, t0 + n_tools + n_sys
 
 
 def _info(p: PreparedRequest, like: PreparedRequest | None = None) -> _Info:
-    # A session diffs request k against k-1, then k+1 against k: memoising by identity makes each
-    # request's O(segments) pass happen once.
-    hit = _INFO.get(id(p))
-    if hit is not None and hit[0]() is p:
-        return hit[1]
+    # A session diffs request k against k-1, then k+1 against k: kept with the request (its derived data),
+    # each request's O(segments) pass happens once.
+    hit = p.derived.diff_info
+    if hit is not None:
+        return hit  # type: ignore[no-any-return]
     segs = p.segments
     reuse = None
     k = shared_prefix_of(p, like) if like is not None else 0
-    other = _INFO.get(id(like)) if k else None
+    other = like.derived.diff_info if k and like is not None else None
     start, mark_at = 0, []
-    if other is not None and other[0]() is like:
-        reuse = (other[1], k)  # the leading segments are like's very objects: copy its lists
-        start, mark_at = k, [m for m in other[1].mark_at if m[0] < k]  # ... and its markers among them
+    if other is not None:
+        reuse = (other, k)  # the leading segments are like's very objects: copy its lists
+        start, mark_at = k, [m for m in other.mark_at if m[0] < k]  # ... and its markers among them
     # C-speed passes (map/attrgetter/compress) over the segments after the shared run only
     tail = segs[start:] if start else segs
     for i, s in zip(compress(range(start, len(segs)), map(_CACHE_CONTROL, tail)),
@@ -363,10 +335,7 @@ def _info(p: PreparedRequest, like: PreparedRequest | None = None) -> _Info:
         cc = s.cache_control
         mark_at.append((i, f"{s.path} ({cc.get('ttl', '5m') if isinstance(cc, dict) else '?'})"))
     info = _Info(segs, sections(p), tuple(mark_at), reuse)
-    if len(_INFO) >= _INFO_MAX:
-        for k in [k for k, (ref, _) in _INFO.items() if ref() is None] or [next(iter(_INFO))]:
-            del _INFO[k]
-    _INFO[id(p)] = (weakref.ref(p), info)
+    p.derived.diff_info = info
     return info
 
 
@@ -414,12 +383,12 @@ def _value_size(p: PreparedRequest, info: _Info, key: str) -> int:
     body = p.body
     value = body[key]
     segs = p.segments
-    if value is None or key in p.rest or p.__dict__.get("_partial"):
+    if value is None or key in p.rest or p.derived.partial:
         # a prefix (BodyPlan.prefix) has no segments past the divergence to add up: measure the value
         return len(canonical_bytes(value))
     if key == "tools":
         return _list_size(segs, info.tool_start, info.sys_start)
-    if "dialect" in p.shape and p.shape["dialect"] != "anthropic":
+    if p.wire.whole_units:
         if isinstance(value, list):  # messages / input: one segment per element
             return _list_size(segs, info.msg_start, len(segs))
         return segs[_scalar_index(info, key)].nbytes
@@ -468,18 +437,13 @@ def segment_offset(p: PreparedRequest, index: int) -> int:
     if kind == "tool":
         t0 = info.tool_start
         return _key_offset(p, info, "tools") + 1 + sum(map(_NBYTES, segs[t0:index])) + index - t0
-    dialect = p.shape.get("dialect", "anthropic")
-    if dialect != "anthropic":
-        chat = dialect == "openai-chat"
-        if kind == "schema":
-            return _key_offset(p, info, "response_format" if chat else "text")
-        if kind == "system":
-            return _key_offset(p, info, "instructions")
-        if kind == "msg-str":
-            return _key_offset(p, info, "input")
+    fmt = p.wire
+    if fmt.whole_units:
+        key = fmt.scalar_keys.get(kind)
+        if key is not None:  # a one-segment section (schema, instructions, an input string)
+            return _key_offset(p, info, key)
         m0 = info.msg_start
-        return (_key_offset(p, info, "messages" if chat else "input") + 1
-                + sum(map(_NBYTES, segs[m0:index])) + index - m0)
+        return _key_offset(p, info, fmt.list_key) + 1 + sum(map(_NBYTES, segs[m0:index])) + index - m0
     if seg.kind == "system":
         base = _key_offset(p, info, "system")
         if isinstance(p.body.get("system"), str):
@@ -594,7 +558,7 @@ class PrefixDiff:
         """Volatile changes (``VOLATILE_FIELDS``, moved ``cache_control`` markers as ``breakpoints``) that
         never affect matching. The breakpoints read both whole requests."""
         prev, cur = self._sources
-        volatile = VOLATILE_FIELDS if cur.dialect == "anthropic" else OPENAI_VOLATILE_FIELDS
+        volatile = cur.wire.volatile_fields
         ignored = _field_changes(prev.rest, cur.rest, volatile)
         pm, cm = _info(self.previous).marks, _info(self.current).marks
         if pm != cm:
@@ -748,7 +712,7 @@ class PrefixDiff:
         p_items = [(pk[j], prev.segments[j].path) for j in range(n, p_end)]
         c_items = [(ck[j], cur.segments[j].path) for j in range(n, c_end)]
         same = set(p_items) & set(c_items)  # same content at the same path
-        left: dict[tuple, list[str]] = {}
+        left: dict[tuple[Any, ...], list[str]] = {}
         for key, path in p_items:
             if (key, path) not in same:
                 left.setdefault(key, []).append(path)
@@ -917,8 +881,7 @@ def _within_message(seg: Any) -> str:
 
 
 def _history_length(p: PreparedRequest) -> int:
-    key = "input" if p.dialect == "openai-responses" else "messages"
-    value = p.body.get(key)
+    value = p.body.get(p.wire.list_key)
     return len(value) if isinstance(value, list) else int(value is not None)
 
 
@@ -968,8 +931,8 @@ def _diff_at(previous: Any, current: Any, n: int, prefix_ok: bool, path_at: str 
     ``msg_start``: where the current request's system and messages levels start.
     """
     prest, crest = previous.rest, current.rest
-    levels = FIELD_LEVELS if current.dialect == "anthropic" else OPENAI_FIELD_LEVELS
-    volatile = VOLATILE_FIELDS if current.dialect == "anthropic" else OPENAI_VOLATILE_FIELDS
+    fmt = current.wire
+    levels, volatile = fmt.field_levels, fmt.volatile_fields
     field_changes = _field_changes(prest, crest, sorted(levels))
     known = set(volatile) | set(levels)
     other = _field_changes(prest, crest, sorted((set(prest) | set(crest)) - known))
@@ -1096,7 +1059,7 @@ def _diff_raw(previous: dict[str, Any], current: dict[str, Any], memo: SegmentMe
     prepared bodies must answer: different dialects, or a body ``prepare`` rejects (it raises the error)."""
     try:
         a, b = BodyPlan(previous, memo=memo), BodyPlan(current, memo=memo)
-        if a.dialect != b.dialect:
+        if a.wire is not b.wire:
             return None
         n, path_a, path_b = _common_keys(a, b)
         _, sys_start, msg_start = sections(b)

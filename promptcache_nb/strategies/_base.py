@@ -15,9 +15,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
-from .._options import Options
+from .._options import Options as _Options
 from .._types import Delta, KnowledgeEntry
 from .._util import digest
 
@@ -31,7 +31,7 @@ class DeltaTable:
 
     def __init__(self, rows: list[Delta]) -> None:
         self._rows = {d.seq: d for d in rows}
-        self.ops: list[tuple[str, int, dict | None, dict | None]] = []
+        self.ops: list[tuple[str, int, dict[str, Any] | None, dict[str, Any] | None]] = []
 
     def list(self) -> list[Delta]:
         """Rows ordered by seq."""
@@ -95,17 +95,42 @@ class StrategyContext:
     @property
     def extra(self) -> dict[str, Any]:
         """Strategy-specific persisted state (JSON-serialisable values only)."""
-        return self.state.setdefault("extra", {})
+        extra: dict[str, Any] = self.state.setdefault("extra", {})
+        return extra
 
 
 class Strategy(ABC):
-    """Assemble a request. Subclasses set ``name``, ``title`` and ``source`` (the system they reproduce)."""
+    """Assemble a request. Subclasses set ``name``, ``title`` and ``source`` (the system they reproduce).
+
+    A strategy with parameters declares them once, in a nested ``Options`` model (a subclass of
+    ``Strategy.Options``, described fields with defaults), and reads ``self.options.x``; the constructor takes
+    the same names as keyword arguments (``lab.session(strategy_params=...)`` passes them), its signature and
+    the ``Args:`` of its docstring come from the model.
+    """
 
     name: ClassVar[str]
     title: ClassVar[str]
     source: ClassVar[str]
-    #: The strategy's parameters (``lab.session(strategy_params=...)``) as a typed model; none by default.
-    Options: ClassVar[type[Options]] = Options
+
+    class Options(_Options):
+        """The strategy's parameters (``lab.session(strategy_params=...)``); none by default."""
+
+    #: The validated parameters this strategy builds with.
+    options: Options
+
+    def __init__(self, **options: Any) -> None:
+        self.options = type(self).Options.check(options, owner=f"strategy {self.name!r}")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__signature__ = cls.Options.signature()  # type: ignore[attr-defined] # read by inspect.signature
+        cls.__doc__ = cls.Options.document(cls.__doc__)
+
+    @classmethod
+    def from_stored(cls, params: Mapping[str, Any] | None) -> Self:
+        """The strategy with the options a session stored (names it does not know ignored: a session stored
+        before options were checked keeps loading)."""
+        return cls(**cls.Options.stored(params, owner=f"strategy {cls.name!r}").explicit())
 
     @abstractmethod
     def build(self, ctx: StrategyContext) -> dict[str, Any]:

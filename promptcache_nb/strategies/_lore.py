@@ -22,12 +22,12 @@ from typing import Any, overload
 
 from pydantic import Field
 
-from .._options import Options
 from .._types import Delta, KnowledgeEntry
 from ._base import (
     DEFAULT_MAX_TOKENS,
     EPHEMERAL,
     EPHEMERAL_1H,
+    Strategy,
     StrategyContext,
     fingerprint,
     format_entry,
@@ -185,16 +185,11 @@ def delta_message(text: str) -> dict[str, Any]:
     return {"role": "user", "content": [{"type": "text", "text": text}]}
 
 
-class DeltaOptions(Options):
+class DeltaOptions(Strategy.Options):
     """Options of the delta strategies (``volatile_delta``, ``durable_delta``)."""
 
     delta_budget_tokens: int = Field(DELTA_BUDGET_TOKENS, ge=1, description="estimated-token budget of one "
                                      "knowledge delta message; changed entries beyond it are listed by id only")
-
-
-def budget_tokens(ctx: StrategyContext) -> int:
-    # read leniently: a session stored before options were checked keeps loading (its extra keys ignored)
-    return int(ctx.params.get("delta_budget_tokens", DELTA_BUDGET_TOKENS))
 
 
 Insert = tuple[int, int, dict[str, Any]]  # (insertAt, seq, message)

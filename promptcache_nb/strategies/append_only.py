@@ -167,7 +167,8 @@ class AppendOnly(Strategy):
     title: ClassVar[str] = "frozen prefix + append-only message log"
     source: ClassVar[str] = "oh-my-pi append-only context mode (can1357/oh-my-pi, #3038, #3406)"
 
-    def __init__(self) -> None:
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self._digest = _Digests()
         self._tools: tuple[str, list[dict[str, Any]]] | None = None  # (JSON text, this instance's own copy)
         self._marked: tuple[dict[str, Any], dict[str, Any]] | None = None  # (system block, its marked copy)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from .._types import KnowledgeEntry
 from . import _lore
 from ._base import (
     EPHEMERAL_1H,
@@ -40,7 +41,7 @@ from ._base import (
 CONTEXT_TTL = EPHEMERAL_1H
 
 
-def prioritized(changed: list, fresh_ids: set[str], query: str) -> list:
+def prioritized(changed: list[KnowledgeEntry], fresh_ids: set[str], query: str) -> list[KnowledgeEntry]:
     """Changes not yet surfaced first (so the newest change always fits the budget), each group ranked."""
     ranked = rank_by_relevance(changed, query)
     return [e for e in ranked if e.id in fresh_ids] + [e for e in ranked if e.id not in fresh_ids]
@@ -50,9 +51,13 @@ class DurableDelta(Strategy):
     """Lore #747: pinned system[2] plus cumulative knowledge deltas replayed at fixed positions."""
 
     name: ClassVar[str] = "durable_delta"
-    Options: ClassVar[type[_lore.Options]] = _lore.DeltaOptions
     title: ClassVar[str] = "pinned knowledge + durable, replayed prompt deltas"
     source: ClassVar[str] = "Lore PR #747 (BYK/loreai, closes #740)"
+
+    class Options(_lore.DeltaOptions):
+        """Parameters of the delta strategy."""
+
+    options: Options
 
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
         view = _lore.begin_turn(ctx, "delta_keys")
@@ -64,14 +69,14 @@ class DurableDelta(Strategy):
             changed = _lore.changed_entries(current, baseline)
             text = _lore.delta_text(
                 _lore.DURABLE_BANNER, prioritized(changed, set(), ctx.latest_user_text),
-                _lore.removed_ids(current, baseline), budget_tokens=_lore.budget_tokens(ctx),
+                _lore.removed_ids(current, baseline), budget_tokens=self.options.delta_budget_tokens,
             )
         elif view.changed_since_covered:
             changed = _lore.changed_entries(current, baseline, covered)
             fresh = {e.id for e in _lore.changed_entries(current, covered)}
             text = _lore.delta_text(
                 _lore.DURABLE_BANNER, prioritized(changed, fresh, ctx.latest_user_text),
-                _lore.removed_ids(current, baseline, covered), budget_tokens=_lore.budget_tokens(ctx),
+                _lore.removed_ids(current, baseline, covered), budget_tokens=self.options.delta_budget_tokens,
             )
         if view.rewritten or view.changed_since_covered:
             ctx.extra["delta_keys"] = view.next_keys

@@ -30,9 +30,13 @@ class VolatileDelta(Strategy):
     """#740 proposal: pinned system[2] plus a one-request knowledge delta at the tail."""
 
     name: ClassVar[str] = "volatile_delta"
-    Options: ClassVar[type[_lore.Options]] = _lore.DeltaOptions
     title: ClassVar[str] = "pinned knowledge + one-turn delta message"
     source: ClassVar[str] = "Lore issue #740 proposal (BYK/loreai), before PR #747"
+
+    class Options(_lore.DeltaOptions):
+        """Parameters of the delta strategy."""
+
+    options: Options
 
     def build(self, ctx: StrategyContext) -> dict[str, Any]:
         view = _lore.begin_turn(ctx, "seen_keys")
@@ -41,7 +45,7 @@ class VolatileDelta(Strategy):
             text = _lore.delta_text(
                 _lore.VOLATILE_BANNER,
                 rank_by_relevance(_lore.changed_entries(view.current, view.covered), ctx.latest_user_text),
-                _lore.removed_ids(view.current, view.covered), budget_tokens=_lore.budget_tokens(ctx),
+                _lore.removed_ids(view.current, view.covered), budget_tokens=self.options.delta_budget_tokens,
             )
             ctx.extra["seen_keys"] = view.next_keys
             if text is not None:

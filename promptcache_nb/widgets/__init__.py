@@ -37,6 +37,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'promptcache_nb.widgets' has no attribute {name!r}")
 
 
+
+def __dir__() -> list[str]:
+    return sorted(__all__)  # the public names, the lazily loaded ones included (Tab completion)
+
+
 __all__ = [  # sorted; a literal so linters see the re-exports
     "Compare", "CompareController", "DiffView", "KnowledgeController", "KnowledgeEditor", "Monitor",
     "MonitorController", "SavingsChart", "Stepper", "StepperController", "TurnView",

@@ -178,7 +178,7 @@ PURE = {
     "header_html": lambda x: _html.header_html(index=3, n_requests=5, at=T0, events=[x, "tools"], user_text=x,
                                                scenario=x, position=1, n_scenario=3, pending=[x], batch=(3, 4)),
     "status_html": lambda x: _html.status_html(x, kind=x) + _html.status_html(x, kind="warn"),
-    "error_html": lambda x: _html.error_html(ValueError(x)) + _html.error_html(pc.SessionError(x)),
+    "error_html": lambda x: _html.error_html(ValueError(x)) + _html.error_html(pc.errors.SessionError(x)),
     "snapshot_html": lambda x: _html.snapshot_html(x, _html.text_html(x)),
     "png_html": lambda x: _html.png_html(PNG, alt=x),
     "knowledge_table_html": lambda x: _html.knowledge_table_html(
@@ -380,7 +380,7 @@ def test_an_imported_hostile_log(tmp_path_factory, x):
                                _exchange(b, model=f"claude-{x}", at="2026-11-02T09:01:00Z"),
                                x.replace("\n", " ") + " {", _exchange(b, model=MODEL, at=x)]) + "\n", encoding="utf-8")
     with pc.Lab(progress=False) as lab, warnings.catch_warnings():
-        warnings.simplefilter("ignore", pc.UnpricedModelWarning)  # the hostile model names have no price
+        warnings.simplefilter("ignore", pc.errors.UnpricedModelWarning)  # the hostile model names have no price
         res = lab.import_log(path, format="exchanges")
         markup(res._repr_html_())
         s = res.sessions[0]

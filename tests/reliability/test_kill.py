@@ -110,7 +110,7 @@ def test_a_replay_stopped_while_seeding_leaves_no_half_seeded_session(tmp_path, 
 
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
         with monkeypatch.context() as m:
-            m.setattr(pc.KnowledgeBook, "add_many", interrupted)
+            m.setattr(pc.session.KnowledgeBook, "add_many", interrupted)
             with pytest.raises(KeyboardInterrupt):
                 lab.replay(sc, strategy="durable_delta")
         assert lab.sessions().empty  # nothing half-seeded to resume

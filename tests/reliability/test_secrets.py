@@ -71,12 +71,12 @@ def _session_steps(lab: pc.Lab, server: pc.SimulatorServer, url: str, seen: Seen
     with _client(url) as client:
         s = lab.session(id=s.id, backend=pc.AnthropicBackend(client, stream=True))
         s.step("streamed", reply="three")
-        for status, error in ((429, pc.RateLimitError), (529, pc.OverloadedError)):
+        for status, error in ((429, pc.errors.RateLimitError), (529, pc.errors.OverloadedError)):
             server.inject_error(status, retry_after=1)
             seen.expect(error, lambda: s.step("refused", reply="no"))
     with _client(url, key="fake-key-not-the-listed-one") as client:
         bad = lab.session(id=s.id, backend=pc.AnthropicBackend(client))
-        seen.expect(pc.AuthenticationError, lambda: bad.step("refused", reply="no"))
+        seen.expect(pc.errors.AuthenticationError, lambda: bad.step("refused", reply="no"))
     return lab.session(id=s.id)
 
 
@@ -103,7 +103,7 @@ def test_the_key_never_leaves_the_sdk(tmp_path, caplog, capfd):
             seen.obj(down)
         with _client(dead) as client:  # connection refused, no proxy
             s = lab.session(id=direct.id, backend=pc.AnthropicBackend(client))
-            seen.expect(pc.APIConnectionError, lambda: s.step("nobody there", reply="no"))
+            seen.expect(pc.errors.APIConnectionError, lambda: s.step("nobody there", reply="no"))
         # the key in the base URL itself (userinfo). The SDK then sends Basic auth instead of x-api-key (a 401);
         # the backend names the endpoint without the credentials. httpx and the SDK log each request's URL as
         # given (INFO/DEBUG): those third-party records are kept apart below, ours are checked with the rest.
@@ -114,12 +114,12 @@ def test_the_key_never_leaves_the_sdk(tmp_path, caplog, capfd):
             s = lab.session(id=direct.id, backend=backend)
             try:
                 s.step("through a URL with credentials", reply="ok", at=s.last_turn.at + timedelta(seconds=30))
-            except pc.APIError as exc:
+            except pc.errors.APIError as exc:
                 seen.error(exc)
             seen.obj(backend, s, s.last_turn)
             with anthropic.Anthropic(base_url=_with_key_in_url(dead), api_key=FAKE_KEY, max_retries=0) as down:
                 s = lab.session(id=direct.id, backend=pc.AnthropicBackend(down))
-                seen.expect(pc.APIConnectionError, lambda: s.step("refused", reply="no"))
+                seen.expect(pc.errors.APIConnectionError, lambda: s.step("refused", reply="no"))
         url_records = set(range(url_block, len(caplog.records)))
         imported = lab.import_log(log)
         assert imported.requests > 0
