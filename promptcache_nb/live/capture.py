@@ -20,7 +20,7 @@ What is stored, and when:
 - Only the Messages, Chat Completions and Responses endpoints are analysed (as the importers read them);
   other calls (``count_tokens``, models, files) are listed as not analysed.
 - The request and response bodies are converted by the importers' one implementation
-  (:func:`promptcache_nb.importers._http.convert_exchange`, SSE through ``importers/_sse.py``); headers are
+  (:func:`promptcache_nb.importers._http.convert_exchange`, SSE through ``dialects/``); headers are
   never stored, so keys never reach the store. Latency (start to the last byte) is kept per call in
   :attr:`Capture.calls`, not in the store.
 
@@ -270,7 +270,7 @@ def _stream_complete(headers: Any, body: bytes | None) -> bool:
     """True when an event stream closed early by its reader had already sent its final usage event."""
     if body is None or "text/event-stream" not in headers.get("content-type", ""):
         return False
-    from ..importers._sse import parse_sse, usage_from_sse
+    from ..dialects import parse_sse, usage_from_sse
 
     return usage_from_sse(parse_sse(body)).complete
 
