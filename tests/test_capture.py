@@ -298,3 +298,15 @@ def test_capture_into_a_given_session_and_bad_clients(server, lab):
     assert cap.session is s and s.last_turn.usage.source == "simulated"
     # the first captured call is stored after the session's own clock (time only moves forward)
     assert s.last_turn.index == 0
+
+
+def test_a_call_that_cannot_be_stored_still_returns_to_the_caller(server, tmp_path):
+    lab = pc.Lab(tmp_path / "closed.duckdb", progress=False)
+    client = anthropic.Anthropic(base_url=server.base_url, api_key=KEY, max_retries=0)
+    with lab.capture(client) as cap:
+        lab.close()  # the store is gone: the SDK call must not notice
+        msg = client.messages.create(model=MODEL, max_tokens=32, messages=messages(0))
+    assert msg.content[0].text == "(simulated reply)"
+    assert cap.stored == 0 and cap.calls[0].reason.startswith("not stored: ")
+    assert KEY not in cap.calls[0].reason
+    client.close()

@@ -164,6 +164,9 @@ class Capture:
             except PromptCacheError as exc:  # never raised into the SDK call: listed instead
                 reason = f"not stored: {exc}"
                 log.warning("capture: %s %s: %s", attempt.method, attempt.path, reason)
+            except Exception as exc:  # a bug of ours must not become the user's failed API call either
+                reason = f"not stored: {type(exc).__name__}: {exc}"
+                log.exception("capture: %s %s: not stored", attempt.method, attempt.path)
         call = CapturedCall(attempt.method, attempt.path, status, streamed, round(latency_ms, 1), request_id,
                             index, reason)
         with _RECORD_LOCK:
