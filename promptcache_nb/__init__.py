@@ -13,8 +13,9 @@ import importlib
 import warnings
 from typing import Any
 
-from . import analysis, errors, plots, tokens, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
+from . import advice, analysis, errors, plots, tokens, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from ._data import data_path
+from .advice import advise, counterfactual
 from .analysis import Observation, compare_df, summarize
 from .analysis.calibrate import calibrate
 from .analysis.gate import assert_cache_stable
@@ -129,6 +130,8 @@ __all__ = [
     "Turn",
     "Usage",
     "VLLMCache",
+    "advice",
+    "advise",
     "analysis",
     "assert_cache_stable",
     "calibrate",
@@ -136,6 +139,7 @@ __all__ = [
     "compare_caches",
     "compare_df",
     "count_tokens",
+    "counterfactual",
     "data_path",
     "diff",
     "errors",

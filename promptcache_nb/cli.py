@@ -1,4 +1,5 @@
-"""The ``promptcache-nb`` command: demo, replay, sql, and serve (a local Messages-compatible endpoint)."""
+"""The ``promptcache-nb`` command: demo, replay, sql, import, advise, proxy, and serve (a local Messages-compatible
+endpoint)."""
 
 from __future__ import annotations
 
@@ -131,6 +132,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_advise(args: argparse.Namespace) -> int:
+    import promptcache_nb as pc
+
+    # read-only: advice replays what is stored and writes nothing (apply() in Python stores a counterfactual)
+    with pc.Lab(args.db, progress=False, read_only=True) as lab:
+        advice = pc.advise(lab.session(id=args.session) if args.session else lab)
+        print(advice.text(width=120))
+    return 0
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     import signal
 
@@ -202,6 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(default: imported/<format>)")
     i.add_argument("--quiet", action="store_true", help="no progress bars")
     i.set_defaults(fn=cmd_import)
+    a = sub.add_parser("advise", help="what to change, and what it would have saved: every fix replayed on the "
+                                      "stored traffic, ranked by dollars (simulated counterfactual)",
+                       description="Replay each stored session (or --session) with each fix applied (tail_volatile, "
+                                   "durable_deltas, frozen_prefix, breakpoints, ttl, keep_warm) and print the "
+                                   "findings ranked by dollars saved. The store is opened read-only.")
+    a.add_argument("--db", required=True, metavar="FILE.duckdb", help="an existing store")
+    a.add_argument("--session", default=None, metavar="ID", help="one session (default: every session, and a "
+                                                                  "fleet roll-up)")
+    a.set_defaults(fn=cmd_advise)
     x = sub.add_parser("proxy", help="record an agent's API calls: forward to --upstream, append one line per "
                                      "call to --log (the `exchanges` format `import` reads)")
     x.add_argument("--upstream", required=True, help="the API origin, e.g. https://api.anthropic.com")

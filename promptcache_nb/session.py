@@ -458,6 +458,23 @@ class Session:
         return self._config
 
     @property
+    def counterfactual_of(self) -> str | None:
+        """The session this one replays with fixes applied (``pc.counterfactual``), else None."""
+        value = self._config.extra.get("counterfactual_of")
+        return None if value is None else str(value)
+
+    @property
+    def fixes(self) -> tuple[str, ...]:
+        """The fixes a counterfactual session applied (``pc.advice.FIXES``); empty for any other session."""
+        return tuple(self._config.extra.get("fixes") or ())
+
+    @property
+    def memo(self) -> SegmentMemo:
+        """The session's segment memo: its tokenizer and the counts it already made (pass it to ``load_turns``
+        so a stored request is not counted again). Treat it as read-only."""
+        return self._memo
+
+    @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer that counts this session's requests: the Lab's, calibrated when the session opted in."""
         return self._memo.tokenizer
@@ -859,7 +876,7 @@ class Session:
                source_ref: str | None = None, dedupe_key: str | None = None,
                prepared: PreparedRequest | None = None, dialect: str | None = None,
                unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None,
-               body_problems: Iterable[BodyProblem] = ()) -> Turn:
+               body_problems: Iterable[BodyProblem] = (), output_tokens: int | None = None) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
         (measured) usage; without, the session's cache model simulates it. The strategy is not used.
 
@@ -876,7 +893,8 @@ class Session:
         :class:`~promptcache_nb.errors.BodyValidationError` names the field and nothing is stored. A caller
         passing ``prepared`` vouches for the body: the importer checks it leniently itself (a log holds what was
         sent) and passes what the API would refuse as ``body_problems``, stored with the request
-        (``turns.body_problems``).
+        (``turns.body_problems``). ``output_tokens`` sets a simulated request's output (a counterfactual keeps
+        the original's: caching never changes what a model writes).
         """
         self._check_open()
         state = self._state
@@ -903,6 +921,8 @@ class Session:
             content, measured, cache_result, request_id_ = self._send(state, prepared, at)
             if reply is not None:
                 content, measured = reply, replace(measured, output_tokens=None)
+            if output_tokens is not None:
+                measured = replace(measured, output_tokens=output_tokens)
             request_id_ = request_id if request_id is not None else request_id_
         outcome = pipeline.Outcome(self._with_output(measured, content), cache_result, request_id_, content, None)
         turns: list[Turn] = []

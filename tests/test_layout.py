@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ RANKS = {
     "pipeline": 9,  # one request: build → (send) → ideal read → price → analyse → typed record; no SQL
     "_shared": 9,  # what a Lab's sessions share: simulated caches per scope (rebuilt from the store), knowledge
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
+    "advice": 11,  # counterfactual sessions and ranked advice over stored sessions (never imports lab)
     "lab": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
     "ingest": 12,  # importers/_ingest.py: stores imported requests through Lab.create_session and sessions
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
@@ -276,3 +278,14 @@ def test_frozen_values_get_no_side_attributes() -> None:
                     sites.append((str(path.relative_to(PACKAGE)), n.lineno, fn.name))
     assert len(sites) <= 2, sites
     assert all(name == "__post_init__" for _, _, name in sites), sites
+
+
+def test_readme_layout_lists_every_module() -> None:
+    """README's "Layout" is the folder list, one line per module: a new module is added there, or this fails."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    listed = set(re.findall(r"[\w]+\.py", block))
+    modules = {p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    assert sorted(modules - listed) == []
+    folders = {p.parent.name + "/" for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    assert sorted(f for f in folders if f not in block) == []

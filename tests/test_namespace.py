@@ -13,8 +13,8 @@ import pytest
 import promptcache_nb as pc
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Issue #22 adds counterfactual, advise and Advice: they fit in the same budget.
-RESERVED = 3
+#: Names kept free under the 45 budget for what comes next (none now: #22 took its three).
+RESERVED = 0
 
 
 def test_the_top_level_is_small_and_every_name_resolves() -> None:

@@ -938,3 +938,94 @@ class Monitor(W.VBox):
 
     def __repr__(self) -> str:
         return f"Monitor(session={self.session.id!r}, requests={self.requests})"
+
+
+class WhatIf(_View, W.VBox):
+    """Tick fixes and see what they would have changed on a session's own requests.
+
+    One checkbox per fix the session's data supports (the others are listed with why not); the header shows
+    the measured cost, the simulated original and the counterfactual (``simulated (counterfactual)``), then the
+    per-request costs and read %, the first changed request's body diff (original against counterfactual,
+    side by side), and on "Rank every fix" the findings of :func:`promptcache_nb.advise`. Kernel-side twins:
+    ``whatif.tick(fix)``, ``whatif.untick(fix)``, ``whatif.rank()``; the controller is ``whatif.controller``.
+
+    Example:
+        >>> pc.widgets.WhatIf(s)  # doctest: +SKIP
+    """
+
+    fixes = T.List(T.Unicode(), help="the fixes ticked now")
+
+    def __init__(self, session: Session) -> None:
+        from ._whatif import WhatIfController
+
+        self.controller = WhatIfController(session)
+        c = self.controller
+        self._boxes = {f: W.Checkbox(value=False, description=f, indent=False, layout=_AUTO) for f in c.available}
+        self._rank = W.Button(description="Rank every fix", layout=_AUTO)
+        self._header, self._table, self._diff, self._findings = W.HTML(), W.HTML(), W.HTML(), W.HTML()
+        self._missing = W.HTML(_html.text_html("; ".join(f"{f}: not possible ({why})"
+                                                         for f, why in c.not_possible.items())))
+        self._error, self._status, self._progress = _error_widget(), W.HTML(), _progress_widget()
+        table = W.Box([self._table], layout=W.Layout(max_height="320px", overflow="auto"))
+        super().__init__([self._header, W.HBox([*self._boxes.values(), self._rank]), self._missing, self._status,
+                          self._progress, self._error, table, self._diff, self._findings])
+        self.add_class("pcnb-whatif")
+        for fix, box in self._boxes.items():
+            box.observe(self._on_box(fix), names=["value"])
+        self._rank.on_click(self._clicked(self.rank))
+        self._refresh()
+
+    def _controls(self) -> list[W.Widget]:
+        return [*self._boxes.values(), self._rank]
+
+    def _on_box(self, fix: str) -> Callable[[dict[str, Any]], None]:
+        def handler(change: dict[str, Any]) -> None:
+            if change["new"] != (fix in self.controller.fixes):
+                try:
+                    with self._working(f"replaying with {fix} {'on' if change['new'] else 'off'}"):
+                        self._action(self.controller.toggle, fix, bool(change["new"]))
+                except Exception:  # noqa: BLE001 - shown in the widget's error box by _action
+                    pass
+                self._refresh()
+
+        return handler
+
+    def tick(self, fix: str) -> None:
+        """What ticking ``fix``'s box does."""
+        self._set(fix, True)
+
+    def untick(self, fix: str) -> None:
+        """What unticking ``fix``'s box does."""
+        self._set(fix, False)
+
+    def _set(self, fix: str, on: bool) -> None:
+        if fix not in self._boxes:
+            why = self.controller.not_possible.get(fix, f"unknown fix; known: {', '.join(self._boxes)}")
+            raise ValueError(f"{fix}: {why}")
+        with self._working(f"replaying with {fix} {'on' if on else 'off'}"):
+            self._action(self.controller.toggle, fix, on)
+        self._refresh()
+
+    def rank(self) -> None:
+        """What "Rank every fix" does: the findings of ``pc.advise(session)``."""
+        with self._working("ranking every fix"):
+            self._action(self.controller.findings)
+        self._findings.value = "<div><b>every fix, ranked</b></div>" + self.controller.findings_html()
+
+    def _refresh(self) -> None:
+        c = self.controller
+        with _batch(self, self._header, self._table, self._diff, *self._boxes.values()):
+            for fix, box in self._boxes.items():
+                box.value = fix in c.fixes
+            self._header.value = c.header_html()
+            self._table.value = c.table_html()
+            self._diff.value = c.diff_html()
+            self.fixes = list(c.fixes)
+        self._show_status(c.status)
+
+    def snapshot_html(self) -> str:
+        return _html.snapshot_html("WhatIf", self._header.value + self._status.value + self._table.value
+                                   + self._diff.value + self._findings.value)
+
+    def __repr__(self) -> str:
+        return f"WhatIf(session={self.controller.session.id!r}, fixes={list(self.controller.fixes)})"

@@ -1,0 +1,318 @@
+"""Counterfactual replays: a stored session's own requests, transformed by fixes, run through a cache model.
+
+:func:`counterfactual` stores the result as a new simulated session in the same Lab; the advice
+(:mod:`._advice`) runs the same :class:`Original` through :meth:`Original.simulate` without storing anything.
+Both count tokens with the same tokenizer (the Lab's, calibrated on the original's measured usage when the Lab
+holds a calibration for its model), replay the original bodies the same way (the *baseline*), and price with
+the re-simulation's prices (:func:`~promptcache_nb.analysis.resimulate.resimulate`): savings are like for like.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._config import SessionConfig
+from ..analysis import Prices, load_calibration
+from ..analysis.resimulate import StoredTurn, _resimulate_turns, load_turns, request_prices
+from ..errors import PromptCacheError, SessionError
+from ..request import PreparedRequest, SegmentMemo, prepare
+from ..tokens import session_tokenizer
+from ..usage import Usage
+from . import _fixes
+from ._fixes import Plan, Request
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ..lab import Lab
+    from ..session import Session
+
+MEASURED = ("live", "imported")
+
+#: The label of every counterfactual figure.
+COUNTERFACTUAL = "simulated (counterfactual)"
+
+
+def _partial_reason(unlogged: int) -> str:
+    return (f"the log holds no system prompt or tools (an unlogged prefix of {unlogged:,} tokens): there is "
+            "nothing to move, pin, freeze or mark")
+
+
+@dataclass
+class Original:
+    """A stored session read back for counterfactuals: its requests, its row, the tokenizer they are counted
+    with, and the cache model they run through."""
+
+    lab: Lab
+    row: dict[str, Any]
+    turns: list[StoredTurn]
+    calibration: dict[str, Any] | None
+    cache: str
+    cache_params: dict[str, Any]
+    memo: SegmentMemo
+    #: simulations by (the bodies' ids, ping flags, cache parameters) -> (those bodies, kept alive; the frame)
+    _sims: dict[Any, tuple[list[Any], pd.DataFrame]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, session: Session, *, cache: str | None = None) -> Original:
+        """Read ``session`` back (``cache``: another cache model's name; default the session's)."""
+        lab = session.lab
+        row = lab.store.session_row(session.id)
+        if row is None:
+            raise SessionError(f"no session {session.id!r} in {lab.path!r}")
+        calibration = row["config"].get("calibration")
+        first = lab.store.turn_rows(session.id, ("usage_source",))
+        if calibration is None and any(r["usage_source"] in MEASURED for r in first):
+            try:  # importing measured traffic saves one per tokenizer family: count as the original measured
+                cal = load_calibration(lab, row["model"])
+                calibration = {"model": cal.model, "ratio": float(cal.ratio), "overhead": float(cal.overhead)}
+            except PromptCacheError:
+                calibration = None
+        own = calibration == row["config"].get("calibration")
+        # the session's own memo when it counts the same way: what importing counted is not counted again
+        memo = session.memo if own else SegmentMemo(session_tokenizer(lab.tokenizer, calibration))
+        turns = load_turns(lab, session.id, memo=memo)
+        name = cache or row["cache_model"]
+        params = dict(row["config"].get("cache_params") or {}) if name == row["cache_model"] else {}
+        return cls(lab, row, turns, calibration, name, params, memo)
+
+    @property
+    def partial(self) -> int | None:
+        """The unlogged prefix's tokens when the bodies are partial, else None."""
+        for t in self.turns:
+            if t.request.unlogged_prefix_tokens is not None:
+                return t.request.unlogged_prefix_tokens
+        return None
+
+    @property
+    def measured(self) -> bool:
+        return any(t.stored.get("usage_source") in MEASURED for t in self.turns)
+
+    def gaps(self) -> list[float | None]:
+        return [None] + [(b.at - a.at).total_seconds() for a, b in zip(self.turns, self.turns[1:], strict=False)]
+
+    def _prices(self, model: str) -> Prices | None:
+        cfg = self.row["config"].get("prices")
+        return Prices(**cfg) if cfg else request_prices(self.cache, model)
+
+    def _ping_pays(self, requests: list[Request], params: dict[str, Any]) -> Callable[[int, int], bool]:
+        """``worth(i, n)`` for :func:`~._fixes.keep_warm`: do ``n`` pings (each reading the previous request's
+        prompt) cost less than what ``requests[i]`` rebuilt in a replay of ``requests`` (its write beyond the
+        new tail, at the write price instead of the read price)?"""
+        replay: list[Any] = []  # (totals, rows): replayed on the first gap asked about
+
+        def worth(i: int, n: int) -> bool:
+            if not replay:
+                sim = self.simulate(Plan(list(requests), dict(params)))
+                replay.extend(([int(x) for x in sim.total_tokens], list(sim.itertuples(index=False))))
+            totals, rows = replay
+            row = rows[i]
+            p = self._prices(row.model)
+            if p is None or pd_isna(row.cache_creation_input_tokens):
+                return False
+            lost = max(0, int(row.cache_creation_input_tokens) - max(0, totals[i] - totals[i - 1]))
+            share_1h = (row.cache_creation_1h_input_tokens or 0) / (row.cache_creation_input_tokens or 1)
+            w1h = int(lost * share_1h)
+            rebuild = (p.cost(Usage(0, 0, lost, lost - w1h, w1h, 0), row.at) or 0.0) - (
+                p.cost(Usage(0, lost, 0, 0, 0, 0), row.at) or 0.0)
+            ping = p.cost(Usage(0, totals[i - 1], 0, 0, 0, 0), row.at) or 0.0
+            return n * ping < rebuild
+
+        return worth
+
+    def plan(self, fixes: Sequence[str]) -> Plan:
+        """The counterfactual requests under ``fixes`` (in application order), and what was not possible."""
+        requests = [Request(t.at, t.request.body, t.idx) for t in self.turns]
+        params = dict(self.cache_params)
+        plan = Plan(requests, params)
+        dialects = {t.request.dialect for t in self.turns}
+        unlogged = self.partial
+        for name in _fixes.check_fixes(fixes):
+            if name in _fixes.BODY_FIXES and unlogged is not None:
+                plan.not_possible[name] = _partial_reason(unlogged)
+                continue
+            if name in _fixes.BODY_FIXES and dialects - {"anthropic"}:
+                plan.not_possible[name] = (f"bodies in the {', '.join(sorted(dialects - {'anthropic'}))} dialect: "
+                                           "only Anthropic Messages bodies are transformed")
+                continue
+            if name in ("ttl", "keep_warm") and self.cache != "anthropic":
+                plan.not_possible[name] = (f"the {self.cache} cache model has no TTL to choose or refresh "
+                                           "(Anthropic's cache only)")
+                continue
+            if name == "frozen_prefix":
+                done = _fixes.frozen_prefix(plan.requests)
+            elif name == "tail_volatile":
+                done = _fixes.tail_volatile(plan.requests)
+            elif name == "durable_deltas":
+                done = _fixes.durable_deltas(plan.requests)
+            elif name == "breakpoints":
+                done = self._best_breakpoints(plan.requests, params)
+            elif name == "ttl":
+                done = _fixes.ttl(plan.requests, gaps=self.gaps())
+                if unlogged is not None:  # the client's assumed breakpoints (AnthropicCache client_ttls)
+                    params["client_ttls"] = ["1h", "1h"]
+                    done.changed = [r.origin for r in plan.requests]
+            else:
+                done = _fixes.keep_warm(plan.requests, ttl_seconds=self._ttl_of(params),
+                                        worth=self._ping_pays(plan.requests, params))
+            plan.requests = done.requests
+            plan.applied[name] = done
+        plan.cache_params = params
+        return plan
+
+    def _best_breakpoints(self, requests: list[Request], params: dict[str, Any]) -> _fixes.Applied:
+        """:func:`~._fixes.breakpoints` with the system marker on the block that makes this traffic cheapest
+        (each of the first 4 system blocks tried by replay)."""
+        n = min(_fixes.system_blocks(requests), _fixes.MAX_SYSTEM_CANDIDATES)
+        if n <= 1:
+            return _fixes.breakpoints(requests)
+        tried = []
+        for i in range(n):
+            done = _fixes.breakpoints(requests, system_block=i)
+            cost = float(self.simulate(Plan(done.requests, dict(params))).cost_usd.sum())
+            tried.append((cost, i, done))
+        return min(tried, key=lambda t: (t[0], t[1]))[2]
+
+    def _ttl_of(self, params: dict[str, Any]) -> Any:
+        """A body's shortest entry lifetime: 1h only when every marker (or assumed breakpoint) is 1h."""
+        partial_1h = list(params.get("client_ttls") or ["5m", "5m"]) == ["1h", "1h"]
+
+        def life(body: dict[str, Any]) -> float:
+            ttls = _fixes_ttls(body)
+            if not ttls:
+                return 3600.0 if self.partial is not None and partial_1h else 300.0
+            return 3600.0 if all(t == "1h" for t in ttls) else 300.0
+
+        return life
+
+    def prepared(self, plan: Plan) -> list[tuple[Request, PreparedRequest]]:
+        """Each request of ``plan`` segmented (an unchanged body keeps the original's segments)."""
+        originals = {t.idx: t.request for t in self.turns}
+        memo = self.memo
+        out: list[tuple[Request, PreparedRequest]] = []
+        prev: PreparedRequest | None = None
+        for r in plan.requests:
+            orig = originals[r.origin]
+            if r.body is orig.body:
+                req = orig
+            else:
+                req = prepare(r.body, memo=memo, previous=prev, dialect=orig.dialect,
+                              unlogged_prefix_tokens=orig.unlogged_prefix_tokens)
+            out.append((r, req))
+            prev = req
+        return out
+
+    def simulate(self, plan: Plan, prepared: list[tuple[Request, PreparedRequest]] | None = None) -> pd.DataFrame:
+        """Per-request usage and cost of ``plan`` (the re-simulation's columns, plus ``ping``); ``prepared``:
+        :meth:`prepared` of ``plan`` when the caller already has it. The same requests under the same cache
+        parameters are simulated once (the memo keeps the bodies it is keyed by alive)."""
+        key = (tuple(id(r.body) for r in plan.requests), tuple(r.ping for r in plan.requests),
+               json.dumps(plan.cache_params, sort_keys=True))
+        hit = self._sims.get(key)
+        if hit is not None:
+            return hit[1].copy()
+        df = self._simulate(plan, prepared)
+        self._sims[key] = ([r.body for r in plan.requests], df)
+        return df.copy()
+
+    def _simulate(self, plan: Plan, prepared: list[tuple[Request, PreparedRequest]] | None) -> pd.DataFrame:
+        outputs = {t.idx: t.output_tokens for t in self.turns}
+        models = {t.idx: t.model for t in self.turns}
+        turns = [StoredTurn(r.origin, r.at, models[r.origin], req, 0 if r.ping else outputs[r.origin], {})
+                 for r, req in (prepared if prepared is not None else self.prepared(plan))]
+        df = _resimulate_turns(turns, self.row, self.cache, price_model=None, prices=None,
+                               params=dict(plan.cache_params))
+        df["ping"] = [r.ping for r in plan.requests]
+        return df
+
+
+def pd_isna(value: Any) -> bool:
+    return value is None or value != value  # NaN is the one value unequal to itself
+
+
+def _fixes_ttls(body: dict[str, Any]) -> list[str]:
+    """The TTLs of a body's markers (``5m`` when a marker names none)."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            cc = value.get("cache_control")
+            if isinstance(cc, dict):
+                found.append(str(cc.get("ttl", "5m")))
+            for k, v in value.items():
+                if k != "cache_control" and isinstance(v, dict | list):
+                    walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk({k: v for k, v in body.items() if k in ("tools", "system", "messages", "cache_control")})
+    return found
+
+
+def resolve_fixes(fixes: Sequence[str] | str | None, strategy: str | None) -> tuple[str, ...]:
+    """The fix set of ``fixes=`` or ``strategy=`` (exactly one of them)."""
+    if (fixes is None) == (strategy is None):
+        raise ValueError("pass fixes=[...] or strategy=... (one of them)")
+    if strategy is not None:
+        return _fixes.strategy_fixes(strategy)
+    return _fixes.check_fixes([fixes] if isinstance(fixes, str) else list(fixes or ()))
+
+
+def counterfactual(
+    session: Session,
+    *,
+    fixes: Sequence[str] | str | None = None,
+    strategy: str | None = None,
+    cache: str | None = None,
+) -> Session:
+    """A new simulated session: ``session``'s requests with ``fixes`` applied, at the original times.
+
+    One request per original request (plus the keep-warm pings, events ``keep_warm_ping``), whose bodies are the
+    originals transformed by the fixes (:mod:`promptcache_nb.advice._fixes`), run through the session's cache
+    model (or ``cache``) and counted with the Lab's tokenizer calibrated on the original's measured usage when
+    the Lab holds a calibration for its model. Output tokens are the original's. The new session is linked:
+    ``cf.counterfactual_of == session.id``, ``cf.fixes`` the fixes applied (both kept in its config), and
+    ``cf.config["fixes_not_possible"]`` those the data does not support, with why (a partial log: only ``ttl``
+    and ``keep_warm``). Every figure it holds is ``simulated (counterfactual)``.
+
+    Args:
+        session: a stored session (imported, live or simulated).
+        fixes: fix names (``pc.advice.FIXES``), or ``strategy``: the fix set a strategy amounts to
+            (``"clock_at_tail"``, ``"append_only"``, ``"durable_delta"``).
+        cache: another cache model's name (default: the session's, with its parameters).
+
+    Example:
+        >>> cf = pc.counterfactual(s, fixes=["tail_volatile"])      # doctest: +SKIP
+        >>> cf.turns().cost_usd.sum(), cf.config["counterfactual_of"]  # doctest: +SKIP
+    """
+    names = resolve_fixes(fixes, strategy)
+    orig = Original.load(session, cache=cache)
+    return store_counterfactual(orig, names)
+
+
+def store_counterfactual(orig: Original, names: tuple[str, ...]) -> Session:
+    """Store ``orig`` under ``names`` as a new session (see :func:`counterfactual`)."""
+    plan = orig.plan(names)
+    lab, row = orig.lab, orig.row
+    store = lab.store
+    n = 1
+    while store.session_row(sid := f"{row['id']}-cf{n}") is not None:
+        n += 1
+    first_at = orig.turns[0].at if orig.turns else row["created_at"]
+    config = SessionConfig(
+        start=first_at, step_seconds=30, cache_params=plan.cache_params, prices=row["config"].get("prices"),
+        calibration=orig.calibration, cache_scope="session", unlogged_prefix_tokens=orig.partial,
+        extra={"counterfactual_of": row["id"], "fixes": list(plan.applied),
+               "fixes_not_possible": dict(plan.not_possible), "fixes_asked": list(names)})
+    with lab.batch():
+        s = lab.create_session(config, session_id=sid, project=row["project_id"], model=row["model"],
+                               cache=orig.cache, source=f"counterfactual:{row['id']}")
+        outputs = {t.idx: t.output_tokens for t in orig.turns}
+        for r, req in orig.prepared(plan):
+            s.record(r.body, at=r.at, prepared=req, events=("keep_warm_ping",) if r.ping else (),
+                     output_tokens=0 if r.ping else outputs[r.origin])
+    return s

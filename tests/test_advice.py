@@ -1,0 +1,451 @@
+"""Counterfactual replays and ranked advice (issue 22): the fixes as transforms, the equivalence with the strategies
+they stand for, and the Claude Code TTL case."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import promptcache_nb as pc
+from promptcache_nb.advice import _fixes
+from promptcache_nb.advice._fixes import Request
+from promptcache_nb.analysis import load_turns
+from promptcache_nb.request.validate import validate_request
+
+SCENARIO = "data/scenarios/support_agent.yaml"
+GAPS_LOG = Path(__file__).parent / "fixtures" / "logs" / "claude_code_gaps"
+
+#: counterfactual cost vs the strategy's own replay, relative (measured gaps: README "What would it save?")
+EQUIVALENCE_BOUND = 0.10
+
+
+@pytest.fixture(scope="module")
+def lab() -> pc.Lab:
+    with pc.Lab(progress=False) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def replays(lab: pc.Lab) -> dict[str, pc.Session]:
+    return {st: lab.replay(SCENARIO, strategy=st)
+            for st in ("naive", "clock_in_system", "clock_at_tail", "append_only", "durable_delta")}
+
+
+def _requests(lab: pc.Lab, s: pc.Session) -> list[Request]:
+    return [Request(t.at, t.request.body, t.idx) for t in load_turns(lab, s.id)]
+
+
+def _no_cc(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _no_cc(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_no_cc(v) for v in value]
+    return value
+
+
+def _strip_added_text(original: list[dict], sent: list[dict]) -> list[dict]:
+    """``sent`` messages with the text blocks a carrier appended removed (to compare with the originals)."""
+    out = []
+    for o, m in zip(original, sent, strict=True):
+        if m is o:
+            out.append(o)
+            continue
+        content = m["content"]
+        n = 1 if isinstance(o["content"], str) else len(o["content"])
+        kept = content[:n]
+        assert all(b["type"] == "text" for b in content[n:])  # only text blocks were added
+        out.append({**m, "content": o["content"] if isinstance(o["content"], str) else kept})
+    return out
+
+
+def _check_shape(before: list[Request], after: list[Request]) -> None:
+    """Same number of requests, same times, same order: one per original request."""
+    assert len(after) == len(before)
+    assert [r.at for r in after] == [r.at for r in before]
+    assert [r.origin for r in after] == [r.origin for r in before]
+    assert not any(r.ping for r in after)
+
+
+# -- each fix, as a transform --------------------------------------------------------------------
+def test_tail_volatile_moves_only_the_clock_to_the_newest_user_message(lab, replays) -> None:
+    before = _requests(lab, replays["clock_in_system"])
+    frozen = copy.deepcopy([r.body for r in before])
+    done = _fixes.tail_volatile(before)
+    _check_shape(before, done.requests)
+    assert [r.body for r in before] == frozen  # inputs never mutated
+    clock = "2026-11-02 09:00 (Monday)"
+    assert clock in before[0].body["system"][1]["text"]
+    clocks = {json.dumps(r.body["system"][1]) for r in done.requests}
+    assert len(clocks) == 1  # the clock block no longer changes (knowledge in system[0] still does: a real change)
+    assert not any("09:0" in json.dumps(r.body["system"]) for r in done.requests)
+    for a, b in zip(before, done.requests, strict=True):
+        assert b.body["tools"] is a.body["tools"]  # only the named change
+        assert {k: v for k, v in b.body.items() if k not in ("system", "messages")} == \
+            {k: v for k, v in a.body.items() if k not in ("system", "messages")}
+        assert _strip_added_text(a.body["messages"], b.body["messages"]) == a.body["messages"]
+        assert validate_request(b.body) == []
+    assert clock in json.dumps(done.requests[0].body["messages"][-1])
+    assert done.evidence.startswith("system[1] byte ")
+    assert "`2026-11-02 09:00 (Monday)` → `2026-11-02 09:01 (Monday)`" in done.evidence
+    assert "of 100 requests" in done.evidence
+
+
+def test_tail_volatile_keeps_the_text_it_moved_in_history() -> None:
+    t0 = datetime(2026, 1, 5, 13, 0, tzinfo=UTC)
+    bodies, msgs = [], []
+    for k in range(5):
+        msgs = [*msgs, {"role": "user", "content": f"question {k}"}]
+        bodies.append({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": msgs,
+                       "system": [{"type": "text", "text": "You are terse."},
+                                  {"type": "text", "text": f"Current time: 13:0{k}\nRuntime: linux"}]})
+        msgs = [*msgs, {"role": "assistant", "content": f"answer {k}"}]
+    reqs = [Request(t0 + timedelta(minutes=k), b, k) for k, b in enumerate(bodies)]
+    done = _fixes.tail_volatile(reqs)
+    assert done.evidence == "system[1] byte 0: `Current time: 13:00` → `Current time: 13:01`, changes on 4 of 5 requests"
+    last = done.requests[-1].body
+    assert last["system"][1]["text"] == "Runtime: linux"
+    carried = [m["content"][-1]["text"] for m in last["messages"] if m["role"] == "user"]
+    assert carried == [f"Current time: 13:0{k}" for k in range(5)]  # each user message keeps its own clock
+    # each request's history is the previous one's plus new messages: a pure append
+    for a, b in zip(done.requests, done.requests[1:], strict=False):
+        assert b.body["messages"][: len(a.body["messages"])] == a.body["messages"]
+
+
+def test_durable_deltas_pin_the_first_system_prompt(lab, replays) -> None:
+    before = _requests(lab, replays["naive"])
+    done = _fixes.durable_deltas(before)
+    _check_shape(before, done.requests)
+    first = before[0].body["system"]
+    for a, b in zip(before, done.requests, strict=True):
+        assert b.body["system"] == first  # pinned at its first bytes
+        assert b.body["tools"] is a.body["tools"]
+        assert _strip_added_text(a.body["messages"], b.body["messages"]) == a.body["messages"]
+        assert validate_request(b.body) == []
+    deltas = [blk["text"] for m in done.requests[-1].body["messages"] if m["role"] == "user"
+              for blk in (m["content"] if isinstance(m["content"], list) else [])
+              if blk.get("type") == "text" and blk["text"].startswith("System prompt update")]
+    assert deltas and "Superseded lines" in deltas[0]
+    assert "deltas in 100 requests" in done.evidence
+
+
+def test_frozen_prefix_sorts_tools_and_changes_nothing_else(lab, replays) -> None:
+    before = _requests(lab, replays["naive"])
+    done = _fixes.frozen_prefix(before)
+    _check_shape(before, done.requests)
+    for a, b in zip(before, done.requests, strict=True):
+        names = [t["name"] for t in b.body["tools"]]
+        assert names == sorted(names) and sorted(names) == sorted(t["name"] for t in a.body["tools"])
+        assert b.body["system"] == a.body["system"] and b.body["messages"] == a.body["messages"]
+    assert "tools not in name order" in done.evidence
+
+
+def test_frozen_prefix_never_rewrites_history() -> None:
+    t0 = datetime(2026, 1, 5, 13, 0, tzinfo=UTC)
+    m0 = {"role": "user", "content": "long tool output " * 20}
+    a0 = {"role": "assistant", "content": "ok"}
+    trimmed = {"role": "user", "content": "[output trimmed]"}
+    later = [trimmed, a0, {"role": "user", "content": "next"}, a0, {"role": "user", "content": "more"}]
+    bodies = [{"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [m0]},
+              {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [m0, a0, {"role": "user", "content": "next"}]},
+              {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": later},
+              {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [*later, a0, {"role": "user", "content": "x"}]},
+              {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "summary"}]}]
+    done = _fixes.frozen_prefix([Request(t0 + timedelta(minutes=k), b, k) for k, b in enumerate(bodies)])
+    assert done.requests[2].body["messages"][0] == m0  # re-sent as first sent
+    assert done.requests[3].body["messages"][0] == m0  # and on every later request
+    assert done.requests[3].body["messages"][1:] == bodies[3]["messages"][1:]
+    assert done.requests[4].body["messages"] == bodies[4]["messages"]  # a compaction starts anew
+    assert done.changed == [2, 3] and "messages[0] re-rendered" in done.evidence
+
+
+def test_breakpoints_place_three_markers_and_nothing_else(lab, replays) -> None:
+    before = _requests(lab, replays["naive"])
+    done = _fixes.breakpoints(before)
+    _check_shape(before, done.requests)
+    for a, b in zip(before, done.requests, strict=True):
+        assert "cache_control" not in b.body
+        assert "cache_control" in b.body["tools"][-1] and "cache_control" in b.body["system"][-1]
+        assert "cache_control" in b.body["messages"][-1]["content"][-1]
+        assert _fixes._marker_count(b.body) == 3
+        assert _no_cc(b.body["tools"]) == _no_cc(a.body["tools"])
+        assert validate_request(b.body) == []
+
+
+def test_ttl_sets_every_marker_to_one_hour(lab, replays) -> None:
+    before = _requests(lab, replays["durable_delta"])
+    done = _fixes.ttl(before, to="1h")
+    _check_shape(before, done.requests)
+    for a, b in zip(before, done.requests, strict=True):
+        marks = [m for m in _ttls(b.body)]
+        assert marks and set(marks) == {"1h"}
+        assert _no_cc(a.body) == _no_cc(b.body)
+
+
+def _ttls(body: dict) -> list[str]:
+    from promptcache_nb.advice._counterfactual import _fixes_ttls
+
+    return _fixes_ttls(body)
+
+
+def test_keep_warm_pings_only_gaps_a_few_pings_can_bridge() -> None:
+    t0 = datetime(2026, 1, 5, 13, 0, tzinfo=UTC)
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    times = [t0, t0 + timedelta(minutes=3), t0 + timedelta(minutes=23), t0 + timedelta(minutes=143)]
+    reqs = [Request(at, body, k) for k, at in enumerate(times)]
+    done = _fixes.keep_warm(reqs, ttl_seconds=lambda _b: 300.0, worth=lambda _i, n: n <= 11)
+    real = [r for r in done.requests if not r.ping]
+    assert [r.at for r in real] == times and [r.origin for r in real] == [0, 1, 2, 3]
+    pings = [r for r in done.requests if r.ping]
+    # the 20 min gap needs 4 pings (every 4 min); the 120 min gap would need 29 > 11: left cold
+    assert [p.at for p in pings] == [times[1] + timedelta(minutes=4 * m) for m in range(1, 5)]
+    assert all(p.body == {**body, "max_tokens": 0} for p in pings)
+    assert done.changed == [2]
+
+
+def test_unknown_fix_and_strategy_fail_naming_the_known_ones(replays) -> None:
+    with pytest.raises(ValueError, match="known: frozen_prefix"):
+        pc.counterfactual(replays["naive"], fixes=["clock"])
+    with pytest.raises(ValueError, match="use one of naive, clock_at_tail"):
+        pc.counterfactual(replays["naive"], strategy="rewrite_knowledge")
+    with pytest.raises(ValueError, match="one of them"):
+        pc.counterfactual(replays["naive"])
+
+
+# -- the strategies as ground truth --------------------------------------------------------------
+def write_proxy_log(s: pc.Session, path: Path) -> Path:
+    """The session's requests as the recording proxy logs them: bodies and the usage the cache model reported."""
+    lines = []
+    for r in s.turns().itertuples():
+        body = s.turn(r.idx).request
+        usage = {"input_tokens": int(r.input_tokens), "cache_read_input_tokens": int(r.cache_read_input_tokens),
+                 "cache_creation_input_tokens": int(r.cache_creation_input_tokens),
+                 "cache_creation": {"ephemeral_5m_input_tokens": int(r.cache_creation_5m_input_tokens or 0),
+                                    "ephemeral_1h_input_tokens": int(r.cache_creation_1h_input_tokens or 0)},
+                 "output_tokens": int(r.output_tokens or 0)}
+        lines.append({"v": 1, "at": r.at.isoformat().replace("+00:00", "Z"), "method": "POST",
+                      "url": "https://api.anthropic.com/v1/messages", "path": "/v1/messages", "status": 200,
+                      "request": body,
+                      "response": {"id": f"msg_01Eq{r.idx:04d}", "type": "message", "role": "assistant",
+                                   "model": body["model"], "content": [{"type": "text", "text": "ok"}],
+                                   "stop_reason": "end_turn", "usage": usage},
+                      "usage": usage, "request_id": f"req_011Eq{r.idx:04d}", "latency_ms": 900,
+                      "provider": "anthropic"})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def churn_replays(lab: pc.Lab) -> dict[str, pc.Session]:
+    return {st: lab.replay("data/scenarios/knowledge_churn.yaml", strategy=st)
+            for st in ("naive", "clock_in_system", "clock_at_tail", "append_only", "durable_delta")}
+
+
+@pytest.mark.parametrize("scenario", ["support_agent", "knowledge_churn"])
+@pytest.mark.parametrize("source", ["naive", "clock_in_system"])
+def test_counterfactual_lands_close_to_the_strategy_it_stands_for(request, lab, tmp_path, scenario, source) -> None:
+    replays = request.getfixturevalue("replays" if scenario == "support_agent" else "churn_replays")
+    log = write_proxy_log(replays[source], tmp_path / f"{source}.jsonl")
+    (imported,) = lab.import_log(log).sessions
+    assert imported.strategy is None  # no strategy information survives the log
+    for target in ("clock_at_tail", "append_only", "durable_delta"):
+        cf = pc.counterfactual(imported, strategy=target)
+        assert cf.counterfactual_of == imported.id and imported.counterfactual_of is None
+        assert cf.fixes == pc.advice.STRATEGY_FIXES[target] and imported.fixes == ()
+        got, real = cf.turns(), replays[target].turns()
+        assert len(got) == len(real) == len(imported.turns())
+        assert list(got["at"]) == list(imported.turns()["at"])  # the original times
+        gap = abs(got.cost_usd.sum() - real.cost_usd.sum()) / real.cost_usd.sum()
+        assert gap < EQUIVALENCE_BOUND, (source, target, gap)
+
+
+def test_advice_on_a_clock_in_the_system_prompt(lab, replays) -> None:
+    advice = pc.advise(replays["clock_in_system"])
+    top = advice.findings.iloc[0]
+    assert list(advice.findings.usd_saved) == sorted(advice.findings.usd_saved, reverse=True)
+    assert {"tail_volatile", "durable_deltas", "all"} <= set(advice.findings.fix)
+    tv = advice.findings.set_index("fix").loc["tail_volatile"]
+    assert tv.verdict == "saves" and tv.usd_saved > 0.5 and tv.tokens_saved > 0 and tv.extra_tokens > 0
+    assert tv.label == "simulated (counterfactual)"
+    assert tv.confidence.startswith("no measured usage")
+    assert advice.summary().startswith(top.action) and "on these 100 requests" in advice.summary()
+    ttl = advice.findings.set_index("fix").loc["ttl"]
+    assert ttl.verdict == "costs more" and ttl.usd_saved < 0  # said out loud
+    # apply stores the counterfactual whose figures the advice reported
+    cf = advice.apply("tail_volatile")
+    assert cf.config["fixes"] == ["tail_volatile"] and cf.config["counterfactual_of"] == replays["clock_in_system"].id
+    assert cf.turns().cost_usd.sum() == pytest.approx(tv.cost_counterfactual_usd, rel=1e-9)
+    html = advice._repr_html_()
+    assert "simulated (counterfactual)" in html and "<script" not in html
+    assert "tail_volatile" in repr(advice)
+
+
+def test_advice_html_escapes_what_it_quotes(lab) -> None:
+    s = lab.session(strategy="naive", project="xss", system="<script>alert(1)</script>")
+    t0 = datetime(2026, 1, 5, 13, 0, tzinfo=UTC)
+    msgs: list[dict] = []
+    for k in range(5):
+        msgs = [*msgs, {"role": "user", "content": f"q{k}"}]
+        s.record({"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": msgs,
+                  "system": f"<script>alert(1)</script>\n<b>Clock</b> 13:0{k}\u202e"}, at=t0 + timedelta(minutes=k))
+        msgs = [*msgs, {"role": "assistant", "content": "a"}]
+    advice = pc.advise(s)
+    page = advice._repr_html_()
+    assert "<script>" not in page and "<b>Clock" not in page and "\u202e" not in page
+    assert "&lt;b&gt;Clock&lt;/b&gt; 13:00⟨RLO⟩" in page
+
+
+# -- partial logs: Claude Code ------------------------------------------------------------------
+def test_claude_code_ttl_advice_names_exactly_the_rebuilds_after_5_to_60_minute_gaps() -> None:
+    with pc.Lab(progress=False) as lab:
+        (s,) = lab.import_log(GAPS_LOG).sessions
+        gaps = [None if g is None else round(g / 60) for g in
+                [None, *((b - a).total_seconds() for a, b in zip(list(s.turns()["at"]), list(s.turns()["at"])[1:], strict=False))]]
+        assert gaps == [None, 1, 3, 20, 90, 1]
+        advice = pc.advise(s)
+        by_fix = advice.findings.set_index("fix")
+        assert by_fix.loc["ttl", "requests"] == [3]  # after the 20 min gap; not after 3 (a hit) nor 90 (expired)
+        # 489 conversation tokens saved from a rebuild do not pay for every tail write at 2×: said, not hidden
+        assert by_fix.loc["ttl", "tokens_saved"] > 0
+        assert by_fix.loc["ttl", "verdict"] == ("saves" if by_fix.loc["ttl", "usd_saved"] > 0 else "costs more")
+        assert by_fix.loc["ttl", "confidence"].endswith("vs measured")
+        missing = advice.not_possible.set_index("fix")
+        assert set(missing.index) == {"frozen_prefix", "tail_volatile", "durable_deltas", "breakpoints"}
+        assert "no system prompt or tools" in missing.loc["tail_volatile", "why"]
+        cf = pc.counterfactual(s, fixes=["ttl", "tail_volatile"])
+        assert cf.config["fixes"] == ["ttl"] and "tail_volatile" in cf.config["fixes_not_possible"]
+        assert cf.config["cache_params"]["client_ttls"] == ["1h", "1h"]
+        assert len(cf.turns()) == len(s.turns())
+
+
+def test_shipped_claude_code_example_gets_only_timing_advice() -> None:
+    with pc.Lab(progress=False) as lab:
+        lab.import_log(pc.data_path("logs") / "claude_code")
+        advice = pc.advise(lab)
+        assert set(advice.findings.fix) <= {"ttl", "keep_warm", "all"}
+        assert advice.fleet is not None and set(advice.fleet.fix) == set(advice.findings.fix)
+        main = advice.findings[(advice.findings.fix == "ttl") & (advice.findings.requests.map(len) > 0)]
+        (row,) = main.itertuples()
+        assert row.requests == [6]  # the rebuild after the 6-minute gap, not the one after a /clear
+        cf = advice.apply("ttl", session=row.session)
+        assert cf.config["counterfactual_of"] == row.session
+        assert row.session in advice.summary() or "requests" in advice.summary()
+
+
+# -- the command line ----------------------------------------------------------------------------
+def test_cli_advise_prints_ranked_findings_within_120_columns(tmp_path, capsys) -> None:
+    from promptcache_nb.cli import main
+
+    db = tmp_path / "runs.duckdb"
+    with pc.Lab(db, progress=False) as lab:
+        lab.import_log(GAPS_LOG)
+        lab.import_log(pc.data_path("logs") / "claude_code")
+        sid = lab.sessions().id.iloc[0]
+    assert main(["advise", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "(simulated\n(counterfactual))." in out and lines[2].startswith("session")  # the summary, wrapped
+    assert max(map(len, lines)) <= 120
+    assert "tail_volatile   not possible (5 sessions): the log holds no system prompt or tools" in out
+    assert main(["advise", "--db", str(db), "--session", sid]) == 0
+    one = capsys.readouterr().out
+    assert one.splitlines()[2].startswith("fix ") and sid not in one.splitlines()[3]
+    assert main(["advise", "--db", str(db), "--session", "nope"]) == 2
+    assert "no session 'nope'" in capsys.readouterr().err
+    with pc.Lab(db, progress=False) as lab:  # read-only: nothing was stored
+        assert not any(r["config"].get("counterfactual_of") for r in lab.store.session_rows())
+
+
+# -- the widget ----------------------------------------------------------------------------------
+def test_whatif_controller_and_widget(lab, replays) -> None:
+    s = replays["clock_in_system"]
+    c = pc.widgets.WhatIfController(s)
+    assert c.available == pc.advice.FIXES and c.not_possible == {}
+    base = c.totals()
+    assert base["counterfactual_cost_usd"] == pytest.approx(base["simulated_cost_usd"])  # no fix: the original
+    assert c.first_changed() is None and "no request body changed" in c.diff_html()
+    c.toggle("tail_volatile", True)
+    t = c.totals()
+    assert c.fixes == ("tail_volatile",) and t["counterfactual_cost_usd"] < base["simulated_cost_usd"]
+    df = c.frame()
+    assert len(df) == 100 and df.counterfactual_read_pct.mean() > df.simulated_read_pct.mean()
+    assert c.first_changed() == 0 and "original (left) against counterfactual (right)" in c.diff_html()
+    with pytest.raises(ValueError, match="unknown fix"):
+        c.toggle("clock", True)
+
+    w = pc.widgets.WhatIf(s)
+    assert repr(w) == f"WhatIf(session={s.id!r}, fixes=[])"
+    w._boxes["durable_deltas"].value = True  # a click on the box
+    assert w.controller.fixes == ("durable_deltas",) and w.fixes == ["durable_deltas"]
+    w.tick("tail_volatile")
+    assert w.controller.fixes == ("tail_volatile", "durable_deltas") and w._boxes["tail_volatile"].value
+    w.untick("durable_deltas")
+    assert w.controller.fixes == ("tail_volatile",)
+    assert "simulated (counterfactual)" in w._header.value and "<script" not in w.snapshot_html()
+    w.rank()
+    assert "every fix, ranked" in w._findings.value and "tail_volatile" in w.snapshot_html()
+
+
+def test_whatif_on_a_partial_log_offers_only_timing_fixes() -> None:
+    with pc.Lab(progress=False) as lab:
+        (s,) = lab.import_log(GAPS_LOG).sessions
+        w = pc.widgets.WhatIf(s)
+        assert set(w._boxes) == {"ttl", "keep_warm"}
+        assert "tail_volatile: not possible" in w._missing.value
+        with pytest.raises(ValueError, match="no system prompt or tools"):
+            w.tick("breakpoints")
+        w.tick("ttl")
+        df = w.controller.frame()
+        assert df.measured_cost_usd.notna().all() and df.loc[3, "counterfactual_read_pct"] > df.loc[3, "measured_read_pct"]
+
+
+# -- like for like -------------------------------------------------------------------------------
+def test_no_fix_replays_a_simulated_session_exactly(lab, replays) -> None:
+    s = replays["durable_delta"]
+    same = pc.counterfactual(s, fixes=[])
+    a, b = s.turns(), same.turns()
+    assert list(b.cache_read_input_tokens) == list(a.cache_read_input_tokens)
+    assert b.cost_usd.sum() == pytest.approx(a.cost_usd.sum(), rel=1e-12)
+    assert same.fixes == () and same.counterfactual_of == s.id
+
+
+def test_counterfactual_under_another_cache_model(lab, replays) -> None:
+    s = replays["clock_in_system"]
+    cf = pc.counterfactual(s, fixes=["tail_volatile", "ttl"], cache="openai")
+    assert cf.cache == "openai" and cf.fixes == ("tail_volatile",)
+    assert "no TTL to choose" in cf.config["fixes_not_possible"]["ttl"]
+    before = pc.resimulate(lab, s.id, cache="openai").cost_usd.sum()  # the original under the same model
+    assert cf.turns().cost_usd.sum() < before
+
+
+def test_a_lab_where_nothing_saves_says_so() -> None:
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(strategy="naive", project="flat")
+        t0 = datetime(2026, 1, 5, 13, 0, tzinfo=UTC)
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "system": "Be terse.",
+                "messages": [{"role": "user", "content": "hi"}]}
+        s.record(body, at=t0)
+        advice = pc.advise(lab)
+        assert advice.summary() == "No fix saves anything on this request (simulated (counterfactual))."
+        assert set(advice.findings.verdict) <= {"saves nothing", "costs more"}
+        assert advice.fleet is not None and len(advice.fleet) == len(advice.findings)
+
+
+def test_the_ttl_fix_agrees_with_the_ttl_whatif(lab, replays) -> None:
+    """The ``ttl`` fix on its own is :func:`pc.ttl_whatif`'s 1h run: two paths, one figure."""
+    for s in (replays["durable_delta"], replays["clock_in_system"]):
+        advice = pc.advise(s, fixes=("ttl",))
+        whatif = pc.ttl_whatif(s)
+        one_hour = whatif[whatif.ttl == "1h"].cost_usd.sum()
+        assert advice.findings.set_index("fix").loc["ttl", "cost_counterfactual_usd"] == pytest.approx(one_hour)
+    with pc.Lab(progress=False) as other:
+        other.import_log(pc.data_path("logs") / "claude_code")
+        main = next(x for x in (other.session(id=i) for i in other.sessions().id) if x.n_turns > 5)
+        advice = pc.advise(main, fixes=("ttl",))
+        whatif = pc.ttl_whatif(main)
+        assert advice.findings.set_index("fix").loc["ttl", "cost_counterfactual_usd"] == pytest.approx(
+            whatif[whatif.ttl == "1h"].cost_usd.sum())
