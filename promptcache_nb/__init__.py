@@ -18,6 +18,7 @@ from ._data import data_path
 from .advice import advise, counterfactual
 from .analysis import Observation, compare_df, summarize
 from .analysis.calibrate import calibrate
+from .analysis.gate import assert_cache_stable
 from .analysis.resimulate import compare_caches, resimulate
 from .analysis.whatif import keep_warm, rebuilds, ttl_whatif
 from .cache import (
@@ -34,6 +35,7 @@ from .errors import InvalidOptionError, PromptCacheError, StoreLockedError
 from .importers import ImportResult
 from .lab import Lab
 from .live import SimulatorServer, count_tokens
+from .live.capture import capture
 from .request import PrefixDiff
 from .request.diff import diff
 from .scenario import Scenario, load_scenario
@@ -131,7 +133,9 @@ __all__ = [
     "advice",
     "advise",
     "analysis",
+    "assert_cache_stable",
     "calibrate",
+    "capture",
     "compare_caches",
     "compare_df",
     "count_tokens",

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first DataFrame, n
     import pandas as pd
 
     from .importers import ImportResult
+    from .live.capture import Capture
 
 # a scenario's models are checked when it loads, against the table Lab.session validates with
 set_model_check(get_cache_model("anthropic").validate_model)
@@ -389,6 +390,14 @@ class Lab:
 
         show = self.progress if progress is None else progress
         return import_log(self, paths, format=format, project=project, progress=show)
+
+    def capture(self, client: Any, *, session: Session | None = None, project: str | None = None,
+                cache: str | None = None) -> AbstractContextManager[Capture]:
+        """Store every call ``client`` completes in the ``with`` block (``pc.capture``; README "In your notebook
+        and in CI")."""
+        from .live.capture import capture
+
+        return capture(client, lab=self, session=session, project=project, cache=cache)
 
     def resimulate(self, session_id: str, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:
         """A stored session replayed under another cache model (``pc.resimulate``)."""

@@ -48,6 +48,7 @@ RANKS = {
     "report": 13,
     "__init__": 13,  # the curated public namespace
     "cli": 14,
+    "pytest_plugin": 14,  # the prompt_cache fixture: a Lab, a proxy and a simulator per test
 }
 
 #: Upward imports that are allowed, each inside a function (loaded on first use), with the reason.

@@ -18,7 +18,8 @@ RESERVED = 0
 
 
 def test_the_top_level_is_small_and_every_name_resolves() -> None:
-    assert len(pc.__all__) + RESERVED <= 45, len(pc.__all__)
+    # issue #24 adds capture and assert_cache_stable (the names its README section and CI template use)
+    assert len(pc.__all__) + RESERVED <= 47, len(pc.__all__)
     assert pc.__all__ == sorted(pc.__all__)
     for name in pc.__all__:
         assert getattr(pc, name) is not None, name

@@ -7,6 +7,8 @@
 - :class:`SavingsChart` — :func:`promptcache_nb.plots.plot_savings` as a widget.
 - :class:`Compare` — one scenario under several strategies in lockstep.
 - :class:`WhatIf` — tick fixes and see what they would have saved on a session's own requests.
+- :class:`Monitor` — a captured session's calls as they arrive (``lab.capture(client)``): rows, running read %,
+  $ saved, the latest request's diff and observation.
 
 Every button has a kernel-side twin (``stepper.next()``, ``editor.edit(...)``) and every view a controller
 (``stepper.controller``) that works without a kernel. While a click works its buttons are disabled, a
@@ -20,13 +22,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._controllers import CompareController, KnowledgeController, StepperController, TurnView
+from ._controllers import CompareController, KnowledgeController, MonitorController, StepperController, TurnView
 from ._whatif import WhatIfController
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._views import Compare, DiffView, KnowledgeEditor, SavingsChart, Stepper, WhatIf
+    from ._views import Compare, DiffView, KnowledgeEditor, Monitor, SavingsChart, Stepper, WhatIf
 
-_VIEWS = ("Compare", "DiffView", "KnowledgeEditor", "SavingsChart", "Stepper", "WhatIf")
+_VIEWS = ("Compare", "DiffView", "KnowledgeEditor", "Monitor", "SavingsChart", "Stepper", "WhatIf")
 
 
 def __getattr__(name: str) -> Any:
@@ -43,6 +45,6 @@ def __dir__() -> list[str]:
 
 
 __all__ = [  # sorted; a literal so linters see the re-exports
-    "Compare", "CompareController", "DiffView", "KnowledgeController", "KnowledgeEditor", "SavingsChart",
-    "Stepper", "StepperController", "TurnView", "WhatIf", "WhatIfController",
+    "Compare", "CompareController", "DiffView", "KnowledgeController", "KnowledgeEditor", "Monitor",
+    "MonitorController", "SavingsChart", "Stepper", "StepperController", "TurnView", "WhatIf", "WhatIfController",
 ]

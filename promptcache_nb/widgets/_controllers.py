@@ -678,3 +678,139 @@ class CompareController(_Observable):
     def __repr__(self) -> str:
         return (f"CompareController(scenario={self.scenario.name!r}, strategies={len(self.strategies)}, "
                 f"cache={self.cache!r}, played='{self.position} of {len(self.scenario.turns)}')")
+
+
+#: Requests the monitor's table lists (the latest ones; the totals count every request).
+MONITOR_ROWS = 20
+
+
+class MonitorController(_Observable):
+    """The live monitor's state: one row per stored request of a session, the running totals, the latest request.
+
+    Fed by :func:`promptcache_nb.live.capture.on_record` (each call a capture stores is :meth:`add`-ed as it
+    finishes), so a view over it updates without polling the store; requests stored before it was made are read
+    once from the store. Works without a kernel; :meth:`html` is what the widget shows.
+    """
+
+    def __init__(self, session: Session, *, follow: bool = True) -> None:
+        super().__init__()
+        import threading
+
+        from ..live.capture import on_record
+
+        self.session = session
+        self._lock = threading.Lock()  # a capture adds from the thread that finished the call
+        self.rows: list[dict[str, Any]] = []
+        self.latest: Turn | None = None
+        self._totals = {"read": 0, "prompt": 0, "saved": 0.0, "priced": 0}
+        df = session.turns()
+        for row in df.to_dict("records"):
+            self._add_row(_monitor_row(row))
+        if len(df):
+            self.latest = session.last_turn
+        self._unsubscribe = on_record(session, self.add) if follow else None
+
+    def _add_row(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        t = self._totals
+        t["read"] += row["read"] or 0
+        t["prompt"] += (row["read"] or 0) + (row["write"] or 0) + (row["uncached"] or 0)
+        if row["cost_usd"] is not None and row["cost_no_cache_usd"] is not None:
+            t["saved"] += row["cost_no_cache_usd"] - row["cost_usd"]
+            t["priced"] += 1
+
+    def add(self, turn: Turn) -> None:
+        """Take one newly stored request (what a capture calls)."""
+        u = turn.usage
+        row = _monitor_row({
+            "idx": turn.index, "request_id": turn.request_id, "model": turn.request.get("model"),
+            "usage_source": u.source, "cache_read_input_tokens": u.cache_read_input_tokens,
+            "cache_creation_input_tokens": u.cache_creation_input_tokens, "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens, "cost_usd": turn.cost_usd, "cost_no_cache_usd": turn.cost_no_cache_usd,
+            "broke": None if turn.observation is None else turn.observation.broke})
+        with self._lock:
+            self._add_row(row)
+            self.latest = turn
+        self.status = f"request {turn.index} stored"
+        self._notify("turn")
+
+    def close(self) -> None:
+        """Stop following the session."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    @property
+    def n_requests(self) -> int:
+        return len(self.rows)
+
+    @property
+    def read_pct(self) -> float | None:
+        """Σ cache read / Σ prompt tokens × 100 over the requests so far (None before any)."""
+        t = self._totals
+        return None if not t["prompt"] else t["read"] * 100.0 / t["prompt"]
+
+    @property
+    def saved_usd(self) -> float | None:
+        """Σ (cost without caching − cost) over the priced requests (None when none is priced)."""
+        return self._totals["saved"] if self._totals["priced"] else None
+
+    def header_html(self) -> str:
+        read = "—" if self.read_pct is None else f"{self.read_pct:.1f} %"
+        breaks = sum(1 for r in self.rows if r["broke"])
+        return (f'<div style="font-size:13px"><b>live monitor</b> · session <code>{_html.esc(self.session.id)}'
+                f'</code> · <span data-field="requests">{self.n_requests:,}</span> requests · read '
+                f'<span data-field="read_pct">{read}</span> of prompt tokens from the cache · '
+                f'<span data-field="saved">{_html.fmt_usd(self.saved_usd)}</span> saved · '
+                f'<span data-field="breaks">{breaks}</span> breaks</div>')
+
+    def table_html(self) -> str:
+        shown = self.rows[-MONITOR_ROWS:]
+        head = ("<tr>" + "".join(f'<th style="padding:1px 6px;text-align:left">{h}</th>' for h in (
+            "request", "request id", "usage", "read", "write", "uncached", "output", "cost", "break")) + "</tr>")
+        body = "".join(
+            "<tr>" + "".join(f'<td style="padding:1px 6px">{v}</td>' for v in (
+                r["index"], _html.text_html(r["request_id"] or "—"), _html.esc(r["source"]),
+                _html.fmt_int(r["read"]), _html.fmt_int(r["write"]), _html.fmt_int(r["uncached"]),
+                _html.fmt_int(r["output"]), _html.fmt_usd(r["cost_usd"]), "yes" if r["broke"] else "")) + "</tr>"
+            for r in shown)
+        more = self.n_requests - len(shown)
+        note = f'<div style="color:#777">… and {more:,} earlier</div>' if more > 0 else ""
+        return f'<table class="pcnb-monitor" style="border-collapse:collapse;font-size:12px">{head}{body}</table>{note}'
+
+    def latest_html(self) -> str:
+        """The latest request's usage, prefix diff and observation ("" before any)."""
+        t = self.latest
+        if t is None:
+            return '<div style="color:#777">no request yet: calls appear here as they finish</div>'
+        previous = getattr(t.diff, "previous", None) if t.diff is not None else None
+        return (f"<div><b>request {t.index}</b></div>"
+                + _html.usage_html(t.usage, ideal_cache_read=t.ideal_cache_read, cost_usd=t.cost_usd,
+                                   cost_no_cache_usd=t.cost_no_cache_usd)
+                + _html.side_by_side_html(previous, t.prepared, diff=t.diff)
+                + _html.observation_html(t.observation))
+
+    def html(self) -> str:
+        with self._lock:
+            return self.header_html() + self.table_html() + self.latest_html()
+
+    def __repr__(self) -> str:
+        read = "—" if self.read_pct is None else f"{self.read_pct:.1f}%"
+        return f"MonitorController(session={self.session.id!r}, requests={self.n_requests}, read={read})"
+
+
+def _monitor_row(row: dict[str, Any]) -> dict[str, Any]:
+    def value(key: str) -> Any:
+        v = row.get(key)
+        return None if v is None or _isna_scalar(v) else v
+
+    def count(key: str) -> int | None:
+        v = value(key)
+        return None if v is None else int(v)
+
+    cost, no_cache = value("cost_usd"), value("cost_no_cache_usd")
+    return {"index": int(row["idx"]), "request_id": value("request_id"), "source": value("usage_source") or "",
+            "read": count("cache_read_input_tokens"), "write": count("cache_creation_input_tokens"),
+            "uncached": count("input_tokens"), "output": count("output_tokens"),
+            "cost_usd": None if cost is None else float(cost),
+            "cost_no_cache_usd": None if no_cache is None else float(no_cache), "broke": bool(value("broke"))}

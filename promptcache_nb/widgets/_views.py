@@ -27,7 +27,7 @@ import traitlets as T
 from ..plots import plot_compare, plot_savings
 from ..scenario import Scenario
 from . import _html
-from ._controllers import CompareController, KnowledgeController, StepperController, TurnView
+from ._controllers import CompareController, KnowledgeController, MonitorController, StepperController, TurnView
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -889,6 +889,55 @@ class Compare(_View, W.VBox):
         c = self.controller
         return (f"Compare(scenario={c.scenario.name!r}, strategies={len(c.strategies)}, cache={c.cache!r}, "
                 f"played='{self.played} of {len(c.scenario.turns)}')")
+
+
+class Monitor(W.VBox):
+    """A session's requests as they arrive: rows, running read %, $ saved, the latest request's diff and
+    observation. Fed by the capture (``lab.capture(client, session=s)`` or the session a capture made): each
+    stored call updates it from the thread that finished the call, so the browser never polls the store.
+
+    Example:
+        >>> with lab.capture(client) as cap:  # doctest: +SKIP
+        ...     monitor = pc.widgets.Monitor(cap.session); display(monitor)
+        ...     client.messages.create(...)
+    """
+
+    requests = T.Int(0, help="requests shown so far").tag(sync=True)
+
+    def __init__(self, session: Session, *, follow: bool = True) -> None:
+        self.controller = MonitorController(session, follow=follow)
+        self._html = W.HTML(self.controller.html())
+        super().__init__([self._html])
+        self.add_class("pcnb-monitor")
+        self.requests = self.controller.n_requests
+        self.controller.subscribe(self._on_change)
+
+    @property
+    def session(self) -> Session:
+        return self.controller.session
+
+    def _on_change(self, what: str) -> None:
+        html = self.controller.html()
+        with _batch(self, self._html):
+            self._html.value = html
+            self.requests = self.controller.n_requests
+
+    def close(self) -> None:
+        """Stop following the session and close the widget."""
+        self.controller.close()
+        super().close()
+
+    def snapshot_html(self) -> str:
+        return _html.snapshot_html("Monitor", self._html.value)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        bundle = W.Widget._repr_mimebundle_(self, **kwargs)
+        if bundle is not None:
+            bundle["text/html"] = self.snapshot_html()
+        return bundle
+
+    def __repr__(self) -> str:
+        return f"Monitor(session={self.session.id!r}, requests={self.requests})"
 
 
 class WhatIf(_View, W.VBox):

@@ -1,0 +1,175 @@
+"""The prompt_cache pytest plugin, run as a user runs it: pytest in a subprocess on a small agent (the anthropic SDK
+against the simulator endpoint), with and without a clock in its system prompt, a baseline round trip, -n 2, and
+pc.assert_cache_stable in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import promptcache_nb as pc
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.slow,  # other processes: a pytest run each
+              pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")]
+
+AGENT = '''
+from datetime import UTC, datetime, timedelta
+
+import anthropic
+import pytest
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+HOST = "You are the billing platform's support agent. Answer from the ledger, cite invoice ids. " * 60
+
+
+def run_agent(base_url, *, clock, turns=4, virtual=True):
+    """A small agent loop: one conversation, a request every 40 s (on the simulator's clock; on the wall clock,
+    one right after the other, with virtual=False)."""
+    client = anthropic.Anthropic(base_url=base_url, api_key="sk-fake-plugin-key", max_retries=0)
+    history = []
+    for i in range(turns):
+        now = T0 + timedelta(seconds=40 * i)
+        system = (f"Current time: {now:%Y-%m-%d %H:%M} UTC\\n" if clock else "") + HOST
+        history.append({"role": "user", "content": f"What happened to invoice {8810 + i}?"})
+        msg = client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=64, messages=history,
+            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+            extra_headers={"x-promptcache-at": now.isoformat()} if virtual else None)
+        history.append({"role": "assistant", "content": msg.content[0].text})
+    client.close()
+'''
+
+TESTS = AGENT + '''
+
+def test_stable(prompt_cache):
+    run_agent(prompt_cache.base_url, clock=False)
+    assert len(prompt_cache.session.turns()) == 4
+
+
+def test_clock(prompt_cache):
+    run_agent(prompt_cache.base_url, clock=CLOCK)
+
+
+@pytest.mark.prompt_cache(max_breaks=1)
+def test_one_break_allowed(prompt_cache):
+    run_agent(prompt_cache.base_url, clock=True)
+
+
+@pytest.mark.prompt_cache(min_read_pct=60)
+def test_read_threshold(prompt_cache):
+    run_agent(prompt_cache.base_url, clock=False, virtual=False)  # the wall clock: back-to-back calls read
+    assert all(read > 1000 for read in list(prompt_cache.session.turns().cache_read_input_tokens)[1:])
+'''
+
+
+def run_pytest(tmp_path: Path, *args: str, clock: bool, env: dict | None = None) -> subprocess.CompletedProcess:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_agent.py").write_text(TESTS.replace("clock=CLOCK", f"clock={clock}"))
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", **(env or {})}
+    environ.pop("GITHUB_STEP_SUMMARY", None) if not env or "GITHUB_STEP_SUMMARY" not in env else None
+    # -p names the plugin explicitly: a checkout not yet reinstalled has no entry point (make test reinstalls)
+    cmd = [sys.executable, "-m", "pytest", "-p", "promptcache_nb.pytest_plugin", "-p", "no:cacheprovider",
+           "-W", "ignore::DeprecationWarning", "-q", "-rA", *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300)
+
+
+def test_a_clock_in_the_system_prompt_fails_with_the_located_diff_and_a_stable_agent_passes(tmp_path):
+    summary = tmp_path / "summary.md"
+    res = run_pytest(tmp_path, clock=True, env={"GITHUB_STEP_SUMMARY": str(summary)})
+    out = res.stdout
+    assert res.returncode == 1, out + res.stderr
+    assert "4 passed" not in out and "1 failed, 3 passed" in out, out
+    failure = out[out.index("test_clock"):]
+    assert "1 request broke the cache (at most 0 allowed): request 2 (req_sim_" in failure, failure
+    assert "diverges at system[0] (byte 422" in failure  # the segment path and byte offset
+    assert "excerpt: Current time: 2026-11-02 09:0⟪ 0 UTC↵You are" in failure  # invisible characters shown
+    assert "⟫ → ⟪ 1 UTC↵" in failure and "pytest_plugin.py" not in failure  # the message, not our frames
+    # the summary table: one per test, with the first break's location
+    text = summary.read_text()
+    assert text.count("#### prompt cache: `test_agent.py::") == 4
+    clock_table = text[text.index("test_agent.py::test_clock"):].split("####")[0]
+    assert "| 4 | " in clock_table and "| 1 | system[0] byte 422 |" in clock_table, text
+
+    res = run_pytest(tmp_path, clock=False)
+    assert res.returncode == 0 and "4 passed" in res.stdout, res.stdout + res.stderr
+
+
+def test_a_baseline_round_trip(tmp_path):
+    baseline = tmp_path / "cache_baseline.json"
+    res = run_pytest(tmp_path, "--prompt-cache-baseline", str(baseline), "--prompt-cache-update",
+                     "-k", "stable or one_break", clock=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(baseline.read_text())
+    assert data["test_agent.py::test_stable"]["breaks"] == 0
+    assert data["test_agent.py::test_stable"]["requests"] == 4
+    assert data["test_agent.py::test_one_break_allowed"]["breaks"] == 1
+    # unchanged figures pass against the baseline
+    res = run_pytest(tmp_path, "--prompt-cache-baseline", str(baseline), "-k", "stable or one_break", clock=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # a baseline that promised a better read fails, naming the baseline
+    data["test_agent.py::test_stable"]["read_pct"] = 99.5
+    baseline.write_text(json.dumps(data))
+    res = run_pytest(tmp_path, "--prompt-cache-baseline", str(baseline), "-k", "stable", clock=False)
+    assert res.returncode == 1 and "the baseline 99.5 %" in res.stdout, res.stdout
+
+
+def test_under_xdist(tmp_path):
+    baseline = tmp_path / "b.json"
+    res = run_pytest(tmp_path, "-n", "2", "--prompt-cache-baseline", str(baseline), "--prompt-cache-update",
+                     clock=True)
+    assert "1 failed, 3 passed" in res.stdout, res.stdout + res.stderr
+    assert "request 2 (req_sim_" in res.stdout
+    assert sorted(json.loads(baseline.read_text())) == [  # both workers' tests merged into one file
+        f"test_agent.py::test_{n}" for n in ("clock", "one_break_allowed", "read_threshold", "stable")]
+
+
+# -- in-process: the same check a notebook cell calls ----------------------------------------------------------
+def test_assert_cache_stable_names_the_breaking_request(tmp_path):
+    ns: dict = {}
+    exec(AGENT, ns)  # the same agent, through a capture instead of the plugin
+    import anthropic
+
+    with pc.SimulatorServer() as server, pc.Lab(progress=False) as lab:
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="sk-fake", max_retries=0)
+        sessions = {}
+        for clock in (False, True):
+            ns["anthropic"] = _Reuse(client)
+            with lab.capture(client) as cap:
+                ns["run_agent"](server.base_url, clock=clock)
+            sessions[clock] = cap.session
+        check = pc.assert_cache_stable(sessions[False], min_read_pct=50)
+        assert check.ok and check.requests == 4 and check.read_pct > 50 and not check.breaks
+        with pytest.raises(AssertionError) as info:
+            pc.assert_cache_stable(sessions[True])
+        msg = str(info.value)
+        assert "request 2 (req_sim_" in msg and "diverges at system[0] (byte 422" in msg, msg
+        assert "⟫ → ⟪ 1 UTC↵" in msg
+        with pytest.raises(AssertionError, match=r"read .* % of prompt tokens from the cache \(at least 99 %"):
+            pc.assert_cache_stable(sessions[False], min_read_pct=99)
+        assert pc.assert_cache_stable(sessions[True], max_breaks=1).ok
+        client.close()
+
+
+class _Reuse:
+    """Stands in for the anthropic module inside the agent: hands it the captured client."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def Anthropic(self, **kwargs):  # noqa: N802 - the SDK's name
+        client = self._client
+        client.close = lambda: None
+        return client
+
+
+def test_an_upstream_goes_through_the_recording_proxy(tmp_path):
+    with pc.SimulatorServer() as upstream:  # stands in for https://api.anthropic.com
+        res = run_pytest(tmp_path, "--prompt-cache-upstream", upstream.base_url, "-k", "stable", clock=False)
+        assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout + res.stderr
+        assert [r.status for r in upstream.requests] == [200] * 4  # the test's calls reached the upstream
