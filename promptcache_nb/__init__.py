@@ -28,7 +28,6 @@ from .cache import (
     OpenAICache,
     VLLMCache,
     get_cache_model,
-    register_cache_model,
 )
 from .cache import cache_model_names as _cache_model_names
 from .errors import InvalidOptionError, PromptCacheError, StoreLockedError
@@ -40,7 +39,7 @@ from .request import PrefixDiff
 from .request.diff import diff
 from .scenario import Scenario, load_scenario
 from .session import Session, Turn
-from .strategies import Strategy, register_strategy
+from .strategies import Strategy
 from .strategies import strategy_names as _strategy_names
 from .usage import Usage
 
@@ -67,6 +66,8 @@ _MOVED = {
     "CacheResult": "cache.CacheResult",
     "cache_model_names": "cache.cache_model_names",
     "strategy_names": "strategies.strategy_names",
+    "register_strategy": "strategies.register_strategy",  # plugins: the promptcache_nb.strategies entry point
+    "register_cache_model": "cache.register_cache_model",  # plugins: the promptcache_nb.cache_models entry point
     "StrategyContext": "strategies.StrategyContext",
     "ImportedRequest": "importers.ImportedRequest",
     "ToolCall": "scenario.ToolCall",
@@ -148,8 +149,6 @@ __all__ = [
     "load_scenario",
     "plots",
     "rebuilds",
-    "register_cache_model",
-    "register_strategy",
     "resimulate",
     "summarize",
     "tokens",

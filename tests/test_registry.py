@@ -68,7 +68,7 @@ def test_the_thin_register_functions_feed_the_registries() -> None:
         name: ClassVar[str] = "registry_test_once"
 
     try:
-        assert pc.register_strategy(Once) is Once
+        assert pc.strategies.register_strategy(Once) is Once
         assert pc.STRATEGIES[-1] == "registry_test_once"
         assert pc.strategies.get_strategy("registry_test_once").options == Naive.Options()
     finally:
