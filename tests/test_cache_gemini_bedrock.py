@@ -275,6 +275,9 @@ def test_imported_requests_use_their_providers_cache_model():
     assert _cache_model_for(_imported("claude-sonnet-4-5", "amazon-bedrock")) == "bedrock"
     assert _cache_model_for(_imported("claude-sonnet-4-5", "anthropic")) == "anthropic"
     assert _cache_model_for(_imported("gpt-5", "openai", "openai-chat")) == "openai"
+    assert _cache_model_for(_imported("gemini-2.5-flash", "gcp.gemini", "openai-chat")) == "gemini"  # OpenTelemetry
+    assert _cache_model_for(_imported("amazon.nova-pro-v1:0", "amazon-bedrock", "openai-chat")) == "openai"
+    assert _cache_model_for(_imported("claude-sonnet-4-5@20250929", "gcp.vertex_ai")) == "anthropic"
 
 
 # -- re-simulating a replayed scenario --------------------------------------------------------------------------

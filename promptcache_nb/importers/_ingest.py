@@ -228,17 +228,23 @@ def _cache_params(reqs: list[ImportedRequest]) -> dict[str, Any]:
 
 
 #: Provider names readers give (the agents' own spellings) whose cache model is not named alike.
-_PROVIDER_CACHE = {"google": "gemini", "google-gemini-cli": "gemini", "gemini-cli": "gemini",
-                   "amazon-bedrock": "bedrock", "aws": "bedrock"}
+#: (OpenTelemetry's ``gen_ai.provider.name`` values included: ``gcp.gemini``, ``aws.bedrock``...)
+_PROVIDER_CACHE = {"google": "gemini", "google-gemini-cli": "gemini", "gemini-cli": "gemini", "gcp.gemini": "gemini",
+                   "gcp.gen_ai": "gemini", "gcp.vertex_ai": "gemini", "amazon-bedrock": "bedrock", "aws": "bedrock",
+                   "aws.bedrock": "bedrock"}
 
 
 def _cache_model_for(req: ImportedRequest) -> str:
     """The cache model an imported request is simulated with: its provider's (a Bedrock model id is Bedrock's,
-    whatever the log calls the provider), else its wire format's."""
+    whatever the log calls the provider; Bedrock's and Google's caches are modelled for Claude and Gemini models
+    only), else its wire format's."""
     provider = (req.provider or "").lower()
     provider = _PROVIDER_CACHE.get(provider, provider)
-    if provider == "bedrock" or _BEDROCK_MODEL.fullmatch((req.model or "").lower()):
+    model = (req.model or "").lower()
+    if _BEDROCK_MODEL.fullmatch(model) or (provider == "bedrock" and "claude" in model):
         return "bedrock"
+    if provider == "gemini" and "gemini" not in model:
+        return "anthropic" if "claude" in model else get_format(req.dialect).provider  # Claude on Vertex
     if provider in ("anthropic", "openai", "deepseek", "gemini"):
         return provider
     return get_format(req.dialect).provider
