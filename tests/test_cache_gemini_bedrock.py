@@ -295,3 +295,21 @@ def test_resimulate_a_replayed_scenario_under_gemini_and_bedrock(stored_session)
     table = pc.compare_caches(s, ["anthropic", "bedrock", "gemini"])
     assert list(table.cache) == ["anthropic", "bedrock", "gemini"]
     assert (table.total_input == table.cache_read + table.cache_write + table.uncached).all()
+
+
+def test_a_session_runs_under_gemini_with_its_own_price():
+    system = "You are a careful assistant. " * 600
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(cache="gemini", model="gemini-2.5-flash", system=system, project="g")
+        s.step("hello", reply="hi")
+        t = s.step("again", reply="ok")
+        assert t.cache_reason == "hit" and t.usage.cache_read_input_tokens > 2048
+        assert t.usage.cache_creation_input_tokens == 0
+        p = prices_for("gemini-2.5-flash")
+        u = t.usage
+        assert t.cost_usd == pytest.approx((u.input_tokens * p.input + u.cache_read_input_tokens * p.cache_read
+                                            + u.output_tokens * p.output) / 1e6)
+        # the default strategy asks for automatic caching, which Bedrock does not take
+        b = lab.session(cache="bedrock", model=SONNET_BEDROCK, system=system, project="b")
+        b.step("hello", reply="hi")
+        assert b.step("again", reply="ok").cache_reason == "no_breakpoint"

@@ -160,6 +160,8 @@ class GeminiCache(CacheModel):
         self._chains = ChainInterner()
         self._used: dict[int, float] = {}  # node id -> last time a request stored or read it
         self._explicit: dict[str, _Explicit] = {}  # model -> its live cachedContents object
+        self._last_chain: list[int] = []  # the latest stored prompt (any model: chains of two models share no node)
+        self._last_t = 0.0
         self._prev: dict[str, Any] | None = None
 
     stream_state: ClassVar[tuple[str, ...]] = ("_prev",)
@@ -209,6 +211,12 @@ class GeminiCache(CacheModel):
         """(leading segments live in the cache, whether a prefix of the previous request expired)."""
         used = self._used
         i = 0
+        shared = common_prefix_len(chain, self._last_chain)
+        if shared:
+            # the latest stored prompt used this whole run at _last_t, the latest use of any entry: one check
+            if t - self._last_t >= self.lifetime:
+                return 0, True
+            i = shared
         while i < len(chain):
             last = used.get(chain[i])
             if last is None:
@@ -240,6 +248,7 @@ class GeminiCache(CacheModel):
             read, write, explicit_read = self._use_explicit(request, model, chain, minimum, implicit, t, detail)
         if n >= minimum:  # stored for later requests; nothing is billed for it [G5]
             self._used.update(dict.fromkeys(chain, t))
+            self._last_chain, self._last_t = chain, t
 
         cached = read + write if write else read  # what the API reports: the fresh explicit cache is read too
         native = {"promptTokenCount": n, "cachedContentTokenCount": cached, "candidatesTokenCount": 0,
