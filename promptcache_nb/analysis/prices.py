@@ -297,6 +297,21 @@ def _clause_strings(logic: Any) -> set[str]:
     return out
 
 
+#: A Gemini id as the API names it beside its model: the resource name (``models/gemini-2.5-flash``, Vertex's
+#: ``publishers/google/models/…``) and a stable version (``gemini-2.0-flash-001``, which the version-less id
+#: is the alias of).
+_GEMINI_ID = re.compile(r"(?:(?:publishers/google/)?models/)?(?P<base>gemini-[a-z0-9.-]+?)(?:-\d{3})?")
+
+
+def _gemini_match(model: str) -> tuple[str, str] | None:
+    """genai-prices' ``google`` entry for a Gemini resource name or stable version, when it names the base id
+    exactly (:func:`_is_exact`); None otherwise (a preview or an unknown version is never priced as another)."""
+    found = _GEMINI_ID.fullmatch(model.strip().lower())
+    if found is None or found.group("base") == model:
+        return None
+    return _exact_match(found.group("base"), "google")
+
+
 @lru_cache(maxsize=512)
 def price_model_id(model: str) -> tuple[str, str] | None:
     """``(provider id, model id)`` of ``model`` in genai-prices, resolved exactly; None when it has no exact
@@ -316,10 +331,16 @@ def price_model_id(model: str) -> tuple[str, str] | None:
     An Amazon Bedrock id resolves to genai-prices' ``aws`` entry that names it (Bedrock's own, regional price):
         >>> price_model_id("us.anthropic.claude-sonnet-4-5-20250929-v1:0")
         ('aws', 'us.anthropic.claude-sonnet-4-5-20250929-v1:0')
+
+    A Gemini resource name or stable version resolves to the ``google`` entry of the id it names:
+        >>> price_model_id("models/gemini-2.5-pro"), price_model_id("gemini-2.0-flash-001")
+        (('google', 'gemini-2.5-pro'), ('google', 'gemini-2.0-flash'))
     """
     found = _exact_match(model, None)
     if found is None and (bedrock := _BEDROCK_ID.fullmatch(model.lower())) is not None:
         found = _bedrock_match(model, bedrock.group("base"))
+    if found is None and "gemini-" in model.lower():
+        found = _gemini_match(model)
     if found is None and "/" in model:
         vendor, name = model.split("/", 1)
         vendor = vendor.strip().lower()

@@ -41,7 +41,10 @@ if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not w
 #: what-if the user asked for (an Anthropic session re-simulated under OpenAI's cache is priced as ``gpt-5``). A
 #: request whose model is the provider's own is priced by its own id (``gpt-5.3-codex`` as ``gpt-5.3-codex``), and
 #: *measured* traffic only ever by its own model (:func:`request_prices`).
-PRICE_MODELS: dict[str, str] = {"openai": "gpt-5", "deepseek": "deepseek-chat"}
+PRICE_MODELS: dict[str, str] = {"openai": "gpt-5", "deepseek": "deepseek-chat", "gemini": "gemini-2.5-flash"}
+
+#: genai-prices' provider of a cache model's own models, where it is named otherwise.
+_PRICE_PROVIDERS: dict[str, str] = {"gemini": "google"}
 
 #: vLLM is self-hosted: tokens cost nothing, the saving is compute. Explicit zeros, never a silent default.
 SELF_HOSTED = Prices(0.0, 0.0, 0.0, 0.0, 0.0, source="self-hosted (no token price)")
@@ -440,7 +443,7 @@ def default_prices(cache_name: str, model: str) -> Prices:
     stand_in = PRICE_MODELS.get(cache_name)
     if stand_in is not None:
         provider = price_provider(model)
-        if provider is not None and provider != cache_name:
+        if provider is not None and provider != _PRICE_PROVIDERS.get(cache_name, cache_name):
             return prices_for(stand_in)
     return prices_for(model)
 

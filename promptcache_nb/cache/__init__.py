@@ -10,7 +10,9 @@ from ..errors import UnknownCacheModelError
 from ._base import CacheModel, CacheResult
 from ._reasons import REASONS, Reason, explain_reason
 from .anthropic import AnthropicCache
+from .bedrock import BedrockCache
 from .deepseek import DeepSeekCache
+from .gemini import GeminiCache
 from .openai import OpenAICache
 from .vllm import VLLMCache
 
@@ -25,7 +27,7 @@ def register_cache_model(cls: type[CacheModel]) -> type[CacheModel]:
     return CACHE_MODEL_REGISTRY.register(cls)
 
 
-for _cls in (AnthropicCache, OpenAICache, DeepSeekCache, VLLMCache):
+for _cls in (AnthropicCache, OpenAICache, DeepSeekCache, VLLMCache, GeminiCache, BedrockCache):
     register_cache_model(_cls)
 del _cls
 
@@ -70,9 +72,11 @@ __all__ = [
     "CACHE_MODEL_REGISTRY",
     "REASONS",
     "AnthropicCache",
+    "BedrockCache",
     "CacheModel",
     "CacheResult",
     "DeepSeekCache",
+    "GeminiCache",
     "OpenAICache",
     "Reason",
     "VLLMCache",

@@ -329,11 +329,28 @@ class AnthropicCache(CacheModel):
 
         Computed once per request and layout (the session asks again for the ideal read of the next turn).
         """
-        layout = (self.options.assume_client_breakpoints, self.options.client_ttls)
+        layout = self._layout_key()
         got = req.derived.breakpoints
         if got is None or got[0] != layout:
             got = req.derived.breakpoints = (layout, self._breakpoints(req))
         return got[1]
+
+    def _layout_key(self) -> tuple[Any, ...]:
+        """What decides a request's breakpoints besides the request (the key of their memo on the request)."""
+        return (self.name, self.options.assume_client_breakpoints, self.options.client_ttls)
+
+    def _automatic(self, req: PreparedRequest) -> Any:
+        """The body's top-level ``cache_control`` (automatic caching, §1.1), or None."""
+        return req.rest.get("cache_control")
+
+    def _writes(self, marks: list[tuple[int, str]], cum: list[int], read: int, minimum: int) -> list[tuple[int, str]]:
+        """The breakpoints a request writes: beyond what it read, and long enough (§1.5: the whole prefix up to the
+        breakpoint counts)."""
+        return [(bp, ttl) for bp, ttl in marks if cum[bp] > read and cum[bp] >= minimum]
+
+    def _native(self, usage: Usage) -> dict[str, Any]:
+        """The usage object as this provider's API reports it."""
+        return usage.to_anthropic()
 
     def _explicit_marks(self, req: PreparedRequest) -> list[tuple[int, str]]:
         """(index, ttl) of every segment's own ``cache_control``: the previous request's for the leading
@@ -351,7 +368,7 @@ class AnthropicCache(CacheModel):
 
     def _breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
         marks = self._explicit_marks(req)
-        auto = req.rest.get("cache_control")
+        auto = self._automatic(req)
         if (not marks and auto is None and self.options.assume_client_breakpoints and req.segments
                 and req.segments[0].kind == "unlogged"):
             return self._client_breakpoints(req)
@@ -503,7 +520,7 @@ class AnthropicCache(CacheModel):
         return points
 
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
-        model = resolve_model(request.model)
+        model = self.validate_model(request.model)
         minimum = self.min_tokens[model]
         marks = self.breakpoints(request)
         t = at.timestamp()
@@ -540,7 +557,7 @@ class AnthropicCache(CacheModel):
                 if along is not None:
                     along.refresh(hit - 1, t)
 
-        writes = [(bp, ttl) for bp, ttl in marks if cum[bp] > read and cum[bp] >= minimum]
+        writes = self._writes(marks, cum, read, minimum)
         for bp, ttl in writes:
             entry = self._entries[(model, chain[bp])] = _Entry(
                 ttl, t + TTL_SECONDS[ttl], t + self.options.ttft_seconds, t, cum[bp]
@@ -580,7 +597,7 @@ class AnthropicCache(CacheModel):
         self._prev_model, self._prev_total = model, total
         self._prev_cacheable = c  # the longest prefix this request read or wrote: what it left cached
         self._prev_written = {bp for bp, _ in writes}
-        return CacheResult(usage, Reason(reason), detail, states, usage.to_anthropic())
+        return CacheResult(usage, Reason(reason), detail, states, self._native(usage))
 
     def _entries_along(self, model: str, chain: list[bytes], t: float) -> _Along:
         """Live entries on ``chain`` by position: the previous request's for the shared run (entries

@@ -221,17 +221,36 @@ def session_id_for(fmt: str, session_key: str) -> str:
 def _cache_params(reqs: list[ImportedRequest]) -> dict[str, Any]:
     """A partial Anthropic log's cache parameters: the TTLs its client gave the breakpoints the log dropped,
     from the measured 5m/1h write split (``AnthropicCache(client_ttls=...)``)."""
-    if _cache_model_for(reqs[0]) != "anthropic" or not any(r.partial for r in reqs):
+    if _cache_model_for(reqs[0]) not in ("anthropic", "bedrock") or not any(r.partial for r in reqs):
         return {}
     ttls = client_ttls_from_usage(r.usage for r in reqs)
     return {} if ttls is None else {"client_ttls": list(ttls)}
 
 
+#: Provider names readers give (the agents' own spellings) whose cache model is not named alike.
+#: (OpenTelemetry's ``gen_ai.provider.name`` values included: ``gcp.gemini``, ``aws.bedrock``...)
+_PROVIDER_CACHE = {"google": "gemini", "google-gemini-cli": "gemini", "gemini-cli": "gemini", "gcp.gemini": "gemini",
+                   "gcp.gen_ai": "gemini", "gcp.vertex_ai": "gemini", "amazon-bedrock": "bedrock", "aws": "bedrock",
+                   "aws.bedrock": "bedrock"}
+
+
 def _cache_model_for(req: ImportedRequest) -> str:
+    """The cache model an imported request is simulated with: its provider's (a Bedrock model id is Bedrock's,
+    whatever the log calls the provider; Bedrock's and Google's caches are modelled for Claude and Gemini models
+    only), else its wire format's."""
     provider = (req.provider or "").lower()
-    if provider in ("anthropic", "openai", "deepseek"):
+    provider = _PROVIDER_CACHE.get(provider, provider)
+    model = (req.model or "").lower()
+    if _BEDROCK_MODEL.fullmatch(model) or (provider == "bedrock" and "claude" in model):
+        return "bedrock"
+    if provider == "gemini" and "gemini" not in model:
+        return "anthropic" if "claude" in model else get_format(req.dialect).provider  # Claude on Vertex
+    if provider in ("anthropic", "openai", "deepseek", "gemini"):
         return provider
     return get_format(req.dialect).provider
+
+
+_BEDROCK_MODEL = re.compile(r"(?:[a-z]{2,6}\.)?anthropic\.claude-[a-z0-9.-]+-v\d+(?::\d+)?")
 
 
 def import_log(

@@ -39,7 +39,8 @@ class ImportedRequest:
         events: event codes that happened before this request (``compaction``...).
         request_id: the provider's request id when logged.
         reply: the response content blocks when logged (not used for cache analysis).
-        provider: ``anthropic`` or ``openai`` (decides the default cache model).
+        provider: ``anthropic``, ``openai``, ``deepseek``, ``gemini`` or ``bedrock`` (decides the default cache
+            model; a Bedrock model id is ``bedrock`` whatever the provider says).
     """
 
     session_key: str
