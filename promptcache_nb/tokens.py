@@ -28,7 +28,7 @@ import json
 import math
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -377,7 +377,7 @@ _TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "sum
 _MEDIA_PARTS = frozenset({"image_url", "input_image", "file", "input_file", "input_audio"})
 
 
-def _parts_tokens(content: Any, count: Any) -> int:
+def _parts_tokens(content: Any, count: Callable[[str], int]) -> int:
     """Tokens of an OpenAI message's content: a string or a list of content parts."""
     if isinstance(content, str):
         return count(content)
@@ -395,12 +395,12 @@ def _parts_tokens(content: Any, count: Any) -> int:
     return n
 
 
-def _call_tokens(name: Any, arguments: Any, count: Any) -> int:
+def _call_tokens(name: Any, arguments: Any, count: Callable[[str], int]) -> int:
     args = arguments if isinstance(arguments, str) else _compact(arguments)
     return count(str(name or "")) + count(args) + 4
 
 
-def _openai_tokens(element: Any, count: Any) -> int:
+def _openai_tokens(element: Any, count: Callable[[str], int]) -> int:
     """A whole OpenAI Chat message (``msg-whole``) or Responses input item (``item``)."""
     if not isinstance(element, dict):
         return MESSAGE_FRAME_TOKENS + count(_compact(element))

@@ -235,7 +235,7 @@ def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False)
     return _check_count(value, f"{where}.{key}")
 
 
-def _check_count(value: Any, name: str) -> Any:
+def _check_count(value: Any, name: str) -> int | None:
     """``value`` when it is None or an int in ``0..MAX_TOKENS``; else a one-line UsageError naming ``name``."""
     if value is None:
         return None

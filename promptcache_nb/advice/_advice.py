@@ -13,6 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..analysis.frames import html_table
 from ..request.diff import visible
 from ..session import Session
 from . import _fixes
@@ -210,8 +211,7 @@ class Advice:
 
     def _repr_html_(self) -> str:
         # evidence quotes the user's prompts: escaped, invisible characters shown (request.diff.visible)
-        def table(df: pd.DataFrame) -> str:
-            return df.map(lambda v: visible(v) if isinstance(v, str) else v).to_html(index=False, escape=True)
+        table = html_table
 
         parts = [f"<div class='pcnb-advice'><p><b>{html.escape(visible(self.summary()))}</b></p>",
                  f"<p>Savings are <b>{COUNTERFACTUAL}</b>: the counterfactual minus the original replayed through "

@@ -102,3 +102,12 @@ def compare_df(sessions: Iterable[Any]) -> pd.DataFrame:
     for s in sessions:
         rows.append({"session": s.id, "strategy": s.strategy, "cache": s.cache, **summarize(s.turns())})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def html_table(df: pd.DataFrame) -> str:
+    """``df`` as an HTML table for a notebook: cells are data, so escaped, with invisible characters (and lone
+    surrogates) shown as markers (:func:`~promptcache_nb.request.diff.visible`)."""
+    from ..request.diff import visible
+
+    shown = df.map(lambda v: visible(v) if isinstance(v, str) else v)
+    return str(shown.to_html(index=False, escape=True))

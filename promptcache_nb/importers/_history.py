@@ -96,7 +96,8 @@ class HistoryDecoder:
         if text[i] != "{":
             if path:
                 raise _Fallback  # not the shape expected: the body is not where the path says
-            return _SCAN(text, i)
+            value, end = _SCAN(text, i)
+            return value, int(end)
         return self._object(text, i, path)
 
     def _object(self, text: str, i: int, path: tuple[str, ...]) -> tuple[dict[str, Any], int]:

@@ -71,11 +71,12 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._util import SIMULATOR_HEADER, digest
+from ..dialects import DialectName as Dialect
 from ..dialects import get as get_format
 from ..usage import Usage
 from ._history import HistoryDecoder
 from ._sse import SseEvent, StreamSummary, parse_sse, usage_from_sse
-from ._types import Dialect, ImportedRequest, SkippedLine
+from ._types import ImportedRequest, SkippedLine
 
 MAX_DECODED_BYTES = 512 * 1024 * 1024  # a decompression bomb stops here, with a one-line reason
 
@@ -417,7 +418,7 @@ def _bedrock_stream(data: bytes, call: BedrockCall) -> tuple[StreamSummary, dict
 
 
 def _limited(decompressor: Any, data: bytes, what: str) -> bytes:
-    out = decompressor.decompress(data, MAX_DECODED_BYTES + 1)
+    out: bytes = decompressor.decompress(data, MAX_DECODED_BYTES + 1)
     if len(out) > MAX_DECODED_BYTES:
         raise _Skip(f"{what} body decompresses past {MAX_DECODED_BYTES // 2**20} MiB")
     return out

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .._config import SessionConfig
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
-from ..analysis.frames import summarize
+from ..analysis.frames import html_table, summarize
 from ..cache.anthropic import client_ttls_from_usage
 from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
@@ -110,8 +110,7 @@ class ImportResult:
         # file names, models, skipped lines and body problems are data: escaped, invisible characters (and lone
         # surrogates) as
         # markers, as everywhere else (request.diff.visible)
-        def shown(df: pd.DataFrame) -> str:
-            return df.map(lambda v: visible(v) if isinstance(v, str) else v).to_html(index=False, escape=True)
+        shown = html_table
 
         head = html.escape(repr(self))
         parts = [f"<div class='pcnb-import'><p><b>{head}</b> — token figures are <b>measured</b> "

@@ -67,7 +67,7 @@ def open_log(path: Path) -> IO[bytes]:
                             ) from None
     raw = open(path, "rb")  # noqa: SIM115 - closed with the reader (closefd)
     stream = zstandard.ZstdDecompressor().stream_reader(raw, read_size=READ_BUFFER, closefd=True)
-    return io.BufferedReader(stream, READ_BUFFER)  # type: ignore[arg-type]  # lines, as for the other kinds
+    return io.BufferedReader(stream, READ_BUFFER)  # lines, as for the other kinds
 
 
 def read_log_bytes(path: Path, limit: int | None = None) -> bytes:

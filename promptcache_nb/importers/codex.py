@@ -257,8 +257,8 @@ def _text(value: Any) -> str | None:
     """Instructions as logged: a string, or ``{"text": ...}`` in newer clients."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("text"), str):
-        return value["text"]
+    if isinstance(value, dict) and isinstance(text := value.get("text"), str):
+        return text
     return None
 
 

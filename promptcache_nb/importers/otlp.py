@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from .._util import digest
+from ..dialects import DialectName as Dialect
 from ..usage import TTL_SPLIT_UNKNOWN_NOTE, Usage
 from ._jsonl import JsonLine, iter_json_lines
 from ._messages import append_message
-from ._types import Dialect, ImportedRequest, Record, SkippedLine
+from ._types import ImportedRequest, Record, SkippedLine
 
 __all__ = ["OtlpReader"]
 

@@ -55,7 +55,7 @@ _JSON_FIRST_ITEM = re.compile(r'"(?:http_)?interactions"\s*:\s*\[\s*\{\s*"(?:req
 _Base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _CassetteLoader(_Base):  # type: ignore[misc, valid-type]
+class _CassetteLoader(_Base):  # type: ignore[misc]
     """The safe loader, plus the Python 2 era ``!!python/unicode`` / ``!!python/str`` string tags."""
 
 
@@ -154,8 +154,8 @@ def _body(side: Mapping[str, Any]) -> bytes | str | dict[str, Any] | None:
             body = body.get("string")
     if isinstance(body, bytearray):
         body = bytes(body)
-    if body in (None, "", b"") and isinstance(side.get("parsed_body"), dict):
-        return side["parsed_body"]
+    if body in (None, "", b"") and isinstance(parsed := side.get("parsed_body"), dict):
+        return parsed
     return body if isinstance(body, bytes | str) else None
 
 

@@ -25,7 +25,7 @@ import uvicorn
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .._util import is_loopback  # noqa: F401 - re-exported for the server and the proxy
+from .._util import is_loopback as is_loopback  # re-exported for the server and the proxy
 
 log = logging.getLogger("promptcache_nb.http")
 

@@ -17,7 +17,7 @@ SIMULATED_REPLY = "(simulated reply)"
 #: Request header carrying the scenario's clock (ISO-8601 UTC) to a loopback simulator endpoint.
 AT_HEADER = "x-promptcache-at"
 #: Response header by which a simulator endpoint says its usage is simulated, not measured.
-from .._util import SIMULATOR_HEADER  # noqa: E402,F401 - re-exported: the server sets it, backends read it
+from .._util import SIMULATOR_HEADER as SIMULATOR_HEADER  # noqa: E402 - re-exported: the server sets it, backends read it
 
 
 @dataclass(frozen=True)

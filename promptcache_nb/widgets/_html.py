@@ -88,8 +88,8 @@ def segment_text(seg: Segment) -> str:
     el = seg.element
     if isinstance(el, str):
         return el
-    if isinstance(el, dict) and el.get("type") == "text" and isinstance(el.get("text"), str):
-        return el["text"]
+    if isinstance(el, dict) and el.get("type") == "text" and isinstance(text := el.get("text"), str):
+        return text
     if isinstance(el, dict) and "cache_control" in el:
         el = {k: v for k, v in el.items() if k != "cache_control"}  # markers never change what matches
     return canonical_json(el)

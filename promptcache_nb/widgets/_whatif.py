@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..advice import COUNTERFACTUAL, advise
 from ..advice._counterfactual import MEASURED, Original
 from ..advice._fixes import FIX_NAMES, FIX_SOURCES, check_fixes
-from ..request.diff import visible
+from ..analysis.frames import html_table
 from . import _html
 from ._controllers import _Observable, live_session
 
@@ -140,13 +140,12 @@ class WhatIfController(_Observable):
                 f"requests · {' · '.join(parts)}</div><div style='color:#555'>{_html.esc(fixes)}</div></div>")
 
     def table_html(self, limit: int = 200) -> str:
-        df = self.frame().head(limit)
-        return df.map(lambda v: visible(v) if isinstance(v, str) else v).to_html(index=False, escape=True)
+        return html_table(self.frame().head(limit))
 
     def findings_html(self) -> str:
         df = self.findings()[["fix", "verdict", "usd_saved", "pct_of_cost", "tokens_saved", "confidence",
                               "evidence"]]
-        return df.map(lambda v: visible(v) if isinstance(v, str) else v).to_html(index=False, escape=True)
+        return html_table(df)
 
     def __repr__(self) -> str:
         return (f"WhatIfController(session={self.session.id!r}, fixes={list(self.fixes)}, "
