@@ -102,6 +102,14 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .store import check_store
+
+    report = check_store(args.db)
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -191,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("query", help='e.g. "select idx, cache_reason, cache_read_input_tokens from turns"; tables: '
                                  "see README, Schema")
     q.set_defaults(fn=cmd_sql)
+    dr = sub.add_parser("doctor", help="check a store: schema, migrations, NULLs and references; report problems",
+                        description="Check a store without changing it (read-only): every table and column this "
+                                    "version expects, applied migrations, NULLs where a value is required, and "
+                                    "every block, prefix node and session a row refers to. Exit 0 when sound, 1 "
+                                    "when problems are listed, 2 when the file cannot be opened.")
+    dr.add_argument("db", metavar="FILE.duckdb", help="an existing store")
+    dr.set_defaults(fn=cmd_doctor)
     i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, vcr, HAR, proxy exchanges, OTLP JSON)")
     i.add_argument("paths", nargs="+", help="files, directories (walked) or globs")
     i.add_argument("--db", required=True, help="the DuckDB store to import into (created if missing)")
