@@ -146,7 +146,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
     if hasattr(signal, "SIGTERM"):  # `kill PID` closes the proxy like Ctrl-C does (lines are flushed either way)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with RecordingProxy(args.upstream, args.log, host=args.host, port=args.port) as proxy:
+    with RecordingProxy(args.upstream, args.log, host=args.host, port=args.port,
+                        redact_bodies=args.redact_bodies) as proxy:
         openai_suffix = "" if proxy.upstream.endswith("/v1") else "/v1"
         print(f"promptcache-nb proxy listening on {proxy.url} -> {proxy.upstream}, appending to {args.log}",
               flush=True)
@@ -221,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--log", required=True, metavar="FILE.jsonl", help="JSON Lines file to append to")
     x.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     x.add_argument("--port", type=int, default=8787, help="TCP port (0: any free port; default 8787)")
+    x.add_argument("--redact-bodies", action="store_true",
+                   help="also replace API-key-like strings (sk-ant-..., sk-..., AIza..., Bearer ...) inside the "
+                        "logged bodies; they are always removed from the logged URL")
     x.set_defaults(fn=cmd_proxy)
     from .live.server import add_serve_arguments, run_serve
 
