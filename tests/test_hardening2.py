@@ -212,3 +212,158 @@ def test_interruptible_restores_the_previous_wakeup_fd_and_forwards_to_it():
         con.close()
         r.close()
         w.close()
+
+
+# -- 6. numbers that must be numbers; NUL in scenario files ------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "field", "problem"), [
+    ({"input_tokens": -5}, "Usage.input_tokens", "must be a non-negative int, got -5"),
+    ({"input_tokens": "7"}, "Usage.input_tokens", "got '7'"),
+    ({"output_tokens": 1.5}, "Usage.output_tokens", "got 1.5"),
+    ({"cache_read_input_tokens": True}, "Usage.cache_read_input_tokens", "got True"),
+    ({"output_tokens": 10**13}, "Usage.output_tokens", "not a plausible count"),
+    ({"cache_creation_input_tokens": 5, "cache_creation_5m_input_tokens": 4, "cache_creation_1h_input_tokens": 3},
+     "Usage.cache_creation_input_tokens (5)", "exceeds"),
+])
+def test_usage_constructor_validates_its_numbers(kwargs, field, problem):
+    with pytest.raises(pc.errors.UsageError) as exc:
+        pc.Usage(**kwargs)
+    assert isinstance(exc.value, pc.errors.PromptCacheError)
+    assert field in str(exc.value) and problem in str(exc.value) and "\n" not in str(exc.value)
+
+
+def _body(**extra):
+    return {"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_record_refuses_a_split_larger_than_its_total_naming_the_field():
+    usage = {"input_tokens": 3, "cache_creation_input_tokens": 5, "cache_read_input_tokens": 0, "output_tokens": 1,
+             "cache_creation": {"ephemeral_5m_input_tokens": 4, "ephemeral_1h_input_tokens": 3}}
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(system="sys")
+        with pytest.raises(pc.errors.SessionError, match=r"cache_creation_input_tokens \(5\)"):
+            s.record(_body(), usage=usage)
+        assert s.n_turns == 0
+
+
+@pytest.mark.parametrize(("name", "body"), [
+    ("max_tokens", _body(max_tokens=2**70)),
+    ("max_tokens", _body(max_tokens=10**7 + 1)),
+    ("max_completion_tokens", {"model": "gpt-4o", "max_completion_tokens": 2**64,
+                               "messages": [{"role": "user", "content": "hi"}]}),
+])
+def test_an_output_limit_beyond_any_model_is_refused(name, body):
+    from promptcache_nb.request.validate import validate_request
+
+    (problem,) = validate_request(body)
+    assert problem.path == name and "above any model's maximum output" in problem.problem
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(system="sys", cache="openai" if "gpt" in body["model"] else "anthropic",
+                        model=body["model"])
+        with pytest.raises(pc.errors.BodyValidationError, match=name):
+            s.record(body)
+    assert validate_request(_body(max_tokens=0)) == [] and validate_request(_body(max_tokens=128_000)) == []
+
+
+def test_a_nul_in_a_scenario_file_name_is_a_file_line_error(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text('name: t\nmodel: claude-sonnet-4-5\nhost_prompt_file: "prompt\\0.md"\n'
+                    "turns:\n  - user: hi\n    reply: yo\n")
+    with pytest.raises(pc.ScenarioError) as exc:
+        pc.load_scenario(path)
+    assert str(exc.value) == f"{path}:3: host_prompt_file: 'prompt\\x00.md' holds a NUL byte, which no file name can hold"
+
+
+def test_a_raw_nul_byte_in_a_scenario_is_a_file_line_error(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_bytes(b"name: t\nmodel: claude-sonnet-4-5\nhost_prompt: sys\nturns:\n  - user: h\x00i\n    reply: yo\n")
+    with pytest.raises(pc.ScenarioError) as exc:
+        pc.load_scenario(path)
+    assert str(exc.value).startswith(f"{path}:5: yaml: NUL (U+0000) is not allowed in YAML")
+    tools = tmp_path / "tools.yaml"
+    tools.write_bytes(b"- name: a\n  description: \x01\n")
+    path.write_text("name: t\nmodel: claude-sonnet-4-5\nhost_prompt: sys\ntools_file: tools.yaml\n"
+                    "turns:\n  - user: hi\n    reply: yo\n")
+    with pytest.raises(pc.ScenarioError, match=r"s\.yaml:4: tools_file: tools\.yaml:2: yaml: a control character"):
+        pc.load_scenario(path)
+
+
+# -- 7. invisible fillers ------------------------------------------------------------------------------------------
+# The oracle, from UAX #44 and PropList.txt (written out here on purpose: the code derives its set from
+# unicodedata; the test checks the derivation against the published property):
+# Default_Ignorable_Code_Point = Other_Default_Ignorable_Code_Point + Cf + Variation_Selector - White_Space
+#                                - FFF9..FFFB - 13430..13440 - Prepended_Concatenation_Mark
+OTHER_DEFAULT_IGNORABLE = [(0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x2065, 0x2065),
+                           (0x3164, 0x3164), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0xE0000, 0xE0000),
+                           (0xE0002, 0xE001F), (0xE0080, 0xE00FF), (0xE01F0, 0xE0FFF)]
+VARIATION_SELECTOR = [(0x180B, 0x180D), (0x180F, 0x180F), (0xFE00, 0xFE0F), (0xE0100, 0xE01EF)]
+FILLERS = [0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F, 0x17B4]  # the issue's list
+KHITAN_FILLER = 0x16FE4  # a filler by name (a mark that shows nothing), not default-ignorable: marked as well
+
+
+def _expected_invisible() -> set[int]:
+    import unicodedata
+
+    out = {cp for lo, hi in OTHER_DEFAULT_IGNORABLE + VARIATION_SELECTOR for cp in range(lo, hi + 1)}
+    out.update([*FILLERS, KHITAN_FILLER])
+    for cp in range(0x110000):
+        cat = unicodedata.category(chr(cp))
+        if cat in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") or (cat == "Zs" and cp != 0x20):
+            out.add(cp)
+    return out
+
+
+@pytest.fixture(scope="module")
+def invisible() -> set[int]:
+    return _expected_invisible()
+
+
+def test_visible_marks_exactly_the_invisible_code_points(invisible):
+    """Every code point, exhaustively: marked iff it is a control, format, surrogate, private-use, unassigned or
+    separator character (bar the space), default-ignorable, or one of the fillers."""
+    from promptcache_nb.request.diff import visible
+
+    wrong = [cp for cp in range(0x110000) if (visible(chr(cp)) != chr(cp)) != (cp in invisible)]
+    assert not wrong, [f"U+{cp:04X}" for cp in wrong[:20]]
+
+
+@pytest.mark.parametrize("cp", FILLERS + [0x17B5, 0xFE0F, 0xE0100, 0x180B, 0x16FE4])
+def test_each_filler_is_shown_in_diffs_and_html(cp):
+    from promptcache_nb.request.diff import visible, visible_html
+
+    ch = chr(cp)
+    assert ch not in visible(f"a{ch}b") and f"U+{cp:04X}" in visible_html(f"a{ch}b")
+    a = {"model": "claude-sonnet-4-5", "max_tokens": 8, "system": "Memory: nothing yet.",
+         "messages": [{"role": "user", "content": "hi"}]}
+    b = {**a, "system": f"Memory: nothing{ch} yet."}
+    excerpt = pc.diff(a, b).excerpt
+    assert ch not in excerpt.current and excerpt.current.startswith("⟨")
+
+
+def test_knowledge_df_shows_a_hangul_filler():
+    with pc.Lab(progress=False) as lab:
+        s = lab.session(system="sys")
+        s.knowledge.add("title\u3164", "content\u2800")
+        row = s.knowledge.df().iloc[0]
+        assert row["title"] == "title⟨HF⟩" and row["content"] == "content⟨U+2800⟩"
+
+
+def test_visible_property_over_random_text(invisible):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from promptcache_nb.request.diff import visible
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(st.text(alphabet=st.characters(codec=None), max_size=40))
+    def check(text):
+        shown = visible(text)
+        assert not any(ord(ch) in invisible for ch in shown)  # nothing invisible survives...
+        assert (shown == text) == (not any(ord(ch) in invisible for ch in text))  # ...and nothing else changes
+
+    check()
+
+
+def test_the_derived_set_does_not_take_visible_gap_fillers():
+    from promptcache_nb.request.diff import visible
+
+    assert visible("\ua8f9\U0001144e") == "\ua8f9\U0001144e"  # DEVANAGARI / NEWA GAP FILLER have glyphs

@@ -15,7 +15,9 @@ Two kinds of problem:
 * ``api`` — valid JSON the API answers with HTTP 400. Anthropic Messages (the ``anthropic`` SDK's
   ``MessageCreateParams``): ``model``, ``max_tokens`` and ``messages`` required; ``max_tokens`` an integer
   ≥ 0 — 0 is documented pre-warming (docs/provider_cache_rules.md#anthropic-ttl-and-refresh), so the
-  simulator accepts it too; roles ``user`` / ``assistant``, the first one ``user``, and ``system`` where the API
+  simulator accepts it too — and at most :data:`MAX_OUTPUT_LIMIT` (every output limit, OpenAI's too: an API
+  refuses a limit above the model's maximum output, which no model puts past its context window); roles
+  ``user`` / ``assistant``, the first one ``user``, and ``system`` where the API
   places a mid-conversation system message — never first, right after a user turn (or an assistant turn ending
   in a server tool use), followed by an assistant turn or nothing, never two in a row, text blocks only
   (docs/provider_cache_rules.md#anthropic-mid-conversation-system-messages); non-empty content except a final
@@ -60,6 +62,10 @@ from ._canonical import (
 MAX_DEPTH = 256
 #: At most this many problems are listed per body (a log with a million NaNs is one report, not a million).
 MAX_PROBLEMS = 50
+#: The largest ``max_tokens`` / ``max_completion_tokens`` / ``max_output_tokens`` accepted (10**7). The APIs refuse
+#: a limit above the model's maximum output ("max_tokens: 100000 > 64000, which is the maximum allowed number of
+#: output tokens"), which is below its context window; no model's window reaches 10**7 tokens.
+MAX_OUTPUT_LIMIT = 10**7
 #: Messages one Messages request may hold (the SDK's ``MessageCreateParams.messages``).
 MAX_MESSAGES = 100_000
 
@@ -335,6 +341,8 @@ def _check_scalars(body: Mapping[str, Any], out: _Problems, dialect: str) -> Non
         value = body.get(name)
         if name in body and not _is_count(value) and not (value is None and dialect != "anthropic"):
             out.add(name, f"must be a non-negative integer, got {value!r}")
+        elif _is_count(value) and value > MAX_OUTPUT_LIMIT:
+            out.add(name, f"{value:,} is above any model's maximum output (at most {MAX_OUTPUT_LIMIT:,})")
     stream = body.get("stream")
     if "stream" in body and not isinstance(stream, bool):
         out.add("stream", f"must be a boolean, got {stream!r}")
