@@ -341,7 +341,7 @@ def _check_scalars(body: Mapping[str, Any], out: _Problems, dialect: str) -> Non
         value = body.get(name)
         if name in body and not _is_count(value) and not (value is None and dialect != "anthropic"):
             out.add(name, f"must be a non-negative integer, got {value!r}")
-        elif _is_count(value) and value > MAX_OUTPUT_LIMIT:
+        elif isinstance(value, int) and value > MAX_OUTPUT_LIMIT:
             out.add(name, f"{value:,} is above any model's maximum output (at most {MAX_OUTPUT_LIMIT:,})")
     stream = body.get("stream")
     if "stream" in body and not isinstance(stream, bool):
