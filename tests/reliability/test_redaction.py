@@ -22,7 +22,7 @@ from promptcache_nb.live.proxy import KEY_PATTERNS, RecordingProxy, redact_json,
 
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ANT = "sk-ant-api03-Zx9DISTINCTIVEkeyAAAA0000bbbb_cc-DD"
 OAI = "sk-proj-DISTINCTIVEopenaiKEY0000aaaa1111"
 OAI_LEGACY = "sk-DISTINCTIVElegacy000011112222333344445555"

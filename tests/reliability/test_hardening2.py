@@ -1,7 +1,7 @@
 """Issue 27 regressions: odd files as the store (FIFO, device), Ctrl-C while a store opens or migrates, numbers
 that must be numbers, NUL bytes in scenario files, and invisible fillers shown in diffs.
 
-The proxy's redaction by value is in test_proxy_redaction.py, tampered stores and ``doctor`` in test_doctor.py.
+The proxy's redaction by value is in test_redaction.py, tampered stores and ``doctor`` in test_doctor.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import promptcache_nb as pc
 from promptcache_nb.errors import StoreError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
