@@ -176,3 +176,24 @@ def test_doctor_is_a_documented_cli_command():
     out = subprocess.run([sys.executable, "-m", "promptcache_nb.cli", "doctor", "--help"], capture_output=True,
                          text=True, cwd=ROOT, check=True).stdout
     assert "read-only" in out
+
+
+@pytest.mark.parametrize("where", ["parent IS NULL", "true"])
+def test_deleted_prefix_nodes_are_a_store_error_when_a_session_resumes(store, where):
+    tamper(store, f"DELETE FROM prefix_nodes WHERE {where}")
+    sid = session_id(store)
+    with pc.Lab(store, progress=False) as lab, pytest.raises(StoreError) as exc:
+        lab.session(id=sid)
+    one_line_naming(exc, "prefix node", "missing from prefix_nodes")
+    assert any("prefix_nodes" in p for p in check_store(str(store)).problems)
+
+
+def test_a_deleted_rest_block_is_a_store_error_when_a_session_resumes(store):
+    con = duckdb.connect(str(store))
+    h = con.execute("SELECT rest_hash FROM turns ORDER BY idx LIMIT 1").fetchall()[0][0]
+    con.execute("DELETE FROM blocks WHERE hash = ?", [h])
+    con.close()
+    sid = session_id(store)
+    with pc.Lab(store, progress=False) as lab, pytest.raises(StoreError) as exc:
+        lab.session(id=sid)
+    one_line_naming(exc, h, "turns.rest_hash")

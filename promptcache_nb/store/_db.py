@@ -1054,9 +1054,15 @@ class Store:
         """The ``rest`` blocks (a body's shape and its top-level fields) of a session's requests (``since``: sent
         at or after it): hash -> JSON."""
         where, params = _since(session_id, since)
-        return {r["hash"]: r["body"] for r in self.query(
-            f"SELECT hash, body FROM blocks WHERE hash IN (SELECT DISTINCT rest_hash FROM turns WHERE {where})",
-            params)}
+        rows = self.query(
+            f"""SELECT t.rest_hash AS hash, b.body, b.hash IS NOT NULL AS present
+                FROM (SELECT DISTINCT rest_hash FROM turns WHERE {where}) t
+                LEFT JOIN blocks b ON b.hash = t.rest_hash""",
+            params)
+        for r in rows:
+            if r["body"] is None:
+                self._missing_block(r["hash"], "turns.rest_hash", r["present"])
+        return {r["hash"]: r["body"] for r in rows}
 
     def session_nodes(self, session_id: str, *, since: datetime | None = None) -> dict[str, StoredNode]:
         """Every prefix node a session's requests (``since``: sent at or after it) run through (node id ->
@@ -1067,10 +1073,18 @@ class Store:
                    SELECT DISTINCT tail_node FROM turns WHERE {where} AND tail_node IS NOT NULL
                    UNION
                    SELECT p.parent FROM prefix_nodes p JOIN chain c ON p.id = c.id WHERE p.parent IS NOT NULL)
-               SELECT n.id, n.parent, n.kind, n.role, n.block_hash, b.body
-               FROM chain c JOIN prefix_nodes n ON n.id = c.id JOIN blocks b ON b.hash = n.block_hash""",
+               SELECT c.id, n.id IS NOT NULL AS found, n.parent, n.kind, n.role, n.block_hash, b.body,
+                      b.hash IS NOT NULL AS present
+               FROM chain c LEFT JOIN prefix_nodes n ON n.id = c.id LEFT JOIN blocks b ON b.hash = n.block_hash""",
             params,
         )
+        for r in rows:  # a node or block gone would surface as a KeyError in whoever walks the chain
+            if not r.pop("found"):
+                raise StoreError(damaged(self.path, f"prefix node {r['id']!r} (on a request of session "
+                                                    f"{session_id!r}) is missing from prefix_nodes"))
+            if r["body"] is None:
+                self._missing_block(r["block_hash"], "prefix_nodes.block_hash", r["present"])
+            del r["present"]
         return {r.pop("id"): StoredNode(**r) for r in rows}
 
     # -- calibrations ---------------------------------------------------------------------------------------
