@@ -436,9 +436,12 @@ class Store:
                 raise
             try:
                 con.commit()
-            except duckdb.Error:
-                rollback_if_active(con)  # a failed COMMIT stored nothing
-                raise
+            except duckdb.Error as exc:
+                if not _interrupted(exc):
+                    rollback_if_active(con)  # a failed COMMIT stored nothing
+                    raise
+                committed = not rollback_if_active(con)  # interrupted (interruptible): as below
+                raise KeyboardInterrupt from None
             except BaseException as exc:
                 # an interrupt around COMMIT: stored iff no transaction is left to roll back
                 committed = not rollback_if_active(con)
@@ -467,7 +470,8 @@ class Store:
         if self._buffer is not None:
             yield
             return
-        with self.transaction():
+        # a chunk's bulk statements (appenders, COMMIT) can run for seconds: Ctrl-C stops them (interruptible)
+        with interruptible(self._live()), self.transaction():
             self._buffer = {}
             try:
                 yield

@@ -367,3 +367,25 @@ def test_the_derived_set_does_not_take_visible_gap_fillers():
     from promptcache_nb.request.diff import visible
 
     assert visible("\ua8f9\U0001144e") == "\ua8f9\U0001144e"  # DEVANAGARI / NEWA GAP FILLER have glyphs
+
+
+def test_ctrl_c_during_a_long_statement_of_a_batch_rolls_it_back(tmp_path):
+    """An import or a replay chunk writes in one batch(): a Ctrl-C during its statements stops them (before, the
+    signal waited for the statement's end) and nothing of the batch is stored."""
+    db = tmp_path / "runs.duckdb"
+    code = textwrap.dedent(f"""
+        import promptcache_nb as pc
+        lab = pc.Lab({str(db)!r}, progress=False)
+        try:
+            with lab.batch():
+                lab.store.con.execute("CREATE TABLE half_written AS SELECT 1 AS x")
+                print("slow", flush=True)
+                lab.store.con.execute("SELECT sum(i) FROM range(100000000000::BIGINT) t(i)").fetchall()
+        except BaseException as exc:
+            print(type(exc).__name__, flush=True)
+        lab.close()
+    """)
+    res = _interrupt(code, marker="slow")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["slow", "KeyboardInterrupt"]
+    assert "half_written" not in _migrations_of(db)[1]
