@@ -144,9 +144,11 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     number to ``signal.set_wakeup_fd`` at once: a watcher thread reading it calls ``con.interrupt()``, the
     statement ends with DuckDB's interrupt error, and callers raise KeyboardInterrupt. The wakeup fd is
     process-wide (asyncio uses it): the previous one is restored on exit and gets every byte meanwhile.
-    Outside the main thread (where signals are not delivered) this does nothing.
+    Outside the main thread (where signals are not delivered), or when SIGINT has a handler other than Python's
+    default (one that may not mean "stop"), this does nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
         return
     r, w = socket.socketpair()
@@ -158,16 +160,17 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         w.close()
         yield
         return
-    stop = threading.Event()
 
     def watch() -> None:
+        # until the NUL byte the block's exit sends, after every signal byte that came before it
         while data := r.recv(64):
-            if stop.is_set():
-                return
-            if previous != -1:
+            signals = data.replace(b"\0", b"")
+            if signals and previous != -1:
                 with suppress(OSError):
-                    os.write(previous, data)
-            if signal.SIGINT in data:
+                    os.write(previous, signals)
+            if b"\0" in data:
+                return
+            if signal.SIGINT in signals:
                 con.interrupt()
 
     watcher = threading.Thread(target=watch, name="promptcache-interrupt", daemon=True)
@@ -176,8 +179,7 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         yield
     finally:
         signal.set_wakeup_fd(previous)
-        stop.set()
-        w.send(b"\0")  # wakes the watcher, which sees `stop` and leaves without interrupting
+        w.send(b"\0")  # signal numbers start at 1: this one tells the watcher to forward what is left and leave
         watcher.join()
         r.close()
         w.close()

@@ -187,7 +187,6 @@ def test_ctrl_c_during_a_long_sql_query_exits_130(tmp_path):
 def test_interruptible_restores_the_previous_wakeup_fd_and_forwards_to_it():
     """asyncio (a notebook kernel) reads signals from the wakeup fd: it must see the Ctrl-C and get its fd back."""
     import socket
-    import time
 
     from promptcache_nb.store._db import interruptible
 
@@ -195,23 +194,38 @@ def test_interruptible_restores_the_previous_wakeup_fd_and_forwards_to_it():
     w.setblocking(False)
     r.settimeout(5)
     con = duckdb.connect()
-    seen: list[int] = []
-    handler = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
     previous = signal.set_wakeup_fd(w.fileno())
     try:
-        with interruptible(con):
+        with pytest.raises(KeyboardInterrupt), interruptible(con):
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
+            time.sleep(1)  # the KeyboardInterrupt arrives at once
         assert r.recv(16) == bytes([signal.SIGINT])  # forwarded to the fd installed before
-        assert seen == [signal.SIGINT]
         assert signal.set_wakeup_fd(-1) == w.fileno()  # and that fd is installed again
         assert con.execute("SELECT 42").fetchall() == [(42,)]  # an interrupt between statements stops nothing
     finally:
         signal.set_wakeup_fd(previous)
-        signal.signal(signal.SIGINT, handler)
         con.close()
         r.close()
         w.close()
+
+
+def test_interruptible_leaves_a_custom_sigint_handler_alone():
+    from promptcache_nb.store._db import interruptible
+
+    seen: list[int] = []
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    con = duckdb.connect()
+    try:
+        before = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(before)
+        with interruptible(con):
+            assert signal.set_wakeup_fd(before) == before  # nothing installed
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        con.close()
 
 
 # -- 6. numbers that must be numbers; NUL in scenario files ------------------------------------------------------
