@@ -137,15 +137,19 @@ def _interrupted(exc: BaseException) -> bool:
 
 @contextmanager
 def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """Let Ctrl-C stop the DuckDB statement running inside the block (a migration, a long query).
+    """Let Ctrl-C stop the DuckDB statement running inside the block (opening and migrating a store, a long
+    ``sql`` query): the block ends with exactly one KeyboardInterrupt. For blocks that are mostly statements.
 
     DuckDB runs a statement without returning to the interpreter, so Python's SIGINT handler waits for its end
-    (measured: a Ctrl-C during a slow statement was never seen). The C-level handler still writes the signal
-    number to ``signal.set_wakeup_fd`` at once: a watcher thread reading it calls ``con.interrupt()``, the
-    statement ends with DuckDB's interrupt error, and callers raise KeyboardInterrupt. The wakeup fd is
-    process-wide (asyncio uses it): the previous one is restored on exit and gets every byte meanwhile.
-    Outside the main thread (where signals are not delivered), or when SIGINT has a handler other than Python's
-    default (one that may not mean "stop"), this does nothing.
+    (measured: a Ctrl-C during a slow statement was never seen; DuckDB's client may even run the handler itself
+    and drop its KeyboardInterrupt). The C-level handler still writes the signal number to
+    ``signal.set_wakeup_fd`` at once: a watcher thread reading it calls ``con.interrupt()``, and the statement
+    ends with DuckDB's interrupt error. Inside the block SIGINT only records the Ctrl-C — a KeyboardInterrupt
+    raised in the middle of the rollback that error starts would leave the transaction open — and the block
+    raises KeyboardInterrupt in place of whatever the interrupt ended with, or at its end when the statement
+    finished first: a Ctrl-C is never swallowed. The wakeup fd is process-wide (asyncio uses it): the previous
+    one is restored on exit and gets every byte meanwhile. Outside the main thread (where signals are not
+    delivered), or when SIGINT has a handler other than Python's default, this does nothing.
     """
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
@@ -160,6 +164,10 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         w.close()
         yield
         return
+    pressed: list[int] = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        pressed.append(signum)
 
     def watch() -> None:
         # until the NUL byte the block's exit sends, after every signal byte that came before it
@@ -174,15 +182,23 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
                 con.interrupt()
 
     watcher = threading.Thread(target=watch, name="promptcache-interrupt", daemon=True)
+    signal.signal(signal.SIGINT, on_sigint)
     watcher.start()
     try:
         yield
+    except BaseException as exc:
+        if (pressed or _interrupted(exc)) and not isinstance(exc, KeyboardInterrupt):
+            raise KeyboardInterrupt from None  # DuckDB's interrupt error, or what a caller made of it
+        raise
     finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.set_wakeup_fd(previous)
         w.send(b"\0")  # signal numbers start at 1: this one tells the watcher to forward what is left and leave
         watcher.join()
         r.close()
         w.close()
+    if pressed:  # the statement finished before the interrupt reached it, or Python code ran
+        raise KeyboardInterrupt
 
 
 def _describe_header(head: bytes) -> str:
@@ -472,8 +488,7 @@ class Store:
         if self._buffer is not None:
             yield
             return
-        # a chunk's bulk statements (appenders, COMMIT) can run for seconds: Ctrl-C stops them (interruptible)
-        with interruptible(self._live()), self.transaction():
+        with self.transaction():
             self._buffer = {}
             try:
                 yield

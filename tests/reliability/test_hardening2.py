@@ -198,7 +198,7 @@ def test_interruptible_restores_the_previous_wakeup_fd_and_forwards_to_it():
     try:
         with pytest.raises(KeyboardInterrupt), interruptible(con):
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)  # the KeyboardInterrupt arrives at once
+            time.sleep(0.05)  # Python code inside the block: the KeyboardInterrupt comes at its end
         assert r.recv(16) == bytes([signal.SIGINT])  # forwarded to the fd installed before
         assert signal.set_wakeup_fd(-1) == w.fileno()  # and that fd is installed again
         assert con.execute("SELECT 42").fetchall() == [(42,)]  # an interrupt between statements stops nothing
@@ -382,24 +382,3 @@ def test_the_derived_set_does_not_take_visible_gap_fillers():
 
     assert visible("\ua8f9\U0001144e") == "\ua8f9\U0001144e"  # DEVANAGARI / NEWA GAP FILLER have glyphs
 
-
-def test_ctrl_c_during_a_long_statement_of_a_batch_rolls_it_back(tmp_path):
-    """An import or a replay chunk writes in one batch(): a Ctrl-C during its statements stops them (before, the
-    signal waited for the statement's end) and nothing of the batch is stored."""
-    db = tmp_path / "runs.duckdb"
-    code = textwrap.dedent(f"""
-        import promptcache_nb as pc
-        lab = pc.Lab({str(db)!r}, progress=False)
-        try:
-            with lab.batch():
-                lab.store.con.execute("CREATE TABLE half_written AS SELECT 1 AS x")
-                print("slow", flush=True)
-                lab.store.con.execute("SELECT sum(i) FROM range(100000000000::BIGINT) t(i)").fetchall()
-        except BaseException as exc:
-            print(type(exc).__name__, flush=True)
-        lab.close()
-    """)
-    res = _interrupt(code, marker="slow")
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["slow", "KeyboardInterrupt"]
-    assert "half_written" not in _migrations_of(db)[1]
