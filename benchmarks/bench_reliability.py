@@ -16,11 +16,19 @@
   bodies over the limit) while 4 clients hold requests that never finish; then a 50 MB body to each at its
   default limit, with the process's peak RSS growth.
 
+- **hardening** (issue 27): store paths that are not regular files (FIFO, devices, a socket) through ``pc.Lab``,
+  ``read_only=True``, ``sql`` and ``import``; ``--trials`` Ctrl-Cs at random moments of a deliberately slow
+  migration and of a long ``sql`` query (exit 130, no traceback, the migration rolled back, the store reopens);
+  tampered stores (each refused in one line naming the table, column or hash, on open or at first use, and
+  flagged by ``doctor``); keys of every documented kind in every URL position through the proxy (and in bodies
+  with ``redact_bodies``); bad ``Usage`` numbers, output limits and NUL bytes in scenarios; and ``visible()``
+  over every code point.
+
 "lost" counts committed requests (a lower bound the child reported before the signal) that were not in the
 store after reopening. Prints the figures; exit status 1 when a trial did not survive or a request was
 answered wrongly.
 
-    .venv/bin/python benchmarks/bench_reliability.py [--trials 20] [--requests 200] [--seed 14]
+    .venv/bin/python benchmarks/bench_reliability.py [--trials 20] [--requests 200] [--seed 14] [--only hardening]
 """
 
 from __future__ import annotations
@@ -134,17 +142,316 @@ def load(requests: int, seed: int, work: Path) -> bool:
     return ok and statuses == [413, 413]
 
 
+# -- issue 27 --------------------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+SLOW_MIGRATION = """
+import sys
+from promptcache_nb.store._migrations import migration
+
+@migration
+def m999_slow_for_bench(con):
+    con.execute("CREATE TABLE half_written AS SELECT 1 AS x")
+    print("slow", flush=True)
+    con.execute("CREATE TABLE slow AS SELECT sum(i) AS s FROM range(100000000000::BIGINT) t(i)")
+"""
+
+
+def _in_thread(fn: object, timeout: float = 20) -> tuple[str, float]:
+    """("ok" | "hang" | the exception's class and one-line message, seconds)."""
+    import threading
+
+    box: dict[str, str] = {}
+
+    def run() -> None:
+        try:
+            fn()  # type: ignore[operator]
+            box["r"] = "accepted"
+        except Exception as exc:  # noqa: BLE001 - reported
+            box["r"] = f"{type(exc).__name__}: {exc}"
+
+    t0 = time.perf_counter()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    return box.get("r", "hang"), time.perf_counter() - t0
+
+
+def _odd_paths(work: Path) -> bool:
+    import os
+    import socket
+    import subprocess
+
+    fifo = work / "fifo.duckdb"
+    os.mkfifo(fifo)
+    sock_path = work / "s.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    paths = [str(fifo), "/dev/zero", "/dev/null", str(sock_path)]
+    results = []
+    for path in paths:
+        for how in ("Lab", "Lab(read_only)", "cli sql", "cli import"):
+            if how.startswith("Lab"):
+                ro = how.endswith("only)")
+                r, secs = _in_thread(lambda p=path, ro=ro: pc.Lab(p, progress=False, read_only=ro))
+                good = r.startswith("StoreError") and "not a regular file" in r and "\n" not in r
+            else:
+                args = (["sql", path, "select 1"] if how == "cli sql"
+                        else ["import", path, "--db", str(work / "odd.duckdb"), "--quiet"])
+                t0 = time.perf_counter()
+                try:
+                    res = subprocess.run([sys.executable, "-m", "promptcache_nb.cli", *args], capture_output=True,
+                                         text=True, timeout=30, cwd=ROOT)
+                    r = res.stderr
+                    good = res.returncode == 2 and r.count("\n") == 1 and "not a regular file" in r
+                except subprocess.TimeoutExpired:
+                    r, good = "hang", False
+                secs = time.perf_counter() - t0
+            results.append(good)
+            if not good:
+                print(f"   FAILED {how} {path}: {r.strip()[:200]} ({secs:.1f} s)")
+    sock.close()
+    print(f"odd store paths (FIFO, /dev/zero, /dev/null, a socket) x (Lab, read_only, sql, import): "
+          f"{sum(results)} of {len(results)} refused in one line naming what the path is, none hung")
+    return all(results)
+
+
+def _ctrl_c(n: int, rng: random.Random, work: Path) -> bool:
+    import signal
+    import subprocess
+
+    import duckdb
+
+    ok_count, latencies = 0, []
+    for i in range(n):
+        sql = i % 4 == 3  # one in four: a long `sql` query instead of a migration
+        db = work / f"ctrl-c-{i}.duckdb"
+        if sql:
+            pc.Lab(db, progress=False).close()
+            code = ("import sys, threading\nfrom promptcache_nb.cli import main\n"
+                    "threading.Timer(1.5, lambda: print('slow', flush=True)).start()\n"
+                    f"sys.exit(main(['sql', {str(db)!r}, 'SELECT sum(i) FROM range(100000000000::BIGINT) t(i)']))\n")
+        else:
+            code = SLOW_MIGRATION + ("from promptcache_nb.cli import main\n"
+                                     f"sys.exit(main(['replay', 'tiny', '--db', {str(db)!r}, '--quiet']))\n")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT)
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        time.sleep(rng.uniform(0.0, 0.8))
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            print(f"   FAILED trial {i}: the interrupt was ignored for 30 s")
+            continue
+        latencies.append((time.perf_counter() - t0) * 1000)
+        good = proc.returncode == 130 and "Traceback" not in err
+        if not sql:
+            con = duckdb.connect(str(db), read_only=True)
+            names = [r[0] for r in con.execute("SELECT name FROM _migrations").fetchall()]
+            tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+            con.close()
+            good = good and "m999_slow_for_bench" not in names and "half_written" not in tables
+        try:
+            pc.Lab(db, progress=False).close() if sql else None
+        except pc.errors.PromptCacheError:
+            good = False
+        ok_count += good
+        if not good:
+            print(f"   FAILED trial {i}: exit {proc.returncode}: {err.strip()[-300:]}")
+    latencies.sort()
+    print(f"Ctrl-C during a slow migration ({n - n // 4}) or a long sql query ({n // 4}): {ok_count} of {n} exited "
+          f"130 without a traceback, migration rolled back, store reopens; SIGINT to exit p50 "
+          f"{latencies[len(latencies) // 2]:.0f} ms, max {latencies[-1]:.0f} ms")
+    return ok_count == n
+
+
+TAMPERS = [
+    ("drop column turns.cache_reason", ["ALTER TABLE turns DROP COLUMN cache_reason"]),
+    ("drop column sessions.config", ["ALTER TABLE sessions DROP COLUMN config"]),
+    ("drop table session_state", ["DROP TABLE session_state"]),
+    ("drop table blocks", ["DROP TABLE blocks"]),
+    ("empty _migrations", ["DELETE FROM _migrations"]),
+    ("drop _migrations", ["DROP TABLE _migrations"]),
+    ("NULL block body", ["CREATE TABLE b2 AS SELECT * FROM blocks", "DROP TABLE blocks",
+                         "ALTER TABLE b2 RENAME TO blocks", "UPDATE blocks SET body = NULL"]),
+    ("delete every block", ["DELETE FROM blocks"]),
+    ("delete the first message block", ["DELETE FROM blocks WHERE hash IN (SELECT coalesce(json_extract_string("
+                                        "message, '$.str'), json_extract_string(message, '$.blocks[0]')) FROM "
+                                        "session_messages)"]),
+    ("delete the root prefix nodes", ["DELETE FROM prefix_nodes WHERE parent IS NULL"]),
+    ("delete every prefix node", ["DELETE FROM prefix_nodes"]),
+    ("sessions.config a JSON array", ["UPDATE sessions SET config = '[1, 2]'"]),
+    ("sessions.config a JSON string", ["UPDATE sessions SET config = '\"x\"'"]),
+    ("sessions.config a number", ["UPDATE sessions SET config = '3'"]),
+]
+
+
+def _read_everything(path: Path) -> None:
+    with pc.Lab(path, progress=False) as lab:
+        for sid in lab.store.session_ids():
+            s = lab.session(id=sid)
+            _ = s.messages
+            for idx in range(s.n_turns):
+                lab.store.turn_body(sid, idx)
+
+
+def _tampered(work: Path) -> bool:
+    import duckdb
+
+    from promptcache_nb.store import check_store
+
+    sound = work / "sound.duckdb"
+    with pc.Lab(sound, progress=False) as lab:
+        lab.replay(pc.load_scenario(pc.data_path("scenarios") / "tiny.yaml"), strategy="naive")
+    _read_everything(sound)
+    good = 0
+    for name, statements in TAMPERS:
+        path = work / f"tampered-{name.replace(' ', '_')}.duckdb"
+        shutil.copy(sound, path)
+        con = duckdb.connect(str(path))
+        for sql in statements:
+            con.execute(sql)
+        con.close()
+        try:
+            _read_everything(path)
+            said, kind = "opened and read without a word", None
+        except Exception as exc:  # noqa: BLE001 - reported
+            said, kind = str(exc), type(exc).__name__
+        one_line = kind == "StoreError" and "\n" not in said and f"promptcache-nb doctor {path}" in said
+        flagged = not check_store(str(path)).ok
+        good += one_line and flagged
+        if not (one_line and flagged):
+            print(f"   FAILED {name}: {kind}: {said[:200]} (doctor flags it: {flagged})")
+    print(f"tampered stores: {good} of {len(TAMPERS)} refused in one line naming the table, column or hash "
+          "(on open or at first use) and flagged by `promptcache-nb doctor`")
+    return good == len(TAMPERS)
+
+
+def _redaction(work: Path) -> bool:
+    import json
+    import socket
+
+    import anthropic
+
+    keys = {"anthropic": "sk-ant-api03-Zx9SECRETkeyAAAA0000bbbb_cc-DD", "openai": "sk-proj-SECRETopenaiKEY0000aaaa1111",
+            "openai legacy": "sk-SECRETlegacy000011112222333344445555",
+            "google": "AIzaSySECRET_google-key000011112222abcd",
+            "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJTRUNSRVQifQ.c2lnbmF0dXJlU0VDUkVU"}
+    places = ["/v1/models?beta=true;key={k}", "/v1/models?{k}", "/v1/models?beta=true?x={k}",
+              "/v1/models?beta=true#{k}", "/v1/{k}/models", "/v1/models?api_key={k}&beta=true",
+              "/v1/models?q={k}", "/v1/models;{k}", "/v1/models?a,{k}", "/v1/models?h=Bearer%20{k}"]
+    targets = [p.format(k=k) for k in keys.values() for p in places]
+    targets += ["/v1/models?k=" + "".join(f"%{b:02X}" for b in k.encode()) for k in keys.values()]
+    log_path = work / "redaction.jsonl"
+    with pc.SimulatorServer() as api, pc.RecordingProxy(api.base_url, log_path) as proxy:
+        host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+        for target in targets:
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                while s.recv(65536):
+                    pass
+    lines = log_path.read_text().splitlines()
+    leaked = sum("SECRET" in line for line in lines)
+    body_log = work / "bodies.jsonl"
+    with pc.SimulatorServer() as api, pc.RecordingProxy(api.base_url, body_log, redact_bodies=True) as proxy, \
+            anthropic.Anthropic(base_url=proxy.url, api_key="local", max_retries=0) as client:
+        for k in keys.values():
+            client.messages.create(model="claude-sonnet-4-5", max_tokens=8, metadata={"user_id": k},
+                                   messages=[{"role": "user", "content": f"key {k} and Bearer {k}"}])
+    body_leaks = sum("SECRET" in line for line in body_log.read_text().splitlines())
+    usable = all(json.loads(line)["usage"] for line in body_log.read_text().splitlines())
+    print(f"proxy redaction: {len(targets)} URLs ({len(keys)} key kinds x {len(places) + 1} positions, incl. every "
+          f"byte percent-encoded): {len(lines)} lines, {leaked} with a key; {len(keys)} calls with keys in "
+          f"metadata and text under --redact-bodies: {body_leaks} with a key, usage kept: {usable}")
+    return leaked == 0 and body_leaks == 0 and len(lines) == len(targets) and usable
+
+
+def _numbers(work: Path) -> bool:
+    from promptcache_nb.request.validate import validate_request
+
+    usage_cases = [{"input_tokens": -5}, {"input_tokens": "7"}, {"output_tokens": 1.5}, {"output_tokens": float("nan")},
+                   {"cache_read_input_tokens": True}, {"output_tokens": 10**13},
+                   {"cache_creation_input_tokens": 5, "cache_creation_5m_input_tokens": 4,
+                    "cache_creation_1h_input_tokens": 3}]
+    refused = 0
+    for kwargs in usage_cases:
+        try:
+            pc.Usage(**kwargs)
+        except pc.errors.UsageError as exc:
+            refused += next(iter(kwargs)).split("_5m")[0] in str(exc) or "cache_creation" in str(exc)
+    body = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}
+    limits = [2**70, 2**63, 10**7 + 1]
+    limited = sum(len(validate_request({**body, "max_tokens": n})) == 1 for n in limits)
+    nul = work / "nul.yaml"
+    head, turns = b"name: t\nmodel: claude-sonnet-4-5\n", b"\nturns:\n  - user: hi\n    reply: yo\n"
+    nul_cases = [head + b'host_prompt_file: "p\\0.md"' + turns, head + b"host_prompt: s\x00" + turns]
+    nul_ok = 0
+    for raw in nul_cases:
+        nul.write_bytes(raw)
+        try:
+            pc.load_scenario(nul)
+        except pc.ScenarioError as exc:
+            nul_ok += str(exc).startswith(f"{nul}:3:")
+    print(f"numbers: {refused} of {len(usage_cases)} bad pc.Usage(...) refused as UsageError naming the field; "
+          f"{limited} of {len(limits)} output limits beyond any model refused; {nul_ok} of {len(nul_cases)} NUL "
+          "bytes in a scenario a file:line error")
+    return refused == len(usage_cases) and limited == len(limits) and nul_ok == len(nul_cases)
+
+
+def _visible() -> bool:
+    import unicodedata
+
+    from promptcache_nb.request import diff
+
+    diff._fillers.cache_clear()
+    t0 = time.perf_counter()
+    fillers = diff._fillers()
+    derive = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    marked = sum(diff.visible(chr(cp)) != chr(cp) for cp in range(0x110000))
+    sweep = time.perf_counter() - t0
+    listed = [0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F, 0x17B4]
+    shown = sum(chr(cp) not in diff.visible(f"a{chr(cp)}b") for cp in listed)
+    print(f"visible(): {marked:,} of 1,114,112 code points marked ({len(fillers)} printable fillers and variation "
+          f"selectors derived from unicodedata {unicodedata.unidata_version} in {derive:.2f} s, once); the issue's "
+          f"{len(listed)} fillers: {shown} shown as markers; sweep {sweep:.1f} s")
+    return shown == len(listed)
+
+
+def hardening(trials: int, seed: int, work: Path) -> bool:
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    ok = _odd_paths(work)
+    ok = _ctrl_c(trials, rng, work) and ok
+    ok = _tampered(work) and ok
+    ok = _redaction(work) and ok
+    ok = _numbers(work) and ok
+    ok = _visible() and ok
+    print(f"   ({time.perf_counter() - t0:.0f} s)")
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=20, help="kill trials each for replay and for import")
     ap.add_argument("--requests", type=int, default=200, help="requests per thread in the load runs")
     ap.add_argument("--seed", type=int, default=14)
+    ap.add_argument("--only", choices=("kill", "load", "hardening"), help="run one part")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message="The model .* is deprecated", category=DeprecationWarning)
     work = Path(tempfile.mkdtemp(prefix="pcnb-reliability-"))
     try:
-        ok = kill_trials(args.trials, args.seed, work)
-        ok = load(args.requests, args.seed, work) and ok
+        ok = True
+        if args.only in (None, "kill"):
+            ok = kill_trials(args.trials, args.seed, work) and ok
+        if args.only in (None, "load"):
+            ok = load(args.requests, args.seed, work) and ok
+        if args.only in (None, "hardening"):
+            ok = hardening(args.trials, args.seed, work) and ok
     finally:
         shutil.rmtree(work, ignore_errors=True)
     sys.exit(0 if ok else 1)

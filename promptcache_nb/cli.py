@@ -103,6 +103,14 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .store import check_store
+
+    report = check_store(args.db)
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     import pandas as pd
 
@@ -149,7 +157,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
     if hasattr(signal, "SIGTERM"):  # `kill PID` closes the proxy like Ctrl-C does (lines are flushed either way)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with RecordingProxy(args.upstream, args.log, host=args.host, port=args.port) as proxy:
+    with RecordingProxy(args.upstream, args.log, host=args.host, port=args.port,
+                        redact_bodies=args.redact_bodies) as proxy:
         openai_suffix = "" if proxy.upstream.endswith("/v1") else "/v1"
         print(f"promptcache-nb proxy listening on {proxy.url} -> {proxy.upstream}, appending to {args.log}",
               flush=True)
@@ -204,6 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("query", help='e.g. "select idx, cache_reason, cache_read_input_tokens from turns"; tables: '
                                  "see README, Schema")
     q.set_defaults(fn=cmd_sql)
+    dr = sub.add_parser("doctor", help="check a store: schema, migrations, NULLs and references; report problems",
+                        description="Check a store without changing it (read-only): every table and column this "
+                                    "version expects, applied migrations, NULLs where a value is required, and "
+                                    "every block, prefix node and session a row refers to. Exit 0 when sound, 1 "
+                                    "when problems are listed, 2 when the file cannot be opened.")
+    dr.add_argument("db", metavar="FILE.duckdb", help="an existing store")
+    dr.set_defaults(fn=cmd_doctor)
     i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, vcr, HAR, proxy exchanges, OTLP JSON)")
     i.add_argument("paths", nargs="+", help="files, directories (walked) or globs")
     i.add_argument("--db", required=True, help="the DuckDB store to import into (created if missing)")
@@ -228,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--log", required=True, metavar="FILE.jsonl", help="JSON Lines file to append to")
     x.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     x.add_argument("--port", type=int, default=8787, help="TCP port (0: any free port; default 8787)")
+    x.add_argument("--redact-bodies", action="store_true",
+                   help="also replace API-key-like strings (sk-ant-..., sk-..., AIza..., Bearer ...) inside the "
+                        "logged bodies; they are always removed from the logged URL")
     x.set_defaults(fn=cmd_proxy)
     from .live.server import add_serve_arguments, run_serve
 

@@ -67,6 +67,11 @@ class Usage:
     reasoning_tokens: int | None = None  # after raw: Usage(...) is built positionally around the code
     notes: tuple[str, ...] = field(default=(), compare=False)
 
+    def __post_init__(self) -> None:
+        # checked wherever a Usage is made (by hand, by a cache model, from a payload): Usage(input_tokens=-5)
+        # is a UsageError naming the field, never a price library's ValueError later
+        self.check("Usage")
+
     @property
     def total_input_tokens(self) -> int | None:
         """input + cache read + cache write; None when any part is unknown."""

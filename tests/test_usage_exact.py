@@ -192,8 +192,8 @@ def test_record_refuses_bad_counts_by_name_and_stores_nothing(value, problem):
         with pytest.raises(pc.errors.SessionError) as err:
             s.record(anthropic_body(), at=T0, usage={"input_tokens": 3, "output_tokens": value})
         assert str(err.value).startswith(f"request 0: usage.output_tokens: {problem}")
-        with pytest.raises(pc.errors.SessionError, match=r"^request 0: usage\.input_tokens: "):
-            s.record(anthropic_body(), at=T0, usage=Usage(value, 0, 0, 0, 0, 1, "imported"))
+        with pytest.raises(UsageError, match=r"^Usage\.input_tokens: "):  # a Usage checks itself when built
+            Usage(value, 0, 0, 0, 0, 1, "imported")
         assert lab.sql("select count(*) n from turns").n[0] == 0
 
 
@@ -205,9 +205,10 @@ def test_a_split_larger_than_its_total_is_refused_not_a_price_library_error():
         Usage.from_anthropic(over)
     with pc.Lab(progress=False) as lab:
         s = lab.session(model="claude-sonnet-4-6")
-        for given in (over, Usage(3, 0, 100, 80, 70, 1, "imported")):
-            with pytest.raises(pc.errors.SessionError, match=r"^request 0: usage\.cache_creation: .* exceeds "):
-                s.record(anthropic_body(), at=T0, usage=given)
+        with pytest.raises(pc.errors.SessionError, match=r"^request 0: usage\.cache_creation: .* exceeds "):
+            s.record(anthropic_body(), at=T0, usage=over)
+        with pytest.raises(UsageError, match=r"^Usage\.cache_creation: .* exceeds "):  # checked when built
+            Usage(3, 0, 100, 80, 70, 1, "imported")
         assert lab.sql("select count(*) n from turns").n[0] == 0
 
 

@@ -31,7 +31,15 @@ Keys in this order::
      "error": "..."}                                                    # only when no complete response
 
 ``path`` excludes the query string (Claude Code calls ``/v1/messages?beta=true``); ``url`` keeps it, minus any
-parameter whose name looks like a credential (``key``, ``token``, ``secret``...). Calls to other paths (model
+parameter whose name looks like a credential (``key``, ``token``, ``secret``...), whatever separates the
+parameters (``&``, ``;``, a repeated ``?``, ``#``). Credentials are also recognised by value (:data:`KEY_PATTERNS`:
+Anthropic ``sk-ant-…``, OpenAI ``sk-…`` / ``sk-proj-…``, Google ``AIza…``, ``Bearer …`` tokens and JSON Web
+Tokens, percent-encoded or not): wherever one appears in ``url`` or ``path`` — a path segment, a bare query
+component, a fragment — it is replaced by ``[redacted]``. Bodies are logged as sent: a key inside a request body
+(``metadata.user_id``) is kept unless the proxy runs with ``redact_bodies=True`` (``--redact-bodies``), which
+replaces every key-pattern match in every string (and object key) of the logged request, response and events —
+opt-in, because it changes the logged prompt: an imported request whose text held such a string no longer
+hashes as the one sent. Calls to other paths (model
 lists, token counting) are forwarded and logged too; importers skip them by path. A call the proxy itself
 refused or could not forward has ``"status": null`` and an ``error``: the upstream unreachable (the client got
 502), timed out (504), a body over the size limit (413) or too slow (408).
@@ -39,7 +47,7 @@ refused or could not forward has ``"status": null`` and an ``error``: the upstre
 Keys: request headers are forwarded and never written — the format has no header field — and are never logged
 by this module; credentials in the upstream URL (``https://user:pass@host``) are sent as HTTP Basic auth when
 the client sent no ``Authorization`` of its own, and shown nowhere (``repr``, log lines, error bodies). httpx
-logs each upstream URL at INFO: a filter on the ``httpx`` logger redacts credential-named query parameters there.
+logs each upstream URL at INFO: a filter on the ``httpx`` logger redacts the URL there as in ``url``.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import unquote_plus
 
 import anyio
 import httpx
@@ -72,7 +80,7 @@ from ._asgi import MAX_BODY_BYTES, REQUEST_TIMEOUT, BodyError, ServerThread, is_
 
 log = logging.getLogger("promptcache_nb.proxy")
 
-__all__ = ["RecordingProxy"]
+__all__ = ["KEY_PATTERNS", "RecordingProxy", "redact_json", "redact_keys", "redact_url"]
 
 #: RFC 9110 §7.6.1 connection-specific headers, plus the de-facto ``proxy-connection``: never forwarded.
 HOP_BY_HOP = frozenset({
@@ -82,6 +90,20 @@ HOP_BY_HOP = frozenset({
 #: A header or query parameter whose name matches this carries a credential.
 SECRET_NAME = re.compile(r"key|token|secret|auth|cookie|password|passwd|session|signature|credential|sig$",
                          re.IGNORECASE)
+#: What replaces a credential in the log.
+REDACTED = "[redacted]"
+#: Credentials recognised by their value (what, regular expression), in logged URLs always and in logged bodies
+#: with ``redact_bodies``. A match must not follow a letter or digit (``task-…`` holds no ``sk-`` key).
+KEY_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("Anthropic API key (sk-ant-api03-…, sk-ant-admin01-…)", r"sk-ant-[A-Za-z0-9_\-]{8,}"),
+    ("OpenAI API key (sk-…, sk-proj-…, sk-svcacct-…, sk-admin-…)", r"sk-[A-Za-z0-9_\-]{16,}"),
+    ("Google API key (AIza…)", r"AIza[0-9A-Za-z_\-]{30,}"),
+    ("bearer token (Bearer …)", r"[Bb]earer[ +]+[A-Za-z0-9._~+/=\-]{8,}"),
+    ("JSON Web Token (eyJ….eyJ….…)", r"eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*"),
+)
+KEY_VALUE = re.compile("(?<![A-Za-z0-9])(?:" + "|".join(f"(?:{p})" for _, p in KEY_PATTERNS) + ")")
+#: What separates the components of a URL whose values are checked one by one.
+_URL_SEPARATORS = re.compile(r"([/?&;#=,:])")
 #: Upstream timeouts: a model can think for minutes between two streamed events.
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=30.0, read=900.0, write=120.0, pool=60.0)
 
@@ -98,6 +120,8 @@ class RecordingProxy:
         port: TCP port; 0 picks a free one (read :attr:`url`).
         max_body_bytes: larger request bodies get 413 without being forwarded.
         request_timeout: seconds a client has to send the request headers, and then the body (408).
+        redact_bodies: replace every :data:`KEY_PATTERNS` match inside the logged request, response and events
+            by ``[redacted]`` (off by default: it changes the logged prompt, see the module docstring).
 
     Example:
         >>> import anthropic, promptcache_nb as pc
@@ -119,6 +143,7 @@ class RecordingProxy:
         port: int = 0,
         max_body_bytes: int = MAX_BODY_BYTES,
         request_timeout: float = REQUEST_TIMEOUT,
+        redact_bodies: bool = False,
     ) -> None:
         url = httpx.URL(upstream)
         if url.scheme not in ("http", "https") or not url.host:
@@ -136,6 +161,7 @@ class RecordingProxy:
         self.port = port
         self.max_body_bytes = max_body_bytes
         self.request_timeout = request_timeout
+        self.redact_bodies = redact_bodies
         #: Lines written since :meth:`start`.
         self.recorded = 0
         self._lock = threading.Lock()
@@ -323,7 +349,7 @@ class _Exchange:
                 await response.aclose()
 
     async def _fail(self, send: Any, status: int, message: str) -> None:
-        log.warning("%s %s: %s", self.request.method, self.raw_path, message)
+        log.warning("%s %s: %s", self.request.method, redact_url(self.raw_path), message)
         self.finish(error=message)
         await _error_response(status, message)(self.request.scope, _no_receive, send)
 
@@ -356,8 +382,8 @@ class _Exchange:
         for secret in secrets:
             for part in (secret, *secret.split()):  # "Bearer sk-..." and the bare "sk-..."
                 if len(part) >= 6:
-                    text = text.replace(part, "[redacted]")
-        return text
+                    text = text.replace(part, REDACTED)
+        return redact_keys(text)
 
     def finish(self, *, error: str | None = None) -> None:
         """Write this call's line (once)."""
@@ -366,7 +392,7 @@ class _Exchange:
         self._finished = True
         error = error or self.error
         latency = round((time.perf_counter() - self.t0) * 1000, 1)
-        path = self.raw_path  # as the client sent it (percent-encoding kept), without the query string
+        path = redact_url(self.raw_path)  # as the client sent it (percent-encoding kept), without the query string
         entry: dict[str, Any] = {
             "v": EXCHANGES_FORMAT_VERSION,
             "at": self.at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
@@ -402,18 +428,20 @@ class _Exchange:
             entry["simulated"] = True  # our own simulator answered: its usage is an estimate, never measured
         if error:
             entry["error"] = self._scrub(error)
+        url_secrets = _url_secrets(self.raw_path + "?" + self.query)
+        for name in ("request", "response", "sse", "error"):
+            if entry.get(name) is None:
+                continue
+            if url_secrets:  # the URL's keys, wherever the upstream echoed them
+                entry[name] = redact_json(entry[name], lambda text: _scrub_values(text, url_secrets))
+            if self.proxy.redact_bodies:
+                entry[name] = redact_json(entry[name])
         log.debug("%s %s -> %s in %.0f ms", entry["method"], path, self.status, latency)
         self.proxy._write(entry)
 
     def _logged_url(self) -> str:
         base = str(self.proxy._upstream).rstrip("/") + self.raw_path
-        if not self.query:
-            return base
-        pairs = parse_qsl(self.query, keep_blank_values=True)
-        kept = [(k, v) for k, v in pairs if not SECRET_NAME.search(k)]
-        if len(kept) == len(pairs):
-            return f"{base}?{self.query}"
-        return f"{base}?{urlencode(kept)}" if kept else base
+        return redact_url(f"{base}?{self.query}" if self.query else base)
 
 
 async def _no_receive() -> dict[str, Any]:
@@ -456,20 +484,93 @@ def _without_credentials(url: httpx.URL) -> str:
     return str(url.copy_with(username=None, password=None))
 
 
+def redact_keys(text: str) -> str:
+    """``text`` with every :data:`KEY_PATTERNS` match replaced by ``[redacted]``."""
+    return KEY_VALUE.sub(REDACTED, text)
+
+
+def redact_url(url: str) -> str:
+    """A URL (or a path) as the log shows it: query components whose name looks like a credential dropped, and
+    every component whose value is a key — in the path, the query or a fragment, percent-encoded or not —
+    replaced by ``[redacted]``.
+
+    Example:
+        >>> redact_url("https://api.example.com/v1/messages?beta=true;key=abc#sk-ant-api03-0123456789")
+        'https://api.example.com/v1/messages?beta=true#[redacted]'
+    """
+    head, sep, rest = url.partition("?")
+    if sep:
+        rest = _drop_secret_parameters(rest)
+        url = f"{head}?{rest}" if rest else head
+    parts = _URL_SEPARATORS.split(url)
+    for i in range(0, len(parts), 2):
+        part = parts[i]
+        if KEY_VALUE.search(part):
+            parts[i] = redact_keys(part)
+        elif ("%" in part or "+" in part) and KEY_VALUE.search(unquote_plus(part)):
+            parts[i] = REDACTED  # a key percent-encoded, or "Bearer%20…"
+    return "".join(parts)
+
+
+def _drop_secret_parameters(query: str) -> str:
+    """A query string without the ``name=value`` components whose name looks like a credential, whatever
+    separates them (``&``, ``;``, another ``?``, ``#``); what is kept stays byte for byte."""
+    tokens = re.split(r"([&;?#])", query)
+    kept: list[str] = []
+    for i in range(0, len(tokens), 2):
+        sep, part = (tokens[i - 1] if i else ""), tokens[i]
+        name, eq, _ = part.partition("=")
+        if eq and SECRET_NAME.search(unquote_plus(name)):
+            continue
+        kept.append(sep + part)
+    return "".join(kept).lstrip("&;")
+
+
+def _url_secrets(url: str) -> list[str]:
+    """The credentials :func:`redact_url` removes from ``url`` (as sent and percent-decoded), longest first: the
+    upstream may echo the URL in its answer (a 404 naming the path), and the line must not keep them there."""
+    found: set[str] = set()
+    for text in (url, unquote_plus(url)):
+        found.update(m.group(0) for m in KEY_VALUE.finditer(text))
+        for part in re.split(r"[&;?#]", text.partition("?")[2]):
+            name, eq, value = part.partition("=")
+            if eq and len(value) >= 6 and SECRET_NAME.search(name):
+                found.add(value)
+    return sorted(found, key=len, reverse=True)
+
+
+def _scrub_values(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def redact_json(value: Any, redact: Any = redact_keys) -> Any:
+    """A parsed JSON value with ``redact`` (default :func:`redact_keys`) applied to every string and object key
+    (in place for objects and arrays; iterative, so any nesting depth ``json`` parsed is fine)."""
+    if isinstance(value, str):
+        return redact(value)
+    stack = [value] if isinstance(value, dict | list) else []
+    while stack:
+        node = stack.pop()
+        for k, v in list(node.items()) if isinstance(node, dict) else enumerate(node):
+            if isinstance(v, str):
+                node[k] = redact(v)
+            elif isinstance(v, dict | list):
+                stack.append(v)
+        if isinstance(node, dict):
+            for k in [k for k in node if redact(k) != k]:
+                node[redact(k)] = node.pop(k)
+    return value
+
+
 class _RedactUrlFilter(logging.Filter):
-    """httpx logs each request's URL at INFO; a credential in its query string (``?key=``) must not follow it."""
+    """httpx logs each request's URL at INFO; a credential in it (``?key=``, ``/sk-ant-…``) must not follow it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
-            record.args = tuple(_redact_query(a) if isinstance(a, httpx.URL) else a for a in record.args)
+            record.args = tuple(redact_url(str(a)) if isinstance(a, httpx.URL) else a for a in record.args)
         return True
-
-
-def _redact_query(url: httpx.URL) -> httpx.URL:
-    params = url.params
-    if not any(SECRET_NAME.search(k) for k in params):
-        return url
-    return url.copy_with(params=[(k, "[redacted]" if SECRET_NAME.search(k) else v) for k, v in params.multi_items()])
 
 
 def _install_httpx_log_filter() -> None:

@@ -40,10 +40,12 @@ offset, no excerpt).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import io
 import json
 import pickle
+import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -168,17 +170,43 @@ _NAMED.update({
     0xA0: "NBSP", 0x202F: "NNBSP", 0x3000: "IDSP",
 })
 _NAMED.update({c: f"U+{c:04X}" for c in range(0x80, 0xA0)})  # C1 controls
+_NAMED.update({0x34F: "CGJ", 0x115F: "HCF", 0x1160: "HJF", 0x3164: "HF", 0xFFA0: "HWHF"})
 _SHORT = {0x0A: "↵", 0x09: "⇥"}  # frequent in prompts: a compact glyph instead of ⟨LF⟩
+
+#: Names of the code points Python calls printable that show nothing: Unicode's default-ignorable code points
+#: that are not format characters (UAX #44: Variation_Selector and Other_Default_Ignorable_Code_Point — the
+#: combining grapheme joiner, Khmer inherent vowels, Hangul and other fillers) and blank fillers such as
+#: U+2800 BRAILLE PATTERN BLANK.
+_FILLER_NAME = re.compile(r"VARIATION SELECTOR|\bFILLER\b|COMBINING GRAPHEME JOINER|BRAILLE PATTERN BLANK|"
+                          r"KHMER VOWEL INHERENT")
+#: The fillers the issue that asked for this found shown raw (kept even if a Unicode version renamed one).
+_KNOWN_FILLERS = (0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F, 0x17B4)
+
+
+@functools.cache
+def _fillers() -> frozenset[str]:
+    """The printable-but-invisible characters, derived from ``unicodedata`` (about half a second, once, on the
+    first non-ASCII text): every assigned code point ``str.isprintable`` accepts whose name marks it a filler
+    or a variation selector and whose category is a mark, letter or symbol (the "GAP FILLER" punctuation of
+    Indic scripts has a glyph). Everything else invisible — format (Cf: bidi controls, zero-width characters,
+    tags, the rest of Default_Ignorable_Code_Point), controls, unassigned, separators — is what
+    ``str.isprintable`` already refuses."""
+    found = {ch for cp in range(0x110000)
+             if (ch := chr(cp)).isprintable() and _FILLER_NAME.search(unicodedata.name(ch, ""))
+             and unicodedata.category(ch) in ("Mn", "Lo", "So")}
+    found.update(map(chr, _KNOWN_FILLERS))
+    return frozenset(found)
 
 
 def _is_invisible(ch: str) -> bool:
     # str.isprintable() is False exactly for the Other (C*) and Separator (Z*) categories, bar " "
-    return not ch.isprintable() or ord(ch) in _NAMED
+    return not ch.isprintable() or ord(ch) in _NAMED or (not ch.isascii() and ch in _fillers())
 
 
 def _pieces(text: str, *, ends_line: bool) -> list[tuple[bool, str, str]]:
     """Split text into (invisible?, shown, title) pieces; trailing spaces before a newline count."""
-    if text.isprintable() and not (ends_line and text.endswith(" ")):
+    if (text.isprintable() and not (ends_line and text.endswith(" "))
+            and (text.isascii() or _fillers().isdisjoint(text))):
         return [(False, text, "")] if text else []  # the common case, at C speed
     out: list[tuple[bool, str, str]] = []
     run: list[str] = []
@@ -225,8 +253,16 @@ def visible(text: str, *, ends_line: bool = False) -> str:
     ``⇥`` (tab), ``·`` (a trailing space before a newline, or at the end when ``ends_line``).
 
     Covers bidi controls (U+202A–202E, U+2066–2069, U+200E/F, U+061C), zero-width characters
-    (U+200B–200D, U+2060, U+FEFF), C0/C1 controls, soft hyphens, spaces other than U+0020 (``⟨NBSP⟩``)
-    and every other character Python does not call printable (format, private-use, unassigned).
+    (U+200B–200D, U+2060, U+FEFF), C0/C1 controls, soft hyphens, spaces other than U+0020 (``⟨NBSP⟩``),
+    every other character Python does not call printable (format, private-use, unassigned), and the
+    printable ones that show nothing: Unicode's other default-ignorable code points (variation selectors,
+    U+034F COMBINING GRAPHEME JOINER ``⟨CGJ⟩``, U+17B4/17B5 Khmer inherent vowels, the Hangul fillers
+    U+115F, U+1160, U+3164 ``⟨HF⟩``, U+FFA0) and blank fillers (U+2800 BRAILLE PATTERN BLANK), derived from
+    ``unicodedata``.
+
+    Example:
+        >>> visible("a\u3164b\u200bc\n")
+        'a⟨HF⟩b⟨ZWSP⟩c↵'
     """
     return "".join(shown for _, shown, _ in _pieces(text, ends_line=ends_line))
 

@@ -12,7 +12,8 @@ Two kinds of problem:
 * ``json`` — the body is not a JSON document: a value JSON has no type for (a ``datetime``, bytes, a tuple),
   ``NaN`` / ``Infinity``, a non-string key, a lone surrogate, nesting deeper than :data:`MAX_DEPTH`. It
   cannot be stored or sent as given, so every mode refuses it. The walk is iterative: no ``RecursionError``.
-* ``api`` — valid JSON the API answers with HTTP 400: the required fields and output limits each format names,
+* ``api`` — valid JSON the API answers with HTTP 400: the required fields and output limits each format names (every output limit at most
+  :data:`MAX_OUTPUT_LIMIT`: an API refuses a limit above the model's maximum output),
   then the format's own checks (``Dialect.validate``; the rules are listed in each module of
   :mod:`promptcache_nb.dialects`: Anthropic Messages after the ``anthropic`` SDK's ``MessageCreateParams``, OpenAI
   Chat Completions and Responses the essentials).
@@ -48,6 +49,10 @@ from ._canonical import (
 #: Deepest nesting accepted (the body itself is level 1). Real bodies stay far below it (a tool's JSON
 #: schema is rarely 20 deep); far deeper, Python's own JSON encoder and parser fail with RecursionError.
 MAX_DEPTH = 256
+#: The largest ``max_tokens`` / ``max_completion_tokens`` / ``max_output_tokens`` accepted (10**7). The APIs refuse
+#: a limit above the model's maximum output ("max_tokens: 100000 > 64000, which is the maximum allowed number of
+#: output tokens"), which is below its context window; no model's window reaches 10**7 tokens.
+MAX_OUTPUT_LIMIT = 10**7
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -224,6 +229,8 @@ def _check_scalars(body: Mapping[str, Any], out: Problems, fmt: WireFormat) -> N
         value = body.get(name)
         if name in body and not is_count(value) and not (value is None and fmt.limits_nullable):
             out.add(name, f"must be a non-negative integer, got {value!r}")
+        elif isinstance(value, int) and value > MAX_OUTPUT_LIMIT:
+            out.add(name, f"{value:,} is above any model's maximum output (at most {MAX_OUTPUT_LIMIT:,})")
     stream = body.get("stream")
     if "stream" in body and not isinstance(stream, bool):
         out.add("stream", f"must be a boolean, got {stream!r}")

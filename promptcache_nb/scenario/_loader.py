@@ -126,7 +126,14 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _constr
 
 
 def _parse_yaml(text: str) -> Any:
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # its reader refuses a NUL or another control character here, at once
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        name = "NUL" if char == "\0" else "a control character"
+        raise _Problem(line, "yaml", f"{name} (U+{ord(char):04X}) is not allowed in YAML; remove it, or write it "
+                                     'as an escape in a double-quoted string ("\\0")') from None
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
@@ -418,6 +425,8 @@ def _parse_start(ctx: _Ctx, doc: _Map) -> datetime:
 def _inside(ctx: _Ctx, doc: _Map, key: str, p: Path, allow_outside: bool) -> Path:
     """The file a ``*_file`` key names, refused when it leaves the scenario's directory."""
     rel = doc[key]
+    if "\0" in rel:  # no file name holds one (the OS refuses it: "embedded null byte")
+        raise ctx.fail((key,), f"{rel!r} holds a NUL byte, which no file name can hold")
     target = p.parent / rel
     if allow_outside:
         return target

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ._db import Delta, KnowledgeEntry, Store, StoredNode, Tracer, UsageMarks, fnv1a
+from ._doctor import DoctorReport, check_store
 from ._migrations import MIGRATIONS, migrate
 
-__all__ = ["MIGRATIONS", "Delta", "KnowledgeEntry", "Store", "StoredNode", "Tracer", "UsageMarks", "fnv1a", "migrate"]
+__all__ = ["MIGRATIONS", "Delta", "DoctorReport", "KnowledgeEntry", "Store", "StoredNode", "Tracer", "UsageMarks",
+           "check_store", "fnv1a", "migrate"]

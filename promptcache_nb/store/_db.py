@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import stat
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from operator import attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, cast
 
 import duckdb
 
@@ -30,6 +33,7 @@ from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import prefix_record
 from ..tokens import segment_tokens
+from ._doctor import CORE_TABLES, damaged, schema_problems
 from ._migrations import applied, migrate, rollback_if_active
 
 if TYPE_CHECKING:  # pandas loads on the first DataFrame (duckdb's .df() imports it): not with the package
@@ -126,8 +130,75 @@ def _one_line(exc: BaseException) -> str:
 
 def _interrupted(exc: BaseException) -> bool:
     """A Ctrl-C that landed while DuckDB ran a statement: its Python client stops the query and raises
-    ``RuntimeError("Query interrupted")`` in place of the KeyboardInterrupt, which we raise again as itself."""
-    return type(exc) is RuntimeError and str(exc) == "Query interrupted"
+    ``RuntimeError("Query interrupted")`` (or, for a statement :func:`interruptible` stopped,
+    ``duckdb.InterruptException``) in place of the KeyboardInterrupt, which we raise again as itself."""
+    return (type(exc) is RuntimeError and str(exc) == "Query interrupted") or isinstance(exc, duckdb.InterruptException)
+
+
+@contextmanager
+def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Let Ctrl-C stop the DuckDB statement running inside the block (opening and migrating a store, a long
+    ``sql`` query): the block ends with exactly one KeyboardInterrupt. For blocks that are mostly statements.
+
+    DuckDB runs a statement without returning to the interpreter, so Python's SIGINT handler waits for its end
+    (measured: a Ctrl-C during a slow statement was never seen; DuckDB's client may even run the handler itself
+    and drop its KeyboardInterrupt). The C-level handler still writes the signal number to
+    ``signal.set_wakeup_fd`` at once: a watcher thread reading it calls ``con.interrupt()``, and the statement
+    ends with DuckDB's interrupt error. Inside the block SIGINT only records the Ctrl-C — a KeyboardInterrupt
+    raised in the middle of the rollback that error starts would leave the transaction open — and the block
+    raises KeyboardInterrupt in place of whatever the interrupt ended with, or at its end when the statement
+    finished first: a Ctrl-C is never swallowed. The wakeup fd is process-wide (asyncio uses it): the previous
+    one is restored on exit and gets every byte meanwhile. Outside the main thread (where signals are not
+    delivered), or when SIGINT has a handler other than Python's default, this does nothing.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    try:
+        previous = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # a main thread of an embedded interpreter without signal support
+        r.close()
+        w.close()
+        yield
+        return
+    pressed: list[int] = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        pressed.append(signum)
+
+    def watch() -> None:
+        # until the NUL byte the block's exit sends, after every signal byte that came before it
+        while data := r.recv(64):
+            signals = data.replace(b"\0", b"")
+            if signals and previous != -1:
+                with suppress(OSError):
+                    os.write(previous, signals)
+            if b"\0" in data:
+                return
+            if signal.SIGINT in signals:
+                con.interrupt()
+
+    watcher = threading.Thread(target=watch, name="promptcache-interrupt", daemon=True)
+    signal.signal(signal.SIGINT, on_sigint)
+    watcher.start()
+    try:
+        yield
+    except BaseException as exc:
+        if (pressed or _interrupted(exc)) and not isinstance(exc, KeyboardInterrupt):
+            raise KeyboardInterrupt from None  # DuckDB's interrupt error, or what a caller made of it
+        raise
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.set_wakeup_fd(previous)
+        w.send(b"\0")  # signal numbers start at 1: this one tells the watcher to forward what is left and leave
+        watcher.join()
+        r.close()
+        w.close()
+    if pressed:  # the statement finished before the interrupt reached it, or Python code ran
+        raise KeyboardInterrupt
 
 
 def _describe_header(head: bytes) -> str:
@@ -140,6 +211,14 @@ def _describe_header(head: bytes) -> str:
     except UnicodeDecodeError:
         return "a binary file of another kind"
     return "a text file"
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 def _check_file(path: str, *, read_only: bool) -> None:
@@ -156,6 +235,9 @@ def _check_file(path: str, *, read_only: bool) -> None:
         raise StoreError(f"cannot open store {path!r}: {exc.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
         raise StoreError(f"cannot open store {path!r}: it is a directory; pass a file path such as runs.duckdb")
+    if not stat.S_ISREG(st.st_mode):  # opening a FIFO blocks until a writer comes; a device reads forever
+        raise StoreError(f"cannot open store {path!r}: it is {_file_kind(st.st_mode)}, not a regular file; "
+                         "pass the path of a .duckdb file")
     try:
         with open(path, "rb") as fh:
             head = fh.read(16)
@@ -168,7 +250,7 @@ def _check_file(path: str, *, read_only: bool) -> None:
                          "nothing was changed: choose another path")
 
 
-def _foreign_objects(con: duckdb.DuckDBPyConnection) -> list[str] | None:
+def _foreign_objects(con: duckdb.DuckDBPyConnection, path: str) -> list[str] | None:
     """None when the database is a promptcache_nb store or empty; else the names of what it holds."""
     tables = con.execute(
         "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = current_database() "
@@ -181,6 +263,9 @@ def _foreign_objects(con: duckdb.DuckDBPyConnection) -> list[str] | None:
         ours = con.execute("SELECT count(*) FROM _migrations WHERE name = 'm001_initial'").fetchall()[0][0]
         if ours:
             return None
+    if CORE_TABLES <= set(names):  # our tables with their record of migrations gone: tampered, not foreign
+        raise StoreError(damaged(path, "table _migrations has lost its m001_initial row (or is gone) "
+                                                "though the store's tables exist"))
     others = sorted(n for n in names if n != "_migrations")
     return others or None
 
@@ -275,29 +360,18 @@ class Store:
             raise StoreError(f"cannot open store {self.path!r}: {_one_line(exc)}") from None
         except duckdb.Error as exc:
             raise StoreError(f"cannot open store {self.path!r}: {_one_line(exc)}") from None
+        except RuntimeError as exc:
+            if _interrupted(exc):
+                raise KeyboardInterrupt from None
+            raise
         try:
-            foreign = _foreign_objects(self.con)
-            if foreign:
-                shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-                raise StoreError(
-                    f"store {self.path!r} is a DuckDB database of another application ({len(foreign)} "
-                    f"{'table' if len(foreign) == 1 else 'tables'} not made by promptcache_nb: {shown}); "
-                    "nothing was changed: open a new file instead")
-            if read_only:
-                self.migrations_applied_now: list[str] = []
-            else:
-                try:
-                    self.migrations_applied_now = migrate(self.con)
-                except duckdb.Error as exc:
-                    raise StoreError(f"store {self.path!r} could not be migrated: {_one_line(exc)}") from None
-            migrated = foreign is None and not (read_only and not self._has_table("blocks"))
-            self._known_blocks: set[str] = (
-                {r[0] for r in self.con.execute("SELECT hash FROM blocks").fetchall()} if migrated else set())
-            self._known_nodes: set[str] = (
-                {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()} if migrated else set())
+            with interruptible(self.con):
+                self._open_checks(read_only)
         except BaseException as exc:
             self.con.close()
             self.con = None  # type: ignore[assignment]  # closed: `closed` and _live() check for None
+            if _interrupted(exc):  # Ctrl-C during a migration (rolled back) or the first reads
+                raise KeyboardInterrupt from None
             if isinstance(exc, duckdb.Error):
                 raise StoreError(f"cannot read store {self.path!r}: {_one_line(exc)}") from None
             raise
@@ -309,6 +383,35 @@ class Store:
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
         self._columns_cache: dict[str, list[str]] = {}
+
+    def _open_checks(self, read_only: bool) -> None:
+        """Refuse a foreign or damaged database, migrate, and load the dedup sets."""
+        foreign = _foreign_objects(self.con, self.path)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise StoreError(
+                f"store {self.path!r} is a DuckDB database of another application ({len(foreign)} "
+                f"{'table' if len(foreign) == 1 else 'tables'} not made by promptcache_nb: {shown}); "
+                "nothing was changed: open a new file instead")
+        if read_only:
+            self.migrations_applied_now: list[str] = []
+        else:
+            try:
+                self.migrations_applied_now = migrate(self.con)
+            except duckdb.Error as exc:
+                if _interrupted(exc):
+                    raise
+                raise StoreError(f"store {self.path!r} could not be migrated: {_one_line(exc)}") from None
+        if foreign is None and (not read_only or self._has_table("_migrations")):
+            missing = schema_problems(self.con)
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                raise StoreError(damaged(self.path, missing[0] + more))
+        migrated = foreign is None and not (read_only and not self._has_table("blocks"))
+        self._known_blocks: set[str] = (
+            {r[0] for r in self.con.execute("SELECT hash FROM blocks").fetchall()} if migrated else set())
+        self._known_nodes: set[str] = (
+            {r[0] for r in self.con.execute("SELECT id FROM prefix_nodes").fetchall()} if migrated else set())
 
     def _has_table(self, name: str) -> bool:
         return bool(self.con.execute(
@@ -351,9 +454,12 @@ class Store:
                 raise
             try:
                 con.commit()
-            except duckdb.Error:
-                rollback_if_active(con)  # a failed COMMIT stored nothing
-                raise
+            except duckdb.Error as exc:
+                if not _interrupted(exc):
+                    rollback_if_active(con)  # a failed COMMIT stored nothing
+                    raise
+                committed = not rollback_if_active(con)  # interrupted (interruptible): as below
+                raise KeyboardInterrupt from None
             except BaseException as exc:
                 # an interrupt around COMMIT: stored iff no transaction is left to roll back
                 committed = not rollback_if_active(con)
@@ -439,12 +545,13 @@ class Store:
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.filterwarnings("ignore", message=".*inplace keyword.*")
             try:
-                return self.con.execute(query, params or []).df()
-            except duckdb.Error as exc:
-                raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
-            except RuntimeError as exc:
+                with interruptible(self.con):  # `promptcache-nb sql` on a long query: Ctrl-C stops it
+                    return self.con.execute(query, params or []).df()
+            except (duckdb.Error, RuntimeError) as exc:
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
+                if isinstance(exc, duckdb.Error):
+                    raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
                 raise
 
     def _live(self) -> duckdb.DuckDBPyConnection:
@@ -457,11 +564,11 @@ class Store:
         con = self._live()
         try:
             return con.execute(query, params or []).fetchall()
-        except duckdb.Error as exc:
-            raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
-        except RuntimeError as exc:
+        except (duckdb.Error, RuntimeError) as exc:
             if _interrupted(exc):
                 raise KeyboardInterrupt from None
+            if isinstance(exc, duckdb.Error):
+                raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
             raise
 
     def one(self, query: str, params: list | dict | None = None) -> tuple | None:
@@ -485,8 +592,16 @@ class Store:
         if row is None:
             return None
         out = dict(zip(self._SESSION_COLUMNS, row, strict=True))
-        out["config"] = json.loads(out["config"])
+        out["config"] = self._config(out)
         return out
+
+    def _config(self, row: dict[str, Any]) -> dict[str, Any]:
+        config = json.loads(row["config"]) if row["config"] is not None else None
+        if not isinstance(config, dict):
+            what = "NULL" if config is None else f"a JSON {type(config).__name__}"
+            raise StoreError(damaged(self.path, f"sessions.config of session {row['id']!r} is {what}, not a "
+                                                "JSON object"))
+        return config
 
     def create_session(self, row: dict[str, Any], state: dict[str, Any]) -> None:
         """Insert a session row (``config`` a dict) and its first state row (inside the caller's transaction)."""
@@ -535,7 +650,7 @@ class Store:
         where, params = ("WHERE cache_model = ?", [cache_model]) if cache_model is not None else ("", [])
         rows = self.query(f"SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions {where} ORDER BY id", params)
         for r in rows:
-            r["config"] = json.loads(r["config"])
+            r["config"] = self._config(r)
         return rows
 
     def last_request_at(self, session_ids: Sequence[str]) -> datetime | None:
@@ -712,6 +827,9 @@ class Store:
         hashes = sorted({h for r in refs for h in ([r["str"]] if "str" in r else r["blocks"])})
         bodies = dict(self.rows("SELECT hash, body FROM blocks WHERE hash IN (SELECT unnest(?))", [hashes])) \
             if hashes else {}
+        for h in hashes:
+            if bodies.get(h) is None:
+                self._missing_block(h, "session_messages", h in bodies)
         out = []
         for r in refs:
             if "str" in r:
@@ -719,6 +837,10 @@ class Store:
             else:
                 out.append({"role": r["role"], "content": [json.loads(bodies[h]) for h in r["blocks"]]})
         return out
+
+    def _missing_block(self, block_hash: str, used_by: str, present: bool) -> NoReturn:
+        what = "has a NULL body (blocks.body)" if present else "is missing from table blocks"
+        raise StoreError(damaged(self.path, f"block {block_hash!r} (referenced by {used_by}) {what}"))
 
     def messages(self, session_id: str) -> list[dict[str, Any]]:
         rows = self.rows(
@@ -865,7 +987,10 @@ class Store:
         if row is None:
             raise StoreError(f"session {session_id!r} has no turn {idx}")
         tail, rest_hash = row
-        rest = json.loads(self.scalar("SELECT body FROM blocks WHERE hash = ?", [rest_hash]))
+        rest_row = self.one("SELECT body FROM blocks WHERE hash = ?", [rest_hash])
+        if rest_row is None or rest_row[0] is None:
+            self._missing_block(rest_hash, "turns.rest_hash", rest_row is not None)
+        rest = json.loads(rest_row[0])
         chain: list[tuple[str, str | None, Any]] = []
         if tail is not None:
             rows = self.rows(
@@ -873,12 +998,21 @@ class Store:
                        SELECT id, parent, depth FROM prefix_nodes WHERE id = ?
                        UNION ALL
                        SELECT p.id, p.parent, p.depth FROM prefix_nodes p JOIN chain c ON p.id = c.parent)
-                   SELECT n.kind, n.role, b.body FROM chain c
-                   JOIN prefix_nodes n ON n.id = c.id JOIN blocks b ON b.hash = n.block_hash
+                   SELECT n.kind, n.role, b.body, n.block_hash, b.hash IS NOT NULL, c.depth, c.parent FROM chain c
+                   JOIN prefix_nodes n ON n.id = c.id LEFT JOIN blocks b ON b.hash = n.block_hash
                    ORDER BY c.depth""",
                 [tail],
             )
-            chain = [(k, r, json.loads(body)) for k, r, body in rows]
+            if not rows:
+                raise StoreError(damaged(self.path, f"prefix node {tail!r} (turns.tail_node of session "
+                                                    f"{session_id!r} request {idx}) is missing from prefix_nodes"))
+            if rows[0][6] is not None:  # the chain stopped before the root: a node in between is gone
+                raise StoreError(damaged(self.path, f"prefix node {rows[0][6]!r} (a parent in session "
+                                                    f"{session_id!r} request {idx}) is missing from prefix_nodes"))
+            for _k, _r, body, block_hash, present, _d, _p in rows:
+                if body is None:
+                    self._missing_block(block_hash, "prefix_nodes.block_hash", present)
+            chain = [(k, r, json.loads(body)) for k, r, body, *_ in rows]
         return rebuild_body(rest["shape"], rest["rest"], chain)
 
     # -- reads for analysis: dict rows and typed records, never positions -----------------------------------
@@ -941,9 +1075,15 @@ class Store:
         """The ``rest`` blocks (a body's shape and its top-level fields) of a session's requests (``since``: sent
         at or after it): hash -> JSON."""
         where, params = _since(session_id, since)
-        return {r["hash"]: r["body"] for r in self.query(
-            f"SELECT hash, body FROM blocks WHERE hash IN (SELECT DISTINCT rest_hash FROM turns WHERE {where})",
-            params)}
+        rows = self.query(
+            f"""SELECT t.rest_hash AS hash, b.body, b.hash IS NOT NULL AS present
+                FROM (SELECT DISTINCT rest_hash FROM turns WHERE {where}) t
+                LEFT JOIN blocks b ON b.hash = t.rest_hash""",
+            params)
+        for r in rows:
+            if r["body"] is None:
+                self._missing_block(r["hash"], "turns.rest_hash", r["present"])
+        return {r["hash"]: r["body"] for r in rows}
 
     def session_nodes(self, session_id: str, *, since: datetime | None = None) -> dict[str, StoredNode]:
         """Every prefix node a session's requests (``since``: sent at or after it) run through (node id ->
@@ -954,10 +1094,18 @@ class Store:
                    SELECT DISTINCT tail_node FROM turns WHERE {where} AND tail_node IS NOT NULL
                    UNION
                    SELECT p.parent FROM prefix_nodes p JOIN chain c ON p.id = c.id WHERE p.parent IS NOT NULL)
-               SELECT n.id, n.parent, n.kind, n.role, n.block_hash, b.body
-               FROM chain c JOIN prefix_nodes n ON n.id = c.id JOIN blocks b ON b.hash = n.block_hash""",
+               SELECT c.id, n.id IS NOT NULL AS found, n.parent, n.kind, n.role, n.block_hash, b.body,
+                      b.hash IS NOT NULL AS present
+               FROM chain c LEFT JOIN prefix_nodes n ON n.id = c.id LEFT JOIN blocks b ON b.hash = n.block_hash""",
             params,
         )
+        for r in rows:  # a node or block gone would surface as a KeyError in whoever walks the chain
+            if not r.pop("found"):
+                raise StoreError(damaged(self.path, f"prefix node {r['id']!r} (on a request of session "
+                                                    f"{session_id!r}) is missing from prefix_nodes"))
+            if r["body"] is None:
+                self._missing_block(r["block_hash"], "prefix_nodes.block_hash", r["present"])
+            del r["present"]
         return {r.pop("id"): StoredNode(**r) for r in rows}
 
     # -- calibrations ---------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""What a store must hold for the code to read it, and ``promptcache-nb doctor FILE``, which checks all of it.
+
+The expected schema is derived, never listed by hand: the migrations are applied once to an in-memory database
+and its tables, columns and NOT NULL constraints are what every store at this version must have. Opening a store
+checks tables and columns (one catalog query); the row-level checks (a NULL where the code expects a value, a
+block or prefix node referenced but gone, a session config that is not a JSON object) run here in full, and the
+readers that would trip over them raise a one-line :class:`~promptcache_nb.errors.StoreError` at first use.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import duckdb
+
+from ._migrations import MIGRATIONS, migrate
+
+__all__ = ["DoctorReport", "check_store", "damaged", "expected_schema", "schema_problems"]
+
+#: Our own tables: a store holding these but no ``m001_initial`` row in ``_migrations`` was tampered with, not
+#: made by another application.
+CORE_TABLES = frozenset({"sessions", "turns", "blocks", "prefix_nodes"})
+
+
+def damaged(path: str, what: str) -> str:
+    """The one-line message of a damaged store: what is wrong, and the command that checks the rest."""
+    return f"store {path!r} is damaged: {what}; run `promptcache-nb doctor {path}` for a full check"
+
+
+@functools.cache
+def expected_schema() -> dict[str, dict[str, bool]]:
+    """table -> column -> NOT NULL, as the migrations of this version create them."""
+    con = duckdb.connect(":memory:")
+    try:
+        migrate(con)
+        return _schema(con)
+    finally:
+        con.close()
+
+
+def _schema(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, bool]]:
+    rows = con.execute(
+        "SELECT table_name, column_name, is_nullable FROM duckdb_columns() "
+        "WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal "
+        "ORDER BY table_name, column_index").fetchall()
+    out: dict[str, dict[str, bool]] = {}
+    for table, column, nullable in rows:
+        out.setdefault(table, {})[column] = not nullable
+    return out
+
+
+def schema_problems(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Tables and columns of :func:`expected_schema` the database lacks, one phrase each (empty: none)."""
+    have = _schema(con)
+    problems = []
+    for table, columns in expected_schema().items():
+        if table not in have:
+            problems.append(f"table {table!r} is missing")
+            continue
+        problems.extend(f"column {table}.{c} is missing" for c in columns if c not in have[table])
+    return problems
+
+
+@dataclass
+class DoctorReport:
+    """What :func:`check_store` found. ``problems`` is empty for a sound store."""
+
+    path: str
+    problems: list[str] = field(default_factory=list)
+    #: row counts of the main tables (those that could be read)
+    counts: dict[str, int] = field(default_factory=dict)
+    migrations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        counts = ", ".join(f"{n} {t}" for t, n in self.counts.items())
+        head = f"{self.path}: {len(self.migrations)} migrations applied" + (f"; {counts}" if counts else "")
+        if self.ok:
+            return [head, "ok: no problem found"]
+        return [head, *(f"problem: {p}" for p in self.problems),
+                f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''} found"]
+
+
+# (what, SQL counting offending rows, SQL listing up to 3 examples) for references the readers follow
+_REFERENCES = [
+    ("turns.rest_hash not in blocks",
+     "FROM turns t WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.hash = t.rest_hash)", "t.rest_hash"),
+    ("turns.tail_node not in prefix_nodes",
+     "FROM turns t WHERE t.tail_node IS NOT NULL AND NOT EXISTS "
+     "(SELECT 1 FROM prefix_nodes p WHERE p.id = t.tail_node)",
+     "t.tail_node"),
+    ("prefix_nodes.block_hash not in blocks",
+     "FROM prefix_nodes p WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.hash = p.block_hash)", "p.block_hash"),
+    ("prefix_nodes.parent not in prefix_nodes",
+     "FROM prefix_nodes p WHERE p.parent IS NOT NULL AND NOT EXISTS "
+     "(SELECT 1 FROM prefix_nodes q WHERE q.id = p.parent)", "p.parent"),
+    ("turns.session_id not in sessions",
+     "FROM turns t WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = t.session_id)", "t.session_id"),
+    ("session_messages block not in blocks",
+     "FROM (SELECT unnest(CASE WHEN json_exists(message, '$.str') THEN [json_extract_string(message, '$.str')] "
+     "ELSE json_extract_string(message, '$.blocks[*]') END) AS h FROM session_messages) m "
+     "WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.hash = m.h)", "m.h"),
+    ("sessions.config not a JSON object",
+     "FROM sessions s WHERE json_type(s.config) IS DISTINCT FROM 'OBJECT'", "s.id"),
+    ("session without a session_state row",
+     "FROM sessions s WHERE s.source IS NULL AND NOT EXISTS "
+     "(SELECT 1 FROM session_state st WHERE st.session_id = s.id)", "s.id"),
+]
+
+
+def check_store(path: str) -> DoctorReport:
+    """Check a store file without changing it: schema, migrations, NOT NULL columns and the references the
+    readers follow. Raises :class:`~promptcache_nb.errors.StoreError` only when the file cannot be opened at
+    all (not a regular file, not DuckDB, locked by a writer)."""
+    from ..errors import StoreError
+
+    # Store's own file checks (FIFO, device, foreign header) and lock messages; it refuses a damaged store,
+    # so the rows are read over a plain read-only connection after those checks
+    from ._db import Store, _check_file, _one_line
+
+    _check_file(path, read_only=True)
+    report = DoctorReport(path)
+    try:
+        con = duckdb.connect(path, read_only=True)
+    except duckdb.Error as exc:
+        try:  # the lock message names the holder: reuse Store's wording
+            Store(path, read_only=True).close()
+        except StoreError:
+            raise
+        raise StoreError(f"cannot open store {path!r}: {_one_line(exc)}") from None
+    try:
+        _check(con, report)
+    finally:
+        con.close()
+    return report
+
+
+def _check(con: duckdb.DuckDBPyConnection, report: DoctorReport) -> None:
+    have = _schema(con)
+    if "_migrations" not in have:
+        report.problems.append("table '_migrations' is missing" + (
+            " (the other tables are promptcache_nb's)" if CORE_TABLES <= set(have) else
+            " (not a promptcache_nb store?)"))
+    else:
+        report.migrations = [r[0] for r in con.execute(
+            "SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
+        known = {fn.__name__ for fn in MIGRATIONS}
+        missing = [fn.__name__ for fn in MIGRATIONS if fn.__name__ not in report.migrations]
+        newer = [m for m in report.migrations if m not in known]
+        if missing and CORE_TABLES <= set(have) and "m001_initial" in missing:
+            report.problems.append("table '_migrations' has lost its rows (m001_initial missing) though the "
+                                   "tables exist")
+        elif missing:
+            report.problems.append(f"migrations not applied: {', '.join(missing)} (open the store read-write "
+                                   "once to apply them)")
+        if newer:
+            report.problems.append(f"migrations from a newer promptcache_nb: {', '.join(newer)} (upgrade)")
+    report.problems.extend(schema_problems(con))
+    for table in ("sessions", "turns", "blocks", "prefix_nodes", "session_messages", "knowledge"):
+        if table in have:
+            report.counts[table] = con.execute(f'SELECT count(*) FROM "{table}"').fetchall()[0][0]
+    for table, columns in expected_schema().items():
+        for column, not_null in columns.items():
+            if not not_null or column not in have.get(table, {}):
+                continue
+            n = con.execute(f'SELECT count(*) FROM "{table}" WHERE "{column}" IS NULL').fetchall()[0][0]
+            if n:
+                report.problems.append(f"column {table}.{column} holds {n} NULL{'s' if n != 1 else ''} "
+                                       "(the code expects a value)")
+    for what, where, shown in _REFERENCES:
+        try:
+            n = con.execute(f"SELECT count(*) {where}").fetchall()[0][0]
+            if n:
+                examples = [r[0] for r in con.execute(f"SELECT DISTINCT {shown} {where} ORDER BY 1 LIMIT 3")
+                            .fetchall()]
+                report.problems.append(f"{what}: {n} row{'s' if n != 1 else ''} (e.g. "
+                                       f"{', '.join(repr(e) for e in examples)})")
+        except duckdb.Error:
+            continue  # a table or column the schema check already reported missing
