@@ -394,7 +394,7 @@ def _numbers(work: Path) -> bool:
         nul.write_bytes(raw)
         try:
             pc.load_scenario(nul)
-        except pc.ScenarioError as exc:
+        except pc.errors.ScenarioError as exc:
             nul_ok += str(exc).startswith(f"{nul}:3:")
     print(f"numbers: {refused} of {len(usage_cases)} bad pc.Usage(...) refused as UsageError naming the field; "
           f"{limited} of {len(limits)} output limits beyond any model refused; {nul_ok} of {len(nul_cases)} NUL "

@@ -12,9 +12,9 @@ Two kinds of problem:
 * ``json`` — the body is not a JSON document: a value JSON has no type for (a ``datetime``, bytes, a tuple),
   ``NaN`` / ``Infinity``, a non-string key, a lone surrogate, nesting deeper than :data:`MAX_DEPTH`. It
   cannot be stored or sent as given, so every mode refuses it. The walk is iterative: no ``RecursionError``.
-* ``api`` — valid JSON the API answers with HTTP 400: the required fields and output limits each format names (every output limit at most
-  :data:`MAX_OUTPUT_LIMIT`: an API refuses a limit above the model's maximum output),
-  then the format's own checks (``Dialect.validate``; the rules are listed in each module of
+* ``api`` — valid JSON the API answers with HTTP 400: the required fields and output limits each format names
+  (every output limit at most :data:`MAX_OUTPUT_LIMIT`: an API refuses a limit above the model's maximum
+  output), then the format's own checks (``Dialect.validate``; the rules are listed in each module of
   :mod:`promptcache_nb.dialects`: Anthropic Messages after the ``anthropic`` SDK's ``MessageCreateParams``, OpenAI
   Chat Completions and Responses the essentials).
 

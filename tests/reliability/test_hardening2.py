@@ -282,7 +282,7 @@ def test_a_nul_in_a_scenario_file_name_is_a_file_line_error(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text('name: t\nmodel: claude-sonnet-4-5\nhost_prompt_file: "prompt\\0.md"\n'
                     "turns:\n  - user: hi\n    reply: yo\n")
-    with pytest.raises(pc.ScenarioError) as exc:
+    with pytest.raises(pc.errors.ScenarioError) as exc:
         pc.load_scenario(path)
     assert str(exc.value) == f"{path}:3: host_prompt_file: 'prompt\\x00.md' holds a NUL byte, which no file name can hold"
 
@@ -290,14 +290,14 @@ def test_a_nul_in_a_scenario_file_name_is_a_file_line_error(tmp_path):
 def test_a_raw_nul_byte_in_a_scenario_is_a_file_line_error(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_bytes(b"name: t\nmodel: claude-sonnet-4-5\nhost_prompt: sys\nturns:\n  - user: h\x00i\n    reply: yo\n")
-    with pytest.raises(pc.ScenarioError) as exc:
+    with pytest.raises(pc.errors.ScenarioError) as exc:
         pc.load_scenario(path)
     assert str(exc.value).startswith(f"{path}:5: yaml: NUL (U+0000) is not allowed in YAML")
     tools = tmp_path / "tools.yaml"
     tools.write_bytes(b"- name: a\n  description: \x01\n")
     path.write_text("name: t\nmodel: claude-sonnet-4-5\nhost_prompt: sys\ntools_file: tools.yaml\n"
                     "turns:\n  - user: hi\n    reply: yo\n")
-    with pytest.raises(pc.ScenarioError, match=r"s\.yaml:4: tools_file: tools\.yaml:2: yaml: a control character"):
+    with pytest.raises(pc.errors.ScenarioError, match=r"s\.yaml:4: tools_file: tools\.yaml:2: yaml: a control character"):
         pc.load_scenario(path)
 
 
