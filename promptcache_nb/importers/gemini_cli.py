@@ -79,9 +79,19 @@ class _Replay:
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
     pending: dict[str, _Pending] = field(default_factory=dict)  # gemini messages by id, in first-seen order
     events: list[str] = field(default_factory=list)
+    # message id -> (the record converted, its Chat messages): each record is converted once, not once per request
+    converted: dict[str, tuple[dict[str, Any], list[tuple[dict[str, Any], str | None]]]] = field(
+        default_factory=dict)
 
     def messages(self) -> list[dict[str, Any]]:
-        return _chat_messages([self.records[i] for i in self.order])
+        pieces = []
+        for mid in self.order:
+            rec = self.records[mid]
+            done = self.converted.get(mid)
+            if done is None or done[0] is not rec:
+                done = self.converted[mid] = (rec, _pieces(rec))
+            pieces.append(done[1])
+        return _join(pieces)
 
     def put(self, record: dict[str, Any], line: int, *, checkpoint: bool = False) -> None:
         mid = record["id"]
@@ -276,41 +286,55 @@ def _tool_message(response: dict[str, Any], fallback_id: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-def _chat_messages(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Gemini CLI message records → Chat Completions messages (see "Bodies" in the module docstring)."""
-    out: list[dict[str, Any]] = []
-    answered: set[str] = set()
-    for rec in records:
-        kind = rec.get("type")
-        parts = _parts(rec.get("content"))
-        if kind == "user":
-            for p in parts:
+def _pieces(rec: dict[str, Any]) -> list[tuple[dict[str, Any], str | None]]:
+    """The Chat messages one Gemini CLI record stands for, each tool message with the call id it answers."""
+    out: list[tuple[dict[str, Any], str | None]] = []
+    kind = rec.get("type")
+    parts = _parts(rec.get("content"))
+    if kind == "user":
+        for p in parts:
+            fr = p.get("functionResponse") if isinstance(p, dict) else None
+            if isinstance(fr, dict):
+                msg = _tool_message(fr, str(fr.get("name", "")))
+                out.append((msg, msg["tool_call_id"]))
+        text = _text_of(parts)
+        if text:
+            out.append(({"role": "user", "content": text}, None))
+    elif kind == "gemini":
+        answer: dict[str, Any] = {"role": "assistant", "content": "".join(t["text"] for t in _text_of(parts))}
+        calls = [c for c in rec.get("toolCalls") or [] if isinstance(c, dict)]
+        if calls:
+            answer["tool_calls"] = [{"id": str(c.get("id", "")), "type": "function",
+                                     "function": {"name": str(c.get("name", "")),
+                                                  "arguments": _dumps(c.get("args") or {})}} for c in calls]
+        out.append((answer, None))
+        for c in calls:
+            for p in _parts(c.get("result")):
                 fr = p.get("functionResponse") if isinstance(p, dict) else None
                 if isinstance(fr, dict):
-                    msg = _tool_message(fr, str(fr.get("name", "")))
-                    if msg["tool_call_id"] not in answered:
-                        answered.add(msg["tool_call_id"])
-                        out.append(msg)
-            text = _text_of(parts)
-            if text:
-                out.append({"role": "user", "content": text})
-        elif kind == "gemini":
-            answer: dict[str, Any] = {"role": "assistant", "content": "".join(t["text"] for t in _text_of(parts))}
-            calls = [c for c in rec.get("toolCalls") or [] if isinstance(c, dict)]
-            if calls:
-                answer["tool_calls"] = [{"id": str(c.get("id", "")), "type": "function",
-                                      "function": {"name": str(c.get("name", "")),
-                                                   "arguments": _dumps(c.get("args") or {})}} for c in calls]
-            out.append(answer)
-            for c in calls:
-                for p in _parts(c.get("result")):
-                    fr = p.get("functionResponse") if isinstance(p, dict) else None
-                    if isinstance(fr, dict):
-                        tool = _tool_message(fr, str(c.get("id", "")))
-                        if tool["tool_call_id"] not in answered:
-                            answered.add(tool["tool_call_id"])
-                            out.append(tool)
+                    tool = _tool_message(fr, str(c.get("id", "")))
+                    out.append((tool, tool["tool_call_id"]))
     return out
+
+
+def _join(pieces: list[list[tuple[dict[str, Any], str | None]]]) -> list[dict[str, Any]]:
+    """The records' Chat messages in order, each tool result once (newer clients log it twice: in the call's
+    ``result`` and as a synthetic user message)."""
+    out: list[dict[str, Any]] = []
+    answered: set[str] = set()
+    for record in pieces:
+        for msg, call_id in record:
+            if call_id is not None:
+                if call_id in answered:
+                    continue
+                answered.add(call_id)
+            out.append(msg)
+    return out
+
+
+def _chat_messages(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Gemini CLI message records → Chat Completions messages (see "Bodies" in the module docstring)."""
+    return _join([_pieces(rec) for rec in records])
 
 
 def _reply(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
