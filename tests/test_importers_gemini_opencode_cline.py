@@ -104,6 +104,18 @@ def test_gemini_subagent_and_legacy_json():
     assert len(skipped) == 1 and "no token usage" in skipped[0].reason
 
 
+def test_gemini_resumed_legacy_chat_converted_beside_it_is_stored_once(tmp_path):
+    """Resuming a legacy .json chat writes a .jsonl copy beside it (same session and message ids)."""
+    legacy = GEMINI / "session-2026-03-10T14-05-8b21d0c4.json"
+    doc = json.loads(legacy.read_text())
+    meta = {k: doc[k] for k in ("sessionId", "projectHash", "startTime", "lastUpdated")}
+    shutil.copy(legacy, tmp_path / legacy.name)
+    (tmp_path / (legacy.name + "l")).write_text("".join(json.dumps(x) + "\n" for x in [meta, *doc["messages"]]))
+    with pc.Lab(tmp_path / "g.duckdb", progress=False) as lab:
+        res = lab.import_log(tmp_path)
+        assert len(res.sessions) == 1 and res.requests == 3
+
+
 def test_gemini_bad_counts_cost_one_line(tmp_path):
     base = {"timestamp": "2026-06-01T10:00:01.000Z", "type": "gemini", "content": "x", "model": "gemini-2.5-pro"}
     lines = [{"sessionId": "s-2", "projectHash": "h"},
