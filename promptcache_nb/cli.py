@@ -116,8 +116,16 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     import promptcache_nb as pc
 
+    paths = args.paths
+    if args.agent and not paths:
+        from .importers._locations import agent_log_files
+
+        paths = agent_log_files(args.agent)  # one-line error naming where it looked when there is none
+    elif not paths:
+        raise PromptCacheError("import: name files, directories or globs, or --agent NAME for an agent's usual "
+                               "log location")
     with pc.Lab(args.db, progress=not args.quiet) as lab:
-        res = lab.import_log(args.paths, format=args.format, project=args.project)
+        res = lab.import_log(paths, format=args.format, project=args.project)
         summary = res.summary()
         rebuilds = [pc.rebuilds(s) for s in res.sessions]
     print(f"{res!r} into {args.db} — token figures are measured (usage reported by the endpoint)")
@@ -171,6 +179,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .cache import cache_model_names
     from .importers import READERS
+    from .importers._locations import AGENTS
     from .strategies import strategy_names
 
     # the registries list the plugins installed (entry points) as well as the built-ins
@@ -220,8 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     "when problems are listed, 2 when the file cannot be opened.")
     dr.add_argument("db", metavar="FILE.duckdb", help="an existing store")
     dr.set_defaults(fn=cmd_doctor)
-    i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, vcr, HAR, proxy exchanges, OTLP JSON)")
-    i.add_argument("paths", nargs="+", help="files, directories (walked) or globs")
+    i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, Gemini CLI, OpenCode, Cline/Roo Code, "
+                                      "vcr, HAR, proxy exchanges, OTLP JSON)")
+    i.add_argument("paths", nargs="*", help="files, directories (walked) or globs (default with --agent: the "
+                                            "agent's usual log location)")
+    i.add_argument("--agent", default=None, choices=AGENTS, metavar="AGENT",
+                   help=f"read this agent's logs where it keeps them: {', '.join(AGENTS)}")
     i.add_argument("--db", required=True, help="the DuckDB store to import into (created if missing)")
     i.add_argument("--format", default="auto",
                    help=f"force a format: {', '.join(formats)} (default: detect by content)")

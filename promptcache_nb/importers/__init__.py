@@ -1,6 +1,7 @@
 """Imported logs → requests: one reader per agent-log format, and the ingest that stores them as sessions.
 
-Formats: ``claude-code``, ``codex``, ``vcr``, ``har``, ``exchanges`` (the recording proxy's log) and ``otlp``.
+Formats: ``claude-code``, ``codex``, ``vcr``, ``har``, ``exchanges`` (the recording proxy's log), ``otlp``,
+``gemini-cli``, ``opencode`` and ``cline`` (Cline and Roo Code).
 """
 
 from __future__ import annotations

@@ -22,9 +22,12 @@ from ..errors import ImportFormatError
 from ._jsonl import UnreadableLog, json_objects_in_head, read_log_bytes
 from ._types import Reader
 from .claude_code import ClaudeCodeReader
+from .cline import ClineReader
 from .codex import CodexReader
 from .exchanges import ExchangesReader
+from .gemini_cli import GeminiCliReader
 from .har import HarReader
+from .opencode import OpenCodeReader
 from .otlp import OtlpReader
 from .vcr import VcrReader
 
@@ -100,4 +103,7 @@ def _most_lines(path: Path, head: str, readers: list[Reader]) -> Reader:
 
 for _reader in (ClaudeCodeReader(), CodexReader(), ExchangesReader(), HarReader(), VcrReader(), OtlpReader()):
     register(_reader)
+register(GeminiCliReader())
+register(OpenCodeReader())
+register(ClineReader())
 del _reader

@@ -1,0 +1,343 @@
+"""Reader for Gemini CLI chats: ``~/.gemini/tmp/<project>/chats/session-<time>-<id8>.jsonl`` (format ``gemini-cli``).
+
+Two eras (docs: ``../shared/reference/agent_log_formats.md`` §5, from ``chatRecordingService.ts``):
+
+* **JSONL mutation log** (April 2026 on). Line 1 is the metadata ``{sessionId, projectHash, startTime, kind?}``;
+  then message records ``{id, timestamp, type, content, toolCalls?, tokens?, model?}``, ``{"$set": {...}}`` and
+  ``{"$rewindTo": id}``. The client re-appends a whole message each time it changes (tokens added, tool calls
+  merged): **the last record of an id wins and keeps the place of its first**. ``$rewindTo`` drops that message
+  and everything after it (an unknown id drops all); ``$set`` with ``messages`` replaces the whole list (written
+  after ``/compress`` and when the history is masked). The log is replayed in that order.
+* **Legacy JSON** (August 2025 to April 2026): one pretty-printed ``ConversationRecord`` rewritten whole. Its
+  usage was attached to "the last gemini message without tokens", so some calls were merged or lost theirs: the
+  requests found are a lower bound. A resumed legacy file is converted to ``.jsonl`` beside it; both carry the
+  same session and message ids, so importing both stores each request once.
+
+What becomes a request:
+
+* **One request per ``gemini`` message with ``tokens``** (only the successful attempt's usage is logged). A
+  message rewound later still counts: it was billed. A ``gemini`` message that never got ``tokens`` is listed in
+  ``skipped``.
+* **Usage is inclusive**: ``tokens.input`` (``promptTokenCount``) holds the cached tokens, so uncached input =
+  ``input − cached``; implicit caching bills no write (0); output = ``output + thoughts`` (thinking is billed as
+  output; ``thoughts`` is also ``reasoning_tokens``). ``cached`` above ``input`` skips that request.
+* **Time** is the message's ``timestamp``: the end of the response (the log has no request start), so gaps are
+  measured end to end.
+* **Bodies are OpenAI-Chat-shaped** (``dialect="openai-chat"``): there is no Gemini wire format in ``dialects/``,
+  and Chat is the closest one. Gemini's ``contents`` are a list of whole turns, as Chat's ``messages`` are (one
+  segment each); a ``functionCall`` / ``functionResponse`` pair is an assistant ``tool_calls`` entry and its
+  ``tool`` message; and Gemini's implicit caching is automatic prefix caching with no writes and an inclusive
+  prompt count, as OpenAI's is, so the fallback cache model (``openai``) is the closest until a ``gemini`` one
+  exists. The body of a request is every message before it when it was first written: user text, each earlier
+  answer with its tool calls, and their results (from ``toolCalls[].result``, or from the synthetic ``user``
+  messages newer clients write, never both). The system instruction and tool declarations are not logged:
+  bodies are ``partial``. ``info`` / ``error`` / ``warning`` messages are never sent and are left out.
+* **Events**: the request after a ``$set`` that shortened the list carries ``compaction``; after a
+  ``$rewindTo``, ``rewind``.
+* **Sessions** are the metadata's ``sessionId`` (never the file name). A sub-agent chat (``kind: "subagent"``)
+  lives in ``chats/<parent session id>/``: that folder name is its ``parent_key``. Dedupe key:
+  ``<sessionId>/<message id>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PromptCacheError
+from ._counts import count_problem, imported_usage
+from ._jsonl import iter_json_lines, json_objects_in_head, parse_timestamp, read_log_bytes
+from ._types import ImportedRequest, ReadProgress, Record, SessionKind, SkippedLine
+
+__all__ = ["GeminiCliReader"]
+
+_TOKEN_FIELDS = ("input", "output", "cached", "thoughts", "tool", "total")
+_MESSAGE_TYPES = frozenset({"user", "gemini", "info", "error", "warning"})
+_LEGACY_HEAD = re.compile(r'^\s*\{\s*"(sessionId|projectHash)"\s*:')
+
+
+@dataclass
+class _Pending:
+    """A ``gemini`` message seen in the log: the body sent for it, and its latest record."""
+
+    line: int
+    body_messages: list[dict[str, Any]]
+    events: tuple[str, ...]
+    record: dict[str, Any]
+    token_line: int | None = None
+
+
+@dataclass
+class _Replay:
+    """The conversation as the client holds it while its log is replayed."""
+
+    order: list[str] = field(default_factory=list)
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[str, _Pending] = field(default_factory=dict)  # gemini messages by id, in first-seen order
+    events: list[str] = field(default_factory=list)
+    # message id -> (the record converted, its Chat messages): each record is converted once, not once per request
+    converted: dict[str, tuple[dict[str, Any], list[tuple[dict[str, Any], str | None]]]] = field(
+        default_factory=dict)
+
+    def messages(self) -> list[dict[str, Any]]:
+        pieces = []
+        for mid in self.order:
+            rec = self.records[mid]
+            done = self.converted.get(mid)
+            if done is None or done[0] is not rec:
+                done = self.converted[mid] = (rec, _pieces(rec))
+            pieces.append(done[1])
+        return _join(pieces)
+
+    def put(self, record: dict[str, Any], line: int, *, checkpoint: bool = False) -> None:
+        mid = record["id"]
+        if mid not in self.records:
+            # a gemini turn first seen inside a checkpoint is one the client made up (the "Got it" after a summary)
+            if record.get("type") == "gemini" and mid not in self.pending and not checkpoint:
+                self.pending[mid] = _Pending(line, self.messages(), tuple(self.events), record)
+                self.events.clear()
+            self.order.append(mid)
+        self.records[mid] = record
+        self._note(record, line)
+
+    def _note(self, record: dict[str, Any], line: int) -> None:
+        p = self.pending.get(record["id"])
+        if p is not None and record.get("type") == "gemini":
+            if isinstance(record.get("tokens"), dict) or not isinstance(p.record.get("tokens"), dict):
+                p.record = record  # a checkpoint copy without tokens never erases the usage already read
+            if isinstance(record.get("tokens"), dict) and p.token_line is None:
+                p.token_line = line
+
+    def rewind(self, to: str) -> None:
+        cut = self.order.index(to) if to in self.order else 0
+        for mid in self.order[cut:]:
+            del self.records[mid]
+        del self.order[cut:]
+        self.events.append("rewind")
+
+    def replace(self, messages: list[Any], line: int) -> None:
+        before = len(self.order)
+        self.order, self.records = [], {}
+        for m in messages:
+            if isinstance(m, dict) and isinstance(m.get("id"), str):
+                self.put(m, line, checkpoint=True)
+        if len(self.order) < before:
+            self.events.append("compaction")
+
+
+class GeminiCliReader:
+    """Reads Gemini CLI chat files (``gemini-cli``); see the module docstring for the rules."""
+
+    name = "gemini-cli"
+
+    def sniff(self, path: Path, head: str) -> bool:
+        objs = json_objects_in_head(head, limit=3)
+        if objs:
+            first = objs[0]
+            return isinstance(first.get("sessionId"), str) and isinstance(first.get("projectHash"), str)
+        return bool(_LEGACY_HEAD.match(head)) and '"projectHash"' in head and '"sessionId"' in head
+
+    def read(self, path: Path) -> Iterator[Record]:
+        head = read_log_bytes(path, 4096).decode("utf-8", errors="replace").lstrip("\ufeff")
+        first_line = head.split("\n", 1)[0].strip()
+        if first_line in ("{", "{\r") or not json_objects_in_head(head, limit=1):
+            yield from self._read_legacy(path)
+        else:
+            yield from self._read_jsonl(path)
+
+    def _read_jsonl(self, path: Path) -> Iterator[Record]:
+        file = str(path)
+        meta: dict[str, Any] = {}
+        replay = _Replay()
+        for rec in iter_json_lines(path):
+            if isinstance(rec, ReadProgress):
+                yield from self._requests(path, meta, replay, legacy=False)
+                yield rec
+                continue
+            if isinstance(rec, SkippedLine):
+                yield rec
+                continue
+            obj = rec.obj
+            if isinstance(obj.get("$rewindTo"), str):
+                replay.rewind(obj["$rewindTo"])
+            elif isinstance(obj.get("$set"), dict):
+                update = obj["$set"]
+                if isinstance(update.get("messages"), list):
+                    replay.replace(update["messages"], rec.line)
+                for key in ("kind",):
+                    if key in update:
+                        meta[key] = update[key]
+            elif isinstance(obj.get("id"), str):
+                if obj.get("type") not in _MESSAGE_TYPES:
+                    yield SkippedLine(file, rec.line, f"message {obj['id'][:40]!r}: unknown type "
+                                                      f"{obj.get('type')!r:.40}")
+                    continue
+                replay.put(obj, rec.line)
+            elif isinstance(obj.get("sessionId"), str):
+                if "sessionId" not in meta:  # the first metadata line names the session; later ones repeat it
+                    meta.update(obj)
+            else:
+                keys = ", ".join(sorted(str(k)[:40] for k in obj)[:6])
+                yield SkippedLine(file, rec.line, f"not a Gemini CLI chat record (keys: {keys})")
+
+    def _read_legacy(self, path: Path) -> Iterator[Record]:
+        file = str(path)
+        try:
+            doc = json.loads(read_log_bytes(path))
+        except (ValueError, RecursionError) as exc:
+            yield SkippedLine(file, 0, f"not a Gemini CLI chat: not valid JSON ({str(exc)[:120]})")
+            return
+        if not isinstance(doc, dict) or not isinstance(doc.get("messages"), list):
+            yield SkippedLine(file, 0, "not a Gemini CLI chat: no messages list")
+            return
+        replay = _Replay()
+        for i, m in enumerate(doc["messages"]):
+            if not isinstance(m, dict) or not isinstance(m.get("id"), str):
+                yield SkippedLine(file, i + 1, f"messages[{i}]: not a message record (no id)")
+                continue
+            replay.put(m, i)  # the "line" of a legacy message is its index: references read file#messages[i]
+        yield from self._requests(path, doc, replay, legacy=True)
+
+    def _requests(self, path: Path, meta: dict[str, Any], replay: _Replay, *, legacy: bool
+                  ) -> Iterator[ImportedRequest | SkippedLine]:
+        file = str(path)
+        session = str(meta["sessionId"]) if isinstance(meta.get("sessionId"), str) else file
+        kind: SessionKind = "subagent" if meta.get("kind") == "subagent" else "main"
+        parent = path.parent.name if kind == "subagent" and path.parent.name != "chats" else None
+        last_model: str | None = None
+        for mid, p in replay.pending.items():
+            rec = p.record
+            ref = f"{file}#messages[{p.line}]" if legacy else f"{file}:{p.token_line or p.line}"
+            line = p.line + 1 if legacy else (p.token_line or p.line)
+            model = rec.get("model") if isinstance(rec.get("model"), str) and rec.get("model") else last_model
+            if model is not None:
+                last_model = model
+            tokens = rec.get("tokens")
+            if not isinstance(tokens, dict):
+                yield SkippedLine(file, line, f"gemini message {mid[:40]!r} has no token usage"
+                                  + (" (the legacy format merged some calls' usage into others)" if legacy else ""))
+                continue
+            problem = count_problem(tokens, _TOKEN_FIELDS, "tokens")
+            if problem is None and not isinstance(tokens.get("input"), int):
+                problem = "tokens.input: missing"
+            if problem is None and (tokens.get("cached") or 0) > tokens["input"]:
+                problem = f"tokens.cached ({tokens['cached']}) exceeds tokens.input ({tokens['input']})"
+            if problem is None and model is None:
+                problem = "gemini message without a model (and none before it): the model is unknown"
+            if problem:
+                yield SkippedLine(file, line, problem)
+                continue
+            try:
+                at = parse_timestamp(rec.get("timestamp"))
+                cached = tokens.get("cached") or 0
+                thoughts = tokens.get("thoughts") or 0
+                output = tokens.get("output")
+                usage = imported_usage(uncached=tokens["input"] - cached, read=cached, write=0,
+                                       output=None if output is None else output + thoughts,
+                                       reasoning=thoughts if "thoughts" in tokens else None, raw=dict(tokens))
+            except (ValueError, PromptCacheError) as exc:
+                yield SkippedLine(file, line, f"gemini message {mid[:40]!r}: {exc}")
+                continue
+            assert model is not None
+            yield ImportedRequest(
+                session_key=session, dedupe_key=f"{session}/{mid}", at=at,
+                body={"model": model, "messages": p.body_messages}, usage=usage, model=model, source_ref=ref,
+                dialect="openai-chat", partial=True, parent_key=parent, session_kind=kind, events=p.events,
+                reply=_reply(rec), provider="gemini")
+
+
+def _parts(content: Any) -> list[Any]:
+    """A ``PartListUnion`` as a list of parts (a string is one text part)."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"text": content}] if content else []
+    if isinstance(content, list):
+        return [{"text": p} if isinstance(p, str) else p for p in content]
+    return [content]
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _text_of(parts: list[Any]) -> list[dict[str, Any]]:
+    """Chat content parts of the parts that are neither calls nor responses (thoughts are never sent back)."""
+    out = []
+    for p in parts:
+        if not isinstance(p, dict):
+            continue
+        if "functionCall" in p or "functionResponse" in p or p.get("thought") is True:
+            continue
+        text = p.get("text") if isinstance(p.get("text"), str) else _dumps(p)  # inline data: stands for itself
+        out.append({"type": "text", "text": text})
+    return out
+
+
+def _tool_message(response: dict[str, Any], fallback_id: str) -> dict[str, Any]:
+    inner = response.get("response")
+    output = inner.get("output") if isinstance(inner, dict) else None
+    content = output if isinstance(output, str) else _dumps(inner if inner is not None else response)
+    call_id = response.get("id") if isinstance(response.get("id"), str) else fallback_id
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def _pieces(rec: dict[str, Any]) -> list[tuple[dict[str, Any], str | None]]:
+    """The Chat messages one Gemini CLI record stands for, each tool message with the call id it answers."""
+    out: list[tuple[dict[str, Any], str | None]] = []
+    kind = rec.get("type")
+    parts = _parts(rec.get("content"))
+    if kind == "user":
+        for p in parts:
+            fr = p.get("functionResponse") if isinstance(p, dict) else None
+            if isinstance(fr, dict):
+                msg = _tool_message(fr, str(fr.get("name", "")))
+                out.append((msg, msg["tool_call_id"]))
+        text = _text_of(parts)
+        if text:
+            out.append(({"role": "user", "content": text}, None))
+    elif kind == "gemini":
+        answer: dict[str, Any] = {"role": "assistant", "content": "".join(t["text"] for t in _text_of(parts))}
+        calls = [c for c in rec.get("toolCalls") or [] if isinstance(c, dict)]
+        if calls:
+            answer["tool_calls"] = [{"id": str(c.get("id", "")), "type": "function",
+                                     "function": {"name": str(c.get("name", "")),
+                                                  "arguments": _dumps(c.get("args") or {})}} for c in calls]
+        out.append((answer, None))
+        for c in calls:
+            for p in _parts(c.get("result")):
+                fr = p.get("functionResponse") if isinstance(p, dict) else None
+                if isinstance(fr, dict):
+                    tool = _tool_message(fr, str(c.get("id", "")))
+                    out.append((tool, tool["tool_call_id"]))
+    return out
+
+
+def _join(pieces: list[list[tuple[dict[str, Any], str | None]]]) -> list[dict[str, Any]]:
+    """The records' Chat messages in order, each tool result once (newer clients log it twice: in the call's
+    ``result`` and as a synthetic user message)."""
+    out: list[dict[str, Any]] = []
+    answered: set[str] = set()
+    for record in pieces:
+        for msg, call_id in record:
+            if call_id is not None:
+                if call_id in answered:
+                    continue
+                answered.add(call_id)
+            out.append(msg)
+    return out
+
+
+def _chat_messages(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Gemini CLI message records → Chat Completions messages (see "Bodies" in the module docstring)."""
+    return _join([_pieces(rec) for rec in records])
+
+
+def _reply(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
+    msgs = _chat_messages([{**rec, "toolCalls": [{k: v for k, v in c.items() if k != "result"}
+                                                 for c in rec.get("toolCalls") or [] if isinstance(c, dict)]}])
+    return msgs or None
