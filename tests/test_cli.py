@@ -78,6 +78,6 @@ def test_help_lists_defaults_and_valid_names_without_markup():
     texts = [parser.format_help()] + [p.format_help() for p in sub.choices.values()]
     assert not any("``" in t for t in texts)  # no RST markup
     replay = " ".join(sub.choices["replay"].format_help().split())
-    assert "durable_delta (default: naive)" in replay and "anthropic, deepseek, openai, vllm (default: anthropic)" in replay
+    assert "durable_delta (default: naive)" in replay and "anthropic, bedrock, deepseek, gemini, openai, vllm (default: anthropic)" in replay
     assert "(default: build/demo)" in " ".join(sub.choices["demo"].format_help().split())
 
