@@ -361,10 +361,10 @@ def segment_tokens(kind: str, element: Any, tokenizer: Tokenizer = DEFAULT_TOKEN
     if btype == "tool_result":
         content = element.get("content", "")
         if isinstance(content, list):
-            inner = sum(segment_tokens("block", c, tokenizer) for c in content)
+            result_tokens: int = sum(segment_tokens("block", c, tokenizer) for c in content)
         else:
-            inner = count(str(content))
-        return inner + frame + 4
+            result_tokens = count(str(content))
+        return result_tokens + frame + 4
     if btype in ("image", "document"):
         return IMAGE_TOKENS + frame
     if btype in ("thinking", "redacted_thinking"):

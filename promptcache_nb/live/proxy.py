@@ -589,7 +589,7 @@ def _optional_decoders() -> dict[str, Any]:
     except ImportError:
         pass
     try:
-        import zstandard  # type: ignore[import-not-found]
+        import zstandard
 
         found["zstd"] = lambda: zstandard.ZstdDecompressor().decompressobj()
     except ImportError:
@@ -624,12 +624,12 @@ class _Decoder:
         if self._first and self.coding == "deflate" and data:
             self._first = False
             try:
-                return self._obj.decompress(data)
+                return bytes(self._obj.decompress(data))
             except zlib.error:  # "deflate" sent as a raw stream without the zlib header (RFC 9110 allows neither)
                 self._obj = zlib.decompressobj(-zlib.MAX_WBITS)
         if self.coding == "br":
-            return self._obj.process(data)
-        return self._obj.decompress(data)
+            return bytes(self._obj.process(data))
+        return bytes(self._obj.decompress(data))
 
     def flush(self) -> bytes:
         return self._obj.flush() if hasattr(self._obj, "flush") and self.coding != "br" else b""

@@ -513,14 +513,14 @@ def _text_of(element: Any) -> str | None:
         return element
     if isinstance(element, dict):
         t = element.get("type")
-        if t == "text" and isinstance(element.get("text"), str):
-            return element["text"]
-        if t == "tool_result" and isinstance(element.get("content"), str):
-            return element["content"]
-        if (t is None or t == "message") and "role" in element and isinstance(element.get("content"), str):
-            return element["content"]  # an OpenAI message (chat, or a Responses message item)
-        if t in ("function_call_output", "custom_tool_call_output") and isinstance(element.get("output"), str):
-            return element["output"]
+        if t == "text" and isinstance(text := element.get("text"), str):
+            return text
+        if t == "tool_result" and isinstance(content := element.get("content"), str):
+            return content
+        if (t is None or t == "message") and "role" in element and isinstance(content := element.get("content"), str):
+            return content  # an OpenAI message (chat, or a Responses message item)
+        if t in ("function_call_output", "custom_tool_call_output") and isinstance(out := element.get("output"), str):
+            return out
     return None
 
 
@@ -912,7 +912,7 @@ def _block_type(element: Any) -> str:
 def _within_message(seg: Any) -> str:
     """What part of its message a segment is: ``content[1]``, ``content``, or the whole ``message`` (OpenAI)."""
     if "." in seg.path:
-        return seg.path.split(".", 1)[1]
+        return str(seg.path).split(".", 1)[1]
     return "message" if seg.kind in _WHOLE_KINDS else "content"
 
 

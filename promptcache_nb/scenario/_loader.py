@@ -40,14 +40,14 @@ MAX_DEPTH = 64  # nesting levels; a tool's JSON schema needs a handful, a hostil
 MAX_FILE_BYTES = 256 * 2**20  # a scenario, host prompt or tools file
 
 
-class _Map(dict):
+class _Map(dict[str, Any]):
     """A mapping that remembers the line of each key (1-based) and its own."""
 
     line: int = 0
     key_lines: dict[str, int]
 
 
-class _List(list):
+class _List(list[Any]):
     line: int = 0
     item_lines: list[int]
 
@@ -58,7 +58,7 @@ class _Problem(Exception):  # noqa: N818 - internal: becomes a ScenarioError onc
         self.line, self.field, self.problem = line, field, problem
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no type information
     """SafeLoader that refuses anchors and aliases (a 300-byte alias bomb expands to gigabytes), duplicate keys
     (YAML's "last one wins" hides typos), non-string keys, nesting deeper than ``MAX_DEPTH`` and lone
     surrogates (``"\\ud800"``), and records the line of every mapping key and list item."""
@@ -154,14 +154,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _field(loc: tuple | list) -> str:
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def _line_at(node: Any, loc: tuple | list) -> int | None:
+def _line_at(node: Any, loc: tuple[Any, ...] | list[Any]) -> int | None:
     """The line of the deepest node ``loc`` reaches: a key's own line, a list item's, else the enclosing one."""
     line = node.line if isinstance(node, _Map | _List) else None
     for part in loc:
@@ -181,7 +181,7 @@ class _Ctx:
         self.path = path
         self.doc = doc
 
-    def fail(self, loc: tuple | list, problem: str) -> ScenarioError:
+    def fail(self, loc: tuple[Any, ...] | list[Any], problem: str) -> ScenarioError:
         return ScenarioError(self.path, _line_at(self.doc, loc), _field(loc), problem)
 
 
@@ -279,7 +279,7 @@ _MESSAGES = {
 }
 
 
-def _validate(ctx: _Ctx, model: Any, value: Any, *, prefix: tuple = ()) -> None:
+def _validate(ctx: _Ctx, model: Any, value: Any, *, prefix: tuple[Any, ...] = ()) -> None:
     """Check ``value`` against a schema model; the first problem (in file order) raises ScenarioError."""
     from pydantic import ValidationError
 
@@ -289,7 +289,7 @@ def _validate(ctx: _Ctx, model: Any, value: Any, *, prefix: tuple = ()) -> None:
         model.model_validate(value)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
-        found: list[tuple[int, int, tuple, str, str]] = []  # (line, order, loc, problem, error type)
+        found: list[tuple[int, int, tuple[Any, ...], str, str]] = []  # (line, order, loc, problem, error type)
         for err in errors:
             loc = prefix + tuple(err["loc"])
             kind = err["type"]
@@ -316,7 +316,7 @@ def _validate(ctx: _Ctx, model: Any, value: Any, *, prefix: tuple = ()) -> None:
         raise ctx.fail(loc, problem + more) from None
 
 
-def _model_at(model: Any, loc: tuple | list) -> Any:
+def _model_at(model: Any, loc: tuple[Any, ...] | list[Any]) -> Any:
     """The schema model that validates the value at ``loc`` (None when ``loc`` leaves the models)."""
     import typing
 
@@ -355,9 +355,9 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
-def _check_json(ctx: _Ctx, loc: tuple, value: Any) -> None:
+def _check_json(ctx: _Ctx, loc: tuple[Any, ...], value: Any) -> None:
     """Tool definitions, tool inputs and ``extra`` must be JSON: YAML also makes dates, sets, bytes and NaN."""
-    stack: list[tuple[tuple, Any]] = [(loc, value)]
+    stack: list[tuple[tuple[Any, ...], Any]] = [(loc, value)]
     while stack:
         at, v = stack.pop()
         if isinstance(v, dict):
@@ -395,7 +395,7 @@ def set_prompt_check(check: Callable[..., Warning | None] | None) -> None:
     _PROMPT_CHECK[:] = [] if check is None else [check]
 
 
-def _check_model(ctx: _Ctx, loc: tuple, model: str) -> None:
+def _check_model(ctx: _Ctx, loc: tuple[Any, ...], model: str) -> None:
     for check in _MODEL_CHECK:
         try:
             check(model)
@@ -427,7 +427,7 @@ def _inside(ctx: _Ctx, doc: _Map, key: str, p: Path, allow_outside: bool) -> Pat
     rel = doc[key]
     if "\0" in rel:  # no file name holds one (the OS refuses it: "embedded null byte")
         raise ctx.fail((key,), f"{rel!r} holds a NUL byte, which no file name can hold")
-    target = p.parent / rel
+    target = p.parent / str(rel)
     if allow_outside:
         return target
     base = p.parent.resolve()
@@ -448,10 +448,10 @@ def _host_prompt(ctx: _Ctx, doc: _Map, p: Path, allow_outside: bool) -> str:
                           shown=doc["host_prompt_file"])
     if "host_prompt" not in doc:
         raise ScenarioError(ctx.path, None, "host_prompt", "is required (or host_prompt_file)")
-    return doc["host_prompt"]
+    return str(doc["host_prompt"])
 
 
-def _tools(ctx: _Ctx, doc: _Map, p: Path, allow_outside: bool) -> list[dict]:
+def _tools(ctx: _Ctx, doc: _Map, p: Path, allow_outside: bool) -> list[dict[str, Any]]:
     if "tools_file" not in doc:
         node = doc.get("tools", _List())
         _check_tools(ctx, ("tools",), node, set())
@@ -494,8 +494,8 @@ def _tools(ctx: _Ctx, doc: _Map, p: Path, allow_outside: bool) -> list[dict]:
     return [_plain(t) for t in node]
 
 
-def _json_object(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict = {}
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
             raise ValueError(f"duplicate key {k!r}")
@@ -515,7 +515,7 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _check_tools(ctx: _Ctx, loc: tuple, node: Any, names: set[str]) -> None:
+def _check_tools(ctx: _Ctx, loc: tuple[Any, ...], node: Any, names: set[str]) -> None:
     """Tool definitions: the schema, JSON values, valid Unicode, and names unique (the API refuses duplicates)."""
     from ._schema import ToolM
 
@@ -583,7 +583,7 @@ def _gap(node: _Map, default: timedelta) -> timedelta:
     return duration(node["after"]) if "after" in node else default  # the schema has checked it
 
 
-def _event(ctx: _Ctx, e: _Map, loc: tuple, keys: set[str], tools: list[str]) -> Event:
+def _event(ctx: _Ctx, e: _Map, loc: tuple[Any, ...], keys: set[str], tools: list[str]) -> Event:
     kind, body = next(iter(e.items()))
     at = loc + (kind,)
     if kind == "restart":
@@ -612,7 +612,7 @@ def _event(ctx: _Ctx, e: _Map, loc: tuple, keys: set[str], tools: list[str]) -> 
     return HostPromptEdit(text=body.get("text"), append=body.get("append"))
 
 
-def _tools_event(ctx: _Ctx, body: _Map, at: tuple, tools: list[str]) -> ToolsChange:
+def _tools_event(ctx: _Ctx, body: _Map, at: tuple[Any, ...], tools: list[str]) -> ToolsChange:
     """A tool-set change, checked against the tool names in force at that point of the scenario."""
     if "replace" in body and body["replace"] is not None:
         if body.get("add") or body.get("remove"):

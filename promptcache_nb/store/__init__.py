@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ._db import Delta, KnowledgeEntry, Store, StoredNode, Tracer, UsageMarks, fnv1a
+from .._types import Delta, KnowledgeEntry, fnv1a
+from ._db import Store, StoredNode, Tracer, UsageMarks
 from ._doctor import DoctorReport, check_store
 from ._migrations import MIGRATIONS, migrate
 

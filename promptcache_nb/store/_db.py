@@ -51,7 +51,7 @@ _TOOLS_JSON: list[Any] = [None, None]  # (tools list object, its canonical JSON)
 def _tools_json(tools: list[Any]) -> str:
     if _TOOLS_JSON[0] is not tools:
         _TOOLS_JSON[0], _TOOLS_JSON[1] = tools, canonical_json(tools)
-    return _TOOLS_JSON[1]
+    return str(_TOOLS_JSON[1])
 
 
 # -- how rows encode content (pure: the request pipeline computes them, the store writes them) -------------
@@ -111,11 +111,11 @@ def state_columns(state: dict[str, Any]) -> dict[str, Any]:
 # would each keep their own dedup sets (and two hard-linked names get two WAL files: one overwrites the
 # other's turns); the second open is refused like another process's lock. Keys: ("inode", st_dev, st_ino)
 # once the file exists, and ("path", resolved path) (a file not created yet, or recreated under the same name).
-_OPEN: weakref.WeakValueDictionary[tuple, Store] = weakref.WeakValueDictionary()
+_OPEN: weakref.WeakValueDictionary[tuple[Any, ...], Store] = weakref.WeakValueDictionary()
 
 
-def _file_keys(path: str) -> list[tuple]:
-    keys: list[tuple] = [("path", str(Path(path).resolve()))]
+def _file_keys(path: str) -> list[tuple[Any, ...]]:
+    keys: list[tuple[Any, ...]] = [("path", str(Path(path).resolve()))]
     try:
         st = os.stat(path)
     except OSError:
@@ -378,7 +378,7 @@ class Store:
         if not memory:
             for key in _file_keys(self.path):  # again: a new file has an inode only now
                 _OPEN[key] = self
-        self._pending_known: dict[str, tuple] = {}
+        self._pending_known: dict[str, tuple[Any, ...]] = {}
         self._pending_nodes: set[str] = set()
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
@@ -538,7 +538,7 @@ class Store:
             return []
         return applied(con)
 
-    def sql(self, query: str, params: list | dict | None = None) -> pd.DataFrame:
+    def sql(self, query: str, params: list[Any] | dict[str, Any] | None = None) -> pd.DataFrame:
         self._live()
         with warnings.catch_warnings():
             # duckdb 2.0's DataFrame conversion trips a pandas 3 deprecation; not the user's concern
@@ -559,7 +559,7 @@ class Store:
             raise StoreError(f"the Lab on {self.path!r} is closed; open it again with pc.Lab(path)")
         return self.con
 
-    def rows(self, query: str, params: list | dict | None = None) -> list[tuple]:
+    def rows(self, query: str, params: list[Any] | dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         """All rows of a query; a DuckDB error (a corrupt block, a read-only store) is a one-line StoreError."""
         con = self._live()
         try:
@@ -571,11 +571,11 @@ class Store:
                 raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
             raise
 
-    def one(self, query: str, params: list | dict | None = None) -> tuple | None:
+    def one(self, query: str, params: list[Any] | dict[str, Any] | None = None) -> tuple[Any, ...] | None:
         rows = self.rows(query, params)
         return rows[0] if rows else None
 
-    def scalar(self, query: str, params: list | dict | None = None) -> Any:
+    def scalar(self, query: str, params: list[Any] | dict[str, Any] | None = None) -> Any:
         """The first column of the first row (None when there is no row): an aggregate's value."""
         row = self.one(query, params)
         return None if row is None else row[0]
@@ -655,16 +655,19 @@ class Store:
 
     def last_request_at(self, session_ids: Sequence[str]) -> datetime | None:
         """When the last request of any of ``session_ids`` was sent (None before any)."""
-        return self.scalar('SELECT max("at") FROM turns WHERE session_id IN (SELECT unnest(?))', [list(session_ids)])
+        last: datetime | None = self.scalar('SELECT max("at") FROM turns WHERE session_id IN (SELECT unnest(?))',
+                                            [list(session_ids)])
+        return last
 
     def after_last_pause(self, session_ids: Sequence[str], seconds: float) -> datetime | None:
         """When the first request after the last pause of at least ``seconds`` between two consecutive requests
         of ``session_ids`` was sent (None: no such pause)."""
-        return self.scalar(
+        found: datetime | None = self.scalar(
             """SELECT max("at") FROM (
                    SELECT "at", epoch("at") - lag(epoch("at")) OVER (ORDER BY "at", session_id, idx) AS gap
                    FROM turns WHERE session_id IN (SELECT unnest(?)))
                WHERE gap >= ?""", [list(session_ids), seconds])
+        return found
 
     def session_count(self) -> int:
         return int(self.scalar("SELECT count(*) FROM sessions"))
@@ -739,14 +742,14 @@ class Store:
             ).fetchall()
         return cols
 
-    def _insert(self, table: str, rows: list[tuple]) -> None:
+    def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
         """Insert rows, deferred to the end of a :meth:`batch` block inside one."""
         if rows and self._buffer is not None:
             self._buffer.setdefault(table, []).extend(rows)
             return
         self._insert_now(table, rows)
 
-    def _insert_now(self, table: str, rows: Sequence[tuple]) -> None:
+    def _insert_now(self, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
         # A few rows: one VALUES statement (~0.5 ms); many (a rewritten prefix): the appender.
         if not rows:
             return
@@ -807,14 +810,14 @@ class Store:
         self.con.execute("DELETE FROM session_pending_events WHERE session_id = ?", [session_id]).fetchall()
 
     # -- messages and deltas ------------------------------------------------------------------
-    def message_ref(self, message: dict[str, Any], pending: dict[str, tuple], tokenizer: Any = None) -> str:
+    def message_ref(self, message: dict[str, Any], pending: dict[str, tuple[Any, ...]], tokenizer: Any = None) -> str:
         """A message as block references (:func:`encode_message`); bodies not yet stored are added to
         ``pending`` (hash -> blocks row). Content is stored once."""
         ref, blocks = encode_message(message)
         self._add_blocks(blocks, pending, tokenizer)
         return ref
 
-    def _add_blocks(self, blocks: Sequence[MessageBlock], pending: dict[str, tuple], tokenizer: Any) -> None:
+    def _add_blocks(self, blocks: Sequence[MessageBlock], pending: dict[str, tuple[Any, ...]], tokenizer: Any) -> None:
         """The ``blocks`` rows of message blocks not stored (nor pending) yet, into ``pending``; their tokens are
         counted only then."""
         for h, kind, body, element in blocks:
@@ -869,10 +872,10 @@ class Store:
         refs = [json.loads(r[0]) for r in reversed(rows)]
         return self.resolve_refs(refs[:n_messages])
 
-    def write_messages(self, session_id: str, turn_idx: int, messages: list[tuple[int, dict]],
-                       extra_blocks: Sequence[tuple] = (), tokenizer: Any = None) -> None:
+    def write_messages(self, session_id: str, turn_idx: int, messages: list[tuple[int, dict[str, Any]]],
+                       extra_blocks: Sequence[tuple[Any, ...]] = (), tokenizer: Any = None) -> None:
         """Append conversation messages (inside the caller's transaction), with their new blocks."""
-        pending: dict[str, tuple] = {r[0]: r for r in extra_blocks if r[0] not in self._pending_known}
+        pending: dict[str, tuple[Any, ...]] = {r[0]: r for r in extra_blocks if r[0] not in self._pending_known}
         rows = [(session_id, seq, turn_idx, self.message_ref(m, pending, tokenizer), False) for seq, m in messages]
         self._insert("blocks", list(pending.values()))
         self._pending_known.update(pending)
@@ -907,7 +910,8 @@ class Store:
                         "ORDER BY seq", [session_id])
 
     # -- requests -----------------------------------------------------------------------------
-    def new_blocks(self, req: PreparedRequest, rest_body: str, rest_hash: str, *, shared: int = 0) -> list[tuple]:
+    def new_blocks(self, req: PreparedRequest, rest_body: str, rest_hash: str, *, shared: int = 0
+                   ) -> list[tuple[Any, ...]]:
         """``blocks`` rows for the request's segments not stored yet, and its ``rest`` row.
 
         ``shared``: how many leading segments the request shares with the session's previous stored request
@@ -961,7 +965,7 @@ class Store:
                 return
             con.execute(_INSERT_REQUEST, _RECORD_VALUES(rec)).fetchall()
 
-    def _new_nodes(self, req: PreparedRequest, nodes: list[str], shared: int) -> list[tuple]:
+    def _new_nodes(self, req: PreparedRequest, nodes: list[str], shared: int) -> list[tuple[Any, ...]]:
         """``prefix_nodes`` rows for the nodes after the ``shared`` ones that are not stored (nor pending) yet."""
         rows = []
         for i in range(shared, len(nodes)):
@@ -1016,7 +1020,7 @@ class Store:
         return rebuild_body(rest["shape"], rest["rest"], chain)
 
     # -- reads for analysis: dict rows and typed records, never positions -----------------------------------
-    def query(self, sql: str, params: list | dict | None = None) -> list[dict[str, Any]]:
+    def query(self, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """All rows of a query as dicts keyed by column name (sqlite-utils' ``db.query``)."""
         con = self._live()
         try:

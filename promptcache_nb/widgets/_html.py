@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -601,7 +601,7 @@ def knowledge_table_html(rows: Sequence[dict[str, Any]] | KnowledgePage, *, pend
 
 def summary_table_html(rows: Sequence[dict[str, Any]]) -> str:
     """Compare's table: one row per strategy."""
-    cols = [
+    cols: list[tuple[str, str, Callable[[Any], str]]] = [
         ("strategy", "strategy", lambda v: f"<code>{esc(v)}</code>"),
         ("requests", "requests", fmt_int),
         ("cache read %", "cache_read_pct", lambda v: f"{float(v):.1f}%"),
