@@ -43,7 +43,8 @@ LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson")
 SKIPPED_COLUMNS = ["file", "line", "reason"]
 NOTES_COLUMNS = ["file", "line", "note"]
 FLAGGED_COLUMNS = ["file", "line", "path", "problem"]
-_SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "exchanges": "proxy", "otlp": "otel"}
+_SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "exchanges": "proxy", "otlp": "otel",
+          "pi": "pi", "openclaw": "claw"}
 
 
 @dataclass
@@ -298,7 +299,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
         # parents first, so a sub-agent's parent_id names a session that exists
         keys = sorted(by_session, key=lambda k: (by_session[k][0].parent_key is not None, k))
         for key in keys:
-            reqs = sorted(by_session[key], key=lambda r: r.at)  # stable: file order for equal times
+            reqs = sorted(_richest(by_session[key]), key=lambda r: r.at)  # stable: file order for equal times
             fmt = fmt_of[key]
             s, new, dup = _store_session(lab, key, fmt, file_of[key], reqs, project=project, skipped=skipped,
                                          unknown=unknown, bar=bar, flagged=flagged, notes=notes)
@@ -318,6 +319,22 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     if result.requests or (models and _uncalibrated(lab, models)):
         result.calibrations = calibrate_families(lab, models)
     return result
+
+
+def _richest(reqs: list[ImportedRequest]) -> list[ImportedRequest]:
+    """One request per dedupe key: when two files log the same request (an OpenClaw transcript and its payload
+    log or cache trace), the one with the whole body, then the one with the agent's own observation, is kept."""
+    best: dict[str, ImportedRequest] = {}
+    for r in reqs:
+        held = best.get(r.dedupe_key)
+        if held is None or _richness(r) > _richness(held):
+            best[r.dedupe_key] = r
+    kept = {id(r) for r in best.values()}
+    return [r for r in reqs if id(r) in kept]
+
+
+def _richness(req: ImportedRequest) -> tuple[bool, bool]:
+    return (not req.partial, req.agent_observation is not None)
 
 
 def _uncalibrated(lab: Lab, models: set[str]) -> bool:
@@ -384,7 +401,8 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 current = req
                 t = s.record(req.body, at=req.at, usage=req.usage, request_id=req.request_id, events=req.events,
                              reply=req.reply, source_ref=req.source_ref, dedupe_key=req.dedupe_key,
-                             prepared=prepared, usage_source=req.usage.source, body_problems=problems)
+                             prepared=prepared, usage_source=req.usage.source, body_problems=problems,
+                             agent_observation=req.agent_observation)
                 if t.cost_usd is None:
                     unknown.add(req.model)
                 bar.update(1)

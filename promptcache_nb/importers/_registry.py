@@ -25,7 +25,9 @@ from .claude_code import ClaudeCodeReader
 from .codex import CodexReader
 from .exchanges import ExchangesReader
 from .har import HarReader
+from .openclaw import OpenClawReader
 from .otlp import OtlpReader
+from .pi import PiReader
 from .vcr import VcrReader
 
 HEAD_BYTES = 64 * 1024
@@ -98,6 +100,8 @@ def _most_lines(path: Path, head: str, readers: list[Reader]) -> Reader:
     return readers[votes.index(max(votes))]
 
 
-for _reader in (ClaudeCodeReader(), CodexReader(), ExchangesReader(), HarReader(), VcrReader(), OtlpReader()):
+# pi and openclaw accept disjoint files (an OpenClaw entry in the head makes it openclaw's)
+for _reader in (ClaudeCodeReader(), CodexReader(), ExchangesReader(), HarReader(), VcrReader(), OtlpReader(),
+                OpenClawReader(), PiReader()):
     register(_reader)
 del _reader

@@ -40,6 +40,8 @@ class ImportedRequest:
         request_id: the provider's request id when logged.
         reply: the response content blocks when logged (not used for cache analysis).
         provider: ``anthropic`` or ``openai`` (decides the default cache model).
+        agent_observation: the agent's own cache observation of this request when its log has one (OpenClaw's
+            ``cache:result``), stored in ``cache_detail["agent_observation"]`` beside ours.
     """
 
     session_key: str
@@ -57,6 +59,7 @@ class ImportedRequest:
     request_id: str | None = None
     reply: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     provider: str = "anthropic"
+    agent_observation: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
