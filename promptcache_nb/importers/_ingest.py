@@ -322,15 +322,20 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
 
 
 def _richest(reqs: list[ImportedRequest]) -> list[ImportedRequest]:
-    """One request per dedupe key: when two files log the same request (an OpenClaw transcript and its payload
-    log or cache trace), the one with the whole body, then the one with the agent's own observation, is kept."""
+    """``reqs`` with the richest copy of a request logged in several files (an OpenClaw transcript and its payload
+    log or cache trace) first: the whole body, then the agent's own observation. The other copies stay, to be
+    counted as already stored."""
     best: dict[str, ImportedRequest] = {}
     for r in reqs:
         held = best.get(r.dedupe_key)
         if held is None or _richness(r) > _richness(held):
             best[r.dedupe_key] = r
-    kept = {id(r) for r in best.values()}
-    return [r for r in reqs if id(r) in kept]
+    out: list[ImportedRequest] = []
+    seen: set[str] = set()
+    for r in reqs:
+        out.append(r if r.dedupe_key in seen else best[r.dedupe_key])
+        seen.add(r.dedupe_key)
+    return out
 
 
 def _richness(req: ImportedRequest) -> tuple[bool, bool]:
