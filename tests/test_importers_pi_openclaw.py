@@ -277,3 +277,36 @@ def test_crosscheck_agrees_with_openclaw_on_a_trace_written_from_its_schema(lab:
     broke = cc.loc[3]
     assert broke.previous_cache_read == broke.openclaw_previous_cache_read == 9400
     assert list(broke.changes) == list(broke.openclaw_changes) == ["systemPrompt"]
+
+
+def test_openclaw_sqlite_era_is_read_read_only(lab: pc.Lab, tmp_path: Path) -> None:
+    import sqlite3
+
+    agent_db, state_db = tmp_path / "openclaw-agent.sqlite", tmp_path / "openclaw.sqlite"
+    con = sqlite3.connect(agent_db)
+    con.execute("CREATE TABLE transcript_events (session_id TEXT, seq INTEGER, event_json TEXT, created_at INTEGER, "
+                "PRIMARY KEY (session_id, seq))")
+    lines = CLAW_TRANSCRIPT.read_text().splitlines()
+    con.executemany("INSERT INTO transcript_events VALUES (?, ?, ?, ?)",
+                    [("9b1d6f0e", i, line, i) for i, line in enumerate([*lines, "{not json"])])
+    con.commit()
+    con.close()
+    con = sqlite3.connect(state_db)
+    con.execute("CREATE TABLE diagnostic_events (scope TEXT, event_key TEXT, payload_json TEXT, created_at INTEGER)")
+    rows = []
+    for scope, name in (("diagnostics.cache_trace", "cache-trace.jsonl"),
+                        ("diagnostics.anthropic_payload", "anthropic-payload.jsonl")):
+        for i, line in enumerate((CLAW / "logs" / name).read_text().splitlines()):
+            rows.append((scope, f"k{i}", line, i))
+    con.executemany("INSERT INTO diagnostic_events VALUES (?, ?, ?, ?)", rows)
+    con.commit()
+    con.close()
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.sqlite")}
+    assert detect(agent_db).name == detect(state_db).name == "openclaw"
+    res = lab.import_log([agent_db, state_db], progress=False)
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.sqlite")} == before
+    assert res.requests == 7 and len(res.sessions) == 1
+    assert res.skipped.reason.str.contains("not valid JSON").sum() == 1
+    s = res.sessions[0]
+    assert all("tools" in s.turn(i).request for i in range(7))
+    assert pc.analysis.openclaw_crosscheck(s).agree.dropna().all()

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..lab import Lab
     from ..session import Session
 
-LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson")
+LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson", ".sqlite")
 SKIPPED_COLUMNS = ["file", "line", "reason"]
 NOTES_COLUMNS = ["file", "line", "note"]
 FLAGGED_COLUMNS = ["file", "line", "path", "problem"]

@@ -19,12 +19,15 @@
   folder) when there is one; otherwise only the run's last call has usage and the others are skipped with the
   reason. The run's ``usage`` record is never counted a second time.
 
-The SQLite era (``openclaw-agent.sqlite`` / ``openclaw.sqlite``) is not read: see the README.
+* **The SQLite era** (``openclaw-agent.sqlite`` ``transcript_events``, ``openclaw.sqlite`` ``diagnostic_events``,
+  §2.2): the same JSON in rows, read through the stdlib ``sqlite3`` opened read-only (``mode=ro``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +45,9 @@ TRACE_STAGES = frozenset({"session:loaded", "session:sanitized", "session:limite
                           "sol:turn-probe"})
 PAYLOAD_STAGES = frozenset({"request", "usage"})
 TRACE_FILE = "cache-trace.jsonl"
+SQLITE_MAGIC = "SQLite format 3\x00"
+#: the DB era's tables (agent_log_formats.md §2.2): transcripts per agent, diagnostics in the global database
+SQLITE_TABLES = ("transcript_events", "diagnostic_events")
 
 
 def _kind(obj: dict[str, Any]) -> str | None:
@@ -62,11 +68,16 @@ class OpenClawReader:
     name = "openclaw"
 
     def sniff(self, path: Path, head: str) -> bool:
+        if head.startswith(SQLITE_MAGIC):
+            return any(t in head for t in SQLITE_TABLES)
         if any(_kind(o) for o in json_objects_in_head(head)):
             return True
         return sniff_pi(head) and is_openclaw(head)
 
     def read(self, path: Path) -> Iterator[Record]:
+        if _is_sqlite(path):
+            yield from _read_sqlite(path)
+            return
         first = next((r for r in iter_json_lines(path) if isinstance(r, JsonLine)), None)
         kind = _kind(first.obj) if first is not None else None
         if kind == "trace":
@@ -94,12 +105,13 @@ class _Run:
     usage: JsonLine | None = None  # payload log
 
 
-def _runs(path: Path, kind: str) -> Iterator[_Run | SkippedLine | ReadProgress]:
+def _runs(path: Path, kind: str, records: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None
+          ) -> Iterator[_Run | SkippedLine | ReadProgress]:
     """The runs of a diagnostics file, in order of their first line (yielded at the end), and bad lines."""
     file = str(path)
     runs: dict[str, _Run] = {}
     tail: list[SkippedLine | ReadProgress] = []
-    for rec in iter_json_lines(path):
+    for rec in iter_json_lines(path) if records is None else records:
         if isinstance(rec, ReadProgress):
             tail.append(rec)
             continue
@@ -161,9 +173,10 @@ def _observation(result: JsonLine | None, file: str) -> dict[str, Any] | None:
     }
 
 
-def _read_trace(path: Path) -> Iterator[Record]:
+def _read_trace(path: Path, records: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None
+                ) -> Iterator[Record]:
     file = str(path)
-    for run in _runs(path, "trace"):
+    for run in _runs(path, "trace", records):
         if not isinstance(run, _Run):
             yield run
             continue
@@ -226,15 +239,15 @@ def _call(file: str, run: _Run, line: int, event: dict[str, Any], body: dict[str
 
 
 # -- the payload log -------------------------------------------------------------------------------------------
-def _trace_answers(folder: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+def _trace_answers(trace: Path, records: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None
+                   ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
     """From the cache trace beside a payload log: per run, the assistant messages of its calls and OpenClaw's
     observation."""
-    trace = folder / TRACE_FILE
     answers: dict[str, list[dict[str, Any]]] = {}
     observations: dict[str, dict[str, Any]] = {}
-    if not trace.is_file():
+    if records is None and not trace.is_file():
         return answers, observations
-    for run in _runs(trace, "trace"):
+    for run in _runs(trace, "trace", records):
         if isinstance(run, _Run):
             found = _answers(run.after, len(run.calls))
             if found is not None:
@@ -245,10 +258,11 @@ def _trace_answers(folder: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[
     return answers, observations
 
 
-def _read_payload(path: Path) -> Iterator[Record]:
+def _read_payload(path: Path, records: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None,
+                  trace: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None) -> Iterator[Record]:
     file = str(path)
-    answers, observations = _trace_answers(path.parent)
-    for run in _runs(path, "payload"):
+    answers, observations = _trace_answers(path if trace is not None else path.parent / TRACE_FILE, trace)
+    for run in _runs(path, "payload", records):
         if not isinstance(run, _Run):
             yield run
             continue
@@ -272,3 +286,60 @@ def _read_payload(path: Path) -> Iterator[Record]:
             answer = {"api": rec.obj.get("modelApi"), "provider": rec.obj.get("provider"), **answer}
             obs = observations.get(run.run_id) if k == n - 1 else None
             yield _call(file, run, rec.line, rec.obj, dict(payload), answer, k, partial=False, observation=obs)
+
+
+# -- the SQLite era --------------------------------------------------------------------------------------------
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(16) == SQLITE_MAGIC.encode()
+    except OSError:
+        return False
+
+
+def _read_sqlite(path: Path) -> Iterator[Record]:
+    """OpenClaw's databases: ``transcript_events`` rows hold transcript entries, ``diagnostic_events`` rows the
+    cache trace (scope ``diagnostics.cache_trace``) and payload log (``diagnostics.anthropic_payload``) events,
+    each the same JSON as a line of the file era. The database is opened read-only; a row's ``rowid`` is its
+    line in ``source_ref``."""
+    file = str(path)
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        yield SkippedLine(file, 0, f"cannot open the SQLite database read-only ({exc})")
+        return
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "transcript_events" in tables:
+            sessions: dict[str, list[JsonLine | SkippedLine | ReadProgress]] = {}
+            for rowid, session, text in con.execute(
+                    "SELECT rowid, session_id, event_json FROM transcript_events ORDER BY session_id, seq"):
+                sessions.setdefault(str(session), []).append(_row(file, rowid, text))
+            for rows in sessions.values():
+                yield from read_transcript(path, dedupe=_transcript_key, records=[*rows, ReadProgress(file, 0)])
+        if "diagnostic_events" in tables:
+            by_scope: dict[str, list[JsonLine | SkippedLine | ReadProgress]] = {}
+            for rowid, scope, text in con.execute(
+                    "SELECT rowid, scope, payload_json FROM diagnostic_events WHERE scope IN "
+                    "('diagnostics.cache_trace', 'diagnostics.anthropic_payload') ORDER BY created_at, rowid"):
+                by_scope.setdefault(str(scope), []).append(_row(file, rowid, text))
+            trace = by_scope.get("diagnostics.cache_trace", [])
+            payload = by_scope.get("diagnostics.anthropic_payload", [])
+            if payload:  # a call in both is stored once, with the payload's whole body (the ingest's dedupe)
+                yield from _read_payload(path, payload, trace)
+            if trace:
+                yield from _read_trace(path, trace)
+    except sqlite3.Error as exc:
+        yield SkippedLine(file, 0, f"not readable as OpenClaw's database ({exc})")
+    finally:
+        con.close()
+
+
+def _row(file: str, rowid: int, text: Any) -> JsonLine | SkippedLine:
+    try:
+        obj = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return SkippedLine(file, rowid, f"row {rowid}: not valid JSON ({str(exc)[:80]})")
+    if not isinstance(obj, dict):
+        return SkippedLine(file, rowid, f"row {rowid}: a JSON {type(obj).__name__}, not an object")
+    return JsonLine(rowid, obj)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +41,7 @@ from typing import Any
 
 from ..errors import PromptCacheError
 from ..usage import MAX_TOKENS, TTL_SPLIT_UNKNOWN_NOTE, Usage
-from ._jsonl import iter_json_lines, json_objects_in_head, parse_timestamp
+from ._jsonl import JsonLine, iter_json_lines, json_objects_in_head, parse_timestamp
 from ._messages import append_message
 from ._types import ImportedRequest, ReadProgress, Record, SkippedLine
 
@@ -114,16 +114,17 @@ class _State:
     copied: set[tuple[Any, Any]] = field(default_factory=set)
 
 
-def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], str] | None = None
-                    ) -> Iterator[Record]:
+def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], str] | None = None,
+                    records: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None) -> Iterator[Record]:
     """The requests of one pi-format transcript (pi, oh-my-pi, OpenClaw); ``dedupe(session, entry id,
-    message)`` makes the dedupe key (default ``<session>:<entry id>``)."""
+    message)`` makes the dedupe key (default ``<session>:<entry id>``); ``records``: its entries read elsewhere
+    (OpenClaw's SQLite rows) instead of the file's lines."""
     file = str(path)
     st = _State(file)
     match = _FILE_ID.search(path.name.split(".jsonl")[0])
     fallback = match.group(1) if match else file
     requests = 0
-    for rec in iter_json_lines(path):
+    for rec in iter_json_lines(path) if records is None else records:
         if isinstance(rec, ReadProgress):
             if requests == 0:
                 yield SkippedLine(file, 0, "no assistant message with usage in this session file: no request "
