@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PromptCacheError
+from ._history import HistoryDecoder
 from ._jsonl import JsonLine, iter_json_lines, json_objects_in_head, parse_timestamp
+from ._messages import append_message
 from ._types import ImportedRequest, ReadProgress, Record, SkippedLine
 from .pi import is_openclaw, pi_blocks, pi_messages_to_anthropic, pi_usage, provider_of, read_transcript, sniff_pi
 
@@ -111,7 +113,11 @@ def _runs(path: Path, kind: str, records: Iterable[JsonLine | SkippedLine | Read
     file = str(path)
     runs: dict[str, _Run] = {}
     tail: list[SkippedLine | ReadProgress] = []
-    for rec in iter_json_lines(path) if records is None else records:
+    if records is None:
+        # each event repeats the run's history: the items equal to the previous event's are not parsed again
+        decoder = HistoryDecoder(("payload",) if kind == "payload" else (), keys=("messages",))
+        records = iter_json_lines(path, decoder.loads)
+    for rec in records:
         if isinstance(rec, ReadProgress):
             tail.append(rec)
             continue
@@ -176,6 +182,7 @@ def _observation(result: JsonLine | None, file: str) -> dict[str, Any] | None:
 def _read_trace(path: Path, records: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None
                 ) -> Iterator[Record]:
     file = str(path)
+    memo: dict[int, tuple[Any, list[dict[str, Any]]]] = {}
     for run in _runs(path, "trace", records):
         if not isinstance(run, _Run):
             yield run
@@ -188,11 +195,13 @@ def _read_trace(path: Path, records: Iterable[JsonLine | SkippedLine | ReadProgr
                                                    "stage is missing or holds no messages)")
                 continue
             obs = observation if k == len(run.calls) - 1 else None
-            yield _call(file, run, call.line, call.obj, _trace_body(call.obj), answers[k], k, partial=True,
+            yield _call(file, run, call.line, call.obj, _trace_body(call.obj, memo), answers[k], k, partial=True,
                         observation=obs)
 
 
-def _trace_body(event: dict[str, Any]) -> dict[str, Any]:
+def _trace_body(event: dict[str, Any], memo: dict[int, tuple[Any, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """The Anthropic body of a ``stream:context`` event; ``memo`` holds each pi message converted once (by
+    identity: the history decoder hands back the previous event's objects)."""
     raw_model = event.get("model")
     model: dict[str, Any] = raw_model if isinstance(raw_model, dict) else {}
     body: dict[str, Any] = {"model": str(model.get("id") or event.get("modelId") or "")}
@@ -201,7 +210,15 @@ def _trace_body(event: dict[str, Any]) -> dict[str, Any]:
         body["system"] = [{"type": "text", "text": system}]
     elif isinstance(system, list):
         body["system"] = pi_blocks(system)
-    body["messages"] = pi_messages_to_anthropic(event.get("messages") or [])
+    messages: list[dict[str, Any]] = []
+    raw = event.get("messages")
+    for m in raw if isinstance(raw, list) else []:
+        held = memo.get(id(m))
+        if held is None or held[0] is not m:
+            held = memo[id(m)] = (m, pi_messages_to_anthropic([m]))
+        for turn in held[1]:
+            append_message(messages, turn["role"], turn["content"])
+    body["messages"] = messages
     return body
 
 

@@ -101,6 +101,7 @@ class _Entry:
     parent: str | None
     obj: dict[str, Any]
     line: int
+    turns: list[dict[str, Any]] | None = None  # the entry as Anthropic messages, once converted
 
 
 @dataclass
@@ -229,7 +230,11 @@ def _context(path: list[_Entry]) -> tuple[list[dict[str, Any]], list[str]]:
     else:
         chosen = path
     for e in chosen:
-        _append_entry(messages, e.obj)
+        if e.turns is None:  # converted once: every later request shares the same block objects
+            e.turns = []
+            _append_entry(e.turns, e.obj)
+        for turn in e.turns:
+            append_message(messages, turn["role"], turn["content"])
     events: list[str] = []
     for e in reversed(path):
         kind = e.obj.get("type")
