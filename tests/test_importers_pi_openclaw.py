@@ -310,3 +310,17 @@ def test_openclaw_sqlite_era_is_read_read_only(lab: pc.Lab, tmp_path: Path) -> N
     s = res.sessions[0]
     assert all("tools" in s.turn(i).request for i in range(7))
     assert pc.analysis.openclaw_crosscheck(s).agree.dropna().all()
+
+
+def test_openclaw_payload_log_beside_its_transcript_takes_each_calls_usage_from_it(lab: pc.Lab,
+                                                                                  tmp_path: Path) -> None:
+    shutil.copytree(CLAW / "agents", tmp_path / "agents")
+    (tmp_path / "logs").mkdir()
+    shutil.copy(CLAW / "logs" / "anthropic-payload.jsonl", tmp_path / "logs")
+    rotated = next((tmp_path / "agents").rglob("*.jsonl"))
+    rotated.rename(rotated.with_name(rotated.name + ".reset.2026-04-01T10-00-00.000Z"))  # a rotated transcript
+    res = lab.import_log(tmp_path, progress=False)
+    assert res.requests == 7 and len(res.sessions) == 1  # every call, once: the payload's body, the transcript's usage
+    s = res.sessions[0]
+    assert all("tools" in s.turn(i).request for i in range(7))
+    assert not res.skipped.reason.str.contains("once per run").any()

@@ -189,6 +189,9 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile
 def _log_suffix(path: Path) -> str | None:
     """The log suffix of ``path`` (``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz``), else None."""
     suffixes = [x.lower() for x in path.suffixes]
+    if ".jsonl" in suffixes and suffixes[-1] not in COMPRESSED_SUFFIXES and re.search(
+            r"\.jsonl\.(reset|deleted)\.", path.name):
+        return ".jsonl"  # OpenClaw's rotated transcripts: <id>.jsonl.reset.<ISO>, earlier windows of a session
     if suffixes and suffixes[-1] in COMPRESSED_SUFFIXES:
         suffixes.pop()
     return suffixes[-1] if suffixes and suffixes[-1] in LOG_SUFFIXES else None

@@ -16,8 +16,10 @@
 * **The Anthropic payload log** (``logs/anthropic-payload.jsonl``, ``OPENCLAW_ANTHROPIC_PAYLOAD_LOG=1``, §2.4):
   ``request`` records hold the exact Messages body of every call; the ``usage`` record is written once per run
   (the run's last call). Each call's usage comes from the cache trace beside it (``cache-trace.jsonl`` in the same
-  folder) when there is one; otherwise only the run's last call has usage and the others are skipped with the
-  reason. The run's ``usage`` record is never counted a second time.
+  folder), else from the session's transcript (``../agents/*/sessions/<sessionId>.jsonl``: the assistant message
+  whose request time is within 5 s of the record's), so the call keeps the transcript's key and is stored once;
+  otherwise only the run's last call has usage and the others are skipped with the reason. The run's ``usage``
+  record is never counted a second time.
 
 * **The SQLite era** (``openclaw-agent.sqlite`` ``transcript_events``, ``openclaw.sqlite`` ``diagnostic_events``,
   §2.2): the same JSON in rows, read through the stdlib ``sqlite3`` opened read-only (``mode=ro``).
@@ -279,6 +281,7 @@ def _read_payload(path: Path, records: Iterable[JsonLine | SkippedLine | ReadPro
                   trace: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None) -> Iterator[Record]:
     file = str(path)
     answers, observations = _trace_answers(path if trace is not None else path.parent / TRACE_FILE, trace)
+    transcripts: dict[str, list[tuple[int, dict[str, Any]]]] = {}
     for run in _runs(path, "payload", records):
         if not isinstance(run, _Run):
             yield run
@@ -286,6 +289,8 @@ def _read_payload(path: Path, records: Iterable[JsonLine | SkippedLine | ReadPro
         n = len(run.requests)
         paired = answers.get(run.run_id)
         if paired is None or len(paired) != n:
+            paired = _from_transcript(path, run, transcripts)
+        if paired is None:
             # the run's one usage record is its last call's
             last = run.usage.obj.get("usage") if run.usage is not None else None
             paired = [{} for _ in range(n - 1)] + ([{"usage": last}] if isinstance(last, dict) else [{}])
@@ -303,6 +308,39 @@ def _read_payload(path: Path, records: Iterable[JsonLine | SkippedLine | ReadPro
             answer = {"api": rec.obj.get("modelApi"), "provider": rec.obj.get("provider"), **answer}
             obs = observations.get(run.run_id) if k == n - 1 else None
             yield _call(file, run, rec.line, rec.obj, dict(payload), answer, k, partial=False, observation=obs)
+
+
+#: a payload record and the transcript's assistant message of the same call are both stamped just before the HTTP
+#: call: this far apart at most (ms)
+PAIRING_MS = 5_000
+
+
+def _from_transcript(path: Path, run: _Run, cache: dict[str, list[tuple[int, dict[str, Any]]]]
+                     ) -> list[dict[str, Any]] | None:
+    """Each call's assistant message from the session's transcript (``<state>/agents/*/sessions/<sessionId>.jsonl``
+    beside ``<state>/logs/``), matched by request time; None unless every call of the run finds one."""
+    if run.session not in cache:
+        found: list[tuple[int, dict[str, Any]]] = []
+        state = path.parent.parent
+        for f in sorted(state.glob(f"agents/*/sessions/{run.session}.jsonl*")) if "/" not in run.session else []:
+            for rec in iter_json_lines(f):
+                m = rec.obj.get("message") if isinstance(rec, JsonLine) else None
+                if (isinstance(m, dict) and m.get("role") == "assistant" and m.get("provider") != "openclaw"
+                        and isinstance(m.get("timestamp"), int)):
+                    found.append((m["timestamp"], m))
+        cache[run.session] = sorted(found, key=lambda x: x[0])
+    messages = cache[run.session]
+    out: list[dict[str, Any]] = []
+    for rec in run.requests:
+        try:
+            at = int(parse_timestamp(rec.obj.get("ts")).timestamp() * 1000)
+        except ValueError:
+            return None
+        near = min(messages, key=lambda x: abs(x[0] - at), default=None)
+        if near is None or abs(near[0] - at) > PAIRING_MS or any(o is near[1] for o in out):
+            return None
+        out.append(near[1])
+    return out
 
 
 # -- the SQLite era --------------------------------------------------------------------------------------------
