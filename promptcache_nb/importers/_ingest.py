@@ -325,20 +325,14 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
 
 
 def _richest(reqs: list[ImportedRequest]) -> list[ImportedRequest]:
-    """``reqs`` with the richest copy of a request logged in several files (an OpenClaw transcript and its payload
-    log or cache trace) first: the whole body, then the agent's own observation. The other copies stay, to be
-    counted as already stored."""
+    """One copy of each request: when files log the same request (an OpenClaw transcript and its payload log or
+    cache trace, a copied session file), the one with the whole body, then with the agent's own observation."""
     best: dict[str, ImportedRequest] = {}
     for r in reqs:
         held = best.get(r.dedupe_key)
         if held is None or _richness(r) > _richness(held):
             best[r.dedupe_key] = r
-    out: list[ImportedRequest] = []
-    seen: set[str] = set()
-    for r in reqs:
-        out.append(r if r.dedupe_key in seen else best[r.dedupe_key])
-        seen.add(r.dedupe_key)
-    return out
+    return list(best.values())
 
 
 def _richness(req: ImportedRequest) -> tuple[bool, bool]:
