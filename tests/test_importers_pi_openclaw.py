@@ -324,3 +324,18 @@ def test_openclaw_payload_log_beside_its_transcript_takes_each_calls_usage_from_
     s = res.sessions[0]
     assert all("tools" in s.turn(i).request for i in range(7))
     assert not res.skipped.reason.str.contains("once per run").any()
+
+
+def test_openclaw_trace_pairs_a_retried_call_and_skips_its_zero_usage_error(lab: pc.Lab, tmp_path: Path) -> None:
+    trace = _agreeing_trace(tmp_path, n=2)
+    events = [json.loads(x) for x in trace.read_text().splitlines()]
+    call = next(e for e in events if e["stage"] == "stream:context" and e["runId"] == "run-1")
+    after = next(e for e in events if e["stage"] == "session:after" and e["runId"] == "run-1")
+    failed = {**after["messages"][-1], "stopReason": "error", "usage": usage(0, 0, 0, 0),
+              "timestamp": after["messages"][-1]["timestamp"] - 3}
+    after["messages"].insert(len(after["messages"]) - 1, failed)  # the error, then the retry that answered
+    events.insert(events.index(call), {**call, "seq": 0})
+    write(trace, events)
+    res = lab.import_log(trace, progress=False)
+    assert res.requests == 2
+    assert list(res.skipped.reason) == ["stopReason 'error' with zero usage: not a billed request"]
