@@ -12,6 +12,7 @@ proxy), ``Lab.replay`` (through ``step``) and the importers (through ``record``)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -137,6 +138,7 @@ def advance(
     source_ref: str | None = None,
     dedupe_key: str | None = None,
     body_problems: tuple[BodyProblem, ...] = (),
+    agent_observation: Mapping[str, Any] | None = None,
 ) -> Advance:
     """From a sent request and what came back to its :class:`~promptcache_nb.RequestRecord`, the rows the
     store needs, and the session's next state.
@@ -149,6 +151,8 @@ def advance(
             ``minimum``: its minimum cacheable length for this request's model (the ideal read's inputs).
         transport: ``direct`` (an in-process simulator) or ``http``.
         body_problems: what the API would refuse in a body stored as a log holds it (a lenient import).
+        agent_observation: the logging agent's own observation of this request, kept in ``cache_detail`` beside
+            the cause (``agent_observation``).
     """
     idx = state.next_index
     usage, cache_result, content = outcome.usage, outcome.cache_result, outcome.reply
@@ -169,6 +173,9 @@ def advance(
         at=at, previous_at=prev_at, events=events, transport=transport, retention_points=retention_points,
         minimum=minimum,
     )
+    detail = analysis.cache_detail
+    if agent_observation is not None:
+        detail = {**(detail or {}), "agent_observation": dict(agent_observation)}
     messages: list[tuple[int, dict[str, Any]]] = []
     added: list[dict[str, Any]] = []
     if built is not None:
@@ -196,7 +203,7 @@ def advance(
         usage_raw=None if usage.raw is None else canonical_json(usage.raw),
         ideal_cache_read=ideal, cost_usd=cost, cost_no_cache_usd=cost_nc,
         cache_reason=analysis.cache_reason,
-        cache_detail=None if analysis.cache_detail is None else canonical_json(analysis.cache_detail),
+        cache_detail=None if detail is None else canonical_json(detail),
         events=canonical_json(events), request_id=outcome.request_id, user_text=label(user_text), reply=reply_ref,
         segment_map=encode_segment_map(cache_result.segment_states) if cache_result else None,
         transport=transport, source_ref=source_ref, dedupe_key=dedupe_key,

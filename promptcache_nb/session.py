@@ -876,7 +876,8 @@ class Session:
                source_ref: str | None = None, dedupe_key: str | None = None,
                prepared: PreparedRequest | None = None, dialect: str | None = None,
                unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None,
-               body_problems: Iterable[BodyProblem] = (), output_tokens: int | None = None) -> Turn:
+               body_problems: Iterable[BodyProblem] = (), output_tokens: int | None = None,
+               agent_observation: Mapping[str, Any] | None = None) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
         (measured) usage; without, the session's cache model simulates it. The strategy is not used.
 
@@ -894,7 +895,9 @@ class Session:
         passing ``prepared`` vouches for the body: the importer checks it leniently itself (a log holds what was
         sent) and passes what the API would refuse as ``body_problems``, stored with the request
         (``turns.body_problems``). ``output_tokens`` sets a simulated request's output (a counterfactual keeps
-        the original's: caching never changes what a model writes).
+        the original's: caching never changes what a model writes). ``agent_observation``: the logging agent's
+        own cache observation of this request (OpenClaw's ``cache:result``), stored as
+        ``cache_detail["agent_observation"]`` beside ours.
         """
         self._check_open()
         state = self._state
@@ -929,7 +932,7 @@ class Session:
         self._commit(lambda store: self._store_request(
             state, store, prepared, at=at, events=[*state.pending_events, *events], outcome=outcome, built=None,
             user_text=None, turns=turns, source_ref=source_ref, dedupe_key=dedupe_key,
-            body_problems=tuple(body_problems)), requests=True)
+            body_problems=tuple(body_problems), agent_observation=agent_observation), requests=True)
         self._check_context_window(turns)
         return turns[-1]
 
@@ -1005,7 +1008,8 @@ class Session:
     def _store_request(self, state: SessionState, store: Store, prepared: PreparedRequest, *, at: datetime,
                        events: list[str], outcome: pipeline.Outcome, built: pipeline.Built | None,
                        user_text: str | None, turns: list[Turn], source_ref: str | None = None,
-                       dedupe_key: str | None = None, body_problems: tuple[BodyProblem, ...] = ()) -> SessionState:
+                       dedupe_key: str | None = None, body_problems: tuple[BodyProblem, ...] = (),
+                       agent_observation: Mapping[str, Any] | None = None) -> SessionState:
         """The pipeline's record of a sent request, written to the store; returns the state after it (the
         caller swaps it in once stored) and appends the request's Turn to ``turns``."""
         points, minimum = self._ideal_inputs(state, prepared)
@@ -1015,6 +1019,7 @@ class Session:
             retention_points=points, minimum=minimum,
             transport="direct" if isinstance(self.backend, DirectSimulator) else "http",
             source_ref=source_ref, dedupe_key=dedupe_key, body_problems=body_problems,
+            agent_observation=agent_observation,
         )
         store.write_request(step.write, tokenizer=self._memo.tokenizer)
         rec, analysis, cache_result = step.record, step.analysis, outcome.cache_result

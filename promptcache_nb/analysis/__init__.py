@@ -11,6 +11,7 @@ from ._turn import (
     stored_diff_and_observation,
 )
 from .calibrate import Calibration, calibrate, load_calibration
+from .crosscheck import openclaw_crosscheck
 from .frames import compare_df, efficiency, summarize
 from .observe import Change, Observation, ObservationState, Snapshot, snapshot  # observe(): from .observe
 from .prices import Prices, price_model_id, prices_for
@@ -31,7 +32,7 @@ __all__ = [
     "Prices",
     "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "carried_over", "compare_caches",
     "compare_df", "efficiency", "ideal_read", "keep_warm", "load_calibration", "load_turns",
-    "observation_state_from_store", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
+    "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
     "request_prices", "resimulate", "simulate", "snapshot", "stored_diff_and_observation", "summarize",
     "ttl_whatif",
 ]

@@ -39,11 +39,12 @@ if TYPE_CHECKING:
     from ..lab import Lab
     from ..session import Session
 
-LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson")
+LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson", ".sqlite")
 SKIPPED_COLUMNS = ["file", "line", "reason"]
 NOTES_COLUMNS = ["file", "line", "note"]
 FLAGGED_COLUMNS = ["file", "line", "path", "problem"]
-_SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "exchanges": "proxy", "otlp": "otel"}
+_SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "exchanges": "proxy", "otlp": "otel",
+          "pi": "pi", "openclaw": "claw"}
 
 
 @dataclass
@@ -187,6 +188,9 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile
 def _log_suffix(path: Path) -> str | None:
     """The log suffix of ``path`` (``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz``), else None."""
     suffixes = [x.lower() for x in path.suffixes]
+    if ".jsonl" in suffixes and suffixes[-1] not in COMPRESSED_SUFFIXES and re.search(
+            r"\.jsonl\.(reset|deleted)\.", path.name):
+        return ".jsonl"  # OpenClaw's rotated transcripts: <id>.jsonl.reset.<ISO>, earlier windows of a session
     if suffixes and suffixes[-1] in COMPRESSED_SUFFIXES:
         suffixes.pop()
     return suffixes[-1] if suffixes and suffixes[-1] in LOG_SUFFIXES else None
@@ -316,7 +320,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
         # parents first, so a sub-agent's parent_id names a session that exists
         keys = sorted(by_session, key=lambda k: (by_session[k][0].parent_key is not None, k))
         for key in keys:
-            reqs = sorted(by_session[key], key=lambda r: r.at)  # stable: file order for equal times
+            reqs = sorted(_richest(by_session[key]), key=lambda r: r.at)  # stable: file order for equal times
             fmt = fmt_of[key]
             s, new, dup = _store_session(lab, key, fmt, file_of[key], reqs, project=project, skipped=skipped,
                                          unknown=unknown, bar=bar, flagged=flagged, notes=notes)
@@ -336,6 +340,21 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     if result.requests or (models and _uncalibrated(lab, models)):
         result.calibrations = calibrate_families(lab, models)
     return result
+
+
+def _richest(reqs: list[ImportedRequest]) -> list[ImportedRequest]:
+    """One copy of each request: when files log the same request (an OpenClaw transcript and its payload log or
+    cache trace, a copied session file), the one with the whole body, then with the agent's own observation."""
+    best: dict[str, ImportedRequest] = {}
+    for r in reqs:
+        held = best.get(r.dedupe_key)
+        if held is None or _richness(r) > _richness(held):
+            best[r.dedupe_key] = r
+    return list(best.values())
+
+
+def _richness(req: ImportedRequest) -> tuple[bool, bool]:
+    return (not req.partial, req.agent_observation is not None)
 
 
 def _uncalibrated(lab: Lab, models: set[str]) -> bool:
@@ -402,7 +421,8 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 current = req
                 t = s.record(req.body, at=req.at, usage=req.usage, request_id=req.request_id, events=req.events,
                              reply=req.reply, source_ref=req.source_ref, dedupe_key=req.dedupe_key,
-                             prepared=prepared, usage_source=req.usage.source, body_problems=problems)
+                             prepared=prepared, usage_source=req.usage.source, body_problems=problems,
+                             agent_observation=req.agent_observation)
                 if t.cost_usd is None:
                     unknown.add(req.model)
                 bar.update(1)

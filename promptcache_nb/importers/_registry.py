@@ -27,8 +27,10 @@ from .codex import CodexReader
 from .exchanges import ExchangesReader
 from .gemini_cli import GeminiCliReader
 from .har import HarReader
+from .openclaw import OpenClawReader
 from .opencode import OpenCodeReader
 from .otlp import OtlpReader
+from .pi import PiReader
 from .vcr import VcrReader
 
 HEAD_BYTES = 64 * 1024
@@ -101,7 +103,9 @@ def _most_lines(path: Path, head: str, readers: list[Reader]) -> Reader:
     return readers[votes.index(max(votes))]
 
 
-for _reader in (ClaudeCodeReader(), CodexReader(), ExchangesReader(), HarReader(), VcrReader(), OtlpReader()):
+# pi and openclaw accept disjoint files (an OpenClaw entry in the head makes it openclaw's)
+for _reader in (ClaudeCodeReader(), CodexReader(), ExchangesReader(), HarReader(), VcrReader(), OtlpReader(),
+                OpenClawReader(), PiReader()):
     register(_reader)
 register(GeminiCliReader())
 register(OpenCodeReader())

@@ -41,6 +41,8 @@ class ImportedRequest:
         reply: the response content blocks when logged (not used for cache analysis).
         provider: ``anthropic``, ``openai``, ``deepseek``, ``gemini`` or ``bedrock`` (decides the default cache
             model; a Bedrock model id is ``bedrock`` whatever the provider says).
+        agent_observation: the agent's own cache observation of this request when its log has one (OpenClaw's
+            ``cache:result``), stored in ``cache_detail["agent_observation"]`` beside ours.
     """
 
     session_key: str
@@ -58,6 +60,7 @@ class ImportedRequest:
     request_id: str | None = None
     reply: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     provider: str = "anthropic"
+    agent_observation: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
