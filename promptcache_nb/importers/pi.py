@@ -196,7 +196,7 @@ def _copied_from(parent: Path) -> set[tuple[Any, Any]]:
         return found
     for rec in iter_json_lines(parent):
         if hasattr(rec, "obj"):
-            obj = rec.obj  # type: ignore[union-attr]
+            obj = rec.obj
             message = obj.get("message")
             if obj.get("type") == "message" and isinstance(message, dict) and message.get("role") == "assistant":
                 found.add((obj.get("id"), message.get("timestamp")))
