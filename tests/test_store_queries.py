@@ -21,6 +21,12 @@ SQL = re.compile(r"^\s*(?:WITH\s+RECURSIVE|SELECT\s|INSERT\s+(?:OR\s+REPLACE\s+)
                  r"DELETE\s+FROM\s|CREATE\s+TABLE\s)")  # upper case, as the package writes SQL
 #: Modules that still hold SQL outside the store, each with the reason. Shrinks, never grows.
 SQL_PENDING: dict[str, str] = {}
+#: Readers of another application's own SQLite file (a log format, opened read-only): their SQL reads that
+#: application's tables, never our store.
+FOREIGN_SQL: dict[str, str] = {
+    "importers/openclaw.py": "OpenClaw's state database (transcript_events, diagnostic_events)",
+    "importers/opencode.py": "OpenCode's opencode.db (session, message, part)",
+}
 
 
 def sql_literals(path: Path) -> list[int]:
@@ -42,7 +48,7 @@ def test_no_sql_outside_the_store() -> None:
     offenders = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith("store/") or rel in SQL_PENDING:
+        if rel.startswith("store/") or rel in SQL_PENDING or rel in FOREIGN_SQL:
             continue
         if lines := sql_literals(path):
             offenders[rel] = lines
