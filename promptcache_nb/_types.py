@@ -159,6 +159,9 @@ class RequestRecord:
     #: where ``cost_usd`` came from: a :class:`~promptcache_nb.Prices` source (``genai-prices anthropic/...``,
     #: ``user``) or ``reported by provider`` (the response's own ``usage.cost``); None when unpriced
     cost_source: str | None = None
+    #: milliseconds from sending the request to its response's last byte, when a live call was timed (the
+    #: capture, the recording proxy's log); None otherwise
+    latency_ms: float | None = None
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

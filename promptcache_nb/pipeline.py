@@ -139,6 +139,7 @@ def advance(
     dedupe_key: str | None = None,
     body_problems: tuple[BodyProblem, ...] = (),
     agent_observation: Mapping[str, Any] | None = None,
+    latency_ms: float | None = None,
 ) -> Advance:
     """From a sent request and what came back to its :class:`~promptcache_nb.RequestRecord`, the rows the
     store needs, and the session's next state.
@@ -209,7 +210,7 @@ def advance(
         transport=transport, source_ref=source_ref, dedupe_key=dedupe_key,
         body_problems=canonical_json([{"path": p.path, "problem": p.problem} for p in body_problems])
         if body_problems else None,
-        notes="\n".join(usage.notes) or None, cost_source=cost_source,
+        notes="\n".join(usage.notes) or None, cost_source=cost_source, latency_ms=latency_ms,
         # the history the strategy built it from: the next request's previous_messages after a restart
         n_messages=len(built.history) if built is not None else None,
         **analysis.columns,

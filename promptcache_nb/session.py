@@ -87,7 +87,7 @@ TURN_COLUMNS = (
     "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source",
     "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
     "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "previous_cache_read", "changes",
-    "explanation", "request_id", "body_problems", "cost_source", "notes",
+    "explanation", "request_id", "body_problems", "cost_source", "notes", "latency_ms",
 )
 
 
@@ -877,7 +877,7 @@ class Session:
                prepared: PreparedRequest | None = None, dialect: str | None = None,
                unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None,
                body_problems: Iterable[BodyProblem] = (), output_tokens: int | None = None,
-               agent_observation: Mapping[str, Any] | None = None) -> Turn:
+               agent_observation: Mapping[str, Any] | None = None, latency_ms: float | None = None) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
         (measured) usage; without, the session's cache model simulates it. The strategy is not used.
 
@@ -897,7 +897,8 @@ class Session:
         (``turns.body_problems``). ``output_tokens`` sets a simulated request's output (a counterfactual keeps
         the original's: caching never changes what a model writes). ``agent_observation``: the logging agent's
         own cache observation of this request (OpenClaw's ``cache:result``), stored as
-        ``cache_detail["agent_observation"]`` beside ours.
+        ``cache_detail["agent_observation"]`` beside ours. ``latency_ms``: how long the live call took
+        (``turns.latency_ms``), when it was timed.
         """
         self._check_open()
         state = self._state
@@ -932,7 +933,8 @@ class Session:
         self._commit(lambda store: self._store_request(
             state, store, prepared, at=at, events=[*state.pending_events, *events], outcome=outcome, built=None,
             user_text=None, turns=turns, source_ref=source_ref, dedupe_key=dedupe_key,
-            body_problems=tuple(body_problems), agent_observation=agent_observation), requests=True)
+            body_problems=tuple(body_problems), agent_observation=agent_observation, latency_ms=latency_ms),
+            requests=True)
         self._check_context_window(turns)
         return turns[-1]
 
@@ -1009,7 +1011,8 @@ class Session:
                        events: list[str], outcome: pipeline.Outcome, built: pipeline.Built | None,
                        user_text: str | None, turns: list[Turn], source_ref: str | None = None,
                        dedupe_key: str | None = None, body_problems: tuple[BodyProblem, ...] = (),
-                       agent_observation: Mapping[str, Any] | None = None) -> SessionState:
+                       agent_observation: Mapping[str, Any] | None = None,
+                       latency_ms: float | None = None) -> SessionState:
         """The pipeline's record of a sent request, written to the store; returns the state after it (the
         caller swaps it in once stored) and appends the request's Turn to ``turns``."""
         points, minimum = self._ideal_inputs(state, prepared)
@@ -1019,7 +1022,7 @@ class Session:
             retention_points=points, minimum=minimum,
             transport="direct" if isinstance(self.backend, DirectSimulator) else "http",
             source_ref=source_ref, dedupe_key=dedupe_key, body_problems=body_problems,
-            agent_observation=agent_observation,
+            agent_observation=agent_observation, latency_ms=latency_ms,
         )
         store.write_request(step.write, tokenizer=self._memo.tokenizer)
         rec, analysis, cache_result = step.record, step.analysis, outcome.cache_result

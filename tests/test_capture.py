@@ -310,3 +310,16 @@ def test_a_call_that_cannot_be_stored_still_returns_to_the_caller(server, tmp_pa
     assert cap.stored == 0 and cap.calls[0].reason.startswith("not stored: ")
     assert KEY not in cap.calls[0].reason
     client.close()
+
+
+def test_each_captured_call_stores_its_latency(server, lab):
+    client = anthropic.Anthropic(base_url=server.base_url, api_key=KEY, max_retries=0)
+    with lab.capture(client) as cap:
+        for i in range(2):
+            client.messages.create(model=MODEL, max_tokens=32, system=SYSTEM, messages=messages(i),
+                                   extra_headers=at(10 * i))
+    df = cap.session.turns()
+    calls = cap.df()
+    # the store keeps what the capture timed, call by call (from sending the request to its last byte)
+    assert list(df.latency_ms) == list(calls.latency_ms)
+    assert (df.latency_ms > 0).all()

@@ -337,3 +337,19 @@ def test_a_write_without_its_ttl_split_is_stored_unknown_and_listed(tmp_path: Pa
         assert df.cache_creation_5m_input_tokens.isna()[0] and df.cache_creation_1h_input_tokens.isna()[0]
         assert int(df.cache_creation_input_tokens[0]) == 1900
         assert int(df.cache_read_input_tokens[1]) == 3_000_000_000  # past INT32: stored exactly (BIGINT)
+
+
+def test_a_proxy_logs_latency_is_stored_with_each_request(tmp_path: Path) -> None:
+    calls = [call(i) for i in range(3)]
+    calls[1]["latency_ms"] = 2150.5
+    calls[2]["latency_ms"] = None  # a call the proxy could not time
+    log = tmp_path / "proxy.jsonl"
+    log.write_text(lines(calls), encoding="utf-8")
+    with pc.Lab(None, progress=False) as lab:
+        res = lab.import_log(log)
+        df = res.sessions[0].turns()
+        assert df.latency_ms[0] == 1500 and df.latency_ms[1] == 2150.5 and df.latency_ms.isna()[2]
+    with pc.Lab(None, progress=False) as lab:  # a simulated request is never timed
+        s = lab.session(strategy="naive")
+        s.step("hello")
+        assert s.turns().latency_ms.isna().all()

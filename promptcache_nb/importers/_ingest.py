@@ -422,6 +422,7 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 t = s.record(req.body, at=req.at, usage=req.usage, request_id=req.request_id, events=req.events,
                              reply=req.reply, source_ref=req.source_ref, dedupe_key=req.dedupe_key,
                              prepared=prepared, usage_source=req.usage.source, body_problems=problems,
+                             latency_ms=req.latency_ms,
                              agent_observation=req.agent_observation)
                 if t.cost_usd is None:
                     unknown.add(req.model)

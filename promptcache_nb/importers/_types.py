@@ -61,6 +61,8 @@ class ImportedRequest:
     reply: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     provider: str = "anthropic"
     agent_observation: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    #: how long the call took (milliseconds), when the log timed it (the recording proxy's ``latency_ms``)
+    latency_ms: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

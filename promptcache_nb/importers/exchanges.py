@@ -81,6 +81,7 @@ Example (one line, wrapped here)::
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import replace
@@ -203,7 +204,12 @@ class ExchangesReader:
             error=str(obj["error"]) if obj.get("error") else None,
             response_headers={SIMULATOR_HEADER: "1"} if obj.get("simulated") is True else {},
         )
-        return convert_exchange(ex, file=file, line=lineno, source_ref=f"{file}:{lineno}", fallback_at=fallback)
+        rec = convert_exchange(ex, file=file, line=lineno, source_ref=f"{file}:{lineno}", fallback_at=fallback)
+        latency = obj.get("latency_ms")
+        if isinstance(rec, ImportedRequest) and isinstance(latency, int | float) and not isinstance(latency, bool) \
+                and math.isfinite(latency) and latency >= 0:
+            rec = replace(rec, latency_ms=float(latency))
+        return rec
 
 
 def _not_an_exchange(obj: dict[str, Any]) -> str:

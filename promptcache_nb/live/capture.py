@@ -157,7 +157,7 @@ class Capture:
         turn: Turn | None = None
         if reason is None:
             try:
-                turn = self._record(attempt, status, kept, body)
+                turn = self._record(attempt, status, kept, body, round(latency_ms, 1))
                 index, request_id = turn.index, turn.request_id
             except _NotStored as exc:
                 reason = str(exc)
@@ -178,7 +178,8 @@ class Capture:
             except Exception:
                 log.exception("capture: a listener of session %s failed", self.session.id)
 
-    def _record(self, attempt: _Attempt, status: int | None, headers: dict[str, str], body: bytes | None) -> Turn:
+    def _record(self, attempt: _Attempt, status: int | None, headers: dict[str, str], body: bytes | None,
+                latency_ms: float) -> Turn:
         from ..importers._http import HttpExchange, convert_exchange
         from ..importers._types import SkippedLine
         from ..request import check_request
@@ -206,7 +207,7 @@ class Capture:
             at = attempt.at if self._last_at is None else max(attempt.at, self._last_at)
             turn = s.record(converted.body, at=at, usage=converted.usage, request_id=converted.request_id,
                             reply=converted.reply, prepared=prepared, usage_source=source,
-                            body_problems=problems)
+                            body_problems=problems, latency_ms=latency_ms)
             self._last_at = at
         return turn
 

@@ -279,6 +279,13 @@ def m009_bigint_tokens_and_request_notes(con: duckdb.DuckDBPyConnection) -> None
     con.execute("ALTER TABLE turns ADD COLUMN cost_source TEXT")
 
 
+@migration
+def m010_request_latency(con: duckdb.DuckDBPyConnection) -> None:
+    # How long a live call took, from sending the request to its response's last byte (milliseconds), as the
+    # capture or the recording proxy measured it; NULL for simulated requests and logs that do not say.
+    con.execute("ALTER TABLE turns ADD COLUMN latency_ms DOUBLE")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 
