@@ -1,0 +1,144 @@
+"""The Stepper as a teacher uses it (#26 item 2): a break shown live, the editor beside the diff, honest end
+states, feedback on every editor click, categories checked. Controllers and views without a kernel."""
+
+from __future__ import annotations
+
+import pytest
+
+import promptcache_nb as pc
+from promptcache_nb.errors import KnowledgeError, SessionError
+from promptcache_nb.widgets import KnowledgeController, StepperController
+from promptcache_nb.widgets._controllers import FINISHED
+
+CHURN = pc.data_path("scenarios") / "knowledge_churn.yaml"
+EDIT = "moto is gone: the S3 tests now run against the local minio container."
+
+
+@pytest.fixture
+def lab():
+    with pc.Lab(progress=False) as lab:
+        yield lab
+
+
+@pytest.fixture
+def scenario():
+    return pc.load_scenario(CHURN)
+
+
+def _stepper(lab, scenario, strategy="durable_delta"):
+    return pc.widgets.Stepper(lab.replay(scenario, strategy=strategy, stop_after=0), scenario)
+
+
+def test_next_is_disabled_at_the_end_and_typing_enables_it(lab, scenario):
+    st = _stepper(lab, scenario)
+    st.run()
+    assert st.controller.finished and st._next_btn.disabled and st._run_btn.disabled
+    assert st.status.endswith(FINISHED) and "scenario finished — type a message to continue" in st._status.value
+    st._user.value = "one more question"  # typing (continuous_update) enables Next turn
+    assert not st._next_btn.disabled
+    st._next_btn.click()
+    assert st.controller.view().user_text == "one more question" and st._next_btn.disabled
+    with pytest.raises(SessionError, match=FINISHED):
+        st.controller.next()
+    assert st.controller.status == FINISHED
+    # a stepper over a finished session says so from the start
+    again = pc.widgets.Stepper(st.session, scenario)
+    assert again._next_btn.disabled and FINISHED in again._status.value
+
+
+def test_status_line_updates_before_the_buttons_re_enable(lab, scenario):
+    st = _stepper(lab, scenario)
+    log: list[str] = []
+    st._status.observe(lambda c: log.append("status:" + ("busy" if 'data-kind="busy"' in c["new"] else "done")),
+                       names=["value"])
+    st._run_btn.observe(lambda c: log.append(f"run_disabled:{c['new']}"), names=["disabled"])
+    st._next_btn.observe(lambda c: log.append(f"next_disabled:{c['new']}"), names=["disabled"])
+    st.run(3)
+    assert log[:2] == ["run_disabled:True", "next_disabled:True"] or "status:busy" in log[:3]
+    done = log.index("status:done")
+    enabled = [i for i, e in enumerate(log) if e.endswith("disabled:False")]
+    assert enabled and done < min(enabled), log
+
+
+def test_strategy_selector_makes_the_break_happen_live(lab, scenario):
+    st = _stepper(lab, scenario)
+    for _ in range(3):
+        st.next()
+    st._strategy.value = "naive"  # the selector: a new naive session replayed to the same scenario turn
+    assert st.controller.strategy == "naive" and st.session.strategy == "naive"
+    assert st.controller.position == 3 and st.n_requests == st.controller.n_requests
+    assert "switched durable_delta → naive" in st.status and "scenario turn 3 of 12" in st.status
+    st.knowledge.edit("gotcha-moto-clock", content=EDIT)
+    st.next()
+    v = st.controller.view()
+    assert v.usage.cache_read < v.ideal_cache_read  # the naive agent broke its cache on the edit
+    assert st.diff_view.path == "system[0]"  # where the re-rendered knowledge changed the request
+    with pytest.raises(pc.errors.UnknownStrategyError):
+        st.controller.switch_strategy("nope")
+
+
+def test_side_by_side_naive_vs_durable_delta(lab, scenario):
+    st = _stepper(lab, scenario)
+    st.next()
+    st._pair_btn.value = True
+    c = st.controller
+    assert c.strategy == "naive" and c.partner is not None and c.partner.strategy == "durable_delta"
+    assert c.partner.position == c.position == 1 and st._strategy.disabled
+    assert st._partner_box.layout.display is None
+    st.knowledge.edit("gotcha-moto-clock", content=EDIT)  # goes to both books
+    assert any(r["content"] == EDIT for r in KnowledgeController(c.partner.session).rows())
+    st.next()
+    left, right = c.view(), c.partner.view()
+    assert left.usage.cache_read < left.ideal_cache_read
+    assert right.usage.cache_read == right.ideal_cache_read > 0
+    assert 'data-broke="true"' in st._left_label.value and "naive" in st._left_label.value
+    assert 'data-broke="false"' in st._partner_usage.value and "durable_delta" in st._partner_usage.value
+    assert st.diff_view.path == "system[0]" and st.partner_diff.path is None  # a break; a pure append
+    st._pair_btn.value = False
+    assert c.partner is None and st._partner_box.layout.display == "none" and not st._strategy.disabled
+
+
+def test_editor_is_embedded_beside_the_diff(lab, scenario):
+    st = _stepper(lab, scenario)
+    assert st.editor() is st.knowledge
+    row = st.children[7]
+    assert st._editor_panel in row.children and st.knowledge in st._editor_panel.children
+    assert st.diff_view in row.children[0].children[1].children  # the diff's scroll box, left of the editor
+
+
+def test_every_editor_click_gives_feedback_with_new_entry_selected(lab, scenario):
+    st = _stepper(lab, scenario)
+    ed = st.knowledge
+    before = ed.entries
+    assert ed._pick.value == ""  # "(new entry)"
+    ed._save_btn.click()
+    assert "(new entry) is selected: pick the entry to change" in ed._status.value
+    ed._remove_btn.click()
+    assert "(new entry) is selected: pick the entry to remove" in ed._status.value
+    ed._add_btn.click()  # empty fields
+    assert "type its title and content" in ed._status.value
+    ed._title.value, ed._content.value, ed._category.value = "Deploy freeze", "No deploys on Friday.", "fact"
+    ed._add_btn.click()
+    assert "added" in ed._status.value and ed.entries == before + 1
+
+
+def test_category_typo_is_refused_naming_the_valid_ones(lab, scenario):
+    k = KnowledgeController(lab.replay(scenario, stop_after=0))
+    n = len(k.entries())
+    with pytest.raises(KnowledgeError, match=r"unknown category 'preferance' \(did you mean 'preference'\?\); "
+                                             r"valid categories: fact, gotcha, incident, note, preference"):
+        k.add("Tabs", "Marco wants tabs.", category="preferance")
+    with pytest.raises(KnowledgeError, match="unknown category 'procdure'"):
+        k.edit("gotcha-moto-clock", category="procdure")
+    assert len(k.entries()) == n
+    k.add("Tabs", "Marco wants tabs.", category="preference")
+    # a category the book already has (a scenario's own label) is valid
+    k.session.knowledge.add("Refunds", "Five days.", category="policy")
+    assert "policy" in k.categories()
+    k.add("Refund SLA", "Two days.", category="policy")
+
+
+def test_switch_needs_a_scenario(lab):
+    c = StepperController(lab.session(system="You are terse."))
+    with pytest.raises(SessionError, match="needs a scenario"):
+        c.switch_strategy("naive")
