@@ -181,7 +181,7 @@ def _next(page, stepper, next_btn) -> None:
     expect(stepper.locator(".pcnb-header [data-field=request]")).not_to_have_text(f"Request {before}",
                                                                                    timeout=60_000)
     expect(stepper.locator(".pcnb-stepper-status .pcnb-status[data-kind=busy]")).to_have_count(0, timeout=60_000)
-    expect(stepper.get_by_role("button", name="Restart")).to_be_enabled(timeout=60_000)
+    expect(stepper.locator("input[placeholder^='user message']")).to_be_enabled(timeout=60_000)
 
 
 def _in_viewport(locator, width: int, height: int) -> dict:

@@ -94,6 +94,9 @@ def test_side_by_side_naive_vs_durable_delta(lab, scenario):
     assert 'data-broke="true"' in st._left_label.value and "naive" in st._left_label.value
     assert 'data-broke="false"' in st._partner_usage.value and "durable_delta" in st._partner_usage.value
     assert st.diff_view.path == "system[0]" and st.partner_diff.path is None  # a break; a pure append
+    st._user.value = "typed while side by side"  # typing enables Next turn in the pair mode too
+    assert not st._next_btn.disabled
+    st._user.value = ""
     st._pair_btn.value = False
     assert c.partner is None and st._partner_box.layout.display == "none" and not st._strategy.disabled
 
@@ -101,9 +104,10 @@ def test_side_by_side_naive_vs_durable_delta(lab, scenario):
 def test_editor_is_embedded_beside_the_diff(lab, scenario):
     st = _stepper(lab, scenario)
     assert st.editor() is st.knowledge
-    row = st.children[7]
-    assert st._editor_panel in row.children and st.knowledge in st._editor_panel.children
-    assert st.diff_view in row.children[0].children[1].children  # the diff's scroll box, left of the editor
+    row = next(c for c in st.children if st._editor_panel in getattr(c, "children", ()))
+    assert st.knowledge in st._editor_panel.children
+    left = row.children[0]
+    assert st._header in left.children and st.diff_view in left.children[2].children  # left of the editor
 
 
 def test_every_editor_click_gives_feedback_with_new_entry_selected(lab, scenario):

@@ -76,6 +76,7 @@ class _View:
     _status: W.HTML
     _progress: W.IntProgress
     controller: Any
+    _busy = False  # a click is working (its controls are disabled)
 
     def _controls(self) -> list[W.Widget]:
         """Widgets to disable while a click works."""
@@ -107,6 +108,7 @@ class _View:
         """
         for w in self._controls():
             w.disabled = True
+        self._busy = True
         self._show_status(what + "…", kind="busy")
         bar = self._progress
         if total:
@@ -127,6 +129,7 @@ class _View:
             raise
         finally:
             bar.layout.display = "none"
+            self._busy = False
             if not failed:
                 # the status line first: a re-enabled button must never sit under a "working…" line
                 self._show_final_status()
@@ -414,7 +417,7 @@ class Stepper(_View, W.VBox):
         self._reply = W.Text(placeholder="assistant reply (optional)",
                              layout=W.Layout(width="220px", flex="0 1 auto", min_width="110px"))
         self._slider = W.IntSlider(value=0, min=0, max=0, description="request", continuous_update=False,
-                                   disabled=True)
+                                   disabled=True, layout=W.Layout(width="320px", flex="0 1 auto"))
         self._status = W.HTML()
         self._progress = _progress_widget()
         self._header = W.HTML()
@@ -438,8 +441,7 @@ class Stepper(_View, W.VBox):
                                         tooltip="play both strategies in lockstep; edits go to both")
         self._status.add_class("pcnb-stepper-status")
         # the diff scrolls inside its box, so the editor beside it stays on screen
-        diff_box = W.Box([self.diff_view], layout=W.Layout(flex="1 1 520px", min_width="0", max_height="440px",
-                                                             overflow="auto"))
+        diff_box = W.Box([self.diff_view], layout=W.Layout(min_width="0", max_height="360px", overflow="auto"))
         diff_box.add_class("pcnb-stepper-diff")
         # the side-by-side partner: its usage line and diff (hidden until the mode is on)
         self._partner_usage = W.HTML()
@@ -448,7 +450,9 @@ class Stepper(_View, W.VBox):
             max_height="400px", overflow="auto"))], layout=W.Layout(flex="1 1 480px", min_width="0", display="none"))
         self._partner_box.add_class("pcnb-stepper-partner")
         self._left_label = W.HTML()
-        self._left = W.VBox([self._left_label, diff_box], layout=W.Layout(flex="1 1 520px", min_width="0"))
+        # the header sits over the diff, so the editor beside them starts right under the status line
+        self._left = W.VBox([self._left_label, self._header, diff_box],
+                            layout=W.Layout(flex="1 1 520px", min_width="0"))
         #: the embedded knowledge editor (``stepper.editor()`` returns it)
         self.knowledge = KnowledgeEditor(self, compact=True)
         self._editor_panel = W.Accordion(children=[self.knowledge], titles=("knowledge editor",), selected_index=0,
@@ -457,8 +461,8 @@ class Stepper(_View, W.VBox):
         super().__init__([
             W.HBox([self._next_btn, self._run_btn, self._restart_btn, self._strategy, self._pair_btn],
                    layout=W.Layout(flex_flow="row wrap")),
-            W.HBox([self._user, self._reply]),
-            self._status, self._progress, self._slider, self._header, self._error,
+            W.HBox([self._user, self._reply, self._slider], layout=W.Layout(flex_flow="row wrap")),
+            self._status, self._progress, self._error,
             W.HBox([self._left, self._partner_box, self._editor_panel],
                    layout=W.Layout(flex_flow="row wrap", align_items="flex-start", width="100%")),
             W.HBox([self._usage, self._observation]),
@@ -510,7 +514,7 @@ class Stepper(_View, W.VBox):
 
     def _on_typing(self, change: dict[str, Any]) -> None:
         enabled = self.controller.can_next(change["new"] or "")
-        if self._next_btn.disabled == enabled and not self._restart_btn.disabled:  # not while a click works
+        if self._next_btn.disabled == enabled and not self._busy:  # never while a click works
             self._next_btn.disabled = not enabled
 
     def _on_strategy(self, change: dict[str, Any]) -> None:
@@ -733,7 +737,7 @@ class KnowledgeEditor(_View, W.VBox):
         self._shown: dict[str, dict[str, Any]] = {}  # rows in the picker, by id
         self._last_page = _html.knowledge_page([])
         self._syncing = False
-        self._list: W.Widget = (W.Box([self._table], layout=W.Layout(max_height="150px", overflow="auto"))
+        self._list: W.Widget = (W.Box([self._table], layout=W.Layout(max_height="110px", overflow="auto"))
                                 if compact else self._table)
         super().__init__([self._list, *self._form])
         self.add_class("pcnb-knowledge-editor")
