@@ -7,9 +7,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._data import data_path
 from .errors import PromptCacheError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 # Scenarios ship inside the package (read through importlib.resources), so a plain `pip install` can run `demo`.
 SCENARIOS = data_path("scenarios")
@@ -108,28 +112,69 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     import promptcache_nb as pc
 
+    from .importers._ingest import BREAKS_VS_REBUILDS, UNCACHED_NOTE
+
     with pc.Lab(args.db, progress=not args.quiet) as lab:
         res = lab.import_log(args.paths, format=args.format, project=args.project)
-        summary = res.summary()
+        summary = res.summary(full_paths=args.full_paths)
         rebuilds = [pc.rebuilds(s) for s in res.sessions]
     print(f"{res!r} into {args.db} — token figures are measured (usage reported by the endpoint)")
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 200):
         if len(summary):
-            print(summary.to_string(index=False))
+            print(_fit(summary))
+            print(_wrap(BREAKS_VS_REBUILDS + " " + UNCACHED_NOTE))
         for s, rb in zip(res.sessions, rebuilds, strict=True):
             if len(rb):
                 # the evidence dict and the long explanation are in pc.rebuilds(s); here, one line each
                 print(f"\n{s.id}: {len(rb)} rebuilds (requests that sent again > 256 tokens the cache held)")
-                print(rb[["idx", "at", "gap_seconds", "lost_tokens", "cause"]].to_string(index=False, max_rows=20))
+                print(_fit(rb[["idx", "at", "gap_seconds", "lost_tokens", "cause"]], max_rows=20))
         if res.unknown_models:
             print("\nmodels without a price (cost left empty): " + ", ".join(res.unknown_models))
         if len(res.notes):
             print(f"\n{len(res.notes)} requests priced with an assumption:")
-            print(res.notes.to_string(index=False, max_rows=20))
+            print(_fit(res._relative_files(res.notes), max_rows=20))
         if len(res.skipped):
             print(f"\n{len(res.skipped)} skipped:")
-            print(res.skipped.to_string(index=False, max_rows=20))
+            print(_fit(res._relative_files(res.skipped), max_rows=20))
     return 0
+
+
+#: Columns the CLI cuts first when a table is too wide.
+CUT_FIRST = ("source", "source_path", "file", "reason", "note", "cause", "problem", "path")
+#: The width the CLI's import tables fit (longer text cells end in "…"; ``--full-paths`` for whole paths).
+TABLE_WIDTH = 120
+
+
+def _fit(df: pd.DataFrame, *, width: int = TABLE_WIDTH, max_rows: int | None = None) -> str:
+    """``df.to_string`` no wider than ``width``: the widest text column is cut (ending in "…") until it fits;
+    missing values print empty, never ``NaN``/``None``."""
+    df = df.astype(object).where(df.notna(), "")
+    df = df.map(lambda v: " ".join(v.split()) if isinstance(v, str) else v)  # one line per row
+
+    def text() -> str:
+        return df.to_string(index=False, max_rows=max_rows)
+
+    out = text()
+    while max(map(len, out.splitlines() or [""])) > width:
+        lengths = {c: df[c].map(lambda v: len(v) if isinstance(v, str) else 0).max() for c in df.columns}
+        # cut paths and prose before identifiers (a session id or a model id cut short is useless)
+        cuttable = [c for c in CUT_FIRST if c in lengths and lengths[c] > 12] or [
+            c for c in lengths if lengths[c] > 8]
+        if not cuttable:
+            break  # nothing left to cut: numbers only
+        col = max(cuttable, key=lambda c: lengths[c])
+        longest = lengths[col]
+        over = max(map(len, out.splitlines())) - width
+        keep = max(12 if col in CUT_FIRST else 8, longest - over - 1)
+        df[col] = df[col].map(lambda v, k=keep: v if not isinstance(v, str) or len(v) <= k else v[:k - 1] + "…")
+        out = text()
+    return out
+
+
+def _wrap(text: str, *, width: int = TABLE_WIDTH) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=width)
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -212,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--project", default=None, help="knowledge project for the imported sessions "
                                                    "(default: imported/<format>)")
     i.add_argument("--quiet", action="store_true", help="no progress bars")
+    i.add_argument("--full-paths", action="store_true",
+                   help="add a source_path column with each session's full log path (default: sources relative "
+                        "to the paths given)")
     i.set_defaults(fn=cmd_import)
     a = sub.add_parser("advise", help="what to change, and what it would have saved: every fix replayed on the "
                                       "stored traffic, ranked by dollars (simulated counterfactual)",

@@ -146,3 +146,41 @@ def test_switch_needs_a_scenario(lab):
     c = StepperController(lab.session(system="You are terse."))
     with pytest.raises(SessionError, match="needs a scenario"):
         c.switch_strategy("naive")
+
+
+# -- readable by default (#26 item 3) ----------------------------------------------------------------------------
+
+LOGS = pc.data_path("logs")
+KEY_COLUMNS = ["session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd"]
+
+
+def test_import_summary_key_columns_first_relative_sources_no_nan(lab):
+    res = lab.import_log(LOGS / "claude_code", progress=False)
+    df = res.summary()
+    assert list(df.columns[:6]) == KEY_COLUMNS and "source_path" not in df
+    assert df["parent"].notna().all() and "" in set(df["parent"])  # "no parent" is empty, never NaN
+    root = str(LOGS.resolve())
+    assert not any(root in s for s in df["source"]) and all(s.startswith("claude-code:") for s in df["source"])
+    full = res.summary(full_paths=True)
+    assert all(root in s for s in full["source_path"])
+    html = res._repr_html_()
+    assert "NaN" not in html and f'title="claude-code:{root}' in html
+    assert "uncached input (input_tokens)" in html and "a compaction is a break without a rebuild" in html
+    one = lab.import_log(next((LOGS / "codex").rglob("*.jsonl")), progress=False)  # a single file: its name
+    assert all(s.endswith(".jsonl") and "/" not in s.split(":", 1)[1] for s in one.summary()["source"])
+
+
+def test_cli_import_tables_fit_120_columns(tmp_path, capsys):
+    from promptcache_nb.cli import main
+
+    assert main(["import", str(LOGS), "--db", str(tmp_path / "x.duckdb"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    table = lines[1:lines.index("")] if "" in lines else lines[1:]
+    assert max(len(line) for line in table) <= 120, max(table, key=len)
+    assert all(len(line) <= 120 for line in lines[1:]), max(lines[1:], key=len)
+    assert "NaN" not in out and "None" not in out and str(LOGS.resolve()) not in out
+    assert lines[1].split()[:6] == KEY_COLUMNS
+    assert "…" in out  # long text cells are cut with an ellipsis
+    assert main(["import", str(LOGS / "har"), "--db", str(tmp_path / "y.duckdb"), "--quiet", "--full-paths"]) == 0
+    assert "source_path" in capsys.readouterr().out
