@@ -33,9 +33,15 @@ def _fresh_db(path: Path) -> Path:
 
 def _scenario_path(name: str) -> Path:
     """A scenario file, or the name of one shipped with the package (``tiny``, ``support_agent``...)."""
-    path = Path(name)
+    path = Path(name).expanduser()
     if not path.exists() and (SCENARIOS / f"{name}.yaml").exists():
         return SCENARIOS / f"{name}.yaml"
+    if not path.exists():
+        from .errors import ScenarioError
+
+        bundled = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
+        raise ScenarioError(name, None, "scenario", f"no such file and no bundled scenario of that name; "
+                                                    f"bundled: {bundled}")
     return path
 
 
@@ -112,8 +118,10 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     import promptcache_nb as pc
 
-    from .importers._ingest import BREAKS_VS_REBUILDS, UNCACHED_NOTE
+    from .importers._ingest import BREAKS_VS_REBUILDS, UNCACHED_NOTE, expand_paths
 
+    # a missing path fails here, before the store exists: a failed command leaves no empty .duckdb behind
+    expand_paths(args.paths)
     with pc.Lab(args.db, progress=not args.quiet) as lab:
         res = lab.import_log(args.paths, format=args.format, project=args.project)
         summary = res.summary(full_paths=args.full_paths)
@@ -249,7 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("query", help='e.g. "select idx, cache_reason, cache_read_input_tokens from turns"; tables: '
                                  "see README, Schema")
     q.set_defaults(fn=cmd_sql)
-    i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, vcr, HAR, proxy exchanges, OTLP JSON)")
+    i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, vcr, HAR, proxy exchanges, OTLP JSON)",
+                       description="Import agent logs (files, folders walked whole, globs) into a store: one session "
+                                   "per conversation, measured usage, why each request hit or missed the cache. "
+                                   "Re-importing a growing log adds only the new requests. Prints one row per "
+                                   "session (sources relative to the paths given) and what was skipped, and why.")
     i.add_argument("paths", nargs="+", help="files, directories (walked) or globs")
     i.add_argument("--db", required=True, help="the DuckDB store to import into (created if missing)")
     i.add_argument("--format", default="auto",
@@ -271,7 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "fleet roll-up)")
     a.set_defaults(fn=cmd_advise)
     x = sub.add_parser("proxy", help="record an agent's API calls: forward to --upstream, append one line per "
-                                     "call to --log (the `exchanges` format `import` reads)")
+                                     "call to --log (the `exchanges` format `import` reads)",
+                       description="A recording proxy: point the agent's base URL at it; every call is forwarded "
+                                   "to --upstream unchanged and appended to --log (API keys are never written), "
+                                   "ready for `promptcache-nb import`.")
     x.add_argument("--upstream", required=True, help="the API origin, e.g. https://api.anthropic.com")
     x.add_argument("--log", required=True, metavar="FILE.jsonl", help="JSON Lines file to append to")
     x.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
@@ -279,7 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(fn=cmd_proxy)
     from .live.server import add_serve_arguments, run_serve
 
-    v = sub.add_parser("serve", help="run a local Messages-compatible endpoint backed by a cache model")
+    v = sub.add_parser("serve", help="run a local Messages-compatible endpoint backed by a cache model",
+                       description="Serve POST /v1/messages on loopback: answers come from a cache model "
+                                   "(simulated usage: cache read / write per request), so the anthropic SDK or an "
+                                   "agent can run offline, with no API key.")
     add_serve_arguments(v)  # --host (127.0.0.1) --port (8765; 0 = any) --cache (anthropic) --ttft SECONDS
     v.set_defaults(fn=run_serve)
     return p

@@ -184,3 +184,47 @@ def test_cli_import_tables_fit_120_columns(tmp_path, capsys):
     assert "…" in out  # long text cells are cut with an ellipsis
     assert main(["import", str(LOGS / "har"), "--db", str(tmp_path / "y.duckdb"), "--quiet", "--full-paths"]) == 0
     assert "source_path" in capsys.readouterr().out
+
+
+# -- first contact (#26 item 5, the small ones) ------------------------------------------------------------------
+
+
+def test_readme_offline_blocks_run_from_any_folder(tmp_path, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    monkeypatch.chdir(tmp_path)  # not the repository: bundled files come from pc.data_path
+    scope: dict = {}
+    for block in blocks[:2]:  # the ten-line notebook and the comparison (the others need a key or a log)
+        exec(compile(block, "README.md", "exec"), scope)
+    assert "Usage(" in capsys.readouterr().out and len(scope["sessions"]) == len(pc.STRATEGIES)
+    scope["lab"].close()
+    assert "session_id" in readme.split("promptcache-nb sql runs.duckdb", 1)[1].splitlines()[0]
+
+
+def test_demo_unknown_scenario_lists_the_bundled_names(tmp_path, capsys):
+    from promptcache_nb.cli import main
+
+    assert main(["demo", "--scenario", "nope", "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "bundled: " in err and "support_agent" in err and "knowledge_churn" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_failed_import_leaves_no_store(tmp_path, capsys):
+    from promptcache_nb.cli import main
+
+    db = tmp_path / "x.duckdb"
+    assert main(["import", str(tmp_path / "nonexistent"), "--db", str(db)]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+    assert not db.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_every_subcommand_has_a_description():
+    from promptcache_nb.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    missing = [name for name, parser in sub.choices.items() if not parser.description]
+    assert missing == []
