@@ -228,3 +228,17 @@ def test_every_subcommand_has_a_description():
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     missing = [name for name, parser in sub.choices.items() if not parser.description]
     assert missing == []
+
+
+def test_committed_notebook_outputs_hold_no_local_path():
+    import json
+    import re
+    from pathlib import Path
+
+    local = re.compile(r"(/work/|/home/[a-z]|/Users/|/tmp/|/root/|site-packages|[A-Z]:\\\\Users)")
+    found = []
+    for nb in sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")):
+        for n, cell in enumerate(json.loads(nb.read_text(encoding="utf-8"))["cells"]):
+            text = json.dumps(cell.get("outputs", []))
+            found += [f"{nb.name} cell {n}: {m.group(0)}" for m in local.finditer(text)]
+    assert found == []
