@@ -242,3 +242,23 @@ def test_committed_notebook_outputs_hold_no_local_path():
             text = json.dumps(cell.get("outputs", []))
             found += [f"{nb.name} cell {n}: {m.group(0)}" for m in local.finditer(text)]
     assert found == []
+
+
+# -- DiffView states the right reason when segment states are missing (#26 item 4) -------------------------------
+
+
+def test_diffview_names_the_right_reason_for_missing_segment_states(lab, scenario):
+    s = lab.replay(scenario, strategy="durable_delta", stop_after=2)
+    t1, t2 = s.turn(1), s.turn(2)
+    bare = pc.widgets.DiffView(t2.diff)  # simulated, but no states passed
+    assert "no segment states were passed" in bare.html and "measured usage" not in bare.html
+    full = pc.widgets.DiffView.for_turns(t2, previous=t1)
+    assert "pcnb-segmap-missing" not in full.html
+    imported = lab.import_log(pc.data_path("logs", "claude_code_gaps"), progress=False).sessions[0]
+    st = StepperController(imported)
+    st._states.update({i: () for i in range(imported.n_turns)})  # measured: the store holds no segment states
+    v = st.show(1)
+    assert "measured usage: the API reports totals" in v.segment_map_html()
+    sim = StepperController(s)
+    sim._states[2] = ()
+    assert "the cache model reported no state per segment" in sim.view(2).segment_map_html()

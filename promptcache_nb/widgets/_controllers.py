@@ -158,8 +158,13 @@ class TurnView:
     def diff_html(self) -> str:
         return _html.side_by_side_html(self.previous, self.current, diff=self.diff)
 
+    @property
+    def no_states_reason(self) -> str:
+        """Why this request has no per-segment states (used only when it has none)."""
+        return _html.NO_STATES_MEASURED if self.usage.measured else _html.NO_STATES_SIMULATED
+
     def segment_map_html(self) -> str:
-        return _html.segment_map_html(self.current.segments, self.segment_states)
+        return _html.segment_map_html(self.current.segments, self.segment_states, why=self.no_states_reason)
 
 
 class _Observable:

@@ -277,13 +277,23 @@ def _table(head: str, rows: list[str], details: str = "") -> str:
     )
 
 
-def segment_map_html(segments: Sequence[Segment], states: Sequence[str]) -> str:
-    """A strip with one box per segment, as wide as its tokens, coloured read / write / uncached."""
+#: Why a segment map has no states, by case (the map says the one that applies, never a guess).
+NO_STATES_MEASURED = "measured usage: the API reports totals, not a state per segment"
+NO_STATES_SIMULATED = "the cache model reported no state per segment for this request"
+NO_STATES_GIVEN = ("no segment states were passed: DiffView.for_turns(turn) or states=turn.segment_states "
+                   "colours them")
+
+
+def segment_map_html(segments: Sequence[Segment], states: Sequence[str], *, why: str | None = None) -> str:
+    """A strip with one box per segment, as wide as its tokens, coloured read / write / uncached.
+
+    Without states, one line says why (``why``: :data:`NO_STATES_MEASURED`, :data:`NO_STATES_SIMULATED` or
+    :data:`NO_STATES_GIVEN`, the default)."""
     if not segments:
         return ""
     if len(states) != len(segments):
-        return (f'<div style="{_BOX}color:#777;font-size:12px">segment map: no per-segment cache states '
-                "for this turn (measured usage, or a cache model that does not report them)</div>")
+        return (f'<div class="pcnb-segmap-missing" style="{_BOX}color:#777;font-size:12px">segment map: no '
+                f"per-segment cache states ({esc(why or NO_STATES_GIVEN)})</div>")
     total = sum(max(s.tokens, 1) for s in segments)
     boxes, sums = [], dict.fromkeys(STATE_COLORS, 0)
     for seg, st in zip(segments, states, strict=True):

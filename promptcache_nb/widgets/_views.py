@@ -248,7 +248,8 @@ class DiffView(W.VBox):
                    states=turn.segment_states)
 
     def update(self, diff: Any = None, *, previous: PreparedRequest | None = None,
-               current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = ()) -> None:
+               current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = (),
+               why: str | None = None) -> None:
         previous = previous if previous is not None else getattr(diff, "previous", None)
         current = current if current is not None else getattr(diff, "current", None)
         if current is None and diff is not None and hasattr(diff, "_repr_html_"):
@@ -256,7 +257,8 @@ class DiffView(W.VBox):
             seg_map = ""
         else:
             body = _html.side_by_side_html(previous, current, diff=diff)
-            seg_map = _html.segment_map_html(current.segments, tuple(states)) if current is not None else ""
+            seg_map = (_html.segment_map_html(current.segments, tuple(states), why=why)
+                       if current is not None else "")
         path = getattr(diff, "path", None)
         if path is None and diff is None and previous is not None and current is not None:
             k = _html.shared_segments(previous, current)
@@ -272,7 +274,8 @@ class DiffView(W.VBox):
         if view is None:
             self.update()
         else:
-            self.update(view.diff, previous=view.previous, current=view.current, states=view.segment_states)
+            self.update(view.diff, previous=view.previous, current=view.current, states=view.segment_states,
+                        why=view.no_states_reason)
 
     @property
     def html(self) -> str:
