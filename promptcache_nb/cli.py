@@ -147,6 +147,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The store's tables, named in ``sql --help`` (a test keeps the list equal to a migrated store's).
+STORE_TABLES = ("turns", "sessions", "knowledge", "projects", "blocks", "prefix_nodes", "session_messages",
+                "session_prompt_deltas", "session_pending_events", "session_state", "calibrations")
 #: Columns the CLI cuts first when a table is too wide.
 CUT_FIRST = ("source", "source_path", "file", "reason", "note", "cause", "problem", "path")
 #: The width the CLI's import tables fit (longer text cells end in "…"; ``--full-paths`` for whole paths).
@@ -252,10 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_replay)
     q = sub.add_parser("sql", help="run SQL against a promptcache_nb DuckDB file",
                        description="Run one SQL query against a store opened read-only (a missing file is an "
-                                   "error, never created) and print the result as a table.")
+                                   "error, never created) and print the result as a table. Tables: "
+                                   f"{', '.join(STORE_TABLES)} (one row per request in turns, keyed by "
+                                   "session_id and idx).")
     q.add_argument("db", metavar="FILE.duckdb", help="an existing store")
-    q.add_argument("query", help='e.g. "select idx, cache_reason, cache_read_input_tokens from turns"; tables: '
-                                 "see README, Schema")
+    q.add_argument("query", help='e.g. "select session_id, idx, cache_reason, cache_read_input_tokens from turns"')
     q.set_defaults(fn=cmd_sql)
     i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, vcr, HAR, proxy exchanges, OTLP JSON)",
                        description="Import agent logs (files, folders walked whole, globs) into a store: one session "

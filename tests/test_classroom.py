@@ -262,3 +262,13 @@ def test_diffview_names_the_right_reason_for_missing_segment_states(lab, scenari
     sim = StepperController(s)
     sim._states[2] = ()
     assert "the cache model reported no state per segment" in sim.view(2).segment_map_html()
+
+
+def test_sql_help_lists_the_store_tables(lab):
+    from promptcache_nb.cli import STORE_TABLES, build_parser
+
+    tables = set(lab.sql("select table_name from information_schema.tables where table_schema = 'main'").table_name)
+    assert set(STORE_TABLES) == tables - {"_migrations"}
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    text = sub.choices["sql"].format_help()
+    assert "see README" not in text and all(t in " ".join(text.split()) for t in STORE_TABLES)
