@@ -272,3 +272,27 @@ def test_sql_help_lists_the_store_tables(lab):
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     text = sub.choices["sql"].format_help()
     assert "see README" not in text and all(t in " ".join(text.split()) for t in STORE_TABLES)
+
+
+def test_compare_labels_its_figures_and_uses_one_efficiency_unit(scenario):
+    import re
+
+    cmp = pc.widgets.Compare(scenario, strategies=["naive", "durable_delta"])
+    try:
+        cmp.run(3)
+        table = cmp.controller.table_html()
+        summary = cmp.summary()
+        assert "efficiency (0–1)" in table
+        for eff in summary["efficiency"]:
+            assert f">{eff:.3f}<" in table  # the ratio, as the CLI and the report print it
+        assert not re.search(r">\d+\.\d%<", table.split("efficiency")[1].split("cache write")[0])
+        assert 'data-field="usage-label">simulated (estimated tokens)' in cmp._header.value
+        fig = cmp.figure()
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        assert ax.yaxis.get_offset_text().get_text() == ""  # never a "1e6" above the axis
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert any("," in t for t in labels), labels
+        assert all("%" not in t.get_text() for t in ax.texts)
+    finally:
+        cmp.controller.close()

@@ -122,12 +122,16 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     ax.bar(x, write, bottom=read, color=COLORS["write"], label="cache write")
     ax.bar(x, uncached, bottom=read + write, color=COLORS["uncached"], label="uncached")
     for i, (eff, cost) in enumerate(zip(summary["efficiency"], summary["cost_usd"], strict=True)):
-        eff_txt = "n/a" if pd.isna(eff) else f"{100 * float(eff):.0f}%"
+        eff_txt = "n/a" if pd.isna(eff) else f"{float(eff):.2f}"  # a ratio 0–1, as in every table
         ax.annotate(f"{eff_txt}\n${float(cost):.3f}", (i, read[i] + write[i] + uncached[i]), ha="center",
                     va="bottom", fontsize="x-small", xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(x, names, rotation=20, ha="right", fontsize="small")
     ax.set_ylabel("input tokens (sum)")
-    ax.set_title("input tokens per strategy (label: efficiency vs ideal, cost)")
+    # whole numbers with separators: never matplotlib's "1e6" offset above the axis
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+    ax.set_title("input tokens per strategy (label: efficiency 0–1 vs ideal, cost)")
     top = float((read + write + uncached).max()) if len(names) else 1.0
     ax.set_ylim(0, top * 1.3 or 1.0)  # room for the labels above the tallest bar
     # outside the axes, to the right: inside, it covered the first bar's label

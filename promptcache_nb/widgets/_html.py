@@ -615,7 +615,8 @@ def summary_table_html(rows: Sequence[dict[str, Any]]) -> str:
         ("strategy", "strategy", lambda v: f"<code>{esc(v)}</code>"),
         ("requests", "requests", fmt_int),
         ("cache read %", "cache_read_pct", lambda v: f"{float(v):.1f}%"),
-        ("efficiency", "efficiency", lambda v: "n/a" if _isna(v) else f"{100 * float(v):.1f}%"),
+        # a ratio 0–1, as the CLI, the report and compare_df give it (one unit everywhere)
+        ("efficiency (0–1)", "efficiency", lambda v: "n/a" if _isna(v) else f"{float(v):.3f}"),
         ("cache write", "cache_write", fmt_int),
         ("uncached", "uncached", fmt_int),
         ("breaks", "breaks", fmt_int),

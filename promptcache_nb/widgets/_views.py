@@ -1024,7 +1024,8 @@ class Compare(_View, W.VBox):
         header = (f'<div style="font-size:13px"><b>{_html.esc(sc.name)}</b> '
                   f'under {len(c.strategies)} strategies '
                   f'(cache model <code>{_html.esc(c.cache)}</code>): <span data-field="played">{played} of '
-                  f"{len(sc.turns)}</span> scenario turns played · {state}</div>")
+                  f"{len(sc.turns)}</span> scenario turns played · {state} · token figures "
+                  f'<span data-field="usage-label">{_html.esc(_compare_label(c))}</span></div>')
         png = _png(plot_compare(summary)) if played else b""
         with _batch(self, self._header, self._table, self._image):
             self._header.value = header
@@ -1040,6 +1041,15 @@ class Compare(_View, W.VBox):
         c = self.controller
         return (f"Compare(scenario={c.scenario.name!r}, strategies={len(c.strategies)}, cache={c.cache!r}, "
                 f"played='{self.played} of {len(c.scenario.turns)}')")
+
+
+def _compare_label(c: CompareController) -> str:
+    """simulated (estimated tokens) or measured: what the Compare's figures are."""
+    for s in c.sessions:
+        last = s.last_turn
+        if last is not None:
+            return last.usage.label
+    return "simulated (estimated tokens)"  # Compare replays through the simulator unless a lab says otherwise
 
 
 class WhatIf(_View, W.VBox):
