@@ -296,3 +296,16 @@ def test_compare_labels_its_figures_and_uses_one_efficiency_unit(scenario):
         assert all("%" not in t.get_text() for t in ax.texts)
     finally:
         cmp.controller.close()
+
+
+def test_missing_api_key_is_one_line_authentication_error(monkeypatch):
+    import anthropic
+
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    with pc.SimulatorServer() as server, pc.Lab(progress=False) as lab:
+        backend = pc.AnthropicBackend(anthropic.Anthropic(base_url=server.base_url, max_retries=0))
+        with pytest.raises(pc.errors.AuthenticationError) as info:
+            lab.replay(pc.data_path("scenarios", "tiny.yaml"), backend=backend, stop_after=1)
+        text = str(info.value)
+        assert "ANTHROPIC_API_KEY" in text and "\n" not in text
