@@ -309,3 +309,16 @@ def test_missing_api_key_is_one_line_authentication_error(monkeypatch):
             lab.replay(pc.data_path("scenarios", "tiny.yaml"), backend=backend, stop_after=1)
         text = str(info.value)
         assert "ANTHROPIC_API_KEY" in text and "\n" not in text
+
+
+def test_progress_bars_only_where_someone_watches(capsys):
+    from promptcache_nb._util import _NoBar, progress_bar
+
+    # pytest captures stderr (not a terminal) and runs no kernel: a log, not a screen
+    assert isinstance(progress_bar(total=5, desc="x", enabled=True), _NoBar)
+    assert isinstance(progress_bar(total=0, desc="x", enabled=True), _NoBar)
+    with pc.Lab() as lab:  # progress on by default
+        lab.replay(pc.data_path("scenarios", "tiny.yaml"), stop_after=0)
+        lab.replay(pc.data_path("scenarios", "tiny.yaml"), stop_after=1)
+    err = capsys.readouterr().err
+    assert "\r" not in err and "it/s" not in err and "%|" not in err
