@@ -442,6 +442,9 @@ def test_quickstart_widgets_in_chromium(lab_server):
                 expect(static.get_by_text("Error displaying widget")).to_have_count(0)
                 if kind == "Compare":
                     assert snap.locator("img").evaluate("img => img.naturalWidth") > 0
+                else:  # left-aligned as the live widget, not right-aligned by nbconvert's table CSS
+                    cell = snap.locator(".pcnb-knowledge td").first
+                    assert cell.evaluate("e => getComputedStyle(e).textAlign") in ("left", "start")
                 snap.scroll_into_view_if_needed()
                 static.screenshot(path=str(OUT / f"10_unrun_{name.split('_')[0]}_static.png"))
             assert dialogs == [], f"a dialog opened: {dialogs}"

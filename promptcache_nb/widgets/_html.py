@@ -488,13 +488,21 @@ def png_html(png: bytes, *, alt: str) -> str:
     return f'<img alt="{esc(alt)}" style="max-width:100%" src="data:image/png;base64,{data}">'
 
 
+#: nbconvert's and JupyterLab's rendered-HTML styles right-align table cells; a snapshot reads like the live
+#: widget, left-aligned (cells that align numbers right say so in their own inline style, which wins).
+#: (specific enough to beat ``:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td``)
+SNAPSHOT_CSS = ("div.pcnb-snapshot.pcnb-snapshot td, div.pcnb-snapshot.pcnb-snapshot th, "
+                "div.pcnb-snapshot.pcnb-snapshot tr { text-align: left; vertical-align: top; }")
+
+
 def snapshot_html(kind: str, body: str) -> str:
     """A widget's static snapshot: what a notebook shows where no kernel runs (GitHub, nbviewer, nbconvert).
 
     The live widget view is preferred wherever ipywidgets runs; this HTML is the fallback beside it in the
     same output, so an unrun notebook still shows the widget's state when its cell last ran.
     """
-    return (f'<div class="pcnb-snapshot pcnb-snapshot-{esc(kind)}" style="{_BOX}">'
+    return (f'<div class="pcnb-snapshot pcnb-snapshot-{esc(kind)}" style="{_BOX}text-align:left">'
+            f"<style>{SNAPSHOT_CSS}</style>"
             '<div style="font-size:11px;color:#777;margin-bottom:2px">static snapshot of the '
             f"{esc(kind)} widget as its cell last ran (run the notebook for the live widget)</div>"
             f"{body}</div>")

@@ -662,6 +662,7 @@ class Stepper(_View, W.VBox):
             parts.append('<div style="display:flex;gap:6px"><div style="width:38%">'
                          f'{self._usage.value}</div><div style="width:62%">{self._observation.value}</div></div>')
         parts.append(self.diff_view.html)
+        parts.append(self.knowledge._table.value)  # the embedded editor's list
         parts.append(_html.png_html(self.chart.png, alt="savings chart") + self.chart._caption.value)
         return _html.snapshot_html("Stepper", "".join(parts))
 
