@@ -322,3 +322,14 @@ def test_progress_bars_only_where_someone_watches(capsys):
         lab.replay(pc.data_path("scenarios", "tiny.yaml"), stop_after=1)
     err = capsys.readouterr().err
     assert "\r" not in err and "it/s" not in err and "%|" not in err
+
+
+def test_savings_charts_compared_side_by_side_share_the_dollar_axis(lab, scenario):
+    frames = [lab.replay(scenario, strategy=name).turns() for name in ("naive", "durable_delta")]
+    lo, hi = pc.plots.saved_limits(*frames)
+    for df in frames:
+        saved = (df["cost_no_cache_usd"] - df["cost_usd"]).cumsum()
+        assert lo <= saved.min() and saved.max() <= hi
+    a = pc.plots.plot_savings(frames[0], saved_ylim=(lo, hi))
+    b = pc.plots.plot_savings(frames[1], saved_ylim=(lo, hi))
+    assert a.axes[1].get_ylim() == b.axes[1].get_ylim() == (lo, hi)
