@@ -146,9 +146,26 @@ class _NoBar:
 
 
 def progress_bar(*, total: int, desc: str, enabled: bool, unit: str = "it") -> Any:
-    """A tqdm.auto bar (a widget in Jupyter) for work of ``total`` steps, or a no-op when disabled."""
-    if not enabled:
+    """A tqdm.auto bar (a widget in Jupyter) for work of ``total`` steps, or a no-op when disabled, when there
+    is nothing to do (``total`` 0), or when no one watches: stderr is not a terminal and no notebook kernel runs
+    (a CI log or a redirected file would get a bar's carriage returns as one long line)."""
+    if not enabled or total <= 0 or not _watched():
         return _NoBar()
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, leave=False)
+
+
+def _watched() -> bool:
+    """True in a terminal or a Jupyter kernel: where a progress bar is seen rather than logged."""
+    import sys
+
+    stream = sys.stderr
+    if stream is not None and hasattr(stream, "isatty") and stream.isatty():
+        return True
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython comes with ipywidgets
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None

@@ -7,9 +7,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._data import data_path
 from .errors import PromptCacheError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 # Scenarios ship inside the package (read through importlib.resources), so a plain `pip install` can run `demo`.
 SCENARIOS = data_path("scenarios")
@@ -29,9 +33,15 @@ def _fresh_db(path: Path) -> Path:
 
 def _scenario_path(name: str) -> Path:
     """A scenario file, or the name of one shipped with the package (``tiny``, ``support_agent``...)."""
-    path = Path(name)
+    path = Path(name).expanduser()
     if not path.exists() and (SCENARIOS / f"{name}.yaml").exists():
         return SCENARIOS / f"{name}.yaml"
+    if not path.exists():
+        from .errors import ScenarioError
+
+        bundled = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
+        raise ScenarioError(name, None, "scenario", f"no such file and no bundled scenario of that name; "
+                                                    f"bundled: {bundled}")
     return path
 
 
@@ -116,6 +126,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     import promptcache_nb as pc
 
+    from .importers._ingest import BREAKS_VS_REBUILDS, UNCACHED_NOTE, expand_paths
+
     paths = args.paths
     if args.agent and not paths:
         from .importers._locations import agent_log_files
@@ -124,28 +136,72 @@ def cmd_import(args: argparse.Namespace) -> int:
     elif not paths:
         raise PromptCacheError("import: name files, directories or globs, or --agent NAME for an agent's usual "
                                "log location")
+    # a missing path fails here, before the store exists: a failed command leaves no empty .duckdb behind
+    expand_paths(paths)
     with pc.Lab(args.db, progress=not args.quiet) as lab:
         res = lab.import_log(paths, format=args.format, project=args.project)
-        summary = res.summary()
+        summary = res.summary(full_paths=args.full_paths)
         rebuilds = [pc.rebuilds(s) for s in res.sessions]
     print(f"{res!r} into {args.db} — token figures are measured (usage reported by the endpoint)")
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 200):
         if len(summary):
-            print(summary.to_string(index=False))
+            print(_fit(summary))
+            print(_wrap(BREAKS_VS_REBUILDS + " " + UNCACHED_NOTE))
         for s, rb in zip(res.sessions, rebuilds, strict=True):
             if len(rb):
                 # the evidence dict and the long explanation are in pc.rebuilds(s); here, one line each
                 print(f"\n{s.id}: {len(rb)} rebuilds (requests that sent again > 256 tokens the cache held)")
-                print(rb[["idx", "at", "gap_seconds", "lost_tokens", "cause"]].to_string(index=False, max_rows=20))
+                print(_fit(rb[["idx", "at", "gap_seconds", "lost_tokens", "cause"]], max_rows=20))
         if res.unknown_models:
             print("\nmodels without a price (cost left empty): " + ", ".join(res.unknown_models))
         if len(res.notes):
             print(f"\n{len(res.notes)} requests priced with an assumption:")
-            print(res.notes.to_string(index=False, max_rows=20))
+            print(_fit(res._relative_files(res.notes), max_rows=20))
         if len(res.skipped):
             print(f"\n{len(res.skipped)} skipped:")
-            print(res.skipped.to_string(index=False, max_rows=20))
+            print(_fit(res._relative_files(res.skipped), max_rows=20))
     return 0
+
+
+#: The store's tables, named in ``sql --help`` (a test keeps the list equal to a migrated store's).
+STORE_TABLES = ("turns", "sessions", "knowledge", "projects", "blocks", "prefix_nodes", "session_messages",
+                "session_prompt_deltas", "session_pending_events", "session_state", "calibrations")
+#: Columns the CLI cuts first when a table is too wide.
+CUT_FIRST = ("source", "source_path", "file", "reason", "note", "cause", "problem", "path")
+#: The width the CLI's import tables fit (longer text cells end in "…"; ``--full-paths`` for whole paths).
+TABLE_WIDTH = 120
+
+
+def _fit(df: pd.DataFrame, *, width: int = TABLE_WIDTH, max_rows: int | None = None) -> str:
+    """``df.to_string`` no wider than ``width``: the widest text column is cut (ending in "…") until it fits;
+    missing values print empty, never ``NaN``/``None``."""
+    df = df.astype(object).where(df.notna(), "")
+    df = df.map(lambda v: " ".join(v.split()) if isinstance(v, str) else v)  # one line per row
+
+    def text() -> str:
+        return df.to_string(index=False, max_rows=max_rows)
+
+    out = text()
+    while max(map(len, out.splitlines() or [""])) > width:
+        lengths = {c: df[c].map(lambda v: len(v) if isinstance(v, str) else 0).max() for c in df.columns}
+        # cut paths and prose before identifiers (a session id or a model id cut short is useless)
+        cuttable = [c for c in CUT_FIRST if c in lengths and lengths[c] > 12] or [
+            c for c in lengths if lengths[c] > 8]
+        if not cuttable:
+            break  # nothing left to cut: numbers only
+        col = max(cuttable, key=lambda c: lengths[c])
+        longest = lengths[col]
+        over = max(map(len, out.splitlines())) - width
+        keep = max(12 if col in CUT_FIRST else 8, longest - over - 1)
+        df[col] = df[col].map(lambda v, k=keep: v if not isinstance(v, str) or len(v) <= k else v[:k - 1] + "…")
+        out = text()
+    return out
+
+
+def _wrap(text: str, *, width: int = TABLE_WIDTH) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=width)
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
@@ -217,10 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_replay)
     q = sub.add_parser("sql", help="run SQL against a promptcache_nb DuckDB file",
                        description="Run one SQL query against a store opened read-only (a missing file is an "
-                                   "error, never created) and print the result as a table.")
+                                   "error, never created) and print the result as a table. Tables: "
+                                   f"{', '.join(STORE_TABLES)} (one row per request in turns, keyed by "
+                                   "session_id and idx).")
     q.add_argument("db", metavar="FILE.duckdb", help="an existing store")
-    q.add_argument("query", help='e.g. "select idx, cache_reason, cache_read_input_tokens from turns"; tables: '
-                                 "see README, Schema")
+    q.add_argument("query", help='e.g. "select session_id, idx, cache_reason, cache_read_input_tokens from turns"')
     q.set_defaults(fn=cmd_sql)
     dr = sub.add_parser("doctor", help="check a store: schema, migrations, NULLs and references; report problems",
                         description="Check a store without changing it (read-only): every table and column this "
@@ -229,8 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     "when problems are listed, 2 when the file cannot be opened.")
     dr.add_argument("db", metavar="FILE.duckdb", help="an existing store")
     dr.set_defaults(fn=cmd_doctor)
-    i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, Gemini CLI, OpenCode, Cline/Roo Code, "
-                                      "vcr, HAR, proxy exchanges, OTLP JSON)")
+    i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, pi, OpenClaw, Gemini CLI, OpenCode, "
+                                      "Cline/Roo Code, vcr, HAR, proxy exchanges, OTLP JSON)",
+                       description="Import agent logs (files, folders walked whole, globs) into a store: one session "
+                                   "per conversation, measured usage, why each request hit or missed the cache. "
+                                   "Re-importing a growing log adds only the new requests. Prints one row per "
+                                   "session (sources relative to the paths given) and what was skipped, and why.")
     i.add_argument("paths", nargs="*", help="files, directories (walked) or globs (default with --agent: the "
                                             "agent's usual log location)")
     i.add_argument("--agent", default=None, choices=AGENTS, metavar="AGENT",
@@ -241,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--project", default=None, help="knowledge project for the imported sessions "
                                                    "(default: imported/<format>)")
     i.add_argument("--quiet", action="store_true", help="no progress bars")
+    i.add_argument("--full-paths", action="store_true",
+                   help="add a source_path column with each session's full log path (default: sources relative "
+                        "to the paths given)")
     i.set_defaults(fn=cmd_import)
     a = sub.add_parser("advise", help="what to change, and what it would have saved: every fix replayed on the "
                                       "stored traffic, ranked by dollars (simulated counterfactual)",
@@ -252,7 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "fleet roll-up)")
     a.set_defaults(fn=cmd_advise)
     x = sub.add_parser("proxy", help="record an agent's API calls: forward to --upstream, append one line per "
-                                     "call to --log (the `exchanges` format `import` reads)")
+                                     "call to --log (the `exchanges` format `import` reads)",
+                       description="A recording proxy: point the agent's base URL at it; every call is forwarded "
+                                   "to --upstream unchanged and appended to --log (API keys are never written), "
+                                   "ready for `promptcache-nb import`.")
     x.add_argument("--upstream", required=True, help="the API origin, e.g. https://api.anthropic.com")
     x.add_argument("--log", required=True, metavar="FILE.jsonl", help="JSON Lines file to append to")
     x.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
@@ -263,7 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(fn=cmd_proxy)
     from .live.server import add_serve_arguments, run_serve
 
-    v = sub.add_parser("serve", help="run a local Messages-compatible endpoint backed by a cache model")
+    v = sub.add_parser("serve", help="run a local Messages-compatible endpoint backed by a cache model",
+                       description="Serve POST /v1/messages on loopback: answers come from a cache model "
+                                   "(simulated usage: cache read / write per request), so the anthropic SDK or an "
+                                   "agent can run offline, with no API key.")
     add_serve_arguments(v)  # --host (127.0.0.1) --port (8765; 0 = any) --cache (anthropic) --ttft SECONDS
     v.set_defaults(fn=run_serve)
     return p

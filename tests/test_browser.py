@@ -8,7 +8,10 @@ shows a Compare widget), then drives the widgets as a student would:
    the scenario ends: the event is skipped with a notice, nothing fails;
 3. a hostile knowledge entry (bidi override, zero-width space, an ``<img onerror>``): no dialog, no
    injected element, the override shown as ``⟨RLO⟩`` in the table, the picker and the diff;
-4. "Restart": the status line says the next request is byte-identical;
+4. "Restart": the status line says the next request is byte-identical; at the end "Next turn" is disabled
+   and says "scenario finished — type a message to continue";
+4b. the teaching controls at 1280×720: the diff and the embedded editor in one viewport, the strategy
+   selector (naive breaks on an edit, live), the side-by-side naive vs durable_delta mode;
 5. Compare "Run to end": buttons disabled and a progress bar while it works, then the finished table;
 6. the *committed* notebooks rendered without a kernel (nbconvert, as GitHub or nbviewer would): the
    widgets' static HTML snapshots are there.
@@ -169,14 +172,45 @@ def _played(page) -> str:
 
 
 def _next(page, stepper, next_btn) -> None:
-    """Click "Next turn" and wait until the click is done (the button is enabled again)."""
+    """Click "Next turn" and wait until the click is done (the status line is no longer busy; at the end of
+    the scenario the button then stays disabled)."""
     before = _request_number(page)
     next_btn.click()
     from playwright.sync_api import expect
 
     expect(stepper.locator(".pcnb-header [data-field=request]")).not_to_have_text(f"Request {before}",
                                                                                    timeout=60_000)
-    expect(next_btn).to_be_enabled(timeout=60_000)
+    expect(stepper.locator(".pcnb-stepper-status .pcnb-status[data-kind=busy]")).to_have_count(0, timeout=60_000)
+    expect(stepper.locator("input[placeholder^='user message']")).to_be_enabled(timeout=60_000)
+
+
+def _in_viewport(locator, width: int, height: int) -> dict:
+    box = locator.bounding_box()
+    assert box is not None, f"{locator} is not rendered"
+    assert box["x"] >= 0 and box["y"] >= 0, box
+    assert box["x"] + box["width"] <= width + 1 and box["y"] + box["height"] <= height + 1, box
+    return box
+
+
+def _read_and_ideal(usage_text: str) -> tuple[int, int]:
+    read = re.search(r"cache read\s+([\d,]+)", usage_text)
+    ideal = re.search(r"ideal[^\d]*([\d,]+)", usage_text)
+    assert read and ideal, usage_text
+    return int(read.group(1).replace(",", "")), int(ideal.group(1).replace(",", ""))
+
+
+def _edit_and_send(page, stepper, editor, next_btn, content: str) -> None:
+    """Edit "Airflow retries" in the embedded editor, then send a typed message."""
+    from playwright.sync_api import expect
+
+    _pick(editor, "Airflow retries")
+    expect(editor.locator(".widget-text input").first).to_have_value("Airflow retries")
+    editor.locator("textarea").fill(content)
+    editor.get_by_role("button", name="Save changes").click()
+    expect(editor).to_contain_text("updated")
+    stepper.locator("input[placeholder^='user message']").fill("What changed in the notes?")
+    expect(next_btn).to_be_enabled()
+    _next(page, stepper, next_btn)
 
 
 def _pick(editor, label_part: str) -> None:
@@ -243,7 +277,7 @@ def test_quickstart_widgets_in_chromium(lab_server):
                 _next(page, stepper, next_btn)
             assert _request_number(page) > start
             expect(stepper.locator(".pcnb-usage")).to_contain_text("cache read")
-            expect(stepper.locator(".pcnb-status")).to_contain_text("scenario turn 8 of 12")
+            expect(stepper.locator(".pcnb-stepper-status")).to_contain_text("scenario turn 8 of 12")
             stepper.scroll_into_view_if_needed()
             page.screenshot(path=str(OUT / "2_after_three_clicks.png"))
 
@@ -268,6 +302,20 @@ def test_quickstart_widgets_in_chromium(lab_server):
             expect(page.locator(".pcnb-error:visible")).to_have_count(0)
             stepper.scroll_into_view_if_needed()
             page.screenshot(path=str(OUT / "4_after_edit_and_next.png"))
+            # -- 1b. a teacher's 1280×720 screen: Next turn, the diff and the editor in one viewport ---
+            page.set_viewport_size({"width": 1280, "height": 720})
+            current_tab = page.locator(".jp-SideBar.jp-mod-left .lm-TabBar-tab.lm-mod-current")
+            if current_tab.count():
+                current_tab.first.click()  # hide the file browser, as a teacher would
+            page.wait_for_timeout(500)
+            stepper.evaluate("e => e.scrollIntoView({block: 'start'})")
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(OUT / "4b_1280x720.png"))
+            _in_viewport(next_btn, 1280, 720)
+            diff_box = _in_viewport(stepper.locator(".pcnb-stepper-diff"), 1280, 720)
+            editor_box = _in_viewport(stepper.locator(".pcnb-stepper-editor"), 1280, 720)
+            _in_viewport(editor.get_by_role("button", name="Save changes"), 1280, 720)
+            assert diff_box["height"] > 150 and editor_box["x"] > diff_box["x"]  # side by side, not stacked
             # A viewport tall enough for the whole stepper (Lab clips what is outside its panel).
             page.set_viewport_size({"width": 1200, "height": 2600})
             page.wait_for_timeout(300)
@@ -284,7 +332,7 @@ def test_quickstart_widgets_in_chromium(lab_server):
             editor.get_by_role("button", name="Remove entry").click()
             expect(editor.locator(".pcnb-status").first).to_contain_text("removed")
             _next(page, stepper, next_btn)
-            status = stepper.locator(".pcnb-status")
+            status = stepper.locator(".pcnb-stepper-status")
             expect(status).to_contain_text("scenario turn 10 of 12")
             expect(status).to_contain_text("skipped scenario event knowledge_update:")
             expect(status).to_contain_text("(fact-airflow-retries) — you removed that entry")
@@ -294,6 +342,8 @@ def test_quickstart_widgets_in_chromium(lab_server):
                 _next(page, stepper, next_btn)
             expect(page.locator(".pcnb-error:visible")).to_have_count(0)
             expect(stepper.get_by_role("button", name="Run to end")).to_be_disabled()  # nothing left to run
+            expect(next_btn).to_be_disabled()  # the end state: only a typed message has something to send
+            expect(status).to_contain_text("scenario finished — type a message to continue")
 
             # -- 3. a hostile knowledge entry, then a typed message that carries it --------------------
             editor.scroll_into_view_if_needed()
@@ -313,8 +363,9 @@ def test_quickstart_widgets_in_chromium(lab_server):
             assert any("evil⟨RLO⟩exe.txt" in label for label in labels), labels
             assert not any("\u202e" in label for label in labels), labels
             stepper.locator("input[placeholder^='user message']").fill("Anything new in the notes?")
+            expect(next_btn).to_be_enabled()  # typing enables it again
             _next(page, stepper, next_btn)
-            expect(stepper.locator(".pcnb-status")).to_contain_text("your message")
+            expect(status).to_contain_text("your message")
             expect(stepper.locator(".pcnb-diff")).to_contain_text("evil⟨RLO⟩exe.txt")
             shown = page.locator(".pcnb-stepper, .pcnb-knowledge-editor").all_inner_texts()
             assert shown and not any("\u202e" in text for text in shown)  # never a raw override in the DOM
@@ -327,10 +378,32 @@ def test_quickstart_widgets_in_chromium(lab_server):
             # -- 4. Restart: the status line checks the claim ------------------------------------------
             stepper.scroll_into_view_if_needed()
             stepper.get_by_role("button", name="Restart").click()
-            expect(stepper.locator(".pcnb-status")).to_contain_text(
+            expect(status).to_contain_text(
                 "restarted from the store: next request is byte-identical", timeout=60_000)
-            expect(next_btn).to_be_enabled()
+            expect(next_btn).to_be_disabled()  # restarted at the end of the scenario: type to continue
             page.screenshot(path=str(OUT / "7_restart.png"))
+
+            # -- 4b. strategy selector: naive breaks on an edit, live; then side by side ---------------
+            strategy = stepper.locator(".widget-dropdown", has_text="strategy").locator("select")
+            strategy.select_option("naive")
+            expect(status).to_contain_text("switched durable_delta → naive", timeout=120_000)
+            expect(strategy).to_be_enabled(timeout=60_000)
+            _edit_and_send(page, stepper, editor, next_btn, "Airflow retries are four (live break).")
+            usage = stepper.locator(".pcnb-usage")
+            read, ideal = _read_and_ideal(usage.inner_text())
+            assert read < ideal, usage.inner_text()  # the break, live
+            pair = stepper.get_by_role("button", name="side by side: naive vs durable_delta")
+            pair.click()
+            expect(status).to_contain_text("side by side: naive (left) and durable_delta (right)", timeout=120_000)
+            partner = stepper.locator(".pcnb-stepper-partner")
+            expect(partner).to_be_visible()
+            expect(strategy).to_be_disabled()
+            _edit_and_send(page, stepper, editor, next_btn, "Airflow retries are six (side by side).")
+            expect(stepper.locator(".pcnb-column[data-broke=true]")).to_contain_text("naive")
+            expect(partner.locator(".pcnb-column[data-broke=false]")).to_contain_text("durable_delta")
+            expect(page.locator(".pcnb-error:visible")).to_have_count(0)
+            stepper.evaluate("e => e.scrollIntoView({block: 'start'})")
+            page.screenshot(path=str(OUT / "7b_side_by_side.png"))
 
             # -- 5. Compare "Run to end": busy, a progress bar, then the finished table ----------------
             compare.scroll_into_view_if_needed()
@@ -369,6 +442,9 @@ def test_quickstart_widgets_in_chromium(lab_server):
                 expect(static.get_by_text("Error displaying widget")).to_have_count(0)
                 if kind == "Compare":
                     assert snap.locator("img").evaluate("img => img.naturalWidth") > 0
+                else:  # left-aligned as the live widget, not right-aligned by nbconvert's table CSS
+                    cell = snap.locator(".pcnb-knowledge td").first
+                    assert cell.evaluate("e => getComputedStyle(e).textAlign") in ("left", "start")
                 snap.scroll_into_view_if_needed()
                 static.screenshot(path=str(OUT / f"10_unrun_{name.split('_')[0]}_static.png"))
             assert dialogs == [], f"a dialog opened: {dialogs}"

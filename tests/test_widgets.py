@@ -121,7 +121,7 @@ def test_typed_turns_do_not_advance_the_scenario(stepper):
 def test_finished_scenario_and_no_scenario_say_what_to_do(lab, stepper):
     while stepper.remaining:
         stepper.next()
-    with pytest.raises(SessionError, match="is finished .*type a user message"):
+    with pytest.raises(SessionError, match="scenario finished — type a message to continue"):
         stepper.next()
     bare = StepperController(lab.session(system=HOST))
     with pytest.raises(SessionError, match="no scenario"):
@@ -181,7 +181,7 @@ def test_knowledge_errors_name_the_entries(stepper):
     k = KnowledgeController(stepper.session)
     with pytest.raises(KnowledgeError, match="no single knowledge entry matches 'nope'.*Refund policy"):
         k.edit("nope", content="x")
-    with pytest.raises(KnowledgeError, match="non-empty"):
+    with pytest.raises(KnowledgeError, match="type its title and content"):
         k.add("", "")
     with pytest.raises(KnowledgeError, match="content must not be empty"):
         k.edit("refunds", content="  ")
@@ -326,7 +326,7 @@ def test_editor_form_edits_through_its_fields(lab):
     ed._remove_btn.click()
     assert ed.entries == 2 and ed._pick.value == ""
     ed._save_btn.click()  # nothing picked: shown in the widget
-    assert "pick an entry" in ed._error.value
+    assert "pick the entry to change" in ed._error.value
 
 
 def test_compare_widget_and_diffview_reprs(lab):
@@ -417,7 +417,7 @@ def test_run_to_end_reports_progress_and_a_status(stepper):
     seen = []
     t = stepper.run(progress=lambda done, total: seen.append((done, total)))
     assert seen == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)] and t.index == 5
-    assert stepper.status == "played scenario turns 1–5 of 5: requests 0–5"
+    assert stepper.status == "played scenario turns 1–5 of 5: requests 0–5 · scenario finished — type a message to continue"
     assert stepper.run() is None and stepper.status == "nothing to run: the scenario is finished"
 
 
@@ -478,7 +478,8 @@ def test_buttons_are_disabled_while_a_click_works(lab):
     st.controller.next = spy
     st._run_btn.click()
     assert during and all(d == (True, True, True, None, True) for d in during)
-    assert (st._next_btn.disabled, st._run_btn.disabled, st._restart_btn.disabled) == (False, True, False)
+    # finished: Next turn waits for a typed message, Run to end has nothing left
+    assert (st._next_btn.disabled, st._run_btn.disabled, st._restart_btn.disabled) == (True, True, False)
     assert st._progress.layout.display == "none" and st._progress.value == 5
     assert "played scenario turns 1–5 of 5" in st._status.value
     st._restart_btn.click()

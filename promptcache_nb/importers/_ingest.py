@@ -43,6 +43,13 @@ LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson", ".sqlite"
 SKIPPED_COLUMNS = ["file", "line", "reason"]
 NOTES_COLUMNS = ["file", "line", "note"]
 FLAGGED_COLUMNS = ["file", "line", "path", "problem"]
+#: One line wherever ``openclaw_breaks`` and ``rebuilds`` appear side by side.
+BREAKS_VS_REBUILDS = ("openclaw_breaks: the cache read fell (≥ 5 % and 1,000 tokens, or to 0); rebuilds: requests "
+                      "that sent again > 256 tokens the cache held. A small loss is a rebuild without a break; a "
+                      "compaction is a break without a rebuild.")
+#: ``input_tokens`` is only the uncached part of the input: say so wherever it is shown.
+UNCACHED_NOTE = ("cache_read_pct = cache read / total input; total input = uncached input (input_tokens) + cache "
+                 "read + cache write.")
 _SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "exchanges": "proxy", "otlp": "otel",
           "pi": "pi", "openclaw": "claw"}
 
@@ -77,9 +84,32 @@ class ImportResult:
     already_stored: int = 0
     calibrations: pd.DataFrame = field(default_factory=lambda: _frame([], FAMILY_COLUMNS))
     notes: pd.DataFrame = field(default_factory=lambda: _frame([], NOTES_COLUMNS))
+    #: the paths the user passed, resolved: ``source`` is shown relative to them (a folder: the path inside it;
+    #: a file: its name)
+    roots: list[Path] = field(default_factory=list)
 
-    def summary(self) -> pd.DataFrame:
-        """One row per session: source, requests, measured cache read %, ``openclaw_breaks``, ``rebuilds`` and cost.
+    def relative_source(self, source: str | None) -> str:
+        """``source`` as the user would spell it: relative to the folder they passed, or the file's name."""
+        if not source:
+            return ""
+        prefix, sep, rest = source.partition(":")
+        if sep and "/" not in prefix and "\\" not in prefix and len(prefix) > 1:  # "vcr:/path" (not "C:\\")
+            return prefix + ":" + self.relative_source(rest)
+        path = Path(source)
+        for root in self.roots:
+            if path == root:
+                return path.name
+            if path.is_relative_to(root):
+                return str(path.relative_to(root))
+        return source
+
+    def _relative_files(self, df: pd.DataFrame) -> pd.DataFrame:
+        return df.assign(file=df["file"].map(self.relative_source)) if len(df) and "file" in df else df
+
+    def summary(self, *, full_paths: bool = False) -> pd.DataFrame:
+        """One row per session, key columns first: session, requests, measured cache read %, ``openclaw_breaks``,
+        ``rebuilds``, cost, then model, parent ("" when none) and source (relative to the paths you passed;
+        ``full_paths=True`` adds ``source_path``, the full path).
 
         ``openclaw_breaks`` counts OpenClaw breaks (the cache read fell at least 5 % and 1,000 tokens below the
         previous read, or to 0 with nothing changed); ``rebuilds`` counts the requests that had to send again
@@ -92,14 +122,18 @@ class ImportResult:
             df = s.turns()
             totals = summarize(df)  # the one summary vocabulary (analysis.frames.usage_totals)
             rows.append({
-                "session": s.id, "source": s.source, "parent": s.parent_id, "requests": totals["requests"],
-                "model": s.model, "cache_read_pct": totals["cache_read_pct"] if totals["total_input"] else None,
+                "session": s.id, "requests": totals["requests"],
+                "cache_read_pct": totals["cache_read_pct"] if totals["total_input"] else None,
                 "openclaw_breaks": totals["breaks"], "rebuilds": totals["rebuilds"],
                 # no known cost is unknown, not $0 (an unpriced model's requests have a NULL cost)
                 "cost_usd": None if df.cost_usd.isna().all() else totals["cost_usd"],
+                "model": s.model, "parent": s.parent_id or "", "source": self.relative_source(s.source),
+                "source_path": s.source or "",
             })
-        return _frame(rows, ["session", "source", "parent", "requests", "model", "cache_read_pct", "openclaw_breaks",
-                             "rebuilds", "cost_usd"])
+        columns = ["session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd", "model",
+                   "parent", "source"]
+        df = _frame(rows, [*columns, "source_path"])
+        return df if full_paths else df[columns]
 
     def __repr__(self) -> str:
         flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""
@@ -114,20 +148,29 @@ class ImportResult:
         shown = html_table
 
         head = html.escape(repr(self))
+        summary = self.summary(full_paths=True)
+        # the full path on hover; the cell shows it relative to what was passed
+        table = shown(summary.drop(columns="source_path"))
+        for rel, full in zip(summary["source"], summary["source_path"], strict=True):
+            if rel and full:
+                cell = f"<td>{html.escape(visible(rel))}</td>"
+                table = table.replace(cell, f'<td title="{html.escape(visible(full), quote=True)}">'
+                                            f"{html.escape(visible(rel))}</td>", 1)
         parts = [f"<div class='pcnb-import'><p><b>{head}</b> — token figures are <b>measured</b> "
-                 "(usage reported by the endpoint)</p>", shown(self.summary())]
+                 "(usage reported by the endpoint)</p>", table, f"<p style='font-size:12px;color:#555'>"
+                 f"{html.escape(BREAKS_VS_REBUILDS)} {html.escape(UNCACHED_NOTE)}</p>"]
         if self.unknown_models:
             parts.append("<p>Models without a price (cost NULL): "
                          + html.escape(visible(", ".join(self.unknown_models))) + "</p>")
         if len(self.skipped):
             parts.append(f"<details><summary>{len(self.skipped)} skipped</summary>"
-                         + shown(self.skipped) + "</details>")
+                         + shown(self._relative_files(self.skipped)) + "</details>")
         if len(self.notes):
             parts.append(f"<details><summary>{len(self.notes)} requests priced with an assumption</summary>"
-                         + shown(self.notes) + "</details>")
+                         + shown(self._relative_files(self.notes)) + "</details>")
         if len(self.flagged):
             parts.append(f"<details><summary>{len(self.flagged)} body problems the API would refuse (stored as "
-                         "logged)</summary>" + shown(self.flagged) + "</details>")
+                         "logged)</summary>" + shown(self._relative_files(self.flagged)) + "</details>")
         return "".join(parts) + "</div>"
 
 
@@ -280,6 +323,9 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     fmt_of: dict[str, str] = {}
     file_of: dict[str, str] = {}
     files, skipped = expand_paths(paths)
+    items = [paths] if isinstance(paths, str | Path) else list(paths)
+    result.roots = [Path(item).expanduser().resolve() for item in items
+                    if not any(ch in str(item) for ch in "*?[")]
     bar = progress_bar(total=len(files), desc="reading logs", enabled=progress, unit="file")
     try:
         for log in files:

@@ -132,6 +132,12 @@ class AnthropicBackend(Backend):
             raise APIConnectionError(f"{self.base_url}: {self._redact(str(exc))}") from None
         except anthropic.AnthropicError as exc:  # e.g. no key configured
             raise APIError(self._redact(str(exc)), error_type="client_error") from None
+        except TypeError as exc:
+            # the SDK raises a bare multi-line TypeError when it finds no credentials: say it in one line
+            if "authentication method" not in str(exc):
+                raise
+            raise AuthenticationError(
+                "no API key: ANTHROPIC_API_KEY is not set and the client was given no api_key") from None
         simulated = headers.get(SIMULATOR_HEADER) is not None
         usage = Usage.from_anthropic(message.usage, source="simulated" if simulated else "live")
         content = [block.model_dump(mode="json", exclude_none=True) for block in message.content]

@@ -38,7 +38,8 @@ def _figure(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:
     return fig, fig.add_subplot()
 
 
-def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None, highlight: int | None = None) -> Figure:
+def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None, highlight: int | None = None,
+                 saved_ylim: tuple[float, float] | None = None) -> Figure:
     """Per-request stacked bars (cache read, cache write, uncached), the ideal read, and $ saved.
 
     Args:
@@ -47,6 +48,8 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None, highlight: int | N
             ``cost_no_cache_usd``).
         ax: draw on this axes instead of a new 8×4 in figure.
         highlight: mark this request (its ``idx``): the one a Stepper's slider shows.
+        saved_ylim: the right ($ saved) axis's limits; give two charts that are compared the same
+            (:func:`saved_limits`), so equal heights mean equal dollars.
 
     The right axis is the cumulative dollars saved against sending the same requests with no caching
     (``cost_no_cache_usd − cost_usd``); it goes down on requests whose cache writes cost more than they save.
@@ -91,6 +94,8 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None, highlight: int | N
         ax2.annotate("$0", (1.0, 0.0), xycoords=("axes fraction", "data"), xytext=(-3, 2),
                      textcoords="offset points", ha="right", va="bottom", fontsize="x-small",
                      color=COLORS["saved"])
+        if saved_ylim is not None:
+            ax2.set_ylim(*saved_ylim)
         ax2.set_ylabel("$ saved (cumulative)", color=COLORS["saved"])
         ax2.tick_params(axis="y", colors=COLORS["saved"])
         handles.append(line)
@@ -100,6 +105,18 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None, highlight: int | N
               frameon=False)
     ax.set_title("where each request's input tokens came from")
     return fig
+
+
+def saved_limits(*frames: pd.DataFrame) -> tuple[float, float]:
+    """One ($ saved) axis range covering every frame's cumulative savings: ``plot_savings(df, saved_ylim=...)``
+    for charts shown side by side."""
+    lo, hi = 0.0, 0.0
+    for df in frames:
+        if {"cost_usd", "cost_no_cache_usd"} <= set(df.columns) and len(df):
+            saved = (df["cost_no_cache_usd"].astype(float) - df["cost_usd"].astype(float)).fillna(0).cumsum()
+            lo, hi = min(lo, float(saved.min())), max(hi, float(saved.max()))
+    pad = 0.05 * (hi - lo) or 0.01
+    return lo - pad, hi + pad
 
 
 def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
@@ -122,12 +139,16 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     ax.bar(x, write, bottom=read, color=COLORS["write"], label="cache write")
     ax.bar(x, uncached, bottom=read + write, color=COLORS["uncached"], label="uncached")
     for i, (eff, cost) in enumerate(zip(summary["efficiency"], summary["cost_usd"], strict=True)):
-        eff_txt = "n/a" if pd.isna(eff) else f"{100 * float(eff):.0f}%"
+        eff_txt = "n/a" if pd.isna(eff) else f"{float(eff):.2f}"  # a ratio 0–1, as in every table
         ax.annotate(f"{eff_txt}\n${float(cost):.3f}", (i, read[i] + write[i] + uncached[i]), ha="center",
                     va="bottom", fontsize="x-small", xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(x, names, rotation=20, ha="right", fontsize="small")
     ax.set_ylabel("input tokens (sum)")
-    ax.set_title("input tokens per strategy (label: efficiency vs ideal, cost)")
+    # whole numbers with separators: never matplotlib's "1e6" offset above the axis
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+    ax.set_title("input tokens per strategy (label: efficiency 0–1 vs ideal, cost)")
     top = float((read + write + uncached).max()) if len(names) else 1.0
     ax.set_ylim(0, top * 1.3 or 1.0)  # room for the labels above the tallest bar
     # outside the axes, to the right: inside, it covered the first bar's label
@@ -146,4 +167,4 @@ def plot_cumulative_cost(frames: dict[str, pd.DataFrame], *, ax: Axes | None = N
     return fig
 
 
-__all__ = ["COLORS", "plot_compare", "plot_cumulative_cost", "plot_savings"]
+__all__ = ["COLORS", "plot_compare", "plot_cumulative_cost", "plot_savings", "saved_limits"]

@@ -222,6 +222,13 @@ def knowledge_by_id(entries: list[KnowledgeEntry]) -> list[KnowledgeEntry]:
     return sorted(entries, key=lambda e: e.id)
 
 
+#: The knowledge categories the bundled strategies and scenarios use. ``preference`` has a meaning: Lore-style
+#: designs (``durable_delta``, ``rewrite_knowledge``) pin preference entries in a stable 1 h system block and
+#: render the rest as context; the others are labels. The knowledge editor refuses a category outside this set
+#: (and the categories already in the book), so a typo such as ``preferance`` cannot silently lose that meaning.
+KNOWLEDGE_CATEGORIES: tuple[str, ...] = ("fact", "gotcha", "incident", "note", "preference", "procedure")
+
+
 def split_preferences(entries: list[KnowledgeEntry]) -> tuple[list[KnowledgeEntry], list[KnowledgeEntry]]:
     """(stable preference entries, context entries), each in id order (Lore's category split)."""
     ordered = knowledge_by_id(entries)

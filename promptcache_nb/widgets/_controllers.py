@@ -35,6 +35,10 @@ Listener = Callable[[str], None]
 Progress = Callable[[int, int], None]
 #: Entries a failed ``KnowledgeController.resolve`` names (a typo in a 100k-entry book is one line, not 100k).
 RESOLVE_LISTED = 10
+#: The status line once a scenario is played to its end ("Next turn" is then disabled until you type).
+FINISHED = "scenario finished — type a message to continue"
+#: The strategies of the side-by-side mode: the one that breaks on every edit, and the one that never does.
+PAIR = ("naive", "durable_delta")
 
 
 def live_session(session: Session) -> Session:
@@ -154,8 +158,13 @@ class TurnView:
     def diff_html(self) -> str:
         return _html.side_by_side_html(self.previous, self.current, diff=self.diff)
 
+    @property
+    def no_states_reason(self) -> str:
+        """Why this request has no per-segment states (used only when it has none)."""
+        return _html.NO_STATES_MEASURED if self.usage.measured else _html.NO_STATES_SIMULATED
+
     def segment_map_html(self) -> str:
-        return _html.segment_map_html(self.current.segments, self.segment_states)
+        return _html.segment_map_html(self.current.segments, self.segment_states, why=self.no_states_reason)
 
 
 class _Observable:
@@ -217,6 +226,10 @@ class StepperController(_Observable):
         self._views: dict[int, TurnView] = {}
         self._quiet = False
         self._last_at: tuple[int, datetime] | None = None  # (requests stored, the last one's time)
+        #: the side-by-side mode's second stepper (same scenario, another strategy), stepped in lockstep.
+        self.partner: StepperController | None = None
+        if self.finished:
+            self.status = FINISHED
 
     def _previous_at(self, s: Session) -> datetime | None:
         """When the last stored request was sent (a scenario turn's clock starts there)."""
@@ -251,6 +264,80 @@ class StepperController(_Observable):
     def pending(self) -> tuple[str, ...]:
         return pending_events(self.session)
 
+    @property
+    def finished(self) -> bool:
+        """True once every scenario turn is played ("Next turn" then needs a typed message)."""
+        return self.scenario is not None and self.remaining <= 0
+
+    @property
+    def strategy(self) -> str | None:
+        """The session's strategy (None for an imported session)."""
+        return self.session.strategy
+
+    def can_next(self, user: str = "") -> bool:
+        """Whether "Next turn" has something to do: a typed message, or a scenario turn left to play."""
+        return bool(user.strip()) or (self.scenario is not None and not self.finished)
+
+    def _replayed(self, strategy: str) -> StepperController:
+        """A new session under ``strategy``, in the same Lab, played to this stepper's scenario position."""
+        sc = self.scenario
+        if sc is None:
+            raise SessionError("switching strategy needs a scenario: pass scenario= to the stepper")
+        from ..strategies import get_strategy
+
+        get_strategy(strategy)  # an unknown name fails here, naming the registered ones
+        old = self.session
+        s = old.lab.replay(sc, strategy=strategy, cache=old.cache, stop_after=self.position, progress=False)
+        return StepperController(s, sc)
+
+    def switch_strategy(self, strategy: str) -> Session:
+        """The strategy selector: a new session under ``strategy``, replayed to the same scenario turn.
+
+        The old session stays in the store (``lab.sessions()``); knowledge edits made in the editor stay with
+        it. From here on "Next turn" plays the scenario under the new strategy, so a naive agent's cache
+        break happens live on the next knowledge edit.
+        """
+        if self.partner is not None:
+            raise SessionError("leave the side-by-side mode before switching strategy")
+        if self.scenario is None:
+            raise SessionError("switching strategy needs a scenario: pass scenario= to the stepper")
+        if strategy == self.strategy:
+            self.status = f"already playing {strategy}"
+            return self.session
+        before = self.strategy
+        other = self._replayed(strategy)
+        self._adopt(other)
+        self.status = (f"switched {before} → {strategy}: a new session ({self.session.id}) replayed to "
+                       f"{self._played()}; press Next turn")
+        self._notify("restart")
+        return self.session
+
+    def _adopt(self, other: StepperController) -> None:
+        self._session = other._session
+        self.position, self.current = other.position, other.current
+        self._states, self._views, self._last_at = other._states, other._views, other._last_at
+        self.last_batch, self.last_skipped, self.skipped = None, (), []
+
+    def side_by_side(self, on: bool = True) -> StepperController | None:
+        """The "side by side: naive vs durable_delta" mode: this stepper plays ``naive`` and a partner plays
+        ``durable_delta`` from the same scenario turn; "Next turn", typed messages and knowledge edits go to
+        both. Returns the partner (None when turned off)."""
+        if not on:
+            self.partner = None
+            self.status = f"side by side off: playing {self.strategy}"
+            self._notify("restart")
+            return None
+        if self.partner is not None:
+            return self.partner
+        left, right = PAIR
+        if self.strategy != left:
+            self._adopt(self._replayed(left))
+        self.partner = self._replayed(right)
+        self.status = (f"side by side: {left} (left) and {right} (right), both at {self._played() or 'the start'}; "
+                       "edit the knowledge and press Next turn to see which one breaks")
+        self._notify("restart")
+        return self.partner
+
     def _played(self) -> str:
         sc = self.scenario
         return "" if sc is None else f"scenario turn {self.position} of {len(sc.turns)}"
@@ -275,6 +362,12 @@ class StepperController(_Observable):
         else:
             t = self._scenario_turn(s, first)
             what = self.status
+        if self.partner is not None:
+            pt = self.partner.next(user, reply)
+            what += f" · {self.partner.strategy}: request {pt.index}"
+        if user is None or not user.strip():
+            if self.finished:
+                what += f" · {FINISHED}"
         self._states[t.index] = t.segment_states
         self._last_at = (t.index + 1, t.at)
         # A turn with tool calls sends several requests; show its first, where the user message and
@@ -291,10 +384,8 @@ class StepperController(_Observable):
         if sc is None:
             raise SessionError("no scenario to continue: type a user message, or pass scenario= to the stepper")
         if self.remaining <= 0:
-            raise SessionError(
-                f"scenario {sc.name!r} is finished ({len(sc.turns)} scenario turns played); "
-                "type a user message to keep going"
-            )
+            self.status = FINISHED
+            raise SessionError(f"scenario {sc.name!r}: all {len(sc.turns)} scenario turns played; {FINISHED}")
         turn = sc.turns[self.position]
         last_at = self._previous_at(s)
         at = sc.start if last_at is None else last_at + turn.after
@@ -358,6 +449,8 @@ class StepperController(_Observable):
                        f"{first_request}–{self.n_requests - 1}")
         if skipped:
             self.status += f"; skipped {_plural(len(skipped), 'scenario event')}: " + "; ".join(skipped)
+        if self.finished:
+            self.status += f" · {FINISHED}"
         return last
 
     def _probe(self) -> str:
@@ -537,9 +630,49 @@ class KnowledgeController(_Observable):
         what = "entries matching it" if several else "current entries"
         raise KnowledgeError(f"no single knowledge entry matches {entry!r}; {what}: {known or '(none)'}")
 
+    def categories(self) -> tuple[str, ...]:
+        """The categories an entry may have: the known set plus those already in this book (sorted)."""
+        from ..strategies._base import KNOWLEDGE_CATEGORIES
+
+        return tuple(sorted({*KNOWLEDGE_CATEGORIES, *(e.category for e in self.entries())}))
+
+    def check_category(self, category: str) -> str:
+        """``category`` stripped, or a :class:`KnowledgeError` naming the valid ones (a typo is refused)."""
+        import difflib
+
+        name = category.strip()
+        valid = self.categories()
+        if name in valid:
+            return name
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        self.status = f"unknown category {name!r}{hint}; valid categories: {', '.join(valid)}"
+        raise KnowledgeError(self.status)
+
+    def _refuse(self, message: str) -> None:
+        self.status = message
+        raise KnowledgeError(message)
+
+    def _partners(self) -> list[Session]:
+        st = self._stepper
+        return [st.partner.session] if st is not None and st.partner is not None else []
+
+    @staticmethod
+    def _twin(session: Session, entry: KnowledgeEntry) -> str | None:
+        """The id of ``entry``'s counterpart in another session's book (same scenario key, else same title)."""
+        for e in session.knowledge.list():
+            if (entry.key is not None and e.key == entry.key) or (entry.key is None and e.title == entry.title):
+                return e.id
+        return None
+
     def add(self, title: str, content: str, *, category: str = "note") -> str:
         """The "Add entry" button. Returns the new entry's id."""
-        entry_id = self.session.knowledge.add(title, content, category=category or "note")
+        if not title.strip() or not content.strip():
+            self._refuse("to add an entry, type its title and content (and a category), then press Add entry")
+        category = self.check_category(category or "note")
+        entry_id = self.session.knowledge.add(title, content, category=category)
+        for other in self._partners():
+            other.knowledge.add(title, content, category=category)
         self.status = f"added {entry_id[:8]} ({_html.visible(title)}); it applies before the next request"
         self._notify("knowledge")
         return entry_id
@@ -547,11 +680,21 @@ class KnowledgeController(_Observable):
     def edit(self, entry: str, *, title: str | None = None, content: str | None = None,
              category: str | None = None) -> bool:
         """The "Save changes" button. False (and nothing written) when nothing changed."""
+        if not entry:
+            self._refuse("(new entry) is selected: pick the entry to change in the list, edit it, then press "
+                         "Save changes (Add entry saves a new one)")
         entry_id = self.resolve(entry)
         for name, value in (("title", title), ("content", content), ("category", category)):
             if value is not None and not value.strip():
-                raise KnowledgeError(f"{name} must not be empty; to drop the entry use remove({entry!r})")
+                self._refuse(f"{name} must not be empty; to drop the entry use Remove entry")
+        if category is not None:
+            category = self.check_category(category)
+        before = self.session.knowledge.get(entry_id)
         changed = self.session.knowledge.update(entry_id, title=title, content=content, category=category)
+        for other in self._partners():
+            twin = self._twin(other, before)
+            if twin is not None:
+                other.knowledge.update(twin, title=title, content=content, category=category)
         self.status = (f"updated {entry_id[:8]}; it applies before the next request" if changed
                        else f"{entry_id[:8]} unchanged: nothing to save")
         self._notify("knowledge")
@@ -559,8 +702,15 @@ class KnowledgeController(_Observable):
 
     def remove(self, entry: str) -> None:
         """The "Remove entry" button."""
+        if not entry:
+            self._refuse("(new entry) is selected: pick the entry to remove in the list, then press Remove entry")
         entry_id = self.resolve(entry)
+        before = self.session.knowledge.get(entry_id)
         self.session.knowledge.remove(entry_id)
+        for other in self._partners():
+            twin = self._twin(other, before)
+            if twin is not None:
+                other.knowledge.remove(twin)
         self.status = f"removed {entry_id[:8]}; it applies before the next request"
         self._notify("knowledge")
 

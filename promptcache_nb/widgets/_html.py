@@ -277,13 +277,23 @@ def _table(head: str, rows: list[str], details: str = "") -> str:
     )
 
 
-def segment_map_html(segments: Sequence[Segment], states: Sequence[str]) -> str:
-    """A strip with one box per segment, as wide as its tokens, coloured read / write / uncached."""
+#: Why a segment map has no states, by case (the map says the one that applies, never a guess).
+NO_STATES_MEASURED = "measured usage: the API reports totals, not a state per segment"
+NO_STATES_SIMULATED = "the cache model reported no state per segment for this request"
+NO_STATES_GIVEN = ("no segment states were passed: DiffView.for_turns(turn) or states=turn.segment_states "
+                   "colours them")
+
+
+def segment_map_html(segments: Sequence[Segment], states: Sequence[str], *, why: str | None = None) -> str:
+    """A strip with one box per segment, as wide as its tokens, coloured read / write / uncached.
+
+    Without states, one line says why (``why``: :data:`NO_STATES_MEASURED`, :data:`NO_STATES_SIMULATED` or
+    :data:`NO_STATES_GIVEN`, the default)."""
     if not segments:
         return ""
     if len(states) != len(segments):
-        return (f'<div style="{_BOX}color:#777;font-size:12px">segment map: no per-segment cache states '
-                "for this turn (measured usage, or a cache model that does not report them)</div>")
+        return (f'<div class="pcnb-segmap-missing" style="{_BOX}color:#777;font-size:12px">segment map: no '
+                f"per-segment cache states ({esc(why or NO_STATES_GIVEN)})</div>")
     total = sum(max(s.tokens, 1) for s in segments)
     boxes, sums = [], dict.fromkeys(STATE_COLORS, 0)
     for seg, st in zip(segments, states, strict=True):
@@ -478,13 +488,21 @@ def png_html(png: bytes, *, alt: str) -> str:
     return f'<img alt="{esc(alt)}" style="max-width:100%" src="data:image/png;base64,{data}">'
 
 
+#: nbconvert's and JupyterLab's rendered-HTML styles right-align table cells; a snapshot reads like the live
+#: widget, left-aligned (cells that align numbers right say so in their own inline style, which wins).
+#: (specific enough to beat ``:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td``)
+SNAPSHOT_CSS = ("div.pcnb-snapshot.pcnb-snapshot td, div.pcnb-snapshot.pcnb-snapshot th, "
+                "div.pcnb-snapshot.pcnb-snapshot tr { text-align: left; vertical-align: top; }")
+
+
 def snapshot_html(kind: str, body: str) -> str:
     """A widget's static snapshot: what a notebook shows where no kernel runs (GitHub, nbviewer, nbconvert).
 
     The live widget view is preferred wherever ipywidgets runs; this HTML is the fallback beside it in the
     same output, so an unrun notebook still shows the widget's state when its cell last ran.
     """
-    return (f'<div class="pcnb-snapshot pcnb-snapshot-{esc(kind)}" style="{_BOX}">'
+    return (f'<div class="pcnb-snapshot pcnb-snapshot-{esc(kind)}" style="{_BOX}text-align:left">'
+            f"<style>{SNAPSHOT_CSS}</style>"
             '<div style="font-size:11px;color:#777;margin-bottom:2px">static snapshot of the '
             f"{esc(kind)} widget as its cell last ran (run the notebook for the live widget)</div>"
             f"{body}</div>")
@@ -605,7 +623,8 @@ def summary_table_html(rows: Sequence[dict[str, Any]]) -> str:
         ("strategy", "strategy", lambda v: f"<code>{esc(v)}</code>"),
         ("requests", "requests", fmt_int),
         ("cache read %", "cache_read_pct", lambda v: f"{float(v):.1f}%"),
-        ("efficiency", "efficiency", lambda v: "n/a" if _isna(v) else f"{100 * float(v):.1f}%"),
+        # a ratio 0–1, as the CLI, the report and compare_df give it (one unit everywhere)
+        ("efficiency (0–1)", "efficiency", lambda v: "n/a" if _isna(v) else f"{float(v):.3f}"),
         ("cache write", "cache_write", fmt_int),
         ("uncached", "uncached", fmt_int),
         ("breaks", "breaks", fmt_int),

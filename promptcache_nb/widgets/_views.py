@@ -27,7 +27,7 @@ import traitlets as T
 from ..plots import plot_compare, plot_savings
 from ..scenario import Scenario
 from . import _html
-from ._controllers import CompareController, KnowledgeController, MonitorController, StepperController, TurnView
+from ._controllers import PAIR, CompareController, KnowledgeController, MonitorController, StepperController, TurnView
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -76,6 +76,7 @@ class _View:
     _status: W.HTML
     _progress: W.IntProgress
     controller: Any
+    _busy = False  # a click is working (its controls are disabled)
 
     def _controls(self) -> list[W.Widget]:
         """Widgets to disable while a click works."""
@@ -89,6 +90,15 @@ class _View:
     def _show_status(self, text: str, *, kind: str = "info") -> None:
         self._status.value = _html.status_html(text, kind=kind)
 
+    def _status_kind(self) -> str:
+        return "info"
+
+    def _show_final_status(self) -> None:
+        """The status line after a click succeeded (sent before the buttons re-enable)."""
+        text = getattr(self.controller, "status", "")
+        if text:
+            self._show_status(text, kind=self._status_kind())
+
     @contextmanager
     def _working(self, what: str, *, total: int | None = None) -> Iterator[Callable[[int, int], None]]:
         """Disable the controls, say ``what`` is happening, show a progress bar when ``total`` is given.
@@ -98,6 +108,7 @@ class _View:
         """
         for w in self._controls():
             w.disabled = True
+        self._busy = True
         self._show_status(what + "…", kind="busy")
         bar = self._progress
         if total:
@@ -110,10 +121,18 @@ class _View:
             bar.value = done
             bar.layout.display = None
 
+        failed = False
         try:
             yield progress
+        except BaseException:
+            failed = True  # _action already showed the failure in the status line and the error box
+            raise
         finally:
             bar.layout.display = "none"
+            self._busy = False
+            if not failed:
+                # the status line first: a re-enabled button must never sit under a "working…" line
+                self._show_final_status()
             self._sync_controls()
 
     def _action(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -229,7 +248,8 @@ class DiffView(W.VBox):
                    states=turn.segment_states)
 
     def update(self, diff: Any = None, *, previous: PreparedRequest | None = None,
-               current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = ()) -> None:
+               current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = (),
+               why: str | None = None) -> None:
         previous = previous if previous is not None else getattr(diff, "previous", None)
         current = current if current is not None else getattr(diff, "current", None)
         if current is None and diff is not None and hasattr(diff, "_repr_html_"):
@@ -237,7 +257,8 @@ class DiffView(W.VBox):
             seg_map = ""
         else:
             body = _html.side_by_side_html(previous, current, diff=diff)
-            seg_map = _html.segment_map_html(current.segments, tuple(states)) if current is not None else ""
+            seg_map = (_html.segment_map_html(current.segments, tuple(states), why=why)
+                       if current is not None else "")
         path = getattr(diff, "path", None)
         if path is None and diff is None and previous is not None and current is not None:
             k = _html.shared_segments(previous, current)
@@ -253,7 +274,8 @@ class DiffView(W.VBox):
         if view is None:
             self.update()
         else:
-            self.update(view.diff, previous=view.previous, current=view.current, states=view.segment_states)
+            self.update(view.diff, previous=view.previous, current=view.current, states=view.segment_states,
+                        why=view.no_states_reason)
 
     @property
     def html(self) -> str:
@@ -361,7 +383,14 @@ class Stepper(_View, W.VBox):
     typed user text and reply), "Run to end" → :meth:`run`, "Restart" → :meth:`restart` (drop in-memory
     state, resume from the store, check the next request is byte-identical), the request slider →
     :meth:`show`. A failed scenario turn changes nothing; a scenario event that conflicts with your own
-    knowledge edit is skipped, and the status line says so.
+    knowledge edit is skipped, and the status line says so. Once the scenario is finished "Next turn" is
+    disabled until you type a message.
+
+    For a class: the **strategy** selector → :meth:`switch_strategy` (a new session under that strategy,
+    replayed to the same scenario turn) and the **side by side: naive vs durable_delta** toggle →
+    :meth:`side_by_side` (both play every turn; knowledge edits go to both) make a cache break happen live.
+    The knowledge editor is a panel beside the diff (:attr:`knowledge`; ``stepper.editor()`` returns it), so
+    an edit, "Next turn" and the diff it causes fit one 1280×720 screen.
 
     Args:
         session: a :class:`~promptcache_nb.Session`.
@@ -391,7 +420,7 @@ class Stepper(_View, W.VBox):
         self._reply = W.Text(placeholder="assistant reply (optional)",
                              layout=W.Layout(width="220px", flex="0 1 auto", min_width="110px"))
         self._slider = W.IntSlider(value=0, min=0, max=0, description="request", continuous_update=False,
-                                   disabled=True)
+                                   disabled=True, layout=W.Layout(width="320px", flex="0 1 auto"))
         self._status = W.HTML()
         self._progress = _progress_widget()
         self._header = W.HTML()
@@ -401,20 +430,60 @@ class Stepper(_View, W.VBox):
         self.diff_view = DiffView()
         self.chart = SavingsChart(self.controller.turns())
         self._syncing = False
+        from ..strategies import strategy_names
+
+        names = list(strategy_names())
+        current = self.controller.strategy
+        self._strategy = W.Dropdown(options=names if current in names or current is None else [current, *names],
+                                    value=current if current is not None else None, description="strategy",
+                                    disabled=current is None or self.controller.scenario is None,
+                                    style={"description_width": "initial"},
+                                    layout=W.Layout(width="230px", flex="0 0 auto"))
+        self._pair_btn = W.ToggleButton(value=False, description=f"side by side: {PAIR[0]} vs {PAIR[1]}",
+                                        icon="columns", layout=_AUTO, disabled=self.controller.scenario is None,
+                                        tooltip="play both strategies in lockstep; edits go to both")
+        self._status.add_class("pcnb-stepper-status")
+        # the diff scrolls inside its box, so the editor beside it stays on screen
+        diff_box = W.Box([self.diff_view], layout=W.Layout(min_width="0", max_height="360px", overflow="auto"))
+        diff_box.add_class("pcnb-stepper-diff")
+        # the side-by-side partner: its usage line and diff (hidden until the mode is on)
+        self._partner_usage = W.HTML()
+        self.partner_diff = DiffView()
+        self._partner_box = W.VBox([self._partner_usage, W.Box([self.partner_diff], layout=W.Layout(
+            max_height="400px", overflow="auto"))], layout=W.Layout(flex="1 1 480px", min_width="0", display="none"))
+        self._partner_box.add_class("pcnb-stepper-partner")
+        self._left_label = W.HTML()
+        # the header sits over the diff, so the editor beside them starts right under the status line
+        self._left = W.VBox([self._left_label, self._header, diff_box],
+                            layout=W.Layout(flex="1 1 520px", min_width="0"))
+        #: the embedded knowledge editor (``stepper.editor()`` returns it)
+        self.knowledge = KnowledgeEditor(self, compact=True)
+        self._editor_panel = W.Accordion(children=[self.knowledge], titles=("knowledge editor",), selected_index=0,
+                                         layout=W.Layout(flex="0 1 430px", min_width="320px"))
+        self._editor_panel.add_class("pcnb-stepper-editor")
         super().__init__([
-            W.HBox([self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply]),
-            self._status, self._progress, self._slider, self._header, self._error,
+            W.HBox([self._next_btn, self._run_btn, self._restart_btn, self._strategy, self._pair_btn],
+                   layout=W.Layout(flex_flow="row wrap")),
+            W.HBox([self._user, self._reply, self._slider], layout=W.Layout(flex_flow="row wrap")),
+            self._status, self._progress, self._error,
+            W.HBox([self._left, self._partner_box, self._editor_panel],
+                   layout=W.Layout(flex_flow="row wrap", align_items="flex-start", width="100%")),
             W.HBox([self._usage, self._observation]),
-            self.diff_view, self.chart,
+            self.chart,
         ])
         self.add_class("pcnb-stepper")
         self._next_btn.on_click(self._clicked(self.next))
         self._run_btn.on_click(self._clicked(self.run))
         self._restart_btn.on_click(self._clicked(self.restart))
         self._slider.observe(self._on_slider, names=["value"])
+        self._user.observe(self._on_typing, names=["value"])
+        self._strategy.observe(self._on_strategy, names=["value"])
+        self._pair_btn.observe(self._on_pair, names=["value"])
         self.controller.subscribe(self._on_change)
         self._render()
         self._sync_controls()
+        if self.controller.status:
+            self._show_status(self.controller.status)
 
     @property
     def session(self) -> Session:
@@ -427,16 +496,45 @@ class Stepper(_View, W.VBox):
         return self.controller.status
 
     def _controls(self) -> list[W.Widget]:
-        return [self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply, self._slider]
+        return [self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply, self._slider,
+                self._strategy, self._pair_btn]
+
+    def _status_kind(self) -> str:
+        return "warn" if self.controller.last_skipped else "info"
 
     def _sync_controls(self) -> None:
         c = self.controller
-        with _batch(self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply, self._slider):
-            self._next_btn.disabled = False  # typed text still works after the scenario ends
+        with _batch(self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply, self._slider,
+                    self._strategy, self._pair_btn):
+            # at the end of the scenario only a typed message gives "Next turn" something to do
+            self._next_btn.disabled = not c.can_next(self._user.value)
             self._run_btn.disabled = c.remaining <= 0
-            self._restart_btn.disabled = False
+            self._restart_btn.disabled = c.partner is not None  # restart follows one session, not a pair
             self._user.disabled = self._reply.disabled = False
             self._slider.disabled = c.n_requests <= 1
+            self._strategy.disabled = c.scenario is None or c.strategy is None or c.partner is not None
+            self._pair_btn.disabled = c.scenario is None or c.strategy is None
+
+    def _on_typing(self, change: dict[str, Any]) -> None:
+        enabled = self.controller.can_next(change["new"] or "")
+        if self._next_btn.disabled == enabled and not self._busy:  # never while a click works
+            self._next_btn.disabled = not enabled
+
+    def _on_strategy(self, change: dict[str, Any]) -> None:
+        if self._syncing or change["new"] is None or change["new"] == self.controller.strategy:
+            return
+        try:
+            self.switch_strategy(change["new"])
+        except Exception:  # noqa: BLE001 - shown in the error box by _action
+            pass
+
+    def _on_pair(self, change: dict[str, Any]) -> None:
+        if self._syncing or bool(change["new"]) == (self.controller.partner is not None):
+            return
+        try:
+            self.side_by_side(bool(change["new"]))
+        except Exception:  # noqa: BLE001 - shown in the error box by _action
+            pass
 
     # -- the buttons' kernel-side twins ----------------------------------------------------
     def next(self, user: str | None = None, reply: str | None = None) -> Turn:
@@ -449,8 +547,20 @@ class Stepper(_View, W.VBox):
                 self._user.value = ""
                 self._reply.value = ""
             self._render()
-        self._show_status(self.controller.status, kind="warn" if self.controller.last_skipped else "info")
         return t
+
+    def switch_strategy(self, strategy: str) -> Session:
+        """Pick ``strategy`` in the selector: a new session under it, replayed to the same scenario turn."""
+        with self._working(f"replaying the scenario under {strategy}"):
+            s = self._action(self.controller.switch_strategy, strategy)
+            self._render()
+        return s
+
+    def side_by_side(self, on: bool = True) -> None:
+        """Toggle "side by side: naive vs durable_delta": both strategies play every turn, edits go to both."""
+        with self._working(f"replaying the scenario under {PAIR[0]} and {PAIR[1]}" if on else "one strategy again"):
+            self._action(self.controller.side_by_side, on)
+            self._render()
 
     def run(self, turns: int | None = None, *, progress: bool = False) -> Turn | None:
         """Click "Run to end": play every remaining scenario turn (or ``turns`` more), with a progress bar.
@@ -485,8 +595,8 @@ class Stepper(_View, W.VBox):
         return v
 
     def editor(self) -> KnowledgeEditor:
-        """A :class:`KnowledgeEditor` on this stepper's session (follows restarts)."""
-        return KnowledgeEditor(self)
+        """The :class:`KnowledgeEditor` embedded in this stepper (its "knowledge editor" panel)."""
+        return self.knowledge
 
     # -- rendering ---------------------------------------------------------------------------
     def _on_slider(self, change: dict[str, Any]) -> None:
@@ -500,6 +610,8 @@ class Stepper(_View, W.VBox):
     def _on_change(self, what: str) -> None:
         if what == "knowledge":  # an editor changed knowledge: show it as pending for the next request
             self._header.value = self.controller.header_html()
+        elif what == "restart":  # another session on show (a strategy switch, the side-by-side mode)
+            self._render()
 
     def _render(self) -> None:
         c = self.controller
@@ -518,9 +630,31 @@ class Stepper(_View, W.VBox):
             self._observation.value = v.observation_html() if v is not None else ""
             self.request = -1 if v is None else v.index
             self.n_requests = n
+            self._syncing = True
+            try:
+                if c.strategy is not None and self._strategy.value != c.strategy:
+                    self._strategy.value = c.strategy
+                self._pair_btn.value = c.partner is not None
+            finally:
+                self._syncing = False
+        self._render_partner()
         self.diff_view.show_view(v)
         if self.chart.requests != n or self.chart.highlight != (None if v is None else v.index):
             self.chart.refresh(c.turns(), highlight=None if v is None else v.index)
+
+    def _render_partner(self) -> None:
+        c = self.controller
+        p = c.partner
+        pv = p.view() if p is not None else None
+        with _batch(self._partner_box, self._partner_usage, self._left_label):
+            if p is None:
+                self._partner_box.layout.display = "none"
+                self._left_label.value = ""
+                return
+            self._partner_box.layout.display = None
+            self._left_label.value = _column_label(c.strategy, c.view())
+            self._partner_usage.value = _column_label(p.strategy, pv)
+        self.partner_diff.show_view(pv)
 
     def snapshot_html(self) -> str:
         parts = [self._status.value, self._header.value]
@@ -528,6 +662,7 @@ class Stepper(_View, W.VBox):
             parts.append('<div style="display:flex;gap:6px"><div style="width:38%">'
                          f'{self._usage.value}</div><div style="width:62%">{self._observation.value}</div></div>')
         parts.append(self.diff_view.html)
+        parts.append(self.knowledge._table.value)  # the embedded editor's list
         parts.append(_html.png_html(self.chart.png, alt="savings chart") + self.chart._caption.value)
         return _html.snapshot_html("Stepper", "".join(parts))
 
@@ -536,6 +671,20 @@ class Stepper(_View, W.VBox):
         tail = "" if sc is None else f", scenario={sc.name!r}, played='{self.controller.position} of {len(sc.turns)}'"
         return (f"Stepper(session={self.controller.session.id!r}, request={self.request}, "
                 f"requests={self.n_requests}{tail})")
+
+
+def _column_label(strategy: str | None, view: TurnView | None) -> str:
+    """One line over a side-by-side column: the strategy, and what its request on show read and wrote."""
+    if view is None:
+        return (f'<div class="pcnb-column" style="font-size:13px"><b>{_html.esc(strategy or "")}</b>: '
+                "no request yet</div>")
+    u = view.usage
+    read, wrote = u.cache_read or 0, u.cache_write or 0
+    broke = read < view.ideal_cache_read
+    verdict = (f'<span style="color:#b35900"><b>cache break</b>: read {read:,} of {view.ideal_cache_read:,}'
+               "</span>" if broke else f"read {read:,} of {view.ideal_cache_read:,}")
+    return (f'<div class="pcnb-column" data-broke="{str(broke).lower()}" style="font-size:13px"><b>'
+            f"{_html.esc(strategy or '')}</b>, request {view.index}: {verdict} · wrote {wrote:,}</div>")
 
 
 class KnowledgeEditor(_View, W.VBox):
@@ -560,14 +709,18 @@ class KnowledgeEditor(_View, W.VBox):
     page = T.Int(0, help="page of the list on show (from 0)")
     query = T.Unicode("", help="the filter: entries whose title, category, content or id contain it")
 
-    def __init__(self, source: Session | Stepper | StepperController) -> None:
+    def __init__(self, source: Session | Stepper | StepperController, *, compact: bool = False) -> None:
         self.controller = KnowledgeController(source)
         self._table = W.HTML()
+        # compact: the stepper's panel (fields as wide as the panel, the list scrolls in a short box)
+        field, wide = ("100%", "100%") if compact else ("480px", "640px")
         self._pick = W.Dropdown(description="entry", options=[("(new entry)", "")], value="",
-                                layout=W.Layout(width="480px"))
-        self._title = W.Text(description="title", layout=W.Layout(width="480px"))
-        self._category = W.Text(description="category", value="note", layout=W.Layout(width="480px"))
-        self._content = W.Textarea(description="content", layout=W.Layout(width="640px", height="90px"))
+                                layout=W.Layout(width=field))
+        self._title = W.Text(description="title", layout=W.Layout(width=field))
+        self._category = W.Combobox(description="category", value="note", options=self.controller.categories(),
+                                    ensure_option=False, layout=W.Layout(width=field))
+        self._content = W.Textarea(description="content",
+                                   layout=W.Layout(width=wide, height="70px" if compact else "90px"))
         self._add_btn = W.Button(description="Add entry", icon="plus", layout=_AUTO)
         self._save_btn = W.Button(description="Save changes", icon="save", button_style="primary",
                                   layout=_AUTO)
@@ -588,7 +741,9 @@ class KnowledgeEditor(_View, W.VBox):
         self._shown: dict[str, dict[str, Any]] = {}  # rows in the picker, by id
         self._last_page = _html.knowledge_page([])
         self._syncing = False
-        super().__init__([self._table, *self._form])
+        self._list: W.Widget = (W.Box([self._table], layout=W.Layout(max_height="110px", overflow="auto"))
+                                if compact else self._table)
+        super().__init__([self._list, *self._form])
         self.add_class("pcnb-knowledge-editor")
         self._add_btn.on_click(self._clicked(self.add))
         self._save_btn.on_click(self._clicked(self.edit))
@@ -660,9 +815,9 @@ class KnowledgeEditor(_View, W.VBox):
         current value; from the form, all three fields are saved.
         """
         if entry is None:
-            if not self._pick.value:
-                self._action(_fail, "pick an entry to edit first (or use Add entry for a new one)")
             entry = self._pick.value
+            if not entry:  # "(new entry)" is picked: the status line says what to do
+                self._action(self.controller.edit, "")
             if title is None and content is None and category is None:
                 title, content, category = self._title.value, self._content.value, self._category.value
         with self._working("saving the entry"):
@@ -674,9 +829,9 @@ class KnowledgeEditor(_View, W.VBox):
     def remove(self, entry: str | None = None) -> None:
         """Click "Remove entry" (default: the picked one)."""
         if entry is None:
-            if not self._pick.value:
-                self._action(_fail, "pick an entry to remove first")
             entry = self._pick.value
+            if not entry:  # "(new entry)" is picked: the status line says what to do
+                self._action(self.controller.remove, "")
         with self._working("removing the entry"):
             self._action(self.controller.remove, entry)
         self._refresh(select="")
@@ -735,6 +890,9 @@ class KnowledgeEditor(_View, W.VBox):
         with _batch(self, self._table, self._pick, self._status, self._previous_btn, self._next_page_btn,
                     self._filter):
             self._table.value = _html.knowledge_table_html(view, pending=self.controller.pending)
+            categories = self.controller.categories()
+            if tuple(self._category.options) != categories:
+                self._category.options = categories
             if list(self._pick.options) != options:
                 self._pick.options = options
             self._status.value = _html.status_html(self.controller.status)
@@ -749,8 +907,8 @@ class KnowledgeEditor(_View, W.VBox):
             self.entries = view.total
             self.page = view.page
             self.query = view.query
-            parts: tuple[W.Widget, ...] = ((self._table, self._pager, *self._form) if paged
-                                           else (self._table, *self._form))
+            parts: tuple[W.Widget, ...] = ((self._list, self._pager, *self._form) if paged
+                                           else (self._list, *self._form))
             if tuple(self.children) != parts:  # type: ignore[has-type]  # ipywidgets' trait, untyped
                 self.children = parts
         self._last_page = view
@@ -772,12 +930,6 @@ def _hides_characters(text: str) -> bool:
     """True when ``text`` has characters a text field shows misleadingly or not at all (bidi controls,
     zero-width, control characters; newlines and tabs are fine)."""
     return not text.isprintable() and any(not ch.isprintable() and ch not in "\n\t" for ch in text)
-
-
-def _fail(message: str) -> None:
-    from ..errors import KnowledgeError
-
-    raise KnowledgeError(message)
 
 
 class Compare(_View, W.VBox):
@@ -873,7 +1025,8 @@ class Compare(_View, W.VBox):
         header = (f'<div style="font-size:13px"><b>{_html.esc(sc.name)}</b> '
                   f'under {len(c.strategies)} strategies '
                   f'(cache model <code>{_html.esc(c.cache)}</code>): <span data-field="played">{played} of '
-                  f"{len(sc.turns)}</span> scenario turns played · {state}</div>")
+                  f"{len(sc.turns)}</span> scenario turns played · {state} · token figures "
+                  f'<span data-field="usage-label">{_html.esc(_compare_label(c))}</span></div>')
         png = _png(plot_compare(summary)) if played else b""
         with _batch(self, self._header, self._table, self._image):
             self._header.value = header
@@ -889,6 +1042,15 @@ class Compare(_View, W.VBox):
         c = self.controller
         return (f"Compare(scenario={c.scenario.name!r}, strategies={len(c.strategies)}, cache={c.cache!r}, "
                 f"played='{self.played} of {len(c.scenario.turns)}')")
+
+
+def _compare_label(c: CompareController) -> str:
+    """simulated (estimated tokens) or measured: what the Compare's figures are."""
+    for s in c.sessions:
+        last = s.last_turn
+        if last is not None:
+            return last.usage.label
+    return "simulated (estimated tokens)"  # Compare replays through the simulator unless a lab says otherwise
 
 
 class Monitor(W.VBox):
