@@ -4,7 +4,9 @@ each completed call stored with the usage the SDK returned, retries, failures an
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import warnings
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -27,6 +29,16 @@ LONG_USER = "Summarise the refund policy for invoices older than 30 days. " * 20
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 COLUMNS = ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
            "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens"]
+
+
+@pytest.fixture(autouse=True)
+def _collect_sdk_clients():
+    """Tests here build SDK clients, and some leave them to the garbage collector: collect them now, so a pooled
+    loopback socket's ResourceWarning never surfaces later inside another test (warnings are errors)."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
 
 
 @pytest.fixture
@@ -318,6 +330,7 @@ def test_each_captured_call_stores_its_latency(server, lab):
         for i in range(2):
             client.messages.create(model=MODEL, max_tokens=32, system=SYSTEM, messages=messages(i),
                                    extra_headers=at(10 * i))
+    client.close()
     df = cap.session.turns()
     calls = cap.df()
     # the store keeps what the capture timed, call by call (from sending the request to its last byte)
