@@ -34,6 +34,7 @@ test: export PYTHONDONTWRITEBYTECODE =
 test: $(DEV_STAMP) chromium
 	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict promptcache_nb
 	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider -n 2 tests
 	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
@@ -59,6 +60,7 @@ bench: $(BASE_STAMP)
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --strict promptcache_nb
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ._data import data_path
 from .errors import PromptCacheError
@@ -179,7 +179,7 @@ def _fit(df: pd.DataFrame, *, width: int = TABLE_WIDTH, max_rows: int | None = N
     df = df.map(lambda v: " ".join(v.split()) if isinstance(v, str) else v)  # one line per row
 
     def text() -> str:
-        return df.to_string(index=False, max_rows=max_rows)
+        return cast("str", df.to_string(index=False, max_rows=max_rows))
 
     out = text()
     while max(map(len, out.splitlines() or [""])) > width:

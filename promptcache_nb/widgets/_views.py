@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ipywidgets as W
 import traitlets as T
@@ -168,7 +168,7 @@ class _View:
         bundle = W.Widget._repr_mimebundle_(self, **kwargs)
         if bundle is not None:
             bundle["text/html"] = self.snapshot_html()
-        return bundle
+        return cast("dict[str, Any] | None", bundle)
 
 
 @contextmanager
@@ -191,7 +191,7 @@ def _cell_progress(progress: Callable[[int, int], None], *, enabled: bool, total
 
     bar = W.IntProgress(value=0, min=0, max=total, description=desc, bar_style="info",
                         style={"description_width": "initial"}, layout=W.Layout(width="640px"))
-    handle = display(bar, display_id=True)
+    handle = display(bar, display_id=True)  # type: ignore[no-untyped-call]  # IPython is untyped here
 
     def both(done: int, n: int) -> None:
         progress(done, n)
@@ -202,8 +202,9 @@ def _cell_progress(progress: Callable[[int, int], None], *, enabled: bool, total
     finally:
         line = f"{desc}: {bar.value} of {bar.max} done"
         if handle is not None:
-            handle.update(HTML(f'<div class="pcnb-progress-done" style="font-size:12px;color:#555">'
-                               f"{_html.esc(line)}</div>"))
+            done = HTML(  # type: ignore[no-untyped-call]  # IPython is untyped here
+                f'<div class="pcnb-progress-done" style="font-size:12px;color:#555">{_html.esc(line)}</div>')
+            handle.update(done)
         bar.close()
 
 
@@ -217,7 +218,7 @@ def _progress_widget() -> W.IntProgress:
     return bar
 
 
-class DiffView(W.VBox):
+class DiffView(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
     """The escaped side-by-side prefix diff of two requests, and the segment map of the second.
 
     Args:
@@ -280,7 +281,7 @@ class DiffView(W.VBox):
     @property
     def html(self) -> str:
         """The rendered segment map and diff (what the browser shows)."""
-        return self._map.value + self._diff.value
+        return cast("str", self._map.value + self._diff.value)
 
     def snapshot_html(self) -> str:
         return _html.snapshot_html("DiffView", self.html)
@@ -292,7 +293,7 @@ class DiffView(W.VBox):
         return f"DiffView(path={self.path!r})"
 
 
-class SavingsChart(W.VBox):
+class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
     """Per-request stacked bars of cache read / write / uncached, the ideal line and cumulative $ saved.
 
     Args:
@@ -376,7 +377,7 @@ class SavingsChart(W.VBox):
         return f"SavingsChart(requests={self.requests})"
 
 
-class Stepper(_View, W.VBox):
+class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
     """Step a session one scenario turn at a time and see what each request did to the cache.
 
     Buttons and their kernel-side twins: "Next turn" → :meth:`next` (the next scenario turn, or the
@@ -488,12 +489,12 @@ class Stepper(_View, W.VBox):
     @property
     def session(self) -> Session:
         """The live session (a new object after :meth:`restart`)."""
-        return self.controller.session
+        return cast("Session", self.controller.session)
 
     @property
     def status(self) -> str:
         """What the last click did (one line)."""
-        return self.controller.status
+        return cast("str", self.controller.status)
 
     def _controls(self) -> list[W.Widget]:
         return [self._next_btn, self._run_btn, self._restart_btn, self._user, self._reply, self._slider,
@@ -547,14 +548,14 @@ class Stepper(_View, W.VBox):
                 self._user.value = ""
                 self._reply.value = ""
             self._render()
-        return t
+        return cast("Turn", t)
 
     def switch_strategy(self, strategy: str) -> Session:
         """Pick ``strategy`` in the selector: a new session under it, replayed to the same scenario turn."""
         with self._working(f"replaying the scenario under {strategy}"):
             s = self._action(self.controller.switch_strategy, strategy)
             self._render()
-        return s
+        return cast("Session", s)
 
     def side_by_side(self, on: bool = True) -> None:
         """Toggle "side by side: naive vs durable_delta": both strategies play every turn, edits go to both."""
@@ -578,7 +579,7 @@ class Stepper(_View, W.VBox):
             self._render()
             self._sync_controls()
         self._show_status(c.status, kind="warn" if c.last_skipped else "info")
-        return t
+        return cast("Turn | None", t)
 
     def restart(self) -> Session:
         """Click "Restart": resume from the store alone; returns the new session object."""
@@ -586,13 +587,13 @@ class Stepper(_View, W.VBox):
             s = self._action(self.controller.restart, progress=progress)
             self._render()
         self._show_status(self.controller.status)
-        return s
+        return cast("Session", s)
 
     def show(self, index: int) -> TurnView:
         """Move the slider to stored request ``index``."""
         v = self._action(self.controller.show, index)
         self._render()
-        return v
+        return cast("TurnView", v)
 
     def editor(self) -> KnowledgeEditor:
         """The :class:`KnowledgeEditor` embedded in this stepper (its "knowledge editor" panel)."""
@@ -687,7 +688,7 @@ def _column_label(strategy: str | None, view: TurnView | None) -> str:
             f"{_html.esc(strategy or '')}</b>, request {view.index}: {verdict} · wrote {wrote:,}</div>")
 
 
-class KnowledgeEditor(_View, W.VBox):
+class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
     """List, add, edit and remove knowledge entries; each change applies before the next request.
 
     Buttons and their kernel-side twins: "Add entry" → :meth:`add`, "Save changes" → :meth:`edit`,
@@ -757,7 +758,7 @@ class KnowledgeEditor(_View, W.VBox):
 
     @property
     def session(self) -> Session:
-        return self.controller.session
+        return cast("Session", self.controller.session)
 
     def _controls(self) -> list[W.Widget]:
         return [self._add_btn, self._save_btn, self._remove_btn, self._pick, self._previous_btn,
@@ -779,7 +780,7 @@ class KnowledgeEditor(_View, W.VBox):
 
     def show_page(self, page: int) -> _html.KnowledgePage:
         """Turn the list to ``page`` (from 0; clamped to the pages there are). The picked entry stays picked."""
-        return self._action(self._refresh, page=page)
+        return cast("_html.KnowledgePage", self._action(self._refresh, page=page))
 
     def next_page(self) -> _html.KnowledgePage:
         """Click "Next page"."""
@@ -805,7 +806,7 @@ class KnowledgeEditor(_View, W.VBox):
                 category=self._category.value if category is None else category,
             )
         self._refresh(select=entry_id)
-        return entry_id
+        return cast("str", entry_id)
 
     def edit(self, entry: str | None = None, *, title: str | None = None, content: str | None = None,
              category: str | None = None) -> bool:
@@ -824,7 +825,7 @@ class KnowledgeEditor(_View, W.VBox):
             changed = self._action(self.controller.edit, entry, title=title, content=content,
                                    category=category)
         self._refresh(select=self.controller.resolve(entry))
-        return changed
+        return cast("bool", changed)
 
     def remove(self, entry: str | None = None) -> None:
         """Click "Remove entry" (default: the picked one)."""
@@ -932,7 +933,7 @@ def _hides_characters(text: str) -> bool:
     return not text.isprintable() and any(not ch.isprintable() and ch not in "\n\t" for ch in text)
 
 
-class Compare(_View, W.VBox):
+class Compare(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
     """One scenario under several strategies in lockstep: a table and a chart of all strategies.
 
     Buttons and their kernel-side twins: "Next turn (all)" → :meth:`next`, "Run to end" → :meth:`run`
@@ -970,7 +971,7 @@ class Compare(_View, W.VBox):
     @property
     def status(self) -> str:
         """What the last click did (one line)."""
-        return self.controller.status
+        return cast("str", self.controller.status)
 
     def _controls(self) -> list[W.Widget]:
         return [self._next_btn, self._run_btn]
@@ -987,7 +988,7 @@ class Compare(_View, W.VBox):
             out = self._action(self.controller.next)
             self._render()
         self._show_status(self.controller.status)
-        return out
+        return cast("dict[str, Turn]", out)
 
     def run(self, turns: int | None = None, *, progress: bool = False) -> pd.DataFrame:
         """Click "Run to end" (or play ``turns`` more), with a progress bar; returns :meth:`summary`.
@@ -1053,7 +1054,7 @@ def _compare_label(c: CompareController) -> str:
     return "simulated (estimated tokens)"  # Compare replays through the simulator unless a lab says otherwise
 
 
-class Monitor(W.VBox):
+class Monitor(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
     """A session's requests as they arrive: rows, running read %, $ saved, the latest request's diff and
     observation. Fed by the capture (``lab.capture(client, session=s)`` or the session a capture made): each
     stored call updates it from the thread that finished the call, so the browser never polls the store.
@@ -1096,13 +1097,13 @@ class Monitor(W.VBox):
         bundle = W.Widget._repr_mimebundle_(self, **kwargs)
         if bundle is not None:
             bundle["text/html"] = self.snapshot_html()
-        return bundle
+        return cast("dict[str, Any] | None", bundle)
 
     def __repr__(self) -> str:
         return f"Monitor(session={self.session.id!r}, requests={self.requests})"
 
 
-class WhatIf(_View, W.VBox):
+class WhatIf(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
     """Tick fixes and see what they would have changed on a session's own requests.
 
     One checkbox per fix the session's data supports (the others are listed with why not); the header shows
