@@ -141,3 +141,19 @@ class Dialect(Protocol):
     def error_body(self, status: int, message: str, request_id: str) -> bytes:
         """The API's JSON error body for an HTTP ``status``."""
         ...
+
+
+class DialectBase:
+    """What every built-in :class:`Dialect` does the same way: its repr, and ``detect`` through the registry (whose
+    evidence order needs every dialect at once)."""
+
+    name: DialectName
+
+    def __repr__(self) -> str:
+        return f"<dialect {self.name}>"
+
+    def detect(self, body: Mapping[str, Any]) -> bool:
+        from ._registry import detect
+
+        found: object = detect(body)
+        return found is self

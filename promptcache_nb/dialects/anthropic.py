@@ -35,7 +35,7 @@ from ..usage import (
     _count,
     _details,
 )
-from ._base import DialectName, SegmentSink, Unit
+from ._base import DialectBase, DialectName, SegmentSink, Unit
 from ._problems import Problems, type_name, well_formed
 from ._sse import Pairs, StreamSummary, encode_event, halves
 
@@ -539,7 +539,7 @@ def error_body(status: int, message: str, request_id: str) -> bytes:
     return json.dumps({"type": "error", "error": error, "request_id": request_id}).encode()
 
 
-class AnthropicMessages:
+class AnthropicMessages(DialectBase):
     """The Anthropic Messages format (:class:`~promptcache_nb.dialects.Dialect`)."""
 
     name: DialectName = "anthropic"
@@ -558,13 +558,6 @@ class AnthropicMessages:
     whole_units = False
     scalar_keys: Mapping[str, str] = {}
 
-    def __repr__(self) -> str:
-        return "<dialect anthropic>"
-
-    def detect(self, body: Mapping[str, Any]) -> bool:
-        from ._registry import detect
-
-        return detect(body) is self
 
     def segment(self, sink: SegmentSink) -> Sequence[str]:
         return _segment(sink)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..usage import Usage, UsageSource
-from ._base import DialectName, SegmentSink
+from ._base import DialectBase, DialectName, SegmentSink
 from ._openai import (
     FIELD_LEVELS,
     VOLATILE_FIELDS,
@@ -242,7 +242,7 @@ def sse_write(completion: dict[str, Any], *, include_usage: bool) -> list[bytes]
     return [encode_event(None, c) for c in chunks] + [encode_event(None, "[DONE]")]
 
 
-class OpenAIChat:
+class OpenAIChat(DialectBase):
     """The OpenAI Chat Completions format (:class:`~promptcache_nb.dialects.Dialect`)."""
 
     name: DialectName = "openai-chat"
@@ -261,13 +261,6 @@ class OpenAIChat:
     whole_units = True
     scalar_keys: Mapping[str, str] = {"schema": "response_format"}
 
-    def __repr__(self) -> str:
-        return "<dialect openai-chat>"
-
-    def detect(self, body: Mapping[str, Any]) -> bool:
-        from ._registry import detect
-
-        return detect(body) is self
 
     def segment(self, sink: SegmentSink) -> Sequence[str]:
         return _segment(sink)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..usage import Usage, UsageSource
-from ._base import DialectName, SegmentSink
+from ._base import DialectBase, DialectName, SegmentSink
 from ._openai import (
     FIELD_LEVELS,
     VOLATILE_FIELDS,
@@ -234,7 +234,7 @@ def sse_write(response: dict[str, Any]) -> list[bytes]:
     return [encode_event(e["type"], {**e, "sequence_number": n}) for n, e in enumerate(events)]
 
 
-class OpenAIResponses:
+class OpenAIResponses(DialectBase):
     """The OpenAI Responses format (:class:`~promptcache_nb.dialects.Dialect`)."""
 
     name: DialectName = "openai-responses"
@@ -253,13 +253,6 @@ class OpenAIResponses:
     whole_units = True
     scalar_keys: Mapping[str, str] = {"schema": "text", "system": "instructions", "msg-str": "input"}
 
-    def __repr__(self) -> str:
-        return "<dialect openai-responses>"
-
-    def detect(self, body: Mapping[str, Any]) -> bool:
-        from ._registry import detect
-
-        return detect(body) is self
 
     def segment(self, sink: SegmentSink) -> Sequence[str]:
         return _segment(sink)

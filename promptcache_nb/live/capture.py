@@ -327,16 +327,7 @@ class _SyncTransport:
             if attempt is not None:
                 self._capture._finished(attempt, status=None, headers=None, body=None, error=type(exc).__name__)
             raise
-        if attempt is None:
-            return response
-        tee = self._tee()
-        tee._setup(response.stream, self._capture, attempt, response, self._module)
-        if isinstance(response.stream, self._module.ByteStream):  # all in memory already (a mock transport)
-            tee._chunks.append(b"".join(response.stream))
-            tee._report(complete=True)
-            return response
-        response.stream = tee
-        return response
+        return response if attempt is None else _teed(response, attempt, self._capture, self._module, self._tee)
 
     def close(self) -> None:
         self.inner.close()
@@ -354,19 +345,23 @@ class _AsyncTransport:
             if attempt is not None:
                 self._capture._finished(attempt, status=None, headers=None, body=None, error=type(exc).__name__)
             raise
-        if attempt is None:
-            return response
-        tee = self._tee()
-        tee._setup(response.stream, self._capture, attempt, response, self._module)
-        if isinstance(response.stream, self._module.ByteStream):  # all in memory already (a mock transport)
-            tee._chunks.append(b"".join(response.stream))
-            tee._report(complete=True)
-            return response
-        response.stream = tee
-        return response
+        return response if attempt is None else _teed(response, attempt, self._capture, self._module, self._tee)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _teed(response: Any, attempt: _Attempt, capture: Capture, module: ModuleType, tee_cls: type) -> Any:
+    """``response`` with its body copied as the SDK reads it, reported to ``capture`` when it ends (sync and
+    async transports alike)."""
+    tee = tee_cls()
+    tee._setup(response.stream, capture, attempt, response, module)
+    if isinstance(response.stream, module.ByteStream):  # all in memory already (a mock transport)
+        tee._chunks.append(b"".join(response.stream))
+        tee._report(complete=True)
+        return response
+    response.stream = tee
+    return response
 
 
 _CLASSES: dict[str, tuple[type, type, type, type]] = {}
