@@ -337,10 +337,7 @@ def _redaction(work: Path) -> bool:
 
     import anthropic
 
-    keys = {"anthropic": "sk-ant-api03-Zx9SECRETkeyAAAA0000bbbb_cc-DD", "openai": "sk-proj-SECRETopenaiKEY0000aaaa1111",
-            "openai legacy": "sk-SECRETlegacy000011112222333344445555",
-            "google": "AIzaSySECRET_google-key000011112222abcd",
-            "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJTRUNSRVQifQ.c2lnbmF0dXJlU0VDUkVU"}
+    keys = {kind: k for kind, k in h.fake_keys("SECRET").items() if kind != "bearer"}
     places = ["/v1/models?beta=true;key={k}", "/v1/models?{k}", "/v1/models?beta=true?x={k}",
               "/v1/models?beta=true#{k}", "/v1/{k}/models", "/v1/models?api_key={k}&beta=true",
               "/v1/models?q={k}", "/v1/models;{k}", "/v1/models?a,{k}", "/v1/models?h=Bearer%20{k}"]

@@ -52,6 +52,21 @@ import bench_import  # noqa: E402 - the benchmarks' log generator: one exchanges
 
 #: A key no test anywhere else uses: grep for it in files, logs, messages and reprs.
 FAKE_KEY = "fake-key-RELIABILITY-do-not-use-000"
+
+
+def fake_keys(tag: str) -> dict[str, str]:
+    """Values shaped like each provider's API keys (what the proxy's redaction must recognise), with ``tag`` inside
+    so a test can search for them. Assembled at run time: no key-shaped literal sits in the repository for a secret
+    scanner to flag. None of them is, or was, a real key."""
+    body = f"{tag}key0000aaaa1111bbbb"
+    return {
+        "anthropic": "sk-" + "ant-api03-" + body + "_cc-DD",
+        "openai": "sk-" + "proj-" + body,
+        "openai legacy": "sk-" + body + "22223333",
+        "google": "AI" + "zaSy" + body + "_cc",
+        "bearer": f"{tag}bearer.token-0000",
+        "jwt": "eyJhbGciOiJIUzI1NiJ9." + "eyJzdWIiOiJ" + f"{tag}fQ.c2lnbmF0dXJl{tag}",
+    }
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
 
 

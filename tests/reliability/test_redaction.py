@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anthropic
 import pytest
+from _harness import fake_keys
 
 import promptcache_nb as pc
 from promptcache_nb.live.proxy import KEY_PATTERNS, RecordingProxy, redact_json, redact_url
@@ -23,12 +24,9 @@ from promptcache_nb.live.proxy import KEY_PATTERNS, RecordingProxy, redact_json,
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
 
 ROOT = Path(__file__).resolve().parents[2]
-ANT = "sk-ant-api03-Zx9DISTINCTIVEkeyAAAA0000bbbb_cc-DD"
-OAI = "sk-proj-DISTINCTIVEopenaiKEY0000aaaa1111"
-OAI_LEGACY = "sk-DISTINCTIVElegacy000011112222333344445555"
-GOOGLE = "AIzaSyDISTINCTIVE_google-key000011112222"
-BEARER = "DISTINCTIVEbearer.token-0000"
-JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJESVNUSU5DVElWRSJ9.c2lnbmF0dXJlREVJTlNUSU5DVElWRQ"
+KEYS = fake_keys("DISTINCTIVE")
+ANT, OAI, OAI_LEGACY, GOOGLE = KEYS["anthropic"], KEYS["openai"], KEYS["openai legacy"], KEYS["google"]
+BEARER, JWT = KEYS["bearer"], KEYS["jwt"]
 MODEL = "claude-sonnet-4-5"
 
 
