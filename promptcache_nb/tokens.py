@@ -74,8 +74,10 @@ class HeuristicTokenizer:
 
     One token per pre-tokenizer piece, plus: long ASCII words split every ~4.5 letters, punctuation
     runs every 2 characters, long blank runs every 8, and non-ASCII text at ~3 UTF-8 bytes a token.
-    Implemented with a handful of C-level regex scans (no per-piece Python loop): ~10 MB/s of English-like
-    text; recent short texts are counted once (a message is counted when sent, stored and sent again).
+    The definition is a handful of regex scans (:meth:`_count`, ~10 MB/s); texts of
+    :data:`_VECTOR_MIN_CHARS` or more are counted from the runs of character classes with numpy
+    (:func:`_count_runs`, the same integer, ~100 MB/s: issue 23); recent short texts are counted once
+    (a message is counted when sent, stored and sent again).
     """
 
     name = "heuristic-v1"
@@ -85,7 +87,7 @@ class HeuristicTokenizer:
             return 0
         n = _COUNTED.get(text)
         if n is None:
-            n = self._count(text)
+            n = self._count(text) if len(text) < _VECTOR_MIN_CHARS else _count_runs(text)
             if len(text) <= _COUNTED_MAX_CHARS:
                 if len(_COUNTED) >= _COUNTED_KEPT:
                     _COUNTED.clear()
@@ -94,6 +96,7 @@ class HeuristicTokenizer:
 
     @staticmethod
     def _count(text: str) -> int:
+        """The count by definition: the pieces of ``_PIECE`` plus the extras of the long runs."""
         total = len(_PIECE.findall(text))
         for w in _LONG_WORD.findall(text):
             total += math.ceil(len(w) / 4.5) - 1
@@ -105,6 +108,145 @@ class HeuristicTokenizer:
             for run in _NON_ASCII.findall(text):
                 total += max(0, math.ceil(len(run.encode("utf-8")) / 3) - 1)
         return total
+
+
+# -- HeuristicTokenizer._count from runs of character classes, vectorised ------------------------------
+# Below this length numpy's fixed cost (~40 µs a text) outweighs the regex scans (benchmarks/bench_tokens.py).
+_VECTOR_MIN_CHARS = 1024
+
+# The classes _PIECE and the extras tell apart. ASCII letters are apart from other letters for _LONG_WORD;
+# " " and "\t" share one class for _SPACE_RUN; "_" is \w but neither letter nor digit, so no piece takes it.
+_ASCII_LETTER, _LETTER, _DIGIT, _PUNCT, _SKIP, _NEWLINE, _BLANK, _SPACE, _EDGE = range(9)
+_IS_SPACE = re.compile(r"\s")
+_IS_LETTER = re.compile(r"[^\W\d_]")
+_IS_DIGIT = re.compile(r"\d")
+_IS_PUNCT = re.compile(r"[^\s\w]")
+
+
+def _char_class(ch: str) -> int:
+    """One character's class, asked of the regex engine itself so that \\s, \\w and \\d mean what they mean
+    to ``_PIECE`` (\\s takes \\x1c-\\x1f and U+0085, \\d every decimal digit, \\w "²" and "½")."""
+    if ch == "\n":
+        return _NEWLINE
+    if ch in " \t":
+        return _BLANK
+    if _IS_SPACE.match(ch):
+        return _SPACE
+    if _IS_LETTER.match(ch):
+        return _ASCII_LETTER if ch.isascii() else _LETTER
+    if _IS_DIGIT.match(ch):
+        return _DIGIT
+    return _PUNCT if _IS_PUNCT.match(ch) else _SKIP
+
+
+_RUNS: dict[str, Any] = {}  # numpy and the class tables, made on the first long text
+_UNKNOWN = 255
+
+
+def _run_tables() -> dict[str, Any]:
+    if "np" not in _RUNS:  # set last: another thread sees all the tables or none
+        import numpy as np  # lazily: `import promptcache_nb` stays free of numpy (tests/test_import_time.py)
+
+        # bytes 0x80-0xff never occur in ASCII text: 0x80 is the sentinel put around it
+        _RUNS["ascii"] = bytes([_char_class(chr(i)) for i in range(128)] + [_EDGE] * 128)
+        # every code point's class, filled in as texts bring new characters
+        wide = np.full(0x110000, _UNKNOWN, dtype=np.uint8)
+        wide[:128] = np.frombuffer(_RUNS["ascii"][:128], dtype=np.uint8)
+        _RUNS["wide"] = wide
+        _RUNS["np"] = np
+    return _RUNS
+
+
+def _count_runs(text: str) -> int:
+    """:meth:`HeuristicTokenizer._count`, computed from the maximal runs of each character class.
+
+    What ``_PIECE.findall`` matches, run by run: a run of letters is one piece, with one space before it
+    joined; a run of digits is ceil(len / 3) pieces; a run of punctuation is one; a run of whitespace is one
+    piece for its leading newlines and one for the rest (``\\s+`` is greedy and takes later newlines too),
+    unless that rest is a single " " followed by a letter, digit or punctuation, which it joins. The extras
+    are per run as in ``_count``. tests/test_tokens.py checks it equal to ``_count`` on adversarial text.
+
+    Long texts are counted in parts of about :data:`_CHUNK_CHARS`, cut after a newline followed by a
+    non-space, or between a non-space and a lone space followed by a non-space: no piece, run or extra spans
+    such a cut, and what either side of it counts does not depend on the other, so the counts add up. Small
+    arrays stay in cache and off ``mmap`` (whose fresh pages halved the speed of one 100 KB pass).
+    """
+    tables = _run_tables()
+    total, start = 0, 0
+    while len(text) - start > 2 * _CHUNK_CHARS:
+        cut = _CUT.search(text, start + _CHUNK_CHARS)
+        if cut is None:
+            break
+        total += _count_chunk(text[start:cut.end()], tables)
+        start = cut.end()
+    return total + _count_chunk(text[start:] if start else text, tables)
+
+
+_CHUNK_CHARS = 32_768
+_CUT = re.compile(r"\n(?=\S)|\S(?= \S)")
+
+
+def _count_chunk(text: str, tables: dict[str, Any]) -> int:
+    np = tables["np"]
+    extra = 0
+    if text.isascii():
+        padded = b"\x80" + text.encode("ascii") + b"\x80"
+        cls = np.frombuffer(padded.translate(tables["ascii"]), dtype=np.uint8)
+        codes = np.frombuffer(padded, dtype=np.uint8)[1:-1]
+    else:
+        try:
+            codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        except UnicodeEncodeError:  # a lone surrogate: the definition's UTF-8 length raises; so does this
+            return HeuristicTokenizer._count(text)
+        wide = tables["wide"]
+        cls = np.empty(len(codes) + 2, dtype=np.uint8)
+        cls[0] = cls[-1] = _EDGE
+        inner = cls[1:-1]
+        wide.take(codes, out=inner)
+        new = inner == _UNKNOWN
+        if new.any():
+            for c in np.unique(codes[new]).tolist():
+                wide[c] = _char_class(chr(c))
+            wide.take(codes, out=inner)
+        # runs of non-ASCII characters: one token per ~3 UTF-8 bytes past the first
+        over = np.zeros(len(codes) + 2, dtype=bool)
+        np.greater_equal(codes, 0x80, out=over[1:-1])
+        nbytes = over[1:-1].astype(np.int32)
+        nbytes += codes >= 0x800
+        nbytes += codes >= 0x10000
+        nbytes += over[1:-1]  # 2, 3 or 4 bytes; 0 for ASCII
+        edges = np.flatnonzero(over[1:] != over[:-1])
+        cum = np.zeros(len(codes) + 1, dtype=np.int64)
+        np.cumsum(nbytes, out=cum[1:])
+        run_bytes = cum[edges[1::2]] - cum[edges[::2]]
+        extra = int(np.maximum(0, (run_bytes + 2) // 3 - 1).sum())
+
+    change = np.empty(len(cls), dtype=bool)
+    change[0] = True
+    np.not_equal(cls[1:], cls[:-1], out=change[1:])
+    starts = np.flatnonzero(change)  # the opening sentinel, each run, the closing sentinel
+    classes = cls[starts]
+    prev, cur, nxt = classes[:-2], classes[1:-1], classes[2:]  # the run before, the run, the run after
+    lens = np.diff(starts[1:])
+    total = extra + int(np.count_nonzero((cur <= _LETTER) & (prev > _LETTER)))  # letter runs
+    longw = (cur == _ASCII_LETTER) & (lens >= 8)
+    if longw.any():
+        total += int(((2 * lens[longw] + 8) // 9 - 1).sum())  # ceil(len / 4.5) - 1
+    total += int(((lens[cur == _DIGIT] + 2) // 3).sum())  # \d{1,3}
+    total += int(((lens[cur == _PUNCT] + 1) // 2).sum())  # the piece, plus ceil(len / 2) - 1 from 3 up
+    blank = cur == _BLANK
+    blanks = lens[blank]
+    total += int(((blanks + 7) // 8).sum()) - len(blanks)  # ceil(len / 8) - 1, zero below 9
+    space, prev_space = (cur - _NEWLINE) <= _SPACE - _NEWLINE, (prev - _NEWLINE) <= _SPACE - _NEWLINE
+    first_newlines = (cur == _NEWLINE) & ~prev_space
+    total += int(np.count_nonzero(space & ~prev_space))  # whitespace runs
+    total += int(np.count_nonzero(first_newlines & ((nxt - _NEWLINE) <= _SPACE - _NEWLINE)))  # \n+ then more
+    lone = np.flatnonzero(blank & (lens == 1) & (nxt <= _PUNCT) & (nxt != _SKIP))
+    if len(lone):
+        lone = lone[codes[starts[lone + 1] - 1] == 0x20]  # " " joins, "\t" does not
+        if len(lone):  # the space is the whole whitespace run, or all of it after its leading newlines
+            total -= int(np.count_nonzero(~prev_space[lone] | first_newlines[lone - 1]))
+    return total
 
 
 class CharsTokenizer:
