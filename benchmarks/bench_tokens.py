@@ -14,7 +14,10 @@ Three sources of truth, each labelled in the output:
   docs/provider_cache_rules.md#token-counts), ±3 % noise, +12 tokens of frame per request.
 
 Errors are mean |estimate − truth| / truth, in percent; "calibrated" is the leave-one-out error of
-``pc.calibrate`` (each request predicted by a fit without it). Prints figures; asserts nothing.
+``pc.calibrate`` (each request predicted by a fit without it). Then the speed of each counter, and of the heuristic's
+two implementations (issue 23): the regex definition and the vectorised count of long texts, on code-like and
+prose-like text of 1, 10 and 100 KB (CPU time, best of 3; the two counts are checked equal). Prints figures;
+asserts nothing.
 
     .venv/bin/python benchmarks/bench_tokens.py
 """
@@ -26,9 +29,11 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import promptcache_nb as pc
+from promptcache_nb import tokens
 from promptcache_nb.request import SegmentMemo, prepare
 from promptcache_nb.tokens import NEWER_CLAUDE_RATIO, HeuristicTokenizer, ModelTokenizer
 
@@ -160,6 +165,38 @@ def main() -> None:
     started = time.perf_counter()
     n = HeuristicTokenizer().count(big)
     print(f"heuristic-v1: {len(big) / (time.perf_counter() - started) / 1e6:.1f} MB/s ({n:,} tokens)")
+    heuristic_speeds()
+
+
+def mb_per_s(count: Callable[[str], int], sample: str) -> float:
+    """CPU MB/s of ``count`` on ``sample``, best of 3 rounds of ~2 MB each."""
+    reps = max(1, 2_000_000 // len(sample))
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        for _ in range(reps):
+            count(sample)
+        best = min(best, (time.process_time() - started) / reps)
+    return len(sample) / best / 1e6
+
+
+def heuristic_speeds() -> None:
+    """The regex definition against the vectorised count (what ``count`` uses from ``_VECTOR_MIN_CHARS`` on)."""
+    rng = random.Random(23)
+    print(f"\nheuristic-v1, CPU MB/s: regex definition vs vectorised (count() takes the latter from "
+          f"{tokens._VECTOR_MIN_CHARS:,} chars)")
+    print(f"{'text':17} {'size':>7} {'regex':>8} {'vector':>8} {'speed-up':>9}")
+    tokens._count_runs("warm up the tables")
+    samples = {"code": "".join(rng.choice([CODE, JSON]) for _ in range(1000)), "prose": text("prose", 700, rng),
+               "mixed (non-ASCII)": text("mixed", 400, rng)}
+    for kind, long in samples.items():
+        for size in (1_000, 10_000, 100_000):
+            sample = long[:size]
+            old, new = HeuristicTokenizer._count, tokens._count_runs
+            if old(sample) != new(sample):
+                raise SystemExit(f"{kind} {size}: the counts differ: {old(sample)} vs {new(sample)}")
+            a, b = mb_per_s(old, sample), mb_per_s(new, sample)
+            print(f"{kind:17} {size // 1000:>4} KB {a:>8.1f} {b:>8.1f} {b / a:>8.1f}x")
 
 
 if __name__ == "__main__":

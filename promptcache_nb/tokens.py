@@ -173,8 +173,9 @@ def _count_runs(text: str) -> int:
     """
     tables = _run_tables()
     total, start = 0, 0
-    while len(text) - start > 2 * _CHUNK_CHARS:
-        cut = _CUT.search(text, start + _CHUNK_CHARS)
+    size = _CHUNK_CHARS if text.isascii() else _CHUNK_CHARS // 4  # 4-byte code points, 8-byte byte sums
+    while len(text) - start > 2 * size:
+        cut = _CUT.search(text, start + size)
         if cut is None:
             break
         total += _count_chunk(text[start:cut.end()], tables)
