@@ -93,6 +93,8 @@ class _Chain:
     responses: dict[tuple[str, str], _Response] = field(default_factory=dict)
     open: _Response | None = None  # the response still streaming (its usage may grow)
     pending_events: list[str] = field(default_factory=list)
+    # per history index: (the message, its length then, the copy the last body sent); see ``_sent_messages``
+    sent: list[tuple[dict[str, Any], int, dict[str, Any]]] = field(default_factory=list)
 
 
 class ClaudeCodeReader:
@@ -175,7 +177,7 @@ class ClaudeCodeReader:
                         yield SkippedLine(file, rec.line, f"assistant line: {exc}")
                         continue
                     yield from close(chain)
-                    resp = self._open(rec, message, key, at, chain.history, tuple(chain.pending_events))
+                    resp = self._open(rec, message, key, at, chain, tuple(chain.pending_events))
                     chain.pending_events.clear()
                     chain.responses[key] = resp
                     chain.open = resp
@@ -201,10 +203,10 @@ class ClaudeCodeReader:
             # new ones) hold no API traffic of their own
 
     def _open(self, rec: JsonLine, message: dict[str, Any], key: tuple[str, str], at: datetime,
-              history: list[dict[str, Any]], events: tuple[str, ...]) -> _Response:
+              chain: _Chain, events: tuple[str, ...]) -> _Response:
         """Start a response: snapshot the body sent for it, then give it its place in the history."""
-        body = {"model": message["model"],
-                "messages": [{"role": m["role"], "content": list(m["content"])} for m in history]}
+        history = chain.history
+        body = {"model": message["model"], "messages": _sent_messages(chain)}
         if history and history[-1]["role"] == "assistant":
             target = history[-1]  # two responses in a row (e.g. after an interrupted one) form one message
         else:
@@ -237,6 +239,29 @@ class ClaudeCodeReader:
             reply=resp.reply,
             provider="anthropic",
         )
+
+
+def _sent_messages(chain: _Chain) -> list[dict[str, Any]]:
+    """Copies of the history's messages as sent now; a message unchanged since the last body is that body's copy.
+
+    History messages only grow (blocks are appended), so a copy stays true while its message's length does. Equal
+    leading messages that are the very same objects are the shared prefix the checker and the segmenter
+    recognise by identity, instead of marshalling the whole history again for every request (issue 23).
+    """
+    sent = chain.sent
+    out = []
+    for i, m in enumerate(chain.history):
+        n = len(m["content"])
+        if i < len(sent) and sent[i][0] is m and sent[i][1] == n:
+            out.append(sent[i][2])
+            continue
+        copy = {"role": m["role"], "content": list(m["content"])}
+        if i < len(sent):
+            sent[i] = (m, n, copy)
+        else:
+            sent.append((m, n, copy))
+        out.append(copy)
+    return out
 
 
 def _chain_of(obj: dict[str, Any], session: str, chains: dict[str, _Chain], owner: dict[str, _Chain]) -> _Chain:
