@@ -15,6 +15,7 @@ from .crosscheck import openclaw_crosscheck
 from .frames import compare_df, efficiency, summarize
 from .observe import Change, Observation, ObservationState, Snapshot, snapshot  # observe(): from .observe
 from .prices import Prices, price_model_id, prices_for
+from .rollups import group_summary, session_summary
 from .resimulate import (
     SELF_HOSTED,
     compare_caches,
@@ -31,8 +32,9 @@ __all__ = [
     "Calibration", "Change", "IdealRead", "KeepWarm", "OBSERVATION_COLUMNS", "Observation", "ObservationState",
     "Prices",
     "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "carried_over", "compare_caches",
-    "compare_df", "efficiency", "ideal_read", "keep_warm", "load_calibration", "load_turns",
+    "compare_df", "efficiency", "group_summary", "ideal_read", "keep_warm", "load_calibration", "load_turns",
     "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
-    "request_prices", "resimulate", "simulate", "snapshot", "stored_diff_and_observation", "summarize",
+    "request_prices", "resimulate", "session_summary", "simulate", "snapshot", "stored_diff_and_observation",
+    "summarize",
     "ttl_whatif",
 ]
