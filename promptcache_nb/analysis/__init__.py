@@ -15,7 +15,6 @@ from .crosscheck import openclaw_crosscheck
 from .frames import compare_df, efficiency, summarize
 from .observe import Change, Observation, ObservationState, Snapshot, snapshot  # observe(): from .observe
 from .prices import Prices, price_model_id, prices_for
-from .rollups import group_summary, session_summary
 from .resimulate import (
     SELF_HOSTED,
     compare_caches,
@@ -25,6 +24,7 @@ from .resimulate import (
     resimulate,
     simulate,
 )
+from .rollups import group_summary, session_summary
 from .whatif import KeepWarm, keep_warm, rebuilds, ttl_whatif
 
 __all__ = [

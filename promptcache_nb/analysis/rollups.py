@@ -15,10 +15,10 @@ without a price add nothing (the column is None when no rebuild could be priced)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._config import SessionConfig
 from .._protocols import LabLike
 from ..usage import Usage
 from .frames import derived_totals
@@ -68,8 +68,8 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None) -> p
     sums = lab.store.session_totals(ids)
     if ids is not None:  # the caller's order (an import's order), not the store's
         sums = sums.set_index("session").loc[ids].reset_index()
-    found = rebuild_rows(lab, ids)
-    lost = _lost_usd(lab, found)
+    found = rebuild_rows(lab, ids, explain=False)
+    lost = _lost_usd(found)
     count: dict[str, int] = {}
     dollars: dict[str, float] = {}
     for row, usd in zip(found, lost, strict=True):
@@ -109,8 +109,8 @@ def group_summary(lab: LabLike, by: str) -> pd.DataFrame:
     if by not in GROUP_BY:
         raise ValueError(f"cannot summarise by {by!r}; choose one of: {', '.join(GROUP_BY)} (or nothing: per session)")
     sums = lab.store.group_totals(by)
-    found = [r for r in rebuild_rows(lab) if r["usage_source"] in ("live", "imported")]
-    lost = _lost_usd(lab, found)
+    found = [r for r in rebuild_rows(lab, explain=False) if r["usage_source"] in ("live", "imported")]
+    lost = _lost_usd(found)
     project = {r["id"]: r["project_id"] for r in lab.store.session_rows()} if by == "project" else {}
 
     def key(row: dict[str, Any]) -> Any:
@@ -148,21 +148,21 @@ def _day(at: Any) -> Any:
     return (t.tz_convert("UTC") if t.tzinfo is not None else t).date()
 
 
-def _lost_usd(lab: LabLike, rows: list[dict[str, Any]]) -> list[float | None]:
+def _lost_usd(rows: list[dict[str, Any]]) -> list[float | None]:
     """Each rebuild row's dollars lost (see the module docstring), None when its request has no price."""
     import pandas as pd
 
-    pricers: dict[str, Callable[[str, bool], Prices | None]] = {}
-    if rows:
-        for s in lab.store.session_rows():
-            pricers[s["id"]] = _pricer(s)
+    pricers: dict[tuple[str, str | None], Callable[[str, bool], Prices | None]] = {}
     out: list[float | None] = []
     for r in rows:
         parts = [None if pd.isna(r[k]) else int(r[k]) for k in ("input_tokens", "cache_read_input_tokens",
                                                                  "cache_creation_input_tokens")]
         uncached, read, write = parts
-        measured = r["usage_source"] in ("live", "imported")
-        prices = pricers[r["session"]](r["model"], measured)
+        key = (str(r["cache_model"]), r["session_prices"])
+        pricer = pricers.get(key)
+        if pricer is None:
+            pricer = pricers[key] = _pricer(*key)
+        prices = pricer(r["model"], r["usage_source"] in ("live", "imported"))
         if prices is None or uncached is None or read is None or write is None:
             out.append(None)
             continue
@@ -181,15 +181,14 @@ def _lost_usd(lab: LabLike, rows: list[dict[str, Any]]) -> list[float | None]:
     return out
 
 
-def _pricer(session_row: dict[str, Any]) -> Callable[[str, bool], Prices | None]:
+def _pricer(cache_model: str, session_prices: str | None) -> Callable[[str, bool], Prices | None]:
     """A stored session's request prices, as the session priced them (``Session._request_prices``): its explicit
-    prices, else the request's own model's."""
-    own = SessionConfig.from_stored(session_row["config"]).prices
+    prices (``sessions.config`` ``prices``, JSON), else the request's own model's."""
+    own = json.loads(session_prices) if session_prices else None
     if own:
         fixed = Prices(**own)
         return lambda _model, _measured: fixed
-    cache = str(session_row["cache_model"])
-    return lambda model, measured: request_prices(cache, model, measured=measured)
+    return lambda model, measured: request_prices(cache_model, model, measured=measured)
 
 
 __all__ = ["GROUP_BY", "GROUP_SUMMARY_COLUMNS", "SESSION_SUMMARY_COLUMNS", "group_summary", "session_summary"]

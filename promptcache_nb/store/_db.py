@@ -33,8 +33,8 @@ from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import prefix_record
 from ..tokens import segment_tokens
-from ._doctor import CORE_TABLES, damaged, schema_problems
 from . import _rollups
+from ._doctor import CORE_TABLES, damaged, schema_problems
 from ._migrations import applied, migrate, rollback_if_active
 
 if TYPE_CHECKING:  # pandas loads on the first DataFrame (duckdb's .df() imports it): not with the package
