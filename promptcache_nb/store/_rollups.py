@@ -72,7 +72,9 @@ SELECT x.session_id, x.idx, x."at", x.model, x.measured, x.usage_source, x.input
        x.cache_creation_input_tokens, x.cache_creation_1h_input_tokens, x.output_tokens, x.total, x.prev_total,
        x.lost, epoch(x."at" - x.prev_at) AS gap_seconds, x.cache_reason, t.cache_detail, t.events, x.legacy,
        s.cache_model, json_extract(s.config, '$.prices')::VARCHAR AS session_prices
-FROM x JOIN sessions s ON s.id = x.session_id JOIN turns t ON t.session_id = x.session_id AND t.idx = x.idx
+FROM x JOIN sessions s ON s.id = x.session_id
+     JOIN (SELECT session_id, idx, cache_detail, events FROM turns WHERE {where}) t
+       ON t.session_id = x.session_id AND t.idx = x.idx
 WHERE (x.rebuild AND NOT x.legacy) OR (x.legacy AND x.pos = 1)
 ORDER BY x.session_id, x.idx
 """
