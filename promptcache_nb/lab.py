@@ -387,12 +387,16 @@ class Lab:
         return self.open_session(session_id, backend=backend)
 
     def import_log(self, paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
-                   project: str | None = None, progress: bool | None = None) -> ImportResult:
+                   project: str | None = None, progress: bool | None = None, workers: int = 1) -> ImportResult:
         """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
 
         ``paths`` is a file, a directory (walked), a glob or a list. Each session's new requests are stored in
         one transaction with their **measured** usage; importing the same file again adds only what is new.
         Returns a :class:`~promptcache_nb.ImportResult` (``.sessions``, ``.requests``, ``.skipped``).
+
+        ``workers=N`` reads and stores file groups (a Claude Code project folder, a session with its sub-agents,
+        one file) in N processes, and this process merges them (``importers/_parallel.py``): the same stored
+        result as ``workers=1``, in less wall time when there are several groups.
 
         Example:
             >>> res = lab.import_log("~/.claude/projects/-home-me-billing")  # doctest: +SKIP
@@ -401,7 +405,7 @@ class Lab:
         from .importers import import_log
 
         show = self.progress if progress is None else progress
-        return import_log(self, paths, format=format, project=project, progress=show)
+        return import_log(self, paths, format=format, project=project, progress=show, workers=workers)
 
     def capture(self, client: Any, *, session: Session | None = None, project: str | None = None,
                 cache: str | None = None) -> AbstractContextManager[Capture]:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._example import example_fleet
-from ._import import FileGroup, FleetImport, GroupReport, import_group, import_logs, plan_groups
+from ..importers._groups import FileGroup, plan_groups
+from ._import import FleetImport, GroupReport, import_group, import_logs
 
 if TYPE_CHECKING:
     from ..lab import Lab

@@ -113,7 +113,9 @@ def attach_dataset(store: Store, out: str) -> list[str]:
         select = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in columns)
         source = f"read_parquet({_quote(files)}, hive_partitioning = true, union_by_name = true)"
         key = CONTENT_KEYS.get(table)
-        if key:  # the same content row from several groups: keep one
+        if table == "projects":  # several groups' sessions in one project: created at the earliest start
+            source = f"(SELECT id, min(created_at) AS created_at FROM {source} GROUP BY id)"
+        elif key:  # the same content row from several groups: keep one
             source = f"(SELECT DISTINCT ON ({key}) * FROM {source})"
         con.execute(f"DROP TABLE {table}")
         con.execute(f"CREATE VIEW {table} AS SELECT {select} FROM {source}")
