@@ -339,3 +339,27 @@ def test_openclaw_trace_pairs_a_retried_call_and_skips_its_zero_usage_error(lab:
     res = lab.import_log(trace, progress=False)
     assert res.requests == 2
     assert list(res.skipped.reason) == ["stopReason 'error' with zero usage: not a billed request"]
+
+
+def test_pi_openai_completions_reasoning_counted_twice_is_corrected_or_flagged(tmp_path: Path) -> None:
+    """pi-ai stores output = completion_tokens + reasoning_tokens (completion already holds reasoning): a provider
+    total below the four counts' sum gives the excess back; pi's own total cannot, and says so; oh-my-pi's
+    reasoningTokens (a part of output) is kept, output untouched."""
+    doubled = usage(1200, 8000, 0, 900)
+    doubled["totalTokens"] -= 400  # the provider's total_tokens: 500 completion tokens, 400 of them reasoning
+    lines = [header(), user("u1", None, T0, "hi"),
+             assistant("a1", "u1", T0, doubled, api="openai-completions", provider="openai", model="o4-mini"),
+             user("u2", "a1", T0 + timedelta(seconds=9), "more"),
+             assistant("a2", "u2", T0 + timedelta(seconds=10), usage(1200, 8000, 0, 900), api="openai-completions",
+                       provider="openai", model="o4-mini"),
+             user("u3", "a2", T0 + timedelta(seconds=19), "again"),
+             assistant("a3", "u3", T0 + timedelta(seconds=20), usage(1200, 8000, 0, 500, reasoningTokens=400),
+                       api="openai-completions", provider="openai", model="o4-mini"),
+             user("u4", "a3", T0 + timedelta(seconds=29), "and anthropic"),
+             assistant("a4", "u4", T0 + timedelta(seconds=30), usage(3, 8000, 100, 900))]
+    recs = [r for r in PiReader().read(write(tmp_path / "s.jsonl", lines)) if hasattr(r, "usage")]
+    assert [r.usage.output_tokens for r in recs] == [500, 900, 500, 900]
+    assert "output = output - 400" in recs[0].usage.notes[0]
+    assert "upper bound" in recs[1].usage.notes[0]
+    assert recs[2].usage.reasoning_tokens == 400 and not recs[2].usage.notes
+    assert not any("reasoning" in n for n in recs[3].usage.notes)

@@ -21,6 +21,12 @@ pi (badlogic/pi-mono, ``~/.pi/agent/sessions/--<cwd>--/<ISO>_<uuid>.jsonl``) and
   split of the write. Two eras count ``input`` *with* the cached tokens and are converted (with a note):
   the ``google-generative-ai`` / ``google-vertex`` apis, and OpenAI apis before pi-ai 0.12.10 (entries before
   2025-12-04).
+* **Reasoning on** ``openai-completions``: pi-ai adds ``reasoning_tokens`` to ``completion_tokens``, which already
+  holds them, so ``output`` counts reasoning twice on a reasoning model (``agent_log_formats.md`` §1.3). When
+  ``totalTokens`` falls short of the four counts' sum (the provider's total, reasoning counted once), the
+  excess is taken off output; otherwise (pi computes ``totalTokens`` itself, so the count is lost) output is
+  kept as logged, an upper bound, and a note says so. oh-my-pi logs ``reasoningTokens`` (a part of output,
+  counted once): it becomes ``reasoning_tokens`` and output is left alone.
 * ``model_change`` and ``thinking_level_change`` entries become ``model_switch`` / ``thinking_level_change``
   events of the next request; the request's own ``provider`` / ``model`` are what it was sent to.
 * **Forks** (``parentSession`` in the header) copy the parent's path into a new file: when the parent file is
@@ -354,6 +360,12 @@ def pi_usage(raw: Any, *, api: str | None, at: datetime, where: str = "usage") -
         uncached -= counts["cacheRead"]
         notes.append(f"usage.input counts cached tokens on the {api_name} api (pi-ai rule): uncached input = "
                      "input - cacheRead")
+    output, reasoning = counts["output"], raw.get("reasoningTokens")
+    if isinstance(reasoning, bool) or not isinstance(reasoning, int) or not 0 <= reasoning <= output:
+        reasoning = None  # oh-my-pi's count, a part of output; absent (or implausible) elsewhere
+    if api_name == "openai-completions" and reasoning is None and output:
+        output, note = _completions_output(uncached, counts, raw.get("totalTokens"))
+        notes.append(note)
     five = one = None
     cttl = raw.get("cttl")
     if isinstance(cttl, dict):
@@ -365,8 +377,26 @@ def pi_usage(raw: Any, *, api: str | None, at: datetime, where: str = "usage") -
         notes.append(TTL_SPLIT_UNKNOWN_NOTE.replace("no usage.cache_creation", "pi's usage has no cttl split"))
     return Usage(input_tokens=uncached, cache_read_input_tokens=counts["cacheRead"],
                  cache_creation_input_tokens=counts["cacheWrite"], cache_creation_5m_input_tokens=five,
-                 cache_creation_1h_input_tokens=one, output_tokens=counts["output"], source="imported",
-                 raw=dict(raw), notes=tuple(notes))
+                 cache_creation_1h_input_tokens=one, output_tokens=output, source="imported",
+                 raw=dict(raw), reasoning_tokens=reasoning, notes=tuple(notes))
+
+
+def _completions_output(uncached: int, counts: dict[str, int], total: Any) -> tuple[int, str]:
+    """pi-ai's ``openai-completions`` output, and the note saying what was assumed.
+
+    pi-ai stores ``output = completion_tokens + reasoning_tokens``, but ``completion_tokens`` already holds the
+    reasoning: on a reasoning model the reasoning is counted twice. Current pi-ai computes ``totalTokens`` from
+    that output, so the reasoning count is lost and output is kept as an upper bound; a ``totalTokens`` short of
+    the four counts' sum is the provider's own total (which counts reasoning once), and the difference is the
+    reasoning counted twice, taken off output."""
+    excess = uncached + counts["cacheRead"] + counts["cacheWrite"] + counts["output"] - total \
+        if isinstance(total, int) and not isinstance(total, bool) else 0
+    if 0 < excess <= counts["output"]:
+        return counts["output"] - excess, (
+            f"pi-ai's openai-completions usage counts reasoning twice (output = completion_tokens + "
+            f"reasoning_tokens): output = output - {excess}, the excess over usage.totalTokens")
+    return counts["output"], ("pi-ai's openai-completions usage may count reasoning twice (output = "
+                              "completion_tokens + reasoning_tokens, the count not logged): output is an upper bound")
 
 
 def provider_of(api: str | None, provider: str | None) -> str:
