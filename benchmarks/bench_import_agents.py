@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import promptcache_nb as pc
-from promptcache_nb.importers import detect
+from promptcache_nb.importers import detect, gemini_cli
 
 WORDS = ("refund ledger invoice currency exponent rounding webhook retry settlement audit").split()
 
@@ -260,9 +260,12 @@ def measure(name: str, path: Path, floors: list[Callable[[], None]], folder: Pat
         f()
     floor = time.process_time() - t
     reader = detect(path)
+    # the Gemini reader keeps the last telemetry file it parsed: each measurement starts without it
+    gemini_cli._read_telemetry.cache_clear()
     t = time.process_time()
     n = sum(1 for r in reader.read(path) if hasattr(r, "usage"))
     read = time.process_time() - t
+    gemini_cli._read_telemetry.cache_clear()
     lab = pc.Lab(folder / f"{name}.duckdb")
     t, c = time.perf_counter(), time.process_time()
     res = lab.import_log(path, progress=False)

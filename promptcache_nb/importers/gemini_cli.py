@@ -285,7 +285,7 @@ class TelemetryCall:
     session: str
     end: datetime
     counts: tuple[int, int, int]  # input (inclusive), cached, output: as the chat's tokens
-    contents: list[Any] | None  # the Gemini ``contents`` sent, when logPrompts kept them
+    request_text: str | None  # the JSON of the Gemini ``contents`` sent, when logPrompts kept them (parsed on use)
 
 
 def _telemetry_near(chat: Path) -> Path | None:
@@ -371,20 +371,16 @@ def _telemetry_call(attrs: dict[str, Any], pid: str, request_text: Any) -> Telem
         end = parse_timestamp(attrs.get("event.timestamp"))
     except ValueError:
         return None
-    contents = None
-    if isinstance(request_text, str):
-        try:
-            parsed = json.loads(request_text)
-        except ValueError:
-            parsed = None
-        contents = parsed if isinstance(parsed, list) else None
-    return TelemetryCall(session, end, (ints[0], ints[1], ints[2]), contents)
+    text = request_text if isinstance(request_text, str) else None
+    return TelemetryCall(session, end, (ints[0], ints[1], ints[2]), text)
 
 
 class _TelemetryIndex:
     """A telemetry file's calls by (session, counts), each handed to one chat request at most."""
 
     def __init__(self, path: Path | None) -> None:
+        # the last contents converted, item by item: the next call's history repeats them, converted once
+        self._last: list[tuple[Any, list[dict[str, Any]]]] = []
         self._by: dict[tuple[str, tuple[int, int, int]], list[TelemetryCall]] = {}
         for call in _telemetry_calls(path) if path is not None else ():
             self._by.setdefault((call.session, call.counts), []).append(call)
@@ -399,16 +395,26 @@ class _TelemetryIndex:
             return None
         best = min(candidates, key=lambda c: abs(c.end - at))
         self._by[key].remove(best)
-        return None if best.contents is None else _contents_messages(best.contents)
+        try:
+            contents = json.loads(best.request_text) if best.request_text is not None else None
+        except ValueError:
+            contents = None
+        if not isinstance(contents, list):
+            return None
+        converted: list[tuple[Any, list[dict[str, Any]]]] = []
+        for i, content in enumerate(contents):
+            held = self._last[i] if i < len(self._last) else None
+            converted.append(held if held is not None and held[0] == content else (content, _content_messages(content)))
+        self._last = converted
+        return [m for _, msgs in converted for m in msgs]
 
 
-def _contents_messages(contents: list[Any]) -> list[dict[str, Any]]:
-    """Gemini API ``contents`` (``{role: user|model, parts}``) as Chat Completions messages, by the rules the
-    chat records follow (see "Bodies" in the module docstring)."""
+def _content_messages(content: Any) -> list[dict[str, Any]]:
+    """One Gemini API ``Content`` (``{role: user|model, parts}``) as Chat messages, by the rules the chat records
+    follow (see "Bodies" in the module docstring): a model turn is one assistant message (its function calls as
+    ``tool_calls``); a user turn is its function responses as tool messages, then its text."""
     out: list[dict[str, Any]] = []
-    for content in contents:
-        if not isinstance(content, dict):
-            continue
+    if isinstance(content, dict):
         parts = _parts(content.get("parts"))
         if content.get("role") == "model":
             answer: dict[str, Any] = {"role": "assistant", "content": "".join(t["text"] for t in _text_of(parts))}
@@ -418,8 +424,7 @@ def _contents_messages(contents: list[Any]) -> list[dict[str, Any]]:
                 answer["tool_calls"] = [{"id": str(c.get("id") or c.get("name", "")), "type": "function",
                                          "function": {"name": str(c.get("name", "")),
                                                       "arguments": _dumps(c.get("args") or {})}} for c in calls]
-            out.append(answer)
-            continue
+            return [answer]
         for p in parts:
             fr = p.get("functionResponse") if isinstance(p, dict) else None
             if isinstance(fr, dict):
