@@ -409,3 +409,35 @@ def test_gemini_telemetry_file_alone_is_listed_not_counted(tmp_path):
         assert res.requests == 9  # the chat's calls once: the telemetry adds bodies, never requests
     finally:
         lab.close()
+
+
+def test_import_agent_knows_every_agents_usual_place_and_its_override(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    shutil.copytree(LOGS / "pi" / "--home-ann-ledger-api--", home / ".pi" / "agent" / "sessions" / "--p--")
+    shutil.copytree(LOGS / "pi" / "omp", home / ".omp" / "agent" / "sessions")
+    shutil.copytree(LOGS / "openclaw", home / ".openclaw")
+    shutil.copytree(LOGS / "claude_code", home / ".claude" / "projects")
+    shutil.copytree(LOGS / "codex", tmp_path / "codex-home" / "sessions")
+    found = {a: agent_log_files(a, home=home, env={"CODEX_HOME": str(tmp_path / "codex-home")})
+             for a in ("pi", "openclaw", "claude-code", "codex")}
+    assert len(found["pi"]) == 3 and any(f.parent.name.endswith("_7c2e41d0b9a3") for f in found["pi"])  # sub-agent
+    assert sorted(f.name for f in found["openclaw"])[:2] == ["9b1d6f0e-3a52-4c47-b8e1-5d0c2e7a4f19.jsonl",
+                                                          "anthropic-payload.jsonl"]
+    assert len(found["claude-code"]) == len(list((LOGS / "claude_code").rglob("*.jsonl")))
+    assert len(found["codex"]) == len(list((LOGS / "codex").rglob("*.jsonl")))
+    # an agent's own variable wins over the usual folder
+    assert agent_log_files("pi", home=tmp_path / "nobody",
+                           env={"PI_CODING_AGENT_DIR": str(home / ".pi" / "agent")}) == [
+        f for f in found["pi"] if ".pi" in f.parts]
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("PI_CODING_AGENT_DIR", "OMP_CODING_AGENT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["import", "--db", str(tmp_path / "a.duckdb"), "--agent", "pi", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    ref = pc.Lab(tmp_path / "ref.duckdb")
+    try:
+        res = ref.import_log(found["pi"], progress=False)
+        assert f"{res.requests} new requests" in out  # the CLI read the same three files
+        assert sum(1 for s in res.sessions if s.parent_id) == 2  # oh-my-pi's side call and its sub-agent
+    finally:
+        ref.close()
