@@ -91,9 +91,6 @@ class Original:
     def measured(self) -> bool:
         return any(t.stored.get("usage_source") in MEASURED for t in self.turns)
 
-    def gaps(self) -> list[float | None]:
-        return [None] + [(b.at - a.at).total_seconds() for a, b in zip(self.turns, self.turns[1:], strict=False)]
-
     def _prices(self, model: str) -> Prices | None:
         cfg = self.row["config"].get("prices")
         return Prices(**cfg) if cfg else request_prices(self.cache, model)
@@ -151,10 +148,7 @@ class Original:
             elif name == "breakpoints":
                 done = self._best_breakpoints(plan.requests, params)
             elif name == "ttl":
-                done = _fixes.ttl(plan.requests, gaps=self.gaps())
-                if unlogged is not None:  # the client's assumed breakpoints (AnthropicCache client_ttls)
-                    params["client_ttls"] = ["1h", "1h"]
-                    done.changed = [r.origin for r in plan.requests]
+                done, params = self._best_ttl(plan.requests, params)
             else:
                 done = _fixes.keep_warm(plan.requests, ttl_seconds=self._ttl_of(params),
                                         worth=self._ping_pays(plan.requests, params))
@@ -175,6 +169,40 @@ class Original:
             cost = float(self.simulate(Plan(done.requests, dict(params))).cost_usd.sum())
             tried.append((cost, i, done))
         return min(tried, key=lambda t: (t[0], t[1]))[2]
+
+    def _best_ttl(self, requests: list[Request], params: dict[str, Any]) -> tuple[_fixes.Applied, dict[str, Any]]:
+        """:func:`~._fixes.ttl` per breakpoint: each place a 1h run can end (none, tools, system, messages — on a
+        partial body the client's assumed prefix and conversation breakpoints, ``client_ttls``) replayed, the
+        cheapest kept. When the TTLs as sent are already the cheapest, the cheapest other choice is returned (its
+        finding then says it costs more, and what it would have read instead of rebuilt). The evidence names the
+        gaps that drove the choice."""
+        base = self.simulate(Plan(list(requests), dict(params)))
+        tried: list[tuple[float, int, _fixes.Applied, dict[str, Any], bool, pd.DataFrame]] = []
+        if self.partial is not None:  # the client's assumed breakpoints (AnthropicCache client_ttls)
+            roles = _fixes.PARTIAL_TTL_ROLES
+            now = tuple(params.get("client_ttls") or ("5m", "5m"))
+            for k, through in enumerate((None, *roles)):
+                ttls = _fixes.ttl_roles(through, roles)
+                p = {**params, "client_ttls": [ttls[r] for r in roles]}
+                same = tuple(p["client_ttls"]) == now
+                done = _fixes.Applied(list(requests), [] if same else [r.origin for r in requests],
+                                      _fixes.ttl_label(through, roles))
+                df = self.simulate(Plan(done.requests, p))
+                tried.append((float(df.cost_usd.sum()), k, done, p, same, df))
+        else:
+            present = _fixes.marked_roles(requests)
+            for k, through in enumerate((None, *present)):
+                done = _fixes.ttl(requests, through=through)
+                done.evidence = _fixes.ttl_label(through, present)
+                df = self.simulate(Plan(done.requests, dict(params)))
+                tried.append((float(df.cost_usd.sum()), k, done, dict(params), not done.changed, df))
+        best = min(tried, key=lambda t: (t[0], t[1]))
+        kept = best[4]
+        if kept and len(tried) > 1:
+            best = min((t for t in tried if not t[4]), key=lambda t: (t[0], t[1]))
+        _, _, done, p, _, df = best
+        done.evidence = _ttl_evidence(requests, base, df, done.evidence, kept=kept)
+        return done, p
 
     def _ttl_of(self, params: dict[str, Any]) -> Any:
         """A body's shortest entry lifetime: 1h only when every marker (or assumed breakpoint) is 1h."""
@@ -227,6 +255,45 @@ class Original:
                                params=dict(plan.cache_params))
         df["ping"] = [r.ping for r in plan.requests]
         return df
+
+
+def _minutes(gap: float) -> str:
+    return f"{gap / 60:.0f} min"
+
+
+def _gap_list(items: list[tuple[int, float]], limit: int = 3) -> str:
+    """``the 20 min gap before request 3`` / ``3 gaps (20 min before request 3, 12 min before 9, …)``."""
+    if len(items) == 1:
+        return f"the {_minutes(items[0][1])} gap before request {items[0][0]}"
+    shown = ", ".join(f"{_minutes(g)} before {i}" for i, g in items[:limit])
+    return f"{len(items)} gaps ({shown}{', …' if len(items) > limit else ''})"
+
+
+def _ttl_evidence(requests: Sequence[Request], base: pd.DataFrame, df: pd.DataFrame, choice: str, *,
+                  kept: bool) -> str:
+    """What drove a TTL choice, in gaps: those after which the choice reads what the TTLs as sent rebuilt (or
+    the reverse), and the gaps over an hour that rebuild under any TTL."""
+    gaps = [None, *((b.at - a.at).total_seconds() for a, b in zip(requests, requests[1:], strict=False))]
+    before = base.cache_read_input_tokens.fillna(0).to_numpy()
+    after = df.cache_read_input_tokens.fillna(0).to_numpy()
+    gained = [(r.origin, g) for r, g, a, b in zip(requests, gaps, before, after, strict=True)
+              if g is not None and b > a]
+    lost = [(r.origin, g) for r, g, a, b in zip(requests, gaps, before, after, strict=True)
+            if g is not None and b < a]
+    middle = [(r.origin, g) for r, g in zip(requests, gaps, strict=True) if g is not None and 300 < g <= 3600]
+    longer = [(r.origin, g) for r, g in zip(requests, gaps, strict=True) if g is not None and g > 3600]
+    parts = [f"keep the TTLs as sent (the cheapest); the best other choice, {choice}" if kept else choice]
+    if gained:
+        parts.append(f"reads instead of rebuilding after {_gap_list(gained)}")
+    if lost:
+        parts.append(f"rebuilds after {_gap_list(lost)} (read as sent, for 2× writes that cost more)")
+    if not middle:
+        parts.append("no idle gap between 5 and 60 min: a 1h entry outlives no gap a 5m one does not")
+    elif not gained and not lost:
+        parts.append(f"{_gap_list(middle)} between 5 and 60 min change no read")
+    if longer:
+        parts.append(f"over 60 min, {_gap_list(longer)} rebuild{'s' if len(longer) == 1 else ''} under any TTL")
+    return "; ".join(parts)
 
 
 def pd_isna(value: Any) -> bool:
