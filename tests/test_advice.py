@@ -431,6 +431,35 @@ def test_shipped_claude_code_example_gets_only_timing_advice() -> None:
         assert row.session in advice.summary() or "requests" in advice.summary()
 
 
+def test_sessions_that_shared_a_project_cache_are_replayed_together() -> None:
+    """A second Claude Code conversation 45 min after the first reads the system prompt the first wrote at 1h.
+    Replayed alone it would write it; replayed with its project's sessions (each under its own client TTLs) the
+    baseline reads what was measured, and its advice's confidence goes from meaningless to exact."""
+    from promptcache_nb.advice._advice import _confidence
+    from promptcache_nb.advice._counterfactual import Original
+
+    with pc.Lab(progress=False) as lab:
+        lab.import_log(pc.data_path("logs") / "claude_code")
+        rows = {r["id"]: r for r in lab.store.session_rows(None)}
+        later = next(sid for sid, r in rows.items() if r["config"]["session_kind"] == "main"
+                     and lab.session(id=sid).n_turns == 1)
+        orig = Original.load(lab.session(id=later))
+        assert {x.key for x in orig.shared} == set(rows) - {later}  # its project, within the hour before it
+        measured = lab.session(id=later).turns().cache_read_input_tokens.tolist()
+        together = orig.simulate(orig.plan(()))
+        alone = Original(orig.lab, orig.row, orig.turns, orig.calibration, orig.cache, orig.cache_params, orig.memo)
+        apart = alone.simulate(alone.plan(()))
+        assert apart.cache_read_input_tokens.tolist() == [0] and measured == [14210]
+        assert together.cache_read_input_tokens.tolist() == measured
+        err_apart, _ = _confidence(alone, apart)
+        err_together, label = _confidence(orig, together)
+        assert err_apart > 5 and err_together < 0.05 and "low" not in label
+        advice = pc.advise(lab.session(id=later))
+        assert set(advice.findings.confidence) == {label}
+        # another cache model is no provider cache these sessions shared: replayed alone
+        assert Original.load(lab.session(id=later), cache="openai").shared == ()
+
+
 # -- the command line ----------------------------------------------------------------------------
 def test_cli_advise_prints_ranked_findings_within_120_columns(tmp_path, capsys) -> None:
     from promptcache_nb.cli import main

@@ -37,7 +37,7 @@ ACTIONS: dict[str, str] = {
     "tail_volatile": "Move what keeps changing (the clock, counters) out of the system prompt",
     "durable_deltas": "Pin the system prompt and send its changes as durable deltas",
     "breakpoints": "Put cache breakpoints on the tools, the system prompt and the newest message",
-    "ttl": "Use the 1-hour cache TTL",
+    "ttl": "Choose 5m or 1h per cache breakpoint from the idle gaps",
     "keep_warm": "Keep the cache warm through idle gaps with pings",
     "all": "Apply together every fix that saves alone",
 }

@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._config import SessionConfig
 from ..analysis import Prices, load_calibration
-from ..analysis.resimulate import StoredTurn, _resimulate_turns, load_turns, request_prices
+from .._shared import cache_scope_of
+from ..analysis.resimulate import SharedStream, StoredTurn, _resimulate_turns, load_turns, request_prices
+from ..cache import get_cache_model
 from ..errors import PromptCacheError, SessionError
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
@@ -53,6 +56,8 @@ class Original:
     cache: str
     cache_params: dict[str, Any]
     memo: SegmentMemo
+    #: the other sessions of its cache scope replayed beside it (:meth:`family`), as stored
+    shared: tuple[SharedStream, ...] = ()
     #: simulations by (the bodies' ids, ping flags, cache parameters) -> (those bodies, kept alive; the frame)
     _sims: dict[Any, tuple[list[Any], pd.DataFrame]] = field(default_factory=dict, repr=False)
 
@@ -77,7 +82,8 @@ class Original:
         turns = load_turns(lab, session.id, memo=memo)
         name = cache or row["cache_model"]
         params = dict(row["config"].get("cache_params") or {}) if name == row["cache_model"] else {}
-        return cls(lab, row, turns, calibration, name, params, memo)
+        shared = _family(lab, row, turns) if name == row["cache_model"] else ()
+        return cls(lab, row, turns, calibration, name, params, memo, shared)
 
     @property
     def partial(self) -> int | None:
@@ -252,9 +258,37 @@ class Original:
         turns = [StoredTurn(r.origin, r.at, models[r.origin], req, 0 if r.ping else outputs[r.origin], {})
                  for r, req in (prepared if prepared is not None else self.prepared(plan))]
         df = _resimulate_turns(turns, self.row, self.cache, price_model=None, prices=None,
-                               params=dict(plan.cache_params))
+                               params=dict(plan.cache_params), shared=self.shared)
         df["ping"] = [r.ping for r in plan.requests]
         return df
+
+
+def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[SharedStream, ...]:
+    """The other sessions that shared ``row``'s simulated provider cache, as stored: those of its cache scope
+    (``project`` for an imported session: its sub-agents, compaction calls and other conversations read each
+    other's entries), with the same cache model and the same parameters but for ``client_ttls`` (each its own
+    client's). Only their requests within the cache's longest lifetime before this session's first request and
+    up to its last can touch what it reads. Counterfactual sessions are never family."""
+    scope = cache_scope_of(row)
+    if scope == "session" or not turns:
+        return ()
+    params = {k: v for k, v in (row["config"].get("cache_params") or {}).items() if k != "client_ttls"}
+    horizon = get_cache_model(row["cache_model"], **(row["config"].get("cache_params") or {})).state_horizon_seconds()
+    start = turns[0].at - timedelta(seconds=horizon) if horizon is not None else None
+    end = turns[-1].at
+    out = []
+    for other in lab.store.session_rows(row["cache_model"]):
+        config = other["config"]
+        if other["id"] == row["id"] or config.get("counterfactual_of") or cache_scope_of(other) != scope \
+                or scope == "project" and other["project_id"] != row["project_id"]:
+            continue
+        own = dict(config.get("cache_params") or {})
+        if {k: v for k, v in own.items() if k != "client_ttls"} != params:
+            continue
+        near = [t for t in load_turns(lab, other["id"], since=start) if t.at <= end]
+        if near:
+            out.append(SharedStream(other["id"], near, own))
+    return tuple(out)
 
 
 def _minutes(gap: float) -> str:

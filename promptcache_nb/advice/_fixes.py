@@ -19,8 +19,10 @@ sharing what they shared, and segmenting them stays linear).
 * ``breakpoints`` — markers on the last tool, the last system block and the last block of the newest message
   (3 of Anthropic's 4) instead of what the client placed (docs/provider_cache_rules.md: 4 markers, 20-block
   lookback).
-* ``ttl`` — every marker (and the automatic one) with a 1h TTL; on partial bodies the client's assumed
-  breakpoints (Anthropic's 1h cache writes cost 2×; claude-cache-audit's break-even verdict).
+* ``ttl`` — per breakpoint, 5m or 1h: 1h on the markers up to a cut (tools, system, messages — on partial bodies
+  the client's assumed prefix and conversation breakpoints), 5m after it, so every 1h breakpoint comes before
+  every 5m one; the counterfactual replays each cut and keeps the cheapest, naming the gaps that drove it
+  (Anthropic's 1h cache writes cost 2× base input, 5m 1.25×; claude-cache-audit's break-even verdict).
 * ``keep_warm`` — a ping (the previous body, ``max_tokens: 0``) every TTL − 1 min through an idle gap that
   would expire the cache, where the pings cost less than the rebuild (Anthropic pre-warming; as
   :func:`promptcache_nb.keep_warm` pings).
@@ -51,7 +53,7 @@ FIX_SOURCES: dict[str, str] = {
     "tail_volatile": "picoclaw #3321 / OpenClaw #77521: the clock at the tail",
     "durable_deltas": "Lore #747: durable prompt deltas",
     "breakpoints": "Anthropic: up to 4 cache_control markers, 20-block lookback",
-    "ttl": "Anthropic 1h cache TTL (writes cost 2×)",
+    "ttl": "Anthropic 5m / 1h cache TTLs per breakpoint (1h writes cost 2×, 5m 1.25×)",
     "keep_warm": "Anthropic pre-warming pings",
 }
 
