@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 import promptcache_nb as pc
@@ -458,6 +459,57 @@ def test_sessions_that_shared_a_project_cache_are_replayed_together() -> None:
         assert set(advice.findings.confidence) == {label}
         # another cache model is no provider cache these sessions shared: replayed alone
         assert Original.load(lab.session(id=later), cache="openai").shared == ()
+
+
+def test_compaction_timing_on_the_shipped_partial_logs() -> None:
+    """Claude Code compacted 4.6 min after its last request (a warm 5m cache: the conversation it had cached is
+    discarded) 3 requests after a 6 min gap had expired that cache anyway; pi likewise; Codex had no idle gap."""
+    expected = {
+        "claude_code": (9, 6, "discarded a warm cache (1,695 tokens); the 6 min gap before request 6 had expired it "
+                              "3 requests earlier: compacting there rebuilds once, not twice"),
+        "pi": (8, 6, "discarded a warm cache (8,600 tokens); the 12 min gap before request 6 had expired it 2 "
+                     "requests earlier: compacting there rebuilds once, not twice"),
+        "codex": (6, None, "discarded a warm cache (1,152 tokens); no idle gap since the first request: no cheaper "
+                           "moment in this log"),
+    }
+    for name, (idx, cold, verdict) in expected.items():
+        with pc.Lab(progress=False) as lab:
+            lab.import_log(pc.data_path("logs") / name)
+            advice = pc.advise(lab)
+            (row,) = advice.compactions.itertuples(index=False)
+            assert (row.idx, row.verdict, row.source, bool(row.warm)) == (idx, verdict, "measured", True)
+            assert (None if pd.isna(row.cold_gap_before) else int(row.cold_gap_before)) == cold
+            turns = lab.session(id=row.session).turns()
+            assert row.rewrite_tokens == turns.cache_creation_input_tokens[idx]  # the measured write, as stored
+            at = turns["at"]
+            assert row.gap_seconds == (at[idx] - at[idx - 1]).total_seconds() < row.ttl_seconds
+            assert f"compaction     {row.session} request {idx}: " in advice.text(width=400)
+            assert "not simulated" in advice.text(width=400) and "Compaction timing" in advice._repr_html_()
+            # the one function says the same
+            again = pc.advice.compaction_timing(lab.session(id=row.session))
+            assert list(again.verdict) == [verdict] and "not simulated" in again.attrs["not_simulated"]
+
+
+def test_compaction_after_an_idle_gap_is_well_timed() -> None:
+    with pc.Lab(progress=False) as lab:
+        s = _gapped_session(lab, [1, 1])
+        body = _bodies(s)[-1]
+        summary = {"role": "user", "content": [{"type": "text", "text": "Summary: the invoices are tidy.",
+                                                "cache_control": {"type": "ephemeral"}}]}
+        at = s.turns()["at"].iloc[-1].to_pydatetime()
+        s.record({**body, "messages": [summary]}, at=at + timedelta(minutes=12), events=("compaction",))
+        s.record({**body, "messages": [{**summary, "content": [{"type": "text", "text": "Summary: tidy."}]},
+                                       {"role": "assistant", "content": "ok"},
+                                       {"role": "user", "content": [{"type": "text", "text": "next",
+                                                                     "cache_control": {"type": "ephemeral"}}]}]},
+                 at=at + timedelta(minutes=13), events=("compaction",))
+        df = pc.advice.compaction_timing(s)
+        first, second = df.itertuples(index=False)
+        assert (first.idx, bool(first.warm), first.discarded_tokens, first.source) == (3, False, 0, "simulated")
+        assert first.verdict == ("well timed: after a 12 min gap the cache had expired (TTL 5 min); the rewrite "
+                                 "discarded nothing warm")
+        assert bool(second.warm) and second.discarded_tokens > 0  # right after the first: nothing idle since
+        assert second.verdict.endswith("no idle gap since the previous compaction: no cheaper moment in this log")
 
 
 # -- the command line ----------------------------------------------------------------------------

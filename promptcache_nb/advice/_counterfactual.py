@@ -97,7 +97,8 @@ class Original:
     def measured(self) -> bool:
         return any(t.stored.get("usage_source") in MEASURED for t in self.turns)
 
-    def _prices(self, model: str) -> Prices | None:
+    def prices(self, model: str) -> Prices | None:
+        """The prices a request of ``model`` is costed with (the session's own, else its cache's for the model)."""
         cfg = self.row["config"].get("prices")
         return Prices(**cfg) if cfg else request_prices(self.cache, model)
 
@@ -113,7 +114,7 @@ class Original:
                 replay.extend(([int(x) for x in sim.total_tokens], list(sim.itertuples(index=False))))
             totals, rows = replay
             row = rows[i]
-            p = self._prices(row.model)
+            p = self.prices(row.model)
             if p is None or pd_isna(row.cache_creation_input_tokens):
                 return False
             lost = max(0, int(row.cache_creation_input_tokens) - max(0, totals[i] - totals[i - 1]))
