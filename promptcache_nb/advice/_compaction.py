@@ -102,8 +102,9 @@ def compaction_rows(orig: Original) -> list[dict[str, Any]]:
                        f"{cold[0]} had expired it {t.idx - cold[0]} requests earlier: compacting there rebuilds once, "
                        "not twice")
         else:
-            verdict = (f"discarded a warm cache ({discarded:,} tokens); no idle gap since the "
-                       f"{'previous compaction' if last_compaction else 'first request'}: no cheaper moment in this log")
+            since = "previous compaction" if last_compaction else "first request"
+            verdict = (f"discarded a warm cache ({discarded:,} tokens); no idle gap since the {since}: no cheaper "
+                       "moment in this log")
         rows.append({**row, "gap_seconds": gap, "ttl_seconds": ttl, "warm": warm, "discarded_tokens": discarded,
                      "rewrite_tokens": write, "rewrite_usd": usd, "cold_gap_before": None if cold is None else cold[0],
                      "cold_gap_seconds": None if cold is None else cold[1], "verdict": verdict})

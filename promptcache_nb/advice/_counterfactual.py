@@ -16,8 +16,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._config import SessionConfig
-from ..analysis import Prices, load_calibration
 from .._shared import cache_scope_of
+from ..analysis import Prices, load_calibration
 from ..analysis.resimulate import SharedStream, StoredTurn, _resimulate_turns, load_turns, request_prices
 from ..cache import get_cache_model
 from ..errors import PromptCacheError, SessionError
