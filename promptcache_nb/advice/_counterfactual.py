@@ -325,7 +325,7 @@ def _ttl_evidence(requests: Sequence[Request], base: pd.DataFrame, df: pd.DataFr
     if not middle:
         parts.append("no idle gap between 5 and 60 min: a 1h entry outlives no gap a 5m one does not")
     elif not gained and not lost:
-        parts.append(f"{_gap_list(middle)} between 5 and 60 min change no read")
+        parts.append(f"{_gap_list(middle)} between 5 and 60 min change{'s' if len(middle) == 1 else ''} no read")
     if longer:
         parts.append(f"over 60 min, {_gap_list(longer)} rebuild{'s' if len(longer) == 1 else ''} under any TTL")
     return "; ".join(parts)
