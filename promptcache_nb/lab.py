@@ -101,7 +101,19 @@ class Lab:
         elif not isinstance(path, str | os.PathLike):
             raise TypeError(f"Lab(path): a file path (str or Path) or None, got {type(path).__name__}")
         self.path: str = os.fspath(path)
-        self.store = Store(self.path, read_only=read_only, trace=trace)  # trace=print: every statement, as it runs
+        self._setup(Store(self.path, read_only=read_only, trace=trace), tokenizer, progress)
+
+    @classmethod
+    def over_store(cls, store: Store, *, tokenizer: Tokenizer | None = None, progress: bool = True) -> Lab:
+        """A Lab over a store opened some other way: ``pc.fleet.open`` gives one whose tables are views over a
+        Parquet dataset (read-only)."""
+        lab = cls.__new__(cls)
+        lab.path = store.path
+        lab._setup(store, tokenizer, progress)
+        return lab
+
+    def _setup(self, store: Store, tokenizer: Tokenizer | None, progress: bool) -> None:
+        self.store = store  # trace=print: every statement, as it runs
         self.tokenizer = tokenizer or DEFAULT_TOKENIZER
         self.progress = progress
         #: Each project's knowledge, read once and kept up to date (``_shared.KnowledgeCache``): handed to sessions.

@@ -523,6 +523,40 @@ class Store:
             self._columns_cache[table] = cols
         return cols
 
+    # -- the store as a Parquet dataset (pc.fleet; store/_parquet.py) ---------------------------------
+    def export_parquet(self, out: str, group: str) -> None:
+        """Write every table as Parquet files of file group ``group`` under the dataset directory ``out``,
+        replacing that group's earlier files (:mod:`._parquet`)."""
+        from ._parquet import export_group
+
+        export_group(self, out, group)
+
+    def export_dataset_tables(self, out: str) -> None:
+        """Write the tables fitted over a whole dataset (calibrations) under ``out``."""
+        from ._parquet import export_dataset_tables
+
+        export_dataset_tables(self, out)
+
+    @classmethod
+    def open_dataset(cls, out: str, *, writable_dataset_tables: bool = False) -> Store:
+        """A store whose tables are views over the Parquet dataset at ``out``: every read works, every write
+        raises StoreError (``writable_dataset_tables``: the calibrations table, an in-memory copy, may be
+        written, so a calibration can be fitted over the whole dataset)."""
+        from ._parquet import attach_dataset
+
+        store = cls(":memory:")
+        try:
+            attach_dataset(store, out)
+        except duckdb.Error as exc:
+            store.close()
+            raise StoreError(f"cannot read fleet dataset {out!r}: {_one_line(exc)}") from None
+        except BaseException:
+            store.close()
+            raise
+        store.path = out
+        store.read_only = not writable_dataset_tables
+        return store
+
     def close(self) -> None:
         if self.con is not None:
             self.con.close()
