@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._example import example_fleet
 from ..importers._groups import FileGroup, plan_groups
+from ._example import example_fleet
 from ._import import FleetImport, GroupReport, import_group, import_logs
 
 if TYPE_CHECKING:
