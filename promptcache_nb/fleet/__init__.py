@@ -36,4 +36,5 @@ def open(out: str | Path, *, progress: bool = True) -> Lab:  # noqa: A001 - pc.f
     from ..lab import Lab
     from ..store import Store
 
-    return Lab.over_store(Store.open_dataset(os.path.abspath(os.fspath(out))), progress=progress)
+    path = os.fspath(out)
+    return Lab.over_store(Store.open_dataset(path if "://" in path else os.path.abspath(path)), progress=progress)
