@@ -187,7 +187,7 @@ def test_a_process_pool_writes_the_same_dataset(tmp_path: Path, logs: list[Path]
 @pytest.mark.slow
 def test_a_dask_local_cluster_writes_the_single_process_store(tmp_path: Path, logs: list[Path]) -> None:
     distributed = pytest.importorskip("distributed", reason="the [dask] extra is not installed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   silence_logs=40) as cluster, distributed.Client(cluster) as client:
         r = fleet.import_logs(logs, out=tmp_path / "out", executor=client.get_executor(), progress=False)
     assert r.requests > 0

@@ -254,7 +254,7 @@ def _fit_calibrations(out: str) -> None:
 
     store = Store.open_dataset(out, writable_dataset_tables=True)
     try:
-        store.con.execute("DELETE FROM calibrations")
+        store.clear_calibrations()
         lab = Lab.over_store(store, progress=False)
         calibrate_families(lab, store.measured_models())
         store.export_dataset_tables(out)

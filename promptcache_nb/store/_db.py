@@ -1209,6 +1209,10 @@ class Store:
         return [r["model"] for r in self.query(
             "SELECT DISTINCT model FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY model")]
 
+    def clear_calibrations(self) -> None:
+        """Forget every saved calibration (a fleet dataset's are fitted again over the whole dataset)."""
+        self._live().execute("DELETE FROM calibrations")
+
     def models_of(self, session_ids: Sequence[str]) -> list[str]:
         """The models the requests of ``session_ids`` used, sorted."""
         if not session_ids:
