@@ -14,6 +14,7 @@ import warnings
 from typing import Any
 
 from . import advice, analysis, errors, plots, tokens, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
+from . import fleet as fleet  # pc.fleet.import_logs; outside __all__, which is at its cap of 45 names
 from ._data import data_path
 from .advice import advise, counterfactual
 from .analysis import Observation, compare_df, summarize
