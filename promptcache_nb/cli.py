@@ -184,7 +184,7 @@ def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
             from distributed import Client
         except ImportError:
             raise PromptCacheError("import --scheduler: needs Dask (pip install 'promptcache_nb[dask]')") from None
-        client = Client(args.scheduler)
+        client = Client(args.scheduler)  # type: ignore[no-untyped-call]  # distributed ships partial types
         executor = client.get_executor()
     elif args.workers > 1:
         executor = ProcessPoolExecutor(args.workers)

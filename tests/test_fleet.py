@@ -235,3 +235,18 @@ def test_cli_imports_a_fleet_on_worker_processes(tmp_path: Path, logs: list[Path
     assert fleet.open(out).store.session_count() > 0
     assert main(["import", str(logs[0]), "--quiet"]) == 2  # neither --db nor --out
     assert "give --db FILE" in capsys.readouterr().err
+
+
+def test_a_dataset_at_an_fsspec_url(tmp_path: Path, logs: list[Path]) -> None:
+    # fsspec's in-memory filesystem stands in for an object store (s3://... is the same code, not tested here)
+    fsspec = pytest.importorskip("fsspec", reason="fsspec is not installed")
+    url = f"memory://fleet-{os.getpid()}"
+    try:
+        r = fleet.import_logs(logs, out=url, progress=False)
+        assert r.requests > 0 and fsspec.filesystem("memory").exists(f"{url[9:]}/_fleet.json")
+        assert _tables(fleet.open(url)) == _tables(_single_process(tmp_path, logs))
+        assert (fleet.import_logs(logs, out=url, progress=False).groups["status"] == "unchanged").all()
+    finally:
+        fsspec.filesystem("memory").rm(url[9:], recursive=True)
+    with pytest.raises(StoreError, match="no fleet dataset"):
+        fleet.open("memory://nothing-here")
