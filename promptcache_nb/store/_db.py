@@ -326,6 +326,9 @@ class Store:
         # None once closed (``closed``); public methods reach it through _live(), which says so
         self.con: duckdb.DuckDBPyConnection = None  # type: ignore[assignment]
         self.commit_count = 0  # outermost transactions committed: callers tell "stored" from "rolled back"
+        #: The number of the current (or last) outermost transaction: an object that moved ahead of the file
+        #: inside one notes it, so a rollback reloads only those (``Lab._all_or_nothing``).
+        self.tx_serial = 0
         memory = self.path.startswith(":memory:")
         if memory and read_only:
             raise StoreError("an in-memory store cannot be opened read-only; pass the path of a store file")
@@ -441,6 +444,7 @@ class Store:
             return
         con.begin()
         self._tx_depth = 1
+        self.tx_serial += 1
         self._pending_known = {}
         self._pending_nodes = set()
         committed = False
@@ -476,6 +480,11 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+
+    @property
+    def in_transaction(self) -> bool:
+        """True inside :meth:`transaction` (or :meth:`batch`): what is written now may still be rolled back."""
+        return self._tx_depth > 0
 
     @contextmanager
     def batch(self) -> Iterator[None]:
