@@ -201,6 +201,38 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C that arrives inside the block waits for its end, then raises KeyboardInterrupt: a rollback, and
+    the reads that bring objects back to what the store holds after it, run whole even when Ctrl-C is pressed
+    again (a KeyboardInterrupt in the middle of a rollback would leave the transaction open). Only in the main
+    thread with Python's default SIGINT handler (as :func:`interruptible`, which already only records one)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    pressed: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
+
+
+#: Rows per ``append_rows`` call. DuckDB's appender neither checks for Ctrl-C nor honours ``con.interrupt()``;
+#: between calls Python runs, so a Ctrl-C during a long bulk write stops it within one slice (a few ms).
+APPEND_SLICE = 1024
+
+
+def _append(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Append ``rows`` to ``table`` through DuckDB's appender, a slice at a time (:data:`APPEND_SLICE`)."""
+    with con.appender(table) as ap:
+        for i in range(0, len(rows), APPEND_SLICE):
+            ap.append_rows(rows[i:i + APPEND_SLICE])
+
+
 def _describe_header(head: bytes) -> str:
     if head.startswith(b"SQLite format 3\x00"):
         return "an SQLite database"
@@ -452,7 +484,8 @@ class Store:
             try:
                 yield
             except BaseException as exc:
-                rollback_if_active(con)
+                with sigint_deferred():
+                    rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -460,13 +493,16 @@ class Store:
                 con.commit()
             except duckdb.Error as exc:
                 if not _interrupted(exc):
-                    rollback_if_active(con)  # a failed COMMIT stored nothing
+                    with sigint_deferred():
+                        rollback_if_active(con)  # a failed COMMIT stored nothing
                     raise
-                committed = not rollback_if_active(con)  # interrupted (interruptible): as below
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)  # interrupted (interruptible): as below
                 raise KeyboardInterrupt from None
             except BaseException as exc:
                 # an interrupt around COMMIT: stored iff no transaction is left to roll back
-                committed = not rollback_if_active(con)
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -480,6 +516,14 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+
+    def ensure_rolled_back(self) -> None:
+        """After an outermost transaction ended by an exception: roll back what DuckDB may still hold open (a
+        second Ctrl-C can land in the few bytecodes before :meth:`transaction`'s rollback starts), so that what
+        is read next is what the file holds. Does nothing inside a transaction or when none is open."""
+        if self.con is not None and not self._tx_depth and not self.read_only:
+            with sigint_deferred():
+                rollback_if_active(self.con)
 
     @property
     def in_transaction(self) -> bool:
@@ -511,16 +555,13 @@ class Store:
         for table in ("blocks", "prefix_nodes", "session_messages"):
             rows = buffered.pop(table, None)
             if rows:
-                with con.appender(table) as ap:
-                    ap.append_rows(rows)
+                _append(con, table, rows)
         turns = buffered.pop("turns", None)
         if turns:
             values = attrgetter(*self._table_columns("turns"))  # the table's column order
-            with con.appender("turns") as ap:
-                ap.append_rows([values(rec) for rec in turns])
+            _append(con, "turns", [values(rec) for rec in turns])
         for table, rows in buffered.items():  # anything else _insert deferred
-            with con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(con, table, rows)
 
     def _table_columns(self, table: str) -> list[str]:
         cols = self._columns_cache.get(table)
@@ -767,8 +808,7 @@ class Store:
             self.con.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(rows)),
                              [v for r in rows for v in r]).fetchall()
         else:
-            with self.con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(self.con, table, rows)
 
     # -- knowledge ----------------------------------------------------------------------------
     def knowledge(self, project_id: str, *, include_deleted: bool = False) -> list[KnowledgeEntry]:
