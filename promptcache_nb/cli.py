@@ -4,6 +4,8 @@ endpoint)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -302,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated subset of: {', '.join(strategies)} (default: all)")
     d.add_argument("--out", default="build/demo", metavar="DIR", help="output directory (default: %(default)s)")
     d.add_argument("--quiet", action="store_true", help="no progress bars")
-    d.set_defaults(fn=cmd_demo)
+    d.set_defaults(fn=cmd_demo, interrupted="the scenario turns being written were rolled back (what was stored "
+                                           "before them is whole): run demo again, it starts the store afresh")
     r = sub.add_parser("replay", help="replay one scenario under one strategy into a DuckDB file",
                        description="Replay a scenario under one strategy and cache model, appending a session to "
                                    "the store (created if missing; nothing is created when an option is wrong).")
@@ -313,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"provider cache model: {', '.join(caches)} (default: %(default)s)")
     r.add_argument("--db", required=True, metavar="FILE.duckdb", help="the store (required; created if missing)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
-    r.set_defaults(fn=cmd_replay)
+    r.set_defaults(fn=cmd_replay, interrupted="the scenario turns being written were rolled back: the session keeps "
+                                              "the whole turns stored before them (replaying again starts a new "
+                                              "session)")
     q = sub.add_parser("sql", help="run SQL against a promptcache_nb DuckDB file",
                        description="Run one SQL query against a store opened read-only (a missing file is an "
                                    "error, never created) and print the result as a table. Tables: "
@@ -354,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--full-paths", action="store_true",
                    help="add a source_path column with each session's full log path (default: sources relative "
                         "to the paths given)")
-    i.set_defaults(fn=cmd_import)
+    i.set_defaults(fn=cmd_import, interrupted="nothing of the session being stored was kept; the sessions stored "
+                                              "before it are whole: run the same import again to store the rest")
     a = sub.add_parser("advise", help="what to change, and what it would have saved: every fix replayed on the "
                                       "stored traffic, ranked by dollars (simulated counterfactual)",
                        description="Replay each stored session (or --session) with each fix applied (tail_volatile, "
@@ -389,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (None: the command line); returns the exit status (130 after Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
         code: int = args.fn(args)
@@ -397,7 +404,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"promptcache-nb: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        # the store is closed by now (its `with` block ended), its unfinished transaction rolled back
+        note = getattr(args, "interrupted", None)
+        print("promptcache-nb: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
+        if argv is None:
+            _exit_now(130)
         return 130
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once, skipping the interpreter's teardown: after a Ctrl-C, with the store closed, nothing is left
+    to finish, and freeing pandas, DuckDB and every module took 0.2-0.8 s measured (longer than stopping the work).
+    Only for the command line (``main()`` without ``argv``): a caller in the same process gets the status back."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from .errors import PromptCacheError, SessionError
 from .live import Backend
 from .scenario import DEFAULT_START, Restart, Scenario, ScenarioTurn, set_model_check, set_prompt_check
 from .session import Session, check_texts
-from .store import Store
+from .store import Store, sigint_deferred
 from .strategies import get_strategy
 from .tokens import DEFAULT_TOKENIZER, Tokenizer
 
@@ -177,16 +177,23 @@ class Lab:
     def _all_or_nothing(self, transaction: AbstractContextManager[None]) -> Iterator[None]:
         store = self.store
         commits = store.commit_count
+        serial: int | None = None
         try:
             with transaction:
+                serial = store.tx_serial
                 yield
         except BaseException:
-            if store.commit_count == commits:  # rolled back: no object may keep what the store lost
-                self.knowledge_cache.clear()
-                self.caches.drop_all()  # they saw requests the store lost: rebuilt on next use
-                for s in list(self._open.values()):
-                    if not s.closed:
-                        s.reload()  # closes itself when created inside the block (it no longer exists)
+            # Rolled back (the transaction's exit did that before we get here): no object may keep what the
+            # store lost. Only the sessions that took in a change of this transaction are reloaded; the others
+            # hold what is stored, and reloading every open one made a Ctrl-C wait for reads (~0.5 s in `demo`).
+            if store.commit_count == commits:
+                with sigint_deferred():  # a second Ctrl-C waits: objects half reloaded would disagree with the store
+                    store.ensure_rolled_back()
+                    self.knowledge_cache.clear()
+                    self.caches.drop_all()  # they saw requests the store lost: rebuilt on next use
+                    for s in list(self._open.values()):
+                        if not s.closed and serial is not None and s.changed_in(serial):
+                            s.reload()  # closes itself when created inside the block (it no longer exists)
             raise
 
     def active_session(self, session_id: str) -> Session | None:

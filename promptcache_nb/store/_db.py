@@ -206,6 +206,38 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C that arrives inside the block waits for its end, then raises KeyboardInterrupt: a rollback, and
+    the reads that bring objects back to what the store holds after it, run whole even when Ctrl-C is pressed
+    again (a KeyboardInterrupt in the middle of a rollback would leave the transaction open). Only in the main
+    thread with Python's default SIGINT handler (as :func:`interruptible`, which already only records one)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    pressed: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
+
+
+#: Rows per ``append_rows`` call. DuckDB's appender neither checks for Ctrl-C nor honours ``con.interrupt()``;
+#: between calls Python runs, so a Ctrl-C during a long bulk write stops it within one slice (a few ms).
+APPEND_SLICE = 1024
+
+
+def _append(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Append ``rows`` to ``table`` through DuckDB's appender, a slice at a time (:data:`APPEND_SLICE`)."""
+    with con.appender(table) as ap:
+        for i in range(0, len(rows), APPEND_SLICE):
+            ap.append_rows(rows[i:i + APPEND_SLICE])
+
+
 def _describe_header(head: bytes) -> str:
     if head.startswith(b"SQLite format 3\x00"):
         return "an SQLite database"
@@ -333,6 +365,9 @@ class Store:
         # None once closed (``closed``); public methods reach it through _live(), which says so
         self.con: duckdb.DuckDBPyConnection = None  # type: ignore[assignment]
         self.commit_count = 0  # outermost transactions committed: callers tell "stored" from "rolled back"
+        #: The number of the current (or last) outermost transaction: an object that moved ahead of the file
+        #: inside one notes it, so a rollback reloads only those (``Lab._all_or_nothing``).
+        self.tx_serial = 0
         memory = self.path.startswith(":memory:")
         if memory and read_only:
             raise StoreError("an in-memory store cannot be opened read-only; pass the path of a store file")
@@ -447,6 +482,7 @@ class Store:
             return
         con.begin()
         self._tx_depth = 1
+        self.tx_serial += 1
         self._pending_known = {}
         self._pending_nodes = set()
         committed = False
@@ -454,7 +490,8 @@ class Store:
             try:
                 yield
             except BaseException as exc:
-                rollback_if_active(con)
+                with sigint_deferred():
+                    rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -462,13 +499,16 @@ class Store:
                 con.commit()
             except duckdb.Error as exc:
                 if not _interrupted(exc):
-                    rollback_if_active(con)  # a failed COMMIT stored nothing
+                    with sigint_deferred():
+                        rollback_if_active(con)  # a failed COMMIT stored nothing
                     raise
-                committed = not rollback_if_active(con)  # interrupted (interruptible): as below
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)  # interrupted (interruptible): as below
                 raise KeyboardInterrupt from None
             except BaseException as exc:
                 # an interrupt around COMMIT: stored iff no transaction is left to roll back
-                committed = not rollback_if_active(con)
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -482,6 +522,19 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+
+    def ensure_rolled_back(self) -> None:
+        """After an outermost transaction ended by an exception: roll back what DuckDB may still hold open (a
+        second Ctrl-C can land in the few bytecodes before :meth:`transaction`'s rollback starts), so that what
+        is read next is what the file holds. Does nothing inside a transaction or when none is open."""
+        if self.con is not None and not self._tx_depth and not self.read_only:
+            with sigint_deferred():
+                rollback_if_active(self.con)
+
+    @property
+    def in_transaction(self) -> bool:
+        """True inside :meth:`transaction` (or :meth:`batch`): what is written now may still be rolled back."""
+        return self._tx_depth > 0
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -508,16 +561,13 @@ class Store:
         for table in ("blocks", "prefix_nodes", "session_messages"):
             rows = buffered.pop(table, None)
             if rows:
-                with con.appender(table) as ap:
-                    ap.append_rows(rows)
+                _append(con, table, rows)
         turns = buffered.pop("turns", None)
         if turns:
             values = attrgetter(*self._table_columns("turns"))  # the table's column order
-            with con.appender("turns") as ap:
-                ap.append_rows([values(rec) for rec in turns])
+            _append(con, "turns", [values(rec) for rec in turns])
         for table, rows in buffered.items():  # anything else _insert deferred
-            with con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(con, table, rows)
 
     def _table_columns(self, table: str) -> list[str]:
         cols = self._columns_cache.get(table)
@@ -834,8 +884,7 @@ class Store:
             self.con.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(rows)),
                              [v for r in rows for v in r]).fetchall()
         else:
-            with self.con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(self.con, table, rows)
 
     # -- knowledge ----------------------------------------------------------------------------
     def knowledge(self, project_id: str, *, include_deleted: bool = False) -> list[KnowledgeEntry]:
