@@ -148,26 +148,47 @@ def cmd_import(args: argparse.Namespace) -> int:
         return _import_fleet(args, paths)
     with pc.Lab(args.db, progress=not args.quiet) as lab:
         res = lab.import_log(paths, format=args.format, project=args.project, workers=args.workers)
+        ids = [s.id for s in res.sessions]
+        # every figure below from two queries over the imported sessions (analysis.rollups), never a loop
+        full = pc.analysis.session_summary(lab, ids) if ids else None
         summary = res.summary(full_paths=args.full_paths)
-        rebuilds = [pc.rebuilds(s) for s in res.sessions]
+        rebuilds = pc.rebuilds(lab) if args.details and ids else None
     print(f"{res!r} into {args.db} — token figures are measured (usage reported by the endpoint)")
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 200):
-        if len(summary):
-            print(_fit(summary))
+        if full is not None and len(full):
+            print(_totals_line(full))
+            if args.details or len(summary) <= TOP_SESSIONS:
+                print(_fit(summary))
+            else:
+                top = summary.assign(_cost=full["cost_usd"].fillna(-1.0).to_numpy()).sort_values(
+                    ["_cost", "session"], ascending=[False, True], kind="stable").drop(columns="_cost")
+                print(f"the {TOP_SESSIONS} costliest of {len(summary)} sessions (all of them: --details)")
+                print(_fit(top.head(TOP_SESSIONS)))
             print(_wrap(BREAKS_VS_REBUILDS + " " + UNCACHED_NOTE))
-        for s, rb in zip(res.sessions, rebuilds, strict=True):
-            if len(rb):
+        if rebuilds is not None:
+            per_session = dict(tuple(rebuilds.groupby("session", sort=False)))
+            for sid in dict.fromkeys(ids):  # import order
+                rb = per_session.get(sid)
+                if rb is None:
+                    continue
                 # the evidence dict and the long explanation are in pc.rebuilds(s); here, one line each
-                print(f"\n{s.id}: {len(rb)} rebuilds (requests that sent again > 256 tokens the cache held)")
+                print(f"\n{sid}: {len(rb)} rebuilds (requests that sent again > 256 tokens the cache held)")
                 print(_fit(rb[["idx", "at", "gap_seconds", "lost_tokens", "cause"]], max_rows=20))
         if res.unknown_models:
             print("\nmodels without a price (cost left empty): " + ", ".join(res.unknown_models))
-        if len(res.notes):
-            print(f"\n{len(res.notes)} requests priced with an assumption:")
-            print(_fit(res._relative_files(res.notes), max_rows=20))
-        if len(res.skipped):
-            print(f"\n{len(res.skipped)} skipped:")
-            print(_fit(res._relative_files(res.skipped), max_rows=20))
+        tables = [(f"{len(res.notes)} requests priced with an assumption", res.notes),
+                  (f"{len(res.skipped)} skipped", res.skipped)]
+        if args.details:
+            for title, df in tables:
+                if len(df):
+                    print(f"\n{title}:")
+                    print(_fit(res._relative_files(df), max_rows=20))
+        else:
+            listed = [title for title, df in tables if len(df)]
+            if listed:
+                print("\n" + "; ".join(listed) + " (--details lists them, with each session's rebuilds)")
+            elif full is not None and int(full["rebuilds"].sum()):
+                print("\neach session's rebuilds: --details")
     return 0
 
 
@@ -206,6 +227,25 @@ def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
         print(f"\n{len(res.skipped)} skipped (first 20):")
         print(_fit(res.skipped, max_rows=20))
     return 0
+
+
+#: Sessions the import prints by default (the costliest; ``--details`` prints them all).
+TOP_SESSIONS = 10
+
+
+def _totals_line(full: pd.DataFrame) -> str:
+    """One line of totals over a :func:`~promptcache_nb.analysis.session_summary` frame."""
+    from .analysis.frames import derived_totals
+
+    sums = {k: full[k].sum() for k in ("requests", "cache_read", "cache_write", "uncached", "cost_usd",
+                                       "cost_no_cache_usd")}
+    totals = derived_totals(sums)
+    cost = "unknown" if full["cost_usd"].isna().all() else f"${totals['cost_usd']:,.2f}"
+    lost = full["rebuild_lost_usd"]
+    lost_text = "" if lost.isna().all() else f" (${lost.sum():,.2f} lost)"
+    return _wrap(f"totals: {totals['requests']:,} requests, {len(full)} sessions, measured cache read "
+                 f"{totals['cache_read_pct']:.1f} %, cost {cost}, {int(full['rebuilds'].sum())} rebuilds{lost_text}, "
+                 f"{int(full['openclaw_breaks'].sum())} openclaw breaks")
 
 
 #: The store's tables, named in ``sql --help`` (a test keeps the list equal to a migrated store's).
@@ -338,8 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "Cline/Roo Code, vcr, HAR, proxy exchanges, OTLP JSON)",
                        description="Import agent logs (files, folders walked whole, globs) into a store: one session "
                                    "per conversation, measured usage, why each request hit or missed the cache. "
-                                   "Re-importing a growing log adds only the new requests. Prints one row per "
-                                   "session (sources relative to the paths given) and what was skipped, and why.")
+                                   "Re-importing a growing log adds only the new requests. Prints the totals and "
+                                   "the costliest sessions (sources relative to the paths given); --details prints "
+                                   "every session, its rebuilds, and what was skipped, and why.")
     i.add_argument("paths", nargs="*", help="files, directories (walked) or globs (default with --agent: the "
                                             "agent's usual log location)")
     i.add_argument("--agent", default=None, choices=AGENTS, metavar="AGENT",
@@ -356,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--project", default=None, help="knowledge project for the imported sessions "
                                                    "(default: imported/<format>)")
     i.add_argument("--quiet", action="store_true", help="no progress bars")
+    i.add_argument("--details", action="store_true",
+                   help=f"print every session (default: totals and the {TOP_SESSIONS} costliest), each session's "
+                        "rebuilds, and the skipped lines and pricing assumptions")
     i.add_argument("--full-paths", action="store_true",
                    help="add a source_path column with each session's full log path (default: sources relative "
                         "to the paths given)")

@@ -219,6 +219,19 @@ class Lab:
         """Every session of this Lab (id, project, strategy, cache model, model, creation time), oldest first."""
         return self.store.sessions_frame()
 
+    def summary(self, *, by: str | None = None) -> pd.DataFrame:
+        """Every session at once, in one query: one row per session (``by`` omitted), or the measured requests
+        per ``"project"``, ``"model"`` or ``"day"`` (UTC) with their measured cache read %, cost, rebuilds and
+        dollars lost to them (:mod:`~promptcache_nb.analysis.rollups` for the columns).
+
+        Example:
+            >>> lab.summary()[["session", "requests", "cache_read_pct", "rebuilds", "cost_usd"]]  # doctest: +SKIP
+            >>> lab.summary(by="project")                                                       # doctest: +SKIP
+        """
+        if by is None:
+            return _analysis.session_summary(self)
+        return _analysis.group_summary(self, by)
+
     def open_session(self, session_id: str, *, backend: Backend | None = None) -> Session:
         """A stored session, to continue it. Opening a session that is already open returns that same object
         (with ``backend``, when given, as its backend), so the object a notebook holds keeps working.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .._config import SessionConfig
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
-from ..analysis.frames import html_table, summarize
+from ..analysis.frames import html_table
 from ..cache.anthropic import client_ttls_from_usage
 from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
@@ -117,23 +117,16 @@ class ImportResult:
         a small loss, or one after an earlier partial read, is a rebuild without a break; a read that fell
         because the prompt got shorter (a compaction) is a break without a rebuild.
         """
-        rows = []
-        for s in self.sessions:
-            df = s.turns()
-            totals = summarize(df)  # the one summary vocabulary (analysis.frames.usage_totals)
-            rows.append({
-                "session": s.id, "requests": totals["requests"],
-                "cache_read_pct": totals["cache_read_pct"] if totals["total_input"] else None,
-                "openclaw_breaks": totals["breaks"], "rebuilds": totals["rebuilds"],
-                # no known cost is unknown, not $0 (an unpriced model's requests have a NULL cost)
-                "cost_usd": None if df.cost_usd.isna().all() else totals["cost_usd"],
-                "model": s.model, "parent": s.parent_id or "", "source": self.relative_source(s.source),
-                "source_path": s.source or "",
-            })
+        from ..analysis.rollups import session_summary
+
         columns = ["session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd", "model",
                    "parent", "source"]
-        df = _frame(rows, [*columns, "source_path"])
-        return df if full_paths else df[columns]
+        if not self.sessions:
+            df = _frame([], [*columns, "source_path"])
+        else:  # one query for every session imported (analysis.rollups: the one summary vocabulary)
+            df = session_summary(self.sessions[0].lab, [s.id for s in self.sessions])
+            df = df.assign(source_path=df["source"], source=df["source"].map(self.relative_source))
+        return df[[*columns, "source_path"]] if full_paths else df[columns]
 
     def __repr__(self) -> str:
         flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""

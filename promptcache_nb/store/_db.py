@@ -33,6 +33,7 @@ from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import prefix_record
 from ..tokens import segment_tokens
+from . import _rollups
 from ._doctor import CORE_TABLES, damaged, schema_problems
 from ._migrations import applied, migrate, rollback_if_active
 
@@ -1236,6 +1237,30 @@ class Store:
                 self._missing_block(r["block_hash"], "prefix_nodes.block_hash", r["present"])
             del r["present"]
         return {r.pop("id"): StoredNode(**r) for r in rows}
+
+    # -- every session at once (store/_rollups.py: the rebuild rule and the totals in SQL) -------------------
+    def rebuild_rows(self, session_ids: Sequence[str] | None = None, *, noise_floor: int,
+                     not_rebuild: Sequence[str]) -> pd.DataFrame:
+        """The rebuilds of every session (or of ``session_ids``), ordered by session and index, with what a
+        rebuild row needs (usage, totals, the gap, the stored cause); a legacy session (a cause never stored)
+        gives its first row only, ``legacy`` true. The rule: ``store/_rollups.py``."""
+        where, ids = _rollups.where_sessions(None if session_ids is None else list(session_ids), "$3")
+        return self.sql(_rollups.REBUILD_ROWS.format(where=where), [list(not_rebuild), noise_floor, ids])
+
+    def session_totals(self, session_ids: Sequence[str] | None = None) -> pd.DataFrame:
+        """One row per session (every session, or ``session_ids``), oldest first: its identity (project, strategy,
+        cache model, model, parent, source) and the sums of its requests."""
+        ids = None if session_ids is None else list(session_ids)
+        where, value = _rollups.where_sessions(ids, "$1")
+        where_s = _rollups.where_sessions(ids, "$1", "s.id")[0]
+        return self.sql(_rollups.SESSION_TOTALS.format(where=where, where_s=where_s), [value])
+
+    def group_totals(self, by: str) -> pd.DataFrame:
+        """The measured requests' sums per ``by`` (``project``, ``model`` or ``day``, UTC), one row per group."""
+        key = _rollups.GROUP_KEYS.get(by)
+        if key is None:
+            raise ValueError(f"cannot group by {by!r}; choose one of: {', '.join(_rollups.GROUP_KEYS)}")
+        return self.sql(_rollups.GROUP_TOTALS.format(key=key))
 
     # -- calibrations ---------------------------------------------------------------------------------------
     def measured_totals(self) -> list[dict[str, Any]]:
