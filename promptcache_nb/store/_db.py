@@ -124,6 +124,11 @@ def _file_keys(path: str) -> list[tuple[Any, ...]]:
     return [("inode", st.st_dev, st.st_ino), *keys]
 
 
+def _sql_text(text: str) -> str:
+    """``text`` as an SQL string literal (for statements that take no bind parameters: ATTACH, COPY)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
@@ -200,6 +205,38 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         w.close()
     if pressed:  # the statement finished before the interrupt reached it, or Python code ran
         raise KeyboardInterrupt
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C that arrives inside the block waits for its end, then raises KeyboardInterrupt: a rollback, and
+    the reads that bring objects back to what the store holds after it, run whole even when Ctrl-C is pressed
+    again (a KeyboardInterrupt in the middle of a rollback would leave the transaction open). Only in the main
+    thread with Python's default SIGINT handler (as :func:`interruptible`, which already only records one)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    pressed: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
+
+
+#: Rows per ``append_rows`` call. DuckDB's appender neither checks for Ctrl-C nor honours ``con.interrupt()``;
+#: between calls Python runs, so a Ctrl-C during a long bulk write stops it within one slice (a few ms).
+APPEND_SLICE = 1024
+
+
+def _append(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Append ``rows`` to ``table`` through DuckDB's appender, a slice at a time (:data:`APPEND_SLICE`)."""
+    with con.appender(table) as ap:
+        for i in range(0, len(rows), APPEND_SLICE):
+            ap.append_rows(rows[i:i + APPEND_SLICE])
 
 
 def _describe_header(head: bytes) -> str:
@@ -323,10 +360,15 @@ class Store:
                  trace: Tracer | None = None) -> None:
         self.path = str(path)
         self.read_only = read_only
+        #: why writes are refused, and what to do instead (said by every refused write)
+        self.read_only_why = "read_only=True; open it again without read_only to change it"
         self.trace = trace
         # None once closed (``closed``); public methods reach it through _live(), which says so
         self.con: duckdb.DuckDBPyConnection = None  # type: ignore[assignment]
         self.commit_count = 0  # outermost transactions committed: callers tell "stored" from "rolled back"
+        #: The number of the current (or last) outermost transaction: an object that moved ahead of the file
+        #: inside one notes it, so a rollback reloads only those (``Lab._all_or_nothing``).
+        self.tx_serial = 0
         memory = self.path.startswith(":memory:")
         if memory and read_only:
             raise StoreError("an in-memory store cannot be opened read-only; pass the path of a store file")
@@ -431,8 +473,7 @@ class Store:
         """
         con = self._live()
         if self.read_only:
-            raise StoreError(f"store {self.path!r} is open read-only (read_only=True); open it again without "
-                             "read_only to change it")
+            raise StoreError(f"store {self.path!r} is open read-only ({self.read_only_why})")
         if self._tx_depth:
             self._tx_depth += 1
             try:
@@ -442,6 +483,7 @@ class Store:
             return
         con.begin()
         self._tx_depth = 1
+        self.tx_serial += 1
         self._pending_known = {}
         self._pending_nodes = set()
         committed = False
@@ -449,7 +491,8 @@ class Store:
             try:
                 yield
             except BaseException as exc:
-                rollback_if_active(con)
+                with sigint_deferred():
+                    rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -457,13 +500,16 @@ class Store:
                 con.commit()
             except duckdb.Error as exc:
                 if not _interrupted(exc):
-                    rollback_if_active(con)  # a failed COMMIT stored nothing
+                    with sigint_deferred():
+                        rollback_if_active(con)  # a failed COMMIT stored nothing
                     raise
-                committed = not rollback_if_active(con)  # interrupted (interruptible): as below
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)  # interrupted (interruptible): as below
                 raise KeyboardInterrupt from None
             except BaseException as exc:
                 # an interrupt around COMMIT: stored iff no transaction is left to roll back
-                committed = not rollback_if_active(con)
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -477,6 +523,19 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+
+    def ensure_rolled_back(self) -> None:
+        """After an outermost transaction ended by an exception: roll back what DuckDB may still hold open (a
+        second Ctrl-C can land in the few bytecodes before :meth:`transaction`'s rollback starts), so that what
+        is read next is what the file holds. Does nothing inside a transaction or when none is open."""
+        if self.con is not None and not self._tx_depth and not self.read_only:
+            with sigint_deferred():
+                rollback_if_active(self.con)
+
+    @property
+    def in_transaction(self) -> bool:
+        """True inside :meth:`transaction` (or :meth:`batch`): what is written now may still be rolled back."""
+        return self._tx_depth > 0
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -503,16 +562,13 @@ class Store:
         for table in ("blocks", "prefix_nodes", "session_messages"):
             rows = buffered.pop(table, None)
             if rows:
-                with con.appender(table) as ap:
-                    ap.append_rows(rows)
+                _append(con, table, rows)
         turns = buffered.pop("turns", None)
         if turns:
             values = attrgetter(*self._table_columns("turns"))  # the table's column order
-            with con.appender("turns") as ap:
-                ap.append_rows([values(rec) for rec in turns])
+            _append(con, "turns", [values(rec) for rec in turns])
         for table, rows in buffered.items():  # anything else _insert deferred
-            with con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(con, table, rows)
 
     def _table_columns(self, table: str) -> list[str]:
         cols = self._columns_cache.get(table)
@@ -523,6 +579,73 @@ class Store:
             cols = [r[0] for r in rows]
             self._columns_cache[table] = cols
         return cols
+
+    def merge_from(self, path: str) -> list[str]:
+        """Copy every row of the store file ``path`` (another process's import of other sessions) into this one,
+        in one transaction: content-addressed rows (blocks, prefix nodes, projects) only when new, calibrations
+        never (they are fitted over the whole store afterwards). Returns the session ids copied. The caller
+        makes sure none of them is stored here already."""
+        con = self._live()
+        from ._parquet import CONTENT_KEYS, DATASET_TABLES
+
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() AND NOT temporary "
+            "ORDER BY table_name").fetchall() if r[0] != "_migrations" and r[0] not in DATASET_TABLES]
+        con.execute(f"ATTACH {_sql_text(path)} AS merged_src (READ_ONLY)")
+        try:
+            sessions = [r[0] for r in con.execute("SELECT id FROM merged_src.sessions ORDER BY id").fetchall()]
+            with self.transaction():
+                for table in tables:
+                    key = CONTENT_KEYS.get(table)
+                    if table == "projects":  # as ensure_project: created at its earliest session's start
+                        con.execute("INSERT INTO main.projects SELECT * FROM merged_src.projects ON CONFLICT DO "
+                                    "UPDATE SET created_at = least(projects.created_at, excluded.created_at)")
+                        continue
+                    where = (f" WHERE {key} NOT IN (SELECT {key} FROM main.{table})" if key else "")
+                    con.execute(f"INSERT INTO main.{table} SELECT * FROM merged_src.{table}{where}")
+                self._pending_known.update(
+                    (r[0], ()) for r in con.execute("SELECT hash FROM merged_src.blocks").fetchall())
+                self._pending_nodes.update(r[0] for r in con.execute("SELECT id FROM merged_src.prefix_nodes"
+                                                                     ).fetchall())
+        finally:
+            con.execute("DETACH merged_src")
+        return sessions
+
+    # -- the store as a Parquet dataset (pc.fleet; store/_parquet.py) ---------------------------------
+    def export_parquet(self, out: str, group: str) -> None:
+        """Write every table as Parquet files of file group ``group`` under the dataset directory ``out``,
+        replacing that group's earlier files (:mod:`._parquet`)."""
+        from ._parquet import export_group
+
+        export_group(self, out, group)
+
+    def export_dataset_tables(self, out: str) -> None:
+        """Write the tables fitted over a whole dataset (calibrations) under ``out``."""
+        from ._parquet import export_dataset_tables
+
+        export_dataset_tables(self, out)
+
+    @classmethod
+    def open_dataset(cls, out: str, *, writable_dataset_tables: bool = False) -> Store:
+        """A store whose tables are views over the Parquet dataset at ``out``: every read works, every write
+        raises StoreError (``writable_dataset_tables``: the calibrations table, an in-memory copy, may be
+        written, so a calibration can be fitted over the whole dataset)."""
+        from ._parquet import attach_dataset
+
+        store = cls(":memory:")
+        try:
+            attach_dataset(store, out)
+        except duckdb.Error as exc:
+            store.close()
+            raise StoreError(f"cannot read fleet dataset {out!r}: {_one_line(exc)}") from None
+        except BaseException:
+            store.close()
+            raise
+        store.path = out
+        store.read_only = not writable_dataset_tables
+        store.read_only_why = ("a fleet dataset: Parquet files read through views; add logs with "
+                               "pc.fleet.import_logs(paths, out=...)")
+        return store
 
     def close(self) -> None:
         if self.con is not None:
@@ -583,7 +706,10 @@ class Store:
 
     # -- projects and sessions ----------------------------------------------------------------
     def ensure_project(self, project_id: str, at: datetime) -> None:
-        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO NOTHING", [project_id, at]).fetchall()
+        """The project exists; its ``created_at`` is its earliest session's start, whatever order sessions are
+        stored in (an import stores sessions by key, a parallel one by file group)."""
+        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
+                         "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
 
     _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
                         "parent_id")
@@ -759,8 +885,7 @@ class Store:
             self.con.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(rows)),
                              [v for r in rows for v in r]).fetchall()
         else:
-            with self.con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(self.con, table, rows)
 
     # -- knowledge ----------------------------------------------------------------------------
     def knowledge(self, project_id: str, *, include_deleted: bool = False) -> list[KnowledgeEntry]:
@@ -1157,6 +1282,18 @@ class Store:
         """The models of the requests whose usage was measured (live or imported), sorted."""
         return [r["model"] for r in self.query(
             "SELECT DISTINCT model FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY model")]
+
+    def clear_calibrations(self) -> None:
+        """Forget every saved calibration (a fleet dataset's are fitted again over the whole dataset)."""
+        self._live().execute("DELETE FROM calibrations")
+
+    def models_of(self, session_ids: Sequence[str]) -> list[str]:
+        """The models the requests of ``session_ids`` used, sorted."""
+        if not session_ids:
+            return []
+        return [r[0] for r in self._live().execute(
+            "SELECT DISTINCT model FROM turns WHERE session_id IN (SELECT unnest(?)) AND model IS NOT NULL "
+            "ORDER BY model", [list(session_ids)]).fetchall()]
 
     CALIBRATION_COLUMNS = ("model", "tokenizer", "ratio", "overhead", "n", "mean_abs_error_pct", "max_abs_error_pct",
                            "raw_mean_abs_error_pct", "loo_mean_abs_error_pct", "fitted_at")
