@@ -186,3 +186,24 @@ def test_cli_import_prints_totals_and_the_costliest_sessions_by_default(tmp_path
     per_session = [line for line in detail_lines if "rebuilds (requests that sent again" in line]
     assert len(per_session) == rebuilds.session.nunique() > 0
     assert "skipped:" in details and len(details) > 2 * len(short)
+
+
+def test_a_fleet_dataset_answers_as_the_store_it_equals(tmp_path):
+    """``pc.fleet.open`` gives a Lab whose tables are views over Parquet: the same query answers there."""
+    from promptcache_nb import fleet
+
+    root = fleet.example_fleet(tmp_path / "logs", developers=2, projects=2, days=3)
+    paths = [root / "claude-code", root / "proxy"]
+    fleet.import_logs(paths, out=tmp_path / "out", progress=False)
+    with pc.Lab(tmp_path / "single.duckdb", progress=False) as single:
+        for g in fleet.plan_groups(paths)[0]:
+            single.import_log(list(g.files), project=g.project, progress=False)
+        views = fleet.open(tmp_path / "out")
+        columns = [c for c in SESSION_SUMMARY_COLUMNS if c != "source"]  # sources: where each side read the files
+        mine, theirs = (lab.summary().sort_values("session", ignore_index=True)[columns] for lab in (single, views))
+        pd.testing.assert_frame_equal(mine, theirs, check_dtype=False)
+        assert mine.rebuilds.sum() > 0 and len(mine) > 4
+        pd.testing.assert_frame_equal(single.summary(by="project"), views.summary(by="project"), check_dtype=False)
+        cols = ["session", "idx", "lost_tokens", "reason", "cause"]
+        pd.testing.assert_frame_equal(pc.rebuilds(single)[cols], pc.rebuilds(views)[cols], check_dtype=False)
+        views.close()
