@@ -380,6 +380,7 @@ class Store:
                 _OPEN[key] = self
         self._pending_known: dict[str, tuple[Any, ...]] = {}
         self._pending_nodes: set[str] = set()
+        self._tx_projects: set[str] = set()  # projects ensured in the open transaction (an import's many sessions)
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
         self._columns_cache: dict[str, list[str]] = {}
@@ -443,6 +444,7 @@ class Store:
         self._tx_depth = 1
         self._pending_known = {}
         self._pending_nodes = set()
+        self._tx_projects = set()
         committed = False
         try:
             try:
@@ -476,6 +478,7 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+            self._tx_projects = set()
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -616,7 +619,16 @@ class Store:
 
     # -- projects and sessions ----------------------------------------------------------------
     def ensure_project(self, project_id: str, at: datetime) -> None:
+        if project_id in self._tx_projects:  # ensured already in this transaction: nothing to do
+            return
         self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO NOTHING", [project_id, at]).fetchall()
+        if self._tx_depth:
+            self._tx_projects.add(project_id)
+
+    def set_project_created(self, project_id: str, at: datetime) -> None:
+        """Set when a project was created (inside the caller's transaction): an import that stores sessions group
+        by group gives a project it created the time it would have given storing them all at once."""
+        self.con.execute("UPDATE projects SET created_at = ? WHERE id = ?", [at, project_id]).fetchall()
 
     _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
                         "parent_id")
@@ -675,6 +687,13 @@ class Store:
                 [to_project, to_project, from_project],
             ).fetchall()
         return int(n)
+
+    def existing_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        """Which of ``session_ids`` are stored (one query for an import's many sessions)."""
+        if not session_ids:
+            return set()
+        return {r[0] for r in self.rows("SELECT id FROM sessions WHERE id IN (SELECT unnest(?))",
+                                        [list(session_ids)])}
 
     def session_ids(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT id FROM sessions ORDER BY id")]
@@ -742,6 +761,11 @@ class Store:
         )
         if row is None:
             raise StoreError(f"session {session_id!r} has no session_state row; the store is inconsistent")
+        return self.state_from_row(row)
+
+    @staticmethod
+    def state_from_row(row: Sequence[Any]) -> dict[str, Any]:
+        """A ``session_state`` row's columns (in :func:`state_columns` order) as the state dict sessions use."""
         pin_keys = None
         if row[1] is not None:
             try:
