@@ -318,7 +318,7 @@ def import_log(
 #: and the bulk writes cost a few ms each, which 1,000 one-request log files would otherwise pay 1,000 times.
 #: A kill loses at most one such transaction; a session is never split across two.
 BATCH_SESSIONS = 100
-BATCH_REQUESTS = 2000
+BATCH_REQUESTS = 200
 
 
 @dataclass
