@@ -383,7 +383,8 @@ class _Run:
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
             progress: bool) -> ImportResult:
     """Read and store one file group at a time (``_groups.plan_groups``: a Claude Code project folder, a file
-    you name), so memory holds one group's records, never the folder's. A session found again in a later group
+    you name), so memory holds one group's records, never the folder's (small groups are read together, up to
+    :data:`BATCH_SESSIONS` sessions or :data:`BATCH_REQUESTS` requests). A session found again in a later group
     (a session resumed in another project folder) is read again from the earlier group's files and stored
     again whole: the stored result is the same as reading every file first."""
     result = ImportResult()
@@ -398,9 +399,10 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     key_files: dict[str, list[int]] = {}  # session key -> the files of earlier groups that hold it
     models: set[str] = set()
     bar = progress_bar(total=len(files), desc="importing logs", enabled=progress, unit="file")
+    by_session: dict[str, list[tuple[int, ImportedRequest]]] = {}
+    groups = _file_groups(paths, files)
     try:
-        for group in _file_groups(paths, files):
-            by_session: dict[str, list[tuple[int, ImportedRequest]]] = {}
+        for n, group in enumerate(groups):
             for i in group:
                 got = _read(files[i], format, read_skips, i)
                 bar.update(1)
@@ -413,6 +415,9 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
                     by_session.setdefault(rec.session_key, []).append((i, rec))
                     if rec.model:
                         models.add(rec.model)
+            if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
+                    sum(map(len, by_session.values())) < BATCH_REQUESTS:
+                continue  # small groups (one-request files) are stored together: one transaction for many
             pending = []
             for key, recs in by_session.items():
                 earlier = key_files.get(key, [])
@@ -425,7 +430,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
                                         again=bool(earlier)))
                 for j in dict.fromkeys(i for i, _ in recs if i not in earlier):
                     key_files.setdefault(key, []).append(j)
-            del by_session
+            by_session = {}
             _store_group(run, sorted(pending, key=lambda p: p.rank))
     finally:
         bar.close()
