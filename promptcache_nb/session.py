@@ -360,9 +360,13 @@ class Session:
         self._closed = False
         self._warned_unpriced = False
         self._warned_window = False  # a request past the model's context window was reported (once per object)
+        #: The outer transaction (``Store.tx_serial``) this object moved ahead of the file in, if one did: a
+        #: rollback of that transaction reloads it, and only it (``Lab._all_or_nothing``).
+        self._changed_in: int | None = None
         # a session just created (``Lab.create_session``, ``new_state`` its state row) has nothing else stored:
         # its state is known without reading the store back
         self._state = self._load() if new_state is None else self._fresh(new_state)
+        self._note_change()
 
     def _member(self) -> ScopeMember:
         """This session as its simulated cache sees it (the project may change: ``Lab.move_sessions``)."""
@@ -437,6 +441,18 @@ class Session:
             return
         self.project, self._config = row["project_id"], SessionConfig.from_stored(row["config"])
         self._state = self._load()
+        self._note_change()
+
+    def _note_change(self) -> None:
+        """Inside an outer transaction this object now holds what may yet be rolled back: note which one."""
+        store = self._lab.store
+        if store.in_transaction:
+            self._changed_in = store.tx_serial
+
+    def changed_in(self, tx_serial: int) -> bool:
+        """True when this object took in a change of outer transaction ``tx_serial`` (``Store.tx_serial``): it
+        was created, loaded or changed inside it. Its rollback must reload this object, and no other."""
+        return self._changed_in == tx_serial
 
     def close(self) -> None:
         """Stop using this object (the stored session is unchanged; ``lab.open_session(id)`` opens it again).
@@ -561,6 +577,7 @@ class Session:
         with self._lab.store.transaction():
             self._lab.store.update_session_config(self.id, config.to_stored())
         self._config = config
+        self._note_change()
 
     def _request_prices(self, model: str, usage: Usage) -> Prices | None:
         """The prices of one request, by its own model: explicit prices, else genai-prices by the exact id
@@ -608,10 +625,12 @@ class Session:
                     self._cache_stale()
                 raise
             self._state = done[0]
+            self._note_change()
             if committed is not None:
                 committed()
             raise
         self._state = done[0]
+        self._note_change()
         if committed is not None:
             committed()
 

@@ -148,6 +148,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if (item.path.name, getattr(item, "originalname", item.name)) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+        if item.path.parent.name == "reliability":  # trials of kills, locks, load and fuzzing: `make test-fast` skips
+            item.add_marker(pytest.mark.reliability)
     # The slowest tests start first (the browser test, up to a minute or more, before all), so none of them is
     # left running alone on one worker at the end. A stable sort: the order is otherwise unchanged.
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("browser") is None))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .._config import SessionConfig
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
-from ..analysis.frames import html_table, summarize
+from ..analysis.frames import html_table
 from ..cache.anthropic import client_ttls_from_usage
 from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
@@ -117,23 +117,16 @@ class ImportResult:
         a small loss, or one after an earlier partial read, is a rebuild without a break; a read that fell
         because the prompt got shorter (a compaction) is a break without a rebuild.
         """
-        rows = []
-        for s in self.sessions:
-            df = s.turns()
-            totals = summarize(df)  # the one summary vocabulary (analysis.frames.usage_totals)
-            rows.append({
-                "session": s.id, "requests": totals["requests"],
-                "cache_read_pct": totals["cache_read_pct"] if totals["total_input"] else None,
-                "openclaw_breaks": totals["breaks"], "rebuilds": totals["rebuilds"],
-                # no known cost is unknown, not $0 (an unpriced model's requests have a NULL cost)
-                "cost_usd": None if df.cost_usd.isna().all() else totals["cost_usd"],
-                "model": s.model, "parent": s.parent_id or "", "source": self.relative_source(s.source),
-                "source_path": s.source or "",
-            })
+        from ..analysis.rollups import session_summary
+
         columns = ["session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd", "model",
                    "parent", "source"]
-        df = _frame(rows, [*columns, "source_path"])
-        return df if full_paths else df[columns]
+        if not self.sessions:
+            df = _frame([], [*columns, "source_path"])
+        else:  # one query for every session imported (analysis.rollups: the one summary vocabulary)
+            df = session_summary(self.sessions[0].lab, [s.id for s in self.sessions])
+            df = df.assign(source_path=df["source"], source=df["source"].map(self.relative_source))
+        return df[[*columns, "source_path"]] if full_paths else df[columns]
 
     def __repr__(self) -> str:
         flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""
@@ -306,12 +299,22 @@ def import_log(
     format: str = "auto",  # noqa: A002 - the public name users type
     project: str | None = None,
     progress: bool = True,
+    workers: int = 1,
+    calibrate: bool = True,
 ) -> ImportResult:
-    """Import agent logs into ``lab``; see :meth:`Lab.import_log`."""
+    """Import agent logs into ``lab``; see :meth:`Lab.import_log`. ``calibrate=False``: fit no calibration at the
+    end (a caller that fits once over several imports)."""
     if format != "auto" and format not in READERS:
         raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise PromptCacheError(f"import_log(workers=...): a number of processes >= 1, got {workers!r}")
+    if workers > 1:
+        from ._parallel import import_parallel
+
+        expand_paths(paths)  # a missing path fails here, in this process, before any worker starts
+        return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress)
     with gc_paused():
-        return _import(lab, paths, format, project, progress)
+        return _import(lab, paths, format, project, progress, calibrate)
 
 
 #: New sessions of a file group are stored in transactions of up to this many sessions or requests: a COMMIT
@@ -364,24 +367,10 @@ class _Run:
     project: str | None
     unknown: set[str] = field(default_factory=set)
     stored: dict[str, _Stored] = field(default_factory=dict)
-    #: each project this import created: the rank of the session whose start it was created with
-    project_first: dict[str, tuple[bool, str] | None] = field(default_factory=dict)
-
-    def note_project(self, project: str, rank: tuple[bool, str], at: Any) -> None:
-        """A session of ``project`` is created now: a project this import created takes the start of its
-        session of lowest rank (the one an import of every file at once creates it with)."""
-        store = self.lab.store
-        if project not in self.project_first:
-            self.project_first[project] = None if store.project_exists(project) else rank
-            return
-        first = self.project_first[project]
-        if first is not None and rank < first:
-            store.set_project_created(project, at)
-            self.project_first[project] = rank
 
 
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
-            progress: bool) -> ImportResult:
+            progress: bool, calibrate: bool = True) -> ImportResult:
     """Read and store one file group at a time (``_groups.plan_groups``: a Claude Code project folder, a file
     you name), so memory holds one group's records, never the folder's (small groups are read together, up to
     :data:`BATCH_SESSIONS` sessions or :data:`BATCH_REQUESTS` requests). A session found again in a later group
@@ -447,7 +436,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     result.unknown_models = sorted(run.unknown)
     # each measured request is an exact prompt total: calibrate the estimator per family. Also when nothing was
     # new but a family has no calibration yet: an import stopped after its sessions committed gets it back.
-    if result.requests or (models and _uncalibrated(lab, models)):
+    if calibrate and (result.requests or (models and _uncalibrated(lab, models))):
         result.calibrations = calibrate_families(lab, models)
     return result
 
@@ -554,8 +543,7 @@ def _store_one(run: _Run, p: _Pending, *, fresh: bool) -> _Stored:
     flagged: list[dict[str, Any]] = []
     notes: list[dict[str, Any]] = []
     s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=run.project, skipped=skipped,
-                                 unknown=run.unknown, bar=None, flagged=flagged, notes=notes, fresh=fresh, run=run,
-                                 rank=p.rank)
+                                 unknown=run.unknown, bar=None, flagged=flagged, notes=notes, fresh=fresh)
     return _Stored(p.rank, s, new, dup, created=fresh, skipped=skipped, flagged=flagged, notes=notes)
 
 
@@ -596,8 +584,8 @@ def _printable(req: ImportedRequest) -> ImportedRequest:
 
 def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
                    project: str | None, skipped: list[dict[str, Any]], unknown: set[str],
-                   bar: Any, flagged: list[dict[str, Any]], notes: list[dict[str, Any]], fresh: bool = False,
-                   run: _Run | None = None, rank: tuple[bool, str] = (False, "")) -> tuple[Session, int, int]:
+                   bar: Any, flagged: list[dict[str, Any]], notes: list[dict[str, Any]], fresh: bool = False
+                   ) -> tuple[Session, int, int]:
     """Write one session's new requests in one transaction; returns (session, stored now, already stored).
 
     A new session's row is created in that same transaction: a failure leaves nothing of the session behind, and
@@ -619,8 +607,6 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
             if fresh or (s is None and store.session_row(sid) is None):
                 at = first.at.astimezone(UTC)
                 project_id = project or f"imported/{fmt}"
-                if run is not None:
-                    run.note_project(project_id, rank, at)
                 config = SessionConfig(
                     start=at, step_seconds=30, cache_params=_cache_params(reqs), format=fmt, session_key=key,
                     session_kind=first.session_kind,
