@@ -443,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.fn(args)
+        if argv is None:
+            # the command line: leave now, as after a Ctrl-C (below); a Ctrl-C in the interpreter's teardown would
+            # otherwise kill the process by the signal (exit -2) after the work was done and stored
+            _exit_now(code)
         return code
     except PromptCacheError as exc:
         print(f"promptcache-nb: error: {exc}", file=sys.stderr)

@@ -104,7 +104,12 @@ class ImportResult:
         return source
 
     def _relative_files(self, df: pd.DataFrame) -> pd.DataFrame:
-        return df.assign(file=df["file"].map(self.relative_source)) if len(df) and "file" in df else df
+        if not len(df) or "file" not in df:
+            return df
+        import pandas as pd
+
+        # object dtype: pandas' pyarrow-backed default string dtype cannot hold a lone surrogate a name may carry
+        return df.assign(file=pd.Series([self.relative_source(f) for f in df["file"]], index=df.index, dtype=object))
 
     def summary(self, *, full_paths: bool = False) -> pd.DataFrame:
         """One row per session, key columns first: session, requests, measured cache read %, ``openclaw_breaks``,
