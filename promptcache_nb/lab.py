@@ -10,6 +10,7 @@ sessions, so every request goes through the one pipeline (``pipeline.py``).
 
 from __future__ import annotations
 
+import json
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -36,9 +37,11 @@ from .analysis.prices import Prices
 from .cache import CacheModel, get_cache_model
 from .errors import PromptCacheError, SessionError
 from .live import Backend
+from .request import canonical_json
 from .scenario import DEFAULT_START, Restart, Scenario, ScenarioTurn, set_model_check, set_prompt_check
 from .session import Session, check_texts
 from .store import Store, sigint_deferred
+from .store._db import state_columns
 from .strategies import get_strategy
 from .tokens import DEFAULT_TOKENIZER, Tokenizer
 
@@ -404,7 +407,12 @@ class Lab:
         with store.transaction():
             store.ensure_project(project, config.start)
             store.create_session(row, state)
-        return self.open_session(session_id, backend=backend)
+        # opened from what was just written, as the store gives it back (JSON columns parsed): not read again
+        stored_row = {**row, "config": json.loads(canonical_json(row["config"]))}
+        s = Session(self, stored_row, backend=backend,
+                    new_state=store.state_from_row(tuple(state_columns(state).values())))
+        self._open[session_id] = s
+        return s
 
     def import_log(self, paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
                    project: str | None = None, progress: bool | None = None, workers: int = 1) -> ImportResult:

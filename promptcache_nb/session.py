@@ -323,7 +323,8 @@ class Session:
     """One agent conversation under one strategy and one cache model. Create with :meth:`Lab.new_session`, continue
     a stored one with :meth:`Lab.open_session`."""
 
-    def __init__(self, lab: SessionHost, row: dict[str, Any], *, backend: Backend | None) -> None:
+    def __init__(self, lab: SessionHost, row: dict[str, Any], *, backend: Backend | None,
+                 new_state: dict[str, Any] | None = None) -> None:
         self._lab = lab
         self.id: str = row["id"]
         self.project: str = row["project_id"]
@@ -362,7 +363,9 @@ class Session:
         #: The outer transaction (``Store.tx_serial``) this object moved ahead of the file in, if one did: a
         #: rollback of that transaction reloads it, and only it (``Lab._all_or_nothing``).
         self._changed_in: int | None = None
-        self._state = self._load()
+        # a session just created (``Lab.create_session``, ``new_state`` its state row) has nothing else stored:
+        # its state is known without reading the store back
+        self._state = self._load() if new_state is None else self._fresh(new_state)
         self._note_change()
 
     def _member(self) -> ScopeMember:
@@ -370,6 +373,14 @@ class Session:
         return ScopeMember(self.id, self.project, self.cache_scope, self.cache, self._cache_params)
 
     # -- loading ------------------------------------------------------------------------------
+    def _fresh(self, strategy_state: dict[str, Any]) -> SessionState:
+        """The state :meth:`_load` reads for a session with no request, message, delta or event stored."""
+        self._caches.preload(self.id, None)
+        return SessionState(
+            strategy_state=strategy_state, written=state_columns(strategy_state), messages=[], message_seq=0,
+            built_messages=None, deltas=[], previous=None, previous_at=None, previous_keys=[], previous_nodes=[],
+            observation=None, next_index=0, pending_events=())
+
     def _load(self) -> SessionState:
         """The session's state as the store has it."""
         store = self._lab.store

@@ -423,6 +423,8 @@ class Store:
                 _OPEN[key] = self
         self._pending_known: dict[str, tuple[Any, ...]] = {}
         self._pending_nodes: set[str] = set()
+        #: projects ensured in the open transaction, with the earliest time given (an import's many sessions)
+        self._tx_projects: dict[str, datetime] = {}
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
         self._columns_cache: dict[str, list[str]] = {}
@@ -486,6 +488,7 @@ class Store:
         self.tx_serial += 1
         self._pending_known = {}
         self._pending_nodes = set()
+        self._tx_projects = {}
         committed = False
         try:
             try:
@@ -523,6 +526,7 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+            self._tx_projects = {}
 
     def ensure_rolled_back(self) -> None:
         """After an outermost transaction ended by an exception: roll back what DuckDB may still hold open (a
@@ -708,8 +712,13 @@ class Store:
     def ensure_project(self, project_id: str, at: datetime) -> None:
         """The project exists; its ``created_at`` is its earliest session's start, whatever order sessions are
         stored in (an import stores sessions by key, a parallel one by file group)."""
+        held = self._tx_projects.get(project_id)
+        if held is not None and held <= at:
+            return  # ensured already in this transaction, with this time or an earlier one: nothing to change
         self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
                          "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
+        if self._tx_depth:
+            self._tx_projects[project_id] = at
 
     _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
                         "parent_id")
@@ -768,6 +777,13 @@ class Store:
                 [to_project, to_project, from_project],
             ).fetchall()
         return int(n)
+
+    def existing_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        """Which of ``session_ids`` are stored (one query for an import's many sessions)."""
+        if not session_ids:
+            return set()
+        return {r[0] for r in self.rows("SELECT id FROM sessions WHERE id IN (SELECT unnest(?))",
+                                        [list(session_ids)])}
 
     def session_ids(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT id FROM sessions ORDER BY id")]
@@ -835,6 +851,11 @@ class Store:
         )
         if row is None:
             raise StoreError(f"session {session_id!r} has no session_state row; the store is inconsistent")
+        return self.state_from_row(row)
+
+    @staticmethod
+    def state_from_row(row: Sequence[Any]) -> dict[str, Any]:
+        """A ``session_state`` row's columns (in :func:`state_columns` order) as the state dict sessions use."""
         pin_keys = None
         if row[1] is not None:
             try:

@@ -443,18 +443,18 @@ def reference_import(folder: Path, db: Path) -> Any:
 
 def _import_child(db: str, folder: str, kill: Kill, report: str, progress: Any, committed: Any) -> None:
     trigger = _Trigger(kill, progress)
-    real_record, real_store = pc.Session.record, _ingest._store_session
+    real_record, real_store = pc.Session.record, _ingest._store_batch
 
     def record(self: pc.Session, *args: Any, **kwargs: Any) -> Any:
         trigger("record")
         return real_record(self, *args, **kwargs)
 
-    def store_session(*args: Any, **kwargs: Any) -> Any:
-        s, new, dup = real_store(*args, **kwargs)
-        committed.value += new  # a session's requests commit together
-        return s, new, dup
+    def store_batch(*args: Any, **kwargs: Any) -> Any:
+        new = real_store(*args, **kwargs)
+        committed.value += new  # a batch of sessions commits its requests together, on return
+        return new
 
-    pc.Session.record, _ingest._store_session = record, store_session  # type: ignore[method-assign]
+    pc.Session.record, _ingest._store_batch = record, store_batch  # type: ignore[method-assign]
     try:
         with pc.Lab(db, progress=False) as lab:
             lab.store.con = _CommitHook(lab.store.con, trigger)
@@ -466,7 +466,7 @@ def _import_child(db: str, folder: str, kill: Kill, report: str, progress: Any, 
             except KeyboardInterrupt:
                 out: dict[str, Any] = {"interrupted": True, "out_of_step": _stored_in_sync(lab),
                                        "stored": lab.store.one("SELECT count(*) FROM turns")[0]}
-                pc.Session.record, _ingest._store_session = real_record, real_store  # type: ignore[method-assign]
+                pc.Session.record, _ingest._store_batch = real_record, real_store  # type: ignore[method-assign]
                 lab.store.con = lab.store.con._con
                 res = lab.import_log(folder)  # the user runs the cell again in the same kernel
                 out.update(again=res.requests, already=res.already_stored)
