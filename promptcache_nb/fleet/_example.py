@@ -26,7 +26,8 @@ class _Copy:
     """One copy's substitutions: the same id maps to the same fresh id throughout the copy."""
 
     def __init__(self, rng: random.Random, shift: timedelta, cwd_from: str, cwd_to: str) -> None:
-        self.rng, self.shift, self.ids = rng, shift, {}  # type: ignore[var-annotated]
+        self.rng, self.shift = rng, shift
+        self.ids: dict[str, str] = {}
         self.cwd = (cwd_from, cwd_to)
 
     def _fresh_uuid(self, m: re.Match[str]) -> str:

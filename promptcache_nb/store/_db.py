@@ -33,6 +33,7 @@ from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import prefix_record
 from ..tokens import segment_tokens
+from . import _rollups
 from ._doctor import CORE_TABLES, damaged, schema_problems
 from ._migrations import applied, migrate, rollback_if_active
 
@@ -123,6 +124,11 @@ def _file_keys(path: str) -> list[tuple[Any, ...]]:
     return [("inode", st.st_dev, st.st_ino), *keys]
 
 
+def _sql_text(text: str) -> str:
+    """``text`` as an SQL string literal (for statements that take no bind parameters: ATTACH, COPY)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
@@ -199,6 +205,38 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         w.close()
     if pressed:  # the statement finished before the interrupt reached it, or Python code ran
         raise KeyboardInterrupt
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C that arrives inside the block waits for its end, then raises KeyboardInterrupt: a rollback, and
+    the reads that bring objects back to what the store holds after it, run whole even when Ctrl-C is pressed
+    again (a KeyboardInterrupt in the middle of a rollback would leave the transaction open). Only in the main
+    thread with Python's default SIGINT handler (as :func:`interruptible`, which already only records one)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    pressed: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
+
+
+#: Rows per ``append_rows`` call. DuckDB's appender neither checks for Ctrl-C nor honours ``con.interrupt()``;
+#: between calls Python runs, so a Ctrl-C during a long bulk write stops it within one slice (a few ms).
+APPEND_SLICE = 1024
+
+
+def _append(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Append ``rows`` to ``table`` through DuckDB's appender, a slice at a time (:data:`APPEND_SLICE`)."""
+    with con.appender(table) as ap:
+        for i in range(0, len(rows), APPEND_SLICE):
+            ap.append_rows(rows[i:i + APPEND_SLICE])
 
 
 def _describe_header(head: bytes) -> str:
@@ -322,10 +360,15 @@ class Store:
                  trace: Tracer | None = None) -> None:
         self.path = str(path)
         self.read_only = read_only
+        #: why writes are refused, and what to do instead (said by every refused write)
+        self.read_only_why = "read_only=True; open it again without read_only to change it"
         self.trace = trace
         # None once closed (``closed``); public methods reach it through _live(), which says so
         self.con: duckdb.DuckDBPyConnection = None  # type: ignore[assignment]
         self.commit_count = 0  # outermost transactions committed: callers tell "stored" from "rolled back"
+        #: The number of the current (or last) outermost transaction: an object that moved ahead of the file
+        #: inside one notes it, so a rollback reloads only those (``Lab._all_or_nothing``).
+        self.tx_serial = 0
         memory = self.path.startswith(":memory:")
         if memory and read_only:
             raise StoreError("an in-memory store cannot be opened read-only; pass the path of a store file")
@@ -380,6 +423,8 @@ class Store:
                 _OPEN[key] = self
         self._pending_known: dict[str, tuple[Any, ...]] = {}
         self._pending_nodes: set[str] = set()
+        #: projects ensured in the open transaction, with the earliest time given (an import's many sessions)
+        self._tx_projects: dict[str, datetime] = {}
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
         self._columns_cache: dict[str, list[str]] = {}
@@ -430,8 +475,7 @@ class Store:
         """
         con = self._live()
         if self.read_only:
-            raise StoreError(f"store {self.path!r} is open read-only (read_only=True); open it again without "
-                             "read_only to change it")
+            raise StoreError(f"store {self.path!r} is open read-only ({self.read_only_why})")
         if self._tx_depth:
             self._tx_depth += 1
             try:
@@ -441,14 +485,17 @@ class Store:
             return
         con.begin()
         self._tx_depth = 1
+        self.tx_serial += 1
         self._pending_known = {}
         self._pending_nodes = set()
+        self._tx_projects = {}
         committed = False
         try:
             try:
                 yield
             except BaseException as exc:
-                rollback_if_active(con)
+                with sigint_deferred():
+                    rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -456,13 +503,16 @@ class Store:
                 con.commit()
             except duckdb.Error as exc:
                 if not _interrupted(exc):
-                    rollback_if_active(con)  # a failed COMMIT stored nothing
+                    with sigint_deferred():
+                        rollback_if_active(con)  # a failed COMMIT stored nothing
                     raise
-                committed = not rollback_if_active(con)  # interrupted (interruptible): as below
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)  # interrupted (interruptible): as below
                 raise KeyboardInterrupt from None
             except BaseException as exc:
                 # an interrupt around COMMIT: stored iff no transaction is left to roll back
-                committed = not rollback_if_active(con)
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -476,6 +526,20 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+            self._tx_projects = {}
+
+    def ensure_rolled_back(self) -> None:
+        """After an outermost transaction ended by an exception: roll back what DuckDB may still hold open (a
+        second Ctrl-C can land in the few bytecodes before :meth:`transaction`'s rollback starts), so that what
+        is read next is what the file holds. Does nothing inside a transaction or when none is open."""
+        if self.con is not None and not self._tx_depth and not self.read_only:
+            with sigint_deferred():
+                rollback_if_active(self.con)
+
+    @property
+    def in_transaction(self) -> bool:
+        """True inside :meth:`transaction` (or :meth:`batch`): what is written now may still be rolled back."""
+        return self._tx_depth > 0
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -502,16 +566,13 @@ class Store:
         for table in ("blocks", "prefix_nodes", "session_messages"):
             rows = buffered.pop(table, None)
             if rows:
-                with con.appender(table) as ap:
-                    ap.append_rows(rows)
+                _append(con, table, rows)
         turns = buffered.pop("turns", None)
         if turns:
             values = attrgetter(*self._table_columns("turns"))  # the table's column order
-            with con.appender("turns") as ap:
-                ap.append_rows([values(rec) for rec in turns])
+            _append(con, "turns", [values(rec) for rec in turns])
         for table, rows in buffered.items():  # anything else _insert deferred
-            with con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(con, table, rows)
 
     def _table_columns(self, table: str) -> list[str]:
         cols = self._columns_cache.get(table)
@@ -522,6 +583,37 @@ class Store:
             cols = [r[0] for r in rows]
             self._columns_cache[table] = cols
         return cols
+
+    def merge_from(self, path: str) -> list[str]:
+        """Copy every row of the store file ``path`` (another process's import of other sessions) into this one,
+        in one transaction: content-addressed rows (blocks, prefix nodes, projects) only when new, calibrations
+        never (they are fitted over the whole store afterwards). Returns the session ids copied. The caller
+        makes sure none of them is stored here already."""
+        con = self._live()
+        from ._parquet import CONTENT_KEYS, DATASET_TABLES
+
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() AND NOT temporary "
+            "ORDER BY table_name").fetchall() if r[0] != "_migrations" and r[0] not in DATASET_TABLES]
+        con.execute(f"ATTACH {_sql_text(path)} AS merged_src (READ_ONLY)")
+        try:
+            sessions = [r[0] for r in con.execute("SELECT id FROM merged_src.sessions ORDER BY id").fetchall()]
+            with self.transaction():
+                for table in tables:
+                    key = CONTENT_KEYS.get(table)
+                    if table == "projects":  # as ensure_project: created at its earliest session's start
+                        con.execute("INSERT INTO main.projects SELECT * FROM merged_src.projects ON CONFLICT DO "
+                                    "UPDATE SET created_at = least(projects.created_at, excluded.created_at)")
+                        continue
+                    where = (f" WHERE {key} NOT IN (SELECT {key} FROM main.{table})" if key else "")
+                    con.execute(f"INSERT INTO main.{table} SELECT * FROM merged_src.{table}{where}")
+                self._pending_known.update(
+                    (r[0], ()) for r in con.execute("SELECT hash FROM merged_src.blocks").fetchall())
+                self._pending_nodes.update(r[0] for r in con.execute("SELECT id FROM merged_src.prefix_nodes"
+                                                                     ).fetchall())
+        finally:
+            con.execute("DETACH merged_src")
+        return sessions
 
     # -- the store as a Parquet dataset (pc.fleet; store/_parquet.py) ---------------------------------
     def export_parquet(self, out: str, group: str) -> None:
@@ -555,6 +647,8 @@ class Store:
             raise
         store.path = out
         store.read_only = not writable_dataset_tables
+        store.read_only_why = ("a fleet dataset: Parquet files read through views; add logs with "
+                               "pc.fleet.import_logs(paths, out=...)")
         return store
 
     def close(self) -> None:
@@ -616,7 +710,15 @@ class Store:
 
     # -- projects and sessions ----------------------------------------------------------------
     def ensure_project(self, project_id: str, at: datetime) -> None:
-        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO NOTHING", [project_id, at]).fetchall()
+        """The project exists; its ``created_at`` is its earliest session's start, whatever order sessions are
+        stored in (an import stores sessions by key, a parallel one by file group)."""
+        held = self._tx_projects.get(project_id)
+        if held is not None and held <= at:
+            return  # ensured already in this transaction, with this time or an earlier one: nothing to change
+        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
+                         "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
+        if self._tx_depth:
+            self._tx_projects[project_id] = at
 
     _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
                         "parent_id")
@@ -675,6 +777,13 @@ class Store:
                 [to_project, to_project, from_project],
             ).fetchall()
         return int(n)
+
+    def existing_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        """Which of ``session_ids`` are stored (one query for an import's many sessions)."""
+        if not session_ids:
+            return set()
+        return {r[0] for r in self.rows("SELECT id FROM sessions WHERE id IN (SELECT unnest(?))",
+                                        [list(session_ids)])}
 
     def session_ids(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT id FROM sessions ORDER BY id")]
@@ -742,6 +851,11 @@ class Store:
         )
         if row is None:
             raise StoreError(f"session {session_id!r} has no session_state row; the store is inconsistent")
+        return self.state_from_row(row)
+
+    @staticmethod
+    def state_from_row(row: Sequence[Any]) -> dict[str, Any]:
+        """A ``session_state`` row's columns (in :func:`state_columns` order) as the state dict sessions use."""
         pin_keys = None
         if row[1] is not None:
             try:
@@ -792,8 +906,7 @@ class Store:
             self.con.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(rows)),
                              [v for r in rows for v in r]).fetchall()
         else:
-            with self.con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(self.con, table, rows)
 
     # -- knowledge ----------------------------------------------------------------------------
     def knowledge(self, project_id: str, *, include_deleted: bool = False) -> list[KnowledgeEntry]:
@@ -1146,6 +1259,30 @@ class Store:
             del r["present"]
         return {r.pop("id"): StoredNode(**r) for r in rows}
 
+    # -- every session at once (store/_rollups.py: the rebuild rule and the totals in SQL) -------------------
+    def rebuild_rows(self, session_ids: Sequence[str] | None = None, *, noise_floor: int,
+                     not_rebuild: Sequence[str]) -> pd.DataFrame:
+        """The rebuilds of every session (or of ``session_ids``), ordered by session and index, with what a
+        rebuild row needs (usage, totals, the gap, the stored cause); a legacy session (a cause never stored)
+        gives its first row only, ``legacy`` true. The rule: ``store/_rollups.py``."""
+        where, ids = _rollups.where_sessions(None if session_ids is None else list(session_ids), "$3")
+        return self.sql(_rollups.REBUILD_ROWS.format(where=where), [list(not_rebuild), noise_floor, ids])
+
+    def session_totals(self, session_ids: Sequence[str] | None = None) -> pd.DataFrame:
+        """One row per session (every session, or ``session_ids``), oldest first: its identity (project, strategy,
+        cache model, model, parent, source) and the sums of its requests."""
+        ids = None if session_ids is None else list(session_ids)
+        where, value = _rollups.where_sessions(ids, "$1")
+        where_s = _rollups.where_sessions(ids, "$1", "s.id")[0]
+        return self.sql(_rollups.SESSION_TOTALS.format(where=where, where_s=where_s), [value])
+
+    def group_totals(self, by: str) -> pd.DataFrame:
+        """The measured requests' sums per ``by`` (``project``, ``model`` or ``day``, UTC), one row per group."""
+        key = _rollups.GROUP_KEYS.get(by)
+        if key is None:
+            raise ValueError(f"cannot group by {by!r}; choose one of: {', '.join(_rollups.GROUP_KEYS)}")
+        return self.sql(_rollups.GROUP_TOTALS.format(key=key))
+
     # -- calibrations ---------------------------------------------------------------------------------------
     def measured_totals(self) -> list[dict[str, Any]]:
         """Every request with complete measured usage (live or imported), in session order: ``model``,
@@ -1166,6 +1303,18 @@ class Store:
         """The models of the requests whose usage was measured (live or imported), sorted."""
         return [r["model"] for r in self.query(
             "SELECT DISTINCT model FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY model")]
+
+    def clear_calibrations(self) -> None:
+        """Forget every saved calibration (a fleet dataset's are fitted again over the whole dataset)."""
+        self._live().execute("DELETE FROM calibrations")
+
+    def models_of(self, session_ids: Sequence[str]) -> list[str]:
+        """The models the requests of ``session_ids`` used, sorted."""
+        if not session_ids:
+            return []
+        return [r[0] for r in self._live().execute(
+            "SELECT DISTINCT model FROM turns WHERE session_id IN (SELECT unnest(?)) AND model IS NOT NULL "
+            "ORDER BY model", [list(session_ids)]).fetchall()]
 
     CALIBRATION_COLUMNS = ("model", "tokenizer", "ratio", "overhead", "n", "mean_abs_error_pct", "max_abs_error_pct",
                            "raw_mean_abs_error_pct", "loo_mean_abs_error_pct", "fitted_at")
