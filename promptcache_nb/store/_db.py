@@ -380,6 +380,7 @@ class Store:
                 _OPEN[key] = self
         self._pending_known: dict[str, tuple[Any, ...]] = {}
         self._pending_nodes: set[str] = set()
+        self._after_commit: list[Callable[[], None]] = []  # run once the outermost transaction commits
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
         self._columns_cache: dict[str, list[str]] = {}
@@ -443,6 +444,7 @@ class Store:
         self._tx_depth = 1
         self._pending_known = {}
         self._pending_nodes = set()
+        self._after_commit = []
         committed = False
         try:
             try:
@@ -476,6 +478,19 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+            callbacks, self._after_commit = (self._after_commit if committed else []), []
+        for fn in callbacks:
+            _run_callback(fn)
+
+    def on_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once what the current transaction wrote is stored: when the outermost transaction
+        commits (never if it rolls back), or at once outside a transaction. Listeners hear of a request only
+        when it is in the file (a Stepper's turn inside ``Lab.atomic`` that fails is never announced); an
+        exception in ``fn`` is logged, never raised into the write that stored the data."""
+        if self._tx_depth:
+            self._after_commit.append(fn)
+        else:
+            _run_callback(fn)
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -1189,3 +1204,12 @@ class StoredNode(NamedTuple):
     role: str | None
     block_hash: str
     body: str  #: the segment's canonical JSON
+
+
+def _run_callback(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # a listener's bug must not turn a stored write into a failed one
+        import logging
+
+        logging.getLogger(__name__).exception("store: an after-commit listener failed")
