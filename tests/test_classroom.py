@@ -333,3 +333,18 @@ def test_savings_charts_compared_side_by_side_share_the_dollar_axis(lab, scenari
     a = pc.plots.plot_savings(frames[0], saved_ylim=(lo, hi))
     b = pc.plots.plot_savings(frames[1], saved_ylim=(lo, hi))
     assert a.axes[1].get_ylim() == b.axes[1].get_ylim() == (lo, hi)
+
+
+def test_quickstart_static_stepper_snapshot_shows_a_diff():
+    """Notebook 01 opened without a kernel (GitHub, nbconvert): the Stepper's snapshot is taken after a few
+    scenario turns and shows a diff, never an empty stepper under prose that says "look at the diff"."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb").read_text())
+    snaps = ["".join(out["data"]["text/html"]) for cell in nb["cells"] for out in cell.get("outputs", [])
+             if "pcnb-snapshot-Stepper" in "".join(out.get("data", {}).get("text/html", []))]
+    assert snaps, "notebook 01 shows no Stepper snapshot"
+    first = snaps[0]
+    assert "no requests yet" not in first and "0 of 12" not in first
+    assert 'class="pcnb-diff"' in first and "text-align:left" in first
