@@ -189,3 +189,15 @@ def test_diffview_for_a_simulated_turn_without_states_never_blames_measured_usag
     m1, m2 = imported.turn(0), imported.turn(1)
     m2.cache_result, m2._segment_states = None, ()
     assert "measured usage: the API reports totals" in pc.widgets.DiffView.for_turns(m2, previous=m1).html
+
+
+def test_savings_charts_on_a_shared_token_axis_cut_neither(lab, scenario):
+    from matplotlib.figure import Figure
+
+    frames = [lab.replay(scenario, strategy=name).turns() for name in ("durable_delta", "naive")]
+    fig = Figure(figsize=(15, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True)
+    shared = pc.plots.saved_limits(*frames)
+    for ax, df in zip(axes, frames, strict=True):
+        pc.plots.plot_savings(df, ax=ax, saved_ylim=shared)
+    assert_truthful(fig, SIMULATED)  # the taller chart drawn second did not leave the first one's limit

@@ -45,8 +45,12 @@ def _label_of(df: pd.DataFrame, label: str | None) -> str:
 
 
 def _headroom(ax: Axes, top: float, *, room: float = 1.12) -> None:
-    """Token axes start at 0 and end above the tallest bar: never a bar cut at the frame."""
-    ax.set_ylim(0, top * room if top > 0 else 1.0)
+    """Token axes start at 0 and end above the tallest bar: never a bar cut at the frame. On an axis shared
+    with charts drawn before (``plt.subplots(sharey=True)``) the limit only grows, so none of them is cut."""
+    want = top * room if top > 0 else 1.0
+    if len(ax.get_shared_y_axes().get_siblings(ax)) > 1:
+        want = max(want, ax.get_ylim()[1])
+    ax.set_ylim(0, want)
 
 
 def _thousands(ax: Axes) -> None:
