@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -29,6 +31,22 @@ def _fresh_db(path: Path) -> Path:
         if p.exists():
             p.unlink()
     return path
+
+
+@contextmanager
+def _new_store_or_none(db: str | Path) -> Iterator[None]:
+    """A store this command creates is removed again when the command fails (an unknown log format, an
+    interrupted replay): a failed command never leaves a new, empty or half-written ``.duckdb`` behind. An
+    existing store is left as the failure left it (each change is its own transaction)."""
+    path = Path(db).expanduser()
+    created = [p for p in (path, Path(str(path) + ".wal")) if not p.exists()]
+    try:
+        yield
+    except BaseException:
+        if path in created:
+            for p in created:
+                p.unlink(missing_ok=True)
+        raise
 
 
 def _scenario_path(name: str) -> Path:
@@ -92,7 +110,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     scenario = pc.load_scenario(_scenario_path(args.scenario))
     pc.strategies.get_strategy(args.strategy)
     pc.cache.get_cache_model(args.cache)
-    with pc.Lab(args.db, progress=not args.quiet) as lab:
+    with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
         s = lab.replay(scenario, strategy=args.strategy, cache=args.cache)
         summary = pc.compare_df([s])
     print(f"session {s.id} in {args.db}")
@@ -138,7 +156,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                                "log location")
     # a missing path fails here, before the store exists: a failed command leaves no empty .duckdb behind
     expand_paths(paths)
-    with pc.Lab(args.db, progress=not args.quiet) as lab:
+    with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
         res = lab.import_log(paths, format=args.format, project=args.project)
         summary = res.summary(full_paths=args.full_paths)
         rebuilds = [pc.rebuilds(s) for s in res.sessions]

@@ -400,3 +400,19 @@ def test_make_demo_installs_quietly():
         installs = [c for c in commands if "pip" in c.lower() and " install " in c]
         assert installs and all("$(PIP_QUIET)" in c for c in installs), installs
         assert sum("echo" in c for c in commands) == 1  # the one line that says what happens
+
+
+def test_import_of_an_unknown_format_leaves_no_store_and_keeps_an_existing_one(tmp_path, capsys):
+    from promptcache_nb.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"not": "a log"}\n', encoding="utf-8")
+    db = tmp_path / "x.duckdb"
+    assert main(["import", str(bad), "--db", str(db)]) == 2
+    assert "not a known log format" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]  # no new 77 KB empty store
+    with pc.Lab(db, progress=False) as lab:  # an existing store survives a failed import untouched
+        lab.replay(pc.data_path("scenarios", "tiny.yaml"), stop_after=1)
+    assert main(["import", str(bad), "--db", str(db)]) == 2
+    with pc.Lab(db, progress=False, read_only=True) as lab:
+        assert len(lab.sessions()) == 1
