@@ -13,7 +13,7 @@ import importlib
 import warnings
 from typing import Any
 
-from . import advice, analysis, errors, plots, tokens, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
+from . import advice, analysis, errors, fleet, plots, tokens, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from ._data import data_path
 from .advice import advise, counterfactual
 from .analysis import Observation, compare_df, summarize
@@ -26,7 +26,6 @@ from .cache import (
     CacheModel,
     DeepSeekCache,
     OpenAICache,
-    VLLMCache,
     get_cache_model,
 )
 from .cache import cache_model_names as _cache_model_names
@@ -64,6 +63,7 @@ _MOVED = {
     **{name: f"live.{name}" for name in ("Backend", "BackendResponse", "DirectSimulator", "TokenCount")},
     **{name: f"request.{name}" for name in ("PreparedRequest", "Segment", "canonical_bytes", "prepare")},
     "CacheResult": "cache.CacheResult",
+    "VLLMCache": "cache.VLLMCache",  # made room for pc.fleet (issue 23); get_cache_model("vllm") is the usual way
     "cache_model_names": "cache.cache_model_names",
     "strategy_names": "strategies.strategy_names",
     "register_strategy": "strategies.register_strategy",  # plugins: the promptcache_nb.strategies entry point
@@ -130,7 +130,6 @@ __all__ = [
     "Strategy",
     "Turn",
     "Usage",
-    "VLLMCache",
     "advice",
     "advise",
     "analysis",
@@ -144,6 +143,7 @@ __all__ = [
     "data_path",
     "diff",
     "errors",
+    "fleet",
     "get_cache_model",
     "keep_warm",
     "load_scenario",

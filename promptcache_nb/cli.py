@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ._data import data_path
 from .errors import PromptCacheError
@@ -156,8 +156,14 @@ def cmd_import(args: argparse.Namespace) -> int:
                                "log location")
     # a missing path fails here, before the store exists: a failed command leaves no empty .duckdb behind
     expand_paths(paths)
+    if (args.db is None) == (args.out is None):
+        raise PromptCacheError("import: give --db FILE (a DuckDB store) or --out DIR (a fleet's Parquet dataset)")
+    if args.scheduler and args.out is None:
+        raise PromptCacheError("import: --scheduler needs --out DIR (the workers write the Parquet files there)")
+    if args.out is not None:
+        return _import_fleet(args, paths)
     with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
-        res = lab.import_log(paths, format=args.format, project=args.project)
+        res = lab.import_log(paths, format=args.format, project=args.project, workers=args.workers)
         summary = res.summary(full_paths=args.full_paths)
         rebuilds = [pc.rebuilds(s) for s in res.sessions]
     print(f"{res!r} into {args.db} — token figures are measured (usage reported by the endpoint)")
@@ -178,6 +184,43 @@ def cmd_import(args: argparse.Namespace) -> int:
         if len(res.skipped):
             print(f"\n{len(res.skipped)} skipped:")
             print(_fit(res._relative_files(res.skipped), max_rows=20))
+    return 0
+
+
+def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
+    """``import PATH --out DIR``: file groups imported on --workers processes or a Dask --scheduler."""
+    from concurrent.futures import Executor, ProcessPoolExecutor
+
+    from . import fleet
+
+    if args.format != "auto":
+        raise PromptCacheError("import --out: formats are detected per file (drop --format)")
+    client: Any = None
+    executor: Executor | None = None
+    if args.scheduler:
+        try:
+            from distributed import Client
+        except ImportError:
+            raise PromptCacheError("import --scheduler: needs Dask (pip install 'promptcache_nb[dask]')") from None
+        client = Client(args.scheduler)
+        executor = client.get_executor()
+    elif args.workers > 1:
+        executor = ProcessPoolExecutor(args.workers)
+    try:
+        res = fleet.import_logs(paths, out=args.out, executor=executor, project=args.project,
+                                progress=not args.quiet)
+    finally:
+        if isinstance(executor, ProcessPoolExecutor):
+            executor.shutdown()
+        if client is not None:
+            client.close()
+    print(repr(res))
+    print("token figures are measured (usage reported by the endpoint); read it with pc.fleet.open(OUT)")
+    shown = res.groups[["key", "files", "requests", "sessions", "status"]]
+    print(_fit(shown.assign(key=shown["key"].map(lambda k: Path(k).name)), max_rows=30))
+    if len(res.skipped):
+        print(f"\n{len(res.skipped)} skipped (first 20):")
+        print(_fit(res.skipped, max_rows=20))
     return 0
 
 
@@ -314,7 +357,13 @@ def build_parser() -> argparse.ArgumentParser:
                                             "agent's usual log location)")
     i.add_argument("--agent", default=None, choices=AGENTS, metavar="AGENT",
                    help=f"read this agent's logs where it keeps them: {', '.join(AGENTS)}")
-    i.add_argument("--db", required=True, help="the DuckDB store to import into (created if missing)")
+    i.add_argument("--db", default=None, help="the DuckDB store to import into (created if missing)")
+    i.add_argument("--out", default=None, metavar="DIR",
+                   help="instead of --db: a fleet's Parquet dataset (pc.fleet; run again to add new or grown files)")
+    i.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="import file groups in N processes (default 1)")
+    i.add_argument("--scheduler", default=None, metavar="tcp://HOST:8786",
+                   help="with --out: run the file groups on this Dask scheduler's workers")
     i.add_argument("--format", default="auto",
                    help=f"force a format: {', '.join(formats)} (default: detect by content)")
     i.add_argument("--project", default=None, help="knowledge project for the imported sessions "

@@ -101,7 +101,19 @@ class Lab:
         elif not isinstance(path, str | os.PathLike):
             raise TypeError(f"Lab(path): a file path (str or Path) or None, got {type(path).__name__}")
         self.path: str = os.fspath(path)
-        self.store = Store(self.path, read_only=read_only, trace=trace)  # trace=print: every statement, as it runs
+        self._setup(Store(self.path, read_only=read_only, trace=trace), tokenizer, progress)
+
+    @classmethod
+    def over_store(cls, store: Store, *, tokenizer: Tokenizer | None = None, progress: bool = True) -> Lab:
+        """A Lab over a store opened some other way: ``pc.fleet.open`` gives one whose tables are views over a
+        Parquet dataset (read-only)."""
+        lab = cls.__new__(cls)
+        lab.path = store.path
+        lab._setup(store, tokenizer, progress)
+        return lab
+
+    def _setup(self, store: Store, tokenizer: Tokenizer | None, progress: bool) -> None:
+        self.store = store  # trace=print: every statement, as it runs
         self.tokenizer = tokenizer or DEFAULT_TOKENIZER
         self.progress = progress
         #: Each project's knowledge, read once and kept up to date (``_shared.KnowledgeCache``): handed to sessions.
@@ -375,12 +387,16 @@ class Lab:
         return self.open_session(session_id, backend=backend)
 
     def import_log(self, paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
-                   project: str | None = None, progress: bool | None = None) -> ImportResult:
+                   project: str | None = None, progress: bool | None = None, workers: int = 1) -> ImportResult:
         """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
 
         ``paths`` is a file, a directory (walked), a glob or a list. Each session's new requests are stored in
         one transaction with their **measured** usage; importing the same file again adds only what is new.
         Returns a :class:`~promptcache_nb.ImportResult` (``.sessions``, ``.requests``, ``.skipped``).
+
+        ``workers=N`` reads and stores file groups (a Claude Code project folder, a session with its sub-agents,
+        one file) in N processes, and this process merges them (``importers/_parallel.py``): the same stored
+        result as ``workers=1``, in less wall time when there are several groups.
 
         Example:
             >>> res = lab.import_log("~/.claude/projects/-home-me-billing")  # doctest: +SKIP
@@ -389,7 +405,7 @@ class Lab:
         from .importers import import_log
 
         show = self.progress if progress is None else progress
-        return import_log(self, paths, format=format, project=project, progress=show)
+        return import_log(self, paths, format=format, project=project, progress=show, workers=workers)
 
     def capture(self, client: Any, *, session: Session | None = None, project: str | None = None,
                 cache: str | None = None) -> AbstractContextManager[Capture]:

@@ -42,7 +42,7 @@ def test_registered_and_listed():
     assert {"anthropic", "openai", "deepseek", "vllm"} <= set(pc.CACHE_MODELS)
     assert isinstance(pc.get_cache_model("openai"), pc.OpenAICache)
     assert isinstance(pc.get_cache_model("deepseek"), pc.DeepSeekCache)
-    assert isinstance(pc.get_cache_model("vllm"), pc.VLLMCache)
+    assert isinstance(pc.get_cache_model("vllm"), pc.cache.VLLMCache)
 
 
 @pytest.mark.parametrize("name", ["openai", "deepseek", "vllm"])
@@ -202,23 +202,23 @@ def test_deepseek_lifetime():
 
 # -- vLLM (§5) ------------------------------------------------------------------------------------
 def test_vllm_only_full_blocks_are_cached():
-    cache = pc.VLLMCache()
+    cache = pc.cache.VLLMCache()
     cache.process(req(("s", 40)), at(0))  # blocks 0, 1 full; tokens 32-39 in a partial block
     r = cache.process(req(("s", 40), ("t", 30)), at(1))
     assert r.native == {"prompt_tokens": 70, "prompt_tokens_details": {"cached_tokens": 32}}
 
 
 def test_vllm_hit_capped_at_n_minus_1():
-    cache = pc.VLLMCache()
+    cache = pc.cache.VLLMCache()
     cache.process(req(("s", 48)), at(0))
     assert read(cache.process(req(("s", 48)), at(1))) == 32  # full repeat recomputes the last block
-    cache2 = pc.VLLMCache()
+    cache2 = pc.cache.VLLMCache()
     cache2.process(req(("s", 50)), at(0))
     assert read(cache2.process(req(("s", 50)), at(1))) == 48  # the last token sits in a partial block
 
 
 def test_vllm_block_hash_chain():
-    cache = pc.VLLMCache()
+    cache = pc.cache.VLLMCache()
     cache.process(req(("x", 32), ("y", 32)), at(0))
     assert read(cache.process(req(("x2", 32), ("y", 32)), at(1))) == 0  # same block 2, other parent
     assert read(cache.process(req(("x", 32), ("y", 32), ("z", 16)), at(2))) == 64
@@ -228,7 +228,7 @@ def test_vllm_block_hash_chain():
 
 
 def test_vllm_lru_eviction_frees_last_blocks_first():
-    cache = pc.VLLMCache(num_blocks=8)
+    cache = pc.cache.VLLMCache(num_blocks=8)
     a, b, c = req(("a", 64)), req(("b", 64)), req(("c", 32))
     cache.process(a, at(0))  # 4 blocks
     cache.process(b, at(1))  # 4 more: the pool is full
@@ -244,7 +244,7 @@ def test_vllm_lru_eviction_frees_last_blocks_first():
 
 
 def test_vllm_touch_makes_a_prefix_recent():
-    cache = pc.VLLMCache(num_blocks=8)
+    cache = pc.cache.VLLMCache(num_blocks=8)
     a, b = req(("a", 64)), req(("b", 64))
     cache.process(a, at(0))
     cache.process(b, at(1))
@@ -256,7 +256,7 @@ def test_vllm_touch_makes_a_prefix_recent():
 
 
 def test_vllm_partial_block_and_capacity():
-    cache = pc.VLLMCache(num_blocks=4)
+    cache = pc.cache.VLLMCache(num_blocks=4)
     r = cache.process(req(("big", 80)), at(0))  # 5 blocks > 4
     assert (read(r), r.reason) == (0, "unsupported")
     assert cache.pool_stats() == {"cached_blocks": 0, "empty_blocks": 4, "nodes": 0}
@@ -266,7 +266,7 @@ def test_vllm_partial_block_and_capacity():
 
 def test_vllm_cache_salt_separates_namespaces():
     p = req(("s", 64))
-    cache = pc.VLLMCache()
+    cache = pc.cache.VLLMCache()
     cache.process(p, at(0))
     r = cache.process(dataclasses.replace(p, rest={**p.rest, "cache_salt": "tenant-b"}), at(1))
     assert (read(r), r.reason) == (0, "not_written")
@@ -276,7 +276,7 @@ def test_vllm_pool_invariant_over_a_random_walk():
     import random
 
     rng = random.Random(7)
-    cache = pc.VLLMCache(num_blocks=40)
+    cache = pc.cache.VLLMCache(num_blocks=40)
     prompts = [[("p", 100)], [("p", 100), ("x", 90)], [("q", 120)], [("p", 100), ("y", 70), ("z", 33)]]
     for k in range(200):
         parts = list(rng.choice(prompts)) + [(f"tail{rng.randrange(4)}", rng.randrange(1, 60))]

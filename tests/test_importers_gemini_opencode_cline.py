@@ -46,8 +46,8 @@ def opencode_db(tmp_path: Path) -> Path:
 # --- Gemini CLI ----------------------------------------------------------------------------------------------
 
 
-def test_gemini_jsonl_is_replayed_last_record_wins_rewound_calls_count():
-    reqs, skipped = read(GEMINI_MAIN)
+def test_gemini_jsonl_is_replayed_last_record_wins_rewound_calls_count(tmp_path):
+    reqs, skipped = read(_copy_chat(tmp_path, telemetry=None))  # the chat alone (no telemetry.log beside it)
     assert detect(GEMINI_MAIN).name == "gemini-cli"
     ids = [r.dedupe_key.rsplit("/", 1)[1] for r in reqs]
     # g-06 was rewound away (the $rewindTo after it) but it was billed: it stays a request
@@ -330,3 +330,114 @@ def test_import_agent_without_logs_is_one_line_naming_where_it_looked(tmp_path, 
     with pytest.raises(ImportFormatError, match="cline: no logs found; looked in .*saoudrizwan.claude-dev"):
         agent_log_files("cline", home=tmp_path, env={})
     assert not (tmp_path / "a.duckdb").exists()
+
+
+# --- Gemini CLI telemetry outfile ------------------------------------------------------------------------------
+TELEMETRY = LOGS / "gemini_cli" / "telemetry.log"
+
+
+def _copy_chat(tmp_path: Path, *, telemetry: str | None) -> Path:
+    chats = tmp_path / "gemini" / "chats"
+    chats.mkdir(parents=True)
+    chat = Path(shutil.copy(GEMINI_MAIN, chats / GEMINI_MAIN.name))
+    if telemetry is not None:
+        (tmp_path / "gemini" / "telemetry.log").write_text(telemetry)
+    return chat
+
+
+def test_gemini_telemetry_request_text_gives_the_bodies_as_sent(tmp_path):
+    with_text, _ = read(GEMINI_MAIN)  # the shipped telemetry.log sits beside the chats folder
+    chat_only, _ = read(_copy_chat(tmp_path, telemetry=None))
+    assert len(with_text) == len(chat_only) == 9
+    for sent, logged in zip(with_text, chat_only, strict=True):
+        first = sent.body["messages"][0]["content"][0]["text"]
+        assert first.startswith("This is the Gemini CLI. We are setting up the context")  # never in the chat file
+        assert sent.usage == logged.usage and sent.dedupe_key == logged.dedupe_key and sent.partial
+    # before the /compress checkpoint the chat's own history follows the environment turn exactly
+    for sent, logged in zip(with_text[:8], chat_only[:8], strict=True):
+        assert sent.body["messages"][2:] == logged.body["messages"]
+    # g-04 was retried after a 429: the failed attempt's request is answered by its api_error, so g-05 (same
+    # prompt) gets its own request text, with g-04's call and result in it
+    g05 = with_text[4].body["messages"]
+    assert any(m.get("tool_calls", [{}])[0].get("function", {}).get("name") == "write_file" for m in g05
+               if m["role"] == "assistant" and m.get("tool_calls"))
+
+
+def _telemetry_records() -> list[dict]:
+    text, decoder, out, i = TELEMETRY.read_text(), json.JSONDecoder(), [], 0
+    while i < len(text):
+        obj, i = decoder.raw_decode(text, i)
+        out.append(obj)
+        while i < len(text) and text[i].isspace():
+            i += 1
+    return out
+
+
+def _responses(records: list[dict]) -> list[dict]:
+    return [r["attributes"] for r in records if r["attributes"]["event.name"] == "gemini_cli.api_response"]
+
+
+def _dump(records: list[dict]) -> str:
+    return "".join(json.dumps(r, indent=2) + "\n" for r in records)
+
+
+def _sent_with_telemetry(reqs: list[ImportedRequest]) -> list[str]:
+    return [r.dedupe_key.rsplit("/", 1)[1] for r in reqs if isinstance(r.body["messages"][0]["content"], list)
+            and r.body["messages"][0]["content"][0]["text"].startswith("This is the Gemini CLI")]
+
+
+def test_gemini_telemetry_pairs_by_session_counts_and_time_only(tmp_path):
+    records = _telemetry_records()
+    g01, _, g03, *_ = _responses(records)
+    g01["session.id"] = "another-session"  # another session's call is not this chat's
+    g03["input_token_count"] += 1  # nor a call whose counts differ
+    reqs, _ = read(_copy_chat(tmp_path / "a", telemetry=_dump(records)))
+    assert _sent_with_telemetry(reqs) == ["g-02", "g-04", "g-05", "g-06", "g-07", "g-08", "g-09"]
+    records = _telemetry_records()
+    _responses(records)[0]["event.timestamp"] = "2026-06-02T11:12:10.570Z"  # two hours from the chat's
+    reqs, _ = read(_copy_chat(tmp_path / "b", telemetry=_dump(records)))
+    assert "g-01" not in _sent_with_telemetry(reqs) and len(_sent_with_telemetry(reqs)) == 8
+
+
+def test_gemini_telemetry_file_alone_is_listed_not_counted(tmp_path):
+    assert detect(TELEMETRY).name == "gemini-cli"
+    reqs, skipped = read(TELEMETRY)
+    assert reqs == [] and "telemetry outfile (9 API calls)" in skipped[0].reason
+    lab = pc.Lab(tmp_path / "lab.duckdb")
+    try:
+        res = lab.import_log([GEMINI_MAIN, TELEMETRY], progress=False)
+        assert res.requests == 9  # the chat's calls once: the telemetry adds bodies, never requests
+    finally:
+        lab.close()
+
+
+def test_import_agent_knows_every_agents_usual_place_and_its_override(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    shutil.copytree(LOGS / "pi" / "--home-ann-ledger-api--", home / ".pi" / "agent" / "sessions" / "--p--")
+    shutil.copytree(LOGS / "pi" / "omp", home / ".omp" / "agent" / "sessions")
+    shutil.copytree(LOGS / "openclaw", home / ".openclaw")
+    shutil.copytree(LOGS / "claude_code", home / ".claude" / "projects")
+    shutil.copytree(LOGS / "codex", tmp_path / "codex-home" / "sessions")
+    found = {a: agent_log_files(a, home=home, env={"CODEX_HOME": str(tmp_path / "codex-home")})
+             for a in ("pi", "openclaw", "claude-code", "codex")}
+    assert len(found["pi"]) == 3 and any(f.parent.name.endswith("_7c2e41d0b9a3") for f in found["pi"])  # sub-agent
+    assert sorted(f.name for f in found["openclaw"])[:2] == ["9b1d6f0e-3a52-4c47-b8e1-5d0c2e7a4f19.jsonl",
+                                                          "anthropic-payload.jsonl"]
+    assert len(found["claude-code"]) == len(list((LOGS / "claude_code").rglob("*.jsonl")))
+    assert len(found["codex"]) == len(list((LOGS / "codex").rglob("*.jsonl")))
+    # an agent's own variable wins over the usual folder
+    assert agent_log_files("pi", home=tmp_path / "nobody",
+                           env={"PI_CODING_AGENT_DIR": str(home / ".pi" / "agent")}) == [
+        f for f in found["pi"] if ".pi" in f.parts]
+    monkeypatch.setenv("HOME", str(home))
+    for var in ("PI_CODING_AGENT_DIR", "OMP_CODING_AGENT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["import", "--db", str(tmp_path / "a.duckdb"), "--agent", "pi", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    ref = pc.Lab(tmp_path / "ref.duckdb")
+    try:
+        res = ref.import_log(found["pi"], progress=False)
+        assert f"{res.requests} new requests" in out  # the CLI read the same three files
+        assert sum(1 for s in res.sessions if s.parent_id) == 2  # oh-my-pi's side call and its sub-agent
+    finally:
+        ref.close()

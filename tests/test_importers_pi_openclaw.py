@@ -19,7 +19,8 @@ from promptcache_nb.importers.pi import PiReader
 
 LOGS = pc.data_path("logs")
 PI_FILE = next((LOGS / "pi" / "--home-ann-ledger-api--").glob("*.jsonl"))
-OMP_FILE = next((LOGS / "pi" / "omp").rglob("*.jsonl"))
+OMP_FILE = next((LOGS / "pi" / "omp").glob("*/*.jsonl"))
+OMP_CHILD = next((LOGS / "pi" / "omp").glob("*/*/*.jsonl"))  # the task tool's sub-agent, in the parent's folder
 CLAW = LOGS / "openclaw"
 CLAW_TRANSCRIPT = next((CLAW / "agents").rglob("*.jsonl"))
 T0 = datetime(2026, 2, 10, 9, 0, tzinfo=UTC)
@@ -339,3 +340,47 @@ def test_openclaw_trace_pairs_a_retried_call_and_skips_its_zero_usage_error(lab:
     res = lab.import_log(trace, progress=False)
     assert res.requests == 2
     assert list(res.skipped.reason) == ["stopReason 'error' with zero usage: not a billed request"]
+
+
+def test_pi_openai_completions_reasoning_counted_twice_is_corrected_or_flagged(tmp_path: Path) -> None:
+    """pi-ai stores output = completion_tokens + reasoning_tokens (completion already holds reasoning): a provider
+    total below the four counts' sum gives the excess back; pi's own total cannot, and says so; oh-my-pi's
+    reasoningTokens (a part of output) is kept, output untouched."""
+    doubled = usage(1200, 8000, 0, 900)
+    doubled["totalTokens"] -= 400  # the provider's total_tokens: 500 completion tokens, 400 of them reasoning
+    lines = [header(), user("u1", None, T0, "hi"),
+             assistant("a1", "u1", T0, doubled, api="openai-completions", provider="openai", model="o4-mini"),
+             user("u2", "a1", T0 + timedelta(seconds=9), "more"),
+             assistant("a2", "u2", T0 + timedelta(seconds=10), usage(1200, 8000, 0, 900), api="openai-completions",
+                       provider="openai", model="o4-mini"),
+             user("u3", "a2", T0 + timedelta(seconds=19), "again"),
+             assistant("a3", "u3", T0 + timedelta(seconds=20), usage(1200, 8000, 0, 500, reasoningTokens=400),
+                       api="openai-completions", provider="openai", model="o4-mini"),
+             user("u4", "a3", T0 + timedelta(seconds=29), "and anthropic"),
+             assistant("a4", "u4", T0 + timedelta(seconds=30), usage(3, 8000, 100, 900))]
+    recs = [r for r in PiReader().read(write(tmp_path / "s.jsonl", lines)) if hasattr(r, "usage")]
+    assert [r.usage.output_tokens for r in recs] == [500, 900, 500, 900]
+    assert "output = output - 400" in recs[0].usage.notes[0]
+    assert "upper bound" in recs[1].usage.notes[0]
+    assert recs[2].usage.reasoning_tokens == 400 and not recs[2].usage.notes
+    assert not any("reasoning" in n for n in recs[3].usage.notes)
+
+
+def test_oh_my_pi_subagent_file_has_its_parent_session_and_its_system_prompt(lab: pc.Lab, tmp_path: Path) -> None:
+    res = lab.import_log([OMP_FILE, OMP_CHILD], progress=False)
+    main = next(s for s in res.sessions if s.parent_id is None)
+    child = next(s for s in res.sessions if s.config["session_key"] == "a41f07c2d95e")
+    assert child.parent_id == main.id and child.config["session_kind"] == "subagent"
+    turns = child.turns()
+    assert len(turns) == 4 and child.turn(0).request["system"][0]["text"].startswith("You are explore")
+    # the parent's roll-up of the same calls is not counted again: it equals the child's own sum
+    rollup = next(json.loads(line) for line in OMP_FILE.read_text().splitlines() if '"subagent:explore"' in line)
+    assert int(turns.output_tokens.sum()) == rollup["usage"]["output"]
+    assert int(turns.cache_read_input_tokens.sum()) == rollup["usage"]["cacheRead"]
+    # without the parent file beside it, the folder's name still names the parent session
+    lone = tmp_path / "sessions" / "-w" / OMP_CHILD.parent.name / OMP_CHILD.name
+    lone.parent.mkdir(parents=True)
+    shutil.copy(OMP_CHILD, lone)
+    assert {r.parent_key for r in PiReader().read(lone) if hasattr(r, "usage")} == {"7c2e41d0b9a3"}
+    # a file in an ordinary folder is no sub-agent
+    assert {r.parent_key for r in PiReader().read(PI_FILE) if hasattr(r, "usage")} == {None}

@@ -43,9 +43,10 @@ RANKS = {
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
     "advice": 11,  # counterfactual sessions and ranked advice over stored sessions (never imports lab)
     "lab": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
-    "ingest": 12,  # importers/_ingest.py: stores imported requests through Lab.create_session and sessions
+    "ingest": 12,  # importers/_ingest.py (+ _groups, _parallel): stores imported requests through Lab.create_session
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
     "report": 13,
+    "fleet": 13,  # many logs on many processes or machines into a Parquet dataset; a read-only Lab over it
     "__init__": 13,  # the curated public namespace
     "cli": 14,
     "pytest_plugin": 14,  # the prompt_cache fixture: a Lab, a proxy and a simulator per test
@@ -59,7 +60,8 @@ LAZY_UPWARD = {
 
 def node(module: str) -> str:
     """The layout node of a module name (``promptcache_nb.cache.openai`` -> ``cache``)."""
-    if module == "promptcache_nb.importers._ingest":
+    if module in ("promptcache_nb.importers._ingest", "promptcache_nb.importers._parallel",
+                  "promptcache_nb.importers._groups"):
         return "ingest"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"

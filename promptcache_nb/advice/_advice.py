@@ -17,6 +17,7 @@ from ..analysis.frames import html_table
 from ..request.diff import visible
 from ..session import Session
 from . import _fixes
+from ._compaction import COMPACTION_COLUMNS, NOT_SIMULATED, compaction_rows
 from ._counterfactual import COUNTERFACTUAL, MEASURED, Original, store_counterfactual
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,7 +38,7 @@ ACTIONS: dict[str, str] = {
     "tail_volatile": "Move what keeps changing (the clock, counters) out of the system prompt",
     "durable_deltas": "Pin the system prompt and send its changes as durable deltas",
     "breakpoints": "Put cache breakpoints on the tools, the system prompt and the newest message",
-    "ttl": "Use the 1-hour cache TTL",
+    "ttl": "Choose 5m or 1h per cache breakpoint from the idle gaps",
     "keep_warm": "Keep the cache warm through idle gaps with pings",
     "all": "Apply together every fix that saves alone",
 }
@@ -133,6 +134,9 @@ class Advice:
             ``costs more``), the three costs and ``label`` (``simulated (counterfactual)``).
         not_possible: ``session, fix, why`` for the fixes the data cannot support.
         fleet: on a Lab, the findings summed per fix over its sessions (else None).
+        compactions: the timing of each compaction as the cache saw it (:func:`~._compaction.compaction_timing`:
+            warm or expired, what it discarded and rewrote, the idle gap where it would rebuild once); no saving
+            is simulated for another timing (``attrs["not_simulated"]`` says why).
     """
 
     findings: pd.DataFrame
@@ -140,6 +144,7 @@ class Advice:
     fleet: pd.DataFrame | None = None
     _lab: Any = field(default=None, compare=False)
     _originals: dict[str, Original] = field(default_factory=dict, compare=False)
+    compactions: pd.DataFrame | None = None
 
     label = COUNTERFACTUAL
 
@@ -200,6 +205,12 @@ class Advice:
             lines.append(f"{who}{r.fix:<15} {r.verdict:<13} {_usd(r.usd_saved):>10} {_pct(r.pct_of_cost):>7} "
                          f"{len(r.requests):>8}  {r.confidence}")
             lines.append(f"{'':<{len(who) + 16}}{visible(r.evidence)}")
+        if self.compactions is not None:
+            for c in self.compactions.itertuples(index=False):
+                who = f"{c.session} " if many else ""
+                lines.append(f"compaction     {who}request {c.idx}: {visible(c.verdict)}")
+            if len(self.compactions):
+                lines.append(f"{'':<15}({NOT_SIMULATED})")
         for fix, rows in self.not_possible.groupby("fix", sort=False):
             where = rows.session.iloc[0] if len(rows) == 1 else f"{len(rows)} sessions"
             lines.append(f"{fix:<15} not possible ({where}): {visible(rows.why.iloc[0])}")
@@ -218,6 +229,9 @@ class Advice:
                  "the same cache model; the measured cost is shown beside them.</p>", table(self._shown())]
         if self.fleet is not None:
             parts += ["<p>Fleet roll-up</p>", table(self.fleet)]
+        if self.compactions is not None and len(self.compactions):
+            parts += [f"<p>Compaction timing ({html.escape(NOT_SIMULATED)})</p>",
+                      table(self.compactions.drop(columns=["at"]))]
         if len(self.not_possible):
             parts += [f"<details><summary>{len(self.not_possible)} fixes not possible</summary>",
                       table(self.not_possible), "</details>"]
@@ -273,6 +287,7 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
     rows: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []
     originals: dict[str, Original] = {}
+    compactions: list[dict[str, Any]] = []
     for s in sessions:
         orig = Original.load(s)
         if not orig.turns:
@@ -281,6 +296,7 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
         got, miss = _evaluate(s.id, orig, names)
         rows += got
         missing += miss
+        compactions += compaction_rows(orig)
     findings = pd.DataFrame(rows, columns=[*FINDING_COLUMNS, "replay_error"])
     findings = findings.sort_values("usd_saved", ascending=False, kind="stable").reset_index(drop=True)
     fleet = None
@@ -289,4 +305,6 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
                  .agg(sessions=("session", "nunique"), usd_saved=("usd_saved", "sum"),
                       tokens_saved=("tokens_saved", "sum"), extra_tokens=("extra_tokens", "sum"))
                  .reset_index().sort_values("usd_saved", ascending=False, kind="stable").reset_index(drop=True))
-    return Advice(findings, pd.DataFrame(missing, columns=NOT_POSSIBLE_COLUMNS), fleet, lab, originals)
+    timing = pd.DataFrame(compactions, columns=COMPACTION_COLUMNS)
+    timing.attrs["not_simulated"] = NOT_SIMULATED
+    return Advice(findings, pd.DataFrame(missing, columns=NOT_POSSIBLE_COLUMNS), fleet, lab, originals, timing)

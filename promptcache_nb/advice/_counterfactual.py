@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._config import SessionConfig
+from .._shared import cache_scope_of
 from ..analysis import Prices, load_calibration
-from ..analysis.resimulate import StoredTurn, _resimulate_turns, load_turns, request_prices
+from ..analysis.resimulate import SharedStream, StoredTurn, _resimulate_turns, load_turns, request_prices
+from ..cache import get_cache_model
 from ..errors import PromptCacheError, SessionError
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
@@ -53,6 +56,8 @@ class Original:
     cache: str
     cache_params: dict[str, Any]
     memo: SegmentMemo
+    #: the other sessions of its cache scope replayed beside it (:meth:`family`), as stored
+    shared: tuple[SharedStream, ...] = ()
     #: simulations by (the bodies' ids, ping flags, cache parameters) -> (those bodies, kept alive; the frame)
     _sims: dict[Any, tuple[list[Any], pd.DataFrame]] = field(default_factory=dict, repr=False)
 
@@ -77,7 +82,8 @@ class Original:
         turns = load_turns(lab, session.id, memo=memo)
         name = cache or row["cache_model"]
         params = dict(row["config"].get("cache_params") or {}) if name == row["cache_model"] else {}
-        return cls(lab, row, turns, calibration, name, params, memo)
+        shared = _family(lab, row, turns) if name == row["cache_model"] else ()
+        return cls(lab, row, turns, calibration, name, params, memo, shared)
 
     @property
     def partial(self) -> int | None:
@@ -91,10 +97,8 @@ class Original:
     def measured(self) -> bool:
         return any(t.stored.get("usage_source") in MEASURED for t in self.turns)
 
-    def gaps(self) -> list[float | None]:
-        return [None] + [(b.at - a.at).total_seconds() for a, b in zip(self.turns, self.turns[1:], strict=False)]
-
-    def _prices(self, model: str) -> Prices | None:
+    def prices(self, model: str) -> Prices | None:
+        """The prices a request of ``model`` is costed with (the session's own, else its cache's for the model)."""
         cfg = self.row["config"].get("prices")
         return Prices(**cfg) if cfg else request_prices(self.cache, model)
 
@@ -110,7 +114,7 @@ class Original:
                 replay.extend(([int(x) for x in sim.total_tokens], list(sim.itertuples(index=False))))
             totals, rows = replay
             row = rows[i]
-            p = self._prices(row.model)
+            p = self.prices(row.model)
             if p is None or pd_isna(row.cache_creation_input_tokens):
                 return False
             lost = max(0, int(row.cache_creation_input_tokens) - max(0, totals[i] - totals[i - 1]))
@@ -151,10 +155,7 @@ class Original:
             elif name == "breakpoints":
                 done = self._best_breakpoints(plan.requests, params)
             elif name == "ttl":
-                done = _fixes.ttl(plan.requests, gaps=self.gaps())
-                if unlogged is not None:  # the client's assumed breakpoints (AnthropicCache client_ttls)
-                    params["client_ttls"] = ["1h", "1h"]
-                    done.changed = [r.origin for r in plan.requests]
+                done, params = self._best_ttl(plan.requests, params)
             else:
                 done = _fixes.keep_warm(plan.requests, ttl_seconds=self._ttl_of(params),
                                         worth=self._ping_pays(plan.requests, params))
@@ -175,6 +176,40 @@ class Original:
             cost = float(self.simulate(Plan(done.requests, dict(params))).cost_usd.sum())
             tried.append((cost, i, done))
         return min(tried, key=lambda t: (t[0], t[1]))[2]
+
+    def _best_ttl(self, requests: list[Request], params: dict[str, Any]) -> tuple[_fixes.Applied, dict[str, Any]]:
+        """:func:`~._fixes.ttl` per breakpoint: each place a 1h run can end (none, tools, system, messages — on a
+        partial body the client's assumed prefix and conversation breakpoints, ``client_ttls``) replayed, the
+        cheapest kept. When the TTLs as sent are already the cheapest, the cheapest other choice is returned (its
+        finding then says it costs more, and what it would have read instead of rebuilt). The evidence names the
+        gaps that drove the choice."""
+        base = self.simulate(Plan(list(requests), dict(params)))
+        tried: list[tuple[float, int, _fixes.Applied, dict[str, Any], bool, pd.DataFrame]] = []
+        if self.partial is not None:  # the client's assumed breakpoints (AnthropicCache client_ttls)
+            roles = _fixes.PARTIAL_TTL_ROLES
+            now = tuple(params.get("client_ttls") or ("5m", "5m"))
+            for k, through in enumerate((None, *roles)):
+                ttls = _fixes.ttl_roles(through, roles)
+                p = {**params, "client_ttls": [ttls[r] for r in roles]}
+                same = tuple(p["client_ttls"]) == now
+                done = _fixes.Applied(list(requests), [] if same else [r.origin for r in requests],
+                                      _fixes.ttl_label(through, roles))
+                df = self.simulate(Plan(done.requests, p))
+                tried.append((float(df.cost_usd.sum()), k, done, p, same, df))
+        else:
+            present = _fixes.marked_roles(requests)
+            for k, through in enumerate((None, *present)):
+                done = _fixes.ttl(requests, through=through)
+                done.evidence = _fixes.ttl_label(through, present)
+                df = self.simulate(Plan(done.requests, dict(params)))
+                tried.append((float(df.cost_usd.sum()), k, done, dict(params), not done.changed, df))
+        best = min(tried, key=lambda t: (t[0], t[1]))
+        kept = best[4]
+        if kept and len(tried) > 1:
+            best = min((t for t in tried if not t[4]), key=lambda t: (t[0], t[1]))
+        _, _, done, p, _, df = best
+        done.evidence = _ttl_evidence(requests, base, df, done.evidence, kept=kept)
+        return done, p
 
     def _ttl_of(self, params: dict[str, Any]) -> Any:
         """A body's shortest entry lifetime: 1h only when every marker (or assumed breakpoint) is 1h."""
@@ -224,9 +259,76 @@ class Original:
         turns = [StoredTurn(r.origin, r.at, models[r.origin], req, 0 if r.ping else outputs[r.origin], {})
                  for r, req in (prepared if prepared is not None else self.prepared(plan))]
         df = _resimulate_turns(turns, self.row, self.cache, price_model=None, prices=None,
-                               params=dict(plan.cache_params))
+                               params=dict(plan.cache_params), shared=self.shared)
         df["ping"] = [r.ping for r in plan.requests]
         return df
+
+
+def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[SharedStream, ...]:
+    """The other sessions that shared ``row``'s simulated provider cache, as stored: those of its cache scope
+    (``project`` for an imported session: its sub-agents, compaction calls and other conversations read each
+    other's entries), with the same cache model and the same parameters but for ``client_ttls`` (each its own
+    client's). Only their requests within the cache's longest lifetime before this session's first request and
+    up to its last can touch what it reads. Counterfactual sessions are never family."""
+    scope = cache_scope_of(row)
+    if scope == "session" or not turns:
+        return ()
+    params = {k: v for k, v in (row["config"].get("cache_params") or {}).items() if k != "client_ttls"}
+    horizon = get_cache_model(row["cache_model"], **(row["config"].get("cache_params") or {})).state_horizon_seconds()
+    start = turns[0].at - timedelta(seconds=horizon) if horizon is not None else None
+    end = turns[-1].at
+    out = []
+    for other in lab.store.session_rows(row["cache_model"]):
+        config = other["config"]
+        if other["id"] == row["id"] or config.get("counterfactual_of") or cache_scope_of(other) != scope \
+                or scope == "project" and other["project_id"] != row["project_id"]:
+            continue
+        own = dict(config.get("cache_params") or {})
+        if {k: v for k, v in own.items() if k != "client_ttls"} != params:
+            continue
+        near = [t for t in load_turns(lab, other["id"], since=start) if t.at <= end]
+        if near:
+            out.append(SharedStream(other["id"], near, own))
+    return tuple(out)
+
+
+def _minutes(gap: float) -> str:
+    return f"{gap / 60:.0f} min"
+
+
+def _gap_list(items: list[tuple[int, float]], limit: int = 3) -> str:
+    """``the 20 min gap before request 3`` / ``3 gaps (20 min before request 3, 12 min before 9, …)``."""
+    if len(items) == 1:
+        return f"the {_minutes(items[0][1])} gap before request {items[0][0]}"
+    shown = ", ".join(f"{_minutes(g)} before {i}" for i, g in items[:limit])
+    return f"{len(items)} gaps ({shown}{', …' if len(items) > limit else ''})"
+
+
+def _ttl_evidence(requests: Sequence[Request], base: pd.DataFrame, df: pd.DataFrame, choice: str, *,
+                  kept: bool) -> str:
+    """What drove a TTL choice, in gaps: those after which the choice reads what the TTLs as sent rebuilt (or
+    the reverse), and the gaps over an hour that rebuild under any TTL."""
+    gaps = [None, *((b.at - a.at).total_seconds() for a, b in zip(requests, requests[1:], strict=False))]
+    before = base.cache_read_input_tokens.fillna(0).to_numpy()
+    after = df.cache_read_input_tokens.fillna(0).to_numpy()
+    gained = [(r.origin, g) for r, g, a, b in zip(requests, gaps, before, after, strict=True)
+              if g is not None and b > a]
+    lost = [(r.origin, g) for r, g, a, b in zip(requests, gaps, before, after, strict=True)
+            if g is not None and b < a]
+    middle = [(r.origin, g) for r, g in zip(requests, gaps, strict=True) if g is not None and 300 < g <= 3600]
+    longer = [(r.origin, g) for r, g in zip(requests, gaps, strict=True) if g is not None and g > 3600]
+    parts = [f"keep the TTLs as sent (the cheapest); the best other choice, {choice}" if kept else choice]
+    if gained:
+        parts.append(f"reads instead of rebuilding after {_gap_list(gained)}")
+    if lost:
+        parts.append(f"rebuilds after {_gap_list(lost)} (read as sent, for 2× writes that cost more)")
+    if not middle:
+        parts.append("no idle gap between 5 and 60 min: a 1h entry outlives no gap a 5m one does not")
+    elif not gained and not lost:
+        parts.append(f"{_gap_list(middle)} between 5 and 60 min change{'s' if len(middle) == 1 else ''} no read")
+    if longer:
+        parts.append(f"over 60 min, {_gap_list(longer)} rebuild{'s' if len(longer) == 1 else ''} under any TTL")
+    return "; ".join(parts)
 
 
 def pd_isna(value: Any) -> bool:

@@ -19,8 +19,10 @@ sharing what they shared, and segmenting them stays linear).
 * ``breakpoints`` — markers on the last tool, the last system block and the last block of the newest message
   (3 of Anthropic's 4) instead of what the client placed (docs/provider_cache_rules.md: 4 markers, 20-block
   lookback).
-* ``ttl`` — every marker (and the automatic one) with a 1h TTL; on partial bodies the client's assumed
-  breakpoints (Anthropic's 1h cache writes cost 2×; claude-cache-audit's break-even verdict).
+* ``ttl`` — per breakpoint, 5m or 1h: 1h on the markers up to a cut (tools, system, messages — on partial bodies
+  the client's assumed prefix and conversation breakpoints), 5m after it, so every 1h breakpoint comes before
+  every 5m one; the counterfactual replays each cut and keeps the cheapest, naming the gaps that drove it
+  (Anthropic's 1h cache writes cost 2× base input, 5m 1.25×; claude-cache-audit's break-even verdict).
 * ``keep_warm`` — a ping (the previous body, ``max_tokens: 0``) every TTL − 1 min through an idle gap that
   would expire the cache, where the pings cost less than the rebuild (Anthropic pre-warming; as
   :func:`promptcache_nb.keep_warm` pings).
@@ -51,7 +53,7 @@ FIX_SOURCES: dict[str, str] = {
     "tail_volatile": "picoclaw #3321 / OpenClaw #77521: the clock at the tail",
     "durable_deltas": "Lore #747: durable prompt deltas",
     "breakpoints": "Anthropic: up to 4 cache_control markers, 20-block lookback",
-    "ttl": "Anthropic 1h cache TTL (writes cost 2×)",
+    "ttl": "Anthropic 5m / 1h cache TTLs per breakpoint (1h writes cost 2×, 5m 1.25×)",
     "keep_warm": "Anthropic pre-warming pings",
 }
 
@@ -612,10 +614,19 @@ def _first_marker(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # -- ttl ---------------------------------------------------------------------------------------
+#: The places a marker can sit, in prefix order: a 1h breakpoint must come before every 5m one
+#: (docs/provider_cache_rules.md#anthropic-usage, "Mixing TTLs"), so a TTL choice is where the 1h run ends.
+TTL_ROLES: tuple[str, ...] = ("tools", "system", "messages")
+
+#: The same on a partial body: the client's assumed breakpoints (the unlogged prefix, the conversation).
+PARTIAL_TTL_ROLES: tuple[str, ...] = ("prefix", "conversation")
+
+
 def _ttl_block(block: Any, ttl: str) -> Any:
-    """A block (tool, system block, message content block) with its marker's TTL set (itself when unmarked)."""
+    """A block (tool, system block, message content block) with its marker's TTL set (itself when unmarked or
+    already that TTL; a marker naming no TTL is 5m)."""
     if isinstance(block, dict) and isinstance(block.get("cache_control"), dict) \
-            and block["cache_control"].get("ttl") != ttl:
+            and block["cache_control"].get("ttl", "5m") != ttl:
         return {**block, "cache_control": {**block["cache_control"], "ttl": ttl}}
     return block
 
@@ -627,15 +638,17 @@ def _ttl_list(items: Any, ttl: str) -> Any:
     return items if all(a is b for a, b in zip(out, items, strict=True)) else out
 
 
-def _ttl_marks(body: dict[str, Any], ttl: str, memo: dict[int, tuple[Any, Any]]) -> dict[str, Any]:
-    """``body`` with every ``cache_control`` (top level, tools, system, message blocks) given ``ttl``; unchanged
-    parts stay the same objects. ``memo``: id(message) -> (message, result), for messages shared by requests."""
+def _ttl_marks(body: dict[str, Any], ttls: dict[str, str], memo: dict[int, tuple[Any, Any]]) -> dict[str, Any]:
+    """``body`` with each ``cache_control`` given its role's TTL (``ttls``: role -> TTL; the top-level automatic
+    marker lands on the last block: ``messages``); unchanged parts stay the same objects. ``memo``:
+    id(message) -> (message, result), for messages shared by requests."""
     new = dict(body)
-    if isinstance(body.get("cache_control"), dict):
-        new["cache_control"] = {**body["cache_control"], "ttl": ttl}
+    auto = body.get("cache_control")
+    if isinstance(auto, dict) and auto.get("ttl", "5m") != ttls["messages"]:
+        new["cache_control"] = {**auto, "ttl": ttls["messages"]}
     for key in ("tools", "system"):
         if key in body:
-            new[key] = _ttl_list(body[key], ttl)
+            new[key] = _ttl_list(body[key], ttls[key])
     messages = body.get("messages")
     if isinstance(messages, list):
         sent = []
@@ -643,35 +656,74 @@ def _ttl_marks(body: dict[str, Any], ttl: str, memo: dict[int, tuple[Any, Any]])
             got = memo.get(id(m))
             if got is None or got[0] is not m:
                 content = m.get("content") if isinstance(m, dict) else None
-                marked = _ttl_list(content, ttl)
+                marked = _ttl_list(content, ttls["messages"])
                 got = memo[id(m)] = (m, m if marked is content else {**m, "content": marked})
             sent.append(got[1])
         new["messages"] = messages if all(a is b for a, b in zip(sent, messages, strict=True)) else sent
     return body if all(new[k] is body.get(k) for k in new) else new
 
 
-def ttl(requests: Sequence[Request], *, to: str = "1h", gaps: Sequence[float | None] = ()) -> Applied:
-    """Every ``cache_control`` marker (and the automatic top-level one) with the ``to`` TTL.
+def ttl_roles(through: str | None, roles: Sequence[str] = TTL_ROLES) -> dict[str, str]:
+    """role -> TTL: 1h on every role up to and including ``through`` (None: none), 5m after it."""
+    if through is not None and through not in roles:
+        raise ValueError(f"through={through!r}: use one of {', '.join(roles)}, or None")
+    cut = -1 if through is None else roles.index(through)
+    return {r: "1h" if k <= cut else "5m" for k, r in enumerate(roles)}
 
-    A 1h entry costs 2× base input to write (5m: 1.25×) and survives idle gaps up to an hour: it pays where
-    gaps between 5 and 60 minutes made the cache rebuild. ``gaps`` (seconds before each request) only feed the
-    evidence. Bodies without markers are unchanged (a partial log's assumed breakpoints are the cache model's:
-    ``client_ttls``).
+
+def ttl_label(through: str | None, roles: Sequence[str] = TTL_ROLES) -> str:
+    """``1h on tools, system; 5m on messages``."""
+    ttls = ttl_roles(through, roles)
+    hour = [r for r in roles if ttls[r] == "1h"]
+    five = [r for r in roles if ttls[r] == "5m"]
+    return "; ".join(p for p in (f"1h on {', '.join(hour)}" if hour else "",
+                                 f"5m on {', '.join(five)}" if five else "") if p)
+
+
+def ttl(requests: Sequence[Request], *, through: str | None = "messages") -> Applied:
+    """Each ``cache_control`` marker (and the automatic top-level one) with the TTL of where it sits: 1h on the
+    roles (:data:`TTL_ROLES`: tools, system, messages) up to and including ``through``, 5m after it (None: 5m
+    everywhere). One cut keeps every 1h breakpoint before every 5m one, as the API requires.
+
+    A 1h entry costs 2× base input to write (5m: 1.25×) and survives idle gaps up to an hour: it pays where gaps
+    between 5 and 60 minutes made the cache rebuild. Which cut pays is a replay question (the counterfactual
+    tries each: :meth:`~promptcache_nb.advice._counterfactual.Original.plan`). Bodies without markers are
+    unchanged (a partial log's assumed breakpoints are the cache model's: ``client_ttls``).
     """
+    ttls = ttl_roles(through)
     out: list[Request] = []
     changed: list[int] = []
     memo: dict[int, tuple[Any, Any]] = {}
     for r in requests:
-        new = _ttl_marks(r.body, to, memo)
+        new = _ttl_marks(r.body, ttls, memo)
         if new is not r.body:
             changed.append(r.origin)
             out.append(Request(r.at, new, r.origin, r.ping))
         else:
             out.append(r)
-    middle = [(k, g) for k, g in enumerate(gaps) if g is not None and 300 < g <= 3600]
-    evidence = (f"{_n(len(middle), 'idle gap')} between 5 and 60 min (first before request {middle[0][0]}: "
-                f"{middle[0][1] / 60:.0f} min)" if middle else "no idle gap between 5 and 60 min")
-    return Applied(out, changed, evidence)
+    return Applied(out, changed, ttl_label(through))
+
+
+def marked_roles(requests: Sequence[Request]) -> list[str]:
+    """The roles (:data:`TTL_ROLES`) that carry a marker in some request, in prefix order."""
+    found: set[str] = set()
+    for r in requests:
+        body = r.body
+        if isinstance(body.get("cache_control"), dict):
+            found.add("messages")
+        for key in ("tools", "system"):
+            part = body.get(key)
+            if isinstance(part, list) and any(isinstance(b, dict) and "cache_control" in b for b in part):
+                found.add(key)
+        if "messages" not in found:
+            for m in body.get("messages") or []:
+                content = m.get("content") if isinstance(m, dict) else None
+                if isinstance(content, list) and any(isinstance(b, dict) and "cache_control" in b for b in content):
+                    found.add("messages")
+                    break
+        if len(found) == len(TTL_ROLES):
+            break
+    return [r for r in TTL_ROLES if r in found]
 
 
 # -- keep_warm ---------------------------------------------------------------------------------

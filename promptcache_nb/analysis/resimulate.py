@@ -13,7 +13,7 @@ block is parsed and token-counted once, and each prefix node becomes one shared
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -289,12 +289,45 @@ def _price_resolver(cache_name: str, session_row: dict[str, Any], *, price_model
 
 
 # -- re-simulation ------------------------------------------------------------------------------
-def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str], Prices | None]) -> pd.DataFrame:
+@dataclass(frozen=True)
+class SharedStream:
+    """Another session's requests, replayed through the same cache as a session's own and interleaved with them by
+    time (a project's sub-agents, compaction calls and other conversations read each other's entries): its
+    stream key, its requests, and its cache options (its client's TTLs)."""
+
+    key: str
+    turns: Sequence[StoredTurn]
+    options: Mapping[str, Any]
+
+
+def _interleaved(turns: Sequence[StoredTurn], cache: CacheModel, own_key: str,
+                 shared: Sequence[SharedStream]) -> Iterator[StoredTurn]:
+    """``turns``, with ``shared`` streams' requests simulated between them in time order (ties by stream key and
+    index, as a scope cache's rebuild orders them; the own turns keep their order), each under its own stream and
+    options."""
+    own = cache.options
+    kind = type(cache).Options
+    others = [(s.key, kind.stored(s.options, owner=f"cache model {cache.name!r}"), t) for s in shared for t in s.turns]
+    events = sorted([*((t.at, own_key, k, own, t, True) for k, t in enumerate(turns)),
+                     *((t.at, key, t.idx, opts, t, False) for key, opts, t in others)], key=lambda e: e[:3])
+    for _, key, _, opts, t, mine in events:
+        cache.stream(key)
+        cache.use_options(opts)
+        if mine:
+            yield t
+        else:
+            simulate(cache, t.request, t.at)
+    cache.use_options(own)
+
+
+def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str], Prices | None], *,
+            shared: Sequence[SharedStream] = (), own_key: str = "") -> pd.DataFrame:
     import pandas as pd
 
     cache.reset()
+    cache.forget_streams()
     rows: list[tuple[Any, ...]] = []  # RESIM_COLUMNS
-    for t in turns:
+    for t in (_interleaved(turns, cache, own_key, shared) if shared else turns):
         result = simulate(cache, t.request, t.at)
         if result is None:  # a model this cache model cannot simulate: no figures, never a crash
             rows.append((t.idx, t.at, t.model, cache.name, t.request.total_tokens, None, None, None, None, None,
@@ -368,7 +401,8 @@ def resimulate(
 
 
 def _resimulate_turns(turns: Sequence[StoredTurn], row: dict[str, Any], cache: str | CacheModel, *,
-                      price_model: str | None, prices: Prices | None, params: dict[str, Any]) -> pd.DataFrame:
+                      price_model: str | None, prices: Prices | None, params: dict[str, Any],
+                      shared: Sequence[SharedStream] = ()) -> pd.DataFrame:
     if row is None:
         raise SessionError("no such session")
     model = _cache_for(cache, row, params)
@@ -376,7 +410,7 @@ def _resimulate_turns(turns: Sequence[StoredTurn], row: dict[str, Any], cache: s
     # session's own cache replays its measured traffic, priced as it was stored: by each request's own model.
     measured = model.name == row["cache_model"] and any(t.stored.get("usage_source") != "simulated" for t in turns)
     price = _price_resolver(model.name, row, price_model=price_model, prices=prices, measured=measured)
-    df = _replay(turns, model, price)
+    df = _replay(turns, model, price, shared=shared, own_key=row["id"])
     sources = sorted({p.source for m in set(df.model) if (p := price(m)) is not None}) if len(df) else []
     df.attrs["prices"] = ", ".join(sources)
     df.attrs["cache"] = model.name

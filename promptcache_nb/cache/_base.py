@@ -152,6 +152,19 @@ class CacheModel(ABC):
     def _stream_switched(self) -> None:  # noqa: B027 - a hook: most models keep no such shortcut
         """Another stream may have run since this one's last request: drop shortcuts that assumed not."""
 
+    def use_options(self, options: CacheModel.Options) -> None:
+        """Process the next requests under ``options`` (checked: an ``Options`` of this model), keeping every entry.
+
+        A replay of several sessions through one cache gives each its own stream and, with this, its own
+        options: an imported Claude Code session's ``client_ttls`` are its own client's, and an entry keeps the
+        TTL of the session that wrote it."""
+        if options is not self.options:
+            self.options = options
+            self._options_changed()
+
+    def _options_changed(self) -> None:  # noqa: B027 - a hook: most models derive nothing from their options
+        """:meth:`use_options` replaced the options: recompute what was derived from them."""
+
     def forget_streams(self) -> None:
         """After :meth:`reset`: no stream has a previous request any more."""
         self.__dict__.pop("_streams", None)

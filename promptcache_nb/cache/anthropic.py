@@ -293,6 +293,9 @@ class AnthropicCache(CacheModel):
         self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(self.options.min_tokens or {})}
         self.reset()
 
+    def _options_changed(self) -> None:
+        self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(self.options.min_tokens or {})}
+
     def reset(self) -> None:
         self._entries: dict[tuple[str, bytes], _Entry] = {}
         self._prev_keys: list[str] = []

@@ -1,13 +1,15 @@
 """Imported logs → requests: one reader per agent-log format, and the ingest that stores them as sessions.
 
 Formats: ``claude-code``, ``codex``, ``vcr``, ``har``, ``exchanges`` (the recording proxy's log), ``otlp``,
-``gemini-cli``, ``opencode`` and ``cline`` (Cline and Roo Code).
+``pi`` (pi and oh-my-pi), ``openclaw``, ``gemini-cli``, ``opencode`` and ``cline`` (Cline and Roo Code).
+:func:`agent_log_places` says where each agent writes them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._locations import agent_log_places
 from ._registry import READERS, detect
 from ._types import ImportedRequest, Reader, ReadProgress, SkippedLine
 
@@ -31,4 +33,4 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["READERS", "ImportResult", "ImportedRequest", "ReadProgress", "Reader", "SkippedLine", "detect",
-           "import_log"]
+           "agent_log_places", "import_log"]

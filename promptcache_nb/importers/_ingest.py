@@ -306,16 +306,26 @@ def import_log(
     format: str = "auto",  # noqa: A002 - the public name users type
     project: str | None = None,
     progress: bool = True,
+    workers: int = 1,
+    calibrate: bool = True,
 ) -> ImportResult:
-    """Import agent logs into ``lab``; see :meth:`Lab.import_log`."""
+    """Import agent logs into ``lab``; see :meth:`Lab.import_log`. ``calibrate=False``: fit no calibration at the
+    end (a caller that fits once over several imports)."""
     if format != "auto" and format not in READERS:
         raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise PromptCacheError(f"import_log(workers=...): a number of processes >= 1, got {workers!r}")
+    if workers > 1:
+        from ._parallel import import_parallel
+
+        expand_paths(paths)  # a missing path fails here, in this process, before any worker starts
+        return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress)
     with gc_paused():
-        return _import(lab, paths, format, project, progress)
+        return _import(lab, paths, format, project, progress, calibrate)
 
 
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
-            progress: bool) -> ImportResult:
+            progress: bool, calibrate: bool = True) -> ImportResult:
     result = ImportResult()
     flagged: list[dict[str, Any]] = []
     notes: list[dict[str, Any]] = []
@@ -383,7 +393,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     models = {r.model for v in by_session.values() for r in v if r.model}
     # each measured request is an exact prompt total: calibrate the estimator per family. Also when nothing was
     # new but a family has no calibration yet: an import stopped after its sessions committed gets it back.
-    if result.requests or (models and _uncalibrated(lab, models)):
+    if calibrate and (result.requests or (models and _uncalibrated(lab, models))):
         result.calibrations = calibrate_families(lab, models)
     return result
 

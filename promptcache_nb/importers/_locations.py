@@ -15,10 +15,21 @@ from pathlib import Path
 
 from ..errors import ImportFormatError
 
-__all__ = ["AGENTS", "agent_log_files"]
+__all__ = ["AGENTS", "OTHER_SOURCES", "agent_log_files", "agent_log_places"]
 
 #: The agents ``--agent`` knows, in the order the help lists them.
 AGENTS = ("pi", "openclaw", "gemini-cli", "opencode", "cline", "claude-code", "codex")
+#: Who writes each ``--agent`` name's logs (the name a user knows them by).
+AGENT_TITLES = {"pi": "pi / oh-my-pi", "openclaw": "OpenClaw", "gemini-cli": "Gemini CLI", "opencode": "OpenCode",
+                "cline": "Cline / Roo Code", "claude-code": "Claude Code", "codex": "Codex CLI"}
+#: Logs that have no usual place: where they are is where you said (format name, where, how they are written).
+OTHER_SOURCES = (
+    ("exchanges", "the recording proxy", "wherever `promptcache-nb proxy --log PATH` writes (any agent you can "
+                                         "point at a URL; picoclaw and Lore keep no per-request usage: use this)"),
+    ("vcr", "vcrpy / pytest-recording", "your tests' `cassettes/` folders"),
+    ("har", "a browser", "a network tab's HAR export"),
+    ("otlp", "OpenTelemetry GenAI", "an SDK or collector file exporter's output"),
+)
 
 # VS Code and its forks keep extension storage under <config>/<product>/User/globalStorage/<extension id>.
 _EDITORS = ("Code", "Code - Insiders", "Cursor", "VSCodium", "Windsurf")
@@ -67,6 +78,23 @@ def _places(agent: str, home: Path, env: Mapping[str, str]) -> list[tuple[Path, 
         root = Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else home / ".codex"
         return [(root / "sessions", "**/*.jsonl"), (root / "sessions", "**/*.jsonl.zst")]
     raise ImportFormatError("--agent", f"unknown agent {agent!r}; known: {', '.join(AGENTS)}")
+
+
+def agent_log_places(*, home: Path | None = None, env: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+    """Where each agent writes its logs (``agent``, ``writer``, ``where``: folder and pattern, ``~`` for the home
+    folder when ``home`` is not given), then the sources without a usual place (:data:`OTHER_SOURCES`).
+
+    ``env`` defaults to none set (each agent's default places); pass ``os.environ`` for yours.
+
+    Example:
+        >>> agent_log_places()[0]
+        {'agent': 'pi', 'writer': 'pi / oh-my-pi', 'where': '~/.pi/agent/sessions/**/*.jsonl'}
+    """
+    root = Path("~") if home is None else home
+    rows = [{"agent": agent, "writer": AGENT_TITLES[agent], "where": str(folder / pattern)}
+            for agent in AGENTS for folder, pattern in _places(agent, root, {} if env is None else env)]
+    rows += [{"agent": f"(format {fmt})", "writer": writer, "where": where} for fmt, writer, where in OTHER_SOURCES]
+    return rows
 
 
 def agent_log_files(agent: str, *, home: Path | None = None, env: Mapping[str, str] | None = None) -> list[Path]:

@@ -34,6 +34,18 @@ What becomes a request:
   bodies are ``partial``. ``info`` / ``error`` / ``warning`` messages are never sent and are left out.
 * **Events**: the request after a ``$set`` that shortened the list carries ``compaction``; after a
   ``$rewindTo``, ``rewind``.
+* **The telemetry outfile** (``telemetry.outfile`` / ``GEMINI_TELEMETRY_OUTFILE``, documented as
+  ``.gemini/telemetry.log``; §5.5): when a ``telemetry.log`` sits in the chats folder's parent or one of its two
+  parents (``~/.gemini/tmp/<project>/``, ``~/.gemini/tmp/``, ``~/.gemini/``), its ``gemini_cli.api_request``
+  records give the requests their bodies as sent: ``request_text`` is the JSON of the ``contents`` (with the
+  environment-context turn and anything else the chat file never records). Each ``api_request`` is answered by
+  the next ``api_response`` or ``api_error`` of its ``prompt_id`` (a retried call logs both attempts); a chat
+  request takes the ``api_response`` of its session (``session.id``) with the same ``input`` / ``cached`` /
+  ``output`` counts whose ``event.timestamp`` (the response end, as the chat's) is nearest, within 2 minutes,
+  each used once. Usage stays the chat's (the same measured counts); the system instruction and tool
+  declarations are not in ``request_text``, so bodies stay ``partial``. The file is pretty-printed JSON
+  records back to back (not JSON Lines); read on its own it holds no request the chats do not: it is listed
+  in ``skipped`` with that reason.
 * **Sessions** are the metadata's ``sessionId`` (never the file name). A sub-agent chat (``kind: "subagent"``)
   lives in ``chats/<parent session id>/``: that folder name is its ``parent_key``. Dedupe key:
   ``<sessionId>/<message id>``.
@@ -45,6 +57,8 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +72,10 @@ __all__ = ["GeminiCliReader"]
 _TOKEN_FIELDS = ("input", "output", "cached", "thoughts", "tool", "total")
 _MESSAGE_TYPES = frozenset({"user", "gemini", "info", "error", "warning"})
 _LEGACY_HEAD = re.compile(r'^\s*\{\s*"(sessionId|projectHash)"\s*:')
+TELEMETRY_FILE = "telemetry.log"
+#: a telemetry response is the chat request's when their response ends are this close
+_PAIR_WINDOW = timedelta(minutes=2)
+_TELEMETRY_HEAD = re.compile(r'"event\.name"\s*:\s*"(gemini_cli\.|gen_ai\.client\.inference)')
 
 
 @dataclass
@@ -135,6 +153,8 @@ class GeminiCliReader:
     name = "gemini-cli"
 
     def sniff(self, path: Path, head: str) -> bool:
+        if head.lstrip().startswith("{") and _TELEMETRY_HEAD.search(head):
+            return True
         objs = json_objects_in_head(head, limit=3)
         if objs:
             first = objs[0]
@@ -144,7 +164,11 @@ class GeminiCliReader:
     def read(self, path: Path) -> Iterator[Record]:
         head = read_log_bytes(path, 4096).decode("utf-8", errors="replace").lstrip("\ufeff")
         first_line = head.split("\n", 1)[0].strip()
-        if first_line in ("{", "{\r") or not json_objects_in_head(head, limit=1):
+        if _TELEMETRY_HEAD.search(head) and '"projectHash"' not in head:
+            calls = _telemetry_calls(path)
+            yield SkippedLine(str(path), 0, f"Gemini CLI telemetry outfile ({len(calls)} API calls): its request "
+                                            "text gives the bodies of the chats beside it; import the chats")
+        elif first_line in ("{", "{\r") or not json_objects_in_head(head, limit=1):
             yield from self._read_legacy(path)
         else:
             yield from self._read_jsonl(path)
@@ -209,6 +233,7 @@ class GeminiCliReader:
         kind: SessionKind = "subagent" if meta.get("kind") == "subagent" else "main"
         parent = path.parent.name if kind == "subagent" and path.parent.name != "chats" else None
         last_model: str | None = None
+        telemetry = _TelemetryIndex(_telemetry_near(path))
         for mid, p in replay.pending.items():
             rec = p.record
             ref = f"{file}#messages[{p.line}]" if legacy else f"{file}:{p.token_line or p.line}"
@@ -243,11 +268,171 @@ class GeminiCliReader:
                 yield SkippedLine(file, line, f"gemini message {mid[:40]!r}: {exc}")
                 continue
             assert model is not None
+            sent = telemetry.take(session, tokens, at)
             yield ImportedRequest(
                 session_key=session, dedupe_key=f"{session}/{mid}", at=at,
-                body={"model": model, "messages": p.body_messages}, usage=usage, model=model, source_ref=ref,
+                body={"model": model, "messages": p.body_messages if sent is None else sent},
+                usage=usage, model=model, source_ref=ref,
                 dialect="openai-chat", partial=True, parent_key=parent, session_kind=kind, events=p.events,
                 reply=_reply(rec), provider="gemini")
+
+
+# -- the telemetry outfile ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TelemetryCall:
+    """One ``gemini_cli.api_response`` of a telemetry outfile, with the ``request_text`` of its request."""
+
+    session: str
+    end: datetime
+    counts: tuple[int, int, int]  # input (inclusive), cached, output: as the chat's tokens
+    request_text: str | None  # the JSON of the Gemini ``contents`` sent, when logPrompts kept them (parsed on use)
+
+
+def _telemetry_near(chat: Path) -> Path | None:
+    """The ``telemetry.log`` beside a chat's project folder (see the module docstring), or None."""
+    chats = next((p for p in chat.parents if p.name == "chats"), None)
+    if chats is None:
+        return None
+    for folder in list(chats.parents)[:3]:
+        candidate = folder / TELEMETRY_FILE
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError:
+            return None
+    return None
+
+
+def _telemetry_calls(path: Path) -> tuple[TelemetryCall, ...]:
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return _read_telemetry(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=2)  # every chat of a folder consults the same file: parsed once per (path, version)
+def _read_telemetry(path: str, _mtime_ns: int, _size: int) -> tuple[TelemetryCall, ...]:
+    text = read_log_bytes(Path(path)).decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    pending: dict[str, list[Any]] = {}  # prompt_id -> request_text of calls not yet answered, oldest first
+    calls: list[TelemetryCall] = []
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n":
+            i += 1
+        if i >= n:
+            break
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except ValueError:
+            nxt = text.find("\n{", i + 1)  # a torn record: resume at the next one that starts a line
+            if nxt < 0:
+                break
+            i = nxt + 1
+            continue
+        attrs = _attributes(obj)
+        name = attrs.get("event.name")
+        pid = str(attrs.get("prompt_id") or "")
+        if name == "gemini_cli.api_request":
+            pending.setdefault(pid, []).append(attrs.get("request_text"))
+        elif name in ("gemini_cli.api_response", "gemini_cli.api_error"):
+            queue = pending.get(pid)
+            request_text = queue.pop(0) if queue else None
+            if name == "gemini_cli.api_error":
+                continue
+            call = _telemetry_call(attrs, pid, request_text)
+            if call is not None:
+                calls.append(call)
+    return tuple(calls)
+
+
+def _attributes(obj: Any) -> dict[str, Any]:
+    """A record's attributes: an object (the SDK's file exporter) or OTLP's ``[{key, value: {xValue}}]``."""
+    attrs = obj.get("attributes") if isinstance(obj, dict) else None
+    if isinstance(attrs, dict):
+        return attrs
+    out: dict[str, Any] = {}
+    for kv in attrs if isinstance(attrs, list) else []:
+        if isinstance(kv, dict) and isinstance(kv.get("value"), dict) and kv["value"]:
+            value = next(iter(kv["value"].values()))
+            out[str(kv.get("key"))] = int(value) if "intValue" in kv["value"] and str(value).isdigit() else value
+    return out
+
+
+def _telemetry_call(attrs: dict[str, Any], pid: str, request_text: Any) -> TelemetryCall | None:
+    counts = [attrs.get(k) for k in ("input_token_count", "cached_content_token_count", "output_token_count")]
+    ints = [c for c in counts if isinstance(c, int) and not isinstance(c, bool)]
+    if len(ints) != 3:
+        return None
+    sid = attrs.get("session.id")
+    session = sid if isinstance(sid, str) else pid.split("########")[0]  # prompt ids are <session>########<n>
+    try:
+        end = parse_timestamp(attrs.get("event.timestamp"))
+    except ValueError:
+        return None
+    text = request_text if isinstance(request_text, str) else None
+    return TelemetryCall(session, end, (ints[0], ints[1], ints[2]), text)
+
+
+class _TelemetryIndex:
+    """A telemetry file's calls by (session, counts), each handed to one chat request at most."""
+
+    def __init__(self, path: Path | None) -> None:
+        # the last contents converted, item by item: the next call's history repeats them, converted once
+        self._last: list[tuple[Any, list[dict[str, Any]]]] = []
+        self._by: dict[tuple[str, tuple[int, int, int]], list[TelemetryCall]] = {}
+        for call in _telemetry_calls(path) if path is not None else ():
+            self._by.setdefault((call.session, call.counts), []).append(call)
+
+    def take(self, session: str, tokens: dict[str, Any], at: datetime) -> list[dict[str, Any]] | None:
+        """The Chat messages the telemetry says were sent for this chat request, or None."""
+        if not self._by:
+            return None
+        key = (session, (tokens.get("input") or 0, tokens.get("cached") or 0, tokens.get("output") or 0))
+        candidates = [c for c in self._by.get(key, ()) if abs(c.end - at) <= _PAIR_WINDOW]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda c: abs(c.end - at))
+        self._by[key].remove(best)
+        try:
+            contents = json.loads(best.request_text) if best.request_text is not None else None
+        except ValueError:
+            contents = None
+        if not isinstance(contents, list):
+            return None
+        converted: list[tuple[Any, list[dict[str, Any]]]] = []
+        for i, content in enumerate(contents):
+            held = self._last[i] if i < len(self._last) else None
+            converted.append(held if held is not None and held[0] == content else (content, _content_messages(content)))
+        self._last = converted
+        return [m for _, msgs in converted for m in msgs]
+
+
+def _content_messages(content: Any) -> list[dict[str, Any]]:
+    """One Gemini API ``Content`` (``{role: user|model, parts}``) as Chat messages, by the rules the chat records
+    follow (see "Bodies" in the module docstring): a model turn is one assistant message (its function calls as
+    ``tool_calls``); a user turn is its function responses as tool messages, then its text."""
+    out: list[dict[str, Any]] = []
+    if isinstance(content, dict):
+        parts = _parts(content.get("parts"))
+        if content.get("role") == "model":
+            answer: dict[str, Any] = {"role": "assistant", "content": "".join(t["text"] for t in _text_of(parts))}
+            calls = [p["functionCall"] for p in parts
+                     if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)]
+            if calls:
+                answer["tool_calls"] = [{"id": str(c.get("id") or c.get("name", "")), "type": "function",
+                                         "function": {"name": str(c.get("name", "")),
+                                                      "arguments": _dumps(c.get("args") or {})}} for c in calls]
+            return [answer]
+        for p in parts:
+            fr = p.get("functionResponse") if isinstance(p, dict) else None
+            if isinstance(fr, dict):
+                out.append(_tool_message(fr, str(fr.get("name", ""))))
+        text = _text_of(parts)
+        if text:
+            out.append({"role": "user", "content": text})
+    return out
 
 
 def _parts(content: Any) -> list[Any]:

@@ -21,10 +21,20 @@ pi (badlogic/pi-mono, ``~/.pi/agent/sessions/--<cwd>--/<ISO>_<uuid>.jsonl``) and
   split of the write. Two eras count ``input`` *with* the cached tokens and are converted (with a note):
   the ``google-generative-ai`` / ``google-vertex`` apis, and OpenAI apis before pi-ai 0.12.10 (entries before
   2025-12-04).
+* **Reasoning on** ``openai-completions``: pi-ai adds ``reasoning_tokens`` to ``completion_tokens``, which already
+  holds them, so ``output`` counts reasoning twice on a reasoning model (``agent_log_formats.md`` §1.3). When
+  ``totalTokens`` falls short of the four counts' sum (the provider's total, reasoning counted once), the
+  excess is taken off output; otherwise (pi computes ``totalTokens`` itself, so the count is lost) output is
+  kept as logged, an upper bound, and a note says so. oh-my-pi logs ``reasoningTokens`` (a part of output,
+  counted once): it becomes ``reasoning_tokens`` and output is left alone.
 * ``model_change`` and ``thinking_level_change`` entries become ``model_switch`` / ``thinking_level_change``
   events of the next request; the request's own ``provider`` / ``model`` are what it was sent to.
 * **Forks** (``parentSession`` in the header) copy the parent's path into a new file: when the parent file is
   still there, the copied requests (same entry id and request time) are skipped as counted in the parent.
+* **oh-my-pi sub-agents**: the task tool writes the child's session to ``<parent file without .jsonl>/<agentId>
+  .jsonl``; that folder names the parent (its file's header ``id``, else the id in the folder name), which
+  becomes the child's ``parent_key`` (a ``subagent`` session). The child's ``session_init`` entry holds its
+  system prompt exactly as sent: its requests' bodies carry it (tools are only named: still ``partial``).
 * Files are only read: pi rewrites a file when it migrates it, we never do. OpenClaw's own entries (a
   ``delivery-mirror`` "assistant" with provider ``openclaw``) are not API calls and are skipped here too.
 """
@@ -47,6 +57,8 @@ from ._types import ImportedRequest, ReadProgress, Record, SkippedLine
 
 __all__ = ["PiReader", "pi_blocks", "pi_messages_to_anthropic", "pi_usage"]
 
+#: an oh-my-pi / pi session file's name without ``.jsonl``: ``<ISO with : and . as ->_<session id>``
+_SESSION_STEM = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:-\d{3})?Z_([A-Za-z0-9-]+)$")
 _FILE_ID = re.compile(r"_([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$", re.IGNORECASE)
 _ENTRY_TYPES = frozenset({"message", "thinking_level_change", "model_change", "compaction", "branch_summary",
                           "custom", "custom_message", "label", "session_info", "model_usage", "session_init",
@@ -113,6 +125,8 @@ class _State:
     entries: dict[str, _Entry] = field(default_factory=dict)
     last_id: str | None = None  # v1: entries chain in file order
     copied: set[tuple[Any, Any]] = field(default_factory=set)
+    subagent_of: str | None = None  # oh-my-pi: the session that spawned this one (from the file's folder)
+    system: list[dict[str, Any]] | None = None  # oh-my-pi sub-agents: the system prompt as sent (session_init)
 
 
 def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], str] | None = None,
@@ -125,6 +139,7 @@ def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], 
     match = _FILE_ID.search(path.name.split(".jsonl")[0])
     fallback = match.group(1) if match else file
     requests = 0
+    st.subagent_of = _spawning_session(path) if records is None else None
     for rec in iter_json_lines(path) if records is None else records:
         if isinstance(rec, ReadProgress):
             if requests == 0:
@@ -165,11 +180,42 @@ def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], 
             if isinstance(out, ImportedRequest):
                 requests += 1
             yield out
+        elif kind == "session_init":
+            st.system = _system_blocks(obj.get("systemPrompt"))
         elif kind == "model_usage":
             out = _model_usage(st, entry)
             if isinstance(out, ImportedRequest):
                 requests += 1
             yield out
+
+
+def _spawning_session(path: Path) -> str | None:
+    """The session id of the oh-my-pi session whose task tool wrote ``path``, or None.
+
+    oh-my-pi writes a sub-agent's session to ``<parent file without .jsonl>/<agentId>.jsonl`` (the parent's
+    artifacts folder; ``agent_log_formats.md`` §1b.1): the parent's id is its file's header ``id``, else the
+    ``<ISO>_<id>`` folder name's id."""
+    match = _SESSION_STEM.match(path.parent.name)
+    if match is None:
+        return None
+    parent_file = path.parent.with_name(path.parent.name + ".jsonl")
+    try:
+        if parent_file.is_file():
+            for rec in iter_json_lines(parent_file):
+                if isinstance(rec, JsonLine) and rec.obj.get("type") == "session":
+                    return rec.obj["id"] if isinstance(rec.obj.get("id"), str) and rec.obj["id"] else match.group(1)
+                if isinstance(rec, JsonLine) and rec.obj.get("type") != "title":
+                    break  # the header is the first entry (after oh-my-pi's title slot)
+    except OSError:
+        pass
+    return match.group(1)
+
+
+def _system_blocks(prompt: Any) -> list[dict[str, Any]] | None:
+    """``session_init.systemPrompt`` (a string or a list of strings) as Anthropic system blocks."""
+    parts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    blocks = [{"type": "text", "text": p} for p in parts if isinstance(p, str) and p]
+    return blocks or None
 
 
 def _add_entry(st: _State, obj: dict[str, Any], line: int) -> _Entry:
@@ -354,6 +400,12 @@ def pi_usage(raw: Any, *, api: str | None, at: datetime, where: str = "usage") -
         uncached -= counts["cacheRead"]
         notes.append(f"usage.input counts cached tokens on the {api_name} api (pi-ai rule): uncached input = "
                      "input - cacheRead")
+    output, reasoning = counts["output"], raw.get("reasoningTokens")
+    if isinstance(reasoning, bool) or not isinstance(reasoning, int) or not 0 <= reasoning <= output:
+        reasoning = None  # oh-my-pi's count, a part of output; absent (or implausible) elsewhere
+    if api_name == "openai-completions" and reasoning is None and output:
+        output, note = _completions_output(uncached, counts, raw.get("totalTokens"))
+        notes.append(note)
     five = one = None
     cttl = raw.get("cttl")
     if isinstance(cttl, dict):
@@ -365,8 +417,26 @@ def pi_usage(raw: Any, *, api: str | None, at: datetime, where: str = "usage") -
         notes.append(TTL_SPLIT_UNKNOWN_NOTE.replace("no usage.cache_creation", "pi's usage has no cttl split"))
     return Usage(input_tokens=uncached, cache_read_input_tokens=counts["cacheRead"],
                  cache_creation_input_tokens=counts["cacheWrite"], cache_creation_5m_input_tokens=five,
-                 cache_creation_1h_input_tokens=one, output_tokens=counts["output"], source="imported",
-                 raw=dict(raw), notes=tuple(notes))
+                 cache_creation_1h_input_tokens=one, output_tokens=output, source="imported",
+                 raw=dict(raw), reasoning_tokens=reasoning, notes=tuple(notes))
+
+
+def _completions_output(uncached: int, counts: dict[str, int], total: Any) -> tuple[int, str]:
+    """pi-ai's ``openai-completions`` output, and the note saying what was assumed.
+
+    pi-ai stores ``output = completion_tokens + reasoning_tokens``, but ``completion_tokens`` already holds the
+    reasoning: on a reasoning model the reasoning is counted twice. Current pi-ai computes ``totalTokens`` from
+    that output, so the reasoning count is lost and output is kept as an upper bound; a ``totalTokens`` short of
+    the four counts' sum is the provider's own total (which counts reasoning once), and the difference is the
+    reasoning counted twice, taken off output."""
+    excess = uncached + counts["cacheRead"] + counts["cacheWrite"] + counts["output"] - total \
+        if isinstance(total, int) and not isinstance(total, bool) else 0
+    if 0 < excess <= counts["output"]:
+        return counts["output"] - excess, (
+            f"pi-ai's openai-completions usage counts reasoning twice (output = completion_tokens + "
+            f"reasoning_tokens): output = output - {excess}, the excess over usage.totalTokens")
+    return counts["output"], ("pi-ai's openai-completions usage may count reasoning twice (output = "
+                              "completion_tokens + reasoning_tokens, the count not logged): output is an upper bound")
 
 
 def provider_of(api: str | None, provider: str | None) -> str:
@@ -415,11 +485,15 @@ def _request(st: _State, entry: _Entry, message: dict[str, Any],
     session = st.session or file
     key = dedupe(session, entry.id, message) if dedupe else f"{session}:{entry.id}"
     rid = message.get("responseId")
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if st.system is not None:
+        body["system"] = st.system
     return ImportedRequest(
-        session_key=session, dedupe_key=key, at=at, body={"model": model, "messages": messages}, usage=usage,
+        session_key=session, dedupe_key=key, at=at, body=body, usage=usage,
         model=model, source_ref=f"{file}:{line}", dialect="anthropic", partial=True, events=tuple(events),
         request_id=rid if isinstance(rid, str) else None, reply=pi_blocks(message.get("content")),
         provider=provider_of(message.get("api"), message.get("provider")),
+        parent_key=st.subagent_of, session_kind="subagent" if st.subagent_of else "main",
     )
 
 

@@ -123,6 +123,11 @@ def _file_keys(path: str) -> list[tuple[Any, ...]]:
     return [("inode", st.st_dev, st.st_ino), *keys]
 
 
+def _sql_text(text: str) -> str:
+    """``text`` as an SQL string literal (for statements that take no bind parameters: ATTACH, COPY)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
@@ -322,6 +327,8 @@ class Store:
                  trace: Tracer | None = None) -> None:
         self.path = str(path)
         self.read_only = read_only
+        #: why writes are refused, and what to do instead (said by every refused write)
+        self.read_only_why = "read_only=True; open it again without read_only to change it"
         self.trace = trace
         # None once closed (``closed``); public methods reach it through _live(), which says so
         self.con: duckdb.DuckDBPyConnection = None  # type: ignore[assignment]
@@ -431,8 +438,7 @@ class Store:
         """
         con = self._live()
         if self.read_only:
-            raise StoreError(f"store {self.path!r} is open read-only (read_only=True); open it again without "
-                             "read_only to change it")
+            raise StoreError(f"store {self.path!r} is open read-only ({self.read_only_why})")
         if self._tx_depth:
             self._tx_depth += 1
             try:
@@ -538,6 +544,73 @@ class Store:
             self._columns_cache[table] = cols
         return cols
 
+    def merge_from(self, path: str) -> list[str]:
+        """Copy every row of the store file ``path`` (another process's import of other sessions) into this one,
+        in one transaction: content-addressed rows (blocks, prefix nodes, projects) only when new, calibrations
+        never (they are fitted over the whole store afterwards). Returns the session ids copied. The caller
+        makes sure none of them is stored here already."""
+        con = self._live()
+        from ._parquet import CONTENT_KEYS, DATASET_TABLES
+
+        tables = [r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() AND NOT temporary "
+            "ORDER BY table_name").fetchall() if r[0] != "_migrations" and r[0] not in DATASET_TABLES]
+        con.execute(f"ATTACH {_sql_text(path)} AS merged_src (READ_ONLY)")
+        try:
+            sessions = [r[0] for r in con.execute("SELECT id FROM merged_src.sessions ORDER BY id").fetchall()]
+            with self.transaction():
+                for table in tables:
+                    key = CONTENT_KEYS.get(table)
+                    if table == "projects":  # as ensure_project: created at its earliest session's start
+                        con.execute("INSERT INTO main.projects SELECT * FROM merged_src.projects ON CONFLICT DO "
+                                    "UPDATE SET created_at = least(projects.created_at, excluded.created_at)")
+                        continue
+                    where = (f" WHERE {key} NOT IN (SELECT {key} FROM main.{table})" if key else "")
+                    con.execute(f"INSERT INTO main.{table} SELECT * FROM merged_src.{table}{where}")
+                self._pending_known.update(
+                    (r[0], ()) for r in con.execute("SELECT hash FROM merged_src.blocks").fetchall())
+                self._pending_nodes.update(r[0] for r in con.execute("SELECT id FROM merged_src.prefix_nodes"
+                                                                     ).fetchall())
+        finally:
+            con.execute("DETACH merged_src")
+        return sessions
+
+    # -- the store as a Parquet dataset (pc.fleet; store/_parquet.py) ---------------------------------
+    def export_parquet(self, out: str, group: str) -> None:
+        """Write every table as Parquet files of file group ``group`` under the dataset directory ``out``,
+        replacing that group's earlier files (:mod:`._parquet`)."""
+        from ._parquet import export_group
+
+        export_group(self, out, group)
+
+    def export_dataset_tables(self, out: str) -> None:
+        """Write the tables fitted over a whole dataset (calibrations) under ``out``."""
+        from ._parquet import export_dataset_tables
+
+        export_dataset_tables(self, out)
+
+    @classmethod
+    def open_dataset(cls, out: str, *, writable_dataset_tables: bool = False) -> Store:
+        """A store whose tables are views over the Parquet dataset at ``out``: every read works, every write
+        raises StoreError (``writable_dataset_tables``: the calibrations table, an in-memory copy, may be
+        written, so a calibration can be fitted over the whole dataset)."""
+        from ._parquet import attach_dataset
+
+        store = cls(":memory:")
+        try:
+            attach_dataset(store, out)
+        except duckdb.Error as exc:
+            store.close()
+            raise StoreError(f"cannot read fleet dataset {out!r}: {_one_line(exc)}") from None
+        except BaseException:
+            store.close()
+            raise
+        store.path = out
+        store.read_only = not writable_dataset_tables
+        store.read_only_why = ("a fleet dataset: Parquet files read through views; add logs with "
+                               "pc.fleet.import_logs(paths, out=...)")
+        return store
+
     def close(self) -> None:
         if self.con is not None:
             self.con.close()
@@ -597,7 +670,10 @@ class Store:
 
     # -- projects and sessions ----------------------------------------------------------------
     def ensure_project(self, project_id: str, at: datetime) -> None:
-        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO NOTHING", [project_id, at]).fetchall()
+        """The project exists; its ``created_at`` is its earliest session's start, whatever order sessions are
+        stored in (an import stores sessions by key, a parallel one by file group)."""
+        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
+                         "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
 
     _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
                         "parent_id")
@@ -1147,6 +1223,14 @@ class Store:
         """The models of the requests whose usage was measured (live or imported), sorted."""
         return [r["model"] for r in self.query(
             "SELECT DISTINCT model FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY model")]
+
+    def models_of(self, session_ids: Sequence[str]) -> list[str]:
+        """The models the requests of ``session_ids`` used, sorted."""
+        if not session_ids:
+            return []
+        return [r[0] for r in self._live().execute(
+            "SELECT DISTINCT model FROM turns WHERE session_id IN (SELECT unnest(?)) AND model IS NOT NULL "
+            "ORDER BY model", [list(session_ids)]).fetchall()]
 
     CALIBRATION_COLUMNS = ("model", "tokenizer", "ratio", "overhead", "n", "mean_abs_error_pct", "max_abs_error_pct",
                            "raw_mean_abs_error_pct", "loo_mean_abs_error_pct", "fitted_at")

@@ -1,0 +1,276 @@
+"""Import many logs on many processes or machines into a Parquet dataset: ``pc.fleet.import_logs``.
+
+The unit of work is a **file group**: the files under one top-level entry of a folder you pass (for
+``~/.claude/projects`` one project folder; a session file ``<id>.jsonl`` and its ``<id>/`` folder of sub-agents are
+one group), or one file you name. A task imports its group into a private DuckDB store with the one import
+pipeline (``Lab.import_log``: the same rows a single-process import stores) and writes that store's tables as
+Parquet files named after the group (``store/_parquet.py``). Any ``concurrent.futures.Executor`` runs the tasks:
+none (this process), a ``ProcessPoolExecutor``, or a ``dask.distributed`` Client's ``get_executor()``.
+
+A session found in two groups (a resumed session whose files sit in two folders) is imported again with both
+groups' files as one group, so every session is stored whole by one task. A manifest (``OUT/_fleet.json``)
+records each group's files with their size and modification time: running again imports only groups with a new,
+grown or changed file, and drops the groups whose files are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._util import progress_bar
+from ..errors import PromptCacheError
+from ..importers._groups import FileGroup, plan_groups
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+MANIFEST = "_fleet.json"
+MANIFEST_VERSION = 1
+GROUP_COLUMNS = ["group", "key", "files", "requests", "sessions", "status", "cpu_s", "wall_s", "peak_rss_mb"]
+
+
+@dataclass
+class GroupReport:
+    """What one task did (plain values: it comes back from another process or machine)."""
+
+    group: str
+    key: str
+    files: list[tuple[str, int, int]]  # (path, size, mtime_ns) as read
+    requests: int
+    sessions: list[str]
+    skipped: list[dict[str, Any]]
+    cpu_s: float
+    wall_s: float
+    peak_rss_mb: float
+    warnings: int = 0
+    members: list[str] = field(default_factory=list)
+
+
+def _stat(path: str) -> tuple[str, int, int]:
+    st = os.stat(path)
+    return (path, st.st_size, st.st_mtime_ns)
+
+
+def import_group(group: FileGroup, out: str, project: str | None = None) -> GroupReport:
+    """Import ``group`` into a private store and write it as Parquet under ``out`` (runs in a worker)."""
+    from ..lab import Lab
+
+    cpu, wall = time.process_time(), time.perf_counter()
+    stats = [_stat(f) for f in group.files]
+    tmp = tempfile.mkdtemp(prefix="pcnb-fleet-")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lab = Lab(os.path.join(tmp, "group.duckdb"), progress=False)
+            try:
+                result = lab.import_log(list(group.files), project=project or group.project, progress=False)
+                lab.store.export_parquet(out, group.id)
+                sessions = lab.store.session_ids()
+            finally:
+                lab.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return GroupReport(
+        group=group.id, key=group.key, files=stats, requests=result.requests, sessions=sessions,
+        skipped=result.skipped.to_dict("records"), cpu_s=time.process_time() - cpu,
+        wall_s=time.perf_counter() - wall,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, warnings=len(caught),
+        members=list(group.members))
+
+
+@dataclass
+class FleetImport:
+    """What :func:`import_logs` did. ``groups``: one row per file group (``status`` imported, unchanged or
+    merged); ``requests`` stored now; ``skipped``: lines and files not imported, with why."""
+
+    out: str
+    groups: pd.DataFrame
+    requests: int
+    sessions: int
+    skipped: pd.DataFrame
+    wall_s: float
+
+    def __repr__(self) -> str:
+        imported = int((self.groups["status"] != "unchanged").sum()) if len(self.groups) else 0
+        return (f"FleetImport({self.out!r}: {len(self.groups)} file groups, {imported} imported now, "
+                f"{self.requests} requests, {self.sessions} sessions, {len(self.skipped)} skipped, "
+                f"{self.wall_s:.1f} s)")
+
+
+def _load_manifest(out: str) -> dict[str, Any]:
+    path = os.path.join(out, MANIFEST)
+    if not os.path.exists(path):
+        return {"version": MANIFEST_VERSION, "groups": {}}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise PromptCacheError(f"{path}: not a fleet manifest ({exc})") from None
+    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION or not isinstance(
+            data.get("groups"), dict):
+        raise PromptCacheError(f"{path}: not a version-{MANIFEST_VERSION} fleet manifest")
+    return data
+
+
+def _save_manifest(out: str, manifest: dict[str, Any]) -> None:
+    path = os.path.join(out, MANIFEST)
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def _apply_merges(groups: list[FileGroup], manifest: dict[str, Any]) -> list[FileGroup]:
+    """Groups an earlier run merged (a session spanned them) stay merged."""
+    by_id = {g.id: g for g in groups}
+    out: list[FileGroup] = []
+    used: set[str] = set()
+    for rec in manifest["groups"].values():
+        members = [m for m in rec.get("members", []) if m in by_id]
+        if len(members) > 1:
+            out.append(_merged([by_id[m] for m in members]))
+            used.update(members)
+    out.extend(g for g in groups if g.id not in used)
+    return sorted(out, key=lambda g: g.key)
+
+
+def _merged(groups: Sequence[FileGroup]) -> FileGroup:
+    members = sorted({m for g in groups for m in (g.members or (g.id,))})
+    files = sorted({f for g in groups for f in g.files})
+    return FileGroup(" + ".join(sorted(g.key for g in groups)), tuple(files), tuple(members))
+
+
+def _unchanged(group: FileGroup, manifest: dict[str, Any]) -> bool:
+    rec = manifest["groups"].get(group.id)
+    if rec is None or sorted(rec["files"]) != sorted(list(_stat(f)) for f in group.files):
+        return False
+    return True
+
+
+def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
+                executor: Executor | None = None, project: str | None = None,
+                progress: bool = True) -> FleetImport:
+    """Import agent logs into a Parquet dataset at ``out``, one task per file group, on ``executor``.
+
+    ``executor``: None runs the tasks in this process; any ``concurrent.futures.Executor`` runs them there
+    (``ProcessPoolExecutor(2)``, or ``distributed.Client(...).get_executor()`` for a Dask cluster: the workers
+    must see the log files and ``out`` at the same paths). Running again imports only groups with a new or
+    changed file. Read the result with :func:`promptcache_nb.fleet.open`.
+
+    ``project``: the project every session is stored under; by default each group's own (its folder's name,
+    e.g. Claude Code's ``-home-dev-billing``), so a fleet can be read by project.
+    """
+    start = time.perf_counter()
+    out = os.path.abspath(os.fspath(out))
+    os.makedirs(out, exist_ok=True)
+    manifest = _load_manifest(out)
+    planned, passed = plan_groups(paths)
+    groups = _apply_merges(planned, manifest)
+    todo = [g for g in groups if not _unchanged(g, manifest)]
+    reports: dict[str, GroupReport] = {}
+    bar = progress_bar(total=len(todo), desc="importing file groups", enabled=progress, unit="group")
+    try:
+        for report in _run(todo, out, project, executor, bar):
+            reports[report.group] = report
+        # a session in two groups: import those groups again as one, until every session has one group
+        while True:
+            owner: dict[str, list[str]] = {}
+            for g in groups:
+                rec = reports.get(g.id) or manifest["groups"].get(g.id)
+                for sid in (asdict(rec)["sessions"] if isinstance(rec, GroupReport) else rec["sessions"]):
+                    owner.setdefault(sid, []).append(g.id)
+            split = {tuple(sorted(ids)) for ids in owner.values() if len(ids) > 1}
+            if not split:
+                break
+            by_id = {g.id: g for g in groups}
+            merged_ids = sorted({i for ids in split for i in ids})
+            merged = _merged([by_id[i] for i in merged_ids])
+            for gid in merged_ids:
+                from ..store._parquet import remove_group
+
+                remove_group(out, gid)
+                reports.pop(gid, None)
+                manifest["groups"].pop(gid, None)
+            groups = sorted([g for g in groups if g.id not in merged_ids] + [merged], key=lambda g: g.key)
+            for report in _run([merged], out, project, None, bar):
+                reports[report.group] = report
+    finally:
+        bar.close()
+    from ..store._parquet import remove_group
+
+    live = {g.id for g in groups}
+    for gid in [g for g in manifest["groups"] if g not in live]:  # files gone since the last run
+        remove_group(out, gid)
+        del manifest["groups"][gid]
+    for gid, rep in reports.items():
+        manifest["groups"][gid] = {"key": rep.key, "files": [list(f) for f in rep.files], "sessions": rep.sessions,
+                                   "requests": rep.requests, "members": rep.members}
+    if reports:
+        _fit_calibrations(out)
+    _save_manifest(out, manifest)
+    return _result(out, groups, reports, manifest, passed, time.perf_counter() - start)
+
+
+def _run(todo: Sequence[FileGroup], out: str, project: str | None, executor: Executor | None,
+         bar: Any) -> Iterable[GroupReport]:
+    if executor is None:
+        for g in todo:
+            yield import_group(g, out, project)
+            bar.update(1)
+        return
+    from concurrent.futures import as_completed
+
+    futures: list[Future[GroupReport]] = [executor.submit(import_group, g, out, project) for g in todo]
+    for fut in as_completed(futures):
+        yield fut.result()
+        bar.update(1)
+
+
+def _fit_calibrations(out: str) -> None:
+    """One calibration per tokenizer family over the whole dataset's measured requests, as a single-process
+    import fits over its store (never per group)."""
+    from ..analysis.calibrate import calibrate_families
+    from ..lab import Lab
+    from ..store import Store
+
+    store = Store.open_dataset(out, writable_dataset_tables=True)
+    try:
+        store.con.execute("DELETE FROM calibrations")
+        lab = Lab.over_store(store, progress=False)
+        calibrate_families(lab, store.measured_models())
+        store.export_dataset_tables(out)
+    finally:
+        store.close()
+
+
+def _result(out: str, groups: Sequence[FileGroup], reports: dict[str, GroupReport], manifest: dict[str, Any],
+            passed: list[dict[str, Any]], wall: float) -> FleetImport:
+    import pandas as pd
+
+    rows, skipped = [], list(passed)
+    for g in groups:
+        rep = reports.get(g.id)
+        rec = manifest["groups"].get(g.id, {})
+        status = "unchanged" if rep is None else ("merged" if g.members else "imported")
+        rows.append({"group": g.id, "key": g.key, "files": len(g.files),
+                     "requests": rep.requests if rep else rec.get("requests", 0),
+                     "sessions": len(rep.sessions) if rep else len(rec.get("sessions", [])), "status": status,
+                     "cpu_s": rep.cpu_s if rep else None, "wall_s": rep.wall_s if rep else None,
+                     "peak_rss_mb": rep.peak_rss_mb if rep else None})
+        if rep:
+            skipped.extend(rep.skipped)
+    frame = pd.DataFrame(rows, columns=GROUP_COLUMNS)
+    requests = sum(r.requests for r in reports.values())
+    sessions = int(frame["sessions"].sum()) if len(frame) else 0
+    return FleetImport(out, frame, requests, sessions,
+                       pd.DataFrame(skipped, columns=["file", "line", "reason"]), wall)

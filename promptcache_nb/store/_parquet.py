@@ -1,0 +1,127 @@
+"""The store as a Parquet dataset (``pc.fleet``): each file group's tables written as Parquet files, and a store
+whose tables are DuckDB views over them.
+
+Layout of a dataset directory (DuckDB, pandas/pyarrow, Dask and Spark read it as it is)::
+
+    OUT/turns/project=<project>/day=<YYYY-MM-DD>/<group>_0.parquet   (Hive partitions, values %-escaped)
+    OUT/sessions/project=<project>/<group>_0.parquet
+    OUT/<table>/<group>.parquet                                       (every other table)
+
+Every file holds exactly the store's columns (the partition columns come from the directory names), written by
+one file group: re-importing a group replaces its files and nothing else. Content-addressed tables (``blocks``,
+``prefix_nodes``, ``projects``) may hold the same row in several groups' files; their views keep one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import StoreError
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from ._db import Store
+
+#: Tables written per group, and their Hive partitioning (turns by project and day, sessions by project).
+PARTITIONS: dict[str, tuple[str, ...]] = {"turns": ("project", "day"), "sessions": ("project",)}
+#: Tables whose rows are keyed by content: several groups may write the same row.
+CONTENT_KEYS = {"blocks": "hash", "prefix_nodes": "id", "projects": "id"}
+#: Fitted once over the whole dataset (``pc.fleet.import_logs``), never per group.
+DATASET_TABLES = ("calibrations",)
+_SKIP = {"_migrations", *DATASET_TABLES}
+
+
+def _tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    rows = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND NOT temporary ORDER BY table_name").fetchall()
+    return [r[0] for r in rows if r[0] not in _SKIP]
+
+
+def _quote(path: str) -> str:
+    return "'" + path.replace("'", "''") + "'"
+
+
+def remove_group(out: str, group: str, tables: Sequence[str] | None = None) -> int:
+    """Delete the files ``group`` wrote under ``out`` (of ``tables``, default all); returns how many."""
+    removed = 0
+    for pattern in ([f"{t}/**/{group}_*.parquet" for t in tables] + [f"{t}/{group}.parquet" for t in tables]
+                    if tables else [f"**/{group}_*.parquet", f"**/{group}.parquet"]):
+        for f in glob.glob(os.path.join(out, pattern), recursive=True):
+            os.remove(f)
+            removed += 1
+    return removed
+
+
+def export_group(store: Store, out: str, group: str) -> None:
+    """Write every table of ``store`` (one file group's import) as Parquet files named after ``group``, replacing
+    the files that group wrote before."""
+    con = store._live()
+    remove_group(out, group)
+    for table in _tables(con):
+        target = os.path.join(out, table)
+        os.makedirs(target, exist_ok=True)
+        parts = PARTITIONS.get(table)
+        if table == "turns":
+            query = ("SELECT t.*, s.project_id AS project, CAST(timezone('UTC', t.\"at\") AS DATE) AS day "
+                     "FROM turns t JOIN sessions s ON s.id = t.session_id")
+        elif table == "sessions":
+            query = "SELECT *, project_id AS project FROM sessions"
+        else:
+            query = f"SELECT * FROM {table}"
+        if parts:
+            if not con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]:  # type: ignore[index]
+                continue  # a partitioned COPY of no rows writes nothing either
+            con.execute(f"COPY ({query}) TO {_quote(target)} (FORMAT parquet, COMPRESSION zstd, "
+                        f"PARTITION_BY ({', '.join(parts)}), FILENAME_PATTERN {_quote(group + '_{i}')}, "
+                        "OVERWRITE_OR_IGNORE true)")
+        else:
+            con.execute(f"COPY ({query}) TO {_quote(os.path.join(target, group + '.parquet'))} "
+                        "(FORMAT parquet, COMPRESSION zstd)")
+
+
+def export_dataset_tables(store: Store, out: str) -> None:
+    """Write the tables fitted over the whole dataset (:data:`DATASET_TABLES`) as ``OUT/<table>/dataset.parquet``."""
+    con = store._live()
+    for table in DATASET_TABLES:
+        target = os.path.join(out, table)
+        os.makedirs(target, exist_ok=True)
+        tmp = os.path.join(target, "dataset.parquet.tmp")
+        con.execute(f"COPY (SELECT * FROM {table}) TO {_quote(tmp)} (FORMAT parquet)")
+        os.replace(tmp, os.path.join(target, "dataset.parquet"))
+
+
+def attach_dataset(store: Store, out: str) -> list[str]:
+    """Turn the (empty, migrated, in-memory) ``store``'s tables into views over the dataset at ``out``; the
+    dataset tables (:data:`DATASET_TABLES`) are loaded as tables. Returns the tables that have files."""
+    con = store._live()
+    if not Path(out).is_dir():
+        raise StoreError(f"no fleet dataset at {out!r}: the directory does not exist")
+    found = []
+    for table in _tables(con):
+        files = os.path.join(out, table, "**", "*.parquet")
+        if not glob.glob(files, recursive=True):
+            continue
+        found.append(table)
+        columns = con.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
+            "ORDER BY ordinal_position", [table]).fetchall()
+        select = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in columns)
+        source = f"read_parquet({_quote(files)}, hive_partitioning = true, union_by_name = true)"
+        key = CONTENT_KEYS.get(table)
+        if table == "projects":  # several groups' sessions in one project: created at the earliest start
+            source = f"(SELECT id, min(created_at) AS created_at FROM {source} GROUP BY id)"
+        elif key:  # the same content row from several groups: keep one
+            source = f"(SELECT DISTINCT ON ({key}) * FROM {source})"
+        con.execute(f"DROP TABLE {table}")
+        con.execute(f"CREATE VIEW {table} AS SELECT {select} FROM {source}")
+    for table in DATASET_TABLES:
+        path = os.path.join(out, table, "dataset.parquet")
+        if os.path.exists(path):
+            con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet({_quote(path)})")
+            found.append(table)
+    return found

@@ -1,0 +1,237 @@
+"""pc.fleet: file groups imported anywhere into a Parquet dataset, read back as a read-only Lab.
+
+The reference everywhere is the single-process store: each file group imported with ``lab.import_log`` into one
+DuckDB file, in the same order, under the group's project. The dataset must equal it table by table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import promptcache_nb as pc
+from promptcache_nb import fleet
+from promptcache_nb.analysis.calibrate import calibrate_families
+from promptcache_nb.errors import PromptCacheError, StoreError
+
+#: Columns holding the wall clock of the run (when a calibration was fitted), not what was stored.
+WALL_CLOCK = {"calibrations": {"fitted_at"}}
+
+
+def _tables(lab: pc.Lab) -> dict[str, list[str]]:
+    """Every store table's rows, canonically ordered (views over Parquet and DuckDB tables alike)."""
+    names = [r[0] for r in pc.Lab().store.rows(
+        "SELECT table_name FROM duckdb_tables() WHERE table_name != '_migrations'")]
+    out = {}
+    for table in names:
+        df = lab.sql(f'SELECT * FROM "{table}"')
+        df = df.drop(columns=[c for c in WALL_CLOCK.get(table, ()) if c in df.columns])
+        out[table] = sorted("\x1f".join(map(repr, row)) for row in df.itertuples(index=False))
+    return out
+
+
+def _single_process(tmp: Path, paths: list[Path]) -> pc.Lab:
+    lab = pc.Lab(tmp / "single.duckdb", progress=False)
+    groups, _ = fleet.plan_groups(paths)
+    for g in groups:
+        lab.import_log(list(g.files), project=g.project, progress=False)
+    # one import of everything fits the calibrations once, at its end, over every measured request (each call
+    # above fitted over what was stored so far): so does the fleet
+    lab.store.con.execute("DELETE FROM calibrations")
+    calibrate_families(lab, lab.store.measured_models())
+    return lab
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = fleet.example_fleet(tmp_path_factory.mktemp("fleet") / "logs", developers=2, projects=2, days=4)
+    return [root / "claude-code", root / "proxy"]
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    warnings.simplefilter("ignore", pc.errors.ContextWindowWarning)
+
+
+def test_example_fleet_copies_the_shipped_logs_with_fresh_ids_and_shifted_times(tmp_path: Path) -> None:
+    a = fleet.example_fleet(tmp_path / "a", developers=2, projects=2, days=4, seed=1)
+    b = fleet.example_fleet(tmp_path / "b", developers=2, projects=2, days=4, seed=1)
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*.jsonl"))
+    assert files_a == sorted(p.relative_to(b) for p in b.rglob("*.jsonl"))  # deterministic for a seed
+    main = [p for p in a.rglob("*.jsonl") if "subagents" not in p.parts and "claude-code" in p.parts]
+    assert len(main) >= 4 and len({p.name for p in main}) == len(main)  # fresh session ids
+    ids = [json.loads(line)["sessionId"] for p in main for line in p.read_text().splitlines()[1:2]]
+    assert len(set(ids)) == len(ids)
+    proxy = sorted((a / "proxy").glob("*.jsonl"))
+    assert len(proxy) == 4
+    lab = pc.Lab(progress=False)
+    res = lab.import_log([a / "claude-code", a / "proxy"], progress=False)
+    assert len(res.sessions) == len(lab.store.session_ids()) > len(main)
+    assert res.requests > 0
+
+
+def test_dataset_equals_the_single_process_store_table_by_table(tmp_path: Path, logs: list[Path]) -> None:
+    out = tmp_path / "out"
+    r = fleet.import_logs(logs, out=out, progress=False)
+    assert (r.groups["status"] == "imported").all() and r.requests > 0
+    ds = fleet.open(out)
+    single = _single_process(tmp_path, logs)
+    got, want = _tables(ds), _tables(single)
+    assert set(got) == set(want)
+    for table in want:
+        assert got[table] == want[table], f"table {table} differs from the single-process store"
+    assert want["turns"] and want["sessions"] and want["blocks"]
+    # Hive partitions: turns by project and day, sessions by project
+    parts = {p.parent.relative_to(out).parts[:3] for p in (out / "turns").rglob("*.parquet")}
+    assert all(x[1].startswith("project=") and x[2].startswith("day=") for x in parts)
+
+
+def test_the_dataset_reads_as_plain_parquet_with_duckdb_pandas_and_dask(tmp_path: Path, logs: list[Path]) -> None:
+    import dask.dataframe as dd
+    import duckdb
+    import pandas as pd
+
+    out = tmp_path / "out"
+    r = fleet.import_logs(logs, out=out, progress=False)
+    n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/turns/**/*.parquet', hive_partitioning=true)"
+                   ).fetchall()[0][0]
+    assert n == r.requests
+    df = pd.read_parquet(out / "turns")
+    assert len(df) == r.requests and {"project", "day", "session_id", "cache_read_input_tokens"} <= set(df.columns)
+    with warnings.catch_warnings():  # dask's own use of pandas APIs pandas 3.1 deprecates: not ours to fix
+        warnings.simplefilter("ignore")
+        assert len(dd.read_parquet(str(out / "turns")).compute()) == r.requests
+
+
+def test_a_read_only_lab_answers_every_read_and_refuses_writes(tmp_path: Path, logs: list[Path]) -> None:
+    out = tmp_path / "out"
+    fleet.import_logs(logs, out=out, progress=False)
+    lab = fleet.open(out)
+    assert lab.read_only
+    ids = lab.store.session_ids()
+    proxy = next(i for i in ids if i.startswith("proxy"))
+    s = lab.open_session(proxy)
+    assert len(s.turns()) >= 2
+    assert isinstance(pc.rebuilds(s), type(s.turns()))
+    assert pc.diff(s.turn(0), s.turn(1)).shared_prefix_tokens > 0
+    assert "simulated (counterfactual)" in str(pc.advise(s))
+    with pytest.raises(StoreError, match="read-only"):
+        lab.new_session(system="x", project="p")
+    with pytest.raises(StoreError, match="no fleet dataset"):
+        fleet.open(tmp_path / "missing")
+
+
+def test_running_again_imports_only_new_or_changed_groups(tmp_path: Path, logs: list[Path]) -> None:
+    src = tmp_path / "logs"
+    shutil.copytree(logs[0].parent, src)
+    paths = [src / "claude-code", src / "proxy"]
+    out = tmp_path / "out"
+    first = fleet.import_logs(paths, out=out, progress=False)
+    again = fleet.import_logs(paths, out=out, progress=False)
+    assert (again.groups["status"] == "unchanged").all() and again.requests == 0
+    # grow one proxy log by its own first line with a fresh id and a later time: that group only
+    grown = sorted((src / "proxy").glob("*.jsonl"))[0]
+    lines = grown.read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["at"] = "2027-01-01T00:00:00.000Z"
+    rec["request_id"] = "req_grown_once"
+    grown.write_text("\n".join([*lines, json.dumps(rec)]) + "\n")
+    # and remove one Claude Code project folder: its rows leave the dataset
+    gone = sorted((src / "claude-code").iterdir())[0]
+    shutil.rmtree(gone)
+    third = fleet.import_logs(paths, out=out, progress=False)
+    assert third.groups["status"].tolist().count("imported") == 1
+    assert len(third.groups) == len(first.groups) - 1
+    got = _tables(fleet.open(out))
+    want = _tables(_single_process(tmp_path, paths))
+    assert got == want
+
+
+def test_a_session_in_two_groups_is_imported_whole_by_one_task(tmp_path: Path, logs: list[Path]) -> None:
+    src = tmp_path / "logs"
+    shutil.copytree(logs[0], src / "cc")
+    folders = sorted(p for p in (src / "cc").iterdir())
+    session = next(p for p in folders[0].glob("*.jsonl"))
+    # the same session (same sessionId) continued in another folder: its lines after the 20th
+    lines = session.read_text().splitlines()
+    session.write_text("\n".join(lines[:20]) + "\n")
+    (folders[1] / session.name).write_text("\n".join(lines[20:]) + "\n")
+    out = tmp_path / "out"
+    r = fleet.import_logs([src / "cc"], out=out, progress=False)
+    merged = r.groups[r.groups["status"] == "merged"]
+    assert len(merged) == 1 and merged["files"].iloc[0] > 1
+    lab = fleet.open(out)
+    sessions = lab.sql("SELECT id, count(*) AS n FROM sessions GROUP BY id HAVING n > 1")
+    assert sessions.empty  # one row per session
+    single = pc.Lab(tmp_path / "single.duckdb", progress=False)
+    single.import_log([src / "cc"], progress=False)
+    turns = "SELECT session_id, idx, cache_read_input_tokens, cost_usd FROM turns ORDER BY ALL"
+    assert lab.sql(turns).equals(single.sql(turns))
+    again = fleet.import_logs([src / "cc"], out=out, progress=False)  # stays merged, nothing to do
+    assert (again.groups["status"] == "unchanged").all()
+
+
+def test_a_process_pool_writes_the_same_dataset(tmp_path: Path, logs: list[Path]) -> None:
+    fleet.import_logs(logs, out=tmp_path / "one", progress=False)
+    with ProcessPoolExecutor(2) as ex:
+        fleet.import_logs(logs, out=tmp_path / "two", executor=ex, progress=False)
+    assert _tables(fleet.open(tmp_path / "two")) == _tables(fleet.open(tmp_path / "one"))
+
+
+@pytest.mark.slow
+def test_a_dask_local_cluster_writes_the_single_process_store(tmp_path: Path, logs: list[Path]) -> None:
+    distributed = pytest.importorskip("distributed", reason="the [dask] extra is not installed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        r = fleet.import_logs(logs, out=tmp_path / "out", executor=client.get_executor(), progress=False)
+    assert r.requests > 0
+    got = _tables(fleet.open(tmp_path / "out"))
+    assert got == _tables(_single_process(tmp_path, logs))
+
+
+def test_bad_dataset_inputs_say_what_is_wrong(tmp_path: Path, logs: list[Path]) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "_fleet.json").write_text("{not json")
+    with pytest.raises(PromptCacheError, match="_fleet.json: not a fleet manifest"):
+        fleet.import_logs(logs, out=out, progress=False)
+    assert not any(out.rglob("*.parquet"))  # nothing written
+    with pytest.raises(PromptCacheError, match="no such file"):
+        fleet.import_logs([tmp_path / "nope"], out=tmp_path / "out2", progress=False)
+    assert os.listdir(tmp_path / "out2") == []
+
+
+def test_import_log_with_two_workers_stores_what_one_process_stores(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    shutil.copytree(pc.data_path("logs"), logs)
+    one = pc.Lab(tmp_path / "one.duckdb", progress=False)
+    r1 = one.import_log(logs)
+    two = pc.Lab(tmp_path / "two.duckdb", progress=False)
+    r2 = two.import_log(logs, workers=2)
+    assert (r2.requests, len(r2.sessions), len(r2.skipped)) == (r1.requests, len(r1.sessions), len(r1.skipped))
+    assert _tables(two) == _tables(one)
+    # again: every group now holds stored sessions, so they go through the single-process path: nothing new
+    again = two.import_log(logs, workers=2)
+    assert again.requests == 0 and again.already_stored == r1.requests
+    with pytest.raises(PromptCacheError, match="workers"):
+        two.import_log(logs, workers=0)
+
+
+def test_cli_imports_a_fleet_on_worker_processes(tmp_path: Path, logs: list[Path],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from promptcache_nb.cli import main
+
+    out = tmp_path / "out"
+    assert main(["import", *map(str, logs), "--out", str(out), "--workers", "2", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "FleetImport(" in printed and "pc.fleet.open(" in printed
+    assert max(len(line) for line in printed.splitlines()[1:]) <= 120  # the tables (line 1 names the folder)
+    assert fleet.open(out).store.session_count() > 0
+    assert main(["import", str(logs[0]), "--quiet"]) == 2  # neither --db nor --out
+    assert "give --db FILE" in capsys.readouterr().err
