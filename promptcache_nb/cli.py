@@ -35,14 +35,15 @@ def _fresh_db(path: Path) -> Path:
 
 @contextmanager
 def _new_store_or_none(db: str | Path) -> Iterator[None]:
-    """A store this command creates is removed again when the command fails (an unknown log format, an
-    interrupted replay): a failed command never leaves a new, empty or half-written ``.duckdb`` behind. An
-    existing store is left as the failure left it (each change is its own transaction)."""
+    """A store this command creates is removed again when the command fails with an error (an unknown log
+    format, a failed replay): a failed command never leaves a new, empty or half-written ``.duckdb`` behind. An
+    existing store is left as the failure left it (each change is its own transaction), and so is one a Ctrl-C
+    stopped (it holds what committed before the interrupt, as the user asked)."""
     path = Path(db).expanduser()
     created = [p for p in (path, Path(str(path) + ".wal")) if not p.exists()]
     try:
         yield
-    except BaseException:
+    except Exception:
         if path in created:
             for p in created:
                 p.unlink(missing_ok=True)

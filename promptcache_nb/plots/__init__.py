@@ -91,7 +91,7 @@ def plot_savings(df: pd.DataFrame, *, ax: Axes | None = None, highlight: int | N
         highlight: mark this request (its ``idx``): the one a Stepper's slider shows.
         saved_ylim: the right ($ saved) axis's limits; give two charts that are compared the same
             (:func:`saved_limits`), so equal heights mean equal dollars.
-        label: what the figures are, drawn as the small left title; default from the frame's ``usage_source``
+        label: what the figures are, on the y label's second line; default from the frame's ``usage_source``
             (``simulated (estimated tokens)``, ``measured``); a counterfactual passes its own.
 
     The right axis is the cumulative dollars saved against sending the same requests with no caching
@@ -173,7 +173,7 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None,
         summary: :func:`promptcache_nb.compare_df` output (columns ``strategy``, ``cache_read``,
             ``cache_write``, ``uncached``, ``efficiency``, ``cost_usd``).
         ax: draw on this axes instead of a new 9×3.4 in figure.
-        label: what the figures are (the small left title); a comparison replays through the simulator.
+        label: what the figures are (the y label's second line); a comparison replays through the simulator.
     """
     import pandas as pd
 
@@ -229,7 +229,7 @@ def plot_cache_compare(read_pct: pd.DataFrame, *, ax: Axes | None = None,
         read_pct: rows = layouts (strategies), columns = cache models, values = cache read % (0–100): e.g.
             ``pd.concat({name: pc.compare_caches(s).set_index("cache") ...})["cache_read_pct"].unstack("cache")``.
         ax: draw on this axes instead of a new 8×3.4 in figure.
-        label: what the figures are (the small left title).
+        label: what the figures are (the y label's second line).
         colors: one per layout.
     """
     fig, ax = _figure(ax, COMPARE_SIZE)
