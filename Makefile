@@ -8,7 +8,7 @@ BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 OUT ?= build
 
-.PHONY: demo test lab bench install dev chromium clean lint
+.PHONY: demo test test-fast lab bench install dev chromium clean lint
 
 install: $(BASE_STAMP)
 dev: $(DEV_STAMP)
@@ -47,6 +47,12 @@ test: $(DEV_STAMP) chromium
 		--nbval-sanitize-with notebooks/sanitize.cfg notebooks/01_quickstart.ipynb
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg --ignore=notebooks/01_quickstart.ipynb notebooks
+
+## make test-fast: the inner loop: unit tests without the browser, the reliability trials (kills, locks, load,
+## fuzzing) or the slow ones (other processes, long sessions); no notebooks, no lint. `make test` runs everything.
+test-fast: export PYTHONDONTWRITEBYTECODE =
+test-fast: $(DEV_STAMP)
+	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider -n 2 -m "not slow and not browser and not reliability" tests
 
 # Debian's chromium for the browser test (never a downloaded browser build).
 chromium:

@@ -74,7 +74,7 @@ def child(job: dict) -> dict:
         elif job["engine"] == "dask":
             from distributed import Client, LocalCluster
 
-            cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+            cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                    silence_logs=40)
             client = Client(cluster)
             executor = client.get_executor()

@@ -19,6 +19,9 @@
 - **hardening** (issue 27): store paths that are not regular files (FIFO, devices, a socket) through ``pc.Lab``,
   ``read_only=True``, ``sql`` and ``import``; ``--trials`` Ctrl-Cs at random moments of a deliberately slow
   migration and of a long ``sql`` query (exit 130, no traceback, the migration rolled back, the store reopens);
+  ``--trials`` Ctrl-Cs each at random moments of a long ``promptcache-nb import`` (8 logs of 60 requests) and a long
+  ``demo`` (3 strategies), timed from the signal to the process gone (exit 130, one line, ``doctor`` clean, sessions
+  whole up to a commit, the same command run again stores the uninterrupted run's tables);
   tampered stores (each refused in one line naming the table, column or hash, on open or at first use, and
   flagged by ``doctor``); keys of every documented kind in every URL position through the proxy (and in bodies
   with ``redact_bodies``); bad ``Usage`` numbers, output limits and NUL bytes in scenarios; and ``visible()``
@@ -225,8 +228,8 @@ def _ctrl_c(n: int, rng: random.Random, work: Path) -> bool:
     for i in range(n):
         sql = i % 4 == 3  # one in four: a long `sql` query instead of a migration
         db = work / f"ctrl-c-{i}.duckdb"
+        pc.Lab(db, progress=False).close()  # an existing store: the slow migration (or the query) is what runs
         if sql:
-            pc.Lab(db, progress=False).close()
             code = ("import sys, threading\nfrom promptcache_nb.cli import main\n"
                     "threading.Timer(1.5, lambda: print('slow', flush=True)).start()\n"
                     f"sys.exit(main(['sql', {str(db)!r}, 'SELECT sum(i) FROM range(100000000000::BIGINT) t(i)']))\n")
@@ -419,11 +422,56 @@ def _visible() -> bool:
     return shown == len(listed)
 
 
+def _ctrl_c_cli(n: int, rng: random.Random, work: Path) -> bool:
+    """Ctrl-C at random moments of a long ``import`` and a long ``demo``: SIGINT to exit, and what is left."""
+    logs = work / "cli-logs"
+    h.write_logs(logs, sessions=8, requests=60)
+    ok = True
+    for name in ("import", "demo"):
+        def args(i: int, name: str = name) -> tuple[list[str], Path]:
+            if name == "import":
+                db = work / f"cli-import-{i}.duckdb"
+                return ["import", str(logs), "--db", str(db), "--quiet"], db
+            out = work / f"cli-demo-{i}"
+            return ["demo", "--out", str(out), "--strategies", "naive,durable_delta,volatile_delta", "--quiet"], \
+                out / "demo.duckdb"
+
+        ref_args, ref_db = args(-1)
+        t0 = time.perf_counter()
+        if h.cli(ref_args).returncode != 0:
+            print(f"   FAILED: the uninterrupted {name} failed")
+            ok = False
+            continue
+        whole = time.perf_counter() - t0
+        want, want_turns = h.table_digests(ref_db, work), h.stored_turns(ref_db)
+        runs, good = [], 0
+        for i in range(n):
+            cmd, db = args(i)
+            run = h.cli_ctrl_c(cmd, db, delay=rng.uniform(0, 1.5))
+            runs.append(run)
+            problems = h.interrupted_run_problems(run) + h.doctor_problems(db)
+            problems += h.partial_problems(db, want_turns, whole=name == "import")
+            again = h.cli(cmd)
+            if again.returncode != 0 or h.table_digests(db, work) != want:
+                problems.append("running it again did not store what an uninterrupted run stores")
+            good += not problems
+            for p in problems:
+                print(f"   FAILED {name} trial {i}: {p}")
+        times = sorted(r.to_exit * 1000 for r in runs if r.to_exit is not None)
+        shown = f"p50 {times[len(times) // 2]:.0f} ms, max {times[-1]:.0f} ms" if times else "(none interrupted)"
+        print(f"Ctrl-C during `{name}` (uninterrupted: {whole:.1f} s): {len(times)} of {n} runs interrupted, "
+              f"{good} of {n} exited 130 with one line (or finished), doctor clean, sessions whole up to a commit, "
+              f"run again = the uninterrupted tables; SIGINT to exit {shown}")
+        ok = ok and good == n
+    return ok
+
+
 def hardening(trials: int, seed: int, work: Path) -> bool:
     rng = random.Random(seed)
     t0 = time.perf_counter()
     ok = _odd_paths(work)
     ok = _ctrl_c(trials, rng, work) and ok
+    ok = _ctrl_c_cli(trials, rng, work) and ok
     ok = _tampered(work) and ok
     ok = _redaction(work) and ok
     ok = _numbers(work) and ok

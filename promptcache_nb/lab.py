@@ -10,6 +10,7 @@ sessions, so every request goes through the one pipeline (``pipeline.py``).
 
 from __future__ import annotations
 
+import json
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -36,9 +37,11 @@ from .analysis.prices import Prices
 from .cache import CacheModel, get_cache_model
 from .errors import PromptCacheError, SessionError
 from .live import Backend
+from .request import canonical_json
 from .scenario import DEFAULT_START, Restart, Scenario, ScenarioTurn, set_model_check, set_prompt_check
 from .session import Session, check_texts
-from .store import Store
+from .store import Store, sigint_deferred
+from .store._db import state_columns
 from .strategies import get_strategy
 from .tokens import DEFAULT_TOKENIZER, Tokenizer
 
@@ -177,16 +180,23 @@ class Lab:
     def _all_or_nothing(self, transaction: AbstractContextManager[None]) -> Iterator[None]:
         store = self.store
         commits = store.commit_count
+        serial: int | None = None
         try:
             with transaction:
+                serial = store.tx_serial
                 yield
         except BaseException:
-            if store.commit_count == commits:  # rolled back: no object may keep what the store lost
-                self.knowledge_cache.clear()
-                self.caches.drop_all()  # they saw requests the store lost: rebuilt on next use
-                for s in list(self._open.values()):
-                    if not s.closed:
-                        s.reload()  # closes itself when created inside the block (it no longer exists)
+            # Rolled back (the transaction's exit did that before we get here): no object may keep what the
+            # store lost. Only the sessions that took in a change of this transaction are reloaded; the others
+            # hold what is stored, and reloading every open one made a Ctrl-C wait for reads (~0.5 s in `demo`).
+            if store.commit_count == commits:
+                with sigint_deferred():  # a second Ctrl-C waits: objects half reloaded would disagree with the store
+                    store.ensure_rolled_back()
+                    self.knowledge_cache.clear()
+                    self.caches.drop_all()  # they saw requests the store lost: rebuilt on next use
+                    for s in list(self._open.values()):
+                        if not s.closed and serial is not None and s.changed_in(serial):
+                            s.reload()  # closes itself when created inside the block (it no longer exists)
             raise
 
     def active_session(self, session_id: str) -> Session | None:
@@ -211,6 +221,19 @@ class Lab:
     def sessions(self) -> pd.DataFrame:
         """Every session of this Lab (id, project, strategy, cache model, model, creation time), oldest first."""
         return self.store.sessions_frame()
+
+    def summary(self, *, by: str | None = None) -> pd.DataFrame:
+        """Every session at once, in one query: one row per session (``by`` omitted), or the measured requests
+        per ``"project"``, ``"model"`` or ``"day"`` (UTC) with their measured cache read %, cost, rebuilds and
+        dollars lost to them (:mod:`~promptcache_nb.analysis.rollups` for the columns).
+
+        Example:
+            >>> lab.summary()[["session", "requests", "cache_read_pct", "rebuilds", "cost_usd"]]  # doctest: +SKIP
+            >>> lab.summary(by="project")                                                       # doctest: +SKIP
+        """
+        if by is None:
+            return _analysis.session_summary(self)
+        return _analysis.group_summary(self, by)
 
     def open_session(self, session_id: str, *, backend: Backend | None = None) -> Session:
         """A stored session, to continue it. Opening a session that is already open returns that same object
@@ -384,7 +407,12 @@ class Lab:
         with store.transaction():
             store.ensure_project(project, config.start)
             store.create_session(row, state)
-        return self.open_session(session_id, backend=backend)
+        # opened from what was just written, as the store gives it back (JSON columns parsed): not read again
+        stored_row = {**row, "config": json.loads(canonical_json(row["config"]))}
+        s = Session(self, stored_row, backend=backend,
+                    new_state=store.state_from_row(tuple(state_columns(state).values())))
+        self._open[session_id] = s
+        return s
 
     def import_log(self, paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
                    project: str | None = None, progress: bool | None = None, workers: int = 1) -> ImportResult:

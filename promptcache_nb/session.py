@@ -324,7 +324,8 @@ class Session:
     """One agent conversation under one strategy and one cache model. Create with :meth:`Lab.new_session`, continue
     a stored one with :meth:`Lab.open_session`."""
 
-    def __init__(self, lab: SessionHost, row: dict[str, Any], *, backend: Backend | None) -> None:
+    def __init__(self, lab: SessionHost, row: dict[str, Any], *, backend: Backend | None,
+                 new_state: dict[str, Any] | None = None) -> None:
         self._lab = lab
         self.id: str = row["id"]
         self.project: str = row["project_id"]
@@ -360,13 +361,27 @@ class Session:
         self._closed = False
         self._warned_unpriced = False
         self._warned_window = False  # a request past the model's context window was reported (once per object)
-        self._state = self._load()
+        #: The outer transaction (``Store.tx_serial``) this object moved ahead of the file in, if one did: a
+        #: rollback of that transaction reloads it, and only it (``Lab._all_or_nothing``).
+        self._changed_in: int | None = None
+        # a session just created (``Lab.create_session``, ``new_state`` its state row) has nothing else stored:
+        # its state is known without reading the store back
+        self._state = self._load() if new_state is None else self._fresh(new_state)
+        self._note_change()
 
     def _member(self) -> ScopeMember:
         """This session as its simulated cache sees it (the project may change: ``Lab.move_sessions``)."""
         return ScopeMember(self.id, self.project, self.cache_scope, self.cache, self._cache_params)
 
     # -- loading ------------------------------------------------------------------------------
+    def _fresh(self, strategy_state: dict[str, Any]) -> SessionState:
+        """The state :meth:`_load` reads for a session with no request, message, delta or event stored."""
+        self._caches.preload(self.id, None)
+        return SessionState(
+            strategy_state=strategy_state, written=state_columns(strategy_state), messages=[], message_seq=0,
+            built_messages=None, deltas=[], previous=None, previous_at=None, previous_keys=[], previous_nodes=[],
+            observation=None, next_index=0, pending_events=())
+
     def _load(self) -> SessionState:
         """The session's state as the store has it."""
         store = self._lab.store
@@ -427,6 +442,18 @@ class Session:
             return
         self.project, self._config = row["project_id"], SessionConfig.from_stored(row["config"])
         self._state = self._load()
+        self._note_change()
+
+    def _note_change(self) -> None:
+        """Inside an outer transaction this object now holds what may yet be rolled back: note which one."""
+        store = self._lab.store
+        if store.in_transaction:
+            self._changed_in = store.tx_serial
+
+    def changed_in(self, tx_serial: int) -> bool:
+        """True when this object took in a change of outer transaction ``tx_serial`` (``Store.tx_serial``): it
+        was created, loaded or changed inside it. Its rollback must reload this object, and no other."""
+        return self._changed_in == tx_serial
 
     def close(self) -> None:
         """Stop using this object (the stored session is unchanged; ``lab.open_session(id)`` opens it again).
@@ -551,6 +578,7 @@ class Session:
         with self._lab.store.transaction():
             self._lab.store.update_session_config(self.id, config.to_stored())
         self._config = config
+        self._note_change()
 
     def _request_prices(self, model: str, usage: Usage) -> Prices | None:
         """The prices of one request, by its own model: explicit prices, else genai-prices by the exact id
@@ -598,10 +626,12 @@ class Session:
                     self._cache_stale()
                 raise
             self._state = done[0]
+            self._note_change()
             if committed is not None:
                 committed()
             raise
         self._state = done[0]
+        self._note_change()
         if committed is not None:
             committed()
 

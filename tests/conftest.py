@@ -139,15 +139,21 @@ def stored_session(stored_replay: StoredReplays,
 
 # -- slow tests first ----------------------------------------------------------------------------------
 # `slow` (pyproject): cross-process, subprocess, wheel and browser tests. They run in `make test`;
-# `pytest -m "not slow"` is the quick loop. Tests marked here rather than in their modules (each kills
-# a child process at chosen points):
-SLOW_TESTS = {("test_kill.py", "test_replay_survives"), ("test_kill.py", "test_import_survives")}
+# `make test-fast` is the quick loop. Tests marked here rather than in their modules (each kills a child process
+# at chosen points, or starts worker processes):
+SLOW_TESTS = {("test_kill.py", "test_replay_survives"), ("test_kill.py", "test_import_survives"),
+              # worker processes (a pool of 2 starting interpreters): 5-12 s each
+              ("test_fleet.py", "test_a_process_pool_writes_the_same_dataset"),
+              ("test_fleet.py", "test_import_log_with_two_workers_stores_what_one_process_stores"),
+              ("test_fleet.py", "test_cli_imports_a_fleet_on_worker_processes")}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if (item.path.name, getattr(item, "originalname", item.name)) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+        if item.path.parent.name == "reliability":  # trials of kills, locks, load and fuzzing: `make test-fast` skips
+            item.add_marker(pytest.mark.reliability)
     # The slowest tests start first (the browser test, up to a minute or more, before all), so none of them is
     # left running alone on one worker at the end. A stable sort: the order is otherwise unchanged.
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("browser") is None))

@@ -180,10 +180,13 @@ def test_cli_import_tables_fit_120_columns(tmp_path, capsys):
     assert max(len(line) for line in table) <= 120, max(table, key=len)
     assert all(len(line) <= 120 for line in lines[1:]), max(lines[1:], key=len)
     assert "NaN" not in out and "None" not in out and str(LOGS.resolve()) not in out
-    assert lines[1].split()[:6] == KEY_COLUMNS
+    assert lines[1].startswith("totals: ") and lines[3].split()[:6] == KEY_COLUMNS  # after the totals, the top ten
     assert "…" in out  # long text cells are cut with an ellipsis
     assert main(["import", str(LOGS / "har"), "--db", str(tmp_path / "y.duckdb"), "--quiet", "--full-paths"]) == 0
     assert "source_path" in capsys.readouterr().out
+    assert main(["import", str(LOGS), "--db", str(tmp_path / "z.duckdb"), "--quiet", "--details"]) == 0
+    details = capsys.readouterr().out.splitlines()
+    assert details[2].split()[:6] == KEY_COLUMNS and all(len(line) <= 120 for line in details[1:])
 
 
 # -- first contact (#26 item 5, the small ones) ------------------------------------------------------------------
@@ -235,7 +238,8 @@ def test_committed_notebook_outputs_hold_no_local_path():
     import re
     from pathlib import Path
 
-    local = re.compile(r"(/work/|/home/[a-z]|/Users/|/tmp/|/root/|site-packages|[A-Z]:\\\\Users)")
+    # (a path that starts a component: "~/.gemini/tmp/" is where an agent keeps its logs, not a local path)
+    local = re.compile(r"(?<![\w.])(/work/|/home/[a-z]|/Users/|/tmp/|/root/)|site-packages|[A-Z]:\\\\Users")
     found = []
     for nb in sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")):
         for n, cell in enumerate(json.loads(nb.read_text(encoding="utf-8"))["cells"]):

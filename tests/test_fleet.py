@@ -187,7 +187,7 @@ def test_a_process_pool_writes_the_same_dataset(tmp_path: Path, logs: list[Path]
 @pytest.mark.slow
 def test_a_dask_local_cluster_writes_the_single_process_store(tmp_path: Path, logs: list[Path]) -> None:
     distributed = pytest.importorskip("distributed", reason="the [dask] extra is not installed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   silence_logs=40) as cluster, distributed.Client(cluster) as client:
         r = fleet.import_logs(logs, out=tmp_path / "out", executor=client.get_executor(), progress=False)
     assert r.requests > 0
@@ -235,3 +235,18 @@ def test_cli_imports_a_fleet_on_worker_processes(tmp_path: Path, logs: list[Path
     assert fleet.open(out).store.session_count() > 0
     assert main(["import", str(logs[0]), "--quiet"]) == 2  # neither --db nor --out
     assert "give --db FILE" in capsys.readouterr().err
+
+
+def test_a_dataset_at_an_fsspec_url(tmp_path: Path, logs: list[Path]) -> None:
+    # fsspec's in-memory filesystem stands in for an object store (s3://... is the same code, not tested here)
+    fsspec = pytest.importorskip("fsspec", reason="fsspec is not installed")
+    url = f"memory://fleet-{os.getpid()}"
+    try:
+        r = fleet.import_logs(logs, out=url, progress=False)
+        assert r.requests > 0 and fsspec.filesystem("memory").exists(f"{url[9:]}/_fleet.json")
+        assert _tables(fleet.open(url)) == _tables(_single_process(tmp_path, logs))
+        assert (fleet.import_logs(logs, out=url, progress=False).groups["status"] == "unchanged").all()
+    finally:
+        fsspec.filesystem("memory").rm(url[9:], recursive=True)
+    with pytest.raises(StoreError, match="no fleet dataset"):
+        fleet.open("memory://nothing-here")

@@ -114,7 +114,9 @@ def test_analysis_takes_a_session_or_a_lab_and_an_id():
         assert isinstance(s, StoredSession) and not isinstance(lab, StoredSession)
         assert resolve_session(s, None) == (lab, s.id) and resolve_session(lab, s.id) == (lab, s.id)
         with pytest.raises(TypeError, match="pass a Session, or a Lab and a session_id"):
-            pc.rebuilds(lab)
+            pc.ttl_whatif(lab)
+        assert list(pc.rebuilds(lab).columns)[0] == "session"  # a Lab alone: every session's rebuilds
+        assert list(pc.rebuilds(lab)["session"]) == list(pc.rebuilds(s).assign(session=s.id)["session"])
         assert len(pc.ttl_whatif(s)) == len(pc.ttl_whatif(lab, s.id)) == 2
         assert isinstance(s.last_turn.cache_reason, str)
         result = s.turn(0).cache_result

@@ -46,7 +46,7 @@ RANKS = {
     "ingest": 12,  # importers/_ingest.py (+ _groups, _parallel): stores imported requests through Lab.create_session
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
     "report": 13,
-    "fleet": 13,  # many logs on many processes or machines into a Parquet dataset; a read-only Lab over it
+    "fleet": 12.5,  # after ingest (file groups), before __init__ (pc.fleet): many logs on many processes or machines into a Parquet dataset; a read-only Lab over it
     "__init__": 13,  # the curated public namespace
     "cli": 14,
     "pytest_plugin": 14,  # the prompt_cache fixture: a Lab, a proxy and a simulator per test

@@ -67,6 +67,18 @@ assert caught[0].category is DeprecationWarning and caught[0].filename == "<stri
     assert out.returncode == 0, out.stderr
 
 
+def test_every_subpackage_the_docs_spell_pc_x_resolves_after_import_promptcache_nb_alone() -> None:
+    """``pc.fleet.import_logs`` as the fleet docstring and notebook 08 write it: in a fresh interpreter (in this one
+    another test may have imported the subpackage already, which sets the attribute)."""
+    code = ("import promptcache_nb as pc\n"
+            "for sub in ('advice', 'analysis', 'errors', 'fleet', 'plots', 'tokens', 'widgets'):\n"
+            "    assert getattr(pc, sub).__name__ == 'promptcache_nb.' + sub, sub\n"
+            "assert callable(pc.fleet.import_logs) and callable(pc.fleet.open) and callable(pc.fleet.example_fleet)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert out.returncode == 0, out.stderr
+
+
 def test_the_registries_stay_live() -> None:
     """``pc.STRATEGIES`` and ``pc.CACHE_MODELS`` list what is registered now, plugins included."""
     assert pc.STRATEGIES == pc.strategies.strategy_names() and pc.STRATEGIES[0] == "naive"

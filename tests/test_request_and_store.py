@@ -150,6 +150,7 @@ def test_failed_migration_rolls_back(tmp_path):
     import duckdb
 
     con = duckdb.connect(str(tmp_path / "x.duckdb"))
+    migrate(con)  # an existing store: each new migration is its own transaction
 
     def m999_broken(c):
         c.execute("CREATE TABLE half_done (x INT)")
@@ -164,6 +165,28 @@ def test_failed_migration_rolls_back(tmp_path):
     finally:
         MIGRATIONS.remove(m999_broken)
         con.close()
+
+
+def test_an_interrupted_creation_leaves_a_blank_file_that_opens(tmp_path, monkeypatch):
+    """A new store gets its migrations in one transaction: a Ctrl-C while it is created (here in its 8th migration)
+    leaves no table at all, never a store some migrations short; doctor calls the blank file sound, and it opens."""
+    from promptcache_nb.store import _migrations, check_store
+
+    def m008_interrupted(con):
+        raise KeyboardInterrupt
+
+    broken = [m008_interrupted if fn.__name__.startswith("m008") else fn for fn in MIGRATIONS]
+    monkeypatch.setattr(_migrations, "MIGRATIONS", broken)
+    path = tmp_path / "new.duckdb"
+    with pytest.raises(KeyboardInterrupt):
+        Store(path)
+    report = check_store(str(path))
+    assert report.ok and report.blank and "blank" in report.lines()[0]
+    monkeypatch.setattr(_migrations, "MIGRATIONS", MIGRATIONS)
+    st = Store(path)
+    assert st.migrations() == [fn.__name__ for fn in MIGRATIONS]
+    st.close()
+    assert check_store(str(path)).ok and not check_store(str(path)).blank
 
 
 def test_store_locked_by_another_process(tmp_path):

@@ -39,30 +39,54 @@ def usage_totals(df: pd.DataFrame) -> dict[str, Any]:
     :func:`~promptcache_nb.resimulate`, :func:`~promptcache_nb.ttl_whatif` per TTL...): ``requests,
     total_input, cache_read, cache_write, uncached, cache_read_pct, cost_usd, cost_no_cache_usd, saved_usd``
     — the one vocabulary every summary uses."""
-    read = int(df.cache_read_input_tokens.sum())
-    write = int(df.cache_creation_input_tokens.sum())
-    uncached = int(df.input_tokens.sum())
+    sums = {
+        "requests": len(df), "cache_read": int(df.cache_read_input_tokens.sum()),
+        "cache_write": int(df.cache_creation_input_tokens.sum()), "uncached": int(df.input_tokens.sum()),
+        "cost_usd": float(df.cost_usd.sum()),
+        "cost_no_cache_usd": float(df.cost_no_cache_usd.sum()) if "cost_no_cache_usd" in df else float("nan"),
+    }
+    totals = derived_totals(sums)
+    del totals["efficiency"]
+    return totals
+
+
+def derived_totals(sums: dict[str, Any]) -> dict[str, Any]:
+    """From summed figures (``requests, cache_read, cache_write, uncached, cost_usd, cost_no_cache_usd``, and
+    ``ideal_cache_read`` when known) the summaries' totals: ``requests, total_input, cache_read, cache_write,
+    uncached, cache_read_pct, efficiency, cost_usd, cost_no_cache_usd, saved_usd`` — computed here for every
+    summary (a frame's, :func:`~promptcache_nb.analysis.rollups.session_summary`'s SQL sums)."""
+    read, write, uncached = int(sums["cache_read"]), int(sums["cache_write"]), int(sums["uncached"])
     total = read + write + uncached
-    cost = float(df.cost_usd.sum())
-    cost_nc = float(df.cost_no_cache_usd.sum()) if "cost_no_cache_usd" in df else float("nan")
+    ideal = sums.get("ideal_cache_read")
+    cost, cost_nc = _float(sums["cost_usd"]), _float(sums["cost_no_cache_usd"])
     return {
-        "requests": len(df), "total_input": total, "cache_read": read, "cache_write": write, "uncached": uncached,
-        "cache_read_pct": round(100 * read / total, 1) if total else 0.0,
+        "requests": int(sums["requests"]), "total_input": total, "cache_read": read, "cache_write": write,
+        "uncached": uncached, "cache_read_pct": round(100 * read / total, 1) if total else 0.0,
+        "efficiency": round(read / int(ideal), 4) if ideal else float("nan"),
         "cost_usd": round(cost, 4), "cost_no_cache_usd": round(cost_nc, 4), "saved_usd": round(cost_nc - cost, 4),
     }
+
+
+def _float(value: Any) -> float:
+    """A summed cost: SQL's NULL (nothing priced) is 0, as pandas sums an all-NaN column."""
+    return 0.0 if value is None else float(value)
 
 
 def summarize(df: pd.DataFrame) -> dict[str, Any]:
     """Totals of one session's ``turns()`` frame: :func:`usage_totals` plus ``ideal_cache_read``,
     ``efficiency`` (Σ cache read / Σ ideal), ``breaks`` (OpenClaw breaks) and ``rebuilds`` (requests that sent
     again more than 256 tokens of what the previous one held). The two differ: :data:`BREAKS_VS_REBUILDS`."""
-    totals = usage_totals(df)
-    read, ideal = totals["cache_read"], int(df.ideal_cache_read.sum())
+    sums = {
+        "requests": len(df), "cache_read": int(df.cache_read_input_tokens.sum()),
+        "cache_write": int(df.cache_creation_input_tokens.sum()), "uncached": int(df.input_tokens.sum()),
+        "ideal_cache_read": int(df.ideal_cache_read.sum()), "cost_usd": float(df.cost_usd.sum()),
+        "cost_no_cache_usd": float(df.cost_no_cache_usd.sum()) if "cost_no_cache_usd" in df else float("nan"),
+    }
+    totals = derived_totals(sums)
     order = ("requests", "total_input", "cache_read", "cache_write", "uncached", "ideal_cache_read",
              "cache_read_pct", "efficiency", "breaks", "rebuilds", "cost_usd", "cost_no_cache_usd", "saved_usd")
     extra = {
-        "ideal_cache_read": ideal,
-        "efficiency": round(read / ideal, 4) if ideal else float("nan"),
+        "ideal_cache_read": sums["ideal_cache_read"],
         "breaks": int(df.broke.fillna(False).astype(bool).sum()) if "broke" in df else 0,
         "rebuilds": count_rebuilds(df),
     }

@@ -273,12 +273,17 @@ def _cause(reason: str | None, detail: dict[str, Any], gap: float | None) -> str
 
 
 _REBUILD_COLUMNS = ("idx", "at", "model", "total_tokens", "input_tokens", "cache_read_input_tokens",
-                    "cache_creation_input_tokens", "usage_source", "cache_reason", "cache_detail", "events")
+                    "cache_creation_input_tokens", "usage_source", "cache_reason", "cache_detail", "events",
+                    "cache_creation_1h_input_tokens")
+#: What a rebuild row carries for pricing (:func:`rebuild_rows`), beside :data:`REBUILD_COLUMNS`.
+_USAGE_PARTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+                "cache_creation_1h_input_tokens")
 
 
 def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
              noise_floor: int = NOISE_FLOOR) -> pd.DataFrame:
-    """The requests that had to send again what the cache held, each with its cause.
+    """The requests that had to send again what the cache held, each with its cause: of one session, or of
+    every session of a Lab at once (a ``session`` column first).
 
     **Measured requests** (live or imported usage) are judged on their measured figures only, by the one
     function that also gave the request its stored ``cache_reason`` and its explanation
@@ -297,22 +302,89 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
     what the previous request carried over and whose cache model did not report ``hit``, with the cache
     model's reason (turns stored without one are re-simulated under the Anthropic model).
 
+    The rows are selected in SQL over the stored causes, for every session in one query
+    (``store/_rollups.py``); only a store written before causes were stored has its sessions recomputed from
+    their bodies.
+
     Args:
-        session: a Session (or a Lab, with ``session_id``).
+        session: a Session; a Lab with ``session_id``; or a Lab alone: every session.
         noise_floor: measured rebuilds of at most this many tokens are ignored (the stored causes use
             :data:`~promptcache_nb.analysis.cause.NOISE_FLOOR`; a lower floor lists the cause the same
             function found for the smaller ones).
 
     Returns:
         One row per rebuild: ``idx, at, gap_seconds, expected_read, read, lost_tokens, reason, cause,
-        changed_path, detail`` (a dict of the evidence), ``measured`` and ``explanation``.
+        changed_path, detail`` (a dict of the evidence), ``measured`` and ``explanation``; for a whole Lab,
+        ``session`` first, ordered by session id then index (the rows of each session are the rows a call for
+        that session returns).
 
     Example:
         >>> pc.rebuilds(s)[["idx", "cause", "lost_tokens"]]        # doctest: +SKIP
+        >>> pc.rebuilds(lab).groupby("session").lost_tokens.sum()  # doctest: +SKIP
     """
     import pandas as pd
 
+    if session_id is None and not isinstance(session, StoredSession):
+        return pd.DataFrame(rebuild_rows(session, None, noise_floor=noise_floor), columns=["session", *REBUILD_COLUMNS])
     lab, sid = resolve_session(session, session_id)
+    rows = rebuild_rows(lab, [sid], noise_floor=noise_floor)
+    return pd.DataFrame(rows, columns=["session", *REBUILD_COLUMNS]).drop(columns="session")
+
+
+def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_floor: int = NOISE_FLOOR,
+                 explain: bool = True) -> list[dict[str, Any]]:
+    """The rows of :func:`rebuilds` for ``session_ids`` (None: every session) as dicts, ``session`` first, each
+    also carrying what pricing it needs: ``model``, ``usage_source``, the usage parts (``input_tokens``...), its
+    session's ``cache_model`` and explicit ``session_prices`` (JSON text, or None). The rows are the ones SQL
+    selected (``store/_rollups.py``), built here; ``explain=False`` leaves out what only a reader needs (the
+    evidence, the cause and the explanation: no JSON read, no sentence written) for a count or a sum."""
+    import pandas as pd
+
+    found = lab.store.rebuild_rows(session_ids, noise_floor=noise_floor, not_rebuild=sorted(NOT_REBUILD))
+    rows: list[dict[str, Any]] = []
+    for r in found.itertuples(index=False):
+        sid = r.session_id
+        session = {"cache_model": r.cache_model, "session_prices": None if pd.isna(r.session_prices)
+                   else r.session_prices}
+        if r.legacy:  # a cause was never stored: this session's rows are found again from its bodies
+            rows.extend({"session": sid, **row, **session} for row in _recomputed_rows(lab, sid, noise_floor))
+            continue
+        usage = {"model": r.model, "usage_source": r.usage_source, **{k: getattr(r, k) for k in _USAGE_PARTS},
+                 **session}
+        gap = None if pd.isna(r.gap_seconds) else float(r.gap_seconds)
+        expected = carried_over(int(r.prev_total), int(r.total))
+        if not explain:  # the SQL rule selected it; its lost tokens are the stored cause's (or expected − read)
+            lost = int(r.lost) if r.measured else expected - int(r.cache_read_input_tokens)
+            rows.append({"session": sid, "idx": r.idx, "at": r.at, "gap_seconds": gap, "lost_tokens": lost,
+                         "measured": bool(r.measured), **usage})
+            continue
+        detail = json.loads(r.cache_detail) if isinstance(r.cache_detail, str) else {}
+        reason = None if pd.isna(r.cache_reason) else r.cache_reason
+        if r.measured:
+            row = _measured_row(reason, detail, noise_floor)
+            if row is not None:  # the SQL rule and this one agree: a row it selected always has one
+                rows.append({"session": sid, "idx": r.idx, "at": r.at, "gap_seconds": gap, **row, "measured": True,
+                             **usage})
+        else:
+            rows.append({"session": sid, **_simulated_row(r.idx, r.at, gap, expected,
+                                                          int(r.cache_read_input_tokens), reason, detail), **usage})
+    return rows
+
+
+def _simulated_row(idx: int, at: Any, gap: float | None, expected: int, read: int, reason: str | None,
+                   detail: dict[str, Any]) -> dict[str, Any]:
+    cause = _cause(reason, detail, gap)
+    return {"idx": idx, "at": at, "gap_seconds": gap, "expected_read": expected, "read": read,
+            "lost_tokens": expected - read, "reason": reason, "cause": cause,
+            "changed_path": detail.get("divergence_path") if reason == "prefix_changed" else None,
+            "detail": detail, "measured": False, "explanation": cause}
+
+
+def _recomputed_rows(lab: LabLike, sid: str, noise_floor: int) -> list[dict[str, Any]]:
+    """One session's rebuild rows with the causes a store written before they were stored lacks computed again
+    (simulated requests re-simulated under the Anthropic model, measured ones by ``measured_cause``)."""
+    import pandas as pd
+
     df = lab.store.turns_frame(sid, _REBUILD_COLUMNS)
     reasons = list(df.cache_reason)
     details = [json.loads(d) if isinstance(d, str) else {} for d in df.cache_detail]
@@ -324,8 +396,9 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
             if reasons[i] is None and not measured[i] and res is not None:
                 reasons[i], details[i] = res.reason, res.detail
     records = df.to_dict("records")
-    evidence: _Evidence | None = None  # stores written before the measured cause was stored: computed again
+    evidence: _Evidence | None = None
     rows: list[dict[str, Any]] = []
+    pricing = ("model", "usage_source", *_USAGE_PARTS)
     prev_total: int | None = None
     prev_at = None
     for i, r in enumerate(df.itertuples(index=False)):
@@ -342,20 +415,15 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
                 reason, detail = (found.reason, found.detail) if found is not None else (reason, {})
             row = _measured_row(reason, detail, noise_floor)
             if row is not None:
-                rows.append({"idx": r.idx, "at": r.at, "gap_seconds": gap, **row, "measured": True})
+                rows.append({"idx": r.idx, "at": r.at, "gap_seconds": gap, **row, "measured": True,
+                             **{k: records[i][k] for k in pricing}})
         elif prev_total is not None:
             expected = carried_over(prev_total, total)
             if read is not None and _is_rebuild(r.idx, read, expected, reasons[i]):
-                detail = details[i]
-                cause = _cause(reasons[i], detail, gap)
-                rows.append({
-                    "idx": r.idx, "at": r.at, "gap_seconds": gap, "expected_read": expected, "read": read,
-                    "lost_tokens": expected - read, "reason": reasons[i], "cause": cause,
-                    "changed_path": detail.get("divergence_path") if reasons[i] == "prefix_changed" else None,
-                    "detail": detail, "measured": False, "explanation": cause,
-                })
+                rows.append({**_simulated_row(r.idx, r.at, gap, expected, read, reasons[i], details[i]),
+                             **{k: records[i][k] for k in pricing}})
         prev_total, prev_at = total, r.at
-    return pd.DataFrame(rows, columns=REBUILD_COLUMNS)
+    return rows
 
 
 def _measured_row(reason: str | None, detail: dict[str, Any], noise_floor: int) -> dict[str, Any] | None:

@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._example import example_fleet
 from ..importers._groups import FileGroup, plan_groups
+from ._example import example_fleet
 from ._import import FleetImport, GroupReport, import_group, import_logs
 
 if TYPE_CHECKING:
@@ -36,4 +36,5 @@ def open(out: str | Path, *, progress: bool = True) -> Lab:  # noqa: A001 - pc.f
     from ..lab import Lab
     from ..store import Store
 
-    return Lab.over_store(Store.open_dataset(os.path.abspath(os.fspath(out))), progress=progress)
+    path = os.fspath(out)
+    return Lab.over_store(Store.open_dataset(path if "://" in path else os.path.abspath(path)), progress=progress)

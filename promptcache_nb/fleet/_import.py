@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .._util import progress_bar
 from ..errors import PromptCacheError
 from ..importers._groups import FileGroup, plan_groups
+from ..store._parquet import dataset_fs, remove_group
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -109,11 +110,12 @@ class FleetImport:
 
 
 def _load_manifest(out: str) -> dict[str, Any]:
-    path = os.path.join(out, MANIFEST)
-    if not os.path.exists(path):
+    fs, root = dataset_fs(out)
+    path = out.rstrip("/") + "/" + MANIFEST
+    if not (os.path.exists(path) if fs is None else fs.exists(f"{root}/{MANIFEST}")):
         return {"version": MANIFEST_VERSION, "groups": {}}
     try:
-        with open(path, encoding="utf-8") as fh:
+        with (open(path, encoding="utf-8") if fs is None else fs.open(f"{root}/{MANIFEST}", "r")) as fh:
             data = json.load(fh)
     except (OSError, ValueError) as exc:
         raise PromptCacheError(f"{path}: not a fleet manifest ({exc})") from None
@@ -124,9 +126,15 @@ def _load_manifest(out: str) -> dict[str, Any]:
 
 
 def _save_manifest(out: str, manifest: dict[str, Any]) -> None:
+    fs, root = dataset_fs(out)
+    text = json.dumps(manifest, indent=1, sort_keys=True)
+    if fs is not None:  # object stores replace a whole object at once
+        with fs.open(f"{root}/{MANIFEST}", "w") as fh:
+            fh.write(text)
+        return
     path = os.path.join(out, MANIFEST)
     with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.write(text)
     os.replace(path + ".tmp", path)
 
 
@@ -171,8 +179,13 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
     e.g. Claude Code's ``-home-dev-billing``), so a fleet can be read by project.
     """
     start = time.perf_counter()
-    out = os.path.abspath(os.fspath(out))
-    os.makedirs(out, exist_ok=True)
+    out = os.fspath(out)
+    fs, root = dataset_fs(out)
+    if fs is None:
+        out = os.path.abspath(out)
+        os.makedirs(out, exist_ok=True)
+    else:
+        fs.makedirs(root, exist_ok=True)
     manifest = _load_manifest(out)
     planned, passed = plan_groups(paths)
     groups = _apply_merges(planned, manifest)
@@ -196,8 +209,6 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
             merged_ids = sorted({i for ids in split for i in ids})
             merged = _merged([by_id[i] for i in merged_ids])
             for gid in merged_ids:
-                from ..store._parquet import remove_group
-
                 remove_group(out, gid)
                 reports.pop(gid, None)
                 manifest["groups"].pop(gid, None)
@@ -206,8 +217,6 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
                 reports[report.group] = report
     finally:
         bar.close()
-    from ..store._parquet import remove_group
-
     live = {g.id for g in groups}
     for gid in [g for g in manifest["groups"] if g not in live]:  # files gone since the last run
         remove_group(out, gid)
@@ -245,7 +254,7 @@ def _fit_calibrations(out: str) -> None:
 
     store = Store.open_dataset(out, writable_dataset_tables=True)
     try:
-        store.con.execute("DELETE FROM calibrations")
+        store.clear_calibrations()
         lab = Lab.over_store(store, progress=False)
         calibrate_families(lab, store.measured_models())
         store.export_dataset_tables(out)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .._config import SessionConfig
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
-from ..analysis.frames import html_table, summarize
+from ..analysis.frames import html_table
 from ..cache.anthropic import client_ttls_from_usage
 from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
@@ -31,7 +31,7 @@ from ..request import BodyProblem, check_request
 from ..request.diff import visible
 from ._jsonl import COMPRESSED_SUFFIXES, UnreadableLog
 from ._registry import READERS, detect
-from ._types import ImportedRequest, ReadProgress, SkippedLine
+from ._types import ImportedRequest, SkippedLine
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -104,7 +104,12 @@ class ImportResult:
         return source
 
     def _relative_files(self, df: pd.DataFrame) -> pd.DataFrame:
-        return df.assign(file=df["file"].map(self.relative_source)) if len(df) and "file" in df else df
+        if not len(df) or "file" not in df:
+            return df
+        import pandas as pd
+
+        # object dtype: pandas' pyarrow-backed default string dtype cannot hold a lone surrogate a name may carry
+        return df.assign(file=pd.Series([self.relative_source(f) for f in df["file"]], index=df.index, dtype=object))
 
     def summary(self, *, full_paths: bool = False) -> pd.DataFrame:
         """One row per session, key columns first: session, requests, measured cache read %, ``openclaw_breaks``,
@@ -117,23 +122,16 @@ class ImportResult:
         a small loss, or one after an earlier partial read, is a rebuild without a break; a read that fell
         because the prompt got shorter (a compaction) is a break without a rebuild.
         """
-        rows = []
-        for s in self.sessions:
-            df = s.turns()
-            totals = summarize(df)  # the one summary vocabulary (analysis.frames.usage_totals)
-            rows.append({
-                "session": s.id, "requests": totals["requests"],
-                "cache_read_pct": totals["cache_read_pct"] if totals["total_input"] else None,
-                "openclaw_breaks": totals["breaks"], "rebuilds": totals["rebuilds"],
-                # no known cost is unknown, not $0 (an unpriced model's requests have a NULL cost)
-                "cost_usd": None if df.cost_usd.isna().all() else totals["cost_usd"],
-                "model": s.model, "parent": s.parent_id or "", "source": self.relative_source(s.source),
-                "source_path": s.source or "",
-            })
+        from ..analysis.rollups import session_summary
+
         columns = ["session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd", "model",
                    "parent", "source"]
-        df = _frame(rows, [*columns, "source_path"])
-        return df if full_paths else df[columns]
+        if not self.sessions:
+            df = _frame([], [*columns, "source_path"])
+        else:  # one query for every session imported (analysis.rollups: the one summary vocabulary)
+            df = session_summary(self.sessions[0].lab, [s.id for s in self.sessions])
+            df = df.assign(source_path=df["source"], source=df["source"].map(self.relative_source))
+        return df[[*columns, "source_path"]] if full_paths else df[columns]
 
     def __repr__(self) -> str:
         flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""
@@ -324,78 +322,234 @@ def import_log(
         return _import(lab, paths, format, project, progress, calibrate)
 
 
+#: New sessions of a file group are stored in transactions of up to this many sessions or requests: a COMMIT
+#: and the bulk writes cost a few ms each, which 1,000 one-request log files would otherwise pay 1,000 times.
+#: A kill loses at most one such transaction; a session is never split across two.
+BATCH_SESSIONS = 100
+BATCH_REQUESTS = 200
+
+
+@dataclass
+class _Stored:
+    """One session's part in the result, replaced whole when the session is stored again."""
+
+    rank: tuple[bool, str]
+    session: Session
+    new: int
+    dup: int
+    created: bool  #: created by this import (not stored before it)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    flagged: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    """One session of a file group, read and ready to store."""
+
+    key: str
+    fmt: str
+    file: str
+    reqs: list[ImportedRequest]
+    again: bool  #: an earlier group of this import stored part of it: its requests are all here now
+    #: parents first (a sub-agent's parent_id then names a stored session), then by key: the order every import
+    #: stores sessions in, whatever its file groups
+    rank: tuple[bool, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rank = (self.reqs[0].parent_key is not None, self.key)
+
+    @property
+    def sid(self) -> str:
+        return session_id_for(self.fmt, self.key)
+
+
+@dataclass
+class _Run:
+    """What one import stores, session by session."""
+
+    lab: Lab
+    project: str | None
+    unknown: set[str] = field(default_factory=set)
+    stored: dict[str, _Stored] = field(default_factory=dict)
+
+
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
             progress: bool, calibrate: bool = True) -> ImportResult:
+    """Read and store one file group at a time (``_groups.plan_groups``: a Claude Code project folder, a file
+    you name), so memory holds one group's records, never the folder's (small groups are read together, up to
+    :data:`BATCH_SESSIONS` sessions or :data:`BATCH_REQUESTS` requests). A session found again in a later group
+    (a session resumed in another project folder) is read again from the earlier group's files and stored
+    again whole: the stored result is the same as reading every file first."""
     result = ImportResult()
-    flagged: list[dict[str, Any]] = []
-    notes: list[dict[str, Any]] = []
-    by_session: dict[str, list[ImportedRequest]] = {}
-    fmt_of: dict[str, str] = {}
-    file_of: dict[str, str] = {}
-    files, skipped = expand_paths(paths)
+    files, passed = expand_paths(paths)
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items
                     if not any(ch in str(item) for ch in "*?[")]
-    bar = progress_bar(total=len(files), desc="reading logs", enabled=progress, unit="file")
+    run = _Run(lab, project)
+    read_skips: list[tuple[int, dict[str, Any]]] = []
+    read_ok: list[tuple[int, tuple[str, str]]] = []
+    reader_of: dict[int, str] = {}  # file index -> the reader that read it
+    key_files: dict[str, list[int]] = {}  # session key -> the files of earlier groups that hold it
+    models: set[str] = set()
+    bar = progress_bar(total=len(files), desc="importing logs", enabled=progress, unit="file")
+    by_session: dict[str, list[tuple[int, ImportedRequest]]] = {}
+    groups = _file_groups(paths, files)
     try:
-        for log in files:
-            path, shown = log.path, display_path(log.path)
-            try:
-                reader = READERS[format] if format != "auto" else detect(path)
-                records = list(reader.read(path))
-            except (ImportFormatError, UnreadableLog) as exc:
-                if isinstance(exc, UnreadableLog):
-                    exc = ImportFormatError(shown, f"cannot read ({_unreadable(exc, path)})")
-                if log.named:
-                    raise exc from None
-                problem = exc.problem
-                skipped.append({"file": shown, "line": 0, "reason": problem})
+        for n, group in enumerate(groups):
+            for i in group:
+                got = _read(files[i], format, read_skips, i)
                 bar.update(1)
-                continue
-            result.files.append((shown, reader.name))
-            clean = shown == str(path)
-            for rec in records:
-                if isinstance(rec, ImportedRequest):
-                    if not clean:  # a file name that is not UTF-8: its keys and references made storable
-                        rec = _printable(rec)
-                    by_session.setdefault(rec.session_key, []).append(rec)
-                    fmt_of.setdefault(rec.session_key, reader.name)
-                    file_of.setdefault(rec.session_key, shown)
-                elif isinstance(rec, SkippedLine):
-                    skipped.append({"file": display_path(rec.file), "line": rec.line, "reason": rec.reason})
-                elif isinstance(rec, ReadProgress):
-                    pass  # per-request identity makes re-import exact; progress is informational
-            bar.update(1)
+                if got is None:
+                    continue
+                name, records = got
+                reader_of[i] = name
+                read_ok.append((i, (display_path(files[i].path), name)))
+                for rec in records:
+                    by_session.setdefault(rec.session_key, []).append((i, rec))
+                    if rec.model:
+                        models.add(rec.model)
+            if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
+                    sum(map(len, by_session.values())) < BATCH_REQUESTS:
+                continue  # small groups (one-request files) are stored together: one transaction for many
+            pending = []
+            for key, recs in by_session.items():
+                earlier = key_files.get(key, [])
+                if earlier:  # read again from the earlier groups' files, in file order as one read would
+                    recs = sorted([(j, r) for j in earlier for r in _reread(files[j], reader_of[j], key)] + recs,
+                                  key=lambda t: t[0])
+                first = recs[0][0]
+                reqs = sorted(_richest([r for _, r in recs]), key=lambda r: r.at)  # stable: file order for ties
+                pending.append(_Pending(key, reader_of[first], display_path(files[first].path), reqs,
+                                        again=bool(earlier)))
+                for j in dict.fromkeys(i for i, _ in recs if i not in earlier):
+                    key_files.setdefault(key, []).append(j)
+            by_session = {}
+            _store_group(run, sorted(pending, key=lambda p: p.rank))
     finally:
         bar.close()
-
-    unknown: set[str] = set()
-    total = sum(len(v) for v in by_session.values())
-    bar = progress_bar(total=total, desc="storing requests", enabled=progress, unit="req")
-    try:
-        # parents first, so a sub-agent's parent_id names a session that exists
-        keys = sorted(by_session, key=lambda k: (by_session[k][0].parent_key is not None, k))
-        for key in keys:
-            reqs = sorted(_richest(by_session[key]), key=lambda r: r.at)  # stable: file order for equal times
-            fmt = fmt_of[key]
-            s, new, dup = _store_session(lab, key, fmt, file_of[key], reqs, project=project, skipped=skipped,
-                                         unknown=unknown, bar=bar, flagged=flagged, notes=notes)
-            result.already_stored += dup
-            if new:
-                result.sessions.append(s)
-                result.requests += new
-    finally:
-        bar.close()
+    done = sorted(run.stored.values(), key=lambda x: x.rank)
+    result.files = [entry for _, entry in sorted(read_ok)]
+    skipped = [*passed, *(row for _, row in sorted(read_skips, key=lambda t: t[0])),
+               *(row for x in done for row in x.skipped)]
+    result.sessions = [x.session for x in done if x.new]
+    result.requests = sum(x.new for x in done)
+    result.already_stored = sum(x.dup for x in done)
     result.skipped = _frame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], SKIPPED_COLUMNS)
-    result.flagged = _frame(flagged, FLAGGED_COLUMNS)
-    result.notes = _frame(notes, NOTES_COLUMNS)
-    result.unknown_models = sorted(unknown)
-    models = {r.model for v in by_session.values() for r in v if r.model}
+    result.flagged = _frame([row for x in done for row in x.flagged], FLAGGED_COLUMNS)
+    result.notes = _frame([row for x in done for row in x.notes], NOTES_COLUMNS)
+    result.unknown_models = sorted(run.unknown)
     # each measured request is an exact prompt total: calibrate the estimator per family. Also when nothing was
     # new but a family has no calibration yet: an import stopped after its sessions committed gets it back.
     if calibrate and (result.requests or (models and _uncalibrated(lab, models))):
         result.calibrations = calibrate_families(lab, models)
     return result
+
+
+def _file_groups(paths: str | Path | Sequence[str | Path], files: list[LogFile]) -> list[list[int]]:
+    """``files`` (indices) by file group (``_groups.plan_groups``), each in walk order, groups in the order of
+    their first file. The files you name (not found by a walk) are one group: files named together often log one
+    session between them (an OpenClaw transcript and its payload log)."""
+    from ._groups import plan_groups
+
+    group_of = {f: g.key for g in plan_groups(paths)[0] for f in g.files}
+    groups: dict[str | None, list[int]] = {}
+    for i, log in enumerate(files):
+        groups.setdefault(None if log.named else group_of.get(str(log.path), str(log.path)), []).append(i)
+    return list(groups.values())
+
+
+def _read(log: LogFile, format: str, skipped: list[tuple[int, dict[str, Any]]], index: int  # noqa: A002
+          ) -> tuple[str, list[ImportedRequest]] | None:
+    """The reader's name and the requests of one file; its skipped lines into ``skipped``. None: the file is
+    not a log (a walked file; a file the user named raises)."""
+    path, shown = log.path, display_path(log.path)
+    try:
+        reader = READERS[format] if format != "auto" else detect(path)
+        records = list(reader.read(path))
+    except (ImportFormatError, UnreadableLog) as exc:
+        if isinstance(exc, UnreadableLog):
+            exc = ImportFormatError(shown, f"cannot read ({_unreadable(exc, path)})")
+        if log.named:
+            raise exc from None
+        skipped.append((index, {"file": shown, "line": 0, "reason": exc.problem}))
+        return None
+    clean = shown == str(path)
+    out: list[ImportedRequest] = []
+    for rec in records:
+        if isinstance(rec, ImportedRequest):
+            # a file name that is not UTF-8: its keys and references made storable
+            out.append(rec if clean else _printable(rec))
+        elif isinstance(rec, SkippedLine):
+            skipped.append((index, {"file": display_path(rec.file), "line": rec.line, "reason": rec.reason}))
+        # ReadProgress: per-request identity makes re-import exact; progress is informational
+    return reader.name, out
+
+
+def _reread(log: LogFile, reader: str, key: str) -> list[ImportedRequest]:
+    """The requests of session ``key`` in a file an earlier group read (its skipped lines were reported then)."""
+    got = _read(LogFile(log.path, True), reader, [], 0)
+    return [] if got is None else [r for r in got[1] if r.session_key == key]
+
+
+def _store_group(run: _Run, pending: list[_Pending]) -> None:
+    """Store a file group's sessions in rank order: new ones many to a transaction (:data:`BATCH_SESSIONS`), a
+    session stored before (which may need its stored requests read, or a restore) in one of its own."""
+    existing = run.lab.store.existing_sessions([p.sid for p in pending if not p.again])
+    chunk: list[_Pending] = []
+    size = 0
+    for p in pending:
+        fresh = not p.again and p.sid not in existing
+        if not fresh or len(chunk) >= BATCH_SESSIONS or size + len(p.reqs) > BATCH_REQUESTS:
+            _store_batch(run, chunk, fresh=True)
+            chunk, size = [], 0
+        if fresh:
+            chunk.append(p)
+            size += len(p.reqs)
+        else:
+            _store_batch(run, [p], fresh=False)
+    _store_batch(run, chunk, fresh=True)
+
+
+def _store_batch(run: _Run, pending: list[_Pending], *, fresh: bool) -> int:
+    """Store sessions in one transaction (``Lab.batch``): all of them, or, when one fails, the ones before it
+    (stored again in a transaction of their own) and the error is raised. ``fresh``: none is stored yet.
+    Returns how many requests it stored, once committed."""
+    if not pending:
+        return 0
+    lab = run.lab
+    done: list[tuple[_Pending, _Stored]] = []
+    try:
+        with lab.batch():
+            for p in pending:
+                done.append((p, _store_one(run, p, fresh=fresh)))
+    except SessionError:
+        if done:  # nothing half-written: the sessions before the failing one are stored, the rest are not
+            _store_batch(run, [p for p, _ in done], fresh=fresh)
+        raise
+    for p, out in done:
+        held = run.stored.get(p.sid)
+        if held is not None and not held.created and not out.created:
+            # a session stored before this import, grown by two of its groups: the second counted the first's
+            # requests as stored already
+            out.new, out.dup = held.new + out.new, out.dup - held.new
+        run.stored[p.sid] = out
+    return sum(out.new for _, out in done)
+
+
+def _store_one(run: _Run, p: _Pending, *, fresh: bool) -> _Stored:
+    """:func:`_store_session` for one pending session, its reported rows kept apart (replaced whole if a later
+    group stores it again)."""
+    held = run.stored.get(p.sid)
+    if p.again and held is not None and held.created:
+        run.lab.forget_session(p.sid)  # stored by an earlier group of this import: stored again whole, as new
+        fresh = True
+    skipped: list[dict[str, Any]] = []
+    flagged: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
+    s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=run.project, skipped=skipped,
+                                 unknown=run.unknown, bar=None, flagged=flagged, notes=notes, fresh=fresh)
+    return _Stored(p.rank, s, new, dup, created=fresh, skipped=skipped, flagged=flagged, notes=notes)
 
 
 def _richest(reqs: list[ImportedRequest]) -> list[ImportedRequest]:
@@ -435,7 +589,7 @@ def _printable(req: ImportedRequest) -> ImportedRequest:
 
 def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
                    project: str | None, skipped: list[dict[str, Any]], unknown: set[str],
-                   bar: Any, flagged: list[dict[str, Any]], notes: list[dict[str, Any]]
+                   bar: Any, flagged: list[dict[str, Any]], notes: list[dict[str, Any]], fresh: bool = False
                    ) -> tuple[Session, int, int]:
     """Write one session's new requests in one transaction; returns (session, stored now, already stored).
 
@@ -444,18 +598,20 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
     before the last stored one (a proxy writes each call when it completes) cannot be appended, since a
     session's time only moves forward: when this import holds every stored request of the session, the session
     is stored again whole, in time order; otherwise the late request is listed in ``skipped``.
+    ``fresh``: the caller knows the session is not stored (nothing to read back).
     """
     store = lab.store
     sid = session_id_for(fmt, key)
     first = reqs[0]
-    restore = _needs_restore(store, sid, reqs, skipped)
+    restore = set() if fresh else _needs_restore(store, sid, reqs, skipped)
     try:
         with lab.batch():
             if restore:
                 lab.forget_session(sid)
-            s = lab.active_session(sid)  # keep the Session object a notebook already holds
-            if s is None and store.session_row(sid) is None:
+            s = None if fresh else lab.active_session(sid)  # keep the Session object a notebook already holds
+            if fresh or (s is None and store.session_row(sid) is None):
                 at = first.at.astimezone(UTC)
+                project_id = project or f"imported/{fmt}"
                 config = SessionConfig(
                     start=at, step_seconds=30, cache_params=_cache_params(reqs), format=fmt, session_key=key,
                     session_kind=first.session_kind,
@@ -463,12 +619,12 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                     cache_scope="project",
                 )
                 s = lab.create_session(
-                    config, session_id=sid, project=project or f"imported/{fmt}", strategy=None,
+                    config, session_id=sid, project=project_id, strategy=None,
                     cache=_cache_model_for(first), model=first.model or "unknown", source=f"{fmt}:{file}",
                     parent_id=session_id_for(fmt, first.parent_key) if first.parent_key else None)
             elif s is None:
                 s = lab.open_session(sid)
-            todo, dup = _new_requests(s, reqs, skipped)
+            todo, dup = _new_requests(s, reqs, skipped, known=set() if fresh else None)
             if restore:  # stored again, not new
                 dup += len(restore)
             if not todo:
@@ -482,7 +638,8 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                              agent_observation=req.agent_observation)
                 if t.cost_usd is None:
                     unknown.add(req.model)
-                bar.update(1)
+                if bar is not None:
+                    bar.update(1)
     except PromptCacheError as exc:
         where = current.source_ref if "current" in locals() else f"{file}"
         raise SessionError(f"{where}: {exc}") from None
@@ -529,13 +686,14 @@ def _usage_row(req: ImportedRequest) -> tuple[int | None, ...]:
     return (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens)
 
 
-def _new_requests(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]
-                  ) -> tuple[list[tuple[ImportedRequest, Any, list[BodyProblem]]], int]:
+def _new_requests(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, Any]], *,
+                  known: set[str] | None = None) -> tuple[list[tuple[ImportedRequest, Any, list[BodyProblem]]], int]:
     """The requests not stored yet, each segmented (extending the previous body's segments: linear ingest) and
     checked leniently: what the API would refuse is returned with it, to be stored and reported; a body JSON
     cannot hold, or a usage figure no endpoint reports, is skipped with its file:line."""
     store = s.lab.store
-    known = store.dedupe_keys(s.id)
+    if known is None:
+        known = store.dedupe_keys(s.id)
     unlogged = s.session_config.unlogged_prefix_tokens
     prev = s.previous_request
     todo: list[tuple[ImportedRequest, Any, list[BodyProblem]]] = []

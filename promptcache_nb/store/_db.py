@@ -33,6 +33,7 @@ from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import prefix_record
 from ..tokens import segment_tokens
+from . import _rollups
 from ._doctor import CORE_TABLES, damaged, schema_problems
 from ._migrations import applied, migrate, rollback_if_active
 
@@ -206,6 +207,38 @@ def interruptible(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """A Ctrl-C that arrives inside the block waits for its end, then raises KeyboardInterrupt: a rollback, and
+    the reads that bring objects back to what the store holds after it, run whole even when Ctrl-C is pressed
+    again (a KeyboardInterrupt in the middle of a rollback would leave the transaction open). Only in the main
+    thread with Python's default SIGINT handler (as :func:`interruptible`, which already only records one)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    pressed: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
+
+
+#: Rows per ``append_rows`` call. DuckDB's appender neither checks for Ctrl-C nor honours ``con.interrupt()``;
+#: between calls Python runs, so a Ctrl-C during a long bulk write stops it within one slice (a few ms).
+APPEND_SLICE = 1024
+
+
+def _append(con: duckdb.DuckDBPyConnection, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Append ``rows`` to ``table`` through DuckDB's appender, a slice at a time (:data:`APPEND_SLICE`)."""
+    with con.appender(table) as ap:
+        for i in range(0, len(rows), APPEND_SLICE):
+            ap.append_rows(rows[i:i + APPEND_SLICE])
+
+
 def _describe_header(head: bytes) -> str:
     if head.startswith(b"SQLite format 3\x00"):
         return "an SQLite database"
@@ -333,6 +366,9 @@ class Store:
         # None once closed (``closed``); public methods reach it through _live(), which says so
         self.con: duckdb.DuckDBPyConnection = None  # type: ignore[assignment]
         self.commit_count = 0  # outermost transactions committed: callers tell "stored" from "rolled back"
+        #: The number of the current (or last) outermost transaction: an object that moved ahead of the file
+        #: inside one notes it, so a rollback reloads only those (``Lab._all_or_nothing``).
+        self.tx_serial = 0
         memory = self.path.startswith(":memory:")
         if memory and read_only:
             raise StoreError("an in-memory store cannot be opened read-only; pass the path of a store file")
@@ -388,6 +424,8 @@ class Store:
         self._pending_known: dict[str, tuple[Any, ...]] = {}
         self._pending_nodes: set[str] = set()
         self._after_commit: list[Callable[[], None]] = []  # run once the outermost transaction commits
+        #: projects ensured in the open transaction, with the earliest time given (an import's many sessions)
+        self._tx_projects: dict[str, datetime] = {}
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
         self._columns_cache: dict[str, list[str]] = {}
@@ -448,15 +486,18 @@ class Store:
             return
         con.begin()
         self._tx_depth = 1
+        self.tx_serial += 1
         self._pending_known = {}
         self._pending_nodes = set()
         self._after_commit = []
+        self._tx_projects = {}
         committed = False
         try:
             try:
                 yield
             except BaseException as exc:
-                rollback_if_active(con)
+                with sigint_deferred():
+                    rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -464,13 +505,16 @@ class Store:
                 con.commit()
             except duckdb.Error as exc:
                 if not _interrupted(exc):
-                    rollback_if_active(con)  # a failed COMMIT stored nothing
+                    with sigint_deferred():
+                        rollback_if_active(con)  # a failed COMMIT stored nothing
                     raise
-                committed = not rollback_if_active(con)  # interrupted (interruptible): as below
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)  # interrupted (interruptible): as below
                 raise KeyboardInterrupt from None
             except BaseException as exc:
                 # an interrupt around COMMIT: stored iff no transaction is left to roll back
-                committed = not rollback_if_active(con)
+                with sigint_deferred():
+                    committed = not rollback_if_active(con)
                 if _interrupted(exc):
                     raise KeyboardInterrupt from None
                 raise
@@ -484,6 +528,7 @@ class Store:
                 self._known_blocks.update(self._pending_known)
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
+            self._tx_projects = {}
             callbacks, self._after_commit = (self._after_commit if committed else []), []
         for fn in callbacks:
             _run_callback(fn)
@@ -497,6 +542,19 @@ class Store:
             self._after_commit.append(fn)
         else:
             _run_callback(fn)
+
+    def ensure_rolled_back(self) -> None:
+        """After an outermost transaction ended by an exception: roll back what DuckDB may still hold open (a
+        second Ctrl-C can land in the few bytecodes before :meth:`transaction`'s rollback starts), so that what
+        is read next is what the file holds. Does nothing inside a transaction or when none is open."""
+        if self.con is not None and not self._tx_depth and not self.read_only:
+            with sigint_deferred():
+                rollback_if_active(self.con)
+
+    @property
+    def in_transaction(self) -> bool:
+        """True inside :meth:`transaction` (or :meth:`batch`): what is written now may still be rolled back."""
+        return self._tx_depth > 0
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -523,16 +581,13 @@ class Store:
         for table in ("blocks", "prefix_nodes", "session_messages"):
             rows = buffered.pop(table, None)
             if rows:
-                with con.appender(table) as ap:
-                    ap.append_rows(rows)
+                _append(con, table, rows)
         turns = buffered.pop("turns", None)
         if turns:
             values = attrgetter(*self._table_columns("turns"))  # the table's column order
-            with con.appender("turns") as ap:
-                ap.append_rows([values(rec) for rec in turns])
+            _append(con, "turns", [values(rec) for rec in turns])
         for table, rows in buffered.items():  # anything else _insert deferred
-            with con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(con, table, rows)
 
     def _table_columns(self, table: str) -> list[str]:
         cols = self._columns_cache.get(table)
@@ -672,8 +727,13 @@ class Store:
     def ensure_project(self, project_id: str, at: datetime) -> None:
         """The project exists; its ``created_at`` is its earliest session's start, whatever order sessions are
         stored in (an import stores sessions by key, a parallel one by file group)."""
+        held = self._tx_projects.get(project_id)
+        if held is not None and held <= at:
+            return  # ensured already in this transaction, with this time or an earlier one: nothing to change
         self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
                          "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
+        if self._tx_depth:
+            self._tx_projects[project_id] = at
 
     _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
                         "parent_id")
@@ -732,6 +792,13 @@ class Store:
                 [to_project, to_project, from_project],
             ).fetchall()
         return int(n)
+
+    def existing_sessions(self, session_ids: Sequence[str]) -> set[str]:
+        """Which of ``session_ids`` are stored (one query for an import's many sessions)."""
+        if not session_ids:
+            return set()
+        return {r[0] for r in self.rows("SELECT id FROM sessions WHERE id IN (SELECT unnest(?))",
+                                        [list(session_ids)])}
 
     def session_ids(self) -> list[str]:
         return [r[0] for r in self.rows("SELECT id FROM sessions ORDER BY id")]
@@ -799,6 +866,11 @@ class Store:
         )
         if row is None:
             raise StoreError(f"session {session_id!r} has no session_state row; the store is inconsistent")
+        return self.state_from_row(row)
+
+    @staticmethod
+    def state_from_row(row: Sequence[Any]) -> dict[str, Any]:
+        """A ``session_state`` row's columns (in :func:`state_columns` order) as the state dict sessions use."""
         pin_keys = None
         if row[1] is not None:
             try:
@@ -849,8 +921,7 @@ class Store:
             self.con.execute(f"INSERT INTO {table} VALUES " + ", ".join([marks] * len(rows)),
                              [v for r in rows for v in r]).fetchall()
         else:
-            with self.con.appender(table) as ap:
-                ap.append_rows(rows)
+            _append(self.con, table, rows)
 
     # -- knowledge ----------------------------------------------------------------------------
     def knowledge(self, project_id: str, *, include_deleted: bool = False) -> list[KnowledgeEntry]:
@@ -1203,6 +1274,30 @@ class Store:
             del r["present"]
         return {r.pop("id"): StoredNode(**r) for r in rows}
 
+    # -- every session at once (store/_rollups.py: the rebuild rule and the totals in SQL) -------------------
+    def rebuild_rows(self, session_ids: Sequence[str] | None = None, *, noise_floor: int,
+                     not_rebuild: Sequence[str]) -> pd.DataFrame:
+        """The rebuilds of every session (or of ``session_ids``), ordered by session and index, with what a
+        rebuild row needs (usage, totals, the gap, the stored cause); a legacy session (a cause never stored)
+        gives its first row only, ``legacy`` true. The rule: ``store/_rollups.py``."""
+        where, ids = _rollups.where_sessions(None if session_ids is None else list(session_ids), "$3")
+        return self.sql(_rollups.REBUILD_ROWS.format(where=where), [list(not_rebuild), noise_floor, ids])
+
+    def session_totals(self, session_ids: Sequence[str] | None = None) -> pd.DataFrame:
+        """One row per session (every session, or ``session_ids``), oldest first: its identity (project, strategy,
+        cache model, model, parent, source) and the sums of its requests."""
+        ids = None if session_ids is None else list(session_ids)
+        where, value = _rollups.where_sessions(ids, "$1")
+        where_s = _rollups.where_sessions(ids, "$1", "s.id")[0]
+        return self.sql(_rollups.SESSION_TOTALS.format(where=where, where_s=where_s), [value])
+
+    def group_totals(self, by: str) -> pd.DataFrame:
+        """The measured requests' sums per ``by`` (``project``, ``model`` or ``day``, UTC), one row per group."""
+        key = _rollups.GROUP_KEYS.get(by)
+        if key is None:
+            raise ValueError(f"cannot group by {by!r}; choose one of: {', '.join(_rollups.GROUP_KEYS)}")
+        return self.sql(_rollups.GROUP_TOTALS.format(key=key))
+
     # -- calibrations ---------------------------------------------------------------------------------------
     def measured_totals(self) -> list[dict[str, Any]]:
         """Every request with complete measured usage (live or imported), in session order: ``model``,
@@ -1223,6 +1318,10 @@ class Store:
         """The models of the requests whose usage was measured (live or imported), sorted."""
         return [r["model"] for r in self.query(
             "SELECT DISTINCT model FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY model")]
+
+    def clear_calibrations(self) -> None:
+        """Forget every saved calibration (a fleet dataset's are fitted again over the whole dataset)."""
+        self._live().execute("DELETE FROM calibrations")
 
     def models_of(self, session_ids: Sequence[str]) -> list[str]:
         """The models the requests of ``session_ids`` used, sorted."""

@@ -71,6 +71,9 @@ class DoctorReport:
     #: row counts of the main tables (those that could be read)
     counts: dict[str, int] = field(default_factory=dict)
     migrations: list[str] = field(default_factory=list)
+    #: a DuckDB file with no table or view at all: what ``pc.Lab(path)`` starts from (a store whose creation was
+    #: interrupted is left so); opening it read-write creates the tables
+    blank: bool = False
 
     @property
     def ok(self) -> bool:
@@ -79,6 +82,9 @@ class DoctorReport:
     def lines(self) -> list[str]:
         counts = ", ".join(f"{n} {t}" for t, n in self.counts.items())
         head = f"{self.path}: {len(self.migrations)} migrations applied" + (f"; {counts}" if counts else "")
+        if self.blank:
+            return [f"{self.path}: a blank DuckDB file (no tables yet: opening it read-write creates them)",
+                    "ok: no problem found"]
         if self.ok:
             return [head, "ok: no problem found"]
         return [head, *(f"problem: {p}" for p in self.problems),
@@ -141,6 +147,9 @@ def check_store(path: str) -> DoctorReport:
 
 def _check(con: duckdb.DuckDBPyConnection, report: DoctorReport) -> None:
     have = _schema(con)
+    if not have and not con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchall()[0][0]:
+        report.blank = True
+        return
     if "_migrations" not in have:
         report.problems.append("table '_migrations' is missing" + (
             " (the other tables are promptcache_nb's)" if CORE_TABLES <= set(have) else

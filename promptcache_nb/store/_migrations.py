@@ -304,27 +304,30 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Apply pending migrations; return the names applied now. Idempotent.
 
     Each migration, its ``_migrations`` row (and, the first time, the ``_migrations`` table itself) commit
-    together: a migration that fails leaves nothing behind.
+    together: a migration that fails leaves nothing behind. A new store (no ``_migrations`` table yet) gets every
+    migration in one transaction: a Ctrl-C or a failure while it is created leaves the file blank, never a store
+    some migrations short (which a read-only open and ``doctor`` rightly call incomplete).
     """
     exists = con.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
         "AND schema_name = current_schema() AND table_name = '_migrations'").fetchall()[0][0]
     done = set(applied(con)) if exists else set()
+    pending = [(i, fn) for i, fn in enumerate(MIGRATIONS) if fn.__name__ not in done]
+    groups = [pending] if not exists and pending else [[item] for item in pending]
     now_applied = []
-    for i, fn in enumerate(MIGRATIONS):
-        if fn.__name__ in done:
-            continue
+    for group in groups:
         con.begin()
         try:
             con.execute("""
                 CREATE TABLE IF NOT EXISTS _migrations (
                     name TEXT PRIMARY KEY, applied_order INTEGER NOT NULL, applied_at TIMESTAMPTZ NOT NULL
                 )""")
-            fn(con)
-            con.execute("INSERT INTO _migrations VALUES (?, ?, now())", [fn.__name__, i])
+            for i, fn in group:
+                fn(con)
+                con.execute("INSERT INTO _migrations VALUES (?, ?, now())", [fn.__name__, i])
             con.commit()
         except BaseException:
             rollback_if_active(con)
             raise
-        now_applied.append(fn.__name__)
+        now_applied += [fn.__name__ for _, fn in group]
     return now_applied

@@ -10,15 +10,21 @@ Layout of a dataset directory (DuckDB, pandas/pyarrow, Dask and Spark read it as
 Every file holds exactly the store's columns (the partition columns come from the directory names), written by
 one file group: re-importing a group replaces its files and nothing else. Content-addressed tables (``blocks``,
 ``prefix_nodes``, ``projects``) may hold the same row in several groups' files; their views keep one.
+
+``OUT`` may be an fsspec URL (``s3://bucket/fleet``, ``memory://fleet``) where fsspec and that protocol's package
+are installed: files are written locally, then put there, and DuckDB reads them through the fsspec filesystem.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
 
@@ -36,6 +42,39 @@ DATASET_TABLES = ("calibrations",)
 _SKIP = {"_migrations", *DATASET_TABLES}
 
 
+def dataset_fs(out: str) -> tuple[Any, str]:
+    """``(fsspec filesystem, path in it)`` for a URL ``out`` (``s3://...``), or ``(None, out)`` for a local folder."""
+    if "://" not in out or out.startswith("file://"):
+        return None, out.removeprefix("file://")
+    try:
+        import fsspec  # type: ignore[import-untyped]  # fsspec ships no type information
+    except ImportError:
+        raise StoreError(f"{out!r}: a URL needs fsspec (pip install fsspec and the protocol's package)") from None
+    try:
+        fs, path = fsspec.core.url_to_fs(out)
+    except (ImportError, ValueError) as exc:
+        raise StoreError(f"{out!r}: {exc}") from None
+    return fs, path
+
+
+@contextmanager
+def _local(out: str) -> Iterator[str]:
+    """A local folder to write ``out``'s files in: ``out`` itself, or a temporary one put to the URL at the end."""
+    fs, root = dataset_fs(out)
+    if fs is None:
+        yield out
+        return
+    tmp = tempfile.mkdtemp(prefix="pcnb-parquet-")
+    try:
+        yield tmp
+        for dirpath, _, names in os.walk(tmp):
+            for name in names:
+                local = os.path.join(dirpath, name)
+                fs.put(local, root + "/" + os.path.relpath(local, tmp).replace(os.sep, "/"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     rows = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
                        "AND NOT temporary ORDER BY table_name").fetchall()
@@ -49,10 +88,15 @@ def _quote(path: str) -> str:
 def remove_group(out: str, group: str, tables: Sequence[str] | None = None) -> int:
     """Delete the files ``group`` wrote under ``out`` (of ``tables``, default all); returns how many."""
     removed = 0
+    fs, root = dataset_fs(out)
     for pattern in ([f"{t}/**/{group}_*.parquet" for t in tables] + [f"{t}/{group}.parquet" for t in tables]
                     if tables else [f"**/{group}_*.parquet", f"**/{group}.parquet"]):
-        for f in glob.glob(os.path.join(out, pattern), recursive=True):
-            os.remove(f)
+        if fs is None:
+            found = glob.glob(os.path.join(out, pattern), recursive=True)
+        else:
+            found = fs.glob(root + "/" + pattern)
+        for f in found:
+            os.remove(f) if fs is None else fs.rm(f)
             removed += 1
     return removed
 
@@ -62,6 +106,11 @@ def export_group(store: Store, out: str, group: str) -> None:
     the files that group wrote before."""
     con = store._live()
     remove_group(out, group)
+    with _local(out) as local:
+        _export_group(con, local, group)
+
+
+def _export_group(con: duckdb.DuckDBPyConnection, out: str, group: str) -> None:
     for table in _tables(con):
         target = os.path.join(out, table)
         os.makedirs(target, exist_ok=True)
@@ -87,24 +136,28 @@ def export_group(store: Store, out: str, group: str) -> None:
 def export_dataset_tables(store: Store, out: str) -> None:
     """Write the tables fitted over the whole dataset (:data:`DATASET_TABLES`) as ``OUT/<table>/dataset.parquet``."""
     con = store._live()
-    for table in DATASET_TABLES:
-        target = os.path.join(out, table)
-        os.makedirs(target, exist_ok=True)
-        tmp = os.path.join(target, "dataset.parquet.tmp")
-        con.execute(f"COPY (SELECT * FROM {table}) TO {_quote(tmp)} (FORMAT parquet)")
-        os.replace(tmp, os.path.join(target, "dataset.parquet"))
+    with _local(out) as local:
+        for table in DATASET_TABLES:
+            target = os.path.join(local, table)
+            os.makedirs(target, exist_ok=True)
+            tmp = os.path.join(target, "dataset.parquet.tmp")
+            con.execute(f"COPY (SELECT * FROM {table}) TO {_quote(tmp)} (FORMAT parquet)")
+            os.replace(tmp, os.path.join(target, "dataset.parquet"))
 
 
 def attach_dataset(store: Store, out: str) -> list[str]:
     """Turn the (empty, migrated, in-memory) ``store``'s tables into views over the dataset at ``out``; the
     dataset tables (:data:`DATASET_TABLES`) are loaded as tables. Returns the tables that have files."""
     con = store._live()
-    if not Path(out).is_dir():
+    fs, root = dataset_fs(out)
+    if fs is None and not Path(out).is_dir() or fs is not None and not fs.isdir(root):
         raise StoreError(f"no fleet dataset at {out!r}: the directory does not exist")
+    if fs is not None:
+        con.register_filesystem(fs)
     found = []
     for table in _tables(con):
-        files = os.path.join(out, table, "**", "*.parquet")
-        if not glob.glob(files, recursive=True):
+        files = out.rstrip("/") + f"/{table}/**/*.parquet"
+        if not (glob.glob(files, recursive=True) if fs is None else fs.glob(f"{root}/{table}/**/*.parquet")):
             continue
         found.append(table)
         columns = con.execute(
@@ -120,8 +173,8 @@ def attach_dataset(store: Store, out: str) -> list[str]:
         con.execute(f"DROP TABLE {table}")
         con.execute(f"CREATE VIEW {table} AS SELECT {select} FROM {source}")
     for table in DATASET_TABLES:
-        path = os.path.join(out, table, "dataset.parquet")
-        if os.path.exists(path):
+        path = out.rstrip("/") + f"/{table}/dataset.parquet"
+        if os.path.exists(path) if fs is None else fs.exists(f"{root}/{table}/dataset.parquet"):
             con.execute(f"INSERT INTO {table} SELECT * FROM read_parquet({_quote(path)})")
             found.append(table)
     return found

@@ -26,6 +26,7 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -442,18 +443,18 @@ def reference_import(folder: Path, db: Path) -> Any:
 
 def _import_child(db: str, folder: str, kill: Kill, report: str, progress: Any, committed: Any) -> None:
     trigger = _Trigger(kill, progress)
-    real_record, real_store = pc.Session.record, _ingest._store_session
+    real_record, real_store = pc.Session.record, _ingest._store_batch
 
     def record(self: pc.Session, *args: Any, **kwargs: Any) -> Any:
         trigger("record")
         return real_record(self, *args, **kwargs)
 
-    def store_session(*args: Any, **kwargs: Any) -> Any:
-        s, new, dup = real_store(*args, **kwargs)
-        committed.value += new  # a session's requests commit together
-        return s, new, dup
+    def store_batch(*args: Any, **kwargs: Any) -> Any:
+        new = real_store(*args, **kwargs)
+        committed.value += new  # a batch of sessions commits its requests together, on return
+        return new
 
-    pc.Session.record, _ingest._store_session = record, store_session  # type: ignore[method-assign]
+    pc.Session.record, _ingest._store_batch = record, store_batch  # type: ignore[method-assign]
     try:
         with pc.Lab(db, progress=False) as lab:
             lab.store.con = _CommitHook(lab.store.con, trigger)
@@ -465,7 +466,7 @@ def _import_child(db: str, folder: str, kill: Kill, report: str, progress: Any, 
             except KeyboardInterrupt:
                 out: dict[str, Any] = {"interrupted": True, "out_of_step": _stored_in_sync(lab),
                                        "stored": lab.store.one("SELECT count(*) FROM turns")[0]}
-                pc.Session.record, _ingest._store_session = real_record, real_store  # type: ignore[method-assign]
+                pc.Session.record, _ingest._store_batch = real_record, real_store  # type: ignore[method-assign]
                 lab.store.con = lab.store.con._con
                 res = lab.import_log(folder)  # the user runs the cell again in the same kernel
                 out.update(again=res.requests, already=res.already_stored)
@@ -707,3 +708,114 @@ def held(db: Path, *, read_only: bool) -> Any:
         if proc.is_alive():
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(10)
+
+
+# -- Ctrl-C at the command line ----------------------------------------------------------------------------
+@dataclass
+class CliRun:
+    """One ``promptcache-nb`` run in its own process, Ctrl-C'd (SIGINT) ``delay`` seconds after its store's WAL
+    appeared (the store open, its first transaction committed), unless it finished first."""
+
+    args: list[str]
+    delay: float
+    exitcode: int | None = None
+    stderr: str = ""
+    to_exit: float | None = None  # seconds from SIGINT to the process gone; None when it ended before the signal
+    seconds: float = 0.0  # start to exit
+
+    @property
+    def interrupted(self) -> bool:
+        return self.to_exit is not None
+
+
+def cli(args: list[str], *, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``promptcache-nb ARGS`` as a user runs it (``python -m promptcache_nb.cli``: ``main()`` reads the command
+    line), to the end."""
+    return subprocess.run([sys.executable, "-W", "ignore", "-m", "promptcache_nb.cli", *args], capture_output=True,
+                          text=True, cwd=REPO, env=_cli_env(), timeout=timeout)
+
+
+def _cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def cli_ctrl_c(args: list[str], store: Path, *, delay: float, timeout: float = 300) -> CliRun:
+    """Run ``promptcache-nb ARGS`` and press Ctrl-C ``delay`` seconds after ``store``'s WAL appears."""
+    run = CliRun(args, delay)
+    wal = Path(str(store) + ".wal")
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-m", "promptcache_nb.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_cli_env())
+    try:
+        while proc.poll() is None and not wal.exists() and time.perf_counter() - t0 < timeout:
+            time.sleep(0.002)
+        time.sleep(delay)
+        if proc.poll() is None:
+            sent = time.perf_counter()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout)
+            run.to_exit = time.perf_counter() - sent
+        _, run.stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    run.exitcode = proc.returncode
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+def interrupted_run_problems(run: CliRun) -> list[str]:
+    """What is wrong with how a Ctrl-C'd run ended: it must exit 130 with one line saying what was kept (a run
+    that finished before the signal must have succeeded, silently on stderr)."""
+    if not run.interrupted:
+        return [] if run.exitcode == 0 else [f"finished before the signal with exit {run.exitcode}: {run.stderr}"]
+    problems = []
+    if run.exitcode != 130:
+        problems.append(f"exit {run.exitcode}, not 130")
+    lines = run.stderr.strip().splitlines()
+    if len(lines) != 1 or not lines[0].startswith("promptcache-nb: interrupted"):
+        problems.append(f"stderr is not one 'interrupted' line: {run.stderr.strip()[-400:]!r}")
+    return problems
+
+
+def doctor_problems(store: Path) -> list[str]:
+    """``promptcache-nb doctor STORE`` must find the store sound."""
+    res = cli(["doctor", str(store)])
+    return [] if res.returncode == 0 else [f"doctor: exit {res.returncode}: {(res.stdout + res.stderr).strip()}"]
+
+
+def table_digests(store: Path, root: Path) -> dict[str, str]:
+    """The golden-table digest of every table of ``store`` (``tests/test_golden_tables.py``: one sha256 per table,
+    wall-clock columns left out, ``root`` normalised)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from test_golden_tables import table_digests as digests
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    with pc.Lab(store, progress=False, read_only=True) as lab:
+        return digests(lab, root)
+
+
+def stored_turns(store: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every stored request row by session, in order."""
+    with pc.Lab(store, progress=False, read_only=True) as lab:
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        for row in lab.store.rows("SELECT * FROM turns ORDER BY session_id, idx"):
+            out.setdefault(row[0], []).append(row)
+        return out
+
+
+def partial_problems(store: Path, reference: dict[str, list[tuple[Any, ...]]], *, whole: bool) -> list[str]:
+    """Each session ``store`` holds must be the reference run's session of the same id cut at a commit: every
+    request row equal, and (``whole``) all of them (an imported session commits whole)."""
+    problems = []
+    for sid, rows in stored_turns(store).items():
+        want = reference.get(sid)
+        if want is None:
+            problems.append(f"session {sid} is not in the uninterrupted run")
+        elif rows != want[:len(rows)]:
+            problems.append(f"session {sid}: its {len(rows)} stored requests differ from the uninterrupted run's")
+        elif whole and len(rows) != len(want):
+            problems.append(f"session {sid} half-written: {len(rows)} of {len(want)} requests")
+    return problems

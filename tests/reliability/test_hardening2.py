@@ -139,6 +139,7 @@ def _migrations_of(path: Path) -> tuple[list[str], list[str]]:
 
 def test_ctrl_c_during_a_migration_exits_130_and_rolls_it_back(tmp_path):
     db = tmp_path / "runs.duckdb"
+    pc.Lab(db, progress=False).close()  # a store of the version before: the slow migration is the one pending
     code = SLOW_MIGRATION + textwrap.dedent(f"""
         from promptcache_nb.cli import main
         sys.exit(main(["replay", "tiny", "--db", {str(db)!r}, "--quiet"]))

@@ -198,11 +198,12 @@ PURE = {
                                              cost_usd=0.1, cost_no_cache_usd=0.2, cache_reason=x),
     "side_by_side_html": lambda x: _side_by_side(x, x + "!"),
     "segment_map_html": lambda x: _side_by_side(x, "?" + x),
+    # object columns: with pyarrow installed, pandas' default string dtype cannot hold a lone surrogate at all
     "import_result": lambda x: ImportResult(
-        skipped=pd.DataFrame([{"file": x, "line": 3, "reason": f"malformed JSON line: {x}"}]),
+        skipped=pd.DataFrame([{"file": x, "line": 3, "reason": f"malformed JSON line: {x}"}], dtype=object),
         # a body problem names a field of the logged body and quotes its value: both are data
         flagged=pd.DataFrame([{"file": x, "line": 4, "path": f"messages[0].content[{x}]",
-                               "problem": f"unknown content block type '{x}'"}]),
+                               "problem": f"unknown content block type '{x}'"}], dtype=object),
         unknown_models=[x], files=[(x, "exchanges")])._repr_html_(),
 }
 
@@ -249,7 +250,7 @@ def _report(tmp_path, x: str, y: str) -> str:
     summary = pd.DataFrame([{"strategy": name, "cache": "anthropic", "requests": 4, "cache_read_pct": 40.0,
                              "efficiency": 0.5, "cache_read": 400, "cache_write": 300, "uncached": 300,
                              "breaks": 1, "cost_usd": 0.01, "cost_no_cache_usd": 0.02, "saved_usd": 0.01}
-                            for name in (x, y + " ")])
+                            for name in (x, y + " ")], dtype=object)  # (pyarrow strings hold no lone surrogate)
     frames = {name: pd.DataFrame({"idx": [0, 1], "cost_usd": [0.004, 0.006]}) for name in summary.strategy}
     path = write_report(tmp_path / "report.html", summary, frames, title=x, notes=[x, f"scenario: {y}"])
     return path.read_text(encoding="utf-8")

@@ -1,0 +1,119 @@
+"""Analyses over many sessions at once vs one session at a time (issue #23 item 2).
+
+Before: a loop over the sessions, calling ``pc.rebuilds(lab, session_id=...)`` and summarising each session's
+``turns()`` frame (``pc.analysis.summarize``: what ``ImportResult.summary`` and the CLI did). After: one call for
+the whole Lab — ``pc.rebuilds(lab)``, ``lab.summary()`` and ``lab.summary(by="project" | "model" | "day")`` —
+computed in SQL over the stored ``turns`` table (``store/_rollups.py``). Both sides must give the same rebuilds
+(checked). Each figure is the best of ``--runs`` runs (wall seconds; a shared machine's load only adds time);
+the load average is printed beside them.
+
+Targets: <= 3 s for the whole Lab at 29,100 requests; one session <= 20 ms per 1,000 requests.
+
+Input: a store already holding the imported history (``--db``), or a folder of Claude Code logs to import
+first (``--logs``); by default a small history is generated with ``_claude_code_history.py`` (``--projects 4
+--sessions 5``: 20 sessions, ~2,900 requests) and imported. The issue's heavy user is ``--projects 20
+--sessions 10`` (~29,000 requests, ~560 MB; the import takes minutes).
+
+    .venv/bin/python benchmarks/bench_analysis.py [--db FILE.duckdb | --logs DIR] [--projects 4 --sessions 5]
+        [--requests 145]   # --projects 1 --sessions 1 --requests 1000: one session of ~1,000 requests
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import promptcache_nb as pc
+from promptcache_nb.analysis import summarize
+from promptcache_nb.session import TURN_COLUMNS
+
+HERE = Path(__file__).resolve().parent
+TARGET_LAB_S = 3.0
+TARGET_MS_PER_1000 = 20.0
+
+
+def best(fn: Callable[[], Any], runs: int) -> tuple[float, Any]:
+    """(best wall seconds, last result) of ``runs`` calls."""
+    times, out = [], None
+    for _ in range(runs):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", type=Path, help="a store holding imported sessions (opened read-only)")
+    ap.add_argument("--logs", type=Path, help="a folder of Claude Code logs to import first")
+    ap.add_argument("--projects", type=int, default=4)
+    ap.add_argument("--sessions", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=145, help="requests per generated session (about)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--before-runs", type=int, default=1, help="runs of the (slow) per-session loops")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-analysis-"))
+    db = args.db
+    if db is None:
+        logs = args.logs
+        if logs is None:
+            logs = tmp / "history"
+            sys.path.insert(0, str(HERE))
+            from _claude_code_history import write_history  # type: ignore[import-not-found]
+
+            write_history(logs, projects=args.projects, sessions=args.sessions, requests=args.requests)
+        db = tmp / "lab.duckdb"
+        t = time.perf_counter()
+        with pc.Lab(db, progress=False) as lab:
+            res = lab.import_log(logs)
+        print(f"imported {logs}: {res!r} in {time.perf_counter() - t:.1f} s")
+    with pc.Lab(db, progress=False, read_only=True) as lab:
+        ids = lab.store.session_ids()
+        n_requests = int(lab.sql("SELECT count(*) AS n FROM turns").n[0])
+        pc.rebuilds(lab, session_id=ids[0])  # pandas and the price tables load once, outside every figure
+        print(f"{len(ids)} sessions, {n_requests:,} requests in {db}; load average "
+              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; best of {args.runs} runs "
+              f"({args.before_runs} of the per-session loops)", flush=True)
+
+        def per_session_rebuilds() -> int:
+            return sum(len(pc.rebuilds(lab, session_id=sid)) for sid in ids)
+
+        def per_session_summaries() -> int:
+            # Session.turns()'s query, without opening each session (which rebuilds its simulated caches)
+            return sum(summarize(lab.store.turns_frame(sid, TURN_COLUMNS))["rebuilds"] for sid in ids)
+
+        before_rb, n_before = best(per_session_rebuilds, args.before_runs)
+        before_sum, _ = best(per_session_summaries, args.before_runs)
+        after_rb, frame = best(lambda: pc.rebuilds(lab), args.runs)
+        after_sum, summary = best(lab.summary, args.runs)
+        if len(frame) != n_before or int(summary.rebuilds.sum()) != n_before:
+            raise SystemExit(f"rebuilds differ: {n_before} one session at a time, {len(frame)} lab-wide, "
+                             f"{int(summary.rebuilds.sum())} in lab.summary()")
+        groups = {by: best(lambda by=by: lab.summary(by=by), args.runs)[0] for by in ("project", "model", "day")}
+        # one session: the largest, called alone (what a notebook cell does)
+        sizes = lab.sql("SELECT session_id, count(*) AS n FROM turns GROUP BY ALL ORDER BY n DESC, session_id")
+        big, big_n = str(sizes.session_id[0]), int(sizes.n[0])
+        one_rb, _ = best(lambda: pc.rebuilds(lab, session_id=big), max(args.runs, 5))
+        one_sum, _ = best(lambda: pc.analysis.session_summary(lab, [big]), max(args.runs, 5))
+
+    print(f"\n{'':44}{'before (per session)':>22}{'after (whole Lab)':>20}")
+    print(f"{'rebuilds of every session':44}{before_rb:>20.2f} s{after_rb:>18.2f} s   ({len(frame):,} rows)")
+    print(f"{'summary of every session':44}{before_sum:>20.2f} s{after_sum:>18.2f} s")
+    for by, s in groups.items():
+        print(f"{'lab.summary(by=' + repr(by) + ')':44}{'-':>22}{s:>18.2f} s")
+    total = after_rb + after_sum + sum(groups.values())
+    print(f"\nall of the above, whole Lab: {total:.2f} s for {n_requests:,} requests "
+          f"(target <= {TARGET_LAB_S:.0f} s each at 29,100 requests)")
+    print(f"one session ({big}, {big_n} requests): rebuilds {one_rb * 1000:.1f} ms, summary {one_sum * 1000:.1f} ms "
+          f"= {(one_rb + one_sum) * 1000 / big_n * 1000:.1f} ms per 1,000 requests "
+          f"(target <= {TARGET_MS_PER_1000:.0f})")
+
+
+if __name__ == "__main__":
+    main()

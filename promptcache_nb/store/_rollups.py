@@ -1,0 +1,135 @@
+"""SQL over every stored request at once: the rebuild rule and the per-session and per-group totals.
+
+One query answers for a whole Lab (or a list of sessions) what a per-session Python loop answered one session at
+a time (issue #23: 0.5 s per session before). The rule is the one :func:`~promptcache_nb.rebuilds` documents; the
+analysis binds its parameters (the noise floor, the reason codes that are no rebuild), so the codes stay in
+``cache/_reasons.py``:
+
+* a **measured** request (live or imported usage), not a session's first, is a rebuild when its stored cause
+  (``cache_detail.lost_tokens``, written by ``analysis.cause.measured_cause``) lost more than the noise floor and
+  it names a cause: its ``cache_reason``, or the ``rebuild_reason`` found for a loss under the stored floor;
+* a **simulated** request (idx > 0) is a rebuild when it read less than the previous request carried over
+  (``min(previous total, total)``) and its cache model did not call it a hit.
+
+A session is **legacy** when a cause it needs was never stored — a simulated request without ``cache_reason``, or a
+measured one without ``lost_tokens`` whose previous sent request was measured (a store written before causes
+were stored): the analysis recomputes those sessions from their bodies.
+"""
+
+from __future__ import annotations
+
+#: ``f``: the requests of the sessions matched (``{where}``: :func:`where_sessions`), their figures only.
+_TURNS = """
+WITH f AS (
+    SELECT session_id, idx, "at", model, total_tokens, input_tokens, cache_read_input_tokens,
+           cache_creation_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source, cache_reason,
+           cost_usd, cost_no_cache_usd, ideal_cache_read, broke,
+           usage_source IN ('live', 'imported') AS measured,
+           input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS known_total
+    FROM turns WHERE {where})
+"""
+# The stored cause's figures are read from ``cache_detail`` here, once; the JSON text itself stays out of the
+# windows (sorting it with every row cost 5x the query) and is joined back for the rows selected.
+_FLAGGED = """
+WITH f AS (
+    SELECT session_id, idx, "at", model, total_tokens, input_tokens, cache_read_input_tokens,
+           cache_creation_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source, cache_reason,
+           usage_source IN ('live', 'imported') AS measured,
+           input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS known_total,
+           coalesce(TRY_CAST(j[1] AS BIGINT), 0) AS lost, j[1] IS NOT NULL AS has_lost, j[2] AS found_reason
+    FROM (SELECT *, json_extract_string(cache_detail, ['$.lost_tokens', '$.rebuild_reason']) AS j  -- one parse
+          FROM turns WHERE {where})),
+w AS (
+    SELECT *, coalesce(known_total, total_tokens) AS total,
+           row_number() OVER s AS pos,
+           lag(coalesce(known_total, total_tokens)) OVER s AS prev_total,
+           lag("at") OVER s AS prev_at,
+           -- the previous request that reached the API (a prompt total above 0): was it measured?
+           last_value(CASE WHEN known_total > 0 THEN measured END IGNORE NULLS)
+               OVER (s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_sent_measured
+    FROM f WINDOW s AS (PARTITION BY session_id ORDER BY idx)),
+x AS (
+    SELECT *,
+           CASE WHEN pos = 1 THEN false
+                WHEN measured THEN lost > $2 AND coalesce(cache_reason, '') NOT IN ('cold', 'below_minimum')
+                     AND (CASE WHEN cache_reason IS NULL OR list_contains($1, cache_reason) THEN found_reason
+                               ELSE cache_reason END) IS NOT NULL
+                ELSE idx > 0 AND cache_read_input_tokens IS NOT NULL
+                     AND cache_read_input_tokens < greatest(0, least(prev_total, total))
+                     AND coalesce(cache_reason, '') <> 'hit'
+           END AS rebuild,
+           bool_or(CASE WHEN measured THEN pos > 1 AND NOT has_lost AND known_total > 0
+                                           AND coalesce(prev_sent_measured, false)
+                        ELSE cache_reason IS NULL END) OVER (PARTITION BY session_id) AS legacy
+    FROM w)
+"""
+
+#: Parameters: ``$1`` the reason codes that are no rebuild, ``$2`` the noise floor, ``$3`` the sessions
+#: (:func:`where_sessions`).
+#: Every rebuild of the sessions matched (and the first row of each legacy session, ``legacy`` true), in order.
+REBUILD_ROWS = _FLAGGED + """
+SELECT x.session_id, x.idx, x."at", x.model, x.measured, x.usage_source, x.input_tokens, x.cache_read_input_tokens,
+       x.cache_creation_input_tokens, x.cache_creation_1h_input_tokens, x.output_tokens, x.total, x.prev_total,
+       x.lost, epoch(x."at" - x.prev_at) AS gap_seconds, x.cache_reason, t.cache_detail, t.events, x.legacy,
+       s.cache_model, json_extract(s.config, '$.prices')::VARCHAR AS session_prices
+FROM x JOIN sessions s ON s.id = x.session_id
+     JOIN (SELECT session_id, idx, cache_detail, events FROM turns WHERE {where}) t
+       ON t.session_id = x.session_id AND t.idx = x.idx
+WHERE (x.rebuild AND NOT x.legacy) OR (x.legacy AND x.pos = 1)
+ORDER BY x.session_id, x.idx
+"""
+
+#: The sum columns every roll-up carries (a request's figures; NULLs are unknown, summed as nothing).
+_SUMS = """
+    count(*) AS requests,
+    count(*) FILTER (WHERE measured) AS measured_requests,
+    coalesce(sum(cache_read_input_tokens), 0) AS cache_read,
+    coalesce(sum(cache_creation_input_tokens), 0) AS cache_write,
+    coalesce(sum(input_tokens), 0) AS uncached,
+    coalesce(sum(ideal_cache_read), 0) AS ideal_cache_read,
+    count(*) FILTER (WHERE broke) AS breaks,
+    sum(cost_usd) AS cost_usd,
+    sum(cost_no_cache_usd) AS cost_no_cache_usd,
+    count(cost_usd) AS priced_requests
+"""
+
+#: One row per session (every session of the store, or those matched), in creation order (rebuilds are counted
+#: from :data:`REBUILD_ROWS` by the analysis, which also prices them).
+SESSION_TOTALS = _TURNS + """
+, per AS (SELECT session_id, """ + _SUMS + """ FROM f GROUP BY session_id)
+SELECT s.id AS session, s.project_id AS project, s.strategy, s.cache_model AS cache, s.model,
+       coalesce(s.parent_id, '') AS parent, coalesce(s.source, '') AS source, s.created_at,
+       coalesce(per.requests, 0) AS requests, coalesce(per.measured_requests, 0) AS measured_requests,
+       coalesce(per.cache_read, 0) AS cache_read, coalesce(per.cache_write, 0) AS cache_write,
+       coalesce(per.uncached, 0) AS uncached, coalesce(per.ideal_cache_read, 0) AS ideal_cache_read,
+       coalesce(per.breaks, 0) AS breaks, per.cost_usd,
+       per.cost_no_cache_usd, coalesce(per.priced_requests, 0) AS priced_requests
+FROM sessions s LEFT JOIN per ON per.session_id = s.id
+WHERE {where_s}
+ORDER BY s.created_at, s.id
+"""
+
+#: What a measured request may be grouped by: its session's project, its own model, its UTC day.
+GROUP_KEYS = {
+    "project": "s.project_id",
+    "model": "f.model",
+    "day": """CAST(timezone('UTC', f."at") AS DATE)""",
+}
+
+#: One row per group of the measured requests (``{key}``: a :data:`GROUP_KEYS` value).
+GROUP_TOTALS = _TURNS.format(where="true") + """
+SELECT {key} AS "group", count(DISTINCT f.session_id) AS sessions, """ + _SUMS + """
+FROM f JOIN sessions s ON s.id = f.session_id
+WHERE measured
+GROUP BY ALL ORDER BY 1
+"""
+
+
+def where_sessions(session_ids: list[str] | None, param: str, column: str = "session_id") -> tuple[str, object]:
+    """A filter on ``column`` to the sessions named by the parameter ``param`` (``$3``) and that parameter's value:
+    one id compares equal (DuckDB then skips the other sessions' row groups), several are a list, None is all."""
+    if session_ids is None:
+        return f"{param}::VARCHAR IS NULL", None
+    if len(session_ids) == 1:
+        return f"{column} = {param}::VARCHAR", session_ids[0]
+    return f"list_contains({param}::VARCHAR[], {column})", session_ids

@@ -1,0 +1,152 @@
+"""An import reads and stores one file group at a time (``_ingest._import``): the stored result is the one reading
+every file first gives, table by table, also when a session was resumed in another project folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import shutil
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from test_golden_tables import table_digests
+
+import promptcache_nb as pc
+from promptcache_nb.errors import SessionError
+from promptcache_nb.importers import _ingest
+from promptcache_nb.importers._groups import plan_groups
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _history_module():
+    spec = importlib.util.spec_from_file_location("_claude_code_history", ROOT / "benchmarks" / "_claude_code_history.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _resumed(src: Path, dst: Path, session_id: str, shift: timedelta) -> None:
+    """``src``'s lines as the session ``session_id`` continued in another folder, ``shift`` later."""
+    out = []
+    for line in src.read_text(encoding="utf-8").splitlines():
+        obj = json.loads(line)
+        if "sessionId" in obj:
+            obj["sessionId"] = session_id
+        if "timestamp" in obj:
+            at = datetime.fromisoformat(obj["timestamp"].replace("Z", "+00:00")) + shift
+            obj["timestamp"] = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        out.append(json.dumps(obj))
+    dst.write_text("\n".join(out) + "\n", encoding="utf-8")
+
+
+def _history(root: Path) -> Path:
+    """Three project folders of Claude Code transcripts; two sessions of the first are resumed in the others, one
+    after its last request, one with requests before it (the session is stored again in time order)."""
+    hist = _history_module()
+    rng = random.Random(5)
+    start = datetime(2026, 9, 1, 9, 0, tzinfo=UTC)
+    folders = [root / f"-home-dev-p{i}" for i in range(3)]
+    files: list[Path] = []
+    for i, folder in enumerate(folders):
+        folder.mkdir(parents=True)
+        for k in range(3):
+            path = folder / f"{i}{k}-{rng.randrange(10**6):06d}.jsonl"
+            hist.write_session(path, project_dir=folder.name, rng=rng, requests=3 + k, tool_result_lines=8,
+                               start=start + timedelta(hours=i * 3 + k))
+            files.append(path)
+    first = json.loads(files[0].read_text(encoding="utf-8").splitlines()[1])["sessionId"]
+    second = json.loads(files[1].read_text(encoding="utf-8").splitlines()[1])["sessionId"]
+    _resumed(files[4], folders[1] / "resumed-later.jsonl", first, timedelta(days=2))
+    _resumed(files[7], folders[2] / "resumed-between.jsonl", second, timedelta(hours=-5, minutes=-40))
+    return root
+
+
+def _all_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file in one group: what the import did before it streamed groups (read all, then store)."""
+    monkeypatch.setattr(_ingest, "_file_groups", lambda paths, files: [list(range(len(files)))])
+
+
+def _digests(db: Path, root: Path, paths: list[Path] | Path) -> dict[str, str]:
+    with pc.Lab(db, progress=False) as lab:
+        lab.import_log(paths)
+        return table_digests(lab, root)
+
+
+def test_a_history_with_resumed_sessions_stores_as_one_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = _history(tmp_path / "projects")
+    assert len(plan_groups(logs)[0]) == 3
+    with pc.Lab(tmp_path / "streamed.duckdb", progress=False) as lab:
+        res = lab.import_log(logs)
+        streamed = table_digests(lab, tmp_path)
+        sessions = res.summary()
+    with monkeypatch.context() as m:
+        _all_at_once(m)
+        with pc.Lab(tmp_path / "whole.duckdb", progress=False) as lab:
+            whole_res = lab.import_log(logs)
+            whole = table_digests(lab, tmp_path)
+            assert res.requests == whole_res.requests == lab.store.scalar("SELECT count(*) FROM turns")
+            assert whole_res.already_stored == res.already_stored == 0
+            assert whole_res.summary().equals(sessions)
+    assert len(sessions) == 9  # 11 files, two of them resumed sessions
+    differ = sorted(t for t in whole if whole[t] != streamed[t])
+    assert not differ, f"tables that differ from reading every file first: {differ}"
+
+
+def test_shipped_logs_streamed_grouped_and_whole_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = tmp_path / "logs"
+    shutil.copytree(pc.data_path("logs"), logs)
+    groups = plan_groups(logs)[0]
+    assert len(groups) > 5
+    streamed = _digests(tmp_path / "streamed.duckdb", tmp_path, logs)
+    with pc.Lab(tmp_path / "grouped.duckdb", progress=False) as lab:
+        for g in groups:  # one import per group, as pc.fleet imports them
+            lab.import_log([Path(f) for f in g.files])
+        grouped = table_digests(lab, tmp_path)
+    with monkeypatch.context() as m:
+        _all_at_once(m)
+        whole = _digests(tmp_path / "whole.duckdb", tmp_path, logs)
+    assert sorted(t for t in whole if whole[t] != streamed[t]) == []
+    # calibrations are fitted at the end of each import: once per group there
+    assert sorted(t for t in whole if whole[t] != grouped[t]) == ["calibrations"]
+
+
+def test_many_small_sessions_share_a_transaction_and_a_failure_keeps_the_ones_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "calls.jsonl"
+    t0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+    lines = []
+    for i in range(6):
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 64, "metadata": {"user_id": f"u{i}"},
+                "messages": [{"role": "user", "content": [{"type": "text", "text": f"question {i}"}]}]}
+        lines.append(json.dumps({"v": 1, "at": (t0 + timedelta(seconds=i)).isoformat(), "method": "POST",
+                                 "url": "https://api.anthropic.com/v1/messages", "path": "/v1/messages",
+                                 "status": 200, "request": body, "response": None, "request_id": f"req_{i}",
+                                 "usage": {"input_tokens": 20, "cache_read_input_tokens": 0,
+                                           "cache_creation_input_tokens": 0, "output_tokens": 5},
+                                 "provider": "anthropic"}))
+    log.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pc.Lab(tmp_path / "a.duckdb", progress=False) as lab:
+        commits = lab.store.commit_count
+        res = lab.import_log(log)
+        assert len(res.sessions) == 6
+        assert lab.store.commit_count - commits <= 2  # one for the six sessions (and the calibration)
+    # the fourth session (in key order) fails: the three before it are stored whole, nothing of the rest
+    real = _ingest._store_session
+
+    def failing(lab, key, *args, **kwargs):  # noqa: ANN001, ANN202
+        if key.endswith("|u3"):
+            raise SessionError("boom")
+        return real(lab, key, *args, **kwargs)
+
+    monkeypatch.setattr(_ingest, "_store_session", failing)
+    with pc.Lab(tmp_path / "b.duckdb", progress=False) as lab:
+        with pytest.raises(SessionError, match="boom"):
+            lab.import_log(log)
+        assert lab.sql("SELECT count(*) AS n FROM turns").n[0] == 3
+        assert lab.sql("SELECT count(*) AS n FROM sessions").n[0] == 3
