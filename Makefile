@@ -13,15 +13,21 @@ OUT ?= build
 install: $(BASE_STAMP)
 dev: $(DEV_STAMP)
 
+# Quiet installs: one line says what happens. pip -qq drops warnings (setuptools' "Editable installation" banner is
+# one, forwarded from the build backend under a single -q) and keeps errors, which still stop make.
+PIP_QUIET := -qq --disable-pip-version-check
+
 $(BASE_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e .
-	touch $@
+	@echo "installing promptcache_nb and its dependencies into $(VENV) (once)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(PIP) install $(PIP_QUIET) --upgrade pip
+	@$(PIP) install $(PIP_QUIET) -e .
+	@touch $@
 
 $(DEV_STAMP): $(BASE_STAMP) pyproject.toml
-	$(PIP) install -q -e '.[dev]'
-	touch $@
+	@echo "installing the test and notebook tools into $(VENV) (once)"
+	@$(PIP) install $(PIP_QUIET) -e '.[dev]'
+	@touch $@
 
 ## make demo: replay the embedded reference scenario under every strategy (offline, no API key)
 demo: $(BASE_STAMP)

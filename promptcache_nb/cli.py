@@ -8,6 +8,8 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -31,6 +33,23 @@ def _fresh_db(path: Path) -> Path:
         if p.exists():
             p.unlink()
     return path
+
+
+@contextmanager
+def _new_store_or_none(db: str | Path) -> Iterator[None]:
+    """A store this command creates is removed again when the command fails with an error (an unknown log
+    format, a failed replay): a failed command never leaves a new, empty or half-written ``.duckdb`` behind. An
+    existing store is left as the failure left it (each change is its own transaction), and so is one a Ctrl-C
+    stopped (it holds what committed before the interrupt, as the user asked)."""
+    path = Path(db).expanduser()
+    created = [p for p in (path, Path(str(path) + ".wal")) if not p.exists()]
+    try:
+        yield
+    except Exception:
+        if path in created:
+            for p in created:
+                p.unlink(missing_ok=True)
+        raise
 
 
 def _scenario_path(name: str) -> Path:
@@ -94,7 +113,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     scenario = pc.load_scenario(_scenario_path(args.scenario))
     pc.strategies.get_strategy(args.strategy)
     pc.cache.get_cache_model(args.cache)
-    with pc.Lab(args.db, progress=not args.quiet) as lab:
+    with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
         s = lab.replay(scenario, strategy=args.strategy, cache=args.cache)
         summary = pc.compare_df([s])
     print(f"session {s.id} in {args.db}")
@@ -146,7 +165,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise PromptCacheError("import: --scheduler needs --out DIR (the workers write the Parquet files there)")
     if args.out is not None:
         return _import_fleet(args, paths)
-    with pc.Lab(args.db, progress=not args.quiet) as lab:
+    with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
         res = lab.import_log(paths, format=args.format, project=args.project, workers=args.workers)
         ids = [s.id for s in res.sessions]
         # every figure below from two queries over the imported sessions (analysis.rollups), never a loop

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from . import analysis as _analysis
 from . import pipeline
 from ._config import SessionConfig
+from ._protocols import has_record_listeners, notify_recorded
 from ._shared import (  # noqa: F401 - CACHE_SCOPES, cache_scope_of: re-exported from their old home
     CACHE_SCOPES,
     CacheWindow,
@@ -805,11 +806,20 @@ class Session:
                 user_text = None
                 when = when + call.after
             final = None if reply is None else {"role": "assistant", "content": [{"type": "text", "text": reply}]}
-            return self._built_request(state, store, new_msgs, final, at=when, user_text=user_text, turns=turns)
+            stored = self._built_request(state, store, new_msgs, final, at=when, user_text=user_text, turns=turns)
+            self._announce(store, turns)
+            return stored
 
         self._commit(run, requests=True)
         self._check_context_window(turns)
         return turns[-1]
+
+    def _announce(self, store: Store, turns: list[Turn]) -> None:
+        """Tell :func:`~promptcache_nb._protocols.on_record` listeners of ``turns`` once they are committed
+        (inside ``Lab.atomic``: when the block commits; never when it rolls back)."""
+        if has_record_listeners(self.id):
+            sid = self.id
+            store.on_commit(lambda: notify_recorded(sid, list(turns)))
 
     def _check_context_window(self, turns: list[Turn]) -> None:
         """One :class:`~promptcache_nb.errors.ContextWindowWarning` for the first stored request of this session
@@ -960,11 +970,16 @@ class Session:
             request_id_ = request_id if request_id is not None else request_id_
         outcome = pipeline.Outcome(self._with_output(measured, content), cache_result, request_id_, content, None)
         turns: list[Turn] = []
-        self._commit(lambda store: self._store_request(
-            state, store, prepared, at=at, events=[*state.pending_events, *events], outcome=outcome, built=None,
-            user_text=None, turns=turns, source_ref=source_ref, dedupe_key=dedupe_key,
-            body_problems=tuple(body_problems), agent_observation=agent_observation, latency_ms=latency_ms),
-            requests=True)
+
+        def write(store: Store) -> SessionState:
+            stored = self._store_request(
+                state, store, prepared, at=at, events=[*state.pending_events, *events], outcome=outcome, built=None,
+                user_text=None, turns=turns, source_ref=source_ref, dedupe_key=dedupe_key,
+                body_problems=tuple(body_problems), agent_observation=agent_observation, latency_ms=latency_ms)
+            self._announce(store, turns)
+            return stored
+
+        self._commit(write, requests=True)
         self._check_context_window(turns)
         return turns[-1]
 

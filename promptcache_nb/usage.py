@@ -16,12 +16,16 @@ its total; anything else is a one-line :class:`~promptcache_nb.errors.UsageError
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, overload
 
 from .errors import UsageError
 
 UsageSource = Literal["simulated", "live", "imported"]
+#: What figures are, by where they came from: the one wording every chart, table and widget shows.
+MEASURED = "measured"
+SIMULATED = "simulated (estimated tokens)"
 #: The ``api`` of :meth:`Usage.from_openai`: a dialect name (``chat`` and ``responses``: their short forms).
 OpenAIApi = Literal["openai-chat", "openai-responses", "chat", "responses"]
 _OPENAI_APIS = {"openai-chat": "openai-chat", "openai-responses": "openai-responses", "chat": "openai-chat",
@@ -129,7 +133,8 @@ class Usage:
 
     @property
     def label(self) -> str:
-        return "measured" if self.measured else "simulated (estimated tokens)"
+        """``measured`` or ``simulated (estimated tokens)``: what every figure of this usage is."""
+        return sources_label([self.source])
 
     def with_source(self, source: UsageSource) -> Usage:
         return replace(self, source=source)
@@ -270,3 +275,13 @@ def _details(raw: dict[str, Any], key: str, where: str = "usage") -> dict[str, A
     if not isinstance(value, dict):
         raise UsageError(f"{where}.{key}: must be an object, got {type(value).__name__}")
     return value
+
+
+def sources_label(sources: Iterable[str]) -> str:
+    """What figures drawn from usage of these ``usage_source`` values are: ``measured`` (live or imported),
+    ``simulated (estimated tokens)``, or ``measured and simulated`` when both are mixed (never called one
+    kind). No usage at all reads as simulated: what a replay fills in."""
+    kinds = {SIMULATED if s == "simulated" else MEASURED for s in sources if isinstance(s, str)}
+    if len(kinds) == 2:
+        return "measured and simulated"
+    return kinds.pop() if kinds else SIMULATED

@@ -433,7 +433,7 @@ def test_quickstart_widgets_in_chromium(lab_server):
             static.on("dialog", on_dialog)
             exporter = HTMLExporter()
             for name, kind, text in (("02_seven_strategies.ipynb", "Compare", "12 of 12"),
-                                     ("01_quickstart.ipynb", "Stepper", "0 of 12")):
+                                     ("01_quickstart.ipynb", "Stepper", "3 of 12")):
                 html, _ = exporter.from_notebook_node(nbformat.read(ROOT / "notebooks" / name, as_version=4))
                 static.set_content(html, wait_until="domcontentloaded")
                 snap = static.locator(f".pcnb-snapshot-{kind}").first
@@ -442,7 +442,10 @@ def test_quickstart_widgets_in_chromium(lab_server):
                 expect(static.get_by_text("Error displaying widget")).to_have_count(0)
                 if kind == "Compare":
                     assert snap.locator("img").evaluate("img => img.naturalWidth") > 0
-                else:  # left-aligned as the live widget, not right-aligned by nbconvert's table CSS
+                else:  # after a few scenario turns: a diff to look at, never an empty stepper
+                    expect(snap.locator(".pcnb-diff").first).to_be_visible()
+                    expect(snap).not_to_contain_text("no requests yet")
+                    # left-aligned as the live widget, not right-aligned by nbconvert's table CSS
                     cell = snap.locator(".pcnb-knowledge td").first
                     assert cell.evaluate("e => getComputedStyle(e).textAlign") in ("left", "start")
                 snap.scroll_into_view_if_needed()

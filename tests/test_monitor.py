@@ -9,7 +9,7 @@ import anthropic
 import pytest
 
 import promptcache_nb as pc
-from promptcache_nb.live import capture as capture_module
+from promptcache_nb._protocols import has_record_listeners
 from promptcache_nb.widgets import MonitorController
 
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
@@ -59,7 +59,7 @@ def test_the_controller_follows_the_capture_as_calls_arrive(env):
     assert late.rows == ctl.rows and late.read_pct == pytest.approx(ctl.read_pct)
     ctl.close()
     late.close()
-    assert cap.session.id not in capture_module._LISTENERS
+    assert not has_record_listeners(cap.session.id)
 
 
 def test_content_is_escaped(env):

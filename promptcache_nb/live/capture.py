@@ -27,8 +27,9 @@ What is stored, and when:
 A body the endpoint accepted but our validator would refuse is stored as sent and flagged
 (``turns.body_problems``), as an import stores it: the call happened.
 
-Listeners (:func:`on_record`) are called after each stored request with its :class:`~promptcache_nb.Turn`; the
-live monitor widget subscribes there, so it updates without polling the store.
+Listeners (:func:`on_record`, the session's own: every stored request is announced, a captured one too) are called
+after each stored request with its :class:`~promptcache_nb.Turn`; the live monitor widget subscribes there, so it
+updates without polling the store.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from .._protocols import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
 from .._util import SIMULATOR_HEADER
 from ..errors import PromptCacheError
 from ..usage import UsageSource
@@ -60,7 +62,6 @@ log = logging.getLogger(__name__)
 # One writer at a time: an SDK client used from several threads (or several captures on one Lab) finishes
 # calls concurrently, and one session's requests are stored in order.
 _RECORD_LOCK = threading.RLock()
-_LISTENERS: dict[str, list[Callable[[Turn], None]]] = {}
 # Response headers the converter reads; nothing else of a call's headers is kept anywhere.
 _KEPT_RESPONSE_HEADERS = ("content-type", "request-id", "x-request-id", "date", SIMULATOR_HEADER)
 
@@ -91,27 +92,6 @@ class CapturedCall:
     @property
     def stored(self) -> bool:
         return self.request_index is not None
-
-
-def on_record(session: Session | str, fn: Callable[[Turn], None]) -> Callable[[], None]:
-    """Call ``fn(turn)`` after each request a capture stores into ``session``; returns the unsubscribe function.
-
-    ``fn`` runs in the thread that finished the call (the kernel's, or an event loop's); an exception in it is
-    logged, never raised into the SDK call.
-    """
-    sid = session if isinstance(session, str) else session.id
-    with _RECORD_LOCK:
-        _LISTENERS.setdefault(sid, []).append(fn)
-
-    def unsubscribe() -> None:
-        with _RECORD_LOCK:
-            fns = _LISTENERS.get(sid, [])
-            if fn in fns:
-                fns.remove(fn)
-            if not fns:
-                _LISTENERS.pop(sid, None)
-
-    return unsubscribe
 
 
 class Capture:
@@ -171,12 +151,6 @@ class Capture:
                             index, reason)
         with _RECORD_LOCK:
             self.calls.append(call)
-            listeners = list(_LISTENERS.get(self.session.id, ())) if turn is not None else []
-        for fn in listeners:
-            try:
-                fn(turn)  # type: ignore[arg-type]  # set whenever there are listeners
-            except Exception:
-                log.exception("capture: a listener of session %s failed", self.session.id)
 
     def _record(self, attempt: _Attempt, status: int | None, headers: dict[str, str], body: bytes | None,
                 latency_ms: float) -> Turn:

@@ -423,6 +423,7 @@ class Store:
                 _OPEN[key] = self
         self._pending_known: dict[str, tuple[Any, ...]] = {}
         self._pending_nodes: set[str] = set()
+        self._after_commit: list[Callable[[], None]] = []  # run once the outermost transaction commits
         #: projects ensured in the open transaction, with the earliest time given (an import's many sessions)
         self._tx_projects: dict[str, datetime] = {}
         self._tx_depth = 0
@@ -488,6 +489,7 @@ class Store:
         self.tx_serial += 1
         self._pending_known = {}
         self._pending_nodes = set()
+        self._after_commit = []
         self._tx_projects = {}
         committed = False
         try:
@@ -527,6 +529,19 @@ class Store:
                 self._known_nodes.update(self._pending_nodes)
             self._pending_known, self._pending_nodes = {}, set()
             self._tx_projects = {}
+            callbacks, self._after_commit = (self._after_commit if committed else []), []
+        for fn in callbacks:
+            _run_callback(fn)
+
+    def on_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once what the current transaction wrote is stored: when the outermost transaction
+        commits (never if it rolls back), or at once outside a transaction. Listeners hear of a request only
+        when it is in the file (a Stepper's turn inside ``Lab.atomic`` that fails is never announced); an
+        exception in ``fn`` is logged, never raised into the write that stored the data."""
+        if self._tx_depth:
+            self._after_commit.append(fn)
+        else:
+            _run_callback(fn)
 
     def ensure_rolled_back(self) -> None:
         """After an outermost transaction ended by an exception: roll back what DuckDB may still hold open (a
@@ -1372,3 +1387,12 @@ class StoredNode(NamedTuple):
     role: str | None
     block_hash: str
     body: str  #: the segment's canonical JSON
+
+
+def _run_callback(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # a listener's bug must not turn a stored write into a failed one
+        import logging
+
+        logging.getLogger(__name__).exception("store: an after-commit listener failed")

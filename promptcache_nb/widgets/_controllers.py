@@ -161,7 +161,7 @@ class TurnView:
     @property
     def no_states_reason(self) -> str:
         """Why this request has no per-segment states (used only when it has none)."""
-        return _html.NO_STATES_MEASURED if self.usage.measured else _html.NO_STATES_SIMULATED
+        return _html.no_states_reason(self.usage.measured)
 
     def segment_map_html(self) -> str:
         return _html.segment_map_html(self.current.segments, self.segment_states, why=self.no_states_reason)
@@ -837,7 +837,7 @@ MONITOR_ROWS = 20
 class MonitorController(_Observable):
     """The live monitor's state: one row per stored request of a session, the running totals, the latest request.
 
-    Fed by :func:`promptcache_nb.live.capture.on_record` (each call a capture stores is :meth:`add`-ed as it
+    Fed by the session's :func:`~promptcache_nb._protocols.on_record` (each request stored, a capture's call as it
     finishes), so a view over it updates without polling the store; requests stored before it was made are read
     once from the store. Works without a kernel; :meth:`html` is what the widget shows.
     """
@@ -846,7 +846,7 @@ class MonitorController(_Observable):
         super().__init__()
         import threading
 
-        from ..live.capture import on_record
+        from .._protocols import on_record
 
         self.session = session
         self._lock = threading.Lock()  # a capture adds from the thread that finished the call

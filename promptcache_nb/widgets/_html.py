@@ -284,6 +284,12 @@ NO_STATES_GIVEN = ("no segment states were passed: DiffView.for_turns(turn) or s
                    "colours them")
 
 
+def no_states_reason(measured: bool) -> str:
+    """Why a stored request has no per-segment states: its usage is measured (the API reports totals), or the
+    cache model simulating it reported none."""
+    return NO_STATES_MEASURED if measured else NO_STATES_SIMULATED
+
+
 def segment_map_html(segments: Sequence[Segment], states: Sequence[str], *, why: str | None = None) -> str:
     """A strip with one box per segment, as wide as its tokens, coloured read / write / uncached.
 

@@ -226,6 +226,7 @@ class DiffView(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type inform
             shared-prefix figures head the view when present.
         previous, current: the two :class:`~promptcache_nb.PreparedRequest` values (``turn.prepared``).
         states: ``turn.segment_states`` (read / write / uncached per segment of ``current``).
+        why: the segment map's line when ``states`` are missing (``for_turns`` picks it from the turn's usage).
 
     Example:
         >>> pc.widgets.DiffView.for_turns(s.turn(2), previous=s.turn(1))  # doctest: +SKIP
@@ -235,18 +236,21 @@ class DiffView(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type inform
                      help="where the requests first differ (None: pure append or no diff)")
 
     def __init__(self, diff: Any = None, *, previous: PreparedRequest | None = None,
-                 current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = ()) -> None:
+                 current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = (),
+                 why: str | None = None) -> None:
         self._map = W.HTML()
         self._diff = W.HTML()
         super().__init__([self._map, self._diff])
         self.add_class("pcnb-diffview")
-        self.update(diff, previous=previous, current=current, states=states)
+        self.update(diff, previous=previous, current=current, states=states, why=why)
 
     @classmethod
     def for_turns(cls, turn: Turn, *, previous: Turn | None = None) -> DiffView:
         """The view of ``turn`` against ``previous`` (both from ``session.turn(i)`` or ``step()``)."""
+        # without states the map says why: the usage is measured, or the cache model gave none
+        why = _html.no_states_reason(turn.usage.measured)
         return cls(turn.diff, previous=None if previous is None else previous.prepared, current=turn.prepared,
-                   states=turn.segment_states)
+                   states=turn.segment_states, why=why)
 
     def update(self, diff: Any = None, *, previous: PreparedRequest | None = None,
                current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = (),
@@ -297,7 +301,9 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
     """Per-request stacked bars of cache read / write / uncached, the ideal line and cumulative $ saved.
 
     Args:
-        source: a :class:`~promptcache_nb.Session` (re-read on :meth:`refresh`) or a ``turns()`` frame.
+        source: a :class:`~promptcache_nb.Session` or a ``turns()`` frame. A chart of a session subscribes to
+            it: every request stored into the session (a step, a Stepper click, a capture) redraws it, so it
+            follows a Stepper stepping that session. :meth:`close` unsubscribes.
         highlight: mark this request (the Stepper passes the one its slider shows).
 
     The chart itself is :func:`promptcache_nb.plots.plot_savings`; :meth:`figure` returns it for saving.
@@ -315,7 +321,43 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
         super().__init__([self._image, self._caption])
         self.add_class("pcnb-savings")
         self._df = pd.DataFrame()
+        self._unsubscribe: Callable[[], None] | None = None
+        self._follow(source)
         self.refresh(highlight=highlight)
+
+    def _follow(self, source: Session | pd.DataFrame) -> None:
+        """Subscribe to ``source`` when it is a session (a frame does not change)."""
+        import weakref
+
+        import pandas as pd
+
+        from .._protocols import on_record
+
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if isinstance(source, pd.DataFrame):
+            return
+        me = weakref.ref(self)  # the session's listeners never keep a chart alive
+
+        def heard(turn: Turn) -> None:
+            chart = me()
+            if chart is not None:
+                chart._heard(turn)
+
+        self._unsubscribe = on_record(source, heard)
+
+    def _heard(self, turn: Turn) -> None:
+        # a tool loop announces several requests at once: the first redraw already shows them all
+        if turn.index >= self.requests:
+            self.refresh(highlight=self.highlight)
+
+    def close(self) -> None:
+        """Stop following the session and close the widget."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        super().close()
 
     @property
     def df(self) -> pd.DataFrame:
@@ -341,6 +383,7 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
         """Redraw from ``source`` (or the session / frame given at construction), marking ``highlight``."""
         if source is not None:
             self._source = source
+            self._follow(source)
         df = self._frame()
         self._df = df
         if df.empty:
@@ -357,14 +400,22 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
             _set_image(self._image, png)
             self._caption.value = (
                 f'<div style="font-size:12px">{len(df)} requests · saved vs no caching: '
-                f'<b data-field="saved">{_html.fmt_usd(saved)}</b> · tokens '
-                f"{_html.esc(df['usage_source'].iloc[-1] if 'usage_source' in df else '')}</div>"
+                f'<b data-field="saved">{_html.fmt_usd(saved)}</b> · token figures '
+                f'<span data-field="usage-label">{_html.esc(self.label)}</span></div>'
             )
             self.requests = len(df)
 
+    @property
+    def label(self) -> str:
+        """What the chart's figures are: ``simulated (estimated tokens)``, ``measured`` (or both)."""
+        from ..usage import sources_label
+
+        df = self._df
+        return sources_label(df["usage_source"].dropna().unique() if "usage_source" in df else ())
+
     def figure(self) -> Figure:
         """The chart as a matplotlib Figure (``plot_savings(df, highlight=...)``)."""
-        return plot_savings(self._df, highlight=self.highlight)
+        return plot_savings(self._df, highlight=self.highlight, label=self.label)
 
     def snapshot_html(self) -> str:
         return _html.snapshot_html("SavingsChart", _html.png_html(self.png, alt="savings chart")
@@ -1014,7 +1065,7 @@ class Compare(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
 
     def figure(self) -> Figure:
         """The chart as a matplotlib Figure (``plot_compare(summary)``)."""
-        return plot_compare(self.summary())
+        return plot_compare(self.summary(), label=_compare_label(self.controller))
 
     def _render(self) -> None:
         c = self.controller
@@ -1028,7 +1079,7 @@ class Compare(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
                   f'(cache model <code>{_html.esc(c.cache)}</code>): <span data-field="played">{played} of '
                   f"{len(sc.turns)}</span> scenario turns played · {state} · token figures "
                   f'<span data-field="usage-label">{_html.esc(_compare_label(c))}</span></div>')
-        png = _png(plot_compare(summary)) if played else b""
+        png = _png(plot_compare(summary, label=_compare_label(c))) if played else b""
         with _batch(self, self._header, self._table, self._image):
             self._header.value = header
             self._table.value = _html.summary_table_html(summary.to_dict("records"))
