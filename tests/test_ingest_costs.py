@@ -78,15 +78,16 @@ def test_an_import_pauses_the_collector_and_restores_it_as_it_was(tmp_path: Path
     assert seen == [False, False, False]
 
 
-def test_record_marshals_a_growing_history_once_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each fresh body's messages are turned into bytes once (the check and ``prepare`` share them); the previous
-    body's bytes are handed over from its ``prepare``, not computed again from the stored copy."""
-    long_lists: list[int] = []
+def test_record_marshals_only_the_new_tail_of_a_growing_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh body's repeated history is compared with the previous body's (``==``, C speed), not marshalled: only
+    its new messages are turned into bytes, once (the check and ``prepare`` share them), and the previous body's
+    bytes are handed over from its ``prepare``. Issue 23: the per-call cost of a growing session is its tail."""
+    marshalled: list[int] = []  # message units turned into bytes, per request
     real = canonical._snapshots
 
     def counting(units):
-        if len(units) > 4:  # the message lists, not the one-block system
-            long_lists.append(len(units))
+        if units and isinstance(units[0], dict) and "role" in units[0]:  # message lists, not tools or system blocks
+            marshalled[-1] += len(units)
         return real(units)
 
     monkeypatch.setattr(canonical, "_snapshots", counting)
@@ -95,12 +96,56 @@ def test_record_marshals_a_growing_history_once_per_request(monkeypatch: pytest.
         s = lab.session()
         for i in range(12):
             fresh = json.loads(json.dumps(body(i + 1)))  # a new object each request, as a log or an SDK hands it
+            marshalled.append(0)
             s.record(fresh, at=T0 + timedelta(seconds=30 * i),
                      usage={"input_tokens": 5, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 30,
                             "output_tokens": 7})
         rows = lab.sql("SELECT count(*) AS n FROM turns").n[0]
     assert rows == 12
-    assert long_lists == [2 * i + 1 for i in range(2, 12)]  # one per request, of that request's own messages
+    # the first request has nothing to compare; the second marshals the first body's one message (not remembered:
+    # nothing was compared) for the check and for prepare, and its own two new ones; then two new messages each
+    assert marshalled == [0, 1 + 2 + 1] + [2] * 10
+
+
+def test_record_tells_a_number_from_its_equal_in_a_repeated_message() -> None:
+    """The repeated history is compared with ``==`` only where that is exact (strings, None, containers): a message
+    holding a number is compared on its bytes, so ``1`` becoming ``1.0`` or ``True`` is a new message (new bytes for
+    the cache), and a Decimal there is refused as the first time it appears."""
+    from decimal import Decimal
+
+    def tool_body(n_user: int, value: object, *, label: str = "ledger") -> dict:
+        b = body(n_user)
+        b["messages"][0]["content"].append({"type": "text", "text": label})
+        b["messages"].insert(1, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"page": value}}]})
+        b["messages"].insert(2, {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]})
+        return b
+
+    usage = {"input_tokens": 5, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 30, "output_tokens": 7}
+    with pc.Lab(None, progress=False) as lab:
+        s = lab.session()
+        for i in range(3):  # a remembered chain: the third compares against the second's remembered flags
+            s.record(json.loads(json.dumps(tool_body(i + 1, 1))), at=T0 + timedelta(seconds=30 * i), usage=usage)
+        n = 3
+        for value in (1.0, True, 2):
+            t = s.record(json.loads(json.dumps(tool_body(n + 1, value))), at=T0 + timedelta(seconds=30 * n),
+                         usage=usage)
+            n += 1
+            assert t.request["messages"][1]["content"][0]["input"]["page"] is not None
+            assert json.dumps(t.request["messages"][1]["content"][0]["input"]["page"]) == json.dumps(value)
+            assert json.dumps(s.turn(t.index).request["messages"][1]["content"][0]["input"]["page"]) == \
+                json.dumps(value)
+            assert t.diff is not None and str(t.diff.path).startswith("messages[1]")  # a new message for the cache
+        # a plain message (strings only) compared with ==: a changed string is new, an equal one repeated
+        t = s.record(json.loads(json.dumps(tool_body(n + 1, 2, label="ledger!"))), at=T0 + timedelta(seconds=30 * n),
+                     usage=usage)
+        assert t.request["messages"][0]["content"][1]["text"] == "ledger!"
+        n += 1
+        bad = tool_body(n + 1, 2, label="ledger!")
+        bad["messages"][1]["content"][0]["input"]["page"] = Decimal(2)
+        with pytest.raises(pc.errors.BodyValidationError, match=r"messages\[1\]\.content\[0\]\.input\.page"):
+            s.record(bad, at=T0 + timedelta(seconds=30 * n), usage=usage)
 
 
 def test_record_without_usage_stores_the_callers_reply_and_request_id(tmp_path: Path) -> None:

@@ -495,10 +495,11 @@ def _snapshots(units: list[Any]) -> list[Any]:
 
 
 #: The unit list whose bytes were computed last by :func:`remember_snapshots` (``validate_request``'s message or input
-#: list), and those bytes. Two more uses of that very list follow it in an import or ``Session.record``: the
-#: ``prepare`` of the same body, and the next request's check (whose ``previous`` it is); both take the bytes from
-#: here instead of marshalling the list again. One entry; like ``previous``, the list must not be changed between.
-_LAST_SNAPSHOTS: list[tuple[list[Any], list[Any]]] = []
+#: list), those bytes, and which units are *plain* (see :func:`remember_snapshots`; None: not known). Two more uses
+#: of that very list follow it in an import or ``Session.record``: the ``prepare`` of the same body, and the next
+#: request's check (whose ``previous`` it is); both take the bytes from here instead of marshalling the list again.
+#: One entry; like ``previous``, the list must not be changed between.
+_LAST_SNAPSHOTS: list[tuple[list[Any], list[Any], list[bool] | None]] = []
 
 
 def remembered_snapshots(units: list[Any]) -> list[Any] | None:
@@ -507,25 +508,39 @@ def remembered_snapshots(units: list[Any]) -> list[Any] | None:
     return last[1] if last is not None and last[0] is units and len(last[1]) == len(units) else None
 
 
-def remember_snapshots(units: list[Any], snaps: list[Any] | None = None) -> list[Any]:
-    """:func:`_snapshots` of ``units`` (or ``snaps``, the caller's), remembered for the next uses of the same list."""
+def remembered_plain(units: list[Any]) -> list[bool] | None:
+    """The plain flags remembered with ``units``' bytes (None: not remembered, or not known)."""
+    last = _LAST_SNAPSHOTS[0] if _LAST_SNAPSHOTS else None
+    return last[2] if last is not None and last[0] is units and len(last[1]) == len(units) else None
+
+
+def remember_snapshots(units: list[Any], snaps: list[Any] | None = None, plain: list[bool] | None = None
+                       ) -> list[Any]:
+    """:func:`_snapshots` of ``units`` (or ``snaps``, the caller's), remembered for the next uses of the same list.
+
+    ``plain``: per unit, whether it holds only dicts, lists, strings and None (exact types) — for such a unit
+    ``==`` is as exact as its bytes (``validate._repeated_prefix`` compares the next body's units with it so)."""
     if snaps is None:
         snaps = remembered_snapshots(units)
     if snaps is None:
         snaps = _snapshots(units)
-    _LAST_SNAPSHOTS[:] = [(units, snaps)]
+    _LAST_SNAPSHOTS[:] = [(units, snaps, plain)]
     return snaps
 
 
-def _hand_over_snapshots(logged: dict[str, Any], owned: dict[str, Any]) -> None:
+def _hand_over_snapshots(logged: dict[str, Any], owned: dict[str, Any], derived: dict[str, list[Any]]) -> None:
     """``prepare(copy=True)`` stored a copy of the unit list remembered last: the next request's check compares
-    against that copy (its ``previous``), so the remembered bytes (equal values, hence equal bytes) move to it."""
+    against that copy (its ``previous``), so the remembered bytes (equal values, hence equal bytes) move to it —
+    the prepared request's own (``derived``, when it has them), so that the next request's bytes, built on them,
+    share their objects and the next ``prepare`` compares the repeated units by identity."""
     last = _LAST_SNAPSHOTS[0] if _LAST_SNAPSHOTS else None
     if last is None:
         return
     for key, units in logged.items():
         if units is last[0] and isinstance(owned.get(key), list) and len(owned[key]) == len(units):
-            _LAST_SNAPSHOTS[:] = [(owned[key], last[1])]
+            snaps = derived.get(key)
+            _LAST_SNAPSHOTS[:] = [(owned[key], snaps if snaps is not None and len(snaps) == len(units) else last[1],
+                                   last[2])]
             return
 
 
@@ -664,7 +679,7 @@ class _Builder:
         derived.units = self.units
         derived.snaps = self.snaps
         if self.copy:
-            _hand_over_snapshots(self.body, body)
+            _hand_over_snapshots(self.body, body, self.snaps)
         if prev is not None:
             derived.prefix_of = (weakref.ref(prev), self.run_len)
         if self.fmt.fast_path:

@@ -25,9 +25,12 @@ Shapes the cache model judges (more than 4 ``cache_control`` breakpoints, TTL or
 
 from __future__ import annotations
 
+import gc
 import math
 import re
 from collections.abc import Mapping
+from itertools import compress
+from operator import not_
 from typing import Any
 
 from .._util import common_prefix_length
@@ -43,6 +46,7 @@ from ._canonical import (
     _snapshots,
     identity_prefix,
     remember_snapshots,
+    remembered_plain,
     remembered_snapshots,
 )
 
@@ -203,21 +207,79 @@ def _walk_json(body: Mapping[str, Any], out: Problems, *, skip: tuple[str, int])
 def _repeated_prefix(items: Any, previous: Mapping[str, Any] | None, key: str) -> int:
     """How many leading ``items`` are exactly the previous body's: equal ``marshal`` bytes (format 2, prepare's
     snapshots), which tell apart what ``==`` does not (``Decimal(1) == 1``, a numpy integer, ``1`` and ``True``);
-    what marshal cannot hold (a Decimal, a dict subclass) is never "the same". One marshal per item (C speed)
-    and one comparison of the two byte lists. The bytes are remembered (``remember_snapshots``): the previous
-    body's come from the call that validated it, and the ``prepare`` of this body that follows uses these."""
+    what marshal cannot hold (a Decimal, a dict subclass) is never "the same". The bytes are remembered
+    (``remember_snapshots``): the previous body's come from the call that validated it, and the ``prepare`` of this
+    body that follows uses these.
+
+    A fresh body (parsed anew, none of its objects the previous body's) is compared with ``==`` at C speed, not
+    marshalled whole: its history is read once, by the comparison. That is exact where the previous item is
+    *plain* (only dicts, lists, strings and None, exact types: an equal value can differ from it in no byte the
+    cache sees); an item holding a number or a boolean is compared on its bytes. Only the items after the
+    repeated run are marshalled, so a growing history costs its new tail plus one C-speed comparison."""
     if previous is None or not isinstance(items, list):
         return 0
     before = previous.get(key)
     if not isinstance(before, list):
         return 0
     known = remembered_snapshots(before)
+    plain = remembered_plain(before) if known is not None else None
     if known is None:
         known = _snapshots(before)
+    if plain is None:  # not remembered (the session's first check, or another session's came between)
+        plain = _plain_flags(before, walk=False)
     # items that are the previous body's very objects (an importer's HistoryDecoder hands them back) have its bytes
     same = identity_prefix(items, before)
-    snaps = remembered_snapshots(items) or remember_snapshots(items, known[:same] + _snapshots(items[same:]))
-    return common_prefix_length(snaps, known)
+    snaps = remembered_snapshots(items)
+    if snaps is not None:
+        return common_prefix_length(snaps, known)
+    k = _equal_prefix(items, before, known, plain, same)
+    fresh = items[k:]
+    snaps = remember_snapshots(items, known[:k] + _snapshots(fresh), plain[:k] + _plain_flags(fresh))
+    return common_prefix_length(snaps, known, k)
+
+
+_PLAIN_TYPES = frozenset({dict, list, str, type(None)})
+
+
+def _plain_flags(units: list[Any], *, walk: bool = True) -> list[bool]:
+    """Per unit: does it hold only dicts, lists, strings and None (exact types)? A list of such units is told by one
+    walk of its containers level by level (``gc.get_referents``, C speed: a dict yields its values, and its keys
+    unless they are all strings). Otherwise each unit is walked in Python, or, without ``walk``, none is called
+    plain (it is then compared on its bytes, as before: slower, never wrong)."""
+    level: list[Any] = units
+    while level:
+        if not _PLAIN_TYPES.issuperset(map(type, level)):
+            return list(map(_is_plain, units)) if walk and len(units) > 1 else [False] * len(units)
+        level = gc.get_referents(*level)
+    return [True] * len(units)
+
+
+def _is_plain(unit: Any) -> bool:
+    stack = [unit]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is dict:
+            stack.extend(v)  # the keys: strings too
+            stack.extend(v.values())
+        elif t is list:
+            stack.extend(v)
+        elif t is not str and v is not None:
+            return False
+    return True
+
+
+def _equal_prefix(items: list[Any], before: list[Any], known: list[Any], plain: list[bool], start: int) -> int:
+    """How many leading ``items`` equal ``before``'s exactly, the first ``start`` being its very objects: ``==`` at C
+    speed, then the bytes of each item in that run whose previous item is not plain (see ``_repeated_prefix``)."""
+    try:
+        k = common_prefix_length(items, before, start)
+    except Exception:  # noqa: BLE001 — a value whose == raises (a numpy array): compared on bytes instead
+        return start
+    for i in compress(range(start, k), map(not_, plain[start:k])):
+        if _snapshots([items[i]])[0] != known[i]:
+            return i
+    return k
 
 
 # -- fields common to the dialects -----------------------------------------------------------------------
