@@ -132,6 +132,15 @@ def record_fresh_bodies(log: Path, db: Path) -> None:
     print(f"s.record(fresh body) CPU: median of requests 1-50 {first:.1f} ms, of the last 50 {last:.1f} ms "
           f"({last / first:.2f}x, target <= 2x); {sum(cpu):.2f} s for {len(cpu)} requests")
 
+    def near(i: int) -> float:  # median of the 20 requests around request i (1-based)
+        lo = max(0, min(i - 10, len(cpu) - 20))
+        return statistics.median(cpu[lo: lo + 20]) * 1000
+
+    at = {i: near(i) for i in (10, 100, len(cpu))}
+    print("s.record(fresh body) CPU per call, median of 20 around each: "
+          + ", ".join(f"request {i:,} {ms:.1f} ms" for i, ms in at.items())
+          + f" ({at[len(cpu)] / at[10]:.2f}x request 10)")
+
 
 if __name__ == "__main__":
     main()
