@@ -1,5 +1,5 @@
 """What keeps ingest near the parse floor (issue 14): no line copies, the collector paused only during an import,
-and one marshal of a growing history per ``Session.record``. Counted, not timed (timings live in benchmarks/)."""
+and only the new tail of a growing history marshalled per ``Session.record``. Counted, not timed (timings live in benchmarks/)."""
 
 from __future__ import annotations
 
