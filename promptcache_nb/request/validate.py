@@ -215,7 +215,9 @@ def _repeated_prefix(items: Any, previous: Mapping[str, Any] | None, key: str) -
     marshalled whole: its history is read once, by the comparison. That is exact where the previous item is
     *plain* (only dicts, lists, strings and None, exact types: an equal value can differ from it in no byte the
     cache sees); an item holding a number or a boolean is compared on its bytes. Only the items after the
-    repeated run are marshalled, so a growing history costs its new tail plus one C-speed comparison."""
+    repeated run are marshalled, so a growing history costs its new tail plus one C-speed comparison. (A value that
+    is no string but claims to equal one, ``mock.ANY``, passes as that string: what is stored is the previous
+    body's string.)"""
     if previous is None or not isinstance(items, list):
         return 0
     before = previous.get(key)
