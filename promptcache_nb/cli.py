@@ -167,7 +167,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         return _import_fleet(args, paths)
     with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
         res = lab.import_log(paths, format=args.format, project=args.project, workers=args.workers)
-        ids = [s.id for s in res.sessions]
+        ids = res.sessions.ids
         # every figure below from two queries over the imported sessions (analysis.rollups), never a loop
         full = pc.analysis.session_summary(lab, ids) if ids else None
         summary = res.summary(full_paths=args.full_paths)

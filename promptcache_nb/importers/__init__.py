@@ -14,13 +14,13 @@ from ._registry import READERS, detect
 from ._types import ImportedRequest, Reader, ReadProgress, SkippedLine
 
 if TYPE_CHECKING:
-    from ._ingest import ImportResult, import_log
+    from ._ingest import ImportResult, SessionList, import_log
 
 
 def __getattr__(name: str) -> Any:
     # The ingest stores requests through a Lab's sessions (analysis, cache models, session): it is loaded on
     # first use, so the readers — and the recording proxy, which reuses the SSE parser — stay below the store.
-    if name in ("ImportResult", "import_log"):
+    if name in ("ImportResult", "SessionList", "import_log"):
         from . import _ingest
 
         return getattr(_ingest, name)
@@ -32,5 +32,5 @@ def __dir__() -> list[str]:
     return sorted(__all__)  # the public names, the lazily loaded ones included (Tab completion)
 
 
-__all__ = ["READERS", "ImportResult", "ImportedRequest", "ReadProgress", "Reader", "SkippedLine", "detect",
-           "agent_log_places", "import_log"]
+__all__ = ["READERS", "ImportResult", "ImportedRequest", "ReadProgress", "Reader", "SessionList", "SkippedLine",
+           "detect", "agent_log_places", "import_log"]

@@ -14,13 +14,14 @@ import html
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from .._config import SessionConfig
+from .._shared import ScopeKey, scope_key
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import html_table
@@ -54,12 +55,57 @@ _SHORT = {"claude-code": "cc", "codex": "codex", "vcr": "vcr", "har": "har", "ex
           "pi": "pi", "openclaw": "claw"}
 
 
+class SessionList(Sequence["Session"]):
+    """The sessions an import stored, by id, each opened (``lab.open_session``) when first read and then kept.
+
+    An import of a whole history must not hold every session it stored (each keeps its last request and its
+    token counts): memory would grow with the folder, not with its largest session. ``ids`` never opens one.
+    """
+
+    def __init__(self, lab: Lab | None = None, ids: Iterable[str] = ()) -> None:
+        #: the Lab the sessions are opened in
+        self.lab = lab
+        self.ids: list[str] = list(ids)
+        self._held: dict[int, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, index: int) -> Session: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Session]: ...
+    def __getitem__(self, index: int | slice) -> Session | list[Session]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self.ids))[index]]
+        i = range(len(self.ids))[index]  # IndexError as a list says it
+        s = self._held.get(i)
+        if s is None:
+            assert self.lab is not None  # a list with ids was given its Lab
+            s = self._held[i] = self.lab.open_session(self.ids[i])
+        return s
+
+    def __iter__(self) -> Iterator[Session]:
+        return (self[i] for i in range(len(self.ids)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SessionList):
+            return self.ids == other.ids
+        return isinstance(other, list) and list(self) == other
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"SessionList({self.ids!r})"
+
+
 @dataclass
 class ImportResult:
     """What :meth:`Lab.import_log` did.
 
     Attributes:
-        sessions: the sessions that received requests (new or grown), in import order.
+        sessions: the sessions that received requests (new or grown), in import order (a
+            :class:`SessionList`: each is opened when read; ``sessions.ids`` are their ids).
         requests: how many requests were stored now (already-stored requests are not counted).
         skipped: one row per line or entry not imported (``file``, ``line``, ``reason``).
         flagged: one row per problem of a stored body that the API would refuse (``file``, ``line``, ``path``,
@@ -75,7 +121,7 @@ class ImportResult:
             a cache write logged without its 5m/1h split, priced at the 5-minute rate (``turns.notes``).
     """
 
-    sessions: list[Session] = field(default_factory=list)
+    sessions: SessionList = field(default_factory=SessionList)
     requests: int = 0
     skipped: pd.DataFrame = field(default_factory=lambda: _frame([], SKIPPED_COLUMNS))
     flagged: pd.DataFrame = field(default_factory=lambda: _frame([], FLAGGED_COLUMNS))
@@ -126,10 +172,10 @@ class ImportResult:
 
         columns = ["session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd", "model",
                    "parent", "source"]
-        if not self.sessions:
+        if not self.sessions or self.sessions.lab is None:
             df = _frame([], [*columns, "source_path"])
         else:  # one query for every session imported (analysis.rollups: the one summary vocabulary)
-            df = session_summary(self.sessions[0].lab, [s.id for s in self.sessions])
+            df = session_summary(self.sessions.lab, self.sessions.ids)
             df = df.assign(source_path=df["source"], source=df["source"].map(self.relative_source))
         return df[[*columns, "source_path"]] if full_paths else df[columns]
 
@@ -334,7 +380,7 @@ class _Stored:
     """One session's part in the result, replaced whole when the session is stored again."""
 
     rank: tuple[bool, str]
-    session: Session
+    sid: str  #: its id: the Session object is not kept (memory would grow with the folder imported)
     new: int
     dup: int
     created: bool  #: created by this import (not stored before it)
@@ -372,6 +418,9 @@ class _Run:
     project: str | None
     unknown: set[str] = field(default_factory=set)
     stored: dict[str, _Stored] = field(default_factory=dict)
+    #: one stored session of each cache scope: it holds the scope's simulated cache (the Lab holds caches weakly),
+    #: which the next session of that scope would otherwise rebuild from every stored request of the scope
+    held: dict[ScopeKey, Session] = field(default_factory=dict)
 
 
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
@@ -432,7 +481,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     result.files = [entry for _, entry in sorted(read_ok)]
     skipped = [*passed, *(row for _, row in sorted(read_skips, key=lambda t: t[0])),
                *(row for x in done for row in x.skipped)]
-    result.sessions = [x.session for x in done if x.new]
+    result.sessions = SessionList(lab, [x.sid for x in done if x.new])
     result.requests = sum(x.new for x in done)
     result.already_stored = sum(x.dup for x in done)
     result.skipped = _frame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], SKIPPED_COLUMNS)
@@ -549,7 +598,9 @@ def _store_one(run: _Run, p: _Pending, *, fresh: bool) -> _Stored:
     notes: list[dict[str, Any]] = []
     s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=run.project, skipped=skipped,
                                  unknown=run.unknown, bar=None, flagged=flagged, notes=notes, fresh=fresh)
-    return _Stored(p.rank, s, new, dup, created=fresh, skipped=skipped, flagged=flagged, notes=notes)
+    if s.cache_scope != "session":  # a session's own cache has no other user
+        run.held[scope_key(s.cache_scope, s.id, s.project, s.cache, s.cache_params)] = s
+    return _Stored(p.rank, s.id, new, dup, created=fresh, skipped=skipped, flagged=flagged, notes=notes)
 
 
 def _richest(reqs: list[ImportedRequest]) -> list[ImportedRequest]:

@@ -45,6 +45,7 @@ class _Done:
 def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None) -> _Done:
     """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
     from ..lab import Lab
+    from ._ingest import SessionList
 
     path = os.path.join(folder, group.id + ".duckdb")
     with warnings.catch_warnings(record=True) as caught:
@@ -53,7 +54,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
         try:
             result = lab.import_log(list(group.files), format=fmt, project=project, progress=False)
             sessions = lab.store.session_ids()
-            result.sessions = []  # Session objects stay here; the writer opens its own
+            result.sessions = SessionList()  # the writer opens its own, when read
         finally:
             lab.close()
     return _Done(group, path, sessions, result, [(str(w.message), w.category) for w in caught])
@@ -62,7 +63,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
 def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, workers: int, format: str,  # noqa: A002
                     project: str | None, progress: bool) -> ImportResult:
     from ..analysis.calibrate import calibrate_families
-    from ._ingest import ImportResult, _uncalibrated, import_log
+    from ._ingest import ImportResult, SessionList, _uncalibrated, import_log
 
     groups, passed = plan_groups(paths)
     folder = tempfile.mkdtemp(prefix="pcnb-import-")
@@ -103,9 +104,9 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     finally:
         bar.close()
         shutil.rmtree(folder, ignore_errors=True)
-    result.sessions = [lab.open_session(sid) for d in merged for sid in d.sessions]
-    if serial:
-        result.sessions += parts[-1].sessions
+    # opened when read: opening every merged session here would read each back from the store for nothing
+    result.sessions = SessionList(lab, [sid for d in merged for sid in d.sessions]
+                                  + (parts[-1].sessions.ids if serial else []))
     result.requests = sum(p.requests for p in parts)
     result.already_stored = sum(p.already_stored for p in parts)
     result.files = [f for p in parts for f in p.files]
@@ -116,7 +117,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     result.notes = _concat([p.notes for p in parts], result.notes)
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items if not any(ch in str(item) for ch in "*?[")]
-    models = set(lab.store.models_of([s.id for s in result.sessions]))
+    models = set(lab.store.models_of(result.sessions.ids))
     if result.requests or (models and _uncalibrated(lab, models)):  # as the single-process import decides
         result.calibrations = calibrate_families(lab, models)
     return result

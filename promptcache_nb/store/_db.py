@@ -383,8 +383,12 @@ class Store:
             # per-table block granularity. Applies to new files only; existing files keep theirs.
             # zstd for the string columns at checkpoint: request bodies are repetitive JSON (a debug-level
             # DuckDB setting, but a documented one; reading is unaffected).
+            # No vacuum at checkpoint: it merges a table's row groups back up to 122,880 rows, rewriting them
+            # whole, and a blocks row group that size holds hundreds of MB of request bodies: an import of a big
+            # history paid a rewrite of most of the store (CPU, and a peak of memory that grew with the store) at
+            # every few checkpoints. Rows stay as appended; deleted rows are still deleted.
             config: dict[str, str | bool | int | float | list[str]] = {
-                "default_block_size": str(BLOCK_SIZE), "force_compression": "zstd"}
+                "default_block_size": str(BLOCK_SIZE), "force_compression": "zstd", "max_vacuum_tasks": 0}
             self.con = duckdb.connect(self.path, read_only=read_only, config=config)
             if trace is not None:
                 self.con = cast(duckdb.DuckDBPyConnection, _TracedConnection(self.con, trace))
@@ -1307,9 +1311,13 @@ class Store:
         return self.query(
             """SELECT t.model, t.total_tokens AS estimated,
                       t.input_tokens + t.cache_read_input_tokens + t.cache_creation_input_tokens AS measured,
-                      coalesce(json_extract(b.body, '$.shape.unlogged') IS NOT NULL, false) AS partial,
+                      coalesce(b.partial, false) AS partial,
                       coalesce(json_type(s.config, '$.calibration'), 'NULL') <> 'NULL' AS calibrated
-               FROM turns t JOIN sessions s ON s.id = t.session_id LEFT JOIN blocks b ON b.hash = t.rest_hash
+               FROM turns t JOIN sessions s ON s.id = t.session_id
+               -- only the rest blocks (a turn's rest_hash is one): the filter on kind is pushed into the scan,
+               -- so the segment bodies (nearly all of the store) are never read
+               LEFT JOIN (SELECT hash, json_extract(body, '$.shape.unlogged') IS NOT NULL AS partial FROM blocks
+                          WHERE kind = 'rest') b ON b.hash = t.rest_hash
                WHERE t.usage_source IN ('live', 'imported') AND t.input_tokens IS NOT NULL
                      AND t.cache_read_input_tokens IS NOT NULL AND t.cache_creation_input_tokens IS NOT NULL
                ORDER BY t.session_id, t.idx""")
