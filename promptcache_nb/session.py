@@ -147,7 +147,7 @@ class Turn:
         self.cache_reason = cache_reason
         self.cache_detail = cache_detail or {}
         self.events = events
-        self.reply = copy.deepcopy(reply)  # never the history's own objects
+        self._reply = reply
         self.request_id = request_id
         self.cache_result = cache_result
         self.diff = diff
@@ -156,6 +156,18 @@ class Turn:
         self._body: bytes | None = None
         self._prompt_cache_info = prompt_cache_info
         self._segment_states = segment_states
+
+    @property
+    def reply(self) -> list[dict[str, Any]] | None:
+        """The answer's content blocks (a private copy, made on first use: never the history's own objects;
+        an import makes thousands of Turns and reads none of them)."""
+        if "_reply_copy" not in self.__dict__:
+            self.__dict__["_reply_copy"] = copy.deepcopy(self._reply)
+        return cast("list[dict[str, Any]] | None", self.__dict__["_reply_copy"])
+
+    @reply.setter
+    def reply(self, value: list[dict[str, Any]] | None) -> None:
+        self.__dict__["_reply_copy"] = value
 
     @property
     def request(self) -> dict[str, Any]:
@@ -563,12 +575,14 @@ class Session:
         return _analysis.default_prices(self.cache, self.model)
 
     def prepare(self, body: dict[str, Any], *, dialect: str | None = None,
-                previous: PreparedRequest | None = None, unlogged_prefix_tokens: int | None = None) -> PreparedRequest:
+                previous: PreparedRequest | None = None, unlogged_prefix_tokens: int | None = None,
+                keep_texts: bool = False) -> PreparedRequest:
         """Segment a request body with this session's tokenizer (what :meth:`record` stores). ``previous``: the
         request before it (its equal leading segments are reused: a growing history costs only its new tail);
-        ``dialect`` and ``unlogged_prefix_tokens`` as in :meth:`record`."""
+        ``dialect`` and ``unlogged_prefix_tokens`` as in :meth:`record`; ``keep_texts`` for a request passed to
+        :meth:`record` next (``prepare``'s: its new segments' JSON is not serialised again to store them)."""
         return prepare(body, memo=self._memo, previous=previous, dialect=dialect,
-                       unlogged_prefix_tokens=unlogged_prefix_tokens)
+                       unlogged_prefix_tokens=unlogged_prefix_tokens, keep_texts=keep_texts)
 
     def note_unlogged_prefix(self, tokens: int) -> None:
         """Store the size of the prefix (system prompt and tools) a partial log leaves out, measured once from its
@@ -950,7 +964,7 @@ class Session:
                 check_request(body, dialect, request=state.next_index, partial=unlogged_prefix_tokens is not None,
                               previous=None if state.previous is None else state.previous.body)
                 prepared = prepare(body, memo=self._memo, previous=state.previous, copy=True, dialect=dialect,
-                                   unlogged_prefix_tokens=unlogged_prefix_tokens)
+                                   unlogged_prefix_tokens=unlogged_prefix_tokens, keep_texts=True)
             except BodyValidationError:
                 raise
             except (ValueError, TypeError) as exc:
@@ -1069,7 +1083,7 @@ class Session:
             source_ref=source_ref, dedupe_key=dedupe_key, body_problems=body_problems,
             agent_observation=agent_observation, latency_ms=latency_ms,
         )
-        store.write_request(step.write, tokenizer=self._memo.tokenizer)
+        store.write_request(step.write, tokenizer=self._memo)
         rec, analysis, cache_result = step.record, step.analysis, outcome.cache_result
         turns.append(Turn(
             session_id=self.id, index=rec.idx, at=at, request=prepared.body, usage=step.usage,

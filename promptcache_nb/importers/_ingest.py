@@ -28,7 +28,7 @@ from ..analysis.frames import html_table
 from ..cache.anthropic import client_ttls_from_usage
 from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
-from ..request import BodyProblem, check_request
+from ..request import BodyProblem, PreparedRequest, check_request
 from ..request.diff import visible
 from ._jsonl import COMPRESSED_SUFFIXES, UnreadableLog
 from ._registry import READERS, detect
@@ -675,26 +675,30 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                     parent_id=session_id_for(fmt, first.parent_key) if first.parent_key else None)
             elif s is None:
                 s = lab.open_session(sid)
-            todo, dup = _new_requests(s, reqs, skipped, known=set() if fresh else None)
+            fresh_reqs, dup = _unstored(s, reqs, known=set() if fresh else None)
             if restore:  # stored again, not new
                 dup += len(restore)
-            if not todo:
-                return s, 0, dup
-            for req, prepared, problems in todo:
+            todo: list[tuple[ImportedRequest, list[BodyProblem]]] = []
+            # each request is stored as soon as it is segmented: only one request's new segments (and the JSON
+            # kept to store them) are held at a time
+            for req, prepared, problems in _prepared(s, fresh_reqs, skipped):
                 current = req
                 t = s.record(req.body, at=req.at, usage=req.usage, request_id=req.request_id, events=req.events,
                              reply=req.reply, source_ref=req.source_ref, dedupe_key=req.dedupe_key,
                              prepared=prepared, usage_source=req.usage.source, body_problems=problems,
                              latency_ms=req.latency_ms,
                              agent_observation=req.agent_observation)
+                todo.append((req, problems))
                 if t.cost_usd is None:
                     unknown.add(req.model)
                 if bar is not None:
                     bar.update(1)
+            if not todo:
+                return s, 0, dup
     except PromptCacheError as exc:
         where = current.source_ref if "current" in locals() else f"{file}"
         raise SessionError(f"{where}: {exc}") from None
-    for req, _, problems in todo:  # reported once stored
+    for req, problems in todo:  # reported once stored
         ref_file, line = _split_ref(req.source_ref)
         flagged += ({"file": ref_file, "line": line, "path": p.path, "problem": p.problem} for p in problems)
         notes += ({"file": ref_file, "line": line, "note": n} for n in req.usage.notes)
@@ -737,23 +741,27 @@ def _usage_row(req: ImportedRequest) -> tuple[int | None, ...]:
     return (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens)
 
 
-def _new_requests(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, Any]], *,
-                  known: set[str] | None = None) -> tuple[list[tuple[ImportedRequest, Any, list[BodyProblem]]], int]:
-    """The requests not stored yet, each segmented (extending the previous body's segments: linear ingest) and
-    checked leniently: what the API would refuse is returned with it, to be stored and reported; a body JSON
-    cannot hold, or a usage figure no endpoint reports, is skipped with its file:line."""
-    store = s.lab.store
+def _unstored(s: Session, reqs: list[ImportedRequest], *, known: set[str] | None = None
+              ) -> tuple[list[ImportedRequest], int]:
+    """The requests whose ``dedupe_key`` is not stored yet (the first of each key), and how many are."""
     if known is None:
-        known = store.dedupe_keys(s.id)
+        known = s.lab.store.dedupe_keys(s.id)
+    out: list[ImportedRequest] = []
+    for req in reqs:
+        if req.dedupe_key not in known:
+            known.add(req.dedupe_key)
+            out.append(req)
+    return out, len(reqs) - len(out)
+
+
+def _prepared(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]
+              ) -> Iterator[tuple[ImportedRequest, PreparedRequest, list[BodyProblem]]]:
+    """Each request segmented (extending the previous body's segments: linear ingest) and checked leniently,
+    one at a time as the caller stores them: what the API would refuse is yielded with it, to be stored and
+    reported; a body JSON cannot hold, or a usage figure no endpoint reports, is skipped with its file:line."""
     unlogged = s.session_config.unlogged_prefix_tokens
     prev = s.previous_request
-    todo: list[tuple[ImportedRequest, Any, list[BodyProblem]]] = []
-    dup = 0
     for req in reqs:
-        if req.dedupe_key in known:
-            dup += 1
-            continue
-        known.add(req.dedupe_key)
         file, line = _split_ref(req.source_ref)
         problem = _value_problem(req)
         if problem is not None:
@@ -772,13 +780,12 @@ def _new_requests(s: Session, reqs: list[ImportedRequest], skipped: list[dict[st
                 unlogged = max(0, measured - logged) if measured is not None else 0
                 s.note_unlogged_prefix(unlogged)
             prepared = s.prepare(req.body, previous=prev, dialect=req.dialect,
-                                 unlogged_prefix_tokens=(unlogged or None) if req.partial else None)
+                                 unlogged_prefix_tokens=(unlogged or None) if req.partial else None, keep_texts=True)
         except (ValueError, TypeError, RecursionError, PromptCacheError) as exc:
             skipped.append({"file": file, "line": line, "reason": f"body not understood: {exc}"})
             continue
-        todo.append((req, prepared, problems))
+        yield req, prepared, problems
         prev = prepared
-    return todo, dup
 
 
 def _value_problem(req: ImportedRequest) -> str | None:

@@ -47,7 +47,7 @@ from ..dialects import get as get_format
 from ..dialects.anthropic import SEGMENTED as TOP_LEVEL_SEGMENTED
 from ..dialects.anthropic import message_segments, system_segment, tool_segment
 from ..dialects.openai_responses import ITEM_TYPES as RESPONSES_ITEM_TYPES  # noqa: F401  (its old home)
-from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
+from ..tokens import DEFAULT_TOKENIZER, ModelTokenizer, Tokenizer, segment_tokens
 
 #: The dialect names (one vocabulary: :data:`promptcache_nb.dialects.DialectName`).
 Dialect = DialectName
@@ -151,23 +151,32 @@ class SegmentMemo:
         if got is None:
             view = SegmentMemo(tok)
             view._by_id = self._by_id  # hashes do not depend on the tokenizer
+            if type(self.tokenizer) is ModelTokenizer and tok is self.tokenizer.default:
+                # ModelTokenizer.count is its default's: the same counts (a stored reply's blocks, counted with
+                # this memo, are the next request's history, counted with the view)
+                view._tokens = self._tokens
             got = self._views[id(tok)] = (tok, view)
         return got[1]
 
-    def hashes(self, element: Any, *, trusted: bool) -> tuple[str, str, dict[str, Any] | None, int]:
-        """(content hash, storage hash, cache_control, canonical byte length) of one segment."""
+    def hashes(self, element: Any, *, trusted: bool, texts: dict[str, tuple[str, int]] | None = None
+               ) -> tuple[str, str, dict[str, Any] | None, int]:
+        """(content hash, storage hash, cache_control, canonical byte length) of one segment. ``texts``: where
+        to keep the canonical JSON (and its byte length) by storage hash, when it is serialised now."""
         if trusted and not isinstance(element, str):
             hit = self._by_id.get(id(element))
             if hit is not None and hit[0] is element:
                 return hit[1], hit[2], hit[3], hit[4]
         cc = element.get("cache_control") if isinstance(element, dict) else None
-        exact = canonical_bytes(element)
+        text = canonical_json(element)
+        exact = text.encode("utf-8")
         if cc is None:
             chash = bhash = digest(exact, tag="seg")
         else:
             chash, bhash = content_hash(element), digest(exact, tag="seg")
         if trusted and not isinstance(element, str):
             self._by_id[id(element)] = (element, chash, bhash, cc, len(exact))
+        if texts is not None:
+            texts[bhash] = (text, len(exact))
         return chash, bhash, cc, len(exact)
 
     def tokens(self, kind: str, chash: str, element: Any) -> int:
@@ -196,6 +205,8 @@ class PreparedDerived:
         breakpoints: a cache model's memo of this request's breakpoints: (its layout, the breakpoints).
         explicit_marks: (index, ttl) of every segment's own ``cache_control`` (the Anthropic cache model's).
         diff_info: what the prefix diff reads of this request's segments (``request.diff``'s ``_Info``).
+        texts: ``prepare(keep_texts=True)``: the canonical JSON and byte length of each segment it serialised, by
+            storage hash, for the store's ``blocks`` rows (``Store.write_request`` takes them, then drops them).
     """
 
     cum: list[int] | None = None
@@ -208,6 +219,7 @@ class PreparedDerived:
     breakpoints: tuple[Any, list[tuple[int, str]]] | None = None
     explicit_marks: tuple[tuple[int, str], ...] | None = None
     diff_info: Any = None
+    texts: dict[str, tuple[str, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -318,7 +330,7 @@ def unlogged_segment(tokens: int) -> Segment:
 def prepare(
     body: dict[str, Any], *, memo: SegmentMemo | None = None, trusted: bool = False,
     previous: PreparedRequest | None = None, dialect: str | None = None,
-    unlogged_prefix_tokens: int | None = None, copy: bool = False,
+    unlogged_prefix_tokens: int | None = None, copy: bool = False, keep_texts: bool = False,
 ) -> PreparedRequest:
     """Split a request body into segments (hashes and estimated tokens), in cache-prefix order.
 
@@ -342,6 +354,9 @@ def prepare(
             body): one synthetic ``unlogged`` segment first (see :func:`unlogged_segment`).
         copy: the returned request owns its body: new parts are deep copies and unchanged parts are
             ``previous.body``'s (already owned) objects — a deep copy at the cost of the new tail.
+        keep_texts: keep the canonical JSON of the segments serialised to hash them (``derived.texts``) until the
+            store writes the request, so their ``blocks`` rows are not serialised again. For a request about to
+            be stored (``Session.record``, imports): the texts hold the new tail's bytes until then.
 
     Raises:
         ValueError: a shape the API would reject or this model does not understand, in one line that
@@ -358,7 +373,10 @@ def prepare(
     memo = (memo or SegmentMemo()).for_model(body.get("model"))  # the estimator of this body's model
     if trusted and fmt.fast_path and not copy and not pinned:
         return _prepare_trusted(body, memo, previous, unlogged_prefix_tokens)
-    return _Builder(body, fmt, memo, previous, unlogged_prefix_tokens, copy, pinned).build()
+    builder = _Builder(body, fmt, memo, previous, unlogged_prefix_tokens, copy, pinned)
+    if keep_texts:
+        builder.texts = {}
+    return builder.build()
 
 
 def _read_arguments(body: Any, dialect: str | None, unlogged: int | None) -> tuple[WireFormat, bool, int | None]:
@@ -553,6 +571,7 @@ class _Builder:
     keys: list[tuple[str, str, str | None, str]] | None = None  # planning: (content hash, kind, role, path) emitted
     until: int | None = None  # a prefix: build only the units that make the first ``until`` segments
     cut = False  # ... and some units were left out
+    texts: dict[str, tuple[str, int]] | None = None  # keep_texts: block hash -> (canonical JSON, bytes)
 
     def __init__(self, body: dict[str, Any], fmt: WireFormat, memo: SegmentMemo,
                  previous: PreparedRequest | None, unlogged: int | None, copy_: bool, pinned: bool) -> None:
@@ -573,7 +592,7 @@ class _Builder:
     # -- helpers ----------------------------------------------------------------------------------
     def seg(self, path: str, kind: SegmentKind, role: str | None, element: Any) -> None:
         memo = self.memo
-        chash, bhash, cc, nbytes = memo.hashes(element, trusted=False)
+        chash, bhash, cc, nbytes = memo.hashes(element, trusted=False, texts=self.texts)
         if self.keys is not None:  # planning: what a diff compares, no token count
             self.keys.append((chash, kind, role, path))
             return
@@ -678,6 +697,7 @@ class _Builder:
             return req
         derived.units = self.units
         derived.snaps = self.snaps
+        derived.texts = self.texts
         if self.copy:
             _hand_over_snapshots(self.body, body, self.snaps)
         if prev is not None:

@@ -31,7 +31,7 @@ from .._types import (  # noqa: F401 - fnv1a re-exported (store.fnv1a)
 from .._util import common_prefix_length, digest
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
-from ..request._canonical import prefix_record
+from ..request._canonical import SegmentMemo, prefix_record
 from ..tokens import segment_tokens
 from . import _rollups
 from ._doctor import CORE_TABLES, damaged, schema_problems
@@ -985,10 +985,17 @@ class Store:
 
     def _add_blocks(self, blocks: Sequence[MessageBlock], pending: dict[str, tuple[Any, ...]], tokenizer: Any) -> None:
         """The ``blocks`` rows of message blocks not stored (nor pending) yet, into ``pending``; their tokens are
-        counted only then."""
+        counted only then. ``tokenizer``: a Tokenizer, or a session's SegmentMemo (its counts are reused: a
+        reply's blocks are the next request's history)."""
+        memo = tokenizer if isinstance(tokenizer, SegmentMemo) else None
         for h, kind, body, element in blocks:
             if h not in self._known_blocks and h not in pending and h not in self._pending_known:
-                tokens = segment_tokens(kind, element, tokenizer) if tokenizer else segment_tokens(kind, element)
+                if memo is not None and not (isinstance(element, dict) and "cache_control" in element):
+                    tokens = memo.tokens(kind, h, element)  # h is the content hash: no marker
+                elif tokenizer is not None:
+                    tokens = segment_tokens(kind, element, memo.tokenizer if memo is not None else tokenizer)
+                else:
+                    tokens = segment_tokens(kind, element)
                 pending[h] = (h, kind, body, tokens, len(body.encode()))
 
     def resolve_refs(self, refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1082,16 +1089,25 @@ class Store:
 
         ``shared``: how many leading segments the request shares with the session's previous stored request
         (the common run of chain keys, whose block hashes are in them): their blocks were written with that
-        request, so the walk starts after them — O(new segments) per turn instead of O(segments).
+        request, so the walk starts after them — O(new segments) per turn instead of O(segments). A block written
+        earlier in the open transaction is left out too. The canonical JSON ``prepare(keep_texts=True)`` kept is
+        used (and dropped), not serialised again.
         """
         rows: list[tuple[str, str, str, int | None, int]] = []  # (hash, kind, body, tokens, bytes)
         seen: set[str] = set()
+        known, pending = self._known_blocks, self._pending_known
+        texts = req.derived.texts or {}
+        req.derived.texts = None
         for s in req.segments[shared:] if shared else req.segments:
-            if s.block_hash in self._known_blocks or s.block_hash in seen:
+            h = s.block_hash
+            if h in known or h in seen or h in pending:
                 continue
-            body = canonical_json(s.element)
-            rows.append((s.block_hash, s.kind, body, s.tokens, len(body.encode())))
-            seen.add(s.block_hash)
+            got = texts.get(h)
+            if got is None:
+                body = canonical_json(s.element)
+                got = body, len(body.encode())
+            rows.append((h, s.kind, got[0], s.tokens, got[1]))
+            seen.add(h)
         if rest_hash not in self._known_blocks and rest_hash not in seen:
             rows.append((rest_hash, "rest", rest_body, None, len(rest_body.encode())))
         return rows
