@@ -992,7 +992,7 @@ class Store:
     def resolve_refs(self, refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages back from their block references (one query for all bodies)."""
         hashes = sorted({h for r in refs for h in ([r["str"]] if "str" in r else r["blocks"])})
-        bodies = self.block_bodies(hashes, "session_messages")
+        bodies = self.block_bodies({"session_messages": hashes})
         out = []
         for r in refs:
             if "str" in r:
@@ -1001,25 +1001,27 @@ class Store:
                 out.append({"role": r["role"], "content": [json.loads(bodies[h]) for h in r["blocks"]]})
         return out
 
-    def block_bodies(self, hashes: Sequence[str], used_by: str) -> dict[str, str]:
-        """hash -> body of the ``blocks`` rows ``hashes`` name (``used_by``: the column that references them, for
-        the error a missing or NULL body raises).
+    def block_bodies(self, uses: dict[str, Sequence[str]]) -> dict[str, str]:
+        """hash -> body of the ``blocks`` rows named, in one query: ``uses`` maps the column that references them
+        (named by the error a missing or NULL body raises) to their hashes.
 
         Only those rows' bodies are read. Joined on the hash, DuckDB decompresses the body column (zstd, whole
         vectors of 2,048 rows: about 1 s on a 500 MB store) to keep a few; looking up their row ids on the hash
         column alone first makes it read only the vectors that hold them (a fleet dataset's views have no row
         ids: a plain join there).
         """
+        hashes = sorted({h for hs in uses.values() for h in hs})
         if not hashes:
             return {}
         rows = self.rows(
             "SELECT hash, body FROM blocks WHERE hash IN (SELECT unnest($1))" if self._views else
             "SELECT hash, body FROM blocks WHERE rowid IN (SELECT rowid FROM blocks WHERE hash IN (SELECT unnest($1)))",
-            [list(hashes)])
+            [hashes])
         bodies = dict(rows)
-        for h in hashes:
-            if bodies.get(h) is None:
-                self._missing_block(h, used_by, h in bodies)
+        for used_by, hs in uses.items():
+            for h in hs:
+                if bodies.get(h) is None:
+                    self._missing_block(h, used_by, h in bodies)
         return bodies
 
     def _missing_block(self, block_hash: str, used_by: str, present: bool) -> NoReturn:
@@ -1172,8 +1174,7 @@ class Store:
         if row is None:
             raise StoreError(f"session {session_id!r} has no turn {idx}")
         tail, rest_hash = row
-        rest = json.loads(self.block_bodies([rest_hash], "turns.rest_hash")[rest_hash])
-        chain: list[tuple[str, str | None, Any]] = []
+        rows: list[tuple[Any, ...]] = []
         if tail is not None:
             rows = self.rows(
                 """WITH RECURSIVE chain(id, parent, depth) AS (
@@ -1190,8 +1191,9 @@ class Store:
             if rows[0][4] is not None:  # the chain stopped before the root: a node in between is gone
                 raise StoreError(damaged(self.path, f"prefix node {rows[0][4]!r} (a parent in session "
                                                     f"{session_id!r} request {idx}) is missing from prefix_nodes"))
-            bodies = self.block_bodies(sorted({r[2] for r in rows}), "prefix_nodes.block_hash")
-            chain = [(k, r, json.loads(bodies[h])) for k, r, h, *_ in rows]
+        bodies = self.block_bodies({"turns.rest_hash": [rest_hash], "prefix_nodes.block_hash": [r[2] for r in rows]})
+        rest = json.loads(bodies[rest_hash])
+        chain = [(k, r, json.loads(bodies[h])) for k, r, h, *_ in rows]
         return rebuild_body(rest["shape"], rest["rest"], chain)
 
     # -- reads for analysis: dict rows and typed records, never positions -----------------------------------
@@ -1253,13 +1255,18 @@ class Store:
     def rest_bodies(self, session_id: str, *, since: datetime | None = None) -> dict[str, str]:
         """The ``rest`` blocks (a body's shape and its top-level fields) of a session's requests (``since``: sent
         at or after it): hash -> JSON."""
-        where, params = _since(session_id, since)
-        hashes = [r[0] for r in self.rows(f"SELECT DISTINCT rest_hash FROM turns WHERE {where} ORDER BY 1", params)]
-        return self.block_bodies(hashes, "turns.rest_hash")
+        return self.session_blocks(session_id, since=since, nodes=False)[0]
 
     def session_nodes(self, session_id: str, *, since: datetime | None = None) -> dict[str, StoredNode]:
         """Every prefix node a session's requests (``since``: sent at or after it) run through (node id ->
-        :class:`StoredNode`).
+        :class:`StoredNode`): :meth:`session_blocks`."""
+        return self.session_blocks(session_id, since=since, rests=False)[1]
+
+    def session_blocks(self, session_id: str, *, since: datetime | None = None, rests: bool = True,
+                       nodes: bool = True) -> tuple[dict[str, str], dict[str, StoredNode]]:
+        """What rebuilds a session's request bodies (``since``: those sent at or after it): their ``rest`` blocks
+        (:meth:`rest_bodies`) and every prefix node they run through (:meth:`session_nodes`), with the bodies
+        read in one query (``rests`` / ``nodes`` False: leave those out).
 
         Read by where the nodes were written, never by scanning the whole table once per level: a request's new
         nodes are appended just before its tail node, so the nodes on its chain that it wrote lie within
@@ -1269,10 +1276,18 @@ class Store:
         size, and with the bodies joined about 1 s per session of a heavy user's 29,000-request store.)
         """
         where, params = _since(session_id, since)
+        rest_hashes = [r[0] for r in self.rows(
+            f"SELECT DISTINCT rest_hash FROM turns WHERE {where} ORDER BY 1", params)] if rests else []
+        chain = self._session_chain(session_id, where, params) if nodes else {}
+        bodies = self.block_bodies({"turns.rest_hash": rest_hashes,
+                                    "prefix_nodes.block_hash": [r[3] for r in chain.values()]})
+        return ({h: bodies[h] for h in rest_hashes},
+                {node: StoredNode(parent, kind, role, h, bodies[h]) for node, (parent, kind, role, h) in chain.items()})
+
+    def _session_chain(self, session_id: str, where: str, params: list[Any]) -> dict[str, tuple[Any, ...]]:
+        """:meth:`session_blocks`' nodes, without their bodies: id -> parent, kind, role, block_hash."""
         tails = [r[0] for r in self.rows(
             f"SELECT DISTINCT tail_node FROM turns WHERE {where} AND tail_node IS NOT NULL ORDER BY 1", params)]
-        if not tails:
-            return {}
         rows: dict[str, tuple[Any, ...]] = {}
         out: dict[str, tuple[Any, ...]] = {}
         todo = tails
@@ -1293,8 +1308,7 @@ class Store:
                     cur = rows[cur][0]
             todo = missing
             lookup = ("SELECT unnest($1)", [missing])
-        bodies = self.block_bodies(sorted({r[3] for r in out.values()}), "prefix_nodes.block_hash")
-        return {node: StoredNode(parent, kind, role, h, bodies[h]) for node, (parent, kind, role, h) in out.items()}
+        return out
 
     def _nodes_before(self, ids_sql: str, params: list[Any]) -> dict[str, tuple[Any, ...]]:
         """The ``prefix_nodes`` rows (id -> parent, kind, role, block_hash) of the nodes ``ids_sql`` selects and
