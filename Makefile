@@ -39,8 +39,7 @@ demo: $(BASE_STAMP)
 test: export PYTHONDONTWRITEBYTECODE =
 test: $(DEV_STAMP) chromium
 	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
-	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict promptcache_nb
+	$(VENV)/bin/mypy --strict  # [tool.mypy]'s packages, under every strict check (one run: strict includes the rest)
 	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider -n 2 tests
 	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
@@ -71,8 +70,7 @@ bench: $(BASE_STAMP)
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
-	$(VENV)/bin/mypy
-	$(VENV)/bin/mypy --strict promptcache_nb
+	$(VENV)/bin/mypy --strict  # [tool.mypy]'s packages, under every strict check (one run: strict includes the rest)
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

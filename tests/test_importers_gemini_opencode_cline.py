@@ -350,12 +350,16 @@ def test_gemini_telemetry_request_text_gives_the_bodies_as_sent(tmp_path):
     chat_only, _ = read(_copy_chat(tmp_path, telemetry=None))
     assert len(with_text) == len(chat_only) == 9
     for sent, logged in zip(with_text, chat_only, strict=True):
-        first = sent.body["messages"][0]["content"][0]["text"]
-        assert first.startswith("This is the Gemini CLI. We are setting up the context")  # never in the chat file
-        assert sent.usage == logged.usage and sent.dedupe_key == logged.dedupe_key and sent.partial
+        system, env = sent.body["messages"][:2]
+        # the system instruction, from the operation.details record beside the response (never in the chat file)
+        assert system["role"] == "system" and system["content"].startswith("You are an interactive CLI agent")
+        assert "--- Context from: GEMINI.md ---" in system["content"]
+        assert env["content"][0]["text"].startswith("This is the Gemini CLI. We are setting up the context")
+        assert sent.usage == logged.usage and sent.dedupe_key == logged.dedupe_key and sent.partial  # no tools
+        assert logged.body["messages"][0]["role"] == "user"  # the chat alone has no system instruction
     # before the /compress checkpoint the chat's own history follows the environment turn exactly
     for sent, logged in zip(with_text[:8], chat_only[:8], strict=True):
-        assert sent.body["messages"][2:] == logged.body["messages"]
+        assert sent.body["messages"][3:] == logged.body["messages"]
     # g-04 was retried after a 429: the failed attempt's request is answered by its api_error, so g-05 (same
     # prompt) gets its own request text, with g-04's call and result in it
     g05 = with_text[4].body["messages"]
@@ -382,8 +386,39 @@ def _dump(records: list[dict]) -> str:
 
 
 def _sent_with_telemetry(reqs: list[ImportedRequest]) -> list[str]:
-    return [r.dedupe_key.rsplit("/", 1)[1] for r in reqs if isinstance(r.body["messages"][0]["content"], list)
-            and r.body["messages"][0]["content"][0]["text"].startswith("This is the Gemini CLI")]
+    return [r.dedupe_key.rsplit("/", 1)[1] for r in reqs
+            if any(isinstance(m["content"], list) and m["content"][0]["text"].startswith("This is the Gemini CLI")
+                   for m in r.body["messages"][:2])]
+
+
+def _details(records: list[dict]) -> list[dict]:
+    """The operation.details records written beside responses (they carry the usage)."""
+    return [r["attributes"] for r in records if r["attributes"]["event.name"] == DETAILS
+            and "gen_ai.usage.input_tokens" in r["attributes"]]
+
+
+DETAILS = "gen_ai.client.inference.operation.details"
+
+
+def test_gemini_system_instruction_pairs_with_its_response_only(tmp_path):
+    records = _telemetry_records()
+    details = _details(records)
+    assert len(details) == 9  # one per response (the request-side records carry no usage)
+    details[0]["event.timestamp"] = "2026-06-02T09:12:11.000Z"  # not its response's time: not its record
+    details[1]["gen_ai.system_instructions"] = json.dumps([{"type": "text", "content": "Be brief."},
+                                                           {"type": "text", "content": "Cite files."}])
+    details[2]["gen_ai.system_instructions"] = json.dumps([{"type": "text", "content": "x" * (160 * 1024)}])
+    details[3]["gen_ai.system_instructions"] = json.dumps([{"type": "tool_call", "name": "ls"}])  # not text
+    details[4]["gen_ai.system_instructions"] = "{not json"
+    reqs, _ = read(_copy_chat(tmp_path, telemetry=_dump(records)))
+    systems = [r.body["messages"][0] if r.body["messages"][0]["role"] == "system" else None for r in reqs]
+    assert systems[0] is None  # no operation.details at g-01's response time
+    assert systems[1] == {"role": "system", "content": [{"type": "text", "text": "Be brief."},
+                                                        {"type": "text", "text": "Cite files."}]}
+    assert systems[2] is None  # as long as Gemini CLI's 160 KiB cut: maybe cut, so left out
+    assert systems[3] is None and systems[4] is None
+    assert all(s is not None and s["content"].startswith("You are an interactive CLI agent") for s in systems[5:])
+    assert _sent_with_telemetry(reqs) == [f"g-0{i}" for i in range(1, 10)]  # the contents pair as before
 
 
 def test_gemini_telemetry_pairs_by_session_counts_and_time_only(tmp_path):

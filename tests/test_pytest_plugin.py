@@ -74,7 +74,8 @@ def run_pytest(tmp_path: Path, *args: str, clock: bool, env: dict | None = None)
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "0", **(env or {})}
     environ.pop("GITHUB_STEP_SUMMARY", None) if not env or "GITHUB_STEP_SUMMARY" not in env else None
     # -p names the plugin explicitly: a checkout not yet reinstalled has no entry point (make test reinstalls)
-    cmd = [sys.executable, "-m", "pytest", "-p", "promptcache_nb.pytest_plugin", "-p", "no:cacheprovider",
+    # no:nbval: nbval imports nbformat -> jsonschema's format checkers, ~2-4 s per process these runs never use
+    cmd = [sys.executable, "-m", "pytest", "-p", "promptcache_nb.pytest_plugin", "-p", "no:cacheprovider", "-p", "no:nbval",
            "-W", "ignore::DeprecationWarning", "-q", "-rA", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300)
 

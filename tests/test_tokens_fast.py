@@ -39,8 +39,8 @@ def runs_of(alphabet: list[str], longest: int, fewest: int = 1) -> st.SearchStra
 ASCII_TEXT = runs_of(ASCII, 30)
 MIXED_TEXT = runs_of(ASCII + UNICODE, 14)
 ANY_TEXT = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=200)
-MANY = settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
-SOME = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+MANY = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+SOME = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @MANY

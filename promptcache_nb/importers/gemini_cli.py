@@ -42,8 +42,13 @@ What becomes a request:
   the next ``api_response`` or ``api_error`` of its ``prompt_id`` (a retried call logs both attempts); a chat
   request takes the ``api_response`` of its session (``session.id``) with the same ``input`` / ``cached`` /
   ``output`` counts whose ``event.timestamp`` (the response end, as the chat's) is nearest, within 2 minutes,
-  each used once. Usage stays the chat's (the same measured counts); the system instruction and tool
-  declarations are not in ``request_text``, so bodies stay ``partial``. The file is pretty-printed JSON
+  each used once. Usage stays the chat's (the same measured counts). The system instruction is not in
+  ``request_text``: it comes from the ``gen_ai.client.inference.operation.details`` record Gemini CLI writes
+  beside each ``api_response`` (``toSemanticLogRecord``: same ``session.id`` and ``event.timestamp``), whose
+  ``gen_ai.system_instructions`` is always logged, as a list of OTel parts; it becomes the body's first
+  (``system``) message. Gemini CLI cuts those parts to 160 KiB in all (``limitTotalLength``): one that long may
+  be cut, so it is left out. Tool declarations are never logged, so bodies stay ``partial``. The file is
+  pretty-printed JSON
   records back to back (not JSON Lines); read on its own it holds no request the chats do not: it is listed
   in ``skipped`` with that reason.
 * **Sessions** are the metadata's ``sessionId`` (never the file name). A sub-agent chat (``kind: "subagent"``)
@@ -56,7 +61,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
@@ -75,6 +80,9 @@ _LEGACY_HEAD = re.compile(r'^\s*\{\s*"(sessionId|projectHash)"\s*:')
 TELEMETRY_FILE = "telemetry.log"
 #: a telemetry response is the chat request's when their response ends are this close
 _PAIR_WINDOW = timedelta(minutes=2)
+_OPERATION_DETAILS = "gen_ai.client.inference.operation.details"
+#: Gemini CLI's GLOBAL_TEXT_LIMIT (telemetry/semantic.ts): string content of a record is cut to 160 KiB in all
+_SYSTEM_TEXT_LIMIT = 160 * 1024
 _TELEMETRY_HEAD = re.compile(r'"event\.name"\s*:\s*"(gemini_cli\.|gen_ai\.client\.inference)')
 
 
@@ -284,8 +292,10 @@ class TelemetryCall:
 
     session: str
     end: datetime
+    timestamp: str  # ``event.timestamp`` as written: the operation.details record of the response repeats it
     counts: tuple[int, int, int]  # input (inclusive), cached, output: as the chat's tokens
     request_text: str | None  # the JSON of the Gemini ``contents`` sent, when logPrompts kept them (parsed on use)
+    system_instructions: str | None = None  # the JSON of the OTel parts of the system instruction sent
 
 
 def _telemetry_near(chat: Path) -> Path | None:
@@ -317,6 +327,9 @@ def _read_telemetry(path: str, _mtime_ns: int, _size: int) -> tuple[TelemetryCal
     decoder = json.JSONDecoder()
     pending: dict[str, list[Any]] = {}  # prompt_id -> request_text of calls not yet answered, oldest first
     calls: list[TelemetryCall] = []
+    # (session, event.timestamp) -> gen_ai.system_instructions of the operation.details record written with a
+    # response (it carries the response's usage; the request-side one does not)
+    systems: dict[tuple[str, str], str] = {}
     i, n = 0, len(text)
     while i < n:
         while i < n and text[i] in " \t\r\n":
@@ -344,6 +357,12 @@ def _read_telemetry(path: str, _mtime_ns: int, _size: int) -> tuple[TelemetryCal
             call = _telemetry_call(attrs, pid, request_text)
             if call is not None:
                 calls.append(call)
+        elif (name == _OPERATION_DETAILS and "gen_ai.usage.input_tokens" in attrs
+              and isinstance(attrs.get("gen_ai.system_instructions"), str)):
+            systems[(str(attrs.get("session.id")), str(attrs.get("event.timestamp")))] = \
+                attrs["gen_ai.system_instructions"]
+    if systems:
+        calls = [replace(c, system_instructions=systems.get((c.session, c.timestamp))) for c in calls]
     return tuple(calls)
 
 
@@ -372,7 +391,7 @@ def _telemetry_call(attrs: dict[str, Any], pid: str, request_text: Any) -> Telem
     except ValueError:
         return None
     text = request_text if isinstance(request_text, str) else None
-    return TelemetryCall(session, end, (ints[0], ints[1], ints[2]), text)
+    return TelemetryCall(session, end, str(attrs.get("event.timestamp")), (ints[0], ints[1], ints[2]), text)
 
 
 class _TelemetryIndex:
@@ -406,7 +425,27 @@ class _TelemetryIndex:
             held = self._last[i] if i < len(self._last) else None
             converted.append(held if held is not None and held[0] == content else (content, _content_messages(content)))
         self._last = converted
-        return [m for _, msgs in converted for m in msgs]
+        system = _system_message(best.system_instructions)
+        return ([system] if system is not None else []) + [m for _, msgs in converted for m in msgs]
+
+
+def _system_message(parts_json: str | None) -> dict[str, Any] | None:
+    """The Chat ``system`` message of a logged ``gen_ai.system_instructions`` (OTel parts ``{type: "text",
+    content}``), or None: none logged, not text, or long enough that Gemini CLI may have cut it."""
+    try:
+        parts = json.loads(parts_json) if parts_json is not None else None
+    except ValueError:
+        return None
+    if not isinstance(parts, list) or not parts:
+        return None
+    texts = [p["content"] for p in parts
+             if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("content"), str)]
+    if len(texts) != len(parts):
+        return None
+    if sum(len(t) for t in texts) >= _SYSTEM_TEXT_LIMIT:
+        return None
+    content: Any = texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
+    return {"role": "system", "content": content}
 
 
 def _content_messages(content: Any) -> list[dict[str, Any]]:
