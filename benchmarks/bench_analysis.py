@@ -16,12 +16,22 @@ first (``--logs``); by default a small history is generated with ``_claude_code_
 
     .venv/bin/python benchmarks/bench_analysis.py [--db FILE.duckdb | --logs DIR] [--projects 4 --sessions 5]
         [--requests 145]   # --projects 1 --sessions 1 --requests 1000: one session of ~1,000 requests
+
+Then one session on a small store vs a big one: the same generated sessions (the first project's ten) imported
+alone (1,450 requests) and among others (``--big``: the heavy user's 200 sessions, 29,000 requests; by default 40
+sessions, 5,800), each opened (``lab.open_session``) and analysed (``pc.rebuilds(session)``) in CPU time, median
+and worst of the ten. A session's cost should follow its own size, not the store's. ``--big-db FILE`` reuses a
+store that imported ``_claude_code_history.py``'s default history (``--projects 20 --sessions 10``). Last, on the
+big store, what ``bench_fleet.py`` times: ``pc.rebuilds(lab.open_session(id))`` for every session.
+
+    .venv/bin/python benchmarks/bench_analysis.py [--big | --big-db FILE.duckdb] [--skip-lab]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -57,7 +67,80 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=145, help="requests per generated session (about)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--before-runs", type=int, default=1, help="runs of the (slow) per-session loops")
+    ap.add_argument("--big", action="store_true", help="the big store holds the heavy user's 200 sessions")
+    ap.add_argument("--big-db", type=Path, help="a store holding _claude_code_history.py's default history")
+    ap.add_argument("--skip-lab", action="store_true", help="only the one-session figures")
     args = ap.parse_args()
+    if not args.skip_lab:
+        whole_lab(args)
+    one_session_by_store_size(args)
+
+
+def _history_store(tmp: Path, name: str, projects: int, sessions: int) -> Path:
+    sys.path.insert(0, str(HERE))
+    from _claude_code_history import write_history  # type: ignore[import-not-found]
+
+    logs = tmp / name
+    write_history(logs, projects=projects, sessions=sessions)
+    db = tmp / f"{name}.duckdb"
+    t = time.process_time()
+    with pc.Lab(db, progress=False) as lab:
+        res = lab.import_log(logs)
+    print(f"imported {name}: {res.requests:,} requests in {time.process_time() - t:.1f} s CPU", flush=True)
+    return db
+
+
+def _open_and_rebuilds(lab: pc.Lab, sid: str) -> tuple[float, float]:
+    """CPU seconds of ``lab.open_session(sid)`` and of ``pc.rebuilds`` on it (the session closed after)."""
+    t0 = time.process_time()
+    s = lab.open_session(sid)
+    t1 = time.process_time()
+    pc.rebuilds(s)
+    t2 = time.process_time()
+    s.close()
+    return t1 - t0, t2 - t1
+
+
+def one_session_by_store_size(args: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-one-session-"))
+    small = _history_store(tmp, "small", 1, 10)
+    big = args.big_db or _history_store(tmp, "big", 20 if args.big else 4, 10)
+    # keyed by the log file's name: the same generated session in both (its id hashes the file's path)
+    figures: dict[str, dict[str, tuple[float, float]]] = {}
+    sizes: dict[str, int] = {}
+    totals: dict[str, int] = {}
+    for name, db in (("small", small), ("big", big)):
+        with pc.Lab(db, progress=False, read_only=True) as lab:
+            rows = lab.sql("SELECT s.id, s.source, count(*) AS n FROM sessions s JOIN turns t ON t.session_id = s.id "
+                           "GROUP BY ALL")
+            files = {Path(str(src)).name: (sid, int(n)) for sid, src, n in rows.itertuples(index=False)}
+            totals[name] = int(rows.n.sum())
+            keys = sorted(files) if name == "small" else sorted(figures["small"])
+            sizes.update((k, files[k][1]) for k in keys)
+            _open_and_rebuilds(lab, files[keys[0]][0])  # the price tables and pandas load outside every figure
+            figures[name] = {k: min((_open_and_rebuilds(lab, files[k][0]) for _ in range(args.runs)), key=sum)
+                             for k in keys}
+    print(f"\none session, opened and analysed (CPU, best of {args.runs} per session; the same "
+          f"{len(figures['small'])} sessions in both stores; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print(f"{'store':30}{'open_session':>16}{'pc.rebuilds':>14}{'both, worst':>14}{'per 1,000 requests':>22}")
+    for name in ("small", "big"):
+        f = figures[name]
+        opens = statistics.median(o for o, _ in f.values())
+        rbs = statistics.median(r for _, r in f.values())
+        worst = max(o + r for o, r in f.values())
+        per = statistics.median((o + r) / sizes[sid] * 1000 for sid, (o, r) in f.items())
+        print(f"{name + f' ({totals[name]:,} requests)':30}{opens * 1000:>13.1f} ms{rbs * 1000:>11.1f} ms"
+              f"{worst * 1000:>11.1f} ms{per * 1000:>19.1f} ms   (median; target <= {TARGET_MS_PER_1000:.0f})")
+    with pc.Lab(big, progress=False, read_only=True) as lab:
+        ids = lab.store.session_ids()
+        t = time.process_time()
+        n = sum(len(pc.rebuilds(lab.open_session(sid))) for sid in ids)
+        print(f"\nbig store, pc.rebuilds(lab.open_session(id)) for each of its {len(ids)} sessions: "
+              f"{time.process_time() - t:.2f} s CPU ({n:,} rebuilds)")
+
+
+def whole_lab(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-analysis-"))
     db = args.db
     if db is None:

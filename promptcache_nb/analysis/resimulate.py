@@ -111,8 +111,9 @@ class _Loader:
         self.session_id = session_id
         self.ttl = ttl
         self.rows = store.turn_rows(session_id, _TURN_FIELDS, since=since)
-        self.rests = {h: json.loads(b) for h, b in store.rest_bodies(session_id, since=since).items()}
-        self.nodes: dict[str, StoredNode] = store.session_nodes(session_id, since=since) if self.rows else {}
+        rests, nodes = store.session_blocks(session_id, since=since, nodes=bool(self.rows))
+        self.rests = {h: json.loads(b) for h, b in rests.items()}
+        self.nodes: dict[str, StoredNode] = nodes
         # the session's own tokenizer (its opted-in calibration included): a request re-simulates as it was stored
         self.memo = memo or SegmentMemo(session_tokenizer(lab.tokenizer,
                                                                 SessionConfig.from_stored(session_row["config"]).calibration))

@@ -433,6 +433,7 @@ class Store:
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
         self._columns_cache: dict[str, list[str]] = {}
+        self._views = False  # tables are views over a Parquet dataset (open_dataset): no row ids
 
     def _open_checks(self, read_only: bool) -> None:
         """Refuse a foreign or damaged database, migrate, and load the dedup sets."""
@@ -665,6 +666,7 @@ class Store:
             store.close()
             raise
         store.path = out
+        store._views = True
         store.read_only = not writable_dataset_tables
         store.read_only_why = ("a fleet dataset: Parquet files read through views; add logs with "
                                "pc.fleet.import_logs(paths, out=...)")
@@ -1001,11 +1003,7 @@ class Store:
     def resolve_refs(self, refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages back from their block references (one query for all bodies)."""
         hashes = sorted({h for r in refs for h in ([r["str"]] if "str" in r else r["blocks"])})
-        bodies = dict(self.rows("SELECT hash, body FROM blocks WHERE hash IN (SELECT unnest(?))", [hashes])) \
-            if hashes else {}
-        for h in hashes:
-            if bodies.get(h) is None:
-                self._missing_block(h, "session_messages", h in bodies)
+        bodies = self.block_bodies({"session_messages": hashes})
         out = []
         for r in refs:
             if "str" in r:
@@ -1013,6 +1011,29 @@ class Store:
             else:
                 out.append({"role": r["role"], "content": [json.loads(bodies[h]) for h in r["blocks"]]})
         return out
+
+    def block_bodies(self, uses: dict[str, Sequence[str]]) -> dict[str, str]:
+        """hash -> body of the ``blocks`` rows named, in one query: ``uses`` maps the column that references them
+        (named by the error a missing or NULL body raises) to their hashes.
+
+        Only those rows' bodies are read. Joined on the hash, DuckDB decompresses the body column (zstd, whole
+        vectors of 2,048 rows: about 1 s on a 500 MB store) to keep a few; looking up their row ids on the hash
+        column alone first makes it read only the vectors that hold them (a fleet dataset's views have no row
+        ids: a plain join there).
+        """
+        hashes = sorted({h for hs in uses.values() for h in hs})
+        if not hashes:
+            return {}
+        rows = self.rows(
+            "SELECT hash, body FROM blocks WHERE hash IN (SELECT unnest($1))" if self._views else
+            "SELECT hash, body FROM blocks WHERE rowid IN (SELECT rowid FROM blocks WHERE hash IN (SELECT unnest($1)))",
+            [hashes])
+        bodies = dict(rows)
+        for used_by, hs in uses.items():
+            for h in hs:
+                if bodies.get(h) is None:
+                    self._missing_block(h, used_by, h in bodies)
+        return bodies
 
     def _missing_block(self, block_hash: str, used_by: str, present: bool) -> NoReturn:
         what = "has a NULL body (blocks.body)" if present else "is missing from table blocks"
@@ -1173,32 +1194,26 @@ class Store:
         if row is None:
             raise StoreError(f"session {session_id!r} has no turn {idx}")
         tail, rest_hash = row
-        rest_row = self.one("SELECT body FROM blocks WHERE hash = ?", [rest_hash])
-        if rest_row is None or rest_row[0] is None:
-            self._missing_block(rest_hash, "turns.rest_hash", rest_row is not None)
-        rest = json.loads(rest_row[0])
-        chain: list[tuple[str, str | None, Any]] = []
+        rows: list[tuple[Any, ...]] = []
         if tail is not None:
             rows = self.rows(
                 """WITH RECURSIVE chain(id, parent, depth) AS (
                        SELECT id, parent, depth FROM prefix_nodes WHERE id = ?
                        UNION ALL
                        SELECT p.id, p.parent, p.depth FROM prefix_nodes p JOIN chain c ON p.id = c.parent)
-                   SELECT n.kind, n.role, b.body, n.block_hash, b.hash IS NOT NULL, c.depth, c.parent FROM chain c
-                   JOIN prefix_nodes n ON n.id = c.id LEFT JOIN blocks b ON b.hash = n.block_hash
-                   ORDER BY c.depth""",
+                   SELECT n.kind, n.role, n.block_hash, c.depth, c.parent FROM chain c
+                   JOIN prefix_nodes n ON n.id = c.id ORDER BY c.depth""",
                 [tail],
             )
             if not rows:
                 raise StoreError(damaged(self.path, f"prefix node {tail!r} (turns.tail_node of session "
                                                     f"{session_id!r} request {idx}) is missing from prefix_nodes"))
-            if rows[0][6] is not None:  # the chain stopped before the root: a node in between is gone
-                raise StoreError(damaged(self.path, f"prefix node {rows[0][6]!r} (a parent in session "
+            if rows[0][4] is not None:  # the chain stopped before the root: a node in between is gone
+                raise StoreError(damaged(self.path, f"prefix node {rows[0][4]!r} (a parent in session "
                                                     f"{session_id!r} request {idx}) is missing from prefix_nodes"))
-            for _k, _r, body, block_hash, present, _d, _p in rows:
-                if body is None:
-                    self._missing_block(block_hash, "prefix_nodes.block_hash", present)
-            chain = [(k, r, json.loads(body)) for k, r, body, *_ in rows]
+        bodies = self.block_bodies({"turns.rest_hash": [rest_hash], "prefix_nodes.block_hash": [r[2] for r in rows]})
+        rest = json.loads(bodies[rest_hash])
+        chain = [(k, r, json.loads(bodies[h])) for k, r, h, *_ in rows]
         return rebuild_body(rest["shape"], rest["rest"], chain)
 
     # -- reads for analysis: dict rows and typed records, never positions -----------------------------------
@@ -1260,39 +1275,89 @@ class Store:
     def rest_bodies(self, session_id: str, *, since: datetime | None = None) -> dict[str, str]:
         """The ``rest`` blocks (a body's shape and its top-level fields) of a session's requests (``since``: sent
         at or after it): hash -> JSON."""
-        where, params = _since(session_id, since)
-        rows = self.query(
-            f"""SELECT t.rest_hash AS hash, b.body, b.hash IS NOT NULL AS present
-                FROM (SELECT DISTINCT rest_hash FROM turns WHERE {where}) t
-                LEFT JOIN blocks b ON b.hash = t.rest_hash""",
-            params)
-        for r in rows:
-            if r["body"] is None:
-                self._missing_block(r["hash"], "turns.rest_hash", r["present"])
-        return {r["hash"]: r["body"] for r in rows}
+        return self.session_blocks(session_id, since=since, nodes=False)[0]
 
     def session_nodes(self, session_id: str, *, since: datetime | None = None) -> dict[str, StoredNode]:
         """Every prefix node a session's requests (``since``: sent at or after it) run through (node id ->
-        :class:`StoredNode`), in one query."""
+        :class:`StoredNode`): :meth:`session_blocks`."""
+        return self.session_blocks(session_id, since=since, rests=False)[1]
+
+    def session_blocks(self, session_id: str, *, since: datetime | None = None, rests: bool = True,
+                       nodes: bool = True) -> tuple[dict[str, str], dict[str, StoredNode]]:
+        """What rebuilds a session's request bodies (``since``: those sent at or after it): their ``rest`` blocks
+        (:meth:`rest_bodies`) and every prefix node they run through (:meth:`session_nodes`), with the bodies
+        read in one query (``rests`` / ``nodes`` False: leave those out).
+
+        Read by where the nodes were written, never by scanning the whole table once per level: a request's new
+        nodes are appended just before its tail node, so the nodes on its chain that it wrote lie within
+        ``depth`` rows before that tail. The session's rows are read in one query and its chains walked here;
+        a node another session wrote (a shared system prompt, a forked history) is looked up by id and the rows
+        before it read the same way. (A recursive walk scanned ``prefix_nodes`` at every level: depth x store
+        size, and with the bodies joined about 1 s per session of a heavy user's 29,000-request store.)
+        """
         where, params = _since(session_id, since)
-        rows = self.query(
-            f"""WITH RECURSIVE chain(id) USING KEY (id) AS (
-                   SELECT DISTINCT tail_node FROM turns WHERE {where} AND tail_node IS NOT NULL
+        rest_hashes = [r[0] for r in self.rows(
+            f"SELECT DISTINCT rest_hash FROM turns WHERE {where} ORDER BY 1", params)] if rests else []
+        chain = self._session_chain(session_id, where, params) if nodes else {}
+        bodies = self.block_bodies({"turns.rest_hash": rest_hashes,
+                                    "prefix_nodes.block_hash": [r[3] for r in chain.values()]})
+        return ({h: bodies[h] for h in rest_hashes},
+                {node: StoredNode(parent, kind, role, h, bodies[h]) for node, (parent, kind, role, h) in chain.items()})
+
+    def _session_chain(self, session_id: str, where: str, params: list[Any]) -> dict[str, tuple[Any, ...]]:
+        """:meth:`session_blocks`' nodes, without their bodies: id -> parent, kind, role, block_hash."""
+        tails = [r[0] for r in self.rows(
+            f"SELECT DISTINCT tail_node FROM turns WHERE {where} AND tail_node IS NOT NULL ORDER BY 1", params)]
+        rows: dict[str, tuple[Any, ...]] = {}
+        out: dict[str, tuple[Any, ...]] = {}
+        todo = tails
+        lookup: tuple[str, list[Any]] = ("SELECT tail_node FROM turns WHERE session_id = $1", [session_id])
+        while todo:
+            rows.update(self._chains_up(todo) if self._views else self._nodes_before(*lookup))
+            missing = []
+            for node in todo:
+                if node not in rows:  # a node gone would surface as a KeyError in whoever walks the chain
+                    raise StoreError(damaged(self.path, f"prefix node {node!r} (on a request of session "
+                                                        f"{session_id!r}) is missing from prefix_nodes"))
+                cur: str | None = node
+                while cur is not None and cur not in out:
+                    if cur not in rows:
+                        missing.append(cur)
+                        break
+                    out[cur] = rows[cur]
+                    cur = rows[cur][0]
+            todo = missing
+            lookup = ("SELECT unnest($1)", [missing])
+        return out
+
+    def _nodes_before(self, ids_sql: str, params: list[Any]) -> dict[str, tuple[Any, ...]]:
+        """The ``prefix_nodes`` rows (id -> parent, kind, role, block_hash) of the nodes ``ids_sql`` selects and
+        of the ``depth`` rows before each: what the requests that wrote them wrote (other rows in between too)."""
+        ranges: list[list[int]] = []
+        for rowid, depth in self.rows(f"SELECT rowid, depth FROM prefix_nodes WHERE id IN ({ids_sql}) ORDER BY rowid",
+                                      params):
+            if ranges and rowid - depth <= ranges[-1][1] + 1:
+                ranges[-1][1] = rowid
+            else:
+                ranges.append([rowid - depth, rowid])
+        if not ranges:
+            return {}
+        where = " OR ".join("rowid BETWEEN ? AND ?" for _ in ranges)
+        found = self.rows(f"SELECT id, parent, kind, role, block_hash FROM prefix_nodes WHERE {where}",
+                          [x for r in ranges for x in r])
+        return {r[0]: r[1:] for r in found}
+
+    def _chains_up(self, nodes: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+        """The ``prefix_nodes`` rows from ``nodes`` up to their roots (id -> parent, kind, role, block_hash), in
+        one recursive query (a fleet dataset's views have no row ids); a node not stored is left out."""
+        found = self.rows(
+            """WITH RECURSIVE chain(id) USING KEY (id) AS (
+                   SELECT unnest($1)
                    UNION
                    SELECT p.parent FROM prefix_nodes p JOIN chain c ON p.id = c.id WHERE p.parent IS NOT NULL)
-               SELECT c.id, n.id IS NOT NULL AS found, n.parent, n.kind, n.role, n.block_hash, b.body,
-                      b.hash IS NOT NULL AS present
-               FROM chain c LEFT JOIN prefix_nodes n ON n.id = c.id LEFT JOIN blocks b ON b.hash = n.block_hash""",
-            params,
-        )
-        for r in rows:  # a node or block gone would surface as a KeyError in whoever walks the chain
-            if not r.pop("found"):
-                raise StoreError(damaged(self.path, f"prefix node {r['id']!r} (on a request of session "
-                                                    f"{session_id!r}) is missing from prefix_nodes"))
-            if r["body"] is None:
-                self._missing_block(r["block_hash"], "prefix_nodes.block_hash", r["present"])
-            del r["present"]
-        return {r.pop("id"): StoredNode(**r) for r in rows}
+               SELECT n.id, n.parent, n.kind, n.role, n.block_hash FROM chain c JOIN prefix_nodes n ON n.id = c.id""",
+            [list(nodes)])
+        return {r[0]: r[1:] for r in found}
 
     # -- every session at once (store/_rollups.py: the rebuild rule and the totals in SQL) -------------------
     def rebuild_rows(self, session_ids: Sequence[str] | None = None, *, noise_floor: int,
