@@ -440,6 +440,7 @@ class _TelemetryIndex:
         self._contents: list[Any] = []  # the last contents converted
         self._ends: list[int] = []  # per item of them: the end of its Chat messages in _messages
         self._messages: list[dict[str, Any]] = []
+        self._system: tuple[str | None, dict[str, Any] | None] = (None, None)  # the last instructions, converted
         self._by: dict[tuple[str, tuple[int, int, int]], list[TelemetryCall]] = {}
         for call in _telemetry_calls(path) if path is not None else ():
             self._by.setdefault((call.session, call.counts), []).append(call)
@@ -470,7 +471,10 @@ class _TelemetryIndex:
             messages += _content_messages(content)
             ends.append(len(messages))
         self._contents, self._ends, self._messages = contents, ends, messages
-        system = _system_message(best.system_instructions)
+        if best.system_instructions != self._system[0]:
+            self._system = (best.system_instructions, _system_message(best.system_instructions))
+        # the same system message object as the call before: the body's whole shared prefix is told by identity
+        system = self._system[1]
         return [system, *messages] if system is not None else list(messages)
 
 
