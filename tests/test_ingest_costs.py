@@ -162,3 +162,44 @@ def test_record_without_usage_stores_the_callers_reply_and_request_id(tmp_path: 
     with pc.Lab(tmp_path / "lab.duckdb", progress=False) as lab:
         again = lab.session(id=sid).turn(0)
     assert again.reply == answer and again.request_id == "req_from_my_agent"
+
+
+def test_record_does_the_same_python_work_at_any_history_length() -> None:
+    """Issue 23, item 7: ``s.record(fresh body)`` costs its new tail, not its history. Counted two ways on a session
+    whose history grows by two messages a request: the Python function calls one ``record`` makes (``sys.setprofile``;
+    a per-message Python loop anywhere — validation, hashing, token counts, the diff, the cache model's prefix walk,
+    the store write — would add calls for every repeated message) and the ``blocks`` rows it writes. What stays
+    O(history) is C-speed: the one ``==`` pass that proves the repeated history unchanged (reading the caller's body
+    once) and list copies of per-segment data."""
+    import sys
+
+    usage = {"input_tokens": 5, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 30, "output_tokens": 7}
+    blocks: list[int] = []
+
+    def trace(sql: str, params: object) -> None:
+        if blocks and ("INTO blocks" in sql or sql == "APPEND blocks"):
+            blocks[-1] += len(params) // 5 if isinstance(params, list) else 1
+
+    calls: list[int] = []
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            calls[-1] += 1
+
+    with pc.Lab(None, progress=False, trace=trace) as lab:
+        s = lab.session()
+        for i in range(40):
+            fresh = json.loads(json.dumps(body(i + 1)))  # a new object each request, as a log or an SDK hands it
+            calls.append(0)
+            blocks.append(0)
+            sys.setprofile(profile)
+            try:
+                s.record(fresh, at=T0 + timedelta(seconds=30 * i), usage=usage)
+            finally:
+                sys.setprofile(None)
+        assert len(s.last_turn.request["messages"]) == 79  # type: ignore[union-attr]
+    # from the third request on (the first has no previous body, the second compares with one not yet remembered):
+    # the same count at 5 and at 79 messages; one Python call per repeated message would add 70
+    steady = calls[2:]
+    assert max(steady) - min(steady) <= 4, steady
+    assert set(blocks[2:]) == {2}, blocks  # the new user message and the previous answer, whatever came before
