@@ -327,8 +327,7 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
     if session_id is None and not isinstance(session, StoredSession):
         return pd.DataFrame(rebuild_rows(session, None, noise_floor=noise_floor), columns=["session", *REBUILD_COLUMNS])
     lab, sid = resolve_session(session, session_id)
-    rows = rebuild_rows(lab, [sid], noise_floor=noise_floor)
-    return pd.DataFrame(rows, columns=["session", *REBUILD_COLUMNS]).drop(columns="session")
+    return pd.DataFrame(rebuild_rows(lab, [sid], noise_floor=noise_floor), columns=REBUILD_COLUMNS)
 
 
 def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_floor: int = NOISE_FLOOR,
