@@ -25,6 +25,14 @@ store that imported ``_claude_code_history.py``'s default history (``--projects 
 big store, what ``bench_fleet.py`` times: ``pc.rebuilds(lab.open_session(id))`` for every session.
 
     .venv/bin/python benchmarks/bench_analysis.py [--big | --big-db FILE.duckdb] [--skip-lab]
+
+``--one FILE.duckdb`` (repeatable; skips the rest) times the user-facing calls on the largest session of each
+store, alone: ``lab.open_session`` (the state a continued session needs is read on first use, not here),
+``pc.rebuilds(s)``, ``s.turns()`` and its ``session_summary`` row, CPU median of ``--runs``, and per 1,000 of
+its requests. The issue's case: one ~1,000-request session imported alone and among the heavy user's 200
+(``--projects 1 --sessions 1 --requests 1000`` logs imported into a new store and into the big one).
+
+    .venv/bin/python benchmarks/bench_analysis.py --one small.duckdb --one big.duckdb --runs 7
 """
 
 from __future__ import annotations
@@ -70,7 +78,12 @@ def main() -> None:
     ap.add_argument("--big", action="store_true", help="the big store holds the heavy user's 200 sessions")
     ap.add_argument("--big-db", type=Path, help="a store holding _claude_code_history.py's default history")
     ap.add_argument("--skip-lab", action="store_true", help="only the one-session figures")
+    ap.add_argument("--one", type=Path, action="append", help="time the calls on this store's largest session")
     args = ap.parse_args()
+    if args.one:
+        for db in args.one:
+            largest_session(db, args.runs)
+        return
     if not args.skip_lab:
         whole_lab(args)
     one_session_by_store_size(args)
@@ -99,6 +112,42 @@ def _open_and_rebuilds(lab: pc.Lab, sid: str) -> tuple[float, float]:
     t2 = time.process_time()
     s.close()
     return t1 - t0, t2 - t1
+
+
+def largest_session(db: Path, runs: int) -> None:
+    """CPU of each user-facing call on ``db``'s largest session (median of ``runs``), and per 1,000 requests."""
+    with pc.Lab(db, progress=False, read_only=True) as lab:
+        sizes = lab.sql("SELECT session_id, count(*) AS n FROM turns GROUP BY ALL ORDER BY n DESC, session_id")
+        sid, n, total = str(sizes.session_id[0]), int(sizes.n[0]), int(sizes.n.sum())
+        s = lab.open_session(sid)
+        calls: dict[str, Callable[[], Any]] = {
+            "open_session": lambda: lab.open_session(sid),
+            "pc.rebuilds(s)": lambda: pc.rebuilds(s),
+            "s.turns()": lambda: s.turns(),
+            "summary row": lambda: pc.analysis.session_summary(lab, [sid]),
+        }
+        for f in calls.values():  # pandas and the price tables load outside every figure
+            f()
+        s.close()
+        times: dict[str, list[float]] = {k: [] for k in calls}
+        for _ in range(runs):
+            for name, f in calls.items():
+                t = time.process_time()
+                out = f()
+                times[name].append(time.process_time() - t)
+                if name == "open_session":
+                    s = out
+            s.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n{db.name}: largest session {sid}, {n:,} of the store's {total:,} requests; CPU, median of {runs}; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    for name, t in med.items():
+        print(f"  {name:16}{t * 1000:>8.1f} ms{t / n * 1e6:>10.1f} ms per 1,000 requests")
+    both = med["open_session"] + med["pc.rebuilds(s)"]
+    print(f"  {'open + rebuilds':16}{both * 1000:>8.1f} ms{both / n * 1e6:>10.1f} ms per 1,000 requests   "
+          f"(target <= {TARGET_MS_PER_1000:.0f})")
+    every = sum(med.values())
+    print(f"  {'all four':16}{every * 1000:>8.1f} ms{every / n * 1e6:>10.1f} ms per 1,000 requests")
 
 
 def one_session_by_store_size(args: argparse.Namespace) -> None:

@@ -237,7 +237,9 @@ class Lab:
 
     def open_session(self, session_id: str, *, backend: Backend | None = None) -> Session:
         """A stored session, to continue it. Opening a session that is already open returns that same object
-        (with ``backend``, when given, as its backend), so the object a notebook holds keeps working.
+        (with ``backend``, when given, as its backend), so the object a notebook holds keeps working. What
+        continuing needs (the last request rebuilt, the history) is read on first use: reading it back
+        (``pc.rebuilds(s)``, ``s.turns()``) costs only those reads.
 
         Example:
             >>> s = lab.open_session("s001-naive")  # doctest: +SKIP

@@ -377,15 +377,35 @@ class Session:
         #: rollback of that transaction reloads it, and only it (``Lab._all_or_nothing``).
         self._changed_in: int | None = None
         # a session just created (``Lab.create_session``, ``new_state`` its state row) has nothing else stored:
-        # its state is known without reading the store back
-        self._state = self._load() if new_state is None else self._fresh(new_state)
-        self._note_change()
+        # its state is known without reading the store back. A stored one's is read on first use (``_state``):
+        # a read the notebook asked for (``pc.rebuilds(s)``, ``s.turns()``) needs none of it, and rebuilding the
+        # last request's body cost most of opening a long session.
+        self._loaded: SessionState | None = None
+        if new_state is None:
+            self._caches.preload(self.id, None)  # nothing read yet: an earlier object's window is not this one's
+        else:
+            self._loaded = self._fresh(new_state)
+            self._note_change()
 
     def _member(self) -> ScopeMember:
         """This session as its simulated cache sees it (the project may change: ``Lab.move_sessions``)."""
         return ScopeMember(self.id, self.project, self.cache_scope, self.cache, self._cache_params)
 
     # -- loading ------------------------------------------------------------------------------
+    @property
+    def _state(self) -> SessionState:
+        """The session's state: read from the store on first use (:meth:`_load`), then replaced whole by each
+        stored change."""
+        state = self._loaded
+        if state is None:
+            state = self._loaded = self._load()
+            self._note_change()  # read inside an outer transaction: its rollback must reload this object
+        return state
+
+    @_state.setter
+    def _state(self, value: SessionState) -> None:
+        self._loaded = value
+
     def _fresh(self, strategy_state: dict[str, Any]) -> SessionState:
         """The state :meth:`_load` reads for a session with no request, message, delta or event stored."""
         self._caches.preload(self.id, None)
@@ -453,8 +473,9 @@ class Session:
             self.close()
             return
         self.project, self._config = row["project_id"], SessionConfig.from_stored(row["config"])
-        self._state = self._load()
-        self._note_change()
+        self._loaded = None  # read again on next use, from what the store now holds
+        self._caches.preload(self.id, None)  # a window read before the rollback may hold what it undid
+        self._changed_in = None
 
     def _note_change(self) -> None:
         """Inside an outer transaction this object now holds what may yet be rolled back: note which one."""

@@ -67,7 +67,8 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None) -> p
     ids = None if session_ids is None else list(session_ids)
     sums = lab.store.session_totals(ids)
     if ids is not None:  # the caller's order (an import's order), not the store's
-        sums = sums.set_index("session").loc[ids].reset_index()
+        by_id = {r["session"]: r for r in sums}
+        sums = [by_id[sid] for sid in ids]
     found = rebuild_rows(lab, ids, explain=False)
     lost = _lost_usd(found)
     count: dict[str, int] = {}
@@ -77,12 +78,13 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None) -> p
         if usd is not None:
             dollars[row["session"]] = dollars.get(row["session"], 0.0) + usd
     rows = []
-    for r in sums.to_dict("records"):
+    for r in sums:
         d = derived_totals(r)
         sid = r["session"]
         measured = r["measured_requests"]
         rows.append({
             **r, **d, "openclaw_breaks": int(r["breaks"]), "rebuilds": count.get(sid, 0),
+            "ideal_cache_read": float(r["ideal_cache_read"]),  # the column's dtype as ever (a DataFrame of SQL's sum)
             "cache_read_pct": d["cache_read_pct"] if d["total_input"] else None,
             "usage": "measured" if measured == r["requests"] and measured else
                      "simulated" if not measured else "mixed",

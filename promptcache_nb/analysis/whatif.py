@@ -327,8 +327,7 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
     if session_id is None and not isinstance(session, StoredSession):
         return pd.DataFrame(rebuild_rows(session, None, noise_floor=noise_floor), columns=["session", *REBUILD_COLUMNS])
     lab, sid = resolve_session(session, session_id)
-    rows = rebuild_rows(lab, [sid], noise_floor=noise_floor)
-    return pd.DataFrame(rows, columns=["session", *REBUILD_COLUMNS]).drop(columns="session")
+    return pd.DataFrame(rebuild_rows(lab, [sid], noise_floor=noise_floor), columns=REBUILD_COLUMNS)
 
 
 def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_floor: int = NOISE_FLOOR,
@@ -338,36 +337,34 @@ def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_fl
     session's ``cache_model`` and explicit ``session_prices`` (JSON text, or None). The rows are the ones SQL
     selected (``store/_rollups.py``), built here; ``explain=False`` leaves out what only a reader needs (the
     evidence, the cause and the explanation: no JSON read, no sentence written) for a count or a sum."""
-    import pandas as pd
-
     found = lab.store.rebuild_rows(session_ids, noise_floor=noise_floor, not_rebuild=sorted(NOT_REBUILD))
     rows: list[dict[str, Any]] = []
-    for r in found.itertuples(index=False):
-        sid = r.session_id
-        session = {"cache_model": r.cache_model, "session_prices": None if pd.isna(r.session_prices)
-                   else r.session_prices}
-        if r.legacy:  # a cause was never stored: this session's rows are found again from its bodies
+    for r in found:
+        sid = r["session_id"]
+        session = {"cache_model": r["cache_model"], "session_prices": r["session_prices"]}
+        if r["legacy"]:  # a cause was never stored: this session's rows are found again from its bodies
             rows.extend({"session": sid, **row, **session} for row in _recomputed_rows(lab, sid, noise_floor))
             continue
-        usage = {"model": r.model, "usage_source": r.usage_source, **{k: getattr(r, k) for k in _USAGE_PARTS},
+        usage = {"model": r["model"], "usage_source": r["usage_source"], **{k: r[k] for k in _USAGE_PARTS},
                  **session}
-        gap = None if pd.isna(r.gap_seconds) else float(r.gap_seconds)
-        expected = carried_over(int(r.prev_total), int(r.total))
+        gap = None if r["gap_seconds"] is None else float(r["gap_seconds"])
+        expected = carried_over(int(r["prev_total"]), int(r["total"]))
+        at, idx = r["at"], r["idx"]
         if not explain:  # the SQL rule selected it; its lost tokens are the stored cause's (or expected − read)
-            lost = int(r.lost) if r.measured else expected - int(r.cache_read_input_tokens)
-            rows.append({"session": sid, "idx": r.idx, "at": r.at, "gap_seconds": gap, "lost_tokens": lost,
-                         "measured": bool(r.measured), **usage})
+            lost = int(r["lost"]) if r["measured"] else expected - int(r["cache_read_input_tokens"])
+            rows.append({"session": sid, "idx": idx, "at": at, "gap_seconds": gap, "lost_tokens": lost,
+                         "measured": bool(r["measured"]), **usage})
             continue
-        detail = json.loads(r.cache_detail) if isinstance(r.cache_detail, str) else {}
-        reason = None if pd.isna(r.cache_reason) else r.cache_reason
-        if r.measured:
+        detail = json.loads(r["cache_detail"]) if isinstance(r["cache_detail"], str) else {}
+        reason = r["cache_reason"]
+        if r["measured"]:
             row = _measured_row(reason, detail, noise_floor)
             if row is not None:  # the SQL rule and this one agree: a row it selected always has one
-                rows.append({"session": sid, "idx": r.idx, "at": r.at, "gap_seconds": gap, **row, "measured": True,
+                rows.append({"session": sid, "idx": idx, "at": at, "gap_seconds": gap, **row, "measured": True,
                              **usage})
         else:
-            rows.append({"session": sid, **_simulated_row(r.idx, r.at, gap, expected,
-                                                          int(r.cache_read_input_tokens), reason, detail), **usage})
+            rows.append({"session": sid, **_simulated_row(idx, at, gap, expected, int(r["cache_read_input_tokens"]),
+                                                          reason, detail), **usage})
     return rows
 
 

@@ -1374,20 +1374,21 @@ class Store:
 
     # -- every session at once (store/_rollups.py: the rebuild rule and the totals in SQL) -------------------
     def rebuild_rows(self, session_ids: Sequence[str] | None = None, *, noise_floor: int,
-                     not_rebuild: Sequence[str]) -> pd.DataFrame:
+                     not_rebuild: Sequence[str]) -> list[dict[str, Any]]:
         """The rebuilds of every session (or of ``session_ids``), ordered by session and index, with what a
         rebuild row needs (usage, totals, the gap, the stored cause); a legacy session (a cause never stored)
-        gives its first row only, ``legacy`` true. The rule: ``store/_rollups.py``."""
+        gives its first row only, ``legacy`` true. The rule: ``store/_rollups.py``. Dict rows, NULL as None: a
+        DataFrame of them cost a third of one session's call."""
         where, ids = _rollups.where_sessions(None if session_ids is None else list(session_ids), "$3")
-        return self.sql(_rollups.REBUILD_ROWS.format(where=where), [list(not_rebuild), noise_floor, ids])
+        return self.query(_rollups.REBUILD_ROWS.format(where=where), [list(not_rebuild), noise_floor, ids])
 
-    def session_totals(self, session_ids: Sequence[str] | None = None) -> pd.DataFrame:
+    def session_totals(self, session_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """One row per session (every session, or ``session_ids``), oldest first: its identity (project, strategy,
-        cache model, model, parent, source) and the sums of its requests."""
+        cache model, model, parent, source) and the sums of its requests (dict rows, NULL as None)."""
         ids = None if session_ids is None else list(session_ids)
         where, value = _rollups.where_sessions(ids, "$1")
         where_s = _rollups.where_sessions(ids, "$1", "s.id")[0]
-        return self.sql(_rollups.SESSION_TOTALS.format(where=where, where_s=where_s), [value])
+        return self.query(_rollups.SESSION_TOTALS.format(where=where, where_s=where_s), [value])
 
     def group_totals(self, by: str) -> pd.DataFrame:
         """The measured requests' sums per ``by`` (``project``, ``model`` or ``day``, UTC), one row per group."""

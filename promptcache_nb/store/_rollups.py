@@ -28,17 +28,28 @@ WITH f AS (
            input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS known_total
     FROM turns WHERE {where})
 """
-# The stored cause's figures are read from ``cache_detail`` here, once; the JSON text itself stays out of the
-# windows (sorting it with every row cost 5x the query) and is joined back for the rows selected.
+# The stored cause's figures are read from ``cache_detail`` here, once. ``candidate``: the part of the rule a row
+# decides alone (all of it for a measured request; a simulated one also needs the previous request's total). The
+# JSON text rides through the windows only on candidates (on every row, sorting it cost 5x the query; joined back
+# from ``turns``, a second scan of the table cost a fifth of one session's query).
 _FLAGGED = """
-WITH f AS (
+WITH c AS (
     SELECT session_id, idx, "at", model, total_tokens, input_tokens, cache_read_input_tokens,
            cache_creation_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source, cache_reason,
-           usage_source IN ('live', 'imported') AS measured,
+           cache_detail, usage_source IN ('live', 'imported') AS measured,
            input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS known_total,
            coalesce(TRY_CAST(j[1] AS BIGINT), 0) AS lost, j[1] IS NOT NULL AS has_lost, j[2] AS found_reason
     FROM (SELECT *, json_extract_string(cache_detail, ['$.lost_tokens', '$.rebuild_reason']) AS j  -- one parse
           FROM turns WHERE {where})),
+f AS (
+    SELECT * EXCLUDE (cache_detail, candidate), candidate, CASE WHEN candidate THEN cache_detail END AS cache_detail
+    FROM (SELECT *,
+                 CASE WHEN measured THEN lost > $2 AND coalesce(cache_reason, '') NOT IN ('cold', 'below_minimum')
+                                         AND (CASE WHEN cache_reason IS NULL OR list_contains($1, cache_reason)
+                                                   THEN found_reason ELSE cache_reason END) IS NOT NULL
+                      ELSE idx > 0 AND cache_read_input_tokens IS NOT NULL AND coalesce(cache_reason, '') <> 'hit'
+                 END AS candidate
+          FROM c)),
 w AS (
     SELECT *, coalesce(known_total, total_tokens) AS total,
            row_number() OVER s AS pos,
@@ -51,12 +62,8 @@ w AS (
 x AS (
     SELECT *,
            CASE WHEN pos = 1 THEN false
-                WHEN measured THEN lost > $2 AND coalesce(cache_reason, '') NOT IN ('cold', 'below_minimum')
-                     AND (CASE WHEN cache_reason IS NULL OR list_contains($1, cache_reason) THEN found_reason
-                               ELSE cache_reason END) IS NOT NULL
-                ELSE idx > 0 AND cache_read_input_tokens IS NOT NULL
-                     AND cache_read_input_tokens < greatest(0, least(prev_total, total))
-                     AND coalesce(cache_reason, '') <> 'hit'
+                WHEN measured THEN candidate
+                ELSE candidate AND cache_read_input_tokens < greatest(0, least(prev_total, total))
            END AS rebuild,
            bool_or(CASE WHEN measured THEN pos > 1 AND NOT has_lost AND known_total > 0
                                            AND coalesce(prev_sent_measured, false)
@@ -70,11 +77,9 @@ x AS (
 REBUILD_ROWS = _FLAGGED + """
 SELECT x.session_id, x.idx, x."at", x.model, x.measured, x.usage_source, x.input_tokens, x.cache_read_input_tokens,
        x.cache_creation_input_tokens, x.cache_creation_1h_input_tokens, x.output_tokens, x.total, x.prev_total,
-       x.lost, epoch(x."at" - x.prev_at) AS gap_seconds, x.cache_reason, t.cache_detail, t.events, x.legacy,
+       x.lost, epoch(x."at" - x.prev_at) AS gap_seconds, x.cache_reason, x.cache_detail, x.legacy,
        s.cache_model, json_extract(s.config, '$.prices')::VARCHAR AS session_prices
 FROM x JOIN sessions s ON s.id = x.session_id
-     JOIN (SELECT session_id, idx, cache_detail, events FROM turns WHERE {where}) t
-       ON t.session_id = x.session_id AND t.idx = x.idx
 WHERE (x.rebuild AND NOT x.legacy) OR (x.legacy AND x.pos = 1)
 ORDER BY x.session_id, x.idx
 """
