@@ -9,6 +9,8 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from itertools import compress, count
+from operator import is_not
 from typing import Any
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)\s*$")
@@ -74,6 +76,13 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def identity_prefix(a: Any, b: Any) -> int:
+    """How many leading items of ``a`` and ``b`` are the very same objects (C-speed, stops at the first
+    difference; equal but distinct objects do not count)."""
+    n = min(len(a), len(b))
+    return next(compress(count(), map(is_not, a[:n] if len(a) > n else a, b[:n] if len(b) > n else b)), n)
 
 
 def common_prefix_length(a: Sequence[Any], b: Sequence[Any], start: int = 0) -> int:

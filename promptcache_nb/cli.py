@@ -45,7 +45,11 @@ def _new_store_or_none(db: str | Path) -> Iterator[None]:
     created = [p for p in (path, Path(str(path) + ".wal")) if not p.exists()]
     try:
         yield
-    except Exception:
+    except Exception as exc:
+        from .store import caused_by_ctrl_c
+
+        if caused_by_ctrl_c(exc):  # an error made of a Ctrl-C is the Ctrl-C: keep what committed, exit 130
+            raise KeyboardInterrupt from exc
         if path in created:
             for p in created:
                 p.unlink(missing_ok=True)

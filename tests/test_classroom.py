@@ -420,3 +420,27 @@ def test_import_of_an_unknown_format_leaves_no_store_and_keeps_an_existing_one(t
     assert main(["import", str(bad), "--db", str(db)]) == 2
     with pc.Lab(db, progress=False, read_only=True) as lab:
         assert len(lab.sessions()) == 1
+
+
+def test_an_error_made_of_a_ctrl_c_is_a_ctrl_c_keeping_the_new_store(tmp_path, capsys, monkeypatch):
+    """A wrapper that turns DuckDB's "Query interrupted" into its own error must not make the CLI delete what the
+    interrupted import committed, nor exit 2: it is the user's Ctrl-C (exit 130)."""
+    from promptcache_nb.cli import main
+    from promptcache_nb.errors import ImportFormatError
+    from promptcache_nb.store import caused_by_ctrl_c
+
+    def interrupted_import(self, *args, **kwargs):
+        self.replay(pc.data_path("scenarios", "tiny.yaml"), stop_after=1)  # something committed before the Ctrl-C
+        try:
+            raise RuntimeError("Query interrupted")
+        except RuntimeError as exc:
+            raise ImportFormatError("x.jsonl", "reading failed") from exc
+
+    monkeypatch.setattr(pc.Lab, "import_log", interrupted_import)
+    db = tmp_path / "x.duckdb"
+    assert main(["import", str(tmp_path), "--db", str(db)]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    with pc.Lab(db, progress=False, read_only=True) as lab:
+        assert len(lab.sessions()) == 1
+    plain = ImportFormatError("x.jsonl", "reading failed")
+    assert not caused_by_ctrl_c(plain) and caused_by_ctrl_c(KeyboardInterrupt())

@@ -32,12 +32,14 @@ def line(body: dict, *, at: int, indent: int | None = None, separators: tuple[st
                       indent=indent, separators=separators, ensure_ascii=at % 2 == 0)
 
 
+@pytest.mark.parametrize("array_body", [False, True])
 @settings(max_examples=120, deadline=None)
 @given(history=st.lists(ITEMS, min_size=1, max_size=12), edits=st.lists(
     st.tuples(st.sampled_from(["append", "edit", "drop", "retype", "space"]), st.integers(0, 11), ITEMS),
     min_size=1, max_size=8))
-def test_every_line_parses_exactly_as_json_loads_does(history: list, edits: list) -> None:
-    decoder = HistoryDecoder(("request",))
+def test_every_line_parses_exactly_as_json_loads_does(array_body: bool, history: list, edits: list) -> None:
+    # array_body: each document is the history itself (Gemini CLI's request_text, a JSON list of contents)
+    decoder = HistoryDecoder(array_body=True) if array_body else HistoryDecoder(("request",))
     bodies = []
     items = list(history)
     for step, (kind, where, item) in enumerate(edits):
@@ -49,12 +51,29 @@ def test_every_line_parses_exactly_as_json_loads_does(history: list, edits: list
             items = items[1:]
         elif kind == "retype" and items:  # the same value as a float: equal under ==, not the same JSON
             items = [1.0 if x == 1 and not isinstance(x, bool) else x for x in items] + [1]
-        bodies.append(line({"model": "m", "system": "s", "messages": items}, at=step,
-                           indent=1 if kind == "space" else None))
+        indent = 1 if kind == "space" else None
+        bodies.append(json.dumps(items, indent=indent, ensure_ascii=step % 2 == 0) if array_body
+                      else line({"model": "m", "system": "s", "messages": items}, at=step, indent=indent))
     for text in bodies:
         for data in (text, text.encode("utf-8") + b"\n"):
             got, want = decoder.loads(data), json.loads(data)
             assert same(got, want)
+
+
+def test_a_body_that_is_the_history_array_is_reused_by_identity() -> None:
+    decoder = HistoryDecoder(array_body=True)
+    contents: list[dict] = []
+    parsed = []
+    for i in range(5):
+        contents = [*contents, {"role": "user", "parts": [{"text": f"q{i}"}]}]
+        parsed.append(decoder.loads(json.dumps(contents)))
+        assert parsed[-1] == contents
+        contents = [*contents, {"role": "model", "parts": [{"text": f"a{i}"}]}]
+    assert all(x is y for x, y in zip(parsed[-1], parsed[-2], strict=False))
+    assert decoder.reused == sum(2 * i - 1 for i in range(1, 5))
+    # a document that is no array, or an array where an object body is expected, is json.loads's
+    assert decoder.loads('{"messages": [1]}') == {"messages": [1]}
+    assert HistoryDecoder().loads("[1, 2]") == [1, 2]
 
 
 def test_a_growing_history_is_reused_by_identity_and_interleaved_conversations_find_their_own() -> None:

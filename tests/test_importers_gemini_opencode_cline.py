@@ -8,13 +8,17 @@ import shutil
 import sqlite3
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import promptcache_nb as pc
 from promptcache_nb.cli import main
 from promptcache_nb.errors import ImportFormatError
-from promptcache_nb.importers import ImportedRequest, SkippedLine, detect
+from promptcache_nb.importers import ImportedRequest, SkippedLine, detect, gemini_cli
+from promptcache_nb.importers._history import HistoryDecoder
 from promptcache_nb.importers._locations import agent_log_files
 
 LOGS = pc.data_path("logs")
@@ -476,3 +480,70 @@ def test_import_agent_knows_every_agents_usual_place_and_its_override(tmp_path, 
         assert sum(1 for s in res.sessions if s.parent_id) == 2  # oh-my-pi's side call and its sub-agent
     finally:
         ref.close()
+
+
+def test_gemini_telemetry_request_text_reuses_the_history_parsed_for_the_call_before(monkeypatch):
+    """Each request_text repeats the contents of the call before it: the reader's HistoryDecoder hands that
+    history back as the objects already parsed (and converted), and the bodies are exactly those of a plain
+    ``json.loads`` of every request_text."""
+    decoders: list[HistoryDecoder] = []
+
+    class Recorded(HistoryDecoder):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            decoders.append(self)
+
+    class Plain:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def loads(self, text: str) -> Any:
+            return json.loads(text)
+
+    monkeypatch.setattr(gemini_cli, "HistoryDecoder", Recorded)
+    reqs, _ = read(GEMINI_MAIN)
+    monkeypatch.setattr(gemini_cli, "HistoryDecoder", Plain)
+    plain, _ = read(GEMINI_MAIN)
+    assert [r.body for r in reqs] == [r.body for r in plain] and len(reqs) == 9
+    # the decoder path was taken: per call, the leading contents equal to the previous call's came back reused
+    sent = [json.loads(c.request_text) for c in gemini_cli._telemetry_calls(TELEMETRY) if c.request_text]
+    assert len(sent) == 9
+    shared = [next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+              for a, b in zip(sent, sent[1:], strict=False)]
+    (decoder,) = decoders
+    assert decoder.reused == sum(shared) > 0
+    # ...and their Chat messages are the previous body's very objects, as is an unchanged system message
+    for before, after, k in zip(reqs, reqs[1:], shared, strict=False):
+        now, then = after.body["messages"], before.body["messages"]
+        assert k == 0 or now[1] is then[1]
+        assert now[0] is then[0] or now[0] != then[0] or now[0]["role"] != "system"
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["user", "gemini", "rewrite", "rewind", "compress"]),
+                              st.integers(0, 5), st.integers(0, 3)), max_size=25))
+def test_gemini_replay_joins_only_what_changed_and_equals_a_full_join(ops):
+    """The chat's bodies are joined incrementally (records appended or re-written since the last request); at
+    every step they equal joining every record again."""
+    replay = gemini_cli._Replay()
+    sent: dict[str, list[dict]] = {}  # each gemini turn's body as the records stood when it was first written
+    for step, (kind, n, call) in enumerate(ops):
+        ids = list(replay.order)
+        if kind == "rewind":
+            replay.rewind(ids[n % len(ids)] if ids and n < 4 else "unknown")
+        elif kind == "compress":
+            replay.replace([replay.records[m] for m in ids[n % 3:]], step)
+        else:
+            mid = ids[n % len(ids)] if kind == "rewrite" and ids else f"m{step}"
+            result = [{"functionResponse": {"id": f"c{call}", "name": "ls", "response": {"output": str(step)}}}]
+            if kind == "user" or (kind == "rewrite" and n % 2):
+                record = {"id": mid, "type": "user", "content": [{"text": f"t{step}"}] if call else result}
+            else:
+                record = {"id": mid, "type": "gemini", "content": f"a{step}",
+                          "toolCalls": [{"id": f"c{call}", "name": "ls", "args": {}, "result": result}]}
+            if mid not in replay.records and mid not in replay.pending and record["type"] == "gemini":
+                sent[mid] = gemini_cli._chat_messages([replay.records[m] for m in replay.order])
+            replay.put(record, step)
+        assert replay.messages() == gemini_cli._chat_messages([replay.records[m] for m in replay.order])
+    # a body taken earlier is a list of its own: what was joined since never changed it
+    assert {mid: p.body_messages for mid, p in replay.pending.items()} == sent

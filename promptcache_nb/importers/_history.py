@@ -7,9 +7,11 @@ values, type for type (``1`` and ``1.0`` are different texts), so a history item
 body's item at the same index *is* that item: :class:`HistoryDecoder` hands back the previous parse's object
 instead of parsing it again, and the segmenter then recognises the shared prefix by identity.
 
-Only the path to the body and its history arrays (``messages``, ``input``) are walked here, with the standard
-library's C scanner parsing every other value; anything the walk does not expect falls back to ``json.loads``
-(whose result, or error, is then the answer). A property test checks the result equals ``json.loads``.
+Only the path to the body and its history arrays (``messages``, ``input``; or the body itself when it *is* the
+history: Gemini CLI's telemetry logs each request's ``contents`` list as its ``request_text``) are walked here,
+with the standard library's C scanner parsing every other value; anything the walk does not expect falls back to
+``json.loads`` (whose result, or error, is then the answer). A property test checks the result equals
+``json.loads``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # (text, ind
 _DELIMITED_END = frozenset('}]"')  # a value ending in one of these ends there, whatever follows
 _HEAD = 256  # characters of the first item compared to pick the previous history of the same conversation
 _RECENT = 8  # histories remembered: interleaved conversations in one log each find their own previous body
+_BODY = ""  # the key a history that is the body itself is remembered under (a body's own keys are never "")
 
 
 @dataclass(frozen=True)
@@ -58,20 +61,26 @@ class HistoryDecoder:
         body_path: keys leading from the document to the request body (``("request",)`` for the proxy's exchange
             lines; ``()`` when the document is the body).
         keys: the body's history arrays.
+        array_body: the body may itself be the history array (a list of turns, as Gemini's ``contents``).
     """
 
-    def __init__(self, body_path: Sequence[str] = (), keys: Sequence[str] = ("messages", "input")) -> None:
+    def __init__(self, body_path: Sequence[str] = (), keys: Sequence[str] = ("messages", "input"), *,
+                 array_body: bool = False) -> None:
         self.body_path = tuple(body_path)
         self.keys = frozenset(keys)
+        self.array_body = array_body
         self._recent: list[_History] = []
         self._found: list[_History] = []
         self.reused = 0  # history items handed back from a previous body (for tests and benchmarks)
+        self._openers = b"{[" if array_body else b"{"
+        # what a key on the body path may open to be walked: an object, or at its end an array body
+        self._descend = ("{", "{[" if array_body else "{")
 
     def loads(self, data: str | bytes) -> Any:
         """The document ``data`` (a line, with or without its newline) parsed; equal to ``json.loads(data)``."""
         if isinstance(data, bytes):
             # json.loads(bytes) detects UTF-16/32 from NUL bytes: only plain UTF-8 text is walked here
-            if len(data) < 2 or data[0] != 0x7B or data[1] == 0:
+            if len(data) < 2 or data[0] not in self._openers or data[1] == 0:
                 return json.loads(data)
             try:
                 text = data.decode("utf-8", "surrogatepass")
@@ -93,6 +102,8 @@ class HistoryDecoder:
 
     # -- the walk --------------------------------------------------------------------------------------------
     def _value(self, text: str, i: int, path: tuple[str, ...]) -> tuple[Any, int]:
+        if not path and self.array_body and text[i] == "[":
+            return self._history(text, i, _BODY)
         if text[i] != "{":
             if path:
                 raise _Fallback  # not the shape expected: the body is not where the path says
@@ -115,8 +126,8 @@ class HistoryDecoder:
             if text[i] != ":":
                 raise _Fallback
             i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
-            if path and key == path[0] and text[i] == "{":
-                obj[key], i = self._object(text, i, path[1:])
+            if path and key == path[0] and text[i] in self._descend[len(path) == 1]:
+                obj[key], i = self._value(text, i, path[1:])
             elif not path and key in self.keys and text[i] == "[":
                 obj[key], i = self._history(text, i, key)
             else:

@@ -67,8 +67,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .._util import identity_prefix
 from ..errors import PromptCacheError
 from ._counts import count_problem, imported_usage
+from ._history import HistoryDecoder
 from ._jsonl import iter_json_lines, json_objects_in_head, parse_timestamp, read_log_bytes
 from ._types import ImportedRequest, ReadProgress, Record, SessionKind, SkippedLine
 
@@ -98,26 +100,54 @@ class _Pending:
 
 
 @dataclass
+class _Joined:
+    """The Chat messages of the replay's first records, kept between requests: each request's body is the one
+    before it with the records since appended, so only those (and any record re-written since) are converted and
+    joined, not the whole conversation again."""
+
+    valid: int = 0  # leading records of the replay's order whose messages below are current
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)  # per record: the end of its messages
+    added: list[list[str]] = field(default_factory=list)  # per record: the tool call ids it answered first
+    answered: set[str] = field(default_factory=set)
+
+    def keep(self, n: int) -> None:
+        """Forget all but the first ``n`` records' messages."""
+        if n >= len(self.ends):
+            return
+        for ids in self.added[n:]:
+            self.answered.difference_update(ids)
+        del self.messages[self.ends[n - 1] if n else 0:]
+        del self.ends[n:], self.added[n:]
+
+
+@dataclass
 class _Replay:
     """The conversation as the client holds it while its log is replayed."""
 
     order: list[str] = field(default_factory=list)
     records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    position: dict[str, int] = field(default_factory=dict)  # message id -> its index in order
     pending: dict[str, _Pending] = field(default_factory=dict)  # gemini messages by id, in first-seen order
     events: list[str] = field(default_factory=list)
     # message id -> (the record converted, its Chat messages): each record is converted once, not once per request
     converted: dict[str, tuple[dict[str, Any], list[tuple[dict[str, Any], str | None]]]] = field(
         default_factory=dict)
+    joined: _Joined = field(default_factory=_Joined)
 
     def messages(self) -> list[dict[str, Any]]:
-        pieces = []
-        for mid in self.order:
+        """The Chat messages of the records in order (see :func:`_join`), a list of the caller's own."""
+        joined = self.joined
+        joined.keep(joined.valid)
+        for mid in self.order[len(joined.ends):]:
             rec = self.records[mid]
             done = self.converted.get(mid)
             if done is None or done[0] is not rec:
                 done = self.converted[mid] = (rec, _pieces(rec))
-            pieces.append(done[1])
-        return _join(pieces)
+            joined.added.append(_join_into(joined.messages, joined.answered, done[1]))
+            joined.ends.append(len(joined.messages))
+        joined.valid = len(self.order)
+        return list(joined.messages)
 
     def put(self, record: dict[str, Any], line: int, *, checkpoint: bool = False) -> None:
         mid = record["id"]
@@ -126,7 +156,10 @@ class _Replay:
             if record.get("type") == "gemini" and mid not in self.pending and not checkpoint:
                 self.pending[mid] = _Pending(line, self.messages(), tuple(self.events), record)
                 self.events.clear()
+            self.position[mid] = len(self.order)
             self.order.append(mid)
+        else:
+            self.joined.valid = min(self.joined.valid, self.position[mid])  # re-written: its messages may change
         self.records[mid] = record
         self._note(record, line)
 
@@ -139,15 +172,17 @@ class _Replay:
                 p.token_line = line
 
     def rewind(self, to: str) -> None:
-        cut = self.order.index(to) if to in self.order else 0
+        cut = self.position.get(to, 0)
         for mid in self.order[cut:]:
-            del self.records[mid]
+            del self.records[mid], self.position[mid]
         del self.order[cut:]
+        self.joined.valid = min(self.joined.valid, cut)
         self.events.append("rewind")
 
     def replace(self, messages: list[Any], line: int) -> None:
         before = len(self.order)
-        self.order, self.records = [], {}
+        self.order, self.records, self.position = [], {}, {}
+        self.joined.valid = 0
         for m in messages:
             if isinstance(m, dict) and isinstance(m.get("id"), str):
                 self.put(m, line, checkpoint=True)
@@ -398,8 +433,14 @@ class _TelemetryIndex:
     """A telemetry file's calls by (session, counts), each handed to one chat request at most."""
 
     def __init__(self, path: Path | None) -> None:
-        # the last contents converted, item by item: the next call's history repeats them, converted once
-        self._last: list[tuple[Any, list[dict[str, Any]]]] = []
+        # each request_text repeats the contents of the call before it: the decoder hands those items back as the
+        # previous parse's objects, and the Chat messages already converted from them are reused, so a call costs
+        # its new turns (and one C-speed comparison of the text), not its whole history
+        self.decoder = HistoryDecoder(array_body=True)
+        self._contents: list[Any] = []  # the last contents converted
+        self._ends: list[int] = []  # per item of them: the end of its Chat messages in _messages
+        self._messages: list[dict[str, Any]] = []
+        self._system: tuple[str | None, dict[str, Any] | None] = (None, None)  # the last instructions, converted
         self._by: dict[tuple[str, tuple[int, int, int]], list[TelemetryCall]] = {}
         for call in _telemetry_calls(path) if path is not None else ():
             self._by.setdefault((call.session, call.counts), []).append(call)
@@ -415,18 +456,26 @@ class _TelemetryIndex:
         best = min(candidates, key=lambda c: abs(c.end - at))
         self._by[key].remove(best)
         try:
-            contents = json.loads(best.request_text) if best.request_text is not None else None
+            contents = self.decoder.loads(best.request_text) if best.request_text is not None else None
         except ValueError:
             contents = None
         if not isinstance(contents, list):
             return None
-        converted: list[tuple[Any, list[dict[str, Any]]]] = []
-        for i, content in enumerate(contents):
-            held = self._last[i] if i < len(self._last) else None
-            converted.append(held if held is not None and held[0] == content else (content, _content_messages(content)))
-        self._last = converted
-        system = _system_message(best.system_instructions)
-        return ([system] if system is not None else []) + [m for _, msgs in converted for m in msgs]
+        before = self._contents
+        k = identity_prefix(contents, before)
+        while k < len(before) and k < len(contents) and contents[k] == before[k]:
+            k += 1  # equal but parsed anew (another conversation came between): converted all the same
+        messages = self._messages[:self._ends[k - 1]] if k else []
+        ends = self._ends[:k]
+        for content in contents[k:]:
+            messages += _content_messages(content)
+            ends.append(len(messages))
+        self._contents, self._ends, self._messages = contents, ends, messages
+        if best.system_instructions != self._system[0]:
+            self._system = (best.system_instructions, _system_message(best.system_instructions))
+        # the same system message object as the call before: the body's whole shared prefix is told by identity
+        system = self._system[1]
+        return [system, *messages] if system is not None else list(messages)
 
 
 def _system_message(parts_json: str | None) -> dict[str, Any] | None:
@@ -547,13 +596,23 @@ def _join(pieces: list[list[tuple[dict[str, Any], str | None]]]) -> list[dict[st
     out: list[dict[str, Any]] = []
     answered: set[str] = set()
     for record in pieces:
-        for msg, call_id in record:
-            if call_id is not None:
-                if call_id in answered:
-                    continue
-                answered.add(call_id)
-            out.append(msg)
+        _join_into(out, answered, record)
     return out
+
+
+def _join_into(out: list[dict[str, Any]], answered: set[str], record: list[tuple[dict[str, Any], str | None]]
+               ) -> list[str]:
+    """Append one record's messages to ``out``, leaving out the tool results ``answered`` already; return the call
+    ids it answered (now in ``answered``)."""
+    added: list[str] = []
+    for msg, call_id in record:
+        if call_id is not None:
+            if call_id in answered:
+                continue
+            answered.add(call_id)
+            added.append(call_id)
+        out.append(msg)
+    return added
 
 
 def _chat_messages(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -33,11 +33,11 @@ import marshal
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, count, repeat
-from operator import attrgetter, eq, is_not
+from itertools import accumulate, repeat
+from operator import attrgetter, eq
 from typing import Any
 
-from .._util import common_prefix_length, digest
+from .._util import common_prefix_length, digest, identity_prefix
 from ..dialects import ANTHROPIC as DEFAULT_FORMAT  # the format a shape without "dialect" names
 from ..dialects import DIALECTS as DIALECTS  # re-exported: request.DIALECTS
 from ..dialects import Dialect as WireFormat
@@ -826,13 +826,6 @@ def extend_cumulative(segments: Any, previous: PreparedRequest | None, shared: i
     next(tail)  # the initial value itself
     cum.extend(tail)
     return cum
-
-
-def identity_prefix(a: Any, b: Any) -> int:
-    """How many leading items of ``a`` and ``b`` are the very same objects (C-speed, stops at the first
-    difference; equal but distinct objects do not count)."""
-    n = min(len(a), len(b))
-    return next(compress(count(), map(is_not, a[:n] if len(a) > n else a, b[:n] if len(b) > n else b)), n)
 
 
 def mark_prefix(p: PreparedRequest, previous: PreparedRequest | None, shared: int) -> None:

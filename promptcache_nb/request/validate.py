@@ -33,7 +33,7 @@ from itertools import compress
 from operator import not_
 from typing import Any
 
-from .._util import common_prefix_length
+from .._util import common_prefix_length, identity_prefix
 from ..dialects import Dialect as WireFormat
 from ..dialects import detect as detect_format
 from ..dialects import get as get_format
@@ -44,7 +44,6 @@ from ..dialects.anthropic import ROLES as ANTHROPIC_ROLES
 from ..errors import BodyValidationError
 from ._canonical import (
     _snapshots,
-    identity_prefix,
     remember_snapshots,
     remembered_plain,
     remembered_snapshots,

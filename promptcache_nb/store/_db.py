@@ -134,6 +134,19 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def caused_by_ctrl_c(exc: BaseException) -> bool:
+    """``exc`` is a Ctrl-C, DuckDB's error for one, or an error raised while handling either (a wrapper that
+    turned the interrupt into its own error must not make a Ctrl-C look like a failure)."""
+    seen: BaseException | None = exc
+    for _ in range(32):  # a chain is short; a cycle would be a bug elsewhere, not a reason to hang
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt) or _interrupted(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _interrupted(exc: BaseException) -> bool:
     """A Ctrl-C that landed while DuckDB ran a statement: its Python client stops the query and raises
     ``RuntimeError("Query interrupted")`` (or, for a statement :func:`interruptible` stopped,

@@ -722,6 +722,7 @@ class CliRun:
     stderr: str = ""
     to_exit: float | None = None  # seconds from SIGINT to the process gone; None when it ended before the signal
     seconds: float = 0.0  # start to exit
+    working: float = 0.0  # from the store's WAL appearing to the signal, or to the WAL's end when no signal was sent
 
     @property
     def interrupted(self) -> bool:
@@ -740,7 +741,8 @@ def _cli_env() -> dict[str, str]:
 
 
 def cli_ctrl_c(args: list[str], store: Path, *, delay: float, timeout: float = 300) -> CliRun:
-    """Run ``promptcache-nb ARGS`` and press Ctrl-C ``delay`` seconds after ``store``'s WAL appears."""
+    """Run ``promptcache-nb ARGS`` and press Ctrl-C ``delay`` seconds after ``store``'s WAL appears (``math.inf``:
+    never; ``working`` then says how long the store was open, its WAL present: the span to draw delays from)."""
     run = CliRun(args, delay)
     wal = Path(str(store) + ".wal")
     t0 = time.perf_counter()
@@ -749,8 +751,15 @@ def cli_ctrl_c(args: list[str], store: Path, *, delay: float, timeout: float = 3
     try:
         while proc.poll() is None and not wal.exists() and time.perf_counter() - t0 < timeout:
             time.sleep(0.002)
-        time.sleep(delay)
-        if proc.poll() is None:
+        t_wal = t_open = time.perf_counter()
+        while proc.poll() is None and time.perf_counter() - t_wal < min(delay, timeout):
+            if wal.exists():
+                t_open = time.perf_counter()
+            time.sleep(0.002)
+        run.working = t_open - t_wal  # while the store was open (a demo writes its report after closing it)
+        # no WAL: the store is closed, the work done and the process leaving; a signal now may reach a process
+        # the kernel is already tearing down (exit 0 after the signal), which says nothing about Ctrl-C handling
+        if proc.poll() is None and delay < timeout and wal.exists():
             sent = time.perf_counter()
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout)
@@ -809,6 +818,8 @@ def stored_turns(store: Path) -> dict[str, list[tuple[Any, ...]]]:
 def partial_problems(store: Path, reference: dict[str, list[tuple[Any, ...]]], *, whole: bool) -> list[str]:
     """Each session ``store`` holds must be the reference run's session of the same id cut at a commit: every
     request row equal, and (``whole``) all of them (an imported session commits whole)."""
+    if not store.exists():  # an interrupted run keeps its store; what happened is in the exit and stderr problems
+        return [f"no store at {store.name} after the run"]
     problems = []
     for sid, rows in stored_turns(store).items():
         want = reference.get(sid)
