@@ -8,6 +8,7 @@ import json
 import random
 import shutil
 import sys
+import weakref
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -150,3 +151,48 @@ def test_many_small_sessions_share_a_transaction_and_a_failure_keeps_the_ones_be
             lab.import_log(log)
         assert lab.sql("SELECT count(*) AS n FROM turns").n[0] == 3
         assert lab.sql("SELECT count(*) AS n FROM sessions").n[0] == 3
+
+
+def test_stored_sessions_are_not_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Memory follows the largest session, not the folder: once a session's transaction is committed, the import
+    keeps none of its parsed requests, neither while the rest of its group is stored nor while the next group is
+    read (a heavy history is hundreds of MB of JSON)."""
+    hist = _history_module()
+    root = tmp_path / "h"
+    hist.write_history(root, projects=2, sessions=3, requests=4, tool_result_lines=4)
+    monkeypatch.setattr(_ingest, "BATCH_REQUESTS", 1)  # one session per transaction
+    parsed: dict[str, list[weakref.ref[object]]] = {}  # session key -> its parsed requests
+    committed: list[str] = []
+    held: list[tuple[str, str]] = []  # (when, session key) of a committed session with live requests
+    checks = []
+
+    def check(when: str) -> None:
+        checks.append(when)
+        held.extend((when, key) for key in committed if any(ref() is not None for ref in parsed[key]))
+
+    real_read, real_store, real_batch = _ingest._read, _ingest._store_session, _ingest._store_batch
+
+    def read(log, *args):  # noqa: ANN001, ANN202
+        check(f"read {log.path.name}")
+        got = real_read(log, *args)
+        for rec in got[1] if got is not None else []:
+            parsed.setdefault(rec.session_key, []).append(weakref.ref(rec))
+        return got
+
+    def store(lab, key, *args, **kwargs):  # noqa: ANN001, ANN202
+        check(f"store {key}")
+        return real_store(lab, key, *args, **kwargs)
+
+    def batch(run, pending, **kwargs):  # noqa: ANN001, ANN202
+        out = real_batch(run, pending, **kwargs)
+        committed.extend(p.key for p in pending)
+        return out
+
+    monkeypatch.setattr(_ingest, "_read", read)
+    monkeypatch.setattr(_ingest, "_store_session", store)
+    monkeypatch.setattr(_ingest, "_store_batch", batch)
+    with pc.Lab(tmp_path / "a.duckdb", progress=False) as lab:
+        res = lab.import_log(root)
+    assert len(res.sessions) == 6 and len(committed) == 6
+    assert len(checks) == 12  # six files read, six sessions stored
+    assert held == []

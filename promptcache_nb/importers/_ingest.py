@@ -447,34 +447,19 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     try:
         for n, group in enumerate(groups):
             for i in group:
-                got = _read(files[i], format, read_skips, i)
+                name = _read_into(by_session, models, files[i], format, read_skips, i)
                 bar.update(1)
-                if got is None:
-                    continue
-                name, records = got
-                reader_of[i] = name
-                read_ok.append((i, (display_path(files[i].path), name)))
-                for rec in records:
-                    by_session.setdefault(rec.session_key, []).append((i, rec))
-                    if rec.model:
-                        models.add(rec.model)
+                if name is not None:
+                    reader_of[i] = name
+                    read_ok.append((i, (display_path(files[i].path), name)))
             if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
                     sum(map(len, by_session.values())) < BATCH_REQUESTS:
                 continue  # small groups (one-request files) are stored together: one transaction for many
-            pending = []
-            for key, recs in by_session.items():
-                earlier = key_files.get(key, [])
-                if earlier:  # read again from the earlier groups' files, in file order as one read would
-                    recs = sorted([(j, r) for j in earlier for r in _reread(files[j], reader_of[j], key)] + recs,
-                                  key=lambda t: t[0])
-                first = recs[0][0]
-                reqs = sorted(_richest([r for _, r in recs]), key=lambda r: r.at)  # stable: file order for ties
-                pending.append(_Pending(key, reader_of[first], display_path(files[first].path), reqs,
-                                        again=bool(earlier)))
-                for j in dict.fromkeys(i for i, _ in recs if i not in earlier):
-                    key_files.setdefault(key, []).append(j)
+            pending = _pending_of(by_session, files, reader_of, key_files)
             by_session = {}
-            _store_group(run, sorted(pending, key=lambda p: p.rank))
+            # nothing here keeps the group's records: each session's go once it is stored (``_store_batch``),
+            # and the next group is read with none of this one's held
+            _store_group(run, pending)
     finally:
         bar.close()
     done = sorted(run.stored.values(), key=lambda x: x.rank)
@@ -493,6 +478,41 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     if calibrate and (result.requests or (models and _uncalibrated(lab, models))):
         result.calibrations = calibrate_families(lab, models)
     return result
+
+
+def _read_into(by_session: dict[str, list[tuple[int, ImportedRequest]]], models: set[str], log: LogFile,
+               format: str, skipped: list[tuple[int, dict[str, Any]]], index: int) -> str | None:  # noqa: A002
+    """Read one file (:func:`_read`) into ``by_session`` (session key -> (file index, request)) and its models
+    into ``models``; returns its reader's name, or None when it is not a log."""
+    got = _read(log, format, skipped, index)
+    if got is None:
+        return None
+    name, records = got
+    for rec in records:
+        by_session.setdefault(rec.session_key, []).append((index, rec))
+        if rec.model:
+            models.add(rec.model)
+    return name
+
+
+def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files: list[LogFile],
+                reader_of: dict[int, str], key_files: dict[str, list[int]]) -> list[_Pending]:
+    """A file group's sessions, ready to store, in the order they are stored (:attr:`_Pending.rank`). A session
+    an earlier group stored part of is read again from that group's files; ``key_files`` learns which files
+    hold each session."""
+    pending = []
+    for key, recs in by_session.items():
+        earlier = key_files.get(key, [])
+        if earlier:  # read again from the earlier groups' files, in file order as one read would
+            recs = sorted([(j, r) for j in earlier for r in _reread(files[j], reader_of[j], key)] + recs,
+                          key=lambda t: t[0])
+        first = recs[0][0]
+        reqs = sorted(_richest([r for _, r in recs]), key=lambda r: r.at)  # stable: file order for ties
+        pending.append(_Pending(key, reader_of[first], display_path(files[first].path), reqs,
+                                again=bool(earlier)))
+        for j in dict.fromkeys(i for i, _ in recs if i not in earlier):
+            key_files.setdefault(key, []).append(j)
+    return sorted(pending, key=lambda p: p.rank)
 
 
 def _file_groups(paths: str | Path | Sequence[str | Path], files: list[LogFile]) -> list[list[int]]:
@@ -543,7 +563,8 @@ def _reread(log: LogFile, reader: str, key: str) -> list[ImportedRequest]:
 
 def _store_group(run: _Run, pending: list[_Pending]) -> None:
     """Store a file group's sessions in rank order: new ones many to a transaction (:data:`BATCH_SESSIONS`), a
-    session stored before (which may need its stored requests read, or a restore) in one of its own."""
+    session stored before (which may need its stored requests read, or a restore) in one of its own. Each
+    stored session's requests are dropped from ``pending`` (:func:`_store_batch`)."""
     existing = run.lab.store.existing_sessions([p.sid for p in pending if not p.again])
     chunk: list[_Pending] = []
     size = 0
@@ -577,6 +598,9 @@ def _store_batch(run: _Run, pending: list[_Pending], *, fresh: bool) -> int:
             _store_batch(run, [p for p, _ in done], fresh=fresh)
         raise
     for p, out in done:
+        # stored: its parsed requests (bodies, replies) are not needed again, and holding them until the group
+        # is done would make memory grow with the group's sessions instead of its largest one
+        p.reqs = []
         held = run.stored.get(p.sid)
         if held is not None and not held.created and not out.created:
             # a session stored before this import, grown by two of its groups: the second counted the first's

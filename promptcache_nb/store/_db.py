@@ -400,8 +400,12 @@ class Store:
             # whole, and a blocks row group that size holds hundreds of MB of request bodies: an import of a big
             # history paid a rewrite of most of the store (CPU, and a peak of memory that grew with the store) at
             # every few checkpoints. Rows stay as appended; deleted rows are still deleted.
+            # The allocator gives memory back once a task's peak passed 16 MB, not 128 MB (DuckDB's default): an
+            # import runs thousands of small writes and a few large checkpoints, and the freed memory kept after
+            # each added ~25 MB to the peak RSS of a big import (benchmarks/bench_fleet.py), for no CPU measured.
             config: dict[str, str | bool | int | float | list[str]] = {
-                "default_block_size": str(BLOCK_SIZE), "force_compression": "zstd", "max_vacuum_tasks": 0}
+                "default_block_size": str(BLOCK_SIZE), "force_compression": "zstd", "max_vacuum_tasks": 0,
+                "allocator_flush_threshold": "16MB"}
             self.con = duckdb.connect(self.path, read_only=read_only, config=config)
             if trace is not None:
                 self.con = cast(duckdb.DuckDBPyConnection, _TracedConnection(self.con, trace))
