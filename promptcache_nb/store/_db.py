@@ -452,6 +452,7 @@ class Store:
         #: sessions created inside batch(), by id: their ``sessions`` and ``session_state`` rows (table column
         #: order), held until the batch ends; later changes to them within the batch edit these lists
         self._new_sessions: dict[str, tuple[list[Any], list[Any]]] = {}
+        self._buffer_projects: set[str] = set()  # projects ensured inside batch(), written when it ends
         self._columns_cache: dict[str, list[str]] = {}
         self._views = False  # tables are views over a Parquet dataset (open_dataset): no row ids
 
@@ -605,6 +606,7 @@ class Store:
             finally:
                 self._buffer = None
                 self._new_sessions = {}
+                self._buffer_projects = set()
 
     def _flush(self, buffered: dict[str, list[Any]]) -> None:
         con = self._live()
@@ -621,11 +623,15 @@ class Store:
             _append(con, table, rows)
 
     def _write_new_sessions(self) -> None:
-        """Append the sessions deferred by :meth:`batch` (one statement per table, whatever their number)."""
+        """Append the sessions deferred by :meth:`batch` (one statement per table, whatever their number), after
+        their projects."""
+        con = self._live()
+        projects, self._buffer_projects = self._buffer_projects, set()
+        for project_id in sorted(projects):
+            self._upsert_project(project_id, self._tx_projects[project_id])
         new, self._new_sessions = self._new_sessions, {}
         if not new:
             return
-        con = self._live()
         # as write_state's INSERT OR REPLACE: a state row left without its session is replaced
         con.execute("DELETE FROM session_state WHERE session_id IN (SELECT unnest(?))", [list(new)]).fetchall()
         _append(con, "sessions", [tuple(row) for row, _ in new.values()])
@@ -773,10 +779,19 @@ class Store:
         held = self._tx_projects.get(project_id)
         if held is not None and held <= at:
             return  # ensured already in this transaction, with this time or an earlier one: nothing to change
-        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
-                         "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
+        if self._buffer is not None:
+            # inside batch(): one upsert per project when it ends, with the earliest time (an import's sessions
+            # are stored by key, not by time: most would move created_at back once more)
+            self._tx_projects[project_id] = at
+            self._buffer_projects.add(project_id)
+            return
+        self._upsert_project(project_id, at)
         if self._tx_depth:
             self._tx_projects[project_id] = at
+
+    def _upsert_project(self, project_id: str, at: datetime) -> None:
+        self._live().execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
+                             "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
 
     _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
                         "parent_id")
@@ -824,6 +839,8 @@ class Store:
         self.con.execute("UPDATE sessions SET config = ? WHERE id = ?", [canonical_json(config), session_id]).fetchall()
 
     def project_exists(self, project_id: str) -> bool:
+        if project_id in self._buffer_projects:
+            return True
         return self.one("SELECT 1 FROM projects WHERE id = ?", [project_id]) is not None
 
     def sessions_frame(self) -> pd.DataFrame:
