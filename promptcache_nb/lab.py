@@ -392,14 +392,15 @@ class Lab:
                        strategy: str | None = None, cache: str = "anthropic", system: str = "",
                        tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
                        source: str | None = None, parent_id: str | None = None,
-                       backend: Backend | None = None) -> Session:
+                       backend: Backend | None = None, known_new: bool = False) -> Session:
         """Store a new session as given, checked no further, and open it: its row (created at ``config.start``)
         and first state, in one transaction (the caller's, when inside :meth:`atomic` / :meth:`batch`). The
         importers call it for each new imported session (``strategy`` None, ``source`` the log it came from);
-        :meth:`new_session` validates its arguments, then calls it.
+        :meth:`new_session` validates its arguments, then calls it. ``known_new``: the caller has checked that no
+        session has this id (an import asks once for all of its sessions), so it is not looked up again.
         """
         store = self.store
-        if store.session_row(session_id) is not None:
+        if not known_new and store.session_row(session_id) is not None:
             raise SessionError(f"session {session_id!r} already exists in {self.path!r}")
         row: dict[str, Any] = {"id": session_id, "project_id": project, "strategy": strategy, "cache_model": cache,
                                "model": model, "created_at": config.start, "config": config.to_stored()}

@@ -696,7 +696,8 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 s = lab.create_session(
                     config, session_id=sid, project=project_id, strategy=None,
                     cache=_cache_model_for(first), model=first.model or "unknown", source=f"{fmt}:{file}",
-                    parent_id=session_id_for(fmt, first.parent_key) if first.parent_key else None)
+                    parent_id=session_id_for(fmt, first.parent_key) if first.parent_key else None,
+                    known_new=True)  # fresh, or looked up just above
             elif s is None:
                 s = lab.open_session(sid)
             fresh_reqs, dup = _unstored(s, reqs, known=set() if fresh else None)

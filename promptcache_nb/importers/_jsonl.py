@@ -15,6 +15,7 @@ import io
 import json
 import lzma
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -153,8 +154,35 @@ def _lines(fh: IO[bytes], path: Path) -> Iterator[bytes]:
         raise UnreadableLog(f"{path}: cannot read on ({exc})") from None
 
 
+#: Inside :func:`head_objects_memo`: each head's JSON objects (up to :data:`_MEMO_LIMIT`), parsed once however
+#: many readers sniff it (detection asks every reader; most parse the head's lines).
+_head_memo: dict[str, list[dict[str, Any]]] | None = None
+_MEMO_LIMIT = 20
+
+
+@contextmanager
+def head_objects_memo() -> Iterator[None]:
+    """Within the block, :func:`json_objects_in_head` parses a given head once (the heads are dropped after)."""
+    global _head_memo
+    outer, _head_memo = _head_memo, {}
+    try:
+        yield
+    finally:
+        _head_memo = outer
+
+
 def json_objects_in_head(head: str, *, limit: int = 20) -> list[dict[str, Any]]:
     """The JSON objects on the complete lines of ``head`` (a file's first bytes), for ``sniff``; at most ``limit``."""
+    memo = _head_memo
+    if memo is None or limit > _MEMO_LIMIT:
+        return _objects_in_head(head, limit)
+    found = memo.get(head)
+    if found is None:
+        found = memo[head] = _objects_in_head(head, _MEMO_LIMIT)
+    return found[:limit]  # the first ``limit`` of the first 20: what a search for ``limit`` finds
+
+
+def _objects_in_head(head: str, limit: int) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     lines = head.split("\n")
     for text in lines[:-1]:  # the last piece may be cut mid-line

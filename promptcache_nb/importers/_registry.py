@@ -19,7 +19,7 @@ from typing import Any
 
 from .._registry import Registry
 from ..errors import ImportFormatError
-from ._jsonl import UnreadableLog, json_objects_in_head, read_log_bytes
+from ._jsonl import UnreadableLog, head_objects_memo, json_objects_in_head, read_log_bytes
 from ._types import Reader
 from .claude_code import ClaudeCodeReader
 from .cline import ClineReader
@@ -75,7 +75,11 @@ def detect(path: str | Path) -> Reader:
         ImportFormatError: no reader accepts it (one line naming the file and the formats tried), or it cannot
             be read (a missing file, a corrupt archive, a ``.zst`` file without ``zstandard``).
     """
-    p = Path(path)
+    with head_objects_memo():
+        return _detect(Path(path))
+
+
+def _detect(p: Path) -> Reader:
     size = HEAD_BYTES
     while True:
         try:

@@ -449,6 +449,10 @@ class Store:
         self._tx_projects: dict[str, datetime] = {}
         self._tx_depth = 0
         self._buffer: dict[str, list[Any]] | None = None  # rows deferred by batch()
+        #: sessions created inside batch(), by id: their ``sessions`` and ``session_state`` rows (table column
+        #: order), held until the batch ends; later changes to them within the batch edit these lists
+        self._new_sessions: dict[str, tuple[list[Any], list[Any]]] = {}
+        self._buffer_projects: set[str] = set()  # projects ensured inside batch(), written when it ends
         self._columns_cache: dict[str, list[str]] = {}
         self._views = False  # tables are views over a Parquet dataset (open_dataset): no row ids
 
@@ -584,7 +588,11 @@ class Store:
         bulk through DuckDB's appender when the block ends: imports and replays write a chunk of requests at
         the cost of a few statements instead of several per request. Nothing is written on failure.
 
-        Reads inside the block do not see the deferred rows (callers keep what they need in memory).
+        Sessions created inside are deferred too (two statements each cost more than the rest of a one-request
+        session): the store's own session reads (:meth:`session_row`, :meth:`state_row`,
+        :meth:`existing_sessions`) and writes (config, state, delete) see and edit them; the listings
+        (:meth:`session_ids`, ...) write them first. Other reads inside the block do not see the deferred rows
+        (callers keep what they need in memory).
         """
         if self._buffer is not None:
             yield
@@ -597,9 +605,12 @@ class Store:
                 self._flush(buffered)
             finally:
                 self._buffer = None
+                self._new_sessions = {}
+                self._buffer_projects = set()
 
     def _flush(self, buffered: dict[str, list[Any]]) -> None:
         con = self._live()
+        self._write_new_sessions()
         for table in ("blocks", "prefix_nodes", "session_messages"):
             rows = buffered.pop(table, None)
             if rows:
@@ -610,6 +621,21 @@ class Store:
             _append(con, "turns", [values(rec) for rec in turns])
         for table, rows in buffered.items():  # anything else _insert deferred
             _append(con, table, rows)
+
+    def _write_new_sessions(self) -> None:
+        """Append the sessions deferred by :meth:`batch` (one statement per table, whatever their number), after
+        their projects."""
+        con = self._live()
+        projects, self._buffer_projects = self._buffer_projects, set()
+        for project_id in sorted(projects):
+            self._upsert_project(project_id, self._tx_projects[project_id])
+        new, self._new_sessions = self._new_sessions, {}
+        if not new:
+            return
+        # as write_state's INSERT OR REPLACE: a state row left without its session is replaced
+        con.execute("DELETE FROM session_state WHERE session_id IN (SELECT unnest(?))", [list(new)]).fetchall()
+        _append(con, "sessions", [tuple(row) for row, _ in new.values()])
+        _append(con, "session_state", [tuple(state) for _, state in new.values()])
 
     def _table_columns(self, table: str) -> list[str]:
         cols = self._columns_cache.get(table)
@@ -753,16 +779,27 @@ class Store:
         held = self._tx_projects.get(project_id)
         if held is not None and held <= at:
             return  # ensured already in this transaction, with this time or an earlier one: nothing to change
-        self.con.execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
-                         "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
+        if self._buffer is not None:
+            # inside batch(): one upsert per project when it ends, with the earliest time (an import's sessions
+            # are stored by key, not by time: most would move created_at back once more)
+            self._tx_projects[project_id] = at
+            self._buffer_projects.add(project_id)
+            return
+        self._upsert_project(project_id, at)
         if self._tx_depth:
             self._tx_projects[project_id] = at
+
+    def _upsert_project(self, project_id: str, at: datetime) -> None:
+        self._live().execute("INSERT INTO projects VALUES (?, ?) ON CONFLICT DO UPDATE SET created_at = "
+                             "least(projects.created_at, excluded.created_at)", [project_id, at]).fetchall()
 
     _SESSION_COLUMNS = ("id", "project_id", "strategy", "cache_model", "model", "created_at", "config", "source",
                         "parent_id")
 
     def session_row(self, session_id: str) -> dict[str, Any] | None:
-        row = self.one(f"SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions WHERE id = ?", [session_id])
+        new = self._new_sessions.get(session_id)
+        row = (tuple(new[0]) if new is not None else
+               self.one(f"SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions WHERE id = ?", [session_id]))
         if row is None:
             return None
         out = dict(zip(self._SESSION_COLUMNS, row, strict=True))
@@ -778,8 +815,15 @@ class Store:
         return config
 
     def create_session(self, row: dict[str, Any], state: dict[str, Any]) -> None:
-        """Insert a session row (``config`` a dict) and its first state row (inside the caller's transaction)."""
+        """Insert a session row (``config`` a dict) and its first state row (inside the caller's transaction;
+        inside :meth:`batch`, at its end)."""
         values = {**row, "config": canonical_json(row["config"])}
+        if self._buffer is not None:
+            if row["id"] in self._new_sessions:
+                raise StoreError(f"store {self.path!r}: session {row['id']!r} is created twice in one batch")
+            self._new_sessions[row["id"]] = ([values.get(c) for c in self._SESSION_COLUMNS],
+                                             [row["id"], *state_columns(state).values(), row["created_at"]])
+            return
         cols = [c for c in self._SESSION_COLUMNS if c in values]
         self.con.execute(
             f"INSERT INTO sessions ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
@@ -788,13 +832,20 @@ class Store:
         self.write_state(row["id"], state, row["created_at"])
 
     def update_session_config(self, session_id: str, config: dict[str, Any]) -> None:
+        new = self._new_sessions.get(session_id)
+        if new is not None:
+            new[0][self._SESSION_COLUMNS.index("config")] = canonical_json(config)
+            return
         self.con.execute("UPDATE sessions SET config = ? WHERE id = ?", [canonical_json(config), session_id]).fetchall()
 
     def project_exists(self, project_id: str) -> bool:
+        if project_id in self._buffer_projects:
+            return True
         return self.one("SELECT 1 FROM projects WHERE id = ?", [project_id]) is not None
 
     def sessions_frame(self) -> pd.DataFrame:
         """Every session (id, project, strategy, cache model, model, creation time), oldest first."""
+        self._write_new_sessions()
         return self.sql(
             "SELECT id, project_id, strategy, cache_model, model, created_at FROM sessions ORDER BY created_at, id")
 
@@ -802,6 +853,7 @@ class Store:
         """Move every session of ``from_project`` (and its prompt-delta rows) to ``to_project``, in one
         transaction; returns how many moved. ``to_project`` is created with the moved sessions' first time."""
         with self.transaction():
+            self._write_new_sessions()
             n, first = self.one("SELECT count(*), min(created_at) FROM sessions WHERE project_id = ?",
                                 [from_project]) or (0, None)  # an aggregate: always one row
             if n == 0:
@@ -820,14 +872,17 @@ class Store:
         """Which of ``session_ids`` are stored (one query for an import's many sessions)."""
         if not session_ids:
             return set()
-        return {r[0] for r in self.rows("SELECT id FROM sessions WHERE id IN (SELECT unnest(?))",
-                                        [list(session_ids)])}
+        new = {sid for sid in session_ids if sid in self._new_sessions}
+        return new | {r[0] for r in self.rows("SELECT id FROM sessions WHERE id IN (SELECT unnest(?))",
+                                              [list(session_ids)])}
 
     def session_ids(self) -> list[str]:
+        self._write_new_sessions()
         return [r[0] for r in self.rows("SELECT id FROM sessions ORDER BY id")]
 
     def session_rows(self, cache_model: str | None = None) -> list[dict[str, Any]]:
         """Every session's row (``config`` a dict), by id; only those simulated with ``cache_model`` when given."""
+        self._write_new_sessions()
         where, params = ("WHERE cache_model = ?", [cache_model]) if cache_model is not None else ("", [])
         rows = self.query(f"SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions {where} ORDER BY id", params)
         for r in rows:
@@ -851,6 +906,7 @@ class Store:
         return found
 
     def session_count(self) -> int:
+        self._write_new_sessions()
         return int(self.scalar("SELECT count(*) FROM sessions"))
 
     #: Every table that holds rows of one session (blocks and prefix nodes are shared, content-addressed).
@@ -861,6 +917,7 @@ class Store:
     def delete_session(self, session_id: str) -> None:
         """Delete a session and every row stored for it (inside the caller's transaction): an import re-stores
         a session whole when a request that started earlier than the stored ones arrives late."""
+        self._new_sessions.pop(session_id, None)
         for table, column in self._SESSION_TABLES:
             self.con.execute(f"DELETE FROM {table} WHERE {column} = ?", [session_id]).fetchall()
 
@@ -882,6 +939,9 @@ class Store:
         return None if row is None else {"idx": row[0], "at": row[1], "events": row[2]}
 
     def state_row(self, session_id: str) -> dict[str, Any]:
+        new = self._new_sessions.get(session_id)
+        if new is not None:
+            return self.state_from_row(new[1][1:-1])
         row = self.one(
             "SELECT ltm_pin_text, ltm_pin_keys, ltm_cache_text, stable_ltm_text, host_prompt, tools, model, extra "
             "FROM session_state WHERE session_id = ?",
@@ -913,6 +973,15 @@ class Store:
         """Write the state row; with ``previous`` (the last written columns) only changed columns are
         updated — the host prompt and tools are large and rarely change. Returns the columns written."""
         cols = state_columns(state)
+        new = self._new_sessions.get(session_id)
+        if new is not None:  # created in this batch: its row is written at the end (batch)
+            changed = list(cols) if previous is None else [k for k, v in cols.items() if previous.get(k) != v]
+            if changed:
+                for i, k in enumerate(cols, start=1):
+                    if k in changed:
+                        new[1][i] = cols[k]
+                new[1][-1] = at
+            return cols
         if previous is None:
             self.con.execute(
                 "INSERT OR REPLACE INTO session_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
