@@ -46,7 +46,7 @@ class _Done:
 def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None) -> _Done:
     """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
     from ..lab import Lab
-    from ._ingest import SessionList
+    from ._ingest import SessionList, import_log
 
     path = os.path.join(folder, group.id + ".duckdb")
     with warnings.catch_warnings(record=True) as caught:
@@ -54,7 +54,9 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
         lab = Lab(path, progress=False)
         try:
             lab.store.set_threads(1)  # one core per worker: the other workers and the merges have the rest
-            result = lab.import_log(list(group.files), format=fmt, project=project, progress=False)
+            # no calibration: the writer fits them once over the whole store (a group's are never merged)
+            result = import_log(lab, list(group.files), format=fmt, project=project, progress=False,
+                                calibrate=False)
             sessions = lab.store.session_ids()
             result.sessions = SessionList()  # the writer opens its own, when read
         finally:
