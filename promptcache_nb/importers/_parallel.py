@@ -1,10 +1,14 @@
 """``lab.import_log(paths, workers=N)``: file groups parsed and stored in N processes, merged by one writer.
 
 Each worker imports one file group (``_groups.py``) into a private store file with the one import pipeline; this
-process then copies each private store into the Lab's in one transaction (``Store.merge_from``). What cannot be
-merged blind goes through the single-process path here, after the merges: a group holding a session the Lab
-already stores (a growing log imported again: only its new requests are added), and groups that share a session.
-Calibrations are fitted once at the end over the whole store, as a single-process import does.
+process copies each private store into the Lab's in one transaction (``Store.merge_from``), in the groups' key
+order, while the workers still run: a group is merged once it and every group before it are done and no group
+done so far shares one of its sessions (a group finishing later that does share one has the merged group's
+sessions deleted again). What cannot be merged blind goes through the single-process path here, after the
+merges: a group holding a session the Lab already stores (a growing log imported again: only its new requests
+are added), and groups that share a session. Calibrations are fitted once at the end over the whole store, as a
+single-process import does (the workers fit none). Every DuckDB connection runs on one thread meanwhile: the
+processes already fill the cores.
 
 The stored rows equal ``workers=1``'s whenever sessions in different groups do not share a simulated cache entry
 (the provider cache a project's sessions share is simulated per group; measured figures never depend on it):
