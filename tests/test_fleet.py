@@ -10,8 +10,9 @@ import json
 import os
 import shutil
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -250,3 +251,35 @@ def test_a_dataset_at_an_fsspec_url(tmp_path: Path, logs: list[Path]) -> None:
         fsspec.filesystem("memory").rm(url[9:], recursive=True)
     with pytest.raises(StoreError, match="no fleet dataset"):
         fleet.open("memory://nothing-here")
+
+
+def test_a_group_merged_before_a_later_one_shows_a_shared_session_is_stored_serially(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # groups are merged while the workers still run: "a" is merged before "b" (finished later, as forced here)
+    # turns out to hold the same session, so "a"'s merge is taken back and both go through the serial path
+    from promptcache_nb.importers import _parallel
+
+    codex = next((pc.data_path("logs") / "codex").rglob("rollout-2026-03-03T14*.jsonl"))
+    logs = tmp_path / "logs"
+    for name in ("a", "b"):
+        (logs / name).mkdir(parents=True)
+        shutil.copy(codex, logs / name / codex.name)
+    shutil.copytree(pc.data_path("logs") / "exchanges", logs / "c")
+    taken_back: list[str] = []
+
+    def in_key_order(futures: dict[Future[Any], int]) -> list[Future[Any]]:
+        order = sorted(futures, key=futures.__getitem__)
+        for f in order:
+            f.result()
+        return order
+
+    monkeypatch.setattr(_parallel, "as_completed", in_key_order)
+    one = pc.Lab(tmp_path / "one.duckdb", progress=False)
+    r1 = one.import_log(logs)
+    two = pc.Lab(tmp_path / "two.duckdb", progress=False)
+    delete = two.store.delete_session
+    monkeypatch.setattr(two.store, "delete_session", lambda sid: (taken_back.append(sid), delete(sid))[1])
+    r2 = two.import_log(logs, workers=2)
+    assert taken_back  # the late path ran
+    assert (r2.requests, sorted(r2.sessions.ids)) == (r1.requests, sorted(r1.sessions.ids))
+    assert _tables(two) == _tables(one)

@@ -1,10 +1,14 @@
 """``lab.import_log(paths, workers=N)``: file groups parsed and stored in N processes, merged by one writer.
 
 Each worker imports one file group (``_groups.py``) into a private store file with the one import pipeline; this
-process then copies each private store into the Lab's in one transaction (``Store.merge_from``). What cannot be
-merged blind goes through the single-process path here, after the merges: a group holding a session the Lab
-already stores (a growing log imported again: only its new requests are added), and groups that share a session.
-Calibrations are fitted once at the end over the whole store, as a single-process import does.
+process copies each private store into the Lab's in one transaction (``Store.merge_from``), in the groups' key
+order, while the workers still run: a group is merged once it and every group before it are done and no group
+done so far shares one of its sessions (a group finishing later that does share one has the merged group's
+sessions deleted again). What cannot be merged blind goes through the single-process path here, after the
+merges: a group holding a session the Lab already stores (a growing log imported again: only its new requests
+are added), and groups that share a session. Calibrations are fitted once at the end over the whole store, as a
+single-process import does (the workers fit none). Every DuckDB connection runs on one thread meanwhile: the
+processes already fill the cores.
 
 The stored rows equal ``workers=1``'s whenever sessions in different groups do not share a simulated cache entry
 (the provider cache a project's sessions share is simulated per group; measured figures never depend on it):
@@ -17,6 +21,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -45,14 +50,17 @@ class _Done:
 def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None) -> _Done:
     """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
     from ..lab import Lab
-    from ._ingest import SessionList
+    from ._ingest import SessionList, import_log
 
     path = os.path.join(folder, group.id + ".duckdb")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lab = Lab(path, progress=False)
         try:
-            result = lab.import_log(list(group.files), format=fmt, project=project, progress=False)
+            lab.store.set_threads(1)  # one core per worker: the other workers and the merges have the rest
+            # no calibration: the writer fits them once over the whole store (a group's are never merged)
+            result = import_log(lab, list(group.files), format=fmt, project=project, progress=False,
+                                calibrate=False)
             sessions = lab.store.session_ids()
             result.sessions = SessionList()  # the writer opens its own, when read
         finally:
@@ -65,34 +73,51 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     from ..analysis.calibrate import calibrate_families
     from ._ingest import ImportResult, SessionList, _uncalibrated, import_log
 
-    groups, passed = plan_groups(paths)
+    groups, passed = plan_groups(paths)  # in key order: the order workers=1 imports them, and merges follow
     folder = tempfile.mkdtemp(prefix="pcnb-import-")
-    done: list[_Done] = []
+    found: dict[int, _Done] = {}
+    owners: Counter[str] = Counter()
+    stored = set(lab.store.session_ids())
+    merged_at: set[int] = set()
     bar = progress_bar(total=len(groups), desc="importing file groups", enabled=progress, unit="group")
+    threads = lab.store.set_threads(1)  # the workers have the cores while the merges run beside them
     try:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_import_group_file, g, folder, format, project) for g in groups]
-            for fut in as_completed(futures):
-                done.append(fut.result())
-                bar.update(1)
-        bar.close()
-        done.sort(key=lambda d: d.group.key)
-        owners: dict[str, int] = {}
-        for d in done:
-            for sid in d.sessions:
-                owners[sid] = owners.get(sid, 0) + 1
-        stored = set(lab.store.session_ids())
-        merged: list[_Done] = []
-        serial: list[FileGroup] = []
-        for d in done:
-            if any(owners[sid] > 1 or sid in stored for sid in d.sessions):
-                serial.append(d.group)  # shares a session with another group, or grows a stored one
-            else:
-                merged.append(d)
-        result = ImportResult()
         with gc_paused():
-            for d in merged:
-                lab.store.merge_from(d.path)
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = {pool.submit(_import_group_file, g, folder, format, project): i
+                           for i, g in enumerate(groups)}
+                nxt = 0
+                for fut in as_completed(futures):
+                    d = found[futures[fut]] = fut.result()
+                    owners.update(d.sessions)
+                    bar.update(1)
+                    # Merged while the workers run, in key order: a group whose sessions no group finished so
+                    # far holds. A group finishing later may still share one; it is then taken back out below.
+                    while nxt in found:
+                        if not _shared(found[nxt], owners, stored):
+                            lab.store.merge_from(found[nxt].path)
+                            merged_at.add(nxt)
+                        nxt += 1
+            bar.close()
+            lab.store.set_threads(threads)
+            done = [found[i] for i in range(len(groups))]
+            late = [i for i in sorted(merged_at) if _shared(done[i], owners, stored)]
+            if late:  # a session spans a merged group and one that finished after it: stored serially instead
+                with lab.store.transaction():
+                    for i in late:
+                        for sid in done[i].sessions:
+                            lab.store.delete_session(sid)
+                merged_at.difference_update(late)
+            merged: list[_Done] = []
+            serial: list[FileGroup] = []
+            for i, d in enumerate(done):
+                if _shared(d, owners, stored):
+                    serial.append(d.group)  # shares a session with another group, or grows a stored one
+                else:
+                    if i not in merged_at:
+                        lab.store.merge_from(d.path)
+                    merged.append(d)
+        result = ImportResult()
         lab.caches.drop_all()  # the simulated caches did not see the merged requests: rebuilt when next used
         for d in done:
             for message, category in d.warnings:
@@ -103,6 +128,8 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
                                     progress=progress, calibrate=False))
     finally:
         bar.close()
+        if not lab.store.closed:
+            lab.store.set_threads(threads)
         shutil.rmtree(folder, ignore_errors=True)
     # opened when read: opening every merged session here would read each back from the store for nothing
     result.sessions = SessionList(lab, [sid for d in merged for sid in d.sessions]
@@ -121,6 +148,11 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     if result.requests or (models and _uncalibrated(lab, models)):  # as the single-process import decides
         result.calibrations = calibrate_families(lab, models)
     return result
+
+
+def _shared(d: _Done, owners: Counter[str], stored: set[str]) -> bool:
+    """``d`` holds a session another group holds too, or one the Lab stored before this import."""
+    return any(owners[sid] > 1 or sid in stored for sid in d.sessions)
 
 
 def _concat(frames: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFrame:
