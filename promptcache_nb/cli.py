@@ -48,9 +48,7 @@ def _new_store_or_none(db: str | Path) -> Iterator[None]:
     except Exception as exc:
         from .store import caused_by_ctrl_c
 
-        if caused_by_ctrl_c(exc):  # an error made of a Ctrl-C is the Ctrl-C: keep what committed, exit 130
-            raise KeyboardInterrupt from exc
-        if path in created:
+        if path in created and not caused_by_ctrl_c(exc):  # an error made of a Ctrl-C is the Ctrl-C (main)
             for p in created:
                 p.unlink(missing_ok=True)
         raise
@@ -471,16 +469,27 @@ def main(argv: list[str] | None = None) -> int:
             # otherwise kill the process by the signal (exit -2) after the work was done and stored
             _exit_now(code)
         return code
-    except PromptCacheError as exc:
-        print(f"promptcache-nb: error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        from .store import caused_by_ctrl_c
+
+        if not caused_by_ctrl_c(exc):
+            if isinstance(exc, PromptCacheError):
+                print(f"promptcache-nb: error: {exc}", file=sys.stderr)
+                return 2
+            raise
+        return _interrupted(args, argv)  # an error made of a Ctrl-C (DuckDB's, wrapped by a caller) is the Ctrl-C
     except KeyboardInterrupt:
-        # the store is closed by now (its `with` block ended), its unfinished transaction rolled back
-        note = getattr(args, "interrupted", None)
-        print("promptcache-nb: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
-        if argv is None:
-            _exit_now(130)
-        return 130
+        return _interrupted(args, argv)
+
+
+def _interrupted(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Say what a Ctrl-C kept, in one line; exit 130 (leave at once from the command line)."""
+    # the store is closed by now (its `with` block ended), its unfinished transaction rolled back
+    note = getattr(args, "interrupted", None)
+    print("promptcache-nb: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
+    if argv is None:
+        _exit_now(130)
+    return 130
 
 
 def _exit_now(code: int) -> None:

@@ -79,7 +79,7 @@ def tiny_parts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_cut_texts_add_up_to_the_definition(tiny_parts: list[str]) -> None:
     seen_cuts = seen = 0
 
-    @SOME
+    @MANY  # the share of texts that get cut is a ratio: 400 examples put it at one half once (1,000 did not)
     @given(st.one_of(runs_of(ASCII, 30, fewest=20), runs_of(ASCII + UNICODE, 14, fewest=20)))
     def check(text: str) -> None:
         nonlocal seen_cuts, seen

@@ -22,8 +22,9 @@ import shutil
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,7 +84,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     threads = lab.store.set_threads(1)  # the workers have the cores while the merges run beside them
     try:
         with gc_paused():
-            with ProcessPoolExecutor(max_workers=workers) as pool:
+            with ProcessPoolExecutor(max_workers=workers) as pool, _threads_after(lab, threads):
                 futures = {pool.submit(_import_group_file, g, folder, format, project): i
                            for i, g in enumerate(groups)}
                 nxt = 0
@@ -99,7 +100,6 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
                             merged_at.add(nxt)
                         nxt += 1
             bar.close()
-            lab.store.set_threads(threads)
             done = [found[i] for i in range(len(groups))]
             late = [i for i in sorted(merged_at) if _shared(done[i], owners, stored)]
             if late:  # a session spans a merged group and one that finished after it: stored serially instead
@@ -128,8 +128,6 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
                                     progress=progress, calibrate=False))
     finally:
         bar.close()
-        if not lab.store.closed:
-            lab.store.set_threads(threads)
         shutil.rmtree(folder, ignore_errors=True)
     # opened when read: opening every merged session here would read each back from the store for nothing
     result.sessions = SessionList(lab, [sid for d in merged for sid in d.sessions]
@@ -148,6 +146,16 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     if result.requests or (models and _uncalibrated(lab, models)):  # as the single-process import decides
         result.calibrations = calibrate_families(lab, models)
     return result
+
+
+@contextmanager
+def _threads_after(lab: Lab, threads: int) -> Iterator[None]:
+    """The writer's DuckDB threads put back to ``threads`` when the workers are done (or failed)."""
+    try:
+        yield
+    finally:
+        if not lab.store.closed:
+            lab.store.set_threads(threads)
 
 
 def _shared(d: _Done, owners: Counter[str], stored: set[str]) -> bool:

@@ -32,7 +32,7 @@ from .._util import common_prefix_length, digest
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import SegmentMemo, prefix_record
-from ..tokens import segment_tokens
+from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 from . import _rollups
 from ._doctor import CORE_TABLES, damaged, schema_problems
 from ._migrations import applied, migrate, rollback_if_active
@@ -1073,26 +1073,30 @@ class Store:
         self.con.execute("DELETE FROM session_pending_events WHERE session_id = ?", [session_id]).fetchall()
 
     # -- messages and deltas ------------------------------------------------------------------
-    def message_ref(self, message: dict[str, Any], pending: dict[str, tuple[Any, ...]], tokenizer: Any = None) -> str:
+    def message_ref(self, message: dict[str, Any], pending: dict[str, tuple[Any, ...]],
+                    tokenizer: Tokenizer | SegmentMemo | None = None) -> str:
         """A message as block references (:func:`encode_message`); bodies not yet stored are added to
         ``pending`` (hash -> blocks row). Content is stored once."""
         ref, blocks = encode_message(message)
         self._add_blocks(blocks, pending, tokenizer)
         return ref
 
-    def _add_blocks(self, blocks: Sequence[MessageBlock], pending: dict[str, tuple[Any, ...]], tokenizer: Any) -> None:
+    def _add_blocks(self, blocks: Sequence[MessageBlock], pending: dict[str, tuple[Any, ...]],
+                    tokenizer: Tokenizer | SegmentMemo | None) -> None:
         """The ``blocks`` rows of message blocks not stored (nor pending) yet, into ``pending``; their tokens are
         counted only then. ``tokenizer``: a Tokenizer, or a session's SegmentMemo (its counts are reused: a
         reply's blocks are the next request's history)."""
-        memo = tokenizer if isinstance(tokenizer, SegmentMemo) else None
+        memo: SegmentMemo | None = None
+        if isinstance(tokenizer, SegmentMemo):
+            memo, tok = tokenizer, tokenizer.tokenizer
+        else:
+            tok = tokenizer if tokenizer is not None else DEFAULT_TOKENIZER
         for h, kind, body, element in blocks:
             if h not in self._known_blocks and h not in pending and h not in self._pending_known:
                 if memo is not None and not (isinstance(element, dict) and "cache_control" in element):
                     tokens = memo.tokens(kind, h, element)  # h is the content hash: no marker
-                elif tokenizer is not None:
-                    tokens = segment_tokens(kind, element, memo.tokenizer if memo is not None else tokenizer)
                 else:
-                    tokens = segment_tokens(kind, element)
+                    tokens = segment_tokens(kind, element, tok)
                 pending[h] = (h, kind, body, tokens, len(body.encode()))
 
     def resolve_refs(self, refs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1162,7 +1166,8 @@ class Store:
         return self.resolve_refs(refs[:n_messages])
 
     def write_messages(self, session_id: str, turn_idx: int, messages: list[tuple[int, dict[str, Any]]],
-                       extra_blocks: Sequence[tuple[Any, ...]] = (), tokenizer: Any = None) -> None:
+                       extra_blocks: Sequence[tuple[Any, ...]] = (),
+                       tokenizer: Tokenizer | SegmentMemo | None = None) -> None:
         """Append conversation messages (inside the caller's transaction), with their new blocks."""
         pending: dict[str, tuple[Any, ...]] = {r[0]: r for r in extra_blocks if r[0] not in self._pending_known}
         rows = [(session_id, seq, turn_idx, self.message_ref(m, pending, tokenizer), False) for seq, m in messages]
@@ -1228,7 +1233,7 @@ class Store:
             rows.append((rest_hash, "rest", rest_body, None, len(rest_body.encode())))
         return rows
 
-    def write_request(self, write: RequestWrite, *, tokenizer: Any = None) -> None:
+    def write_request(self, write: RequestWrite, *, tokenizer: Tokenizer | SegmentMemo | None = None) -> None:
         """Write one request and everything it changed (:class:`~promptcache_nb.RequestWrite`) in one
         transaction, joined to the caller's; nothing on failure. ``tokenizer`` counts new message blocks."""
         rec = write.record
