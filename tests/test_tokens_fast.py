@@ -79,7 +79,7 @@ def tiny_parts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_cut_texts_add_up_to_the_definition(tiny_parts: list[str]) -> None:
     seen_cuts = seen = 0
 
-    @MANY  # the share of texts that get cut is a ratio: 400 examples put it at one half once (1,000 did not)
+    @SOME
     @given(st.one_of(runs_of(ASCII, 30, fewest=20), runs_of(ASCII + UNICODE, 14, fewest=20)))
     def check(text: str) -> None:
         nonlocal seen_cuts, seen
@@ -90,7 +90,9 @@ def test_cut_texts_add_up_to_the_definition(tiny_parts: list[str]) -> None:
         seen += 1
 
     check()
-    assert seen_cuts > seen / 2, (seen_cuts, seen)  # the cuts were exercised, not only whole texts
+    # the cuts were exercised, not only whole texts. A count, not a share: about half the texts get cut, and a
+    # "more than half" bound failed at 200/400 and at 473/1,000.
+    assert seen_cuts >= 100, (seen_cuts, seen)
 
 
 def shipped_texts() -> list[str]:
