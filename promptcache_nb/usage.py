@@ -119,9 +119,10 @@ class Usage:
             UsageError: a count that is not an int in ``0..MAX_TOKENS``, or a 5m/1h split above its total,
                 naming the field (``usage.input_tokens: ...``).
         """
-        for f in fields(self):
-            if f.name.endswith("_tokens"):
-                _check_count(getattr(self, f.name), f"{where}.{f.name}")
+        for name in _COUNT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or not 0 <= value <= MAX_TOKENS):
+                _check_count(value, f"{where}.{name}")  # raises, naming the field
         _check_split(self.cache_creation_input_tokens, self.cache_creation_5m_input_tokens,
                      self.cache_creation_1h_input_tokens, where)
         return self
@@ -243,6 +244,10 @@ def _count(obj: dict[str, Any], key: str, where: str, *, required: bool = False)
     if type(value) is int and 0 <= value <= MAX_TOKENS:  # the common case, without a call
         return value
     return _check_count(value, f"{where}.{key}")
+
+
+#: The fields :meth:`Usage.check` checks (a Usage is made and checked several times a request: no fields() walk).
+_COUNT_FIELDS = tuple(f.name for f in fields(Usage) if f.name.endswith("_tokens"))
 
 
 def _check_count(value: Any, name: str) -> int | None:
