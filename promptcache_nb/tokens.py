@@ -153,6 +153,7 @@ def _run_tables() -> dict[str, Any]:
         wide = np.full(0x110000, _UNKNOWN, dtype=np.uint8)
         wide[:128] = np.frombuffer(_RUNS["ascii"][:128], dtype=np.uint8)
         _RUNS["wide"] = wide
+        _RUNS.update(_triple_tables(np))
         _RUNS["np"] = np
     return _RUNS
 
@@ -184,6 +185,7 @@ def _count_runs(text: str) -> int:
 
 
 _CHUNK_CHARS = 32_768
+_SHORT_RUN = 63  # the length terms of shorter runs are looked up (a table lookup costs less than a division)
 _CUT = re.compile(r"\n(?=\S)|\S(?= \S)")
 
 
@@ -226,28 +228,65 @@ def _count_chunk(text: str, tables: dict[str, Any]) -> int:
     change[0] = True
     np.not_equal(cls[1:], cls[:-1], out=change[1:])
     starts = np.flatnonzero(change)  # the opening sentinel, each run, the closing sentinel
-    classes = cls[starts]
-    prev, cur, nxt = classes[:-2], classes[1:-1], classes[2:]  # the run before, the run, the run after
-    lens = np.diff(starts[1:])
-    total = extra + int(np.count_nonzero((cur <= _LETTER) & (prev > _LETTER)))  # letter runs
-    longw = (cur == _ASCII_LETTER) & (lens >= 8)
-    if longw.any():
-        total += int(((2 * lens[longw] + 8) // 9 - 1).sum())  # ceil(len / 4.5) - 1
-    total += int(((lens[cur == _DIGIT] + 2) // 3).sum())  # \d{1,3}
-    total += int(((lens[cur == _PUNCT] + 1) // 2).sum())  # the piece, plus ceil(len / 2) - 1 from 3 up
-    blank = cur == _BLANK
-    blanks = lens[blank]
-    total += int(((blanks + 7) // 8).sum()) - len(blanks)  # ceil(len / 8) - 1, zero below 9
-    space, prev_space = (cur - _NEWLINE) <= _SPACE - _NEWLINE, (prev - _NEWLINE) <= _SPACE - _NEWLINE
-    first_newlines = (cur == _NEWLINE) & ~prev_space
-    total += int(np.count_nonzero(space & ~prev_space))  # whitespace runs
-    total += int(np.count_nonzero(first_newlines & ((nxt - _NEWLINE) <= _SPACE - _NEWLINE)))  # \n+ then more
-    lone = np.flatnonzero(blank & (lens == 1) & (nxt <= _PUNCT) & (nxt != _SKIP))
+    classes = cls[starts].astype(np.intp)
+    cur = classes[1:-1]  # each run; classes[i] is the run before cur[i], classes[i + 2] the run after
+    lens = starts[2:] - starts[1:-1]
+    # what depends on the classes of a run and its neighbours alone, counted per (before, run, after) triple
+    key = classes[:-2] * 81
+    key += cur * 9
+    key += classes[2:]
+    total = extra + int(np.bincount(key, minlength=729) @ tables["triple"])
+    # what grows with a run's length (_length_term), looked up for the short runs, computed for the rare long ones
+    short = np.minimum(lens, _SHORT_RUN)
+    short += cur * (_SHORT_RUN + 1)
+    total += int(tables["length"].take(short).sum())
+    for i in np.flatnonzero(lens > _SHORT_RUN).tolist():
+        c, n = int(cur[i]), int(lens[i])
+        total += _length_term(c, n) - _length_term(c, _SHORT_RUN)
+    lone = np.flatnonzero((lens == 1) & (cur == _BLANK))
     if len(lone):
-        lone = lone[codes[starts[lone + 1] - 1] == 0x20]  # " " joins, "\t" does not
+        lone = lone[(classes[lone + 2] <= _PUNCT) & (codes[starts[lone + 1] - 1] == 0x20)]  # " " joins, "\t" not
         if len(lone):  # the space is the whole whitespace run, or all of it after its leading newlines
-            total -= int(np.count_nonzero(~prev_space[lone] | first_newlines[lone - 1]))
+            before, before2 = classes[lone], classes[lone - 1]  # (lone 0: before is the sentinel)
+            space_before = (before >= _NEWLINE) & (before <= _SPACE)
+            first_newlines_before = (before == _NEWLINE) & ((before2 < _NEWLINE) | (before2 > _SPACE))
+            total -= int(np.count_nonzero(~space_before | first_newlines_before))
     return total
+
+
+def _length_term(cls: int, n: int) -> int:
+    """What a run of ``n`` characters of class ``cls`` counts for its length: ceil(n / 4.5) - 1 for a long ASCII
+    word (8 letters or more), ceil(n / 3) for digits (\\d{1,3}), the piece plus ceil(n / 2) - 1 from 3 up for
+    punctuation, ceil(n / 8) for blanks (their -1 is in the triple weights)."""
+    if cls == _ASCII_LETTER:
+        return (2 * n + 8) // 9 - 1 if n >= 8 else 0
+    if cls == _DIGIT:
+        return (n + 2) // 3
+    if cls == _PUNCT:
+        return (n + 1) // 2
+    if cls == _BLANK:
+        return (n + 7) // 8
+    return 0
+
+
+def _triple_tables(np: Any) -> dict[str, Any]:
+    """The per-class tables :func:`_count_chunk` reads: by (before, run, after) class triple ``b * 81 + r * 9 +
+    a``, the pieces the run counts whatever its length (``triple``); by ``class * (_SHORT_RUN + 1) + length``,
+    :func:`_length_term` of runs up to :data:`_SHORT_RUN` long (``length``)."""
+    def space(c: int) -> bool:
+        return _NEWLINE <= c <= _SPACE
+
+    triple = np.zeros(729, dtype=np.int64)
+    for b in range(9):
+        for r in range(9):
+            for a in range(9):
+                k = b * 81 + r * 9 + a
+                triple[k] = ((r <= _LETTER < b)  # a letter run (one space before it is joined)
+                             + (space(r) and not space(b))  # a whitespace run
+                             + (r == _NEWLINE and not space(b) and space(a))  # \n+ then more whitespace
+                             - (r == _BLANK))  # ceil(len / 8) - 1
+    length = np.array([_length_term(c, n) for c in range(9) for n in range(_SHORT_RUN + 1)], dtype=np.int64)
+    return {"triple": triple, "length": length}
 
 
 class CharsTokenizer:
