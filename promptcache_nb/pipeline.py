@@ -222,14 +222,13 @@ def advance(
         delta_ops=built.deltas.ops if built is not None else [], project_id=project_id,
         consumes_pending_events=bool(state.pending_events),
     )
-    if built is None:
-        after = replace(state, written=written)
-    else:
-        after = replace(state, strategy_state=values, written=written, messages=built.history + added[len(
-            built.new_messages):], message_seq=state.message_seq + len(messages), built_messages=built.history,
-            deltas=built.deltas.list())
-    after = replace(after, previous=prepared, previous_at=at, previous_keys=keys, previous_nodes=nodes,
-                    observation=analysis.state, next_index=idx + 1, pending_events=())
+    moved: dict[str, Any] = {}  # one replace() for the whole state change: a request makes many
+    if built is not None:
+        moved = {"strategy_state": values, "messages": built.history + added[len(built.new_messages):],
+                 "message_seq": state.message_seq + len(messages), "built_messages": built.history,
+                 "deltas": built.deltas.list()}
+    after = replace(state, written=written, previous=prepared, previous_at=at, previous_keys=keys,
+                    previous_nodes=nodes, observation=analysis.state, next_index=idx + 1, pending_events=(), **moved)
     return Advance(write, after, analysis, usage)
 
 

@@ -1029,8 +1029,8 @@ class Session:
                 given = get_format(dialect).usage(usage, source="imported")
         except ValueError as exc:
             raise SessionError(f"request {self._state.next_index}: {exc}") from None
-        if source is not None:
-            return given.with_source(source)  # e.g. a proxy log of our own simulator: simulated
+        if source is not None:  # e.g. a proxy log of our own simulator: simulated
+            return given if given.source == source else given.with_source(source)
         return given.with_source("imported") if given.source == "simulated" else given
 
     def _predict(self, prepared: PreparedRequest, at: datetime) -> CacheResult | None:
