@@ -44,8 +44,9 @@ test: $(DEV_STAMP) chromium
 	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg notebooks/01_quickstart.ipynb
+	# both cores, a notebook per worker (--dist loadfile keeps each notebook's cells in order in one kernel)
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
-		--nbval-sanitize-with notebooks/sanitize.cfg --ignore=notebooks/01_quickstart.ipynb notebooks
+		--nbval-sanitize-with notebooks/sanitize.cfg --ignore=notebooks/01_quickstart.ipynb -n 2 --dist loadfile notebooks
 
 ## make test-fast: the inner loop: unit tests without the browser, the reliability trials (kills, locks, load,
 ## fuzzing) or the slow ones (other processes, long sessions); no notebooks, no lint. `make test` runs everything.

@@ -4,6 +4,7 @@ import fcntl
 import os
 import pickle
 import shutil
+import signal
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,12 @@ from promptcache_nb.request import canonical_bytes
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "data" / "scenarios"
 REFERENCE = SCENARIOS / "support_agent.yaml"
+
+# A run started in the background of a non-interactive shell (`make test &`, `(cmd &)`) inherits SIGINT ignored,
+# and so would every process a test starts: the Ctrl-C tests would then see runs that never stop and fail for a
+# reason outside the code. The tests send Ctrl-C as a terminal would, to a process that has the default handling.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
