@@ -1170,8 +1170,8 @@ class Session:
 def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn:
     """A stored request as a :class:`Turn`: its body rebuilt, its diff and observation from the stored columns."""
     sid, index = rec.session_id, rec.idx
-    body = store.turn_body(sid, index)
-    prev_body = store.turn_body(sid, index - 1) if index > 0 else None
+    bodies = store.turn_bodies(sid, [index - 1, index] if index > 0 else [index])
+    body, prev_body = bodies[index], bodies.get(index - 1)
     diff, obs = _analysis.stored_diff_and_observation(store, sid, index, prev_body, body, memo=memo)
     return Turn(
         prepared=prepare(body, memo=memo),  # the session's tokenizer

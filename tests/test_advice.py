@@ -307,8 +307,9 @@ def test_unknown_fix_and_strategy_fail_naming_the_known_ones(replays) -> None:
 def write_proxy_log(s: pc.Session, path: Path) -> Path:
     """The session's requests as the recording proxy logs them: bodies and the usage the cache model reported."""
     lines = []
+    bodies = {t.idx: t.request.body for t in load_turns(s)}  # rebuilt in bulk (s.turn(i) rebuilds one, its diff too)
     for r in s.turns().itertuples():
-        body = s.turn(r.idx).request
+        body = bodies[r.idx]
         usage = {"input_tokens": int(r.input_tokens), "cache_read_input_tokens": int(r.cache_read_input_tokens),
                  "cache_creation_input_tokens": int(r.cache_creation_input_tokens),
                  "cache_creation": {"ephemeral_5m_input_tokens": int(r.cache_creation_5m_input_tokens or 0),

@@ -208,8 +208,8 @@ def stored_diff_and_observation(
     tokenizer the Lab used); turns stored without them are observed again.
     """
     memo = memo or SegmentMemo()  # the session's memo: its tokenizer (and calibration) for the figures
-    cur_p = prepare(body, memo=memo)
     prev_p = None if prev_body is None else prepare(prev_body, memo=memo)
+    cur_p = prepare(body, memo=memo, previous=prev_p)  # the history it repeats is not segmented again
     d = None if prev_p is None else compute_diff(prev_p, cur_p)
     row = store.turn_row(session_id, index, _OBSERVED_COLUMNS)
     if row is None:

@@ -1290,31 +1290,34 @@ class Store:
     def turn_body(self, session_id: str, idx: int) -> dict[str, Any]:
         """Rebuild a turn's exact request body from ``blocks`` + ``prefix_nodes`` + ``turns`` (for OpenAI
         dialects and partial bodies a ``LoggedBody`` that ``prepare`` turns back into the same segments)."""
-        row = self.one("SELECT tail_node, rest_hash FROM turns WHERE session_id = ? AND idx = ?", [session_id, idx])
-        if row is None:
-            raise StoreError(f"session {session_id!r} has no turn {idx}")
-        tail, rest_hash = row
-        rows: list[tuple[Any, ...]] = []
-        if tail is not None:
-            rows = self.rows(
-                """WITH RECURSIVE chain(id, parent, depth) AS (
-                       SELECT id, parent, depth FROM prefix_nodes WHERE id = ?
-                       UNION ALL
-                       SELECT p.id, p.parent, p.depth FROM prefix_nodes p JOIN chain c ON p.id = c.parent)
-                   SELECT n.kind, n.role, n.block_hash, c.depth, c.parent FROM chain c
-                   JOIN prefix_nodes n ON n.id = c.id ORDER BY c.depth""",
-                [tail],
-            )
-            if not rows:
-                raise StoreError(damaged(self.path, f"prefix node {tail!r} (turns.tail_node of session "
-                                                    f"{session_id!r} request {idx}) is missing from prefix_nodes"))
-            if rows[0][4] is not None:  # the chain stopped before the root: a node in between is gone
-                raise StoreError(damaged(self.path, f"prefix node {rows[0][4]!r} (a parent in session "
-                                                    f"{session_id!r} request {idx}) is missing from prefix_nodes"))
-        bodies = self.block_bodies({"turns.rest_hash": [rest_hash], "prefix_nodes.block_hash": [r[2] for r in rows]})
-        rest = json.loads(bodies[rest_hash])
-        chain = [(k, r, json.loads(bodies[h])) for k, r, h, *_ in rows]
-        return rebuild_body(rest["shape"], rest["rest"], chain)
+        return self.turn_bodies(session_id, [idx])[idx]
+
+    def turn_bodies(self, session_id: str, indexes: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """:meth:`turn_body` of several turns of one session (a turn and the one before it), their prefix nodes
+        read together where they were written (:meth:`_session_chain`), never by a walk up the whole table."""
+        wanted = sorted(set(indexes))
+        found = {r[0]: (r[1], r[2]) for r in self.rows(
+            "SELECT idx, tail_node, rest_hash FROM turns WHERE session_id = ? AND idx IN (SELECT unnest(?))",
+            [session_id, wanted])}
+        for idx in wanted:
+            if idx not in found:
+                raise StoreError(f"session {session_id!r} has no turn {idx}")
+        nodes = self._session_chain(session_id, "session_id = ? AND idx IN (SELECT unnest(?))",
+                                    [session_id, wanted], whole_session=False)
+        bodies = self.block_bodies({"turns.rest_hash": [rest for _, rest in found.values()],
+                                    "prefix_nodes.block_hash": [n[3] for n in nodes.values()]})
+        out: dict[int, dict[str, Any]] = {}
+        for idx in wanted:
+            tail, rest_hash = found[idx]
+            chain: list[tuple[Any, Any, Any]] = []
+            node = tail
+            while node is not None:
+                parent, kind, role, block_hash = nodes[node]
+                chain.append((kind, role, json.loads(bodies[block_hash])))  # parsed per body: never shared
+                node = parent
+            rest = json.loads(bodies[rest_hash])
+            out[idx] = rebuild_body(rest["shape"], rest["rest"], chain[::-1])
+        return out
 
     # -- reads for analysis: dict rows and typed records, never positions -----------------------------------
     def query(self, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -1404,14 +1407,19 @@ class Store:
         return ({h: bodies[h] for h in rest_hashes},
                 {node: StoredNode(parent, kind, role, h, bodies[h]) for node, (parent, kind, role, h) in chain.items()})
 
-    def _session_chain(self, session_id: str, where: str, params: list[Any]) -> dict[str, tuple[Any, ...]]:
-        """:meth:`session_blocks`' nodes, without their bodies: id -> parent, kind, role, block_hash."""
+    def _session_chain(self, session_id: str, where: str, params: list[Any], *, whole_session: bool = True
+                       ) -> dict[str, tuple[Any, ...]]:
+        """:meth:`session_blocks`' nodes, without their bodies: id -> parent, kind, role, block_hash, for the
+        requests ``where`` selects. ``whole_session``: first read around every request's tail (most chains of the
+        session run through those rows), else around the selected requests' tails only (a turn or two)."""
         tails = [r[0] for r in self.rows(
             f"SELECT DISTINCT tail_node FROM turns WHERE {where} AND tail_node IS NOT NULL ORDER BY 1", params)]
         rows: dict[str, tuple[Any, ...]] = {}
         out: dict[str, tuple[Any, ...]] = {}
         todo = tails
-        lookup: tuple[str, list[Any]] = ("SELECT tail_node FROM turns WHERE session_id = $1", [session_id])
+        lookup: tuple[str, list[Any]] = (
+            ("SELECT tail_node FROM turns WHERE session_id = $1", [session_id]) if whole_session
+            else ("SELECT unnest($1)", [tails]))
         while todo:
             rows.update(self._chains_up(todo) if self._views else self._nodes_before(*lookup))
             missing = []
