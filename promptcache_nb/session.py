@@ -1172,9 +1172,11 @@ def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn
     sid, index = rec.session_id, rec.idx
     bodies = store.turn_bodies(sid, [index - 1, index] if index > 0 else [index])
     body, prev_body = bodies[index], bodies.get(index - 1)
-    diff, obs = _analysis.stored_diff_and_observation(store, sid, index, prev_body, body, memo=memo)
+    prepared = prepare(body, memo=memo)  # the session's tokenizer
+    diff, obs = _analysis.stored_diff_and_observation(store, sid, index, prev_body, body, memo=memo,
+                                                      current=prepared)
     return Turn(
-        prepared=prepare(body, memo=memo),  # the session's tokenizer
+        prepared=prepared,
         session_id=sid, index=index, at=rec.at, request=body, usage=rec.usage,
         ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens, cost_usd=rec.cost_usd,
         cost_no_cache_usd=rec.cost_no_cache_usd, cache_reason=rec.cache_reason, cache_detail=rec.detail,

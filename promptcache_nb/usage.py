@@ -122,7 +122,7 @@ class Usage:
         for name in _COUNT_FIELDS:
             value = getattr(self, name)
             if value is not None and (type(value) is not int or not 0 <= value <= MAX_TOKENS):
-                _check_count(value, f"{where}.{name}")  # raises, naming the field
+                _check_count(value, f"{where}.{name}")  # the rule itself: raises naming the field, or accepts
         _check_split(self.cache_creation_input_tokens, self.cache_creation_5m_input_tokens,
                      self.cache_creation_1h_input_tokens, where)
         return self

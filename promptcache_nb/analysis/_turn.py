@@ -200,16 +200,17 @@ def observation_state_from_store(store: Store, session_id: str, *,
 
 def stored_diff_and_observation(
     store: Store, session_id: str, index: int, prev_body: dict[str, Any] | None, body: dict[str, Any], *,
-    memo: SegmentMemo | None = None,
+    memo: SegmentMemo | None = None, current: PreparedRequest | None = None,
 ) -> tuple[PrefixDiff | None, Observation]:
-    """Diff and observation of a stored turn (``Session.turn``); ``prev_body`` None for turn 0.
+    """Diff and observation of a stored turn (``Session.turn``); ``prev_body`` None for turn 0; ``current``:
+    ``body`` already prepared with ``memo`` (not segmented again).
 
     The observation is rebuilt from the stored columns (so it matches what was written, whatever
     tokenizer the Lab used); turns stored without them are observed again.
     """
     memo = memo or SegmentMemo()  # the session's memo: its tokenizer (and calibration) for the figures
     prev_p = None if prev_body is None else prepare(prev_body, memo=memo)
-    cur_p = prepare(body, memo=memo, previous=prev_p)  # the history it repeats is not segmented again
+    cur_p = current if current is not None else prepare(body, memo=memo, previous=prev_p)
     d = None if prev_p is None else compute_diff(prev_p, cur_p)
     row = store.turn_row(session_id, index, _OBSERVED_COLUMNS)
     if row is None:
