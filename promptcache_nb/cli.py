@@ -274,13 +274,20 @@ STORE_TABLES = ("turns", "sessions", "knowledge", "projects", "blocks", "prefix_
                 "session_prompt_deltas", "session_pending_events", "session_state", "calibrations")
 #: Columns the CLI cuts first when a table is too wide.
 CUT_FIRST = ("source", "source_path", "file", "reason", "note", "cause", "problem", "path")
+#: Of those, the columns that hold paths: cut in the middle, not at the end.
+PATH_COLUMNS = frozenset({"source", "source_path", "file"})
 #: The width the CLI's import tables fit (longer text cells end in "…"; ``--full-paths`` for whole paths).
 TABLE_WIDTH = 120
 
 
-def _fit(df: pd.DataFrame, *, width: int = TABLE_WIDTH, max_rows: int | None = None) -> str:
-    """``df.to_string`` no wider than ``width``: the widest text column is cut (ending in "…") until it fits;
-    missing values print empty, never ``NaN``/``None``."""
+def _fit(df: pd.DataFrame, *, width: int | None = None, max_rows: int | None = None) -> str:
+    """``df.to_string`` no wider than ``width`` (default: the terminal's width, at least :data:`TABLE_WIDTH`; piped
+    output gets that): the widest text column is cut (ending in "…"; a path in the middle) until it fits; missing
+    values print empty, never ``NaN``/``None``."""
+    if width is None:
+        import shutil
+
+        width = max(TABLE_WIDTH, shutil.get_terminal_size((TABLE_WIDTH, 24)).columns)
     df = df.astype(object).where(df.notna(), "")
     df = df.map(lambda v: " ".join(v.split()) if isinstance(v, str) else v)  # one line per row
 
@@ -299,9 +306,21 @@ def _fit(df: pd.DataFrame, *, width: int = TABLE_WIDTH, max_rows: int | None = N
         longest = lengths[col]
         over = max(map(len, out.splitlines())) - width
         keep = max(12 if col in CUT_FIRST else 8, longest - over - 1)
-        df[col] = df[col].map(lambda v, k=keep: v if not isinstance(v, str) or len(v) <= k else v[:k - 1] + "…")
+        cut = _cut_path if col in PATH_COLUMNS else _cut_end
+        df[col] = df[col].map(lambda v, k=keep, c=cut: v if not isinstance(v, str) or len(v) <= k else c(v, k))
         out = text()
     return out
+
+
+def _cut_end(text: str, keep: int) -> str:
+    return text[:keep - 1] + "…"
+
+
+def _cut_path(text: str, keep: int) -> str:
+    """A path cut in the middle: its head (the format, the folder passed) and its tail (the file's name) are what
+    tell one session's log from another's; the middle is the same folder again and again."""
+    head = keep // 4
+    return text[:head] + "…" + text[len(text) - (keep - head - 1):]
 
 
 def _wrap(text: str, *, width: int = TABLE_WIDTH) -> str:

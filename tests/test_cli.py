@@ -81,3 +81,23 @@ def test_help_lists_defaults_and_valid_names_without_markup():
     assert "durable_delta (default: naive)" in replay and "anthropic, bedrock, deepseek, gemini, openai, vllm (default: anthropic)" in replay
     assert "(default: build/demo)" in " ".join(sub.choices["demo"].format_help().split())
 
+
+
+def test_import_tables_fit_the_terminal_and_cut_paths_in_the_middle(monkeypatch):
+    import pandas as pd
+
+    from promptcache_nb.cli import TABLE_WIDTH, _fit
+
+    source = "claude-code:-home-dev-service03/ea757365-3aed-6996-72b5-cdc37855eb56.jsonl"
+    df = pd.DataFrame([{"session": "cc-fdeb9832ff", "model": "claude-sonnet-4-5-20250929", "note": "x" * 40,
+                        "source": source}])
+    narrow = _fit(df, width=80).splitlines()
+    assert max(map(len, narrow)) <= 80
+    cell = narrow[1].split()[-1]
+    # the path keeps its head and its file name's end; prose is cut at its end; identifiers last
+    assert "…" in cell and source.startswith(cell.split("…")[0]) and source.endswith(cell.split("…")[1])
+    assert "claude-sonnet-4-5-20250929" in narrow[1] and "cc-fdeb9832ff" in narrow[1]
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal shows the whole path
+    assert source in _fit(df)
+    monkeypatch.setenv("COLUMNS", "60")  # never narrower than the table width piped output gets
+    assert TABLE_WIDTH - 2 <= max(map(len, _fit(pd.DataFrame([{"source": source * 3}])).splitlines())) <= TABLE_WIDTH
