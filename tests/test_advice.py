@@ -428,9 +428,20 @@ def test_shipped_claude_code_example_gets_only_timing_advice() -> None:
         main = advice.findings[(advice.findings.fix == "ttl") & (advice.findings.requests.map(len) > 0)]
         (row,) = main.itertuples()
         assert row.requests == [6]  # the rebuild after the 6-minute gap, not the one after a /clear
+        # a Lab's advice holds no session's bodies (they would grow with the history): apply() reads its session
+        # back, and stores the counterfactual that session's own advice stores
+        assert advice._kept == {} and advice._requests == {sid: n for sid, n in (
+            (r["id"], r["requests"]) for r in lab.store.original_sessions()) if n}
         cf = advice.apply("ttl", session=row.session)
         assert cf.config["counterfactual_of"] == row.session
         assert row.session in advice.summary() or "requests" in advice.summary()
+        own = pc.advise(lab.session(id=row.session))
+        assert set(own._kept) == {row.session}
+        alone = own.apply("ttl")
+        columns = ["cache_read_input_tokens", "cache_creation_input_tokens", "input_tokens", "cost_usd"]
+        assert alone.turns()[columns].equals(cf.turns()[columns]) and alone.id != cf.id
+        # the counterfactuals are not advised again
+        assert {r["id"] for r in lab.store.original_sessions()}.isdisjoint({cf.id, alone.id})
 
 
 def test_sessions_that_shared_a_project_cache_are_replayed_together() -> None:

@@ -13,6 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._util import progress_bar
 from ..analysis.frames import html_table
 from ..request.diff import visible
 from ..session import Session
@@ -143,8 +144,12 @@ class Advice:
     not_possible: pd.DataFrame
     fleet: pd.DataFrame | None = None
     _lab: Any = field(default=None, compare=False)
-    _originals: dict[str, Original] = field(default_factory=dict, compare=False)
+    #: the sessions advised, by id: how many requests each holds
+    _requests: dict[str, int] = field(default_factory=dict, compare=False)
     compactions: pd.DataFrame | None = None
+    #: a session's advice keeps its session read back for :meth:`apply`; a Lab's keeps none (every session's
+    #: bodies at once would grow with the history): ``apply`` reads the one it needs again
+    _kept: dict[str, Original] = field(default_factory=dict, compare=False)
 
     label = COUNTERFACTUAL
 
@@ -153,7 +158,7 @@ class Advice:
         many requests."""
         if not len(self.findings):
             return "No fix applies to these requests."
-        n = sum(len(o.turns) for o in self._originals.values())
+        n = sum(self._requests.values())
         base = float(self.findings.drop_duplicates("session").cost_simulated_usd.sum())
         if self.fleet is not None:
             top = self.fleet.iloc[0]
@@ -171,11 +176,11 @@ class Advice:
         Lab (:func:`~promptcache_nb.counterfactual`). On a Lab's advice name the ``session``."""
         sid = session
         if sid is None:
-            if len(self._originals) != 1:
-                raise ValueError(f"this advice covers {len(self._originals)} sessions: name one with session=")
-            sid = next(iter(self._originals))
-        if sid not in self._originals:
-            raise ValueError(f"no session {sid!r} in this advice; known: {', '.join(self._originals)}")
+            if len(self._requests) != 1:
+                raise ValueError(f"this advice covers {len(self._requests)} sessions: name one with session=")
+            sid = next(iter(self._requests))
+        if sid not in self._requests:
+            raise ValueError(f"no session {sid!r} in this advice; known: {', '.join(self._requests)}")
         rows = self.findings[self.findings.session == sid]
         if fix == "all":
             names = tuple(f for f in rows.fix if f != "all")
@@ -186,7 +191,10 @@ class Advice:
             if len(why):
                 raise ValueError(f"{fix} is not possible on {sid}: {why.iloc[0].why}")
             raise ValueError(f"unknown fix {fix!r}; known: {', '.join(_fixes.FIX_NAMES)}, all")
-        return store_counterfactual(self._originals[sid], _fixes.check_fixes(names))
+        orig = self._kept.get(sid)
+        if orig is None:  # read back as advise() read it: the same requests, memo and cache
+            orig = Original.load(_open(self._lab, sid))
+        return store_counterfactual(orig, _fixes.check_fixes(names))
 
     def _shown(self) -> pd.DataFrame:
         df = self.findings.copy()
@@ -197,7 +205,7 @@ class Advice:
     def text(self, width: int = 120) -> str:
         """The findings as plain text, one line per fix plus its evidence, each at most ``width`` characters
         (the CLI prints this)."""
-        many = len(self._originals) > 1
+        many = len(self._requests) > 1
         head = f"{'fix':<15} {'verdict':<13} {'usd_saved':>10} {'of cost':>7} {'requests':>8}  "
         lines = [(("session" + " " * 13) if many else "") + head + "confidence"]
         for r in self.findings.itertuples(index=False):
@@ -277,26 +285,36 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
     import pandas as pd
 
     names = _fixes.check_fixes(fixes if fixes is not None else _fixes.FIX_NAMES)
+    one = isinstance(session_or_lab, Session)
     if isinstance(session_or_lab, Session):
-        sessions = [session_or_lab]
         lab = session_or_lab.lab
+        todo = [(session_or_lab.id, 0)]
     else:
         lab = session_or_lab
-        ids = [r["id"] for r in lab.store.session_rows(None) if not r["config"].get("counterfactual_of")]
-        sessions = [lab.active_session(sid) or lab.session(id=sid) for sid in ids]
+        todo = [(r["id"], int(r["requests"])) for r in lab.store.original_sessions()]
     rows: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []
-    originals: dict[str, Original] = {}
+    requests: dict[str, int] = {}
+    kept: dict[str, Original] = {}
     compactions: list[dict[str, Any]] = []
-    for s in sessions:
-        orig = Original.load(s)
-        if not orig.turns:
-            continue
-        originals[s.id] = orig
-        got, miss = _evaluate(s.id, orig, names)
-        rows += got
-        missing += miss
-        compactions += compaction_rows(orig)
+    # a Lab's sessions one at a time: a bar by request (every fix replays each), one session's bodies held
+    bar = progress_bar(total=sum(n for _, n in todo), desc="advising", enabled=lab.progress and not one, unit="req")
+    try:
+        for sid, n in todo:
+            s = session_or_lab if isinstance(session_or_lab, Session) else _open(lab, sid)
+            orig = Original.load(s)
+            if orig.turns:
+                requests[sid] = len(orig.turns)
+                if one:
+                    kept[sid] = orig
+                got, miss = _evaluate(sid, orig, names)
+                rows += got
+                missing += miss
+                compactions += compaction_rows(orig)
+            del orig
+            bar.update(n)
+    finally:
+        bar.close()
     findings = pd.DataFrame(rows, columns=[*FINDING_COLUMNS, "replay_error"])
     findings = findings.sort_values("usd_saved", ascending=False, kind="stable").reset_index(drop=True)
     fleet = None
@@ -307,4 +325,9 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
                  .reset_index().sort_values("usd_saved", ascending=False, kind="stable").reset_index(drop=True))
     timing = pd.DataFrame(compactions, columns=COMPACTION_COLUMNS)
     timing.attrs["not_simulated"] = NOT_SIMULATED
-    return Advice(findings, pd.DataFrame(missing, columns=NOT_POSSIBLE_COLUMNS), fleet, lab, originals, timing)
+    return Advice(findings, pd.DataFrame(missing, columns=NOT_POSSIBLE_COLUMNS), fleet, lab, requests, timing, kept)
+
+
+def _open(lab: Lab, session_id: str) -> Session:
+    """A Lab's session as advice reads it: the open one when the Lab has it, else opened from the store."""
+    return lab.active_session(session_id) or lab.session(id=session_id)

@@ -898,6 +898,15 @@ class Store:
             r["config"] = self._config(r)
         return rows
 
+    def original_sessions(self) -> list[dict[str, Any]]:
+        """``id`` and ``requests`` (its stored request count) of every session that is not a counterfactual of
+        another, by id: what advice over a whole Lab reads, one session at a time."""
+        self._write_new_sessions()
+        return self.query(
+            """SELECT s.id, count(t.idx) AS requests FROM sessions s LEFT JOIN turns t ON t.session_id = s.id
+               WHERE coalesce(json_extract_string(s.config, '$.counterfactual_of'), '') = ''
+               GROUP BY s.id ORDER BY s.id""")
+
     def last_request_at(self, session_ids: Sequence[str]) -> datetime | None:
         """When the last request of any of ``session_ids`` was sent (None before any)."""
         last: datetime | None = self.scalar('SELECT max("at") FROM turns WHERE session_id IN (SELECT unnest(?))',
