@@ -1181,7 +1181,7 @@ def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn
         ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens, cost_usd=rec.cost_usd,
         cost_no_cache_usd=rec.cost_no_cache_usd, cache_reason=rec.cache_reason, cache_detail=rec.detail,
         events=rec.event_codes, request_id=rec.request_id,
-        reply=store.resolve_refs([json.loads(rec.reply)])[0]["content"] if rec.reply else None,
+        reply=store.resolve_refs([json.loads(rec.reply)], session_id=sid)[0]["content"] if rec.reply else None,
         diff=diff, observation=obs, prompt_cache_info=obs.prompt_cache_info() if obs is not None else None,
         segment_states=rec.segment_states, cost_source=rec.cost_source,
     )

@@ -458,6 +458,11 @@ def test_sessions_that_shared_a_project_cache_are_replayed_together() -> None:
                      and lab.session(id=sid).n_turns == 1)
         orig = Original.load(lab.session(id=later))
         assert {x.key for x in orig.shared} == set(rows) - {later}  # its project, within the hour before it
+        # only sessions that sent within the window are read back: one query says which
+        first, last = orig.turns[0].at, orig.turns[-1].at
+        others = sorted(set(rows) - {later})
+        assert lab.store.sessions_sending_between(others, first - timedelta(hours=2), last) == others
+        assert lab.store.sessions_sending_between(others, last + timedelta(seconds=1), last) == []
         measured = lab.session(id=later).turns().cache_read_input_tokens.tolist()
         together = orig.simulate(orig.plan(()))
         alone = Original(orig.lab, orig.row, orig.turns, orig.calibration, orig.cache, orig.cache_params, orig.memo)

@@ -283,3 +283,31 @@ def test_a_group_merged_before_a_later_one_shows_a_shared_session_is_stored_seri
     assert taken_back  # the late path ran
     assert (r2.requests, sorted(r2.sessions.ids)) == (r1.requests, sorted(r1.sessions.ids))
     assert _tables(two) == _tables(one)
+
+
+def test_a_sessions_reads_look_in_its_groups_files_first_then_everywhere(tmp_path: Path, logs: list[Path]) -> None:
+    """A session's bodies are read from the files of the file group that wrote it (the whole dataset's files cost
+    a pass over every group's blocks per lookup); what is not there (another group stored it) is found in the
+    rest. Here half of the group's blocks and prefix nodes are moved into another group's files: every body
+    still comes back byte for byte, through the chain cut where the group's files end."""
+    import duckdb
+
+    out = tmp_path / "out"
+    fleet.import_logs(logs, out=out, progress=False)
+    lab = fleet.open(out)
+    sid = next(i for i in lab.store.session_ids() if i.startswith("cc-") and lab.open_session(i).n_turns > 3)
+    s = lab.open_session(sid)
+    before = [s.turn(i).request for i in range(s.n_turns)]
+    (group,) = lab.store._dataset_groups(sid)
+    lab.close()
+    for table, key in (("blocks", "hash"), ("prefix_nodes", "id")):
+        own, moved = out / table / f"{group}.parquet", out / table / "gmoved0000000.parquet"
+        con = duckdb.connect()
+        con.execute(f"COPY (SELECT * FROM read_parquet('{own}') WHERE hash({key}) % 2 = 0) TO '{moved}' (FORMAT parquet)")
+        con.execute(f"COPY (SELECT * FROM read_parquet('{own}') WHERE hash({key}) % 2 = 1) TO '{own}.tmp' (FORMAT parquet)")
+        os.replace(f"{own}.tmp", own)
+        assert con.execute(f"SELECT count(*) FROM read_parquet('{moved}')").fetchone()[0] > 0
+    lab = fleet.open(out)
+    s = lab.open_session(sid)
+    assert [s.turn(i).request for i in range(s.n_turns)] == before
+    assert json.dumps(lab.session(id=sid).turn(s.n_turns - 1).request) == json.dumps(before[-1])

@@ -277,18 +277,22 @@ def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[Sha
     horizon = get_cache_model(row["cache_model"], **(row["config"].get("cache_params") or {})).state_horizon_seconds()
     start = turns[0].at - timedelta(seconds=horizon) if horizon is not None else None
     end = turns[-1].at
-    out = []
+    candidates: dict[str, dict[str, Any]] = {}
     for other in lab.store.session_rows(row["cache_model"]):
         config = other["config"]
         if other["id"] == row["id"] or config.get("counterfactual_of") or cache_scope_of(other) != scope \
                 or scope == "project" and other["project_id"] != row["project_id"]:
             continue
         own = dict(config.get("cache_params") or {})
-        if {k: v for k, v in own.items() if k != "client_ttls"} != params:
-            continue
-        near = [t for t in load_turns(lab, other["id"], since=start) if t.at <= end]
+        if {k: v for k, v in own.items() if k != "client_ttls"} == params:
+            candidates[other["id"]] = own
+    # only those with a request in the window are read back (a heavy user's project holds hundreds of sessions,
+    # a few of them near this one: reading every one cost 40 s of one session's advice)
+    out = []
+    for sid in lab.store.sessions_sending_between(list(candidates), start, end):
+        near = [t for t in load_turns(lab, sid, since=start) if t.at <= end]
         if near:
-            out.append(SharedStream(other["id"], near, own))
+            out.append(SharedStream(sid, near, candidates[sid]))
     return tuple(out)
 
 

@@ -145,6 +145,21 @@ def export_dataset_tables(store: Store, out: str) -> None:
             os.replace(tmp, os.path.join(target, "dataset.parquet"))
 
 
+def parquet_source(out: str, table: str, group: str | None = None, *, filename: bool = False) -> str:
+    """A ``read_parquet`` of one table's files: every file, or only those ``group`` wrote (a content-addressed
+    table's rows as written: the same row may come from several groups)."""
+    files = out.rstrip("/") + (f"/{table}/{group}.parquet" if group is not None else f"/{table}/**/*.parquet")
+    return (f"read_parquet({_quote(files)}, hive_partitioning = true, union_by_name = true"
+            f"{', filename = true' if filename else ''})")
+
+
+def group_of_file(path: str) -> str:
+    """The file group that wrote ``path`` (``.../<group>.parquet`` or ``.../<group>_<i>.parquet``)."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".parquet")
+    head, sep, tail = name.rpartition("_")
+    return head if sep and tail.isdigit() else name
+
+
 def attach_dataset(store: Store, out: str) -> list[str]:
     """Turn the (empty, migrated, in-memory) ``store``'s tables into views over the dataset at ``out``; the
     dataset tables (:data:`DATASET_TABLES`) are loaded as tables. Returns the tables that have files."""
@@ -154,6 +169,8 @@ def attach_dataset(store: Store, out: str) -> list[str]:
         raise StoreError(f"no fleet dataset at {out!r}: the directory does not exist")
     if fs is not None:
         con.register_filesystem(fs)
+    # every query of a view opens each of its files: keep their footers (a third of a session read's time)
+    con.execute("SET parquet_metadata_cache = true")
     found = []
     for table in _tables(con):
         files = out.rstrip("/") + f"/{table}/**/*.parquet"
@@ -164,7 +181,7 @@ def attach_dataset(store: Store, out: str) -> list[str]:
             "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
             "ORDER BY ordinal_position", [table]).fetchall()
         select = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in columns)
-        source = f"read_parquet({_quote(files)}, hive_partitioning = true, union_by_name = true)"
+        source = parquet_source(out, table)
         key = CONTENT_KEYS.get(table)
         if table == "projects":  # several groups' sessions in one project: created at the earliest start
             source = f"(SELECT id, min(created_at) AS created_at FROM {source} GROUP BY id)"
