@@ -7,9 +7,14 @@
     with the usage the Anthropic cache model reports for each body (as a proxy in front of the offline
     simulator would log it); imported with ``lab.import_log``, then ``pc.advise``.
 
+(c) with ``--lab PATH``: ``pc.advise(lab)`` over every session of an existing store (a ``.duckdb`` file, opened
+    read-only) or fleet dataset (a directory, ``pc.fleet.open``), e.g. the heavy user's 200 Claude Code sessions
+    (``promptcache-nb import DIR --db heavy.duckdb`` on ``bench_fleet.py``'s generated history): wall, CPU and
+    the process's peak RSS (a Lab's advice holds one session's bodies at a time).
+
 Goal (issue 22): advice on 1,000 requests in <= 10 s on this machine. Prints figures; asserts nothing.
 
-    .venv/bin/python benchmarks/bench_advise.py [--requests 1000] [--repeat 3]
+    .venv/bin/python benchmarks/bench_advise.py [--requests 1000] [--repeat 3] [--lab PATH]
 
 Prints wall and CPU seconds: on a machine other work shares, CPU seconds are the comparable figure.
 """
@@ -88,6 +93,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--lab", type=Path, help="also advise every session of this store file or fleet dataset")
     args = ap.parse_args()
 
     with pc.Lab(progress=False) as lab:
@@ -108,6 +114,21 @@ def main() -> None:
             secs, cpu, advice = timed(lambda: pc.advise(s), args.repeat)
             print(f"{args.requests}-request log: advise {secs:.2f} s wall, {cpu:.2f} s CPU (median of "
                   f"{args.repeat}; goal <= 10 s)")
+            print("  " + advice.summary())
+
+    if args.lab is not None:
+        import resource
+
+        lab = (pc.fleet.open(args.lab, progress=False) if args.lab.is_dir()
+               else pc.Lab(args.lab, progress=False, read_only=True))
+        with lab:
+            n = int(lab.sql("SELECT count(*) AS n FROM turns").n[0])
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            secs, cpu, advice = timed(lambda: pc.advise(lab), 1)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            print(f"{args.lab.name} ({lab.store.session_count()} sessions, {n:,} requests): advise(lab) {secs:.1f} s "
+                  f"wall, {cpu:.1f} s CPU ({1000 * cpu / n:.1f} ms per request), peak RSS {peak:.0f} MB "
+                  f"({before:.0f} MB before)")
             print("  " + advice.summary())
 
 
