@@ -19,6 +19,8 @@ from .errors import PromptCacheError
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
+    from .lab import Lab
+
 # Scenarios ship inside the package (read through importlib.resources), so a plain `pip install` can run `demo`.
 SCENARIOS = data_path("scenarios")
 DEFAULT_SCENARIO = SCENARIOS / "support_agent.yaml"
@@ -126,10 +128,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_sql(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    import promptcache_nb as pc
 
     # read-only: never creates, migrates or changes the file (a typo'd path, another application's database)
-    with pc.Lab(args.db, progress=False, read_only=True) as lab:
+    with _read_only_lab(args.db, progress=False) as lab:
         df = lab.sql(args.query)
     with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
         print(df.to_string(index=False))
@@ -332,11 +333,22 @@ def _wrap(text: str, *, width: int = TABLE_WIDTH) -> str:
 def cmd_advise(args: argparse.Namespace) -> int:
     import promptcache_nb as pc
 
-    # read-only: advice replays what is stored and writes nothing (apply() in Python stores a counterfactual)
-    with pc.Lab(args.db, progress=False, read_only=True) as lab:
+    # read-only: advice replays what is stored and writes nothing (apply() in Python stores a counterfactual);
+    # every session of a heavy user's store takes minutes: a bar on a terminal (stderr), none in a pipe or log
+    with _read_only_lab(args.db, progress=True) as lab:
         advice = pc.advise(lab.session(id=args.session) if args.session else lab)
         print(advice.text(width=120))
     return 0
+
+
+def _read_only_lab(path: str, *, progress: bool) -> Lab:
+    """A store file opened read-only, or a fleet dataset (a directory ``import --out`` wrote) as its read-only Lab."""
+    import promptcache_nb as pc
+    from promptcache_nb.fleet._import import MANIFEST
+
+    if "://" in path or os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST)):
+        return pc.fleet.open(path, progress=progress)
+    return pc.Lab(path, progress=progress, read_only=True)
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
@@ -404,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "error, never created) and print the result as a table. Tables: "
                                    f"{', '.join(STORE_TABLES)} (one row per request in turns, keyed by "
                                    "session_id and idx).")
-    q.add_argument("db", metavar="FILE.duckdb", help="an existing store")
+    q.add_argument("db", metavar="FILE.duckdb", help="an existing store, or a fleet dataset's directory (import --out)")
     q.add_argument("query", help='e.g. "select session_id, idx, cache_reason, cache_read_input_tokens from turns"')
     q.set_defaults(fn=cmd_sql)
     dr = sub.add_parser("doctor", help="check a store: schema, migrations, NULLs and references; report problems",
@@ -450,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Replay each stored session (or --session) with each fix applied (tail_volatile, "
                                    "durable_deltas, frozen_prefix, breakpoints, ttl, keep_warm) and print the "
                                    "findings ranked by dollars saved. The store is opened read-only.")
-    a.add_argument("--db", required=True, metavar="FILE.duckdb", help="an existing store")
+    a.add_argument("--db", required=True, metavar="FILE.duckdb",
+                   help="an existing store, or a fleet dataset's directory (import --out)")
     a.add_argument("--session", default=None, metavar="ID", help="one session (default: every session, and a "
                                                                   "fleet roll-up)")
     a.set_defaults(fn=cmd_advise)
@@ -478,6 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The exit status when the output's reader went away (128 + SIGPIPE, what a shell reports for such a process).
+SIGPIPE_STATUS = 141
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` (None: the command line); returns the exit status (130 after Ctrl-C)."""
     args = build_parser().parse_args(argv)
@@ -488,6 +505,14 @@ def main(argv: list[str] | None = None) -> int:
             # otherwise kill the process by the signal (exit -2) after the work was done and stored
             _exit_now(code)
         return code
+    except BrokenPipeError:
+        # whoever read the output left (`| head`): stop quietly, as other command-line tools do (what the command
+        # stored is stored: its store closed as the error left its `with` block)
+        if argv is None:
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush into the pipe
+            os._exit(SIGPIPE_STATUS)
+        return SIGPIPE_STATUS
     except Exception as exc:
         from .store import caused_by_ctrl_c
 

@@ -101,3 +101,34 @@ def test_import_tables_fit_the_terminal_and_cut_paths_in_the_middle(monkeypatch)
     assert source in _fit(df)
     monkeypatch.setenv("COLUMNS", "60")  # never narrower than the table width piped output gets
     assert TABLE_WIDTH - 2 <= max(map(len, _fit(pd.DataFrame([{"source": source * 3}])).splitlines())) <= TABLE_WIDTH
+
+
+def test_output_into_a_closed_pipe_stops_quietly(tmp_path):
+    """`promptcache-nb sql ... | head -1`: the reader leaves early; no traceback, the shell's status for it."""
+    import promptcache_nb as pc
+
+    db = tmp_path / "s.duckdb"
+    pc.Lab(db, progress=False).close()
+    exe = Path(sys.executable).parent / "promptcache-nb"
+    proc = subprocess.Popen([str(exe), "sql", str(db), "SELECT * FROM range(300000)"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().strip() == b"range"
+    proc.stdout.close()  # as `head -1` does once it has its line
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in err and err == ""
+
+
+def test_read_commands_take_a_fleet_dataset(tmp_path, capsys):
+    from promptcache_nb import data_path, fleet
+
+    out = tmp_path / "fleet"
+    fleet.import_logs([data_path("logs") / "claude_code"], out=out, progress=False)
+    assert main(["sql", str(out), "SELECT count(DISTINCT session_id) AS n FROM turns"]) == 0
+    n = int(capsys.readouterr().out.split()[-1])
+    assert n >= 2
+    assert main(["advise", "--db", str(out)]) == 0
+    assert "(counterfactual)" in capsys.readouterr().out
+    assert main(["sql", str(tmp_path), "SELECT 1"]) == 2  # a directory that is no dataset: the store's one-line error
+    assert "is a directory" in capsys.readouterr().err
