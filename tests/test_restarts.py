@@ -300,3 +300,88 @@ def test_a_restart_keeps_the_labs_cache_and_a_failed_step_rebuilds_it(monkeypatc
             s.step("Question 5", reply="Answer 5.", at=datetime(2026, 11, 2, 9, 3, tzinfo=UTC))
         _run(s, 5, 6)
         assert len(rebuilt) == 2
+
+
+# -- recording into a reopened session ---------------------------------------------------------------------
+
+LOOKUP = {"name": "lookup_invoice", "description": "Find an invoice by id.",
+          "input_schema": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}}
+RECORDED = 40  # requests stored before the Lab closes
+
+
+def _logged_body(n: int) -> dict:
+    """Request ``n`` of a proxy-logged agent: a tool, a system list, a history of string and block messages (a tool
+    call and result every third question) that grows, and a cache marker on the newest question only, so each
+    request changes the block the previous one marked."""
+    messages: list[dict] = []
+    for i in range(n + 1):
+        question = f"Question {i}: why was invoice {i} charged twice?"
+        if i < n:
+            messages.append({"role": "user", "content": question})
+            if i % 3 == 1:
+                messages.append({"role": "assistant", "content": [
+                    {"type": "text", "text": f"Looking up invoice {i}."},
+                    {"type": "tool_use", "id": f"toolu_{i:03d}", "name": "lookup_invoice", "input": {"id": f"in_{i}"}}]})
+                messages.append({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_{i:03d}", "content": f"in_{i}: paid twice"}]})
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": f"Answer {i}: a retry."}]})
+        else:
+            messages.append({"role": "user", "content": [
+                {"type": "text", "text": question, "cache_control": {"type": "ephemeral"}}]})
+    return {"model": "claude-sonnet-4-5", "max_tokens": 1024, "tools": [LOOKUP],
+            "system": [{"type": "text", "text": RULES, "cache_control": {"type": "ephemeral"}}],
+            "messages": messages}
+
+
+def _record(s, n: int, measured: bool) -> None:
+    usage = ({"input_tokens": 3, "cache_read_input_tokens": 2_000 + n, "cache_creation_input_tokens": 40 + n,
+              "output_tokens": 9} if measured else None)
+    s.record(_logged_body(n), at=datetime(2026, 11, 2, 9, 0, tzinfo=UTC) + timedelta(seconds=30 * n), usage=usage)
+
+
+@pytest.mark.parametrize(("measured", "calibrated"), [(True, False), (False, False), (True, True)],
+                         ids=["measured", "simulated", "calibrated"])
+def test_a_reopened_session_records_its_next_requests_as_the_open_one_does(tmp_path, monkeypatch, measured,
+                                                                            calibrated):
+    """The first requests recorded into a reopened session (its state read back from the store: the last request
+    rebuilt from its blocks, the simulated cache from its window) store the same ``turns`` rows, every column, as
+    the session object that never closed; and the first of them segments only the new tail of its body (the
+    rebuilt last request is a ``previous`` prepare reuses), never the whole history again."""
+    db, closed = tmp_path / "open.duckdb", tmp_path / "closed.duckdb"
+    calibration = pc.analysis.Calibration("claude-sonnet-4-5", 1.13, 5.0, 12, 1.0, 2.0) if calibrated else None
+    with pc.Lab(db, progress=False) as lab:
+        s = lab.new_session("naive", project="logged", calibration=calibration,
+                            start=datetime(2026, 11, 2, 9, 0, tzinfo=UTC))
+        for n in range(RECORDED):
+            _record(s, n, measured)
+        sid = s.id
+        lab.store.con.execute("CHECKPOINT")
+        shutil.copyfile(db, closed)
+        wal = db.with_name(db.name + ".wal")
+        if wal.exists():
+            shutil.copyfile(wal, closed.with_name(closed.name + ".wal"))
+        for n in range(RECORDED, RECORDED + 2):
+            _record(s, n, measured)
+        want = lab.sql("SELECT * FROM turns WHERE session_id = ? AND idx >= ? ORDER BY idx", [sid, RECORDED])
+    hashed: list[object] = []
+    hashes = pc.request.SegmentMemo.hashes
+
+    def counting(self, element, **kw):
+        hashed.append(element)
+        return hashes(self, element, **kw)
+
+    with pc.Lab(closed, progress=False) as lab:
+        s = lab.open_session(sid)
+        monkeypatch.setattr(pc.request.SegmentMemo, "hashes", counting)
+        _record(s, RECORDED, measured)
+        monkeypatch.undo()
+        _record(s, RECORDED + 1, measured)
+        got = lab.sql("SELECT * FROM turns WHERE session_id = ? AND idx >= ? ORDER BY idx", [sid, RECORDED])
+    assert len(want) == 2 and list(got.columns) == list(want.columns)
+    for column in want.columns:
+        assert got[column].tolist() == want[column].tolist() or got[column].equals(want[column]), column
+    # request 40 repeats 39's body bar its last question (now unmarked), an answer and a new question: the open
+    # session hashes those 3 blocks. The reopened one also hashes the tool and the system block, rebuilt from
+    # their stored canonical JSON with sorted keys (an order the per-unit bytes tell apart from the body's);
+    # before the rebuilt request carried its units it hashed every block of the history again (~120)
+    assert len(hashed) == 5, [str(x)[:80] for x in hashed]

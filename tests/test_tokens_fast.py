@@ -10,6 +10,7 @@ scenarios. Speed is printed by ``benchmarks/bench_tokens.py``, not asserted here
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -150,3 +151,59 @@ def test_a_lone_surrogate_fails_as_the_definition_does() -> None:
         definition(text)
     with pytest.raises(UnicodeEncodeError):
         tokens._count_runs(text)
+
+
+# -- many texts in one pass (a stored request's blocks rebuilt at once) ------------------------------------------
+
+@MANY
+@given(st.lists(st.one_of(st.just(""), ASCII_TEXT), min_size=1, max_size=30))
+def test_a_batch_counts_each_text_as_the_definition_does(texts: list[str]) -> None:
+    assert tokens._count_batch(texts) == [definition(t) for t in texts]
+
+
+def test_count_many_batches_the_short_ascii_texts_and_counts_every_text_as_count_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    long_ascii = "A sentence of prose, repeated. " * 3000  # past _CHUNK_CHARS: counted alone, cut into parts
+    texts = [f"question {i}: why was invoice {i} charged twice?  \n\tsee  ledger #{i}" for i in range(40)]
+    texts += ["", " ", "\n \n", "naïve café → ½ ²", long_ascii, "中文 text"]
+    batches: list[int] = []
+    real = tokens._count_batch
+    monkeypatch.setattr(tokens, "_count_batch", lambda ts: batches.append(len(ts)) or real(ts))
+    tok = HeuristicTokenizer()
+    import numpy  # noqa: F401  (the batch runs once numpy is loaded)
+
+    assert tok.count_many(texts) == [definition(t) for t in texts] == [tok.count(t) for t in texts]
+    assert batches == [43]  # the 40 questions and the 3 blank ones; the long and the non-ASCII ones alone
+    assert tok.count_many(texts[:3]) == [definition(t) for t in texts[:3]] and batches == [43]  # too few to batch
+    monkeypatch.delitem(sys.modules, "numpy")  # a process that has not loaded numpy yet does not load it for this
+    assert tok.count_many(texts[:40]) == [definition(t) for t in texts[:40]] and batches == [43]
+
+
+ELEMENTS = [
+    ("msg-start", {"type": "text", "text": "Why was invoice 7 charged twice?"}),
+    ("msg", {"type": "text", "text": "Looking it up.", "cache_control": {"type": "ephemeral"}}),
+    ("msg-str", "a whole message as a string"),
+    ("msg", {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"id": "in_7", "n": [1, 2.5]}}),
+    ("msg-start", {"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+        {"type": "text", "text": "in_7: paid twice"}, {"type": "image", "source": {"type": "base64", "data": "x"}}]}),
+    ("msg", {"type": "tool_result", "tool_use_id": "toolu_2", "content": "plain result"}),
+    ("msg", {"type": "thinking", "thinking": "the ledger shows two entries", "signature": "s"}),
+    ("msg", {"type": "server_tool_use", "id": "srv_1", "name": "web_search", "input": {"q": "refunds"}}),
+    ("msg-empty", []),
+    ("tool", {"name": "lookup", "description": "Find an invoice.", "input_schema": {"type": "object"}}),
+    ("tool", {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}),
+    ("system", {"type": "text", "text": "You are a billing agent. " * 60}),
+    ("msg-whole", {"role": "assistant", "content": "ok", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]}),
+    ("item", {"type": "function_call_output", "call_id": "c1", "output": "done"}),
+    ("item", {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thought"}]}),
+] * 3  # past the batch threshold: the batch path runs
+
+
+@pytest.mark.parametrize("tokenizer", [
+    HeuristicTokenizer(), tokens.ModelTokenizer(), tokens.BPETokenizer("o200k_base"),
+    tokens.CalibratedTokenizer(HeuristicTokenizer(), type("Fit", (), {"model": "*", "ratio": 1.13})()),
+], ids=["heuristic", "per-model", "bpe", "calibrated"])
+def test_segments_counted_together_count_as_each_alone(tokenizer: tokens.Tokenizer) -> None:
+    assert tokens.segments_tokens(ELEMENTS, tokenizer) == [tokens.segment_tokens(k, e, tokenizer)
+                                                           for k, e in ELEMENTS]

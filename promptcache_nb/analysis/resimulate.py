@@ -95,6 +95,10 @@ def stored_session_row(lab: LabLike, session_id: str) -> dict[str, Any]:
     return row
 
 
+#: From this many new blocks in one request the loader counts them in one batch (``SegmentMemo.count_ahead``).
+_COUNT_AHEAD = 32
+
+
 class _Loader:
     """A session's stored requests (all, or those sent ``since`` a time), built from the prefix tree with one
     Segment per node: the one bulk rebuild of stored bodies (re-simulation, what-ifs, and a session resuming
@@ -120,22 +124,58 @@ class _Loader:
         self._view = self.memo  # the memo of the current request's model (SegmentMemo.for_model)
         self._segs: dict[tuple[str, bool, int], Segment] = {}  # (node, system is a str, id(view))
         self._counters: dict[str, tuple[int, int, int, int]] = {}  # node -> tools, system, messages, block
-        self._chains: dict[str, list[str]] = {}
+        self._chains: dict[str, list[str]] = {}  # tail -> its chain
+        self._on_chain: dict[str, tuple[list[str], int]] = {}  # node -> (a chain through it, its position there)
         self._totals: dict[tuple[int, str], int] = {}  # (id(view), node) -> estimated tokens through the node
+        self._blocks: dict[str, tuple[Any, dict[str, Any] | None, str, str, int]] = {}  # node -> _parsed
 
     def _chain(self, tail: str) -> list[str]:
-        """Node ids from the root to ``tail``; reuses the chain of an ancestor already seen."""
+        """Node ids from the root to ``tail``; reuses the chain through the nearest ancestor already seen, whether
+        it was a request's tail or not (a request that changes its predecessor's last block, as a moving cache
+        marker does, branches off below that tail: walking up to the root each time cost O(depth) per request)."""
         got = self._chains.get(tail)
         if got is not None:
             return got
         new: list[str] = []
         node: str | None = tail
-        while node is not None and node not in self._chains:
+        on_chain = self._on_chain
+        while node is not None and node not in on_chain:
             new.append(node)
             node = self.nodes[node].parent
-        chain = (list(self._chains[node]) if node is not None else []) + new[::-1]
+        if node is None:
+            chain = new[::-1]
+        else:
+            known, at = on_chain[node]
+            chain = known[: at + 1] + new[::-1]
+        for i in range(len(chain) - len(new), len(chain)):
+            on_chain[chain[i]] = (chain, i)
         self._chains[tail] = chain
         return chain
+
+    def _parsed(self, node: str) -> tuple[Any, dict[str, Any] | None, str, str, int]:
+        """A node's block as the request holds it (its ``cache_control`` ttl rewritten when asked): element, marker,
+        storage hash, content hash, canonical bytes. Parsed once per node."""
+        got = self._blocks.get(node)
+        if got is None:
+            n = self.nodes[node]
+            bhash, body = n.block_hash, n.body
+            element = json.loads(body)
+            cc = element.get("cache_control") if isinstance(element, dict) else None
+            nbytes = len(body.encode())
+            if cc is not None and self.ttl is not None:
+                cc = {**cc, "ttl": self.ttl}
+                element = {**element, "cache_control": cc}
+                exact = canonical_bytes(element)
+                bhash, nbytes = digest(exact, tag="seg"), len(exact)
+            got = self._blocks[node] = (element, cc, bhash, bhash if cc is None else content_hash(element), nbytes)
+        return got
+
+    def _count_ahead(self, view: SegmentMemo, nodes: list[str]) -> None:
+        """Count the blocks of ``nodes`` in one batch (``SegmentMemo.count_ahead``), when they are many: the first
+        request rebuilt brings its whole history at once."""
+        if len(nodes) >= _COUNT_AHEAD:
+            view.count_ahead([(self.nodes[node].kind, parsed[3], parsed[0])
+                              for node in nodes for parsed in (self._parsed(node),)])
 
     def _segment(self, node: str, sys_str: bool) -> Segment:
         view = self._view
@@ -144,7 +184,7 @@ class _Loader:
         if seg is not None:
             return seg
         n = self.nodes[node]
-        parent, kind, role, bhash, body = n.parent, n.kind, n.role, n.block_hash, n.body
+        parent, kind, role = n.parent, n.kind, n.role
         nt, ns, nm, nb = self._counters[parent] if parent is not None else (0, 0, 0, 0)
         if kind == "tool":
             path, nt = f"tools[{nt}]", nt + 1
@@ -158,15 +198,7 @@ class _Loader:
             path, nm, nb = f"messages[{nm}].content", nm + 1, 0
         self._counters[node] = (nt, ns, nm, nb)
         total = self._totals[(vid, parent)] if parent is not None else 0
-        element = json.loads(body)
-        cc = element.get("cache_control") if isinstance(element, dict) else None
-        nbytes = len(body.encode())
-        if cc is not None and self.ttl is not None:
-            cc = {**cc, "ttl": self.ttl}
-            element = {**element, "cache_control": cc}
-            exact = canonical_bytes(element)
-            bhash, nbytes = digest(exact, tag="seg"), len(exact)
-        chash = bhash if cc is None else content_hash(element)
+        element, cc, bhash, chash, nbytes = self._parsed(node)
         tokens = view.tokens(kind, chash, element)
         seg = Segment(path, cast("SegmentKind", kind), role, chash, bhash, tokens, cc, element, nbytes)  # as stored
         self._segs[(node, sys_str, vid)] = seg
@@ -199,6 +231,7 @@ class _Loader:
         prev_segs: tuple[Segment, ...] = ()
         prev_sys_str = False
         prev_req: PreparedRequest | None = None
+        last: PreparedRequest | None = None  # the last request yielded
         generic: PreparedRequest | None = None
         tools: list[Any] = []
         system: list[Any] = []
@@ -212,7 +245,7 @@ class _Loader:
             chain = self._chain(row["tail_node"]) if row["tail_node"] is not None else []
             if "dialect" in shape or "unlogged" in shape:
                 # OpenAI dialects and partial bodies: the one generic rebuild (request.rebuild_body + prepare)
-                generic = self._generic(shape, rest, chain, generic)
+                generic = last = self._generic(shape, rest, chain, generic)
                 prev_chain, prev_segs = [], ()  # the incremental Messages rebuild starts over after it
                 yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], generic,
                                  row["output_tokens"], row)
@@ -221,6 +254,7 @@ class _Loader:
             if view is not self._view:  # another estimator (a model switch): nothing carries over
                 self._view, prev_chain, prev_segs = view, [], ()
             shared = common_prefix_len(chain, prev_chain) if sys_str == prev_sys_str else 0
+            self._count_ahead(view, chain[shared:])
             new = tuple(self._segment(node, sys_str) for node in chain[shared:])
             segs = prev_segs[:shared] + new
             nt, ns, nm, nb = self._counters[chain[shared - 1]] if shared else (0, 0, 0, 0)
@@ -257,8 +291,35 @@ class _Loader:
             if shared and prev_req is not None:
                 mark_prefix(req, prev_req, shared)  # per-segment sums extend the previous request's
             prev_chain, prev_segs, prev_sys_str, prev_req = chain, segs, sys_str, req
+            last = req
             yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], req, row["output_tokens"],
                              row)
+        if last is not None and last is prev_req:
+            _index_units(last)
+
+
+def _index_units(req: PreparedRequest) -> None:
+    """What ``prepare`` records of a Messages request's units (each tool, system block and message's span of
+    segments), for the last request rebuilt: it is the ``previous`` of a resuming session's next request, whose
+    ``prepare`` then reuses its segments for the units the two bodies repeat instead of segmenting and hashing
+    the whole history again. One pass over its segments; the per-unit bytes are computed when first compared."""
+    units: dict[str, list[tuple[int, int]]] = {}
+    if req.shape.get("tools") == "list":
+        units["tools"] = []
+    if req.shape.get("system") in ("str", "list"):
+        units["system"] = []
+    if req.shape.get("messages") == "list":
+        units["messages"] = []
+    for i, seg in enumerate(req.segments):
+        kind = seg.kind
+        if kind == "msg":  # the next block of the message started before it
+            spans = units["messages"]
+            spans[-1] = (spans[-1][0], i + 1)
+        else:
+            units["tools" if kind == "tool" else "system" if kind == "system" else "messages"].append((i, i + 1))
+    derived = req.derived
+    derived.units, derived.snaps = units, {}
+    derived.msg_spans = units.get("messages", [])
 
 
 def load_turns(

@@ -47,7 +47,7 @@ from ..dialects import get as get_format
 from ..dialects.anthropic import SEGMENTED as TOP_LEVEL_SEGMENTED
 from ..dialects.anthropic import message_segments, system_segment, tool_segment
 from ..dialects.openai_responses import ITEM_TYPES as RESPONSES_ITEM_TYPES  # noqa: F401  (its old home)
-from ..tokens import DEFAULT_TOKENIZER, ModelTokenizer, Tokenizer, segment_tokens
+from ..tokens import DEFAULT_TOKENIZER, ModelTokenizer, Tokenizer, segment_tokens, segments_tokens
 
 #: The dialect names (one vocabulary: :data:`promptcache_nb.dialects.DialectName`).
 Dialect = DialectName
@@ -192,6 +192,19 @@ class SegmentMemo:
             n = segment_tokens(frame_class if kind != "msg-str" else "msg-str", element, self.tokenizer)
             self._tokens[key] = n
         return n
+
+    def count_ahead(self, items: list[tuple[str, str, Any]]) -> None:
+        """Count the segments ``(kind, content hash, element)`` not counted yet, in one batch
+        (:func:`~promptcache_nb.tokens.segments_tokens`): :meth:`tokens` then finds them. For many new segments at
+        once (a stored request rebuilt whole); the counts are :meth:`tokens`' own."""
+        todo: dict[tuple[str, str], tuple[str, Any]] = {}
+        for kind, chash, element in items:
+            frame_class = "msg-start" if kind in ("msg-start", "msg-str") else kind
+            key = (frame_class, chash)
+            if key not in self._tokens and key not in todo:
+                todo[key] = (frame_class if kind != "msg-str" else "msg-str", element)
+        if todo:
+            self._tokens.update(zip(todo, segments_tokens(list(todo.values()), self.tokenizer), strict=True))
 
 
 @dataclass(slots=True, eq=False)
