@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ContextWindowWarning
-from .prices import price_model_id, price_snapshot
+from .prices import price_model_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..request import PreparedRequest
@@ -47,11 +47,13 @@ def context_window(model: str) -> int | None:
         >>> context_window("gpt-4.1"), context_window("claude-opus-4-6")
         (1000000, 1000000)
     """
+    from genai_prices import data_snapshot
+
     resolved = price_model_id(model)
     if resolved is None:
         return None
     provider_id, model_id = resolved
-    for provider in price_snapshot().providers:
+    for provider in data_snapshot.get_snapshot().providers:
         if provider.id == provider_id:
             for found in provider.models:
                 if found.id == model_id:

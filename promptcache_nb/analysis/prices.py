@@ -14,78 +14,16 @@ with a NULL cost and one :class:`~promptcache_nb.errors.UnpricedModelWarning`.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import re
-import sys
-import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._util import model_base_id
 from ..errors import PriceError
 from ..usage import Usage
-
-if TYPE_CHECKING:  # pragma: no cover - the library loads on first use (_library)
-    from genai_prices.data_snapshot import DataSnapshot
-
-_LIBRARY = "genai_prices"
-_LIBRARY_LOCK = threading.RLock()
-
-
-def _library(submodule: str) -> Any:
-    """A genai-prices submodule (``data_snapshot``, ``types``, ``units``), imported without running the package's
-    ``__init__`` when nothing imported the package yet.
-
-    That ``__init__`` also imports the library's price updater (an HTTP client and asyncio: ~40 ms, most of a
-    resumed session's first priced request) for ``UpdatePrices``, which pricing from the data snapshot never
-    uses. The package module put in ``sys.modules`` is the real one, not run yet: the first read of a name only
-    its ``__init__`` defines (``calc_price``, ``UpdatePrices``, ``__version__``...) runs it (PEP 562 module
-    ``__getattr__``), so code importing genai-prices later sees the whole package. Prices and their data are the
-    library's own either way (``get_snapshot().calc`` is what ``calc_price`` calls).
-    """
-    if _LIBRARY not in sys.modules:
-        with _LIBRARY_LOCK:
-            if _LIBRARY not in sys.modules:
-                _install_unrun_package()
-    return importlib.import_module(f"{_LIBRARY}.{submodule}")
-
-
-def _install_unrun_package() -> None:
-    spec = importlib.util.find_spec(_LIBRARY)
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        importlib.import_module(_LIBRARY)  # not a plain package: the ordinary import (or its ImportError)
-        return
-    package = importlib.util.module_from_spec(spec)
-    loader = spec.loader
-
-    def run_init(name: str) -> Any:
-        if importlib.util.find_spec(f"{_LIBRARY}.{name}") is not None:
-            return importlib.import_module(f"{_LIBRARY}.{name}")  # a submodule: ``from . import types``
-        with _LIBRARY_LOCK:
-            if package.__dict__.get("__getattr__") is run_init:
-                del package.__dict__["__getattr__"]
-                try:
-                    loader.exec_module(package)
-                except BaseException:
-                    package.__dict__["__getattr__"] = run_init
-                    raise
-        try:
-            return package.__dict__[name]
-        except KeyError:
-            raise AttributeError(f"module {_LIBRARY!r} has no attribute {name!r}") from None
-
-    package.__dict__["__getattr__"] = run_init
-    sys.modules[_LIBRARY] = package
-
-
-def price_snapshot() -> DataSnapshot:
-    """genai-prices' current data snapshot: the bundled one, or the one its ``UpdatePrices`` set."""
-    snapshot: DataSnapshot = _library("data_snapshot").get_snapshot()
-    return snapshot
 
 
 @dataclass(frozen=True)
@@ -173,16 +111,19 @@ def _library_cost(model_ref: str, provider_id: str | None, at: datetime | None, 
     if 0 < reasoning <= output:
         fields["output_reasoning_tokens"] = reasoning  # a part of the output: priced apart only if the model is
     when = at or REFERENCE_TIME
+    from genai_prices import data_snapshot
+
     # the library's own resolution and price period (both cheap): the table can never outlive either
-    provider, model = price_snapshot().find_provider_model(model_ref, None, provider_id, None)
+    provider, model = data_snapshot.get_snapshot().find_provider_model(model_ref, None, provider_id, None)
     if provider.id != "groq":  # genai-prices rewrites the usage of some Groq models before pricing
         table = _rate_table(model.get_prices(when))
         cost = table.cost(fields) if table is not None else None
         if cost is not None:
             return cost
-    from genai_prices import calc_price  # the fallback: the library itself (its whole package)
+    from genai_prices import Usage as GUsage
+    from genai_prices import calc_price
 
-    calc = calc_price(_library("types").Usage(**fields), model_ref=model_ref, provider_id=provider_id,
+    calc = calc_price(GUsage(**fields), model_ref=model_ref, provider_id=provider_id,
                       genai_request_timestamp=when)
     return float(calc.total_price)
 
@@ -244,9 +185,11 @@ def _rate_table(model_price: Any) -> _RateTable | None:
 
 def _compile_rate_table(model_price: Any) -> _RateTable | None:
     """The table of ``model_price``, or None when it cannot be proven to give the library's result."""
-    types = _library("types")
-    GUsage, ModelPrice, TieredPrices = types.Usage, types.ModelPrice, types.TieredPrices  # noqa: N806
-    registry = _library("units")._get_registry()
+    from genai_prices import Usage as GUsage
+    from genai_prices.types import ModelPrice, TieredPrices
+    from genai_prices.units import _get_registry
+
+    registry = _get_registry()
     if type(model_price) is not ModelPrice:
         return None
     items = [(k, v) for k, v in model_price.__dict__.items() if not k.startswith("_") and v is not None]
@@ -319,8 +262,10 @@ _VENDOR_PROVIDERS = {"mistralai": "mistral", "meta-llama": "meta", "z-ai": "zai"
 def _exact_match(model: str, provider_id: str | None) -> tuple[str, str] | None:
     """``(provider id, model id)`` of ``model`` among ``provider_id``'s models (all providers' when None), when
     genai-prices' match names it exactly (:func:`_is_exact`); None otherwise."""
+    from genai_prices import data_snapshot
+
     try:
-        provider, found = price_snapshot().find_provider_model(model, None, provider_id, None)
+        provider, found = data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
     except LookupError:
         return None
     return (provider.id, found.id) if _is_exact(model, found) else None
@@ -334,8 +279,10 @@ _BEDROCK_ID = re.compile(r"(?P<base>(?:[a-z-]+\.)?anthropic\.[a-z0-9.-]+?)-v\d+(
 def _bedrock_match(model: str, base: str) -> tuple[str, str] | None:
     """genai-prices' ``aws`` entry for a Bedrock id, when its match clause names the id without its version suffix
     outright (``us.anthropic.claude-sonnet-4-5-20250929``); None otherwise (never a look-alike)."""
+    from genai_prices import data_snapshot
+
     try:
-        provider, found = price_snapshot().find_provider_model(model, None, "aws", None)
+        provider, found = data_snapshot.get_snapshot().find_provider_model(model, None, "aws", None)
     except LookupError:
         return None
     # the id itself is the reference genai-prices matches (its entry's own id is not in its clause)
@@ -406,8 +353,10 @@ def price_model_id(model: str) -> tuple[str, str] | None:
 @lru_cache(maxsize=512)
 def price_provider(model: str) -> str | None:
     """The genai-prices provider whose ids ``model`` looks like (``gpt-…`` → ``openai``), known model or not."""
+    from genai_prices import data_snapshot
+
     try:
-        return price_snapshot().find_provider(model.lower(), None, None).id
+        return data_snapshot.get_snapshot().find_provider(model.lower(), None, None).id
     except LookupError:
         return None
 
@@ -439,6 +388,9 @@ def prices_for(model: str) -> Prices:
         >>> prices_for("claude-sonnet-4-5").cache_read
         0.3
     """
+    from genai_prices import Usage as GUsage
+    from genai_prices import calc_price
+
     resolved = price_model_id(model)
     if resolved is None:
         raise PriceError(
@@ -447,9 +399,8 @@ def prices_for(model: str) -> Prices:
             "cache_write_5m=..., cache_write_1h=...)"
         )
     provider_id, model_id = resolved
-    # what genai-prices' calc_price does (its one line), without loading the package's price updater
-    calc = price_snapshot().calc(_library("types").Usage(input_tokens=1, output_tokens=1), model_id, provider_id,
-                                 None, REFERENCE_TIME)
+    calc = calc_price(GUsage(input_tokens=1, output_tokens=1), model_ref=model_id, provider_id=provider_id,
+                      genai_request_timestamp=REFERENCE_TIME)
     mp = calc.model_price
     inp = _num(mp.input_mtok)
     write_5m = _num(mp.cache_write_mtok) if mp.cache_write_mtok is not None else inp
