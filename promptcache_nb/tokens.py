@@ -247,6 +247,15 @@ def _count_chunk(text: str, tables: dict[str, Any]) -> int:
         run_bytes = cum[edges[1::2]] - cum[edges[::2]]
         extra = int(np.maximum(0, (run_bytes + 2) // 3 - 1).sum())
 
+    per_run, _ = _run_terms(cls, codes, tables)
+    return extra + int(per_run.sum())
+
+
+def _run_terms(cls: Any, codes: Any, tables: dict[str, Any]) -> tuple[Any, Any]:
+    """What each maximal run of character classes counts (pieces and extras but for non-ASCII bytes), and where
+    each run starts in ``cls``: ``cls`` the classes of a text with an ``_EDGE`` sentinel at each end (or of texts
+    joined by sentinels, :func:`_count_batch`), ``codes`` its code points without the two outer sentinels."""
+    np = tables["np"]
     change = np.empty(len(cls), dtype=bool)
     change[0] = True
     np.not_equal(cls[1:], cls[:-1], out=change[1:])
@@ -254,18 +263,18 @@ def _count_chunk(text: str, tables: dict[str, Any]) -> int:
     classes = cls[starts].astype(np.intp)
     cur = classes[1:-1]  # each run; classes[i] is the run before cur[i], classes[i + 2] the run after
     lens = starts[2:] - starts[1:-1]
-    # what depends on the classes of a run and its neighbours alone, counted per (before, run, after) triple
+    # what depends on the classes of a run and its neighbours alone: by (before, run, after) triple
     key = classes[:-2] * 81
     key += cur * 9
     key += classes[2:]
-    total = extra + int(np.bincount(key, minlength=729) @ tables["triple"])
+    per_run = tables["triple"].take(key)
     # what grows with a run's length (_length_term), looked up for the short runs, computed for the rare long ones
     short = np.minimum(lens, _SHORT_RUN)
     short += cur * (_SHORT_RUN + 1)
-    total += int(tables["length"].take(short).sum())
+    per_run += tables["length"].take(short)
     for i in np.flatnonzero(lens > _SHORT_RUN).tolist():
         c, n = int(cur[i]), int(lens[i])
-        total += _length_term(c, n) - _length_term(c, _SHORT_RUN)
+        per_run[i] += _length_term(c, n) - _length_term(c, _SHORT_RUN)
     lone = np.flatnonzero((lens == 1) & (cur == _BLANK))
     if len(lone):
         lone = lone[(classes[lone + 2] <= _PUNCT) & (codes[starts[lone + 1] - 1] == 0x20)]  # " " joins, "\t" not
@@ -273,8 +282,8 @@ def _count_chunk(text: str, tables: dict[str, Any]) -> int:
             before, before2 = classes[lone], classes[lone - 1]  # (lone 0: before is the sentinel)
             space_before = (before >= _NEWLINE) & (before <= _SPACE)
             first_newlines_before = (before == _NEWLINE) & ((before2 < _NEWLINE) | (before2 > _SPACE))
-            total -= int(np.count_nonzero(~space_before | first_newlines_before))
-    return total
+            per_run[lone] -= (~space_before | first_newlines_before).astype(per_run.dtype)
+    return per_run, starts[1:-1]
 
 
 # Below this many texts a batch is counted text by text (numpy's fixed cost per call outweighs the regex scans).
@@ -283,7 +292,7 @@ _BATCH_MIN_TEXTS = 16
 
 def _count_batch(texts: list[str]) -> list[int]:
     """:meth:`HeuristicTokenizer._count` of each of ``texts`` (ASCII, none longer than :data:`_CHUNK_CHARS`), in
-    one pass of :func:`_count_chunk`'s ASCII arithmetic over all of them.
+    one pass of :func:`_run_terms` over all of them.
 
     The texts are joined with the byte the ASCII table maps to ``_EDGE`` (the sentinel :func:`_count_chunk` puts
     around a text), so every text is bounded by sentinels as when counted alone: no run spans two texts, a run's
@@ -300,33 +309,8 @@ def _count_batch(texts: list[str]) -> list[int]:
     first[0] = 1
     np.cumsum(lengths[:-1] + 1, out=first[1:])
     first[1:] += 1
-
-    change = np.empty(len(cls), dtype=bool)
-    change[0] = True
-    np.not_equal(cls[1:], cls[:-1], out=change[1:])
-    starts = np.flatnonzero(change)
-    classes = cls[starts].astype(np.intp)
-    cur = classes[1:-1]
-    lens = starts[2:] - starts[1:-1]
-    key = classes[:-2] * 81
-    key += cur * 9
-    key += classes[2:]
-    per_run = tables["triple"].take(key)
-    short = np.minimum(lens, _SHORT_RUN)
-    short += cur * (_SHORT_RUN + 1)
-    per_run += tables["length"].take(short)
-    for i in np.flatnonzero(lens > _SHORT_RUN).tolist():
-        c, n = int(cur[i]), int(lens[i])
-        per_run[i] += _length_term(c, n) - _length_term(c, _SHORT_RUN)
-    lone = np.flatnonzero((lens == 1) & (cur == _BLANK))
-    if len(lone):
-        lone = lone[(classes[lone + 2] <= _PUNCT) & (codes[starts[lone + 1] - 1] == 0x20)]
-        if len(lone):
-            before, before2 = classes[lone], classes[lone - 1]
-            space_before = (before >= _NEWLINE) & (before <= _SPACE)
-            first_newlines_before = (before == _NEWLINE) & ((before2 < _NEWLINE) | (before2 > _SPACE))
-            per_run[lone] -= (~space_before | first_newlines_before).astype(per_run.dtype)
-    owner = np.searchsorted(first, starts[1:-1], side="right") - 1  # the text each run starts in (or follows)
+    per_run, run_starts = _run_terms(cls, codes, tables)
+    owner = np.searchsorted(first, run_starts, side="right") - 1  # the text each run starts in (or follows)
     totals = np.zeros(len(texts), dtype=np.int64)
     np.add.at(totals, owner, per_run)
     return [int(n) for n in totals.tolist()]
