@@ -411,16 +411,21 @@ def _visible() -> bool:
     diff._fillers.cache_clear()
     t0 = time.perf_counter()
     fillers = diff._fillers()
+    first = time.perf_counter() - t0  # what a process's first non-ASCII text pays
+    t0 = time.perf_counter()
+    derived = diff._derive_fillers()
     derive = time.perf_counter() - t0
     t0 = time.perf_counter()
     marked = sum(diff.visible(chr(cp)) != chr(cp) for cp in range(0x110000))
     sweep = time.perf_counter() - t0
     listed = [0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F, 0x17B4]
     shown = sum(chr(cp) not in diff.visible(f"a{chr(cp)}b") for cp in listed)
+    source = "table" if unicodedata.unidata_version in diff._FILLER_RANGES_UNICODE else "derived"
     print(f"visible(): {marked:,} of 1,114,112 code points marked ({len(fillers)} printable fillers and variation "
-          f"selectors derived from unicodedata {unicodedata.unidata_version} in {derive:.2f} s, once); the issue's "
-          f"{len(listed)} fillers: {shown} shown as markers; sweep {sweep:.1f} s")
-    return shown == len(listed)
+          f"selectors for unicodedata {unicodedata.unidata_version}, {source}, in {first * 1000:.1f} ms, once; "
+          f"deriving them: {derive:.2f} s, {'the same set' if derived == fillers else 'A DIFFERENT SET'}); the "
+          f"issue's {len(listed)} fillers: {shown} shown as markers; sweep {sweep:.1f} s")
+    return shown == len(listed) and derived == fillers
 
 
 def _ctrl_c_cli(n: int, rng: random.Random, work: Path) -> bool:

@@ -60,6 +60,29 @@ def _quiet() -> None:
     warnings.simplefilter("ignore", pc.errors.ContextWindowWarning)
 
 
+# The logs' dataset and single-process store, made once per worker: the tests below only read them, and each
+# took a test a second or two to make again.
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory, logs: list[Path]) -> tuple[Path, fleet.FleetImport]:
+    """The logs imported in this process into a dataset: its folder and the import's result."""
+    out = tmp_path_factory.mktemp("dataset") / "out"
+    with warnings.catch_warnings():  # a module fixture is made before _quiet runs
+        warnings.simplefilter("ignore", pc.errors.ContextWindowWarning)
+        return out, fleet.import_logs(logs, out=out, progress=False)
+
+
+@pytest.fixture(scope="module")
+def single_tables(tmp_path_factory: pytest.TempPathFactory, logs: list[Path]) -> dict[str, list[str]]:
+    """Every table of the logs' single-process store: the reference a dataset must equal."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pc.errors.ContextWindowWarning)
+        lab = _single_process(tmp_path_factory.mktemp("single"), logs)
+    try:
+        return _tables(lab)
+    finally:
+        lab.close()
+
+
 def test_example_fleet_copies_the_shipped_logs_with_fresh_ids_and_shifted_times(tmp_path: Path) -> None:
     a = fleet.example_fleet(tmp_path / "a", developers=2, projects=2, days=4, seed=1)
     b = fleet.example_fleet(tmp_path / "b", developers=2, projects=2, days=4, seed=1)
@@ -77,13 +100,12 @@ def test_example_fleet_copies_the_shipped_logs_with_fresh_ids_and_shifted_times(
     assert res.requests > 0
 
 
-def test_dataset_equals_the_single_process_store_table_by_table(tmp_path: Path, logs: list[Path]) -> None:
-    out = tmp_path / "out"
-    r = fleet.import_logs(logs, out=out, progress=False)
+def test_dataset_equals_the_single_process_store_table_by_table(dataset: tuple[Path, fleet.FleetImport],
+                                                                 single_tables: dict[str, list[str]]) -> None:
+    out, r = dataset
     assert (r.groups["status"] == "imported").all() and r.requests > 0
     ds = fleet.open(out)
-    single = _single_process(tmp_path, logs)
-    got, want = _tables(ds), _tables(single)
+    got, want = _tables(ds), single_tables
     assert set(got) == set(want)
     for table in want:
         assert got[table] == want[table], f"table {table} differs from the single-process store"
@@ -93,13 +115,13 @@ def test_dataset_equals_the_single_process_store_table_by_table(tmp_path: Path, 
     assert all(x[1].startswith("project=") and x[2].startswith("day=") for x in parts)
 
 
-def test_the_dataset_reads_as_plain_parquet_with_duckdb_pandas_and_dask(tmp_path: Path, logs: list[Path]) -> None:
+def test_the_dataset_reads_as_plain_parquet_with_duckdb_pandas_and_dask(
+        dataset: tuple[Path, fleet.FleetImport]) -> None:
     import dask.dataframe as dd
     import duckdb
     import pandas as pd
 
-    out = tmp_path / "out"
-    r = fleet.import_logs(logs, out=out, progress=False)
+    out, r = dataset
     n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/turns/**/*.parquet', hive_partitioning=true)"
                    ).fetchall()[0][0]
     assert n == r.requests
@@ -110,10 +132,9 @@ def test_the_dataset_reads_as_plain_parquet_with_duckdb_pandas_and_dask(tmp_path
         assert len(dd.read_parquet(str(out / "turns")).compute()) == r.requests
 
 
-def test_a_read_only_lab_answers_every_read_and_refuses_writes(tmp_path: Path, logs: list[Path]) -> None:
-    out = tmp_path / "out"
-    fleet.import_logs(logs, out=out, progress=False)
-    lab = fleet.open(out)
+def test_a_read_only_lab_answers_every_read_and_refuses_writes(tmp_path: Path,
+                                                               dataset: tuple[Path, fleet.FleetImport]) -> None:
+    lab = fleet.open(dataset[0])
     assert lab.read_only
     ids = lab.store.session_ids()
     proxy = next(i for i in ids if i.startswith("proxy"))
@@ -178,22 +199,22 @@ def test_a_session_in_two_groups_is_imported_whole_by_one_task(tmp_path: Path, l
     assert (again.groups["status"] == "unchanged").all()
 
 
-def test_a_process_pool_writes_the_same_dataset(tmp_path: Path, logs: list[Path]) -> None:
-    fleet.import_logs(logs, out=tmp_path / "one", progress=False)
+def test_a_process_pool_writes_the_same_dataset(tmp_path: Path, logs: list[Path],
+                                                dataset: tuple[Path, fleet.FleetImport]) -> None:
     with ProcessPoolExecutor(2) as ex:
         fleet.import_logs(logs, out=tmp_path / "two", executor=ex, progress=False)
-    assert _tables(fleet.open(tmp_path / "two")) == _tables(fleet.open(tmp_path / "one"))
+    assert _tables(fleet.open(tmp_path / "two")) == _tables(fleet.open(dataset[0]))  # the one made in-process
 
 
 @pytest.mark.slow
-def test_a_dask_local_cluster_writes_the_single_process_store(tmp_path: Path, logs: list[Path]) -> None:
+def test_a_dask_local_cluster_writes_the_single_process_store(tmp_path: Path, logs: list[Path],
+                                                              single_tables: dict[str, list[str]]) -> None:
     distributed = pytest.importorskip("distributed", reason="the [dask] extra is not installed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   silence_logs=40) as cluster, distributed.Client(cluster) as client:
         r = fleet.import_logs(logs, out=tmp_path / "out", executor=client.get_executor(), progress=False)
     assert r.requests > 0
-    got = _tables(fleet.open(tmp_path / "out"))
-    assert got == _tables(_single_process(tmp_path, logs))
+    assert _tables(fleet.open(tmp_path / "out")) == single_tables
 
 
 def test_bad_dataset_inputs_say_what_is_wrong(tmp_path: Path, logs: list[Path]) -> None:
@@ -238,14 +259,14 @@ def test_cli_imports_a_fleet_on_worker_processes(tmp_path: Path, logs: list[Path
     assert "give --db FILE" in capsys.readouterr().err
 
 
-def test_a_dataset_at_an_fsspec_url(tmp_path: Path, logs: list[Path]) -> None:
+def test_a_dataset_at_an_fsspec_url(logs: list[Path], single_tables: dict[str, list[str]]) -> None:
     # fsspec's in-memory filesystem stands in for an object store (s3://... is the same code, not tested here)
     fsspec = pytest.importorskip("fsspec", reason="fsspec is not installed")
     url = f"memory://fleet-{os.getpid()}"
     try:
         r = fleet.import_logs(logs, out=url, progress=False)
         assert r.requests > 0 and fsspec.filesystem("memory").exists(f"{url[9:]}/_fleet.json")
-        assert _tables(fleet.open(url)) == _tables(_single_process(tmp_path, logs))
+        assert _tables(fleet.open(url)) == single_tables
         assert (fleet.import_logs(logs, out=url, progress=False).groups["status"] == "unchanged").all()
     finally:
         fsspec.filesystem("memory").rm(url[9:], recursive=True)

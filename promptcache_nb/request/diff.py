@@ -183,14 +183,31 @@ _FILLER_NAME = re.compile(r"VARIATION SELECTOR|\bFILLER\b|COMBINING GRAPHEME JOI
 _KNOWN_FILLERS = (0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F, 0x17B4)
 
 
+#: What ``_derive_fillers`` gives under the Unicode versions of Python 3.11-3.13 (14.0.0, 15.0.0, 15.1.0), as
+#: ranges of code points: deriving costs a process 0.2-0.6 s at its first non-ASCII text. Any other version derives;
+#: tests/reliability/test_hardening2.py checks the ranges against the derivation.
+_FILLER_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180D), (0x180F, 0x180F),
+                  (0x2800, 0x2800), (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0x16FE4, 0x16FE4),
+                  (0xE0100, 0xE01EF))
+_FILLER_RANGES_UNICODE = ("14.0.0", "15.0.0", "15.1.0")
+
+
 @functools.cache
 def _fillers() -> frozenset[str]:
-    """The printable-but-invisible characters, derived from ``unicodedata`` (about half a second, once, on the
-    first non-ASCII text): every assigned code point ``str.isprintable`` accepts whose name marks it a filler
-    or a variation selector and whose category is a mark, letter or symbol (the "GAP FILLER" punctuation of
-    Indic scripts has a glyph). Everything else invisible — format (Cf: bidi controls, zero-width characters,
-    tags, the rest of Default_Ignorable_Code_Point), controls, unassigned, separators — is what
-    ``str.isprintable`` already refuses."""
+    """The printable-but-invisible characters (``_derive_fillers``), from the table when it holds this Unicode
+    version."""
+    if unicodedata.unidata_version in _FILLER_RANGES_UNICODE:
+        return frozenset(chr(cp) for first, last in _FILLER_RANGES for cp in range(first, last + 1))
+    return _derive_fillers()
+
+
+def _derive_fillers() -> frozenset[str]:
+    """The printable-but-invisible characters, derived from ``unicodedata`` (0.2-0.6 s): every
+    assigned code point ``str.isprintable`` accepts whose name marks it a filler or a variation selector and
+    whose category is a mark, letter or symbol (the "GAP FILLER" punctuation of Indic scripts has a glyph).
+    Everything else invisible — format (Cf: bidi controls, zero-width characters, tags, the rest of
+    Default_Ignorable_Code_Point), controls, unassigned, separators — is what ``str.isprintable`` already
+    refuses."""
     found = {ch for cp in range(0x110000)
              if (ch := chr(cp)).isprintable() and _FILLER_NAME.search(unicodedata.name(ch, ""))
              and unicodedata.category(ch) in ("Mn", "Lo", "So")}

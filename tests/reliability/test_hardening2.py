@@ -378,6 +378,14 @@ def test_visible_property_over_random_text(invisible):
     check()
 
 
+def test_the_filler_table_is_the_derivation():
+    """The ranges visible() uses under this Python's Unicode version are what unicodedata derives (they were
+    checked under 3.12 and 3.13 too when written; a version the table lacks derives, and this then passes)."""
+    from promptcache_nb.request import diff
+
+    assert diff._fillers() == diff._derive_fillers()
+
+
 def test_the_derived_set_does_not_take_visible_gap_fillers():
     from promptcache_nb.request.diff import visible
 
