@@ -259,7 +259,8 @@ def test_cli_imports_a_fleet_on_worker_processes(tmp_path: Path, logs: list[Path
     assert "give --db FILE" in capsys.readouterr().err
 
 
-def test_a_dataset_at_an_fsspec_url(logs: list[Path], single_tables: dict[str, list[str]]) -> None:
+def test_a_dataset_at_an_fsspec_url(logs: list[Path], single_tables: dict[str, list[str]],
+                                    dataset: tuple[Path, fleet.FleetImport]) -> None:
     # fsspec's in-memory filesystem stands in for an object store (s3://... is the same code, not tested here)
     fsspec = pytest.importorskip("fsspec", reason="fsspec is not installed")
     url = f"memory://fleet-{os.getpid()}"
@@ -267,6 +268,11 @@ def test_a_dataset_at_an_fsspec_url(logs: list[Path], single_tables: dict[str, l
         r = fleet.import_logs(logs, out=url, progress=False)
         assert r.requests > 0 and fsspec.filesystem("memory").exists(f"{url[9:]}/_fleet.json")
         assert _tables(fleet.open(url)) == single_tables
+        # a session's bodies come from its file group's files there too
+        lab, local = fleet.open(url), fleet.open(dataset[0])
+        sid = max(lab.store.session_ids(), key=lambda i: lab.open_session(i).n_turns)
+        assert lab.store._dataset_groups(sid) == local.store._dataset_groups(sid) != []
+        assert lab.open_session(sid).turn(1).request == local.open_session(sid).turn(1).request
         assert (fleet.import_logs(logs, out=url, progress=False).groups["status"] == "unchanged").all()
     finally:
         fsspec.filesystem("memory").rm(url[9:], recursive=True)
