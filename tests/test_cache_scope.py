@@ -105,3 +105,37 @@ def test_scope_defaults_and_bad_values():
     assert cache_scope_of({"config": {"cache_scope": "lab"}, "strategy": None}) == "lab"
     with pc.Lab(progress=False) as lab, pytest.raises(SessionError, match="cache_scope='team'"):
         lab.session(cache_scope="team")
+
+
+def test_reopened_scope_reads_back_only_the_sessions_that_sent_since_its_cache_could_hold(tmp_path, monkeypatch):
+    """A project's shared cache is rebuilt from its members' requests since the last pause nothing outlives: a
+    member that sent nothing since then is not read back (one query says which did; a heavy user's project holds
+    hundreds of sessions), and the next request reads what the uninterrupted run read."""
+    from promptcache_nb import analysis
+
+    def scenario(lab: pc.Lab) -> tuple[pc.Session, pc.Session]:
+        old = lab.session(project="billing", cache_scope="project", start=T0)
+        old.record(body(HISTORY[:3]), at=T0)  # hours before the others: nothing of it can still be cached
+        late = T0 + timedelta(hours=5)
+        parent, child = lab.session(project="billing", cache_scope="project", start=late), None
+        for n in (1, 3, 5):
+            parent.record(body(HISTORY[:n]), at=late + timedelta(seconds=20 * n))
+        child = lab.session(project="billing", cache_scope="project", start=late)
+        child.record(body(HISTORY[:5], ask="Summarise the conversation so far."), at=late + timedelta(seconds=120))
+        return old, parent
+
+    with pc.Lab(progress=False) as lab:
+        old, parent = scenario(lab)
+        want = parent.record(body(HISTORY), at=T0 + timedelta(hours=5, seconds=140))
+    db = tmp_path / "scope.duckdb"
+    with pc.Lab(db, progress=False) as lab:
+        old, parent = scenario(lab)
+        ids = old.id, parent.id
+    read: list[str] = []
+    real = analysis.load_turns
+    monkeypatch.setattr(analysis, "load_turns", lambda lab, sid, **kw: read.append(sid) or real(lab, sid, **kw))
+    with pc.Lab(db, progress=False) as lab:
+        got = lab.session(id=ids[1]).record(body(HISTORY), at=T0 + timedelta(hours=5, seconds=140))
+    assert got.usage == want.usage and got.cache_reason == want.cache_reason
+    assert got.usage.cache_read_input_tokens > 0
+    assert ids[0] not in read and ids[1] in read  # the old session was never read back
