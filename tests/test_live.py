@@ -34,20 +34,10 @@ USAGE_COLUMNS = ["input_tokens", "cache_read_input_tokens", "cache_creation_inpu
 TABLES = ("turns", "blocks", "prefix_nodes", "session_messages")
 
 
-@pytest.fixture(scope="module")
-def _module_server():
-    srv = pc.SimulatorServer().start()
-    yield srv
-    srv.stop()
-
-
 @pytest.fixture
-def server(_module_server):
-    """The module's endpoint, handed to each test as a fresh one would be: ``reset()`` forgets every cache, the
-    served requests and any injected error. One uvicorn server per module: stopping one costs ~0.15 s of its
-    shutdown polls, and these tests stop none of the shared one (a test needing other settings starts its own)."""
-    _module_server.reset()
-    return _module_server
+def server(simulator):
+    """The shared simulator endpoint (tests/conftest.py), reset for each test."""
+    return simulator
 
 
 @pytest.fixture

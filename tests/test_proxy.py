@@ -71,19 +71,10 @@ def dump(usage) -> dict:
     return usage.model_dump(exclude_none=True)
 
 
-@pytest.fixture(scope="module")
-def _module_api():
-    with pc.SimulatorServer() as server:
-        yield server
-
-
 @pytest.fixture
-def api(_module_api):
-    """The module's upstream endpoint, handed to each test as a fresh one would be: ``reset()`` forgets every
-    cache, the served requests and any injected error. One uvicorn server per module: stopping one costs ~0.15 s
-    of its shutdown polls, and no test stops the shared one (a test needing other settings starts its own)."""
-    _module_api.reset()
-    return _module_api
+def api(simulator):
+    """The shared simulator endpoint (tests/conftest.py), reset for each test."""
+    return simulator
 
 
 @pytest.fixture
