@@ -220,6 +220,16 @@ def _run(s, first, last):
 
 
 @pytest.mark.slow  # a 171-request session each
+def _copy_as_closed(lab: pc.Lab, db: Path, closed: Path) -> None:
+    """Copy the store file ``db`` to ``closed`` as closing the Lab would leave it: a CHECKPOINT (which a close
+    does, and nothing else: closing writes no row), then the file and any write-ahead log left."""
+    lab.store.con.execute("CHECKPOINT")
+    shutil.copyfile(db, closed)
+    wal = db.with_name(db.name + ".wal")
+    if wal.exists():
+        shutil.copyfile(wal, closed.with_name(closed.name + ".wal"))
+
+
 @pytest.mark.parametrize(("cache", "params", "replayed"), [
     ("anthropic", {}, "window"),  # the last hour (its longest TTL)
     ("deepseek", {"lifetime": "20m"}, "window"),  # the last lifetime
@@ -239,11 +249,7 @@ def test_resume_replays_only_what_the_cache_can_still_hold(tmp_path, monkeypatch
         s = _long_session(lab, cache, params)
         _run(s, 0, LONG_RUN)
         sid = s.id
-        lab.store.con.execute("CHECKPOINT")
-        shutil.copyfile(db, closed)
-        wal = db.with_name(db.name + ".wal")
-        if wal.exists():
-            shutil.copyfile(wal, closed.with_name(closed.name + ".wal"))
+        _copy_as_closed(lab, db, closed)
         _run(s, LONG_RUN, LONG_RUN + 1)
         want = s.last_turn
     cls = type(pc.get_cache_model(cache))
@@ -355,11 +361,7 @@ def test_a_reopened_session_records_its_next_requests_as_the_open_one_does(tmp_p
         for n in range(RECORDED):
             _record(s, n, measured)
         sid = s.id
-        lab.store.con.execute("CHECKPOINT")
-        shutil.copyfile(db, closed)
-        wal = db.with_name(db.name + ".wal")
-        if wal.exists():
-            shutil.copyfile(wal, closed.with_name(closed.name + ".wal"))
+        _copy_as_closed(lab, db, closed)
         for n in range(RECORDED, RECORDED + 2):
             _record(s, n, measured)
         want = lab.sql("SELECT * FROM turns WHERE session_id = ? AND idx >= ? ORDER BY idx", [sid, RECORDED])
