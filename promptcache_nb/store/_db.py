@@ -1484,10 +1484,8 @@ class Store:
         is left out."""
         found: dict[str, tuple[Any, ...]] = {}
         for source in self._dataset_sources("prefix_nodes", session_id):
-            starts = set(nodes) - found.keys()
-            for row in found.values():  # chains cut where this file group's files end: carry on from there
-                if row[0] is not None and row[0] not in found:
-                    starts.add(row[0])
+            # a chain cut where this file group's files end comes back to the caller's loop as a missing parent
+            starts = [n for n in nodes if n not in found]
             if not starts:
                 break
             found.update((r[0], r[1:]) for r in self.rows(
@@ -1496,7 +1494,7 @@ class Store:
                        UNION
                        SELECT p.parent FROM {source} p JOIN chain c ON p.id = c.id WHERE p.parent IS NOT NULL)
                    SELECT n.id, n.parent, n.kind, n.role, n.block_hash FROM chain c JOIN {source} n ON n.id = c.id""",
-                [sorted(starts)]))
+                [starts]))
         return found
 
     # -- a fleet dataset's reads: by where the rows were written ------------------------------------------

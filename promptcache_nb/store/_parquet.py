@@ -145,11 +145,15 @@ def export_dataset_tables(store: Store, out: str) -> None:
             os.replace(tmp, os.path.join(target, "dataset.parquet"))
 
 
+def parquet_files(out: str, table: str, group: str | None = None) -> str:
+    """The glob of one table's files: every file, or the one ``group`` wrote (an unpartitioned table's)."""
+    return out.rstrip("/") + (f"/{table}/{group}.parquet" if group is not None else f"/{table}/**/*.parquet")
+
+
 def parquet_source(out: str, table: str, group: str | None = None, *, filename: bool = False) -> str:
-    """A ``read_parquet`` of one table's files: every file, or only those ``group`` wrote (a content-addressed
-    table's rows as written: the same row may come from several groups)."""
-    files = out.rstrip("/") + (f"/{table}/{group}.parquet" if group is not None else f"/{table}/**/*.parquet")
-    return (f"read_parquet({_quote(files)}, hive_partitioning = true, union_by_name = true"
+    """A ``read_parquet`` of :func:`parquet_files` (a content-addressed table's rows as written: the same row may
+    come from several groups)."""
+    return (f"read_parquet({_quote(parquet_files(out, table, group))}, hive_partitioning = true, union_by_name = true"
             f"{', filename = true' if filename else ''})")
 
 
@@ -173,7 +177,7 @@ def attach_dataset(store: Store, out: str) -> list[str]:
     con.execute("SET parquet_metadata_cache = true")
     found = []
     for table in _tables(con):
-        files = out.rstrip("/") + f"/{table}/**/*.parquet"
+        files = parquet_files(out, table)
         if not (glob.glob(files, recursive=True) if fs is None else fs.glob(f"{root}/{table}/**/*.parquet")):
             continue
         found.append(table)
