@@ -17,9 +17,12 @@ from .._util import progress_bar
 from ..analysis.frames import html_table
 from ..request.diff import visible
 from ..session import Session
+from ..usage import Usage
 from . import _fixes
+from ._anchor import AnchoredReplay, RequestFit
 from ._compaction import COMPACTION_COLUMNS, NOT_SIMULATED, compaction_rows
-from ._counterfactual import COUNTERFACTUAL, MEASURED, Original, store_counterfactual
+from ._counterfactual import COUNTERFACTUAL, Original, store_counterfactual
+from ._howto import how_to_apply as _how_to_apply
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -27,11 +30,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..lab import Lab
 
 FINDING_COLUMNS = [
-    "session", "fix", "action", "evidence", "requests", "tokens_saved", "usd_saved", "pct_of_cost", "extra_tokens",
-    "confidence", "verdict", "cost_simulated_usd", "cost_counterfactual_usd", "cost_measured_usd", "source", "label",
+    "session", "fix", "action", "evidence", "requests", "cost_changed", "tokens_saved", "usd_saved", "usd_saved_low",
+    "usd_saved_high", "saved", "pct_of_cost", "extra_tokens", "confidence", "verdict", "why", "how",
+    "cost_basis", "cost_basis_usd", "cost_counterfactual_usd", "cost_measured_usd", "kept_requests", "source",
+    "label",
 ]
 
 NOT_POSSIBLE_COLUMNS = ["session", "fix", "why"]
+
+PROVIDER_MISS_COLUMNS = ["session", "requests", "first_at", "last_at", "rebuilt_tokens", "lost_usd", "share_of_cost",
+                         "how", "label"]
 
 #: What each finding tells the reader to do (the one-line summary's verb).
 ACTIONS: dict[str, str] = {
@@ -44,48 +52,83 @@ ACTIONS: dict[str, str] = {
     "all": "Apply together every fix that saves alone",
 }
 
-#: Above this relative error of the baseline against the measured cost, the confidence is called low.
+#: Above this relative error of the scaled baseline against the measured cost, the confidence is called low.
 LOW_CONFIDENCE = 0.25
 
 #: A fix whose saving is within this many dollars of zero "saves nothing".
 NOTHING = 5e-5
 
+#: The label of a figure that is the session's own measured usage.
+MEASURED_LABEL = "measured"
 
-def _confidence(orig: Original, baseline: pd.DataFrame) -> tuple[float | None, str]:
-    """(relative cost error of the baseline vs the measured usage, its label)."""
-    import pandas as pd
 
-    measured_cost = 0.0
-    simulated_cost = 0.0
-    n = 0
-    for t, sim in zip(orig.turns, baseline.itertuples(index=False), strict=False):
-        cost = t.stored.get("cost_usd")
-        if t.stored.get("usage_source") in MEASURED and cost is not None and not pd.isna(cost) \
-                and sim.cost_usd is not None and not pd.isna(sim.cost_usd):
-            measured_cost += float(cost)
-            simulated_cost += float(sim.cost_usd)
-            n += 1
-    if not n:
+def _confidence(fits: list[RequestFit]) -> tuple[float | None, str]:
+    """(relative cost error of the scaled baseline vs the measured usage, one line on how well the replay
+    reproduces this session's measured requests)."""
+    measured = [f for f in fits if f.measured is not None]
+    if not measured:
         return None, "no measured usage: the original is simulated too"
-    if measured_cost <= 0:
-        return None, "measured cost is zero"
-    err = abs(simulated_cost - measured_cost) / measured_cost
-    return err, f"±{err:.0%} vs measured" + (" — low: the replay disagrees" if err > LOW_CONFIDENCE else "")
+    cost = sum(f.measured_cost or 0.0 for f in measured)
+    err = sum(abs(f.residual) for f in measured) / cost if cost > 0 else None
+    agree = sum(f.reproduced for f in measured) / len(measured)
+    text = f"replay reproduces {agree:.0%} of {len(measured)} measured requests"
+    if err is not None:
+        text += f", cost error ±{err:.0%}" + (" — low: the replay disagrees" if err > LOW_CONFIDENCE else "")
+    return err, text
+
+
+def _base_costs(fits: list[RequestFit]) -> tuple[float, str, float | None]:
+    """(the session's cost advice is measured against, its label, its measured cost or None)."""
+    measured = [f for f in fits if f.measured is not None]
+    if measured and all(f.measured_cost is not None for f in measured):
+        cost = sum(f.measured_cost or 0.0 for f in measured) + sum(f.simulated_cost or 0.0 for f in fits
+                                                                   if f.measured is None)
+        return cost, MEASURED_LABEL, cost
+    return sum(f.base_cost or 0.0 for f in fits), "simulated", None
+
+
+def _decimals(width: float) -> int:
+    """Decimals a dollar figure with an interval ``width`` wide supports (at least 2, at most 4)."""
+    if width <= 0 or not math.isfinite(width):
+        return 4
+    return max(2, min(4, 1 - math.floor(math.log10(width))))
+
+
+def saved_text(saved: float, low: float, high: float) -> str:
+    """``$0.25 ($0.19 to $0.31)``, rounded to what the interval supports."""
+    d = _decimals(high - low)
+    return f"{_money(saved, d)} ({_money(low, d)} to {_money(high, d)})"
+
+
+def _money(x: float, decimals: int) -> str:
+    return f"{'-' if x < 0 else ''}${abs(x):,.{decimals}f}"
+
+
+def _verdict(rep: AnchoredReplay) -> tuple[str, str]:
+    """(verdict, why): ``saves`` only when the low end is above zero."""
+    if rep.unknown and rep.low <= NOTHING:
+        return "unknown", "a request it changes has no price: the loss or saving is unknown, not $0"
+    if rep.low > NOTHING:
+        return "saves", ""
+    if rep.high < -NOTHING:
+        return "costs more", "it costs more across the whole interval"
+    if abs(rep.saved) < NOTHING and abs(rep.high) < NOTHING and abs(rep.low) < NOTHING:
+        return "saves nothing", "no request's cost changes"
+    return "no saving we can show", (f"the interval {saved_text(rep.saved, rep.low, rep.high)} spans zero: the "
+                                     "replay does not reproduce this session closely enough to tell")
 
 
 def _evaluate(session_id: str, orig: Original, fixes: tuple[str, ...]) -> tuple[list[dict[str, Any]],
                                                                                   list[dict[str, Any]]]:
     """Findings and not-possible rows of one session."""
-    import pandas as pd
-
     base_plan = orig.plan(())
     baseline = orig.simulate(base_plan)
-    base_cost = float(baseline.cost_usd.sum())
-    base_read = baseline.cache_read_input_tokens.fillna(0).to_numpy()
+    fits = orig.fits()
+    base_read = [int(x) for x in baseline[~baseline.ping].cache_read_input_tokens.fillna(0)]
     base_total = int(baseline.total_tokens.sum())
-    err, confidence = _confidence(orig, baseline)
-    measured = [t.stored.get("cost_usd") for t in orig.turns if t.stored.get("usage_source") in MEASURED]
-    measured_cost = float(sum(c for c in measured if c is not None and not pd.isna(c))) if measured else None
+    err, confidence = _confidence(fits)
+    basis_cost, basis, measured_cost = _base_costs(fits)
+    client = orig.client
     source = f"{len(orig.turns)} requests"
     rows: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []
@@ -93,18 +136,22 @@ def _evaluate(session_id: str, orig: Original, fixes: tuple[str, ...]) -> tuple[
 
     def finding(name: str, plan: _fixes.Plan, evidence: str) -> dict[str, Any]:
         df = orig.simulate(plan)
+        rep = orig.anchored(plan, df)
         real = df[~df.ping]
-        cost = float(df.cost_usd.sum())
         read = real.cache_read_input_tokens.fillna(0).to_numpy()
         moved = [int(i) for i, a, b in zip(real.idx, base_read, read, strict=True) if a != b]
-        saved = base_cost - cost
-        verdict = ("saves nothing" if abs(saved) < NOTHING else "costs more" if saved < 0 else "saves")
+        verdict, why = _verdict(rep)
+        kept = sum(1 for r in rep.requests if r.kept and not r.ping and r.raw_delta != 0)
+        how = _how(client, name, plan)
         return {
-            "session": session_id, "fix": name, "action": ACTIONS[name], "evidence": evidence, "requests": moved,
-            "tokens_saved": int(read.sum() - base_read.sum()), "usd_saved": saved,
-            "pct_of_cost": saved / base_cost if base_cost else math.nan,
+            "session": session_id, "fix": name, "action": ACTIONS[name], "evidence": evidence,
+            "requests": moved, "cost_changed": rep.changed, "tokens_saved": int(read.sum() - sum(base_read)),
+            "usd_saved": rep.saved,
+            "usd_saved_low": rep.low, "usd_saved_high": rep.high, "saved": saved_text(rep.saved, rep.low, rep.high),
+            "pct_of_cost": rep.saved / basis_cost if basis_cost else math.nan,
             "extra_tokens": int(df.total_tokens.sum()) - base_total, "confidence": confidence, "verdict": verdict,
-            "cost_simulated_usd": base_cost, "cost_counterfactual_usd": cost, "cost_measured_usd": measured_cost,
+            "why": why, "how": how, "cost_basis": basis, "cost_basis_usd": basis_cost,
+            "cost_counterfactual_usd": rep.cost, "cost_measured_usd": measured_cost, "kept_requests": kept,
             "source": source, "label": COUNTERFACTUAL, "replay_error": err,
         }
 
@@ -118,8 +165,56 @@ def _evaluate(session_id: str, orig: Original, fixes: tuple[str, ...]) -> tuple[
             applicable.append(name)
     if len(applicable) > 1:
         plan = orig.plan(tuple(applicable))
-        rows.append(finding("all", plan, ", ".join(applicable)))
+        together = finding("all", plan, ", ".join(applicable))
+        best = max((r for r in rows if r["fix"] in applicable), key=lambda r: r["usd_saved"])
+        if together["usd_saved"] < best["usd_saved"]:
+            together["evidence"] += (f"; saves less than {best['fix']} alone ({_usd(best['usd_saved'])}): the fixes "
+                                     "overlap (what one saves, another changes again) — apply "
+                                     f"{best['fix']} alone")
+        rows.append(together)
     return rows, missing
+
+
+def _provider_misses(session_id: str, orig: Original) -> dict[str, Any] | None:
+    """What went to rebuilds the provider made with the logged prefix unchanged (measured requests the
+    replay reads on): the rebuilt tokens are measured, their loss priced as reads instead of writes."""
+    fits = [f for f in orig.fits() if f.cause == "provider_miss" and f.measured is not None
+            and f.simulated is not None]
+    if not fits:
+        return None
+    lost = 0.0
+    rebuilt = 0
+    for f in fits:
+        m, sim = f.measured, f.simulated
+        assert m is not None and sim is not None
+        written = _int(m.cache_creation_input_tokens)
+        extra = min(written, max(0, written - round(f.scale * _int(sim.cache_creation_input_tokens))))
+        p = orig.prices(f.model)
+        if p is None or not extra:
+            continue
+        w1 = round(extra * _int(m.cache_creation_1h_input_tokens) / written)
+        as_written = p.cost(Usage(0, 0, extra, extra - w1, w1, 0), f.at) or 0.0
+        as_read = p.cost(Usage(0, extra, 0, 0, 0, 0), f.at) or 0.0
+        lost += as_written - as_read
+        rebuilt += extra
+    cost, _, _ = _base_costs(orig.fits())
+    return {"session": session_id, "requests": [f.idx for f in fits], "first_at": fits[0].at, "last_at": fits[-1].at,
+            "rebuilt_tokens": rebuilt, "lost_usd": lost, "share_of_cost": lost / cost if cost else math.nan,
+            "how": _how(orig.client, "provider_miss", None),
+            "label": "measured rebuilds (the replay read there); loss priced as reads instead of writes"}
+
+
+def _int(value: Any) -> int:
+    return 0 if value is None or value != value else int(value)
+
+
+def _how(client: str, fix: str, plan: _fixes.Plan | None) -> str:
+    """How to apply ``fix`` in the client that wrote the log (:func:`~._howto.how_to_apply`)."""
+    detail: dict[str, Any] = {}
+    if plan is not None and fix in plan.applied:
+        detail["evidence"] = plan.applied[fix].evidence
+        detail["cache_params"] = dict(plan.cache_params)
+    return _how_to_apply(client, fix, detail=detail).text
 
 
 @dataclass(frozen=True, repr=False)
@@ -150,26 +245,54 @@ class Advice:
     #: a session's advice keeps its session read back for :meth:`apply`; a Lab's keeps none (every session's
     #: bodies at once would grow with the history): ``apply`` reads the one it needs again
     _kept: dict[str, Original] = field(default_factory=dict, compare=False)
+    #: per session, what went to rebuilds the provider made with the logged prefix unchanged
+    #: (:data:`PROVIDER_MISS_COLUMNS`); a cost no fix here removes
+    provider_misses: pd.DataFrame | None = None
 
     label = COUNTERFACTUAL
 
+    def best(self) -> pd.DataFrame:
+        """Each session's best finding that saves (its low end above zero), at most one per session: what a Lab's
+        headline adds up (an alternative a session was told to skip is never counted)."""
+        saves = self.findings[self.findings.verdict == "saves"]
+        return saves.sort_values("usd_saved", ascending=False, kind="stable").drop_duplicates("session")
+
     def summary(self) -> str:
-        """One line: the best fix (on a Lab: the best summed over its sessions), what it saves of what, on how
-        many requests."""
-        if not len(self.findings):
+        """One line: the best fix per session (on a Lab: summed, each session's best counted once), what it saves
+        of the measured cost, with its interval, on how many requests."""
+        if not len(self.findings) and (self.provider_misses is None or not len(self.provider_misses)):
             return "No fix applies to these requests."
         n = sum(self._requests.values())
-        base = float(self.findings.drop_duplicates("session").cost_simulated_usd.sum())
-        if self.fleet is not None:
-            top = self.fleet.iloc[0]
-            fix, saved = str(top.fix), float(top.usd_saved)
+        base, basis = self._base()
+        best = self.best()
+        line = ""
+        if not len(best):
+            line = f"No fix saves anything we can show on {_these(n)} ({COUNTERFACTUAL})."
         else:
-            top = self.findings.iloc[0]
-            fix, saved = str(top.fix), float(top.usd_saved)
-        if saved < NOTHING:
-            return f"No fix saves anything on {_these(n)} ({COUNTERFACTUAL})."
-        return (f"{ACTIONS[fix]}: saves {_usd(saved)} of {_usd(base)} ({saved / base:.0%}) on {_these(n)} "
-                f"({COUNTERFACTUAL}).")
+            saved, low, high = (float(best.usd_saved.sum()), float(best.usd_saved_low.sum()),
+                                float(best.usd_saved_high.sum()))
+            fixes = list(dict.fromkeys(best.fix))
+            what = ACTIONS[fixes[0]] if len(fixes) == 1 else f"Best fix per session ({', '.join(fixes)})"
+            share = f" ({saved / base:.0%})" if base > 0 else ""
+            line = (f"{what}: saves {saved_text(saved, low, high)} of {_usd(base)} {basis}{share} on {_these(n)} "
+                    f"({COUNTERFACTUAL}, anchored on measured usage).")
+        if self.provider_misses is not None and len(self.provider_misses):
+            lost = float(self.provider_misses.lost_usd.sum())
+            if lost > (float(best.usd_saved.sum()) if len(best) else 0.0):
+                line += (f" Provider-side misses (prefix unchanged) cost {_usd(lost)} of {_usd(base)}: more than any "
+                         "fix saves — see provider_misses.")
+        return line
+
+    def _base(self) -> tuple[float, str]:
+        """(the advised sessions' cost, ``measured`` / ``simulated``)."""
+        if not len(self.findings):
+            if self.provider_misses is not None and len(self.provider_misses):
+                pm = self.provider_misses
+                return float((pm.lost_usd / pm.share_of_cost).sum()), MEASURED_LABEL
+            return 0.0, "simulated"
+        firsts = self.findings.drop_duplicates("session")
+        basis = MEASURED_LABEL if (firsts.cost_basis == MEASURED_LABEL).all() else "simulated"
+        return float(firsts.cost_basis_usd.sum()), basis
 
     def apply(self, fix: str, session: str | None = None) -> Session:
         """The counterfactual session of ``fix`` (a fix name, or ``"all"``: every applicable one), stored in the
@@ -183,7 +306,7 @@ class Advice:
             raise ValueError(f"no session {sid!r} in this advice; known: {', '.join(self._requests)}")
         rows = self.findings[self.findings.session == sid]
         if fix == "all":
-            names = tuple(f for f in rows.fix if f != "all")
+            names = tuple(f for f, v in zip(rows.fix, rows.verdict, strict=True) if f != "all" and v == "saves")
         elif fix in set(rows.fix):
             names = (fix,)
         else:
@@ -199,31 +322,49 @@ class Advice:
     def _shown(self) -> pd.DataFrame:
         df = self.findings.copy()
         df["requests"] = [_requests_text(r) for r in df.requests]
-        return df[["session", "fix", "usd_saved", "pct_of_cost", "tokens_saved", "extra_tokens", "requests",
-                   "confidence", "verdict", "evidence"]]
+        return df[["session", "fix", "saved", "pct_of_cost", "tokens_saved", "extra_tokens", "requests",
+                   "verdict", "why", "evidence", "how", "confidence"]]
 
     def text(self, width: int = 120) -> str:
-        """The findings as plain text, one line per fix plus its evidence, each at most ``width`` characters
-        (the CLI prints this)."""
+        """The findings as plain text: one line per fix (verdict, saving with its interval, share of the measured
+        cost, requests changed), then its evidence, why, how to apply it and the replay's fidelity, wrapped (never
+        cut) at ``width`` characters (the CLI prints this)."""
         many = len(self._requests) > 1
-        head = f"{'fix':<15} {'verdict':<13} {'usd_saved':>10} {'of cost':>7} {'requests':>8}  "
-        lines = [(("session" + " " * 13) if many else "") + head + "confidence"]
+        lines: list[str] = []
+        pad = " " * 4
+
+        def wrap(text: str, indent: str = pad) -> None:
+            lines.extend(textwrap.wrap(visible(text), width, initial_indent=indent, subsequent_indent=indent + "  ",
+                                       break_long_words=True, break_on_hyphens=False) or [indent])
+
         for r in self.findings.itertuples(index=False):
-            who = f"{r.session[:19]:<20}" if many else ""
-            lines.append(f"{who}{r.fix:<15} {r.verdict:<13} {_usd(r.usd_saved):>10} {_pct(r.pct_of_cost):>7} "
-                         f"{len(r.requests):>8}  {r.confidence}")
-            lines.append(f"{'':<{len(who) + 16}}{visible(r.evidence)}")
+            who = f"{r.session}: " if many else ""
+            wrap(f"{who}{r.fix} — {r.verdict} {r.saved}, {_pct(r.pct_of_cost)} of the {r.cost_basis} cost, "
+                 f"reads change on {_n(len(r.requests), 'request')}, cost on {len(r.cost_changed)}", "")
+            wrap(f"evidence: {r.evidence}")
+            if r.why:
+                wrap(f"why: {r.why}")
+            if r.how:
+                wrap(f"how: {r.how}")
+            wrap(f"fidelity: {r.confidence}")
+        if self.provider_misses is not None:
+            for m in self.provider_misses.itertuples(index=False):
+                who = f"{m.session}: " if many else ""
+                wrap(f"{who}provider misses — {len(m.requests)} rebuilds with the logged prefix unchanged lost "
+                     f"{_usd(m.lost_usd)} ({_pct(m.share_of_cost)} of the measured cost), {m.first_at:%Y-%m-%d %H:%M} "
+                     f"to {m.last_at:%H:%M}", "")
+                if m.how:
+                    wrap(f"how: {m.how}")
         if self.compactions is not None:
             for c in self.compactions.itertuples(index=False):
                 who = f"{c.session} " if many else ""
-                lines.append(f"compaction     {who}request {c.idx}: {visible(c.verdict)}")
+                wrap(f"compaction {who}request {c.idx}: {c.verdict}", "")
             if len(self.compactions):
-                lines.append(f"{'':<15}({NOT_SIMULATED})")
+                wrap(f"({NOT_SIMULATED})")
         for fix, rows in self.not_possible.groupby("fix", sort=False):
             where = rows.session.iloc[0] if len(rows) == 1 else f"{len(rows)} sessions"
-            lines.append(f"{fix:<15} not possible ({where}): {visible(rows.why.iloc[0])}")
-        cut = [ln if len(ln) <= width else ln[: width - 1] + "…" for ln in lines]
-        return "\n".join([*textwrap.wrap(self.summary(), width), *cut])
+            wrap(f"{fix} not possible ({where}): {rows.why.iloc[0]}", "")
+        return "\n".join([*textwrap.wrap(visible(self.summary()), width), *lines])
 
     def __repr__(self) -> str:
         return f"Advice — {self.text()}"
@@ -233,8 +374,14 @@ class Advice:
         table = html_table
 
         parts = [f"<div class='pcnb-advice'><p><b>{html.escape(visible(self.summary()))}</b></p>",
-                 f"<p>Savings are <b>{COUNTERFACTUAL}</b>: the counterfactual minus the original replayed through "
-                 "the same cache model; the measured cost is shown beside them.</p>", table(self._shown())]
+                 f"<p>Savings are <b>{COUNTERFACTUAL}</b>, anchored on the measured cost: per request, the measured "
+                 "usage plus the difference the fix makes in the replay, scaled to the measured prompt; a request "
+                 "the replay does not reproduce keeps its measured cost. Each saving carries the interval this "
+                 "session's own fidelity supports; it <i>saves</i> only when the low end is above zero.</p>",
+                 table(self._shown())]
+        if self.provider_misses is not None and len(self.provider_misses):
+            parts += ["<p>Provider-side misses (measured rebuilds with the logged prefix unchanged)</p>",
+                      table(self.provider_misses.drop(columns=["label"]))]
         if self.fleet is not None:
             parts += ["<p>Fleet roll-up</p>", table(self.fleet)]
         if self.compactions is not None and len(self.compactions):
@@ -244,6 +391,10 @@ class Advice:
             parts += [f"<details><summary>{len(self.not_possible)} fixes not possible</summary>",
                       table(self.not_possible), "</details>"]
         return "".join(parts) + "</div>"
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _these(n: int) -> str:
@@ -297,6 +448,7 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
     requests: dict[str, int] = {}
     kept: dict[str, Original] = {}
     compactions: list[dict[str, Any]] = []
+    misses: list[dict[str, Any]] = []
     # a Lab's sessions one at a time: a bar by request (every fix replays each), one session's bodies held
     bar = progress_bar(total=sum(n for _, n in todo), desc="advising", enabled=lab.progress and not one, unit="req")
     try:
@@ -310,6 +462,9 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
                 got, miss = _evaluate(sid, orig, names)
                 rows += got
                 missing += miss
+                lost = _provider_misses(sid, orig)
+                if lost is not None:
+                    misses.append(lost)
                 compactions += compaction_rows(orig)
             del orig
             bar.update(n)
@@ -319,13 +474,17 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
     findings = findings.sort_values("usd_saved", ascending=False, kind="stable").reset_index(drop=True)
     fleet = None
     if not isinstance(session_or_lab, Session):
+        saves = findings[findings.verdict == "saves"]
         fleet = (findings.groupby("fix", sort=False)
                  .agg(sessions=("session", "nunique"), usd_saved=("usd_saved", "sum"),
+                      usd_saved_low=("usd_saved_low", "sum"), usd_saved_high=("usd_saved_high", "sum"),
                       tokens_saved=("tokens_saved", "sum"), extra_tokens=("extra_tokens", "sum"))
                  .reset_index().sort_values("usd_saved", ascending=False, kind="stable").reset_index(drop=True))
+        fleet["sessions_it_saves_on"] = [int((saves.fix == f).sum()) for f in fleet.fix]
     timing = pd.DataFrame(compactions, columns=COMPACTION_COLUMNS)
     timing.attrs["not_simulated"] = NOT_SIMULATED
-    return Advice(findings, pd.DataFrame(missing, columns=NOT_POSSIBLE_COLUMNS), fleet, lab, requests, timing, kept)
+    return Advice(findings, pd.DataFrame(missing, columns=NOT_POSSIBLE_COLUMNS), fleet, lab, requests, timing, kept,
+                  pd.DataFrame(misses, columns=PROVIDER_MISS_COLUMNS))
 
 
 def _open(lab: Lab, session_id: str) -> Session:

@@ -20,7 +20,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..usage import Usage
-from ._counterfactual import MEASURED, Original, _fixes_ttls
+from ._anchor import MEASURED
+from ._counterfactual import Original, _fixes_ttls
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
 from ..usage import Usage
 from . import _fixes
+from ._anchor import MEASURED, AnchoredReplay, RequestFit, anchor, fit_requests
 from ._fixes import Plan, Request
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,8 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..lab import Lab
     from ..session import Session
-
-MEASURED = ("live", "imported")
 
 #: The label of every counterfactual figure.
 COUNTERFACTUAL = "simulated (counterfactual)"
@@ -60,6 +59,7 @@ class Original:
     shared: tuple[SharedStream, ...] = ()
     #: simulations by (the bodies' ids, ping flags, cache parameters) -> (those bodies, kept alive; the frame)
     _sims: dict[Any, tuple[list[Any], pd.DataFrame]] = field(default_factory=dict, repr=False)
+    _fits: list[RequestFit] | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, session: Session, *, cache: str | None = None) -> Original:
@@ -96,6 +96,28 @@ class Original:
     @property
     def measured(self) -> bool:
         return any(t.stored.get("usage_source") in MEASURED for t in self.turns)
+
+    def history_missing(self, turn: StoredTurn) -> bool:
+        """The log lacks this request's history: a compaction call logged apart from the conversation it
+        summarises (its measured read is the parent's entry, which no replay of its own log can show)."""
+        return bool(self.row["config"].get("session_kind") == "compaction")
+
+    @property
+    def client(self) -> str:
+        """The client that wrote the log (the importer's format name), else ``api``."""
+        return str(self.row["config"].get("format") or "api")
+
+    def anchored(self, plan: Plan, fixed: pd.DataFrame | None = None) -> AnchoredReplay:
+        """``plan``'s counterfactual anchored on the measured original (:func:`~._anchor.anchor`)."""
+        df = self.simulate(plan) if fixed is None else fixed
+        return anchor(self, self.fits(), self.simulate(self.plan(())), df,
+                      body_fix=bool(_fixes.BODY_FIXES & set(plan.applied)), ttl_fix="ttl" in plan.applied)
+
+    def fits(self) -> list[RequestFit]:
+        """How the simulated original compares with each measured request (:func:`~._anchor.fit_requests`)."""
+        if self._fits is None:
+            self._fits = fit_requests(self, self.simulate(self.plan(())))
+        return self._fits
 
     def prices(self, model: str) -> Prices | None:
         """The prices a request of ``model`` is costed with (the session's own, else its cache's for the model)."""
@@ -403,6 +425,8 @@ def counterfactual(
 def store_counterfactual(orig: Original, names: tuple[str, ...]) -> Session:
     """Store ``orig`` under ``names`` as a new session (see :func:`counterfactual`)."""
     plan = orig.plan(names)
+    # the advice's own figures: the measured original plus the difference the fixes make (one computation)
+    anchored = orig.anchored(plan).requests
     lab, row = orig.lab, orig.row
     store = lab.store
     n = 1
@@ -418,7 +442,8 @@ def store_counterfactual(orig: Original, names: tuple[str, ...]) -> Session:
         s = lab.create_session(config, session_id=sid, project=row["project_id"], model=row["model"],
                                cache=orig.cache, source=f"counterfactual:{row['id']}")
         outputs = {t.idx: t.output_tokens for t in orig.turns}
-        for r, req in orig.prepared(plan):
+        for (r, req), a in zip(orig.prepared(plan), anchored, strict=True):
+            usage = replace(a.usage, output_tokens=0 if r.ping else outputs[r.origin])
             s.record(r.body, at=r.at, prepared=req, events=("keep_warm_ping",) if r.ping else (),
-                     output_tokens=0 if r.ping else outputs[r.origin])
+                     usage=usage, usage_source="simulated")
     return s

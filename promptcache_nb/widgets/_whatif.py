@@ -11,7 +11,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..advice import COUNTERFACTUAL, advise
-from ..advice._counterfactual import MEASURED, Original
+from ..advice._advice import _confidence, saved_text
+from ..advice._anchor import MEASURED
+from ..advice._counterfactual import Original
 from ..advice._fixes import FIX_NAMES, FIX_SOURCES, check_fixes
 from ..analysis.frames import html_table
 from . import _html
@@ -62,10 +64,14 @@ class WhatIfController(_Observable):
         self.plan = self.original.plan(names)
         self._prepared = self.original.prepared(self.plan)
         self._cf = self.original.simulate(self.plan, self._prepared)
+        self._anchored = self.original.anchored(self.plan, self._cf)
         self.fixes = tuple(self.plan.applied)
         t = self.totals()
+        rep = self._anchored
+        basis = "measured" if t["measured_cost_usd"] is not None else "simulated"
         self.status = (f"{', '.join(self.fixes) or 'no fix'}: ${t['counterfactual_cost_usd']:.4f} vs "
-                       f"${t['simulated_cost_usd']:.4f} simulated original ({COUNTERFACTUAL})")
+                       f"${rep.base_cost:.4f} {basis}; saves {saved_text(rep.saved, rep.low, rep.high)} "
+                       f"({COUNTERFACTUAL}, anchored on measured usage)")
         self._notify("fixes")
 
     def toggle(self, fix: str, on: bool) -> None:
@@ -78,27 +84,28 @@ class WhatIfController(_Observable):
         (``pings_before``: keep-warm pings sent in the gap before it; their cost is in its counterfactual)."""
         import pandas as pd
 
-        cf = self._cf
-        real = cf[~cf.ping].reset_index(drop=True)
+        anchored = self._anchored.requests
         ping_cost: dict[int, float] = {}
         ping_count: dict[int, int] = {}
         origins = [t.idx for t in self.original.turns]
-        for r in cf[cf.ping].itertuples(index=False):
-            after = origins[origins.index(int(r.idx)) + 1]  # a ping stands after request idx, before the next
-            ping_cost[after] = ping_cost.get(after, 0.0) + float(r.cost_usd or 0.0)
-            ping_count[after] = ping_count.get(after, 0) + 1
+        for a in anchored:
+            if a.ping:
+                after = origins[origins.index(a.origin) + 1]  # a ping stands after request idx, before the next
+                ping_cost[after] = ping_cost.get(after, 0.0) + float(a.cost or 0.0)
+                ping_count[after] = ping_count.get(after, 0) + 1
+        real = [a for a in anchored if not a.ping]
         rows = []
-        for t, b, c in zip(self.original.turns, self._baseline.itertuples(index=False),
-                           real.itertuples(index=False), strict=True):
+        for t, b, c in zip(self.original.turns, self._baseline.itertuples(index=False), real, strict=True):
             st = t.stored
             measured = st.get("usage_source") in MEASURED
             total = None if not measured else sum(
                 int(st[k]) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"))
             rows.append((t.idx, t.at, st.get("cost_usd") if measured else None, b.cost_usd,
-                         (c.cost_usd or 0.0) + ping_cost.get(t.idx, 0.0),
+                         (c.cost or 0.0) + ping_cost.get(t.idx, 0.0),
                          _read_pct(st.get("cache_read_input_tokens"), total) if measured else None,
                          _read_pct(b.cache_read_input_tokens, b.total_tokens),
-                         _read_pct(c.cache_read_input_tokens, c.total_tokens), ping_count.get(t.idx, 0)))
+                         _read_pct(c.usage.cache_read_input_tokens, c.usage.total_input_tokens),
+                         ping_count.get(t.idx, 0)))
         return pd.DataFrame(rows, columns=WHATIF_COLUMNS)
 
     def totals(self) -> dict[str, float | None]:
@@ -132,8 +139,9 @@ class WhatIfController(_Observable):
     def header_html(self) -> str:
         t = self.totals()
         measured = t["measured_cost_usd"]
+        _, fidelity = _confidence(self.original.fits())
         parts = [f"measured ${measured:.4f}" if measured is not None else "no measured usage",
-                 f"simulated original ${t['simulated_cost_usd']:.4f}",
+                 f"simulated original ${t['simulated_cost_usd']:.4f} ({fidelity})",
                  f"<b>{_html.esc(COUNTERFACTUAL)} ${t['counterfactual_cost_usd']:.4f}</b>"]
         fixes = ", ".join(f"{f} ({FIX_SOURCES[f]})" for f in self.fixes) or "no fix ticked"
         return (f'<div class="pcnb-whatif-head"><div>{_html.esc(self.session.id)} · {len(self.original.turns)} '
@@ -143,8 +151,8 @@ class WhatIfController(_Observable):
         return html_table(self.frame().head(limit))
 
     def findings_html(self) -> str:
-        df = self.findings()[["fix", "verdict", "usd_saved", "pct_of_cost", "tokens_saved", "confidence",
-                              "evidence"]]
+        df = self.findings()[["fix", "verdict", "saved", "pct_of_cost", "tokens_saved", "why", "evidence", "how",
+                              "confidence"]]
         return html_table(df)
 
     def __repr__(self) -> str:

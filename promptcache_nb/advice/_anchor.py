@@ -1,0 +1,337 @@
+"""Counterfactuals anchored on measured usage: the simulator supplies only the difference a change makes.
+
+Per request, ``counterfactual = measured + scale × (simulated fixed − simulated original)``, where ``scale`` is the
+request's measured prompt size over its estimated one (the estimator's drift is not a saving). A request the
+simulator does not reproduce (its simulated original reads a share of the prompt more than
+:data:`AGREEMENT` away from the measured one: a provider-side miss, a read of another session's entry, an unlogged
+change) keeps its measured cost and outcome under any fix, but for what a fix provably changes on it whatever the
+provider did: a TTL choice re-prices the writes it made (a short-gap rewrite recurs under a 1h TTL and is billed
+at 2× base instead of 1.25×). A request whose history the log lacks (a compaction call logged alone) is never
+reproduced.
+
+The interval of a saving comes from how well the simulator reproduces this session's own measured requests:
+
+* the residual of each changed request (measured cost − scaled simulated cost of the original);
+* a body fix is our rendition of what an agent would send: its counterfactual cost carries :data:`RENDITION`
+  (the strategy-equivalence table's bound, README "What would it save?");
+* provider misses recur under any fix: the reads a fix gains are lost at the upper bound of the session's measured
+  provider-miss rate;
+* what the simulator claims on requests it does not reproduce is counted only in the high end.
+
+Every figure here is measured where no fix touches it, else ``simulated (counterfactual)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..usage import Usage
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ._counterfactual import Original
+
+#: The usage sources an endpoint reported.
+MEASURED = ("live", "imported")
+
+#: A simulated original reproduces a measured request when their read shares of the prompt differ by at most this.
+AGREEMENT = 0.10
+
+#: The relative error of a body fix's counterfactual cost on the requests it changes: the bound the
+#: strategy-equivalence table holds every fix to (tests/test_advice_equivalence.py).
+RENDITION = 0.10
+
+#: The usage components a counterfactual moves, in Usage's order.
+_PARTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_5m_input_tokens",
+          "cache_creation_1h_input_tokens")
+
+
+def _int(value: Any) -> int:
+    return 0 if value is None or value != value else int(value)
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None or value != value else float(value)
+
+
+@dataclass(frozen=True)
+class RequestFit:
+    """How the simulated original compares with one measured request.
+
+    Attributes:
+        idx: the request. at: when it was sent. model: its model.
+        measured: its measured usage (None: the session is simulated, and ``simulated`` stands in).
+        measured_cost: its measured cost (None: unpriced).
+        simulated: the simulated original's usage of it (None: the cache model could not simulate it).
+        simulated_cost: its simulated cost, unscaled.
+        scale: measured prompt tokens / estimated prompt tokens (1.0 without a measurement).
+        reproduced: the simulated original's read share is within :data:`AGREEMENT` of the measured one.
+        cause: why it is not reproduced (``provider_miss``, ``unexplained_read``, ``history_missing``,
+            ``below_minimum``, ``ttl``, ``unsupported``), or ``token_drift`` when reproduced with a scale more than
+            10 % from 1, else ``""``.
+        gap_seconds: the idle gap before it (None for the first request).
+    """
+
+    idx: int
+    at: datetime
+    model: str
+    measured: Usage | None
+    measured_cost: float | None
+    simulated: Usage | None
+    simulated_cost: float | None
+    scale: float
+    reproduced: bool
+    cause: str
+    gap_seconds: float | None
+
+    @property
+    def residual(self) -> float:
+        """Measured cost − scaled simulated cost: the simulator's error on this request, in dollars."""
+        if self.measured_cost is None or self.simulated_cost is None:
+            return 0.0
+        return self.measured_cost - self.scale * self.simulated_cost
+
+    @property
+    def base(self) -> Usage | None:
+        """What the counterfactual starts from: the measured usage, or the simulated one without a measurement."""
+        return self.measured if self.measured is not None else self.simulated
+
+    @property
+    def base_cost(self) -> float | None:
+        return self.measured_cost if self.measured is not None else self.simulated_cost
+
+
+def _usage_of(row: Any, output: int | None) -> Usage | None:
+    if _num(row.cache_read_input_tokens) is None or _num(row.input_tokens) is None:
+        return None
+    return Usage(_int(row.input_tokens), _int(row.cache_read_input_tokens), _int(row.cache_creation_input_tokens),
+                 _int(row.cache_creation_5m_input_tokens), _int(row.cache_creation_1h_input_tokens), output)
+
+
+def _share(u: Usage) -> float:
+    total = u.total_input_tokens or 0
+    return (u.cache_read_input_tokens or 0) / total if total else 0.0
+
+
+def fit_requests(orig: Original, baseline: pd.DataFrame) -> list[RequestFit]:
+    """One :class:`RequestFit` per request of ``orig`` (``baseline``: :meth:`Original.simulate` of no fix)."""
+    real = baseline[~baseline.ping] if "ping" in baseline else baseline
+    fits: list[RequestFit] = []
+    prev_at: datetime | None = None
+    for t, row in zip(orig.turns, real.itertuples(index=False), strict=True):
+        s = t.stored
+        sim = None if row.cache_reason == "unsupported" else _usage_of(row, t.output_tokens)
+        sim_cost = _num(row.cost_usd)
+        measured: Usage | None = None
+        m_cost: float | None = None
+        if s.get("usage_source") in MEASURED and _num(s.get("cache_read_input_tokens")) is not None:
+            measured = Usage(_int(s.get("input_tokens")), _int(s.get("cache_read_input_tokens")),
+                             _int(s.get("cache_creation_input_tokens")), _int(s.get("cache_creation_5m_input_tokens")),
+                             _int(s.get("cache_creation_1h_input_tokens")), t.output_tokens, "imported")
+            m_cost = _num(s.get("cost_usd"))
+        gap = None if prev_at is None else (t.at - prev_at).total_seconds()
+        prev_at = t.at
+        scale, reproduced, cause = 1.0, True, ""
+        if measured is not None:
+            est = sim.total_input_tokens if sim is not None else None
+            got = measured.total_input_tokens or 0
+            scale = got / est if est else 1.0
+            if sim is None:
+                reproduced, cause = False, "unsupported"
+            elif orig.history_missing(t):
+                reproduced, cause = False, "history_missing"
+            else:
+                diff = _share(measured) - _share(sim)
+                reproduced = abs(diff) <= AGREEMENT
+                if not reproduced:
+                    cause = _disagreement(diff, row.cache_reason, gap, measured)
+                elif abs(scale - 1.0) > 0.10:
+                    cause = "token_drift"
+        fits.append(RequestFit(t.idx, t.at, t.model, measured, m_cost, sim, sim_cost, scale, reproduced, cause, gap))
+    return fits
+
+
+def _disagreement(diff: float, sim_reason: str, gap: float | None, measured: Usage) -> str:
+    """Why a measured request's read share differs from the simulated one's (``diff`` = measured − simulated)."""
+    if diff > 0:  # the provider read what we did not predict
+        if sim_reason == "below_minimum":
+            return "below_minimum"
+        if sim_reason == "ttl_expired":
+            return "ttl"
+        return "unexplained_read"  # another session's entry, or an unlogged prefix we sized apart
+    if gap is not None and gap > 300 and (measured.cache_creation_input_tokens or 0) > 0:
+        return "ttl"  # the provider expired what we kept (an entry it did not refresh, a shorter TTL)
+    return "provider_miss"
+
+
+def miss_rate(fits: list[RequestFit]) -> tuple[float, float]:
+    """(measured provider-miss rate among requests the simulator read on, its 90 % Wilson upper bound)."""
+    reads = [f for f in fits if f.measured is not None and f.simulated is not None
+             and (f.simulated.cache_read_input_tokens or 0) > 0]
+    n = len(reads)
+    if not n:
+        return 0.0, 0.0
+    k = sum(1 for f in reads if f.cause == "provider_miss")
+    p, z = k / n, 1.2816
+    hi = (p + z * z / (2 * n) + z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / (1 + z * z / n)
+    return p, min(1.0, hi)
+
+
+@dataclass(frozen=True)
+class AnchoredRequest:
+    """One request of an anchored counterfactual.
+
+    Attributes:
+        origin: the original request it stands for (a ping stands after it). ping: a keep-warm ping.
+        usage: its counterfactual usage (tokens scaled to the measured prompt). cost: its counterfactual cost.
+        base_cost: the original's cost (measured; simulated without a measurement), 0 for a ping.
+        delta: base_cost − cost (positive: saved). raw_delta: what the simulation alone claims, scaled.
+        changed: the fix changed its usage. kept: the request is not reproduced and keeps its measured outcome.
+    """
+
+    origin: int
+    at: datetime
+    model: str
+    ping: bool
+    usage: Usage
+    cost: float | None
+    base_cost: float | None
+    delta: float
+    raw_delta: float
+    changed: bool
+    kept: bool
+
+
+@dataclass(frozen=True)
+class AnchoredReplay:
+    """A fix's counterfactual anchored on the measured original, with the interval of its saving."""
+
+    requests: list[AnchoredRequest]
+    saved: float
+    low: float
+    high: float
+    base_cost: float
+    changed_cost: float
+    unknown: bool
+
+    @property
+    def cost(self) -> float:
+        return sum(r.cost or 0.0 for r in self.requests)
+
+    @property
+    def changed(self) -> list[int]:
+        return sorted({r.origin for r in self.requests if r.changed and not r.ping})
+
+
+def _parts(u: Usage) -> list[int]:
+    return [_int(u.input_tokens), _int(u.cache_read_input_tokens), _int(u.cache_creation_5m_input_tokens),
+            _int(u.cache_creation_1h_input_tokens)]
+
+
+def _make(parts: list[int], output: int | None, source: str = "simulated") -> Usage:
+    uncached, read, w5, w1 = (max(0, p) for p in parts)
+    return Usage(uncached, read, w5 + w1, w5, w1, output, "simulated" if source == "simulated" else "imported")
+
+
+def _shift(base: Usage, delta: list[float]) -> Usage:
+    """``base`` moved by ``delta`` (per part), clipped at zero with the prompt's total kept where it can be."""
+    parts = [b + d for b, d in zip(_parts(base), delta, strict=True)]
+    want = sum(_parts(base)) + round(sum(delta))
+    clipped = [max(0, round(p)) for p in parts]
+    short = want - sum(clipped)
+    if short > 0:
+        clipped[0] += short  # what a clipped part could not hold is sent uncached
+    elif short < 0:  # take from the largest part (rounding, or a clipped negative)
+        k = max(range(4), key=lambda i: clipped[i])
+        clipped[k] = max(0, clipped[k] + short)
+    return _make(clipped, base.output_tokens)
+
+
+def _ttl_repriced(base: Usage, share_1h: float) -> Usage:
+    """``base`` with its writes split 5m/1h as a fix's TTL choice writes them (tokens unchanged)."""
+    written = _int(base.cache_creation_input_tokens)
+    w1 = round(written * share_1h)
+    return Usage(_int(base.input_tokens), _int(base.cache_read_input_tokens), written, written - w1, w1,
+                 base.output_tokens, "simulated")
+
+
+def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed: pd.DataFrame, *,
+           body_fix: bool, ttl_fix: bool) -> AnchoredReplay:
+    """``fixed`` (:meth:`Original.simulate` of a plan) anchored on the measured original (see the module)."""
+    by_idx = {f.idx: f for f in fits}
+    sim_orig = {int(r.idx): r for r in baseline[~baseline.ping].itertuples(index=False)}
+    written = fixed.cache_creation_input_tokens.fillna(0).sum()
+    share_1h = float(fixed.cache_creation_1h_input_tokens.fillna(0).sum() / written) if written else None
+    out: list[AnchoredRequest] = []
+    unknown = False
+    gains = 0.0
+    error = 0.0
+    rendition = 0.0
+    claimed_elsewhere = 0.0
+    for r in fixed.itertuples(index=False):
+        f = by_idx[int(r.idx)]
+        p = orig.prices(str(r.model))
+        fixed_usage = _usage_of(r, 0 if r.ping else f.simulated.output_tokens if f.simulated else None)
+        if r.ping:
+            usage = _shift(_make([0, 0, 0, 0], 0), [f.scale * x for x in _parts(fixed_usage)]) \
+                if fixed_usage is not None else _make([0, 0, 0, 0], 0)
+            cost = p.cost(usage, r.at) if p is not None and fixed_usage is not None else None
+            unknown = unknown or cost is None
+            spent = cost or 0.0
+            out.append(AnchoredRequest(f.idx, r.at, str(r.model), True, usage, cost, 0.0, -spent, -spent, True, False))
+            rendition += spent if body_fix else 0.0
+            continue
+        base = f.base
+        o = sim_orig[f.idx]
+        o_usage = _usage_of(o, f.simulated.output_tokens if f.simulated else None)
+        if base is None or o_usage is None or fixed_usage is None or p is None or f.base_cost is None:
+            unknown = unknown or (fixed_usage is not None and o_usage is not None and _parts(fixed_usage) !=
+                                  _parts(o_usage))
+            # nothing to anchor on, or no price: the request is what it was, and a change to it is unknown
+            out.append(AnchoredRequest(f.idx, r.at, str(r.model), False, base or _make([0, 0, 0, 0], None),
+                                       f.base_cost, f.base_cost, 0.0, 0.0, False, True))
+            continue
+        delta_parts = [f.scale * (a - b) for a, b in zip(_parts(fixed_usage), _parts(o_usage), strict=True)]
+        moved = any(abs(d) >= 0.5 for d in delta_parts)
+        raw_cost = p.cost(_shift(base, delta_parts), r.at)
+        base_priced = p.cost(base, r.at)
+        raw_delta = 0.0 if raw_cost is None or base_priced is None else base_priced - raw_cost
+        if f.reproduced:
+            usage = _shift(base, delta_parts) if moved else base
+        elif ttl_fix and share_1h is not None and _int(base.cache_creation_input_tokens):
+            usage = _ttl_repriced(base, share_1h)  # the provider's rewrite recurs, at the fix's TTL price
+        else:
+            usage = base
+        changed = usage is not base and _parts(usage) != _parts(base)
+        if not changed:
+            cost = f.base_cost
+        else:
+            priced = p.cost(usage, r.at)
+            cost = None if priced is None or base_priced is None else max(0.0, f.base_cost + priced - base_priced)
+        if cost is None:
+            unknown = True
+            cost = f.base_cost
+        delta = f.base_cost - cost
+        if changed:
+            if f.reproduced:
+                error += abs(f.residual)
+                if _int(usage.cache_read_input_tokens) > _int(base.cache_read_input_tokens):
+                    gains += max(0.0, delta)  # a read the provider may still miss
+                rendition += cost if body_fix else 0.0
+        if not f.reproduced and moved:
+            claimed_elsewhere += max(0.0, raw_delta - delta)
+        out.append(AnchoredRequest(f.idx, r.at, str(r.model), False, usage, cost, f.base_cost, delta, raw_delta,
+                                   changed, not f.reproduced))
+    saved = sum(a.delta for a in out)
+    _, miss_hi = miss_rate(fits)
+    spread = error + RENDITION * rendition
+    low = saved - spread - miss_hi * gains
+    high = saved + spread + claimed_elsewhere
+    changed_cost = sum(a.base_cost or 0.0 for a in out if a.changed and not a.ping)
+    high = max(saved, min(high, changed_cost))  # never more than what the requests it changes cost
+    base_cost = sum(f.base_cost or 0.0 for f in fits)
+    return AnchoredReplay(out, saved, min(low, saved), high, base_cost, changed_cost, unknown)
