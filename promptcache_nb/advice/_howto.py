@@ -54,6 +54,9 @@ _BLOCKS = {
     "conversation": "the last content block of the newest message",
 }
 
+#: A partial body's TTL roles (the client's assumed breakpoints) in words.
+_ROLE_NAMES = {"prefix": "the prefix (tools and system prompt)", "conversation": "the conversation"}
+
 
 @dataclass(frozen=True)
 class HowTo:
@@ -138,6 +141,7 @@ def _anthropic(fix: str, d: Mapping[str, Any]) -> HowTo:
         roles = PARTIAL_TTL_ROLES if through in PARTIAL_TTL_ROLES else TTL_ROLES
         hour = roles[:roles.index(through) + 1]
         after = roles[roles.index(through) + 1:]
+        hour, after = tuple(_ROLE_NAMES.get(r, r) for r in hour), tuple(_ROLE_NAMES.get(r, r) for r in after)
         rest = f", and leave those on {_join(after)} at 5m" if after else ""
         return HowTo(f"Set `\"ttl\": \"1h\"` in the `cache_control` of the breakpoints on {_join(hour)}, the last "
                      f"one being {_BLOCKS[through]}{rest} (1h breakpoints must come before 5m ones).",
@@ -215,9 +219,9 @@ def _claude_code(fix: str, d: Mapping[str, Any]) -> HowTo:
                      "MCP servers (unless their tools are deferred) or add a bare-tool deny rule mid-session, and "
                      "`/compact` at natural breaks (`DISABLE_AUTOUPDATER=1` controls when upgrades land).", cc)
     if fix == "tail_volatile":
-        return HowTo("The Claude Code CLI offers no setting for this; in the Agent SDK, `excludeDynamicSections: true` "
-                     "on the `claude_code` preset (Python `exclude_dynamic_sections`) moves the working directory, "
-                     "git status and memory paths from the system prompt into the first user message.",
+        return HowTo("In the Agent SDK, `excludeDynamicSections: true` on the `claude_code` preset (Python "
+                     "`exclude_dynamic_sections`) moves the working directory, git status and memory paths from the "
+                     "system prompt into the first user message; the interactive CLI has no such setting.",
                      'systemPrompt: {type: "preset", preset: "claude_code", excludeDynamicSections: true}',
                      SOURCES["claude-agent-sdk"])
     if fix == "durable_deltas":
@@ -244,13 +248,13 @@ def _claude_code(fix: str, d: Mapping[str, Any]) -> HowTo:
 def _codex(fix: str, d: Mapping[str, Any]) -> HowTo:
     oa = SOURCES["openai"]
     if fix in ("frozen_prefix", "tail_volatile", "durable_deltas"):
-        return _none("codex", "the OpenAI cache needs an exact prefix, so keep its instructions, AGENTS.md, MCP servers "
-                     "and model unchanged within a session.", oa)
+        return _none("codex", "the OpenAI cache needs an exact prefix, so keep its instructions, AGENTS.md, MCP "
+                     "servers and model unchanged within a session.", oa)
     if fix == "breakpoints":
         return _none("codex", "OpenAI caches automatically and Codex places no explicit breakpoints.", oa)
     if fix == "ttl":
-        return _none("codex", "it does not send `prompt_cache_retention` (openai/codex#6698, #25604 ask for it), so the "
-                     "in-memory retention of 5-10 idle minutes applies.", SOURCES["codex"])
+        return _none("codex", "it does not send `prompt_cache_retention` (openai/codex#6698, #25604 ask for it), so "
+                     "the in-memory retention of 5-10 idle minutes applies.", SOURCES["codex"])
     if fix == "keep_warm":
         return _none("codex", "a cache kept in memory lasts 5-10 idle minutes, so come back within them.", oa)
     if fix == "provider_miss":
