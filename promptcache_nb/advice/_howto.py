@@ -28,6 +28,8 @@ SOURCES: dict[str, str] = {
     "pi": "https://pi.dev/docs/latest/environment-variables",
     "gemini": "https://ai.google.dev/gemini-api/docs/caching",
     "opencode": "https://github.com/anomalyco/opencode/issues/5416",
+    "opencode-code": "https://github.com/anomalyco/opencode/blob/dev/packages/opencode/src/provider/transform.ts",
+    "cline-code": "https://github.com/cline/cline/blob/main/src/core/api/providers/anthropic.ts",
     "openclaw": "https://docs.openclaw.ai/reference/prompt-caching",
     "back-to-back": "https://github.com/anthropics/anthropic-sdk-python/issues/1451",
 }
@@ -225,8 +227,8 @@ def _claude_code(fix: str, d: Mapping[str, Any]) -> HowTo:
                      'systemPrompt: {type: "preset", preset: "claude_code", excludeDynamicSections: true}',
                      SOURCES["claude-agent-sdk"])
     if fix == "durable_deltas":
-        return _none("claude-code", "it already reads CLAUDE.md and the output style once per session and sends later "
-                     "changes as conversation messages; edits apply on `/clear`, `/compact` or a restart.", cc)
+        return _none("claude-code", "it already reads CLAUDE.md and the output style once per session (edits apply on "
+                     "`/clear`, `/compact` or a restart) and adds plan mode, skills and file changes as messages.", cc)
     if fix == "breakpoints":
         return _none("claude-code", "it places its own cache breakpoints.", cc)
     if fix == "ttl":
@@ -234,8 +236,8 @@ def _claude_code(fix: str, d: Mapping[str, Any]) -> HowTo:
             return HowTo("Force the 5-minute TTL (a subscription defaults to 1h for the main conversation).",
                          "FORCE_PROMPT_CACHING_5M=1", cc)
         return HowTo("On an API key, Bedrock, Google Cloud or Foundry, opt the main conversation into the 1-hour TTL "
-                     "(in the shell or the `env` block of settings.json); a subscription already uses it, and "
-                     "sub-agents stay at 5 minutes.", "ENABLE_PROMPT_CACHING_1H=1", cc)
+                     "(in the shell or the `env` block of settings); a subscription already uses it for the main "
+                     "conversation.", "ENABLE_PROMPT_CACHING_1H=1", cc)
     if fix == "keep_warm":
         return _none("claude-code", "the 1-hour TTL (`ENABLE_PROMPT_CACHING_1H=1`) keeps the cache through idle gaps "
                      "of up to an hour.", cc)
@@ -307,11 +309,13 @@ def _opencode(fix: str, d: Mapping[str, Any]) -> HowTo:
                      SOURCES["opencode"])
     if fix in ("provider_miss", "stagger"):
         return _none("opencode", _WHO_MISSES, SOURCES["back-to-back"])
+    if fix == "breakpoints":
+        return _none("opencode", "it marks the first two system messages and the last two messages itself.",
+                     SOURCES["opencode-code"])
     return _none("opencode", {
         "frozen_prefix": "keep AGENTS.md, MCP servers and the model unchanged within a session.",
         "tail_volatile": "keep what changes per request out of AGENTS.md and custom instructions.",
         "durable_deltas": "edit AGENTS.md and instructions between sessions, not during one.",
-        "breakpoints": "it places its own cache breakpoints.",
         "keep_warm": "come back within the 5-minute TTL.",
     }[fix], SOURCES["anthropic"])
 
@@ -319,13 +323,16 @@ def _opencode(fix: str, d: Mapping[str, Any]) -> HowTo:
 def _cline(fix: str, d: Mapping[str, Any]) -> HowTo:
     if fix in ("provider_miss", "stagger"):
         return _none("cline", _WHO_MISSES, SOURCES["back-to-back"])
+    if fix in ("breakpoints", "ttl", "keep_warm"):
+        return _none("cline", {
+            "breakpoints": "it marks the system prompt and the last two user messages itself.",
+            "ttl": "its breakpoints carry no `ttl`, so Anthropic's 5-minute default applies.",
+            "keep_warm": "come back within Anthropic's 5-minute TTL.",
+        }[fix], SOURCES["cline-code"])
     return _none("cline", {
         "frozen_prefix": "keep .clinerules, MCP servers and the model unchanged within a task.",
         "tail_volatile": "keep what changes per request out of .clinerules and custom instructions.",
         "durable_deltas": "edit .clinerules between tasks, not during one.",
-        "breakpoints": "it places its own cache breakpoints.",
-        "ttl": "its breakpoints keep the provider's default TTL (5 minutes on Anthropic).",
-        "keep_warm": "come back within the provider's TTL (5 minutes on Anthropic).",
     }[fix], SOURCES["anthropic"])
 
 
