@@ -146,7 +146,7 @@ def _anthropic(fix: str, d: Mapping[str, Any]) -> HowTo:
         hour, after = tuple(_ROLE_NAMES.get(r, r) for r in hour), tuple(_ROLE_NAMES.get(r, r) for r in after)
         rest = f", and leave those on {_join(after)} at 5m" if after else ""
         return HowTo(f"Set `\"ttl\": \"1h\"` in the `cache_control` of the breakpoints on {_join(hour)}, the last "
-                     f"one being {_BLOCKS[through]}{rest} (1h breakpoints must come before 5m ones).",
+                     f"one being {_BLOCKS[through]}{rest}; every 1h breakpoint must come before every 5m one.",
                      f'"cache_control": {{"type": "ephemeral", "ttl": "1h"}} on {_BLOCKS[through]}', src)
     if fix == "keep_warm":
         every = _ping_every(d)
@@ -209,9 +209,10 @@ def _none(client: str, practice: str, source: str) -> HowTo:
     return HowTo(f"{_LABELS[client]} offers no setting for this; {practice}", None, source)
 
 
-_WHO_MISSES = ("the provider rebuilt a prefix the request left unchanged; identical requests sent back to back were "
-               "reported to miss about 40 % of the time, and same-prefix requests started together (sub-agents, "
-               "parallel tools) miss until the first one's response has begun.")
+_WHO_MISSES = ("nothing in it changes a rebuild the provider made with the prefix unchanged: identical requests sent "
+               "back to back were reported to miss about 40 % of the time.")
+_STAGGER = ("same-prefix requests it starts together (sub-agents, parallel tasks) miss until the first one's response "
+            "has begun, and it has no way to delay them.")
 
 
 def _claude_code(fix: str, d: Mapping[str, Any]) -> HowTo:
@@ -235,6 +236,10 @@ def _claude_code(fix: str, d: Mapping[str, Any]) -> HowTo:
         if d.get("through", "messages") is None:
             return HowTo("Force the 5-minute TTL (a subscription defaults to 1h for the main conversation).",
                          "FORCE_PROMPT_CACHING_5M=1", cc)
+        if d.get("through") == "prefix":
+            return HowTo("Claude Code has no per-breakpoint TTL; the closest it offers moves its whole main "
+                         "conversation to the 1-hour TTL (a subscription already has it).",
+                         "ENABLE_PROMPT_CACHING_1H=1", cc)
         return HowTo("On an API key, Bedrock, Google Cloud or Foundry, opt the main conversation into the 1-hour TTL "
                      "(in the shell or the `env` block of settings); a subscription already uses it for the main "
                      "conversation.", "ENABLE_PROMPT_CACHING_1H=1", cc)
@@ -243,15 +248,19 @@ def _claude_code(fix: str, d: Mapping[str, Any]) -> HowTo:
                      "of up to an hour.", cc)
     if fix == "provider_miss":
         return _none("claude-code", _WHO_MISSES, SOURCES["back-to-back"])
-    return _none("claude-code", "sub-agents start with their own prefix and build their own cache; a fork reads "
-                 "the parent's cache once the parent's request has begun.", cc)
+    return _none("claude-code", "sub-agents started together each build their own cache, and a fork reads the "
+                 "parent's cache only once the parent's request has begun.", cc)
 
 
 def _codex(fix: str, d: Mapping[str, Any]) -> HowTo:
     oa = SOURCES["openai"]
     if fix in ("frozen_prefix", "tail_volatile", "durable_deltas"):
-        return _none("codex", "the OpenAI cache needs an exact prefix, so keep its instructions, AGENTS.md, MCP "
-                     "servers and model unchanged within a session.", oa)
+        return _none("codex", {
+            "frozen_prefix": "the OpenAI cache needs an exact prefix, so keep AGENTS.md, MCP servers and the model "
+                             "unchanged within a session.",
+            "tail_volatile": "keep what changes per request out of AGENTS.md and custom instructions.",
+            "durable_deltas": "edit AGENTS.md and instructions between sessions, not during one.",
+        }[fix], oa)
     if fix == "breakpoints":
         return _none("codex", "OpenAI caches automatically and Codex places no explicit breakpoints.", oa)
     if fix == "ttl":
@@ -278,7 +287,7 @@ def _pi(fix: str, d: Mapping[str, Any]) -> HowTo:
     if fix == "provider_miss":
         return _none("pi", _WHO_MISSES, SOURCES["back-to-back"])
     if fix == "stagger":
-        return _none("pi", "start parallel pi sessions on one prefix only after the first one's response has begun.",
+        return _none("pi", "start parallel pi sessions on one prefix only once the first one's response has begun.",
                      SOURCES["anthropic"])
     return _none("pi", {
         "frozen_prefix": "keep AGENTS.md, the tools and the model unchanged within a session.",
@@ -307,8 +316,10 @@ def _opencode(fix: str, d: Mapping[str, Any]) -> HowTo:
     if fix == "ttl":
         return _none("opencode", "its breakpoints keep the 5-minute TTL (anomalyco/opencode#5416 asks for a setting).",
                      SOURCES["opencode"])
-    if fix in ("provider_miss", "stagger"):
+    if fix == "provider_miss":
         return _none("opencode", _WHO_MISSES, SOURCES["back-to-back"])
+    if fix == "stagger":
+        return _none("opencode", _STAGGER, SOURCES["anthropic"])
     if fix == "breakpoints":
         return _none("opencode", "it marks the first two system messages and the last two messages itself.",
                      SOURCES["opencode-code"])
@@ -321,8 +332,10 @@ def _opencode(fix: str, d: Mapping[str, Any]) -> HowTo:
 
 
 def _cline(fix: str, d: Mapping[str, Any]) -> HowTo:
-    if fix in ("provider_miss", "stagger"):
+    if fix == "provider_miss":
         return _none("cline", _WHO_MISSES, SOURCES["back-to-back"])
+    if fix == "stagger":
+        return _none("cline", _STAGGER, SOURCES["anthropic"])
     if fix in ("breakpoints", "ttl", "keep_warm"):
         return _none("cline", {
             "breakpoints": "it marks the system prompt and the last two user messages itself.",
@@ -352,8 +365,10 @@ def _openclaw(fix: str, d: Mapping[str, Any]) -> HowTo:
     if fix == "tail_volatile":
         return _none("openclaw", "it splits the system prompt at a cache boundary; keep what changes (HEARTBEAT.md, "
                      "timestamps) below it.", src)
-    if fix in ("provider_miss", "stagger"):
+    if fix == "provider_miss":
         return _none("openclaw", _WHO_MISSES, SOURCES["back-to-back"])
+    if fix == "stagger":
+        return _none("openclaw", _STAGGER, SOURCES["anthropic"])
     return _none("openclaw", {
         "frozen_prefix": "keep the workspace files above its cache boundary unchanged within a session.",
         "durable_deltas": "keep the workspace files above its cache boundary unchanged within a session.",
