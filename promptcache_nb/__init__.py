@@ -15,7 +15,7 @@ from typing import Any
 
 from . import advice, analysis, errors, fleet, plots, tokens, widgets  # noqa: E402,I001 - subpackages: pc.plots.plot_savings, pc.widgets.Stepper
 from ._data import data_path
-from .advice import advise, counterfactual
+from .advice import advise, counterfactual, fidelity
 from .analysis import Observation, compare_df, summarize
 from .analysis.calibrate import calibrate
 from .analysis.gate import assert_cache_stable
@@ -143,6 +143,7 @@ __all__ = [
     "data_path",
     "diff",
     "errors",
+    "fidelity",
     "fleet",
     "get_cache_model",
     "keep_warm",

@@ -10,10 +10,11 @@ from __future__ import annotations
 from ._advice import Advice, advise
 from ._compaction import compaction_timing
 from ._counterfactual import COUNTERFACTUAL, counterfactual
+from ._fidelity import fidelity
 from ._fixes import FIX_NAMES, FIX_SOURCES, STRATEGY_FIXES
 
 #: The fix names, in the order they apply.
 FIXES = FIX_NAMES
 
 __all__ = ["COUNTERFACTUAL", "FIXES", "FIX_SOURCES", "STRATEGY_FIXES", "Advice", "advise", "compaction_timing",
-           "counterfactual"]
+           "counterfactual", "fidelity"]

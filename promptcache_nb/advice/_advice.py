@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._util import progress_bar
 from ..analysis.frames import html_table
+from ..errors import PromptCacheError
 from ..request.diff import visible
 from ..session import Session
 from ..usage import Usage
@@ -96,6 +97,8 @@ def _decimals(width: float) -> int:
 
 def saved_text(saved: float, low: float, high: float) -> str:
     """``$0.25 ($0.19 to $0.31)``, rounded to what the interval supports."""
+    if max(abs(saved), abs(low), abs(high)) < NOTHING:
+        return "$0"
     d = _decimals(high - low)
     return f"{_money(saved, d)} ({_money(low, d)} to {_money(high, d)})"
 
@@ -212,9 +215,17 @@ def _how(client: str, fix: str, plan: _fixes.Plan | None) -> str:
     """How to apply ``fix`` in the client that wrote the log (:func:`~._howto.how_to_apply`)."""
     detail: dict[str, Any] = {}
     if plan is not None and fix in plan.applied:
-        detail["evidence"] = plan.applied[fix].evidence
-        detail["cache_params"] = dict(plan.cache_params)
-    return _how_to_apply(client, fix, detail=detail).text
+        detail.update(plan.applied[fix].detail)
+        if fix == "keep_warm":
+            detail["ttl"] = "1h" if list(plan.cache_params.get("client_ttls") or ["5m"])[-1] == "1h" else "5m"
+    try:
+        how = _how_to_apply(client, fix, detail=detail)
+    except PromptCacheError:  # a fix the table does not cover yet: no advice rather than no findings
+        return ""
+    if how.switch and how.switch not in how.text:
+        return f"{how.text} Set: {how.switch}."
+    return how.text
+
 
 
 @dataclass(frozen=True, repr=False)

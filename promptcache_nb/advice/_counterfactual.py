@@ -215,7 +215,7 @@ class Original:
                 p = {**params, "client_ttls": [ttls[r] for r in roles]}
                 same = tuple(p["client_ttls"]) == now
                 done = _fixes.Applied(list(requests), [] if same else [r.origin for r in requests],
-                                      _fixes.ttl_label(through, roles))
+                                      _fixes.ttl_label(through, roles), {"through": through})
                 df = self.simulate(Plan(done.requests, p))
                 tried.append((float(df.cost_usd.sum()), k, done, p, same, df))
         else:
@@ -223,6 +223,7 @@ class Original:
             for k, through in enumerate((None, *present)):
                 done = _fixes.ttl(requests, through=through)
                 done.evidence = _fixes.ttl_label(through, present)
+                done.detail = {"through": through}
                 df = self.simulate(Plan(done.requests, dict(params)))
                 tried.append((float(df.cost_usd.sum()), k, done, dict(params), not done.changed, df))
         best = min(tried, key=lambda t: (t[0], t[1]))

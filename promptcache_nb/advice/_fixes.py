@@ -99,6 +99,8 @@ class Applied:
     requests: list[Request]
     changed: list[int] = field(default_factory=list)
     evidence: str = ""
+    #: what a client needs to apply it (the ttl fix's ``through``: the last breakpoint at 1h, None for none)
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

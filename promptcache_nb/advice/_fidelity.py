@@ -1,0 +1,148 @@
+"""How well the simulated original reproduces a session's measured requests: the evidence every saving's
+interval is built from (:mod:`._anchor`).
+
+Per session: the measured cost beside the simulated original's (raw, and scaled to the measured prompt sizes), the
+read shares, how many requests the replay reproduces (read share within 10 % of the prompt), and why the others
+differ:
+
+* ``provider_miss`` — the provider rebuilt what the replay read, with the logged prefix unchanged;
+* ``ttl`` — the provider expired (or kept) an entry across an idle gap where the replay did the opposite;
+* ``unexplained_read`` — the provider read what the replay did not predict: another session's entry, or a
+  prefix the log does not hold; ``first_read_explained`` says whether the first request's measured read is
+  reproduced by the sessions replayed beside it (its account's scope);
+* ``below_minimum`` — the replay thought the prefix too short to cache;
+* ``history_missing`` — a compaction call logged without the conversation it summarises;
+* ``unsupported`` — the cache model could not simulate the request;
+* ``token_drift`` (not a disagreement) — reproduced, with the estimated prompt more than 10 % off the measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from .._util import progress_bar
+from ..session import Session
+from ._anchor import RequestFit
+from ._counterfactual import Original
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ..lab import Lab
+
+CAUSES = ("provider_miss", "ttl", "unexplained_read", "below_minimum", "history_missing", "unsupported")
+
+FIDELITY_COLUMNS = [
+    "session", "requests", "measured_requests", "cost_measured_usd", "cost_simulated_usd", "cost_scaled_usd",
+    "cost_error", "read_share_measured", "read_share_simulated", "agreement", *CAUSES, "token_drift",
+    "median_scale", "first_read_tokens", "first_read_explained", "shared_with",
+]
+
+REQUEST_COLUMNS = ["session", "idx", "at", "model", "gap_seconds", "measured_read", "measured_write",
+                   "measured_uncached", "simulated_read", "simulated_write", "simulated_uncached", "scale",
+                   "reproduced", "cause", "cost_measured_usd", "cost_simulated_usd", "residual_usd"]
+
+
+def _share(fits: list[RequestFit], simulated: bool) -> float | None:
+    read = total = 0
+    for f in fits:
+        u = f.simulated if simulated else f.measured
+        if u is None or f.measured is None:
+            continue
+        scale = f.scale if simulated else 1.0
+        read += round(scale * (u.cache_read_input_tokens or 0))
+        total += round(scale * (u.total_input_tokens or 0))
+    return read / total if total else None
+
+
+def session_fidelity(session_id: str, orig: Original) -> dict[str, Any]:
+    """One row of :func:`fidelity` (``orig``: the session read back as the advice reads it)."""
+    fits = orig.fits()
+    measured = [f for f in fits if f.measured is not None]
+    cost_m = sum(f.measured_cost or 0.0 for f in measured) if measured else None
+    cost_s = sum(f.simulated_cost or 0.0 for f in measured)
+    scaled = sum(f.scale * (f.simulated_cost or 0.0) for f in measured)
+    first = fits[0] if fits else None
+    first_read = first.measured.cache_read_input_tokens if first is not None and first.measured else None
+    explained = None
+    if first is not None and first_read:
+        explained = bool(first.simulated is not None and (first.simulated.cache_read_input_tokens or 0) > 0
+                         and first.reproduced)
+    row: dict[str, Any] = {
+        "session": session_id, "requests": len(fits), "measured_requests": len(measured),
+        "cost_measured_usd": cost_m, "cost_simulated_usd": cost_s if measured else None,
+        "cost_scaled_usd": scaled if measured else None,
+        "cost_error": (scaled - cost_m) / cost_m if cost_m else None,
+        "read_share_measured": _share(fits, False), "read_share_simulated": _share(fits, True),
+        "agreement": sum(f.reproduced for f in measured) / len(measured) if measured else None,
+        "token_drift": sum(f.cause == "token_drift" for f in measured),
+        "median_scale": statistics.median(f.scale for f in measured) if measured else None,
+        "first_read_tokens": first_read, "first_read_explained": explained,
+        "shared_with": [s.key for s in orig.shared],
+    }
+    for cause in CAUSES:
+        row[cause] = sum(f.cause == cause for f in measured)
+    return row
+
+
+def fidelity(session_or_lab: Session | Lab, *, per_request: bool = False) -> pd.DataFrame:
+    """How the simulated original compares with the measured usage, per session (or per request).
+
+    The advice's own replay is used (the session's cache model, its account's other sessions beside it): the
+    figures here are the error bars of every saving :func:`~promptcache_nb.advise` reports.
+
+    Args:
+        session_or_lab: a stored session, or a Lab (every session but counterfactuals).
+        per_request: one row per request (measured and simulated read / write / uncached, scale, reproduced,
+            cause, residual) instead of one per session.
+
+    Returns:
+        ``FIDELITY_COLUMNS`` (``cost_error``: scaled simulated − measured, over measured; ``agreement``: the share
+        of measured requests reproduced; a column per disagreement cause) or ``REQUEST_COLUMNS``.
+
+    Example:
+        >>> pc.fidelity(lab)[["session", "cost_error", "agreement", "provider_miss"]]  # doctest: +SKIP
+    """
+    import pandas as pd
+
+    if isinstance(session_or_lab, Session):
+        lab = session_or_lab.lab
+        todo = [(session_or_lab.id, 0)]
+    else:
+        lab = session_or_lab
+        todo = [(r["id"], int(r["requests"])) for r in lab.store.original_sessions()]
+    rows: list[dict[str, Any]] = []
+    bar = progress_bar(total=sum(n for _, n in todo), desc="fidelity", enabled=lab.progress and len(todo) > 1,
+                       unit="req")
+    try:
+        for sid, n in todo:
+            s = session_or_lab if isinstance(session_or_lab, Session) else \
+                lab.active_session(sid) or lab.session(id=sid)
+            orig = Original.load(s)
+            if orig.turns:
+                rows.extend(_request_rows(sid, orig.fits()) if per_request else [session_fidelity(sid, orig)])
+            bar.update(n)
+    finally:
+        bar.close()
+    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS if per_request else FIDELITY_COLUMNS)
+    df.attrs["label"] = "measured beside simulated (estimated tokens)"
+    return df
+
+
+def _request_rows(session_id: str, fits: list[RequestFit]) -> list[dict[str, Any]]:
+    out = []
+    for f in fits:
+        m, s = f.measured, f.simulated
+        out.append({
+            "session": session_id, "idx": f.idx, "at": f.at, "model": f.model, "gap_seconds": f.gap_seconds,
+            "measured_read": None if m is None else m.cache_read_input_tokens,
+            "measured_write": None if m is None else m.cache_creation_input_tokens,
+            "measured_uncached": None if m is None else m.input_tokens,
+            "simulated_read": None if s is None else s.cache_read_input_tokens,
+            "simulated_write": None if s is None else s.cache_creation_input_tokens,
+            "simulated_uncached": None if s is None else s.input_tokens,
+            "scale": f.scale, "reproduced": f.reproduced, "cause": f.cause, "cost_measured_usd": f.measured_cost,
+            "cost_simulated_usd": f.simulated_cost, "residual_usd": f.residual if m is not None else None,
+        })
+    return out
