@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #: The usage sources an endpoint reported.
 MEASURED = ("live", "imported")
 
-#: A simulated original reproduces a measured request when their read shares of the prompt differ by at most this.
+#: A simulated original reproduces a measured request when their read shares, and their write shares, of the prompt
+#: differ by at most this.
 AGREEMENT = 0.10
 
 #: The relative error of a body fix's counterfactual cost on the requests it changes: the bound the
@@ -70,9 +71,9 @@ class RequestFit:
         simulated_cost: its simulated cost, unscaled.
         scale: measured prompt tokens / estimated prompt tokens (1.0 without a measurement).
         reproduced: the simulated original's read share is within :data:`AGREEMENT` of the measured one.
-        cause: why it is not reproduced (``provider_miss``, ``unexplained_read``, ``history_missing``,
-            ``below_minimum``, ``ttl``, ``unsupported``), or ``token_drift`` when reproduced with a scale more than
-            10 % from 1, else ``""``.
+        cause: why it is not reproduced (``provider_miss``, ``unexplained_read``, ``unpredicted_write``,
+            ``history_missing``, ``below_minimum``, ``ttl``, ``unsupported``), or ``token_drift`` when reproduced
+            with a scale more than 10 % from 1, else ``""``.
         gap_seconds: the idle gap before it (None for the first request).
     """
 
@@ -112,9 +113,9 @@ def _usage_of(row: Any, output: int | None) -> Usage | None:
                  _int(row.cache_creation_5m_input_tokens), _int(row.cache_creation_1h_input_tokens), output)
 
 
-def _share(u: Usage) -> float:
+def _share(u: Usage, part: str = "cache_read_input_tokens") -> float:
     total = u.total_input_tokens or 0
-    return (u.cache_read_input_tokens or 0) / total if total else 0.0
+    return (getattr(u, part) or 0) / total if total else 0.0
 
 
 def fit_requests(orig: Original, baseline: pd.DataFrame) -> list[RequestFit]:
@@ -146,9 +147,12 @@ def fit_requests(orig: Original, baseline: pd.DataFrame) -> list[RequestFit]:
                 reproduced, cause = False, "history_missing"
             else:
                 diff = _share(measured) - _share(sim)
-                reproduced = abs(diff) <= AGREEMENT
-                if not reproduced:
+                wrote = _share(measured, "cache_creation_input_tokens") - _share(sim, "cache_creation_input_tokens")
+                reproduced = abs(diff) <= AGREEMENT and abs(wrote) <= AGREEMENT
+                if abs(diff) > AGREEMENT:
                     cause = _disagreement(diff, row.cache_reason, gap, measured)
+                elif not reproduced:  # the same read, but a write the replay did not predict (or the reverse)
+                    cause = "below_minimum" if row.cache_reason == "below_minimum" else "unpredicted_write"
                 elif abs(scale - 1.0) > 0.10:
                     cause = "token_drift"
         fits.append(RequestFit(t.idx, t.at, t.model, measured, m_cost, sim, sim_cost, scale, reproduced, cause, gap))
@@ -251,17 +255,33 @@ def _shift(base: Usage, delta: list[float]) -> Usage:
     return _make(clipped, base.output_tokens)
 
 
-def _ttl_repriced(base: Usage, share_1h: float) -> Usage:
-    """``base`` with its writes split 5m/1h as a fix's TTL choice writes them (tokens unchanged)."""
+def _hour_span(base: Usage, prefix: int | None, client_ttls: list[str] | None, share_1h: float | None) -> int | None:
+    """How many of ``base``'s written tokens a fix's TTL choice writes at 1h. On a partial log the written span is
+    the prompt's tokens from its read onwards, and the 1h breakpoints cover the first ``prefix`` tokens (the
+    client's prefix) or the whole prompt; on a full body, the share of the fix's own writes that were 1h."""
     written = _int(base.cache_creation_input_tokens)
-    w1 = round(written * share_1h)
+    if prefix is not None and client_ttls:
+        if client_ttls[-1] == "1h":
+            return written
+        if client_ttls[0] == "1h":
+            start = _int(base.cache_read_input_tokens)
+            return max(0, min(start + written, prefix) - start)
+        return 0
+    return None if share_1h is None else round(written * share_1h)
+
+
+def _ttl_repriced(base: Usage, w1: int) -> Usage:
+    """``base`` with ``w1`` of its writes at 1h, the rest at 5m, as a fix's TTL choice writes them (tokens
+    unchanged)."""
+    written = _int(base.cache_creation_input_tokens)
     return Usage(_int(base.input_tokens), _int(base.cache_read_input_tokens), written, written - w1, w1,
                  base.output_tokens, "simulated")
 
 
 def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed: pd.DataFrame, *,
-           body_fix: bool, ttl_fix: bool) -> AnchoredReplay:
-    """``fixed`` (:meth:`Original.simulate` of a plan) anchored on the measured original (see the module)."""
+           body_fix: bool, ttl_fix: bool, client_ttls: list[str] | None = None) -> AnchoredReplay:
+    """``fixed`` (:meth:`Original.simulate` of a plan) anchored on the measured original (see the module;
+    ``client_ttls``: a partial log's breakpoint TTLs under the plan)."""
     by_idx = {f.idx: f for f in fits}
     sim_orig = {int(r.idx): r for r in baseline[~baseline.ping].itertuples(index=False)}
     written = fixed.cache_creation_input_tokens.fillna(0).sum()
@@ -302,8 +322,10 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
         raw_delta = 0.0 if raw_cost is None or base_priced is None else base_priced - raw_cost
         if f.reproduced:
             usage = _shift(base, delta_parts) if moved else base
-        elif ttl_fix and share_1h is not None and _int(base.cache_creation_input_tokens):
-            usage = _ttl_repriced(base, share_1h)  # the provider's rewrite recurs, at the fix's TTL price
+        elif ttl_fix and _int(base.cache_creation_input_tokens) and (hour := _hour_span(
+                base, None if orig.partial is None else round(orig.partial * fits[0].scale), client_ttls,
+                share_1h)) is not None:
+            usage = _ttl_repriced(base, hour)  # the provider's rewrite recurs, at the fix's TTL price
         else:
             usage = base
         changed = usage is not base and _parts(usage) != _parts(base)
@@ -318,7 +340,9 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
         delta = f.base_cost - cost
         if changed:
             if f.reproduced:
-                error += abs(f.residual)
+                # the simulator's own error on it, and where the fix's tokens fall when the estimated prompt
+                # drifted from the measured one (the scale spreads the drift over the whole prompt)
+                error += abs(f.residual) + abs(delta) * abs(1.0 - 1.0 / f.scale) if f.scale > 0 else abs(f.residual)
                 if _int(usage.cache_read_input_tokens) > _int(base.cache_read_input_tokens):
                     gains += max(0.0, delta)  # a read the provider may still miss
                 rendition += cost if body_fix else 0.0

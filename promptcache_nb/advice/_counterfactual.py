@@ -111,7 +111,9 @@ class Original:
         """``plan``'s counterfactual anchored on the measured original (:func:`~._anchor.anchor`)."""
         df = self.simulate(plan) if fixed is None else fixed
         return anchor(self, self.fits(), self.simulate(self.plan(())), df,
-                      body_fix=bool(_fixes.BODY_FIXES & set(plan.applied)), ttl_fix="ttl" in plan.applied)
+                      body_fix=bool(_fixes.BODY_FIXES & set(plan.applied)), ttl_fix="ttl" in plan.applied,
+                      client_ttls=list(plan.cache_params.get("client_ttls") or ["5m", "5m"]) if self.partial is not None
+                      else None)
 
     def fits(self) -> list[RequestFit]:
         """How the simulated original compares with each measured request (:func:`~._anchor.fit_requests`)."""

@@ -10,6 +10,7 @@ differ:
 * ``unexplained_read`` — the provider read what the replay did not predict: another session's entry, or a
   prefix the log does not hold; ``first_read_explained`` says whether the first request's measured read is
   reproduced by the sessions replayed beside it (its account's scope);
+* ``unpredicted_write`` — the same read, but the provider wrote what the replay sent uncached (or the reverse);
 * ``below_minimum`` — the replay thought the prefix too short to cache;
 * ``history_missing`` — a compaction call logged without the conversation it summarises;
 * ``unsupported`` — the cache model could not simulate the request;
@@ -31,7 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..lab import Lab
 
-CAUSES = ("provider_miss", "ttl", "unexplained_read", "below_minimum", "history_missing", "unsupported")
+CAUSES = ("provider_miss", "ttl", "unexplained_read", "unpredicted_write", "below_minimum", "history_missing",
+          "unsupported")
 
 FIDELITY_COLUMNS = [
     "session", "requests", "measured_requests", "cost_measured_usd", "cost_simulated_usd", "cost_scaled_usd",
