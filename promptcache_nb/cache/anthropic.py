@@ -600,6 +600,9 @@ class AnthropicCache(CacheModel):
     def min_cacheable_tokens(self, model: str) -> int:
         return self.min_tokens[self.model_rule(model).row]
 
+    def ttls_for(self, model: str) -> tuple[str, ...]:
+        return tuple(TTL_SECONDS)  # 5m and 1h on every model (§1.6)
+
     def retention_points(self, request: PreparedRequest) -> list[tuple[int, float]]:
         # The whole request lives as long as its last breakpoint's TTL; an earlier 1h breakpoint keeps
         # its shorter prefix alive after the 5m part has expired.

@@ -114,11 +114,14 @@ class BedrockCache(AnthropicCache):
     def _automatic(self, req: PreparedRequest) -> Any:
         return req.rest.get("cache_control") if self.options.automatic_caching else None
 
+    def ttls_for(self, model: str) -> tuple[str, ...]:
+        """5 minutes on every model Bedrock caches, and 1 hour on the models it lists for it [B1][B3]."""
+        return ("5m", "1h") if self.validate_model(model) in EXTENDED_TTL_MODELS else ("5m",)
+
     def _breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
         marks = super()._breakpoints(req)
         if any(ttl == "1h" for _, ttl in marks):
-            model = self.validate_model(req.model)
-            if model not in EXTENDED_TTL_MODELS:
+            if "1h" not in self.ttls_for(req.model):
                 raise InvalidRequestError(
                     f"cachePoint.ttl: '1h' is not supported for {req.model} on Bedrock (models with the 1-hour TTL: "
                     f"{', '.join(sorted(EXTENDED_TTL_MODELS))})")
