@@ -6,6 +6,7 @@ for that model (docs/provider_cache_rules.md#anthropic-minimum-length, #anthropi
 from __future__ import annotations
 
 import dataclasses
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -181,3 +182,42 @@ def test_bedrock_one_hour_entries_outlive_five_minutes_where_listed():
     assert b.ttls_for(SONNET_BEDROCK) == ("5m", "1h") and b.ttls_for(SONNET_37_BEDROCK) == ("5m",)
     assert pc.AnthropicCache().ttls_for("claude-sonnet-4-5") == ("5m", "1h")
     assert pc.get_cache_model("openai").ttls_for("gpt-5") == ()
+
+
+def test_bedrock_sessions_can_take_the_ttl_and_keep_warm_fixes():
+    # the counterfactual no longer calls Bedrock's cache TTL-less: a 7-minute gap loses the 5m entry, and both fixes
+    # replay; the 1-hour TTL only where Bedrock lists it
+    for model, ttl_possible in ((SONNET_BEDROCK, True), (SONNET_37_BEDROCK, False)):
+        with pc.Lab(progress=False) as lab:
+            s = lab.session(cache="bedrock", model=model, project="bedrock",
+                            prices=pc.analysis.Prices(input=3, output=15, cache_read=0.3, cache_write_5m=3.75,
+                                                      cache_write_1h=6))
+            for i, seconds in enumerate((0, 30, 30 + 420)):
+                s.record(conversation(model, i + 1), at=T0 + timedelta(seconds=seconds))
+            assert s.turns().cache_reason.tolist() == ["cold", "hit", "ttl_expired"]
+            warm = pc.counterfactual(s, fixes=["keep_warm"])
+            assert warm.fixes == ("keep_warm",) and warm.turns().cost_usd.sum() < s.turns().cost_usd.sum()
+            ttl = pc.counterfactual(s, fixes=["ttl"])
+            if ttl_possible:
+                assert ttl.fixes == ("ttl",) and ttl.turns().cost_usd.sum() < s.turns().cost_usd.sum()
+            else:
+                assert ttl.fixes == () and "no 1-hour TTL" in ttl.config["fixes_not_possible"]["ttl"]
+
+
+# -- an unpriced model's cost is unknown, never $0 --------------------------------------------------------------------
+def test_an_unpriced_models_cost_is_unknown_not_zero():
+    with pc.Lab(progress=False) as lab:
+        # its requests name a model simulated with the opus rule, which genai-prices has no price for
+        s = lab.session(model="claude-sonnet-5", project="unpriced")
+        with pytest.warns(pc.errors.UnpricedModelWarning, match="claude-opus-4-9"):
+            s.record(conversation("claude-opus-4-9", 1), at=T0)
+        s.record(conversation("claude-opus-4-9", 2), at=T0 + timedelta(seconds=30))
+        df = s.turns()
+        assert df.cache_reason.tolist() == ["cold", "hit"] and df.cost_usd.isna().all()
+        totals = pc.analysis.summarize(df)
+        assert math.isnan(totals["cost_usd"]) and math.isnan(totals["saved_usd"])  # not $0
+        total = pc.analysis.cost_total(zip(df.model, df.cost_usd, strict=True))
+        assert total.usd is None and not total.complete
+        assert total.label() == "unknown (no price for claude-opus-4-9)"
+    mixed = pc.analysis.cost_total([("claude-sonnet-5", 0.25), ("claude-opus-4-9", float("nan")), ("x", None)])
+    assert (mixed.usd, mixed.priced, mixed.unpriced, mixed.unpriced_models) == (0.25, 1, 2, ("claude-opus-4-9", "x"))

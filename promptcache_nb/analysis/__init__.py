@@ -29,10 +29,12 @@ from .whatif import KeepWarm, keep_warm, rebuilds, ttl_whatif
 
 __all__ = [
     "default_prices",
-    "Calibration", "Change", "CostTotal", "IdealRead", "KeepWarm", "OBSERVATION_COLUMNS", "Observation", "ObservationState",
+    "Calibration", "Change", "CostTotal", "IdealRead", "KeepWarm", "OBSERVATION_COLUMNS", "Observation",
+    "ObservationState",
     "Prices",
     "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "carried_over", "compare_caches",
-    "compare_df", "cost_total", "efficiency", "group_summary", "ideal_read", "keep_warm", "load_calibration", "load_turns",
+    "compare_df", "cost_total", "efficiency", "group_summary", "ideal_read", "keep_warm", "load_calibration",
+    "load_turns",
     "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
     "request_prices", "resimulate", "session_summary", "simulate", "snapshot", "stored_diff_and_observation",
     "summarize",

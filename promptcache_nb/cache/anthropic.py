@@ -149,7 +149,8 @@ def model_rule(model: str, table: Mapping[str, int] = MIN_CACHEABLE_TOKENS) -> M
     Its own row when the table has one (:func:`resolve_model`'s exact matching). Otherwise, for a Claude model
     of a known family (:data:`FAMILIES`), the family's nearest documented row — the latest at or before the
     model's version, else the earliest after it — with a note saying so: a new model is simulated with the
-    rule of the model it succeeds, and the result says it was not its own (docs/provider_cache_rules.md#anthropic-minimum-length).
+    rule of the model it succeeds, and the result says it was not its own
+    (docs/provider_cache_rules.md#anthropic-minimum-length).
 
     Raises:
         UnknownModelError: not a Claude model of a known family (``gpt-4o``, ``claude-2``, a misspelt id).
