@@ -166,9 +166,8 @@ class Original:
                 plan.not_possible[name] = (f"bodies in the {', '.join(sorted(dialects - {'anthropic'}))} dialect: "
                                            "only Anthropic Messages bodies are transformed")
                 continue
-            if name in ("ttl", "keep_warm") and self.cache != "anthropic":
-                plan.not_possible[name] = (f"the {self.cache} cache model has no TTL to choose or refresh "
-                                           "(Anthropic's cache only)")
+            if name in ("ttl", "keep_warm") and (why := self._no_ttl_choice(name)) is not None:
+                plan.not_possible[name] = why
                 continue
             if name == "frozen_prefix":
                 done = _fixes.frozen_prefix(plan.requests)
@@ -187,6 +186,24 @@ class Original:
             plan.applied[name] = done
         plan.cache_params = params
         return plan
+
+    def _no_ttl_choice(self, fix: str) -> str | None:
+        """Why ``fix`` (``ttl`` or ``keep_warm``) cannot apply under this cache model, or None: a model whose
+        markers choose no TTL (the provider decides), or — for ``ttl`` — one without the 1-hour TTL (Bedrock lists
+        it for some models only; a replay with it would be refused). Models the cache cannot simulate are skipped."""
+        cache = get_cache_model(self.cache, **self.cache_params)
+        ttls: dict[str, tuple[str, ...]] = {}
+        for model in sorted({t.model for t in self.turns}):
+            try:
+                ttls[model] = cache.ttls_for(model)
+            except PromptCacheError:
+                continue
+        if not any(ttls.values()):
+            return f"the {self.cache} cache model has no TTL to choose or refresh"
+        without = [m for m, t in ttls.items() if "1h" not in t]
+        if fix == "ttl" and without:
+            return f"no 1-hour TTL for {', '.join(without)} under the {self.cache} cache model"
+        return None
 
     def _best_breakpoints(self, requests: list[Request], params: dict[str, Any]) -> _fixes.Applied:
         """:func:`~._fixes.breakpoints` with the system marker on the block that makes this traffic cheapest

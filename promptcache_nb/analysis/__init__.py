@@ -14,7 +14,7 @@ from .calibrate import Calibration, calibrate, load_calibration
 from .crosscheck import openclaw_crosscheck
 from .frames import compare_df, efficiency, summarize
 from .observe import Change, Observation, ObservationState, Snapshot, snapshot  # observe(): from .observe
-from .prices import Prices, price_model_id, prices_for
+from .prices import CostTotal, Prices, cost_total, price_model_id, prices_for
 from .resimulate import (
     SELF_HOSTED,
     compare_caches,
@@ -29,10 +29,12 @@ from .whatif import KeepWarm, keep_warm, rebuilds, ttl_whatif
 
 __all__ = [
     "default_prices",
-    "Calibration", "Change", "IdealRead", "KeepWarm", "OBSERVATION_COLUMNS", "Observation", "ObservationState",
+    "Calibration", "Change", "CostTotal", "IdealRead", "KeepWarm", "OBSERVATION_COLUMNS", "Observation",
+    "ObservationState",
     "Prices",
     "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "carried_over", "compare_caches",
-    "compare_df", "efficiency", "group_summary", "ideal_read", "keep_warm", "load_calibration", "load_turns",
+    "compare_df", "cost_total", "efficiency", "group_summary", "ideal_read", "keep_warm", "load_calibration",
+    "load_turns",
     "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
     "request_prices", "resimulate", "session_summary", "simulate", "snapshot", "stored_diff_and_observation",
     "summarize",

@@ -42,8 +42,8 @@ def usage_totals(df: pd.DataFrame) -> dict[str, Any]:
     sums = {
         "requests": len(df), "cache_read": int(df.cache_read_input_tokens.sum()),
         "cache_write": int(df.cache_creation_input_tokens.sum()), "uncached": int(df.input_tokens.sum()),
-        "cost_usd": float(df.cost_usd.sum()),
-        "cost_no_cache_usd": float(df.cost_no_cache_usd.sum()) if "cost_no_cache_usd" in df else float("nan"),
+        "cost_usd": _priced_sum(df.cost_usd),
+        "cost_no_cache_usd": _priced_sum(df.cost_no_cache_usd) if "cost_no_cache_usd" in df else float("nan"),
     }
     totals = derived_totals(sums)
     del totals["efficiency"]
@@ -68,8 +68,13 @@ def derived_totals(sums: dict[str, Any]) -> dict[str, Any]:
 
 
 def _float(value: Any) -> float:
-    """A summed cost: SQL's NULL (nothing priced) is 0, as pandas sums an all-NaN column."""
-    return 0.0 if value is None else float(value)
+    """A summed cost: SQL's NULL (nothing priced) is NaN — unknown, never $0."""
+    return float("nan") if value is None else float(value)
+
+
+def _priced_sum(costs: pd.Series) -> float:
+    """Σ of a cost column over its priced rows; NaN when no row is priced (pandas would say 0)."""
+    return float(costs.sum(min_count=1))
 
 
 def summarize(df: pd.DataFrame) -> dict[str, Any]:
@@ -79,8 +84,8 @@ def summarize(df: pd.DataFrame) -> dict[str, Any]:
     sums = {
         "requests": len(df), "cache_read": int(df.cache_read_input_tokens.sum()),
         "cache_write": int(df.cache_creation_input_tokens.sum()), "uncached": int(df.input_tokens.sum()),
-        "ideal_cache_read": int(df.ideal_cache_read.sum()), "cost_usd": float(df.cost_usd.sum()),
-        "cost_no_cache_usd": float(df.cost_no_cache_usd.sum()) if "cost_no_cache_usd" in df else float("nan"),
+        "ideal_cache_read": int(df.ideal_cache_read.sum()), "cost_usd": _priced_sum(df.cost_usd),
+        "cost_no_cache_usd": _priced_sum(df.cost_no_cache_usd) if "cost_no_cache_usd" in df else float("nan"),
     }
     totals = derived_totals(sums)
     order = ("requests", "total_input", "cache_read", "cache_write", "uncached", "ideal_cache_read",

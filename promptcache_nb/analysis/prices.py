@@ -14,7 +14,9 @@ with a NULL cost and one :class:`~promptcache_nb.errors.UnpricedModelWarning`.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -77,6 +79,56 @@ class Prices:
             return _library_cost(self.model_ref, self.provider_id, at, total=total, read=0, write=0, write_1h=0,
                                  output=usage.output_tokens or 0, reasoning=_reasoning(usage))
         return (total * self.input + (usage.output_tokens or 0) * self.output) / 1e6
+
+
+@dataclass(frozen=True)
+class CostTotal:
+    """A sum of per-request costs that keeps what it could not price (:func:`cost_total`).
+
+    A request without a price has an unknown cost, never $0: ``usd`` sums the priced requests only and is None
+    when none was priced; ``unpriced`` counts the others and ``unpriced_models`` names their models, so a total
+    (or a saving computed from two) can say "unknown" or "N requests left out" instead of reporting $0.
+    """
+
+    usd: float | None  #: Σ cost of the priced requests; None when no request was priced (unknown)
+    priced: int  #: requests with a cost
+    unpriced: int  #: requests without one (their model has no exact price)
+    unpriced_models: tuple[str, ...]  #: the models of the unpriced requests, sorted
+
+    @property
+    def complete(self) -> bool:
+        """Every request was priced: ``usd`` is the whole total."""
+        return self.unpriced == 0 and self.usd is not None
+
+    def label(self) -> str:
+        """``$1.2345``, ``unknown (no price for m)``, or ``$1.2345 + unknown (3 requests of m)``."""
+        models = ", ".join(self.unpriced_models)
+        if self.usd is None:
+            return f"unknown (no price for {models})" if models else "unknown"
+        if not self.unpriced:
+            return f"${self.usd:,.4f}"
+        return f"${self.usd:,.4f} + unknown ({self.unpriced} requests of {models})"
+
+
+def cost_total(rows: Iterable[tuple[str, float | None]]) -> CostTotal:
+    """The :class:`CostTotal` of ``(model, cost)`` pairs (a frame's ``zip(df.model, df.cost_usd)``; None and NaN
+    are unpriced).
+
+    Example:
+        >>> cost_total([("claude-sonnet-5", 0.5), ("claude-opus-4-9", None)]).label()
+        '$0.5000 + unknown (1 requests of claude-opus-4-9)'
+        >>> cost_total([("claude-opus-4-9", float("nan"))]).usd is None
+        True
+    """
+    usd, priced, unpriced, models = 0.0, 0, 0, set()
+    for model, cost in rows:
+        if cost is None or math.isnan(cost):
+            unpriced += 1
+            models.add(str(model))
+        else:
+            usd += float(cost)
+            priced += 1
+    return CostTotal(usd if priced else None, priced, unpriced, tuple(sorted(models)))
 
 
 # genai-prices is called at a fixed reference time when the caller gives none, so results never depend

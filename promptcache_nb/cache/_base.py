@@ -91,6 +91,12 @@ class CacheModel(ABC):
         """The shortest prefix this provider caches for ``model`` (0: no minimum)."""
         return 0
 
+    def ttls_for(self, model: str) -> tuple[str, ...]:
+        """The lifetimes a request's cache markers may ask for on ``model`` (``"5m"``, ``"1h"``), shortest first:
+        what a TTL fix may choose and a keep-warm ping must beat. Empty when the client chooses none (the
+        provider decides how long entries live)."""
+        return ()
+
     def retention_points(self, request: PreparedRequest) -> list[tuple[int, float]]:
         """(prefix tokens, lifetime in seconds) pairs: how much of ``request`` a later request could still
         read after a gap. The ideal cache read after a gap keeps the longest prefix whose lifetime covers it."""

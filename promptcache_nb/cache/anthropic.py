@@ -9,7 +9,10 @@ Rules modelled, each cited where it is applied:
   cumulative hash of the prefix ending there (§1.4 rule 1);
 * reads walk back from each breakpoint, latest first, at most 20 positions counting the breakpoint
   itself (§1.4 rules 2-3) — the docs' 10/15/35-block example is a test;
-* per-model minimum cacheable length, a dated table (§1.5); shorter prefixes are neither read nor written;
+* per-model minimum cacheable length, a dated table (§1.5); shorter prefixes are neither read nor written.
+  A Claude model the table lacks (``claude-sonnet-5-5``) is simulated with its family's nearest documented row
+  (:func:`model_rule`), and every result says so in ``detail["model_rule"]`` — never "unsupported"
+  (docs/provider_cache_rules.md#anthropic-minimum-length);
 * 5m and 1h TTLs, refreshed for free on every read; entries are visible only once the writing
   response has begun (``ttft_seconds``) (§1.6);
 * a read refreshes every live entry along the prefix it read, not only the entry it matched: the
@@ -45,8 +48,10 @@ with 5m when both appear). The stored body is never changed: the markers exist o
 from __future__ import annotations
 
 import hashlib
+import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
@@ -82,8 +87,20 @@ MIN_CACHEABLE_TOKENS: dict[str, int] = {
     "claude-haiku-4-5": 4096,
     "claude-3-5-haiku": 2048,
     "claude-3-haiku": 2048,
+    # [A16]: the later copy of the page, as quoted verbatim in third-party notes ("512 tokens for Claude Opus 5,
+    # Claude Fable 5, and Claude Mythos 5 … 1,024 tokens for Claude Opus 4.8, Claude Sonnet 5, ...")
+    "claude-opus-5": 512,
+    "claude-fable-5": 512,
+    "claude-mythos-5": 512,
+    "claude-sonnet-5": 1024,
 }
-MIN_TABLE_AS_OF = "2026-04-16"
+MIN_TABLE_AS_OF = "2026-04-16"  # the 5-series rows: the later copy [A16]
+
+#: Claude model families: a model of one of them that the table lacks takes its family's nearest documented row.
+FAMILIES = ("opus", "sonnet", "haiku", "fable", "mythos")
+# claude-<family>-<major>[-<minor>] (4.x and later) or claude-<major>[-<minor>]-<family> (3.x)
+_NEW_STYLE = re.compile(r"claude-(?P<family>[a-z]+)-(?P<major>\d)(?:-(?P<minor>\d))?")
+_OLD_STYLE = re.compile(r"claude-(?P<major>\d)(?:-(?P<minor>\d))?-(?P<family>[a-z]+)")
 
 
 def resolve_model(model: str) -> str:
@@ -92,16 +109,74 @@ def resolve_model(model: str) -> str:
     models (``claude-opus-4-0``) and Bedrock ids (``anthropic.claude-sonnet-4-5-20250929-v1:0``).
 
     Never by prefix: ``claude-opus-4-9`` is not ``claude-opus-4`` (its minimum and price differ), so an id
-    the table lacks raises :class:`~promptcache_nb.errors.UnknownModelError`.
+    the table lacks raises :class:`~promptcache_nb.errors.UnknownModelError` (the cache model then simulates a
+    Claude model with its family's rule: :func:`model_rule`).
     """
-    if model in MIN_CACHEABLE_TOKENS:
+    return _exact_row(model, MIN_CACHEABLE_TOKENS)
+
+
+def _exact_row(model: str, table: Mapping[str, int]) -> str:
+    if model in table:
         return model
     base = model_base_id(model)
-    if base in MIN_CACHEABLE_TOKENS:
+    if base in table:
         return base
-    if base.endswith("-0") and base[:-2] in MIN_CACHEABLE_TOKENS:
+    if base.endswith("-0") and base[:-2] in table:
         return base[:-2]
-    raise UnknownModelError(model, list(MIN_CACHEABLE_TOKENS))
+    raise UnknownModelError(model, list(table))
+
+
+@dataclass(frozen=True)
+class ModelRule:
+    """The minimum-length rule one model is simulated with (§1.5)."""
+
+    model: str  #: the model's own id (its dated snapshots and aliases are one cache): the key of its entries
+    row: str  #: the row of the minimum table that applies: the model's own, or its family's nearest
+    note: str | None  #: why ``row`` is not the model's own (None when it is)
+
+
+def _family_version(model_id: str) -> tuple[str, tuple[int, int]] | None:
+    """(family, (major, minor)) of a Claude model id, or None when it names no known family."""
+    found = _NEW_STYLE.fullmatch(model_id) or _OLD_STYLE.fullmatch(model_id)
+    if found is None or found.group("family") not in FAMILIES:
+        return None
+    return found.group("family"), (int(found.group("major")), int(found.group("minor") or 0))
+
+
+def model_rule(model: str, table: Mapping[str, int] = MIN_CACHEABLE_TOKENS) -> ModelRule:
+    """The row of ``table`` (minimum cacheable tokens by model) that ``model`` is simulated with.
+
+    Its own row when the table has one (:func:`resolve_model`'s exact matching). Otherwise, for a Claude model
+    of a known family (:data:`FAMILIES`), the family's nearest documented row — the latest at or before the
+    model's version, else the earliest after it — with a note saying so: a new model is simulated with the
+    rule of the model it succeeds, and the result says it was not its own
+    (docs/provider_cache_rules.md#anthropic-minimum-length).
+
+    Raises:
+        UnknownModelError: not a Claude model of a known family (``gpt-4o``, ``claude-2``, a misspelt id).
+
+    Example:
+        >>> model_rule("claude-sonnet-5-5-20261001").row, model_rule("claude-haiku-5-5").row
+        ('claude-sonnet-5', 'claude-haiku-4-5')
+    """
+    try:
+        row = _exact_row(model, table)
+        return ModelRule(row, row, None)
+    except UnknownModelError:
+        base = model_base_id(model)
+        parsed = _family_version(base)
+        if parsed is None:
+            raise
+    family, version = parsed
+    rows = sorted((v, r) for r in table if (fv := _family_version(r)) is not None and fv[0] == family
+                  for v in (fv[1],))
+    if not rows:
+        raise UnknownModelError(model, list(table))
+    before = [r for v, r in rows if v <= version]
+    row = before[-1] if before else rows[0][1]
+    note = (f"{base} has no documented minimum cacheable length: simulated with {row}'s ({table[row]:,} tokens), "
+            f"the nearest documented {family} model")
+    return ModelRule(base, row, note)
 
 
 def client_ttls_from_usage(usages: Iterable[Any]) -> tuple[str, str] | None:
@@ -258,6 +333,8 @@ class AnthropicCache(CacheModel):
 
     name: ClassVar[str] = "anthropic"
     known_models: ClassVar[tuple[str, ...]] = tuple(MIN_CACHEABLE_TOKENS)
+    #: the documented minimum cacheable length per model, before ``options.min_tokens``
+    min_table: ClassVar[Mapping[str, int]] = MIN_CACHEABLE_TOKENS
 
     class Options(CacheModel.Options):
         """Parameters of :class:`AnthropicCache`."""
@@ -290,11 +367,13 @@ class AnthropicCache(CacheModel):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         #: the minimum cacheable length per model: the documented table with ``options.min_tokens`` over it
-        self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(self.options.min_tokens or {})}
+        self.min_tokens = {**self.min_table, **(self.options.min_tokens or {})}
+        self._rules: dict[str, ModelRule] = {}
         self.reset()
 
     def _options_changed(self) -> None:
-        self.min_tokens = {**MIN_CACHEABLE_TOKENS, **(self.options.min_tokens or {})}
+        self.min_tokens = {**self.min_table, **(self.options.min_tokens or {})}
+        self._rules = {}
 
     def reset(self) -> None:
         self._entries: dict[tuple[str, bytes], _Entry] = {}
@@ -324,7 +403,18 @@ class AnthropicCache(CacheModel):
         return max(TTL_SECONDS.values())
 
     def validate_model(self, model: str) -> str:
-        return resolve_model(model)
+        return self.model_rule(model).model
+
+    def model_rule(self, model: str) -> ModelRule:
+        """The minimum-length rule ``model`` is simulated with (:func:`model_rule` over ``self.min_tokens``).
+
+        Raises:
+            UnknownModelError: not a Claude model this cache can simulate.
+        """
+        rule = self._rules.get(model)
+        if rule is None:
+            rule = self._rules[model] = model_rule(model, self.min_tokens)
+        return rule
 
     # -- validation ---------------------------------------------------------------------------
     def breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
@@ -509,7 +599,10 @@ class AnthropicCache(CacheModel):
         return TTL_SECONDS[marks[-1][1]] if marks else TTL_SECONDS["5m"]
 
     def min_cacheable_tokens(self, model: str) -> int:
-        return self.min_tokens[resolve_model(model)]
+        return self.min_tokens[self.model_rule(model).row]
+
+    def ttls_for(self, model: str) -> tuple[str, ...]:
+        return tuple(TTL_SECONDS)  # 5m and 1h on every model (§1.6)
 
     def retention_points(self, request: PreparedRequest) -> list[tuple[int, float]]:
         # The whole request lives as long as its last breakpoint's TTL; an earlier 1h breakpoint keeps
@@ -523,8 +616,8 @@ class AnthropicCache(CacheModel):
         return points
 
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
-        model = self.validate_model(request.model)
-        minimum = self.min_tokens[model]
+        rule = self.model_rule(request.model)
+        model, minimum = rule.model, self.min_tokens[rule.row]
         marks = self.breakpoints(request)
         t = at.timestamp()
         keys = self._keys(request)
@@ -592,6 +685,8 @@ class AnthropicCache(CacheModel):
             "min_tokens": minimum,
             "model": model,
         }
+        if rule.note is not None:
+            detail["model_rule"] = rule.note  # another model's documented minimum, said on every row
         if marks and marks[0][0] == 0 and request.segments[0].kind == "unlogged":
             detail["assumed_breakpoints"] = True  # the client's layout, not markers of the logged body
         reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)

@@ -30,6 +30,7 @@ regional endpoints at their own price), by each request's own model (docs/provid
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -40,7 +41,7 @@ from ..errors import InvalidRequestError, UnknownModelError
 from ..request import PreparedRequest
 from ..usage import Usage
 from ._base import CacheResult
-from .anthropic import AnthropicCache, resolve_model
+from .anthropic import AnthropicCache, ModelRule, resolve_model
 
 # Minimum tokens per cache checkpoint, by model: Bedrock's "Supported models, Regions, and limits" table [B1].
 # Sonnet 4.6 and Opus 4.6 are listed by later third-party summaries [B4]; they take the Claude API's minimums [A2].
@@ -90,24 +91,22 @@ class BedrockCache(AnthropicCache):
                                         "automatic caching; True simulates it as on the Claude API)")
 
     options: Options
+    #: minimum tokens per checkpoint, by model: Bedrock's table (``options.min_tokens`` goes over it)
+    min_table: ClassVar[Mapping[str, int]] = BEDROCK_MIN_TOKENS
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        #: minimum tokens per checkpoint, by model: Bedrock's table with ``options.min_tokens`` over it
-        self.min_tokens = {**BEDROCK_MIN_TOKENS, **(self.options.min_tokens or {})}
-
-    def validate_model(self, model: str) -> str:
-        """The model's row of Bedrock's table; a Claude model Bedrock does not cache raises UnknownModelError."""
-        try:
-            base = resolve_model(model)
-        except UnknownModelError:
-            base = model_base_id(model)
-        if base not in self.min_tokens:
-            raise UnknownModelError(model, list(self.min_tokens))
-        return base
-
-    def min_cacheable_tokens(self, model: str) -> int:
-        return self.min_tokens[self.validate_model(model)]
+    def model_rule(self, model: str) -> ModelRule:
+        """The model's row of Bedrock's table, exactly; a Claude model Bedrock does not list raises
+        UnknownModelError (Bedrock answers its ``cachePoint`` with a ValidationException [B1])."""
+        rule = self._rules.get(model)
+        if rule is None:
+            try:
+                base = resolve_model(model)
+            except UnknownModelError:
+                base = model_base_id(model)
+            if base not in self.min_tokens:
+                raise UnknownModelError(model, list(self.min_tokens))
+            rule = self._rules[model] = ModelRule(base, base, None)
+        return rule
 
     def _layout_key(self) -> tuple[Any, ...]:
         return (*super()._layout_key(), self.options.automatic_caching)
@@ -115,11 +114,14 @@ class BedrockCache(AnthropicCache):
     def _automatic(self, req: PreparedRequest) -> Any:
         return req.rest.get("cache_control") if self.options.automatic_caching else None
 
+    def ttls_for(self, model: str) -> tuple[str, ...]:
+        """5 minutes on every model Bedrock caches, and 1 hour on the models it lists for it [B1][B3]."""
+        return ("5m", "1h") if self.validate_model(model) in EXTENDED_TTL_MODELS else ("5m",)
+
     def _breakpoints(self, req: PreparedRequest) -> list[tuple[int, str]]:
         marks = super()._breakpoints(req)
         if any(ttl == "1h" for _, ttl in marks):
-            model = self.validate_model(req.model)
-            if model not in EXTENDED_TTL_MODELS:
+            if "1h" not in self.ttls_for(req.model):
                 raise InvalidRequestError(
                     f"cachePoint.ttl: '1h' is not supported for {req.model} on Bedrock (models with the 1-hour TTL: "
                     f"{', '.join(sorted(EXTENDED_TTL_MODELS))})")
