@@ -22,7 +22,8 @@ Rules modelled, each cited where it is applied:
 * 1h breakpoints must come before 5m ones; the bill splits as read = A, 1h write = B − A,
   5m write = C − B (§1.8);
 * caches keyed by model; ``tool_choice`` and thinking changes invalidate the messages level only;
-  ``speed`` the system level (§1.3 table).
+  ``speed`` the system level (§1.3 table). A request whose chain diverges where its messages start while its
+  ``thinking`` differs from the previous request's is ``thinking_changed`` (tools and system still read).
 
 Stated assumptions where the docs are silent: a string ``content`` counts as one block; run coalescing of
 ``tool_use`` / ``tool_result`` blocks ([A4], 3P only) is off unless ``coalesce_tool_runs=True``; the
@@ -58,7 +59,7 @@ from ..request import PreparedRequest, canonical_json
 from ..request._canonical import prefix_record
 from ..usage import Usage
 from ._base import CacheModel, CacheResult
-from ._reasons import Reason
+from ._reasons import Reason, first_request_reason, thinking_change
 
 LOOKBACK_POSITIONS = 20
 MAX_BREAKPOINTS = 4
@@ -304,6 +305,7 @@ class AnthropicCache(CacheModel):
         self._prev_salts: tuple[Any, ...] = ()
         self._salts_now: tuple[Any, ...] = ()
         self._prev_model: str | None = None
+        self._prev_rest: dict[str, Any] = {}  # the previous request's top-level fields (its thinking settings)
         self._prev_total = 0
         self._prev_cacheable = 0
         self._prev_written: set[int] = set()
@@ -312,7 +314,7 @@ class AnthropicCache(CacheModel):
         self._shared_now = 0
 
     stream_state: ClassVar[tuple[str, ...]] = (
-        "_prev_keys", "_prev_chain", "_prev_segments", "_prev_salts", "_prev_model", "_prev_total",
+        "_prev_keys", "_prev_chain", "_prev_segments", "_prev_salts", "_prev_model", "_prev_rest", "_prev_total",
         "_prev_cacheable", "_prev_written", "_along",
     )
 
@@ -597,7 +599,7 @@ class AnthropicCache(CacheModel):
         reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)
         self._prev_keys, self._prev_chain = keys, chain
         self._prev_segments, self._prev_salts = request.segments, self._salts_now
-        self._prev_model, self._prev_total = model, total
+        self._prev_model, self._prev_total, self._prev_rest = model, total, dict(request.rest)
         self._prev_cacheable = c  # the longest prefix this request read or wrote: what it left cached
         self._prev_written = {bp for bp, _ in writes}
         return CacheResult(usage, Reason(reason), detail, states, self._native(usage))
@@ -624,7 +626,7 @@ class AnthropicCache(CacheModel):
     ) -> str:
         if self._prev_model is None:
             # the first request of its session: a read came from another session sharing the cache
-            return "hit" if read else "cold"
+            return first_request_reason(read, detail)
         # the first position where this request's prefix differs from the previous one
         n = common_prefix_length(chain, self._prev_chain, self._shared_now)
         detail["divergence_index"] = n
@@ -653,6 +655,11 @@ class AnthropicCache(CacheModel):
                     detail["unreached_path"] = req.segments[i].path
                     detail["unreached_tokens"] = cum[i]
                     return "lookback_exceeded"
+        # the thinking settings salt the messages level only (§1.3): the chain diverges where the messages start
+        thinking = thinking_change(self._prev_rest, req.rest)
+        if thinking is not None and n < len(req.segments) and req.segments[n].level == "messages":
+            detail.update(thinking)
+            return "thinking_changed"
         if n < len(self._prev_chain):
             return "prefix_changed"
         return "not_written"
