@@ -20,7 +20,8 @@ from promptcache_nb.analysis.cause import NOISE_FLOOR
 from promptcache_nb.cache._reasons import NOT_REBUILD, thinking_change
 from promptcache_nb.request import prepare
 
-PI_THINKING = next((Path(__file__).parent / "fixtures" / "logs" / "pi" / "--home-ann-ledger-thinking--").glob("*.jsonl"))
+# test-only (tests/fixtures/logs links to the shipped example logs, which other tests import whole)
+PI_THINKING = next((Path(__file__).parent / "fixtures" / "pi_thinking" / "--home-ann-ledger-thinking--").glob("*.jsonl"))
 T0 = datetime(2026, 11, 4, 10, 0, tzinfo=UTC)
 SYSTEM = "You reconcile the ledger service's payouts against the bank statements and explain each mismatch. " * 90
 TOOLS = [{"name": "read_statement", "description": "Read one bank statement line by id. " * 20,
