@@ -255,7 +255,8 @@ def _measured_sentence(code: Reason, detail: Mapping[str, Any], gap: float | Non
 def _cold(write: int) -> str:
     """A first request that read nothing (a first request that read is no cold cache: :func:`_read_elsewhere`)."""
     if write:
-        return f"Cold cache: nothing was cached before this request; it wrote {write:,} tokens for the next ones to read."
+        return (f"Cold cache: nothing was cached before this request; it wrote {write:,} tokens for the next ones "
+                "to read.")
     return "Cold cache: nothing was cached before this request."
 
 
