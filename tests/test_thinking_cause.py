@@ -153,3 +153,20 @@ def test_a_measured_first_request_reads_another_sessions_entry(lab: pc.Lab) -> N
     cold = lab.session(project="first-cold").record(body(1), at=at(0), usage=usage(3, 0, 19_550))
     assert cold.cache_reason == "cold"
     assert "Cold cache: nothing was cached before this request; it wrote 19,550 tokens" in cold.observation.explanation
+
+
+def test_a_shared_cache_names_the_session_whose_entry_a_first_request_read(lab: pc.Lab) -> None:
+    parent = lab.session(project="scope", cache_scope="project", start=T0)
+    for n in (1, 2, 3):
+        parent.record(body(n), at=at(20 * n))
+    child = lab.session(project="scope", cache_scope="project", start=T0)
+    t = child.record(body(3), at=at(70))  # a sub-agent re-sending the parent's prefix: simulated
+    assert t.cache_reason == "hit" and t.cache_result is not None
+    assert t.cache_result.detail["written_by"] == parent.id
+    assert f"tokens session {parent.id} wrote" in t.observation.explanation
+    # measured: the read is the API's; which session wrote it is the simulation's answer, said as such
+    other = lab.session(project="scope", cache_scope="project", start=T0)
+    m = other.record(body(3), at=at(80), usage=usage(3, 17_450, 120))
+    assert m.cache_reason == "hit"
+    assert ("read 17,450 tokens another session of this account wrote, and wrote 120 more (in the simulated "
+            f"shared cache, session {parent.id} wrote the entry it read)") in m.observation.explanation

@@ -185,6 +185,7 @@ def measured_cause(
     prev_total = previous.total if previous is not None else None
     if previous is None or not prev_total:
         # nothing of this session was cached yet: a read is an entry another session wrote, no cold cache
+        detail["lost_tokens"] = 0  # measured evidence: its sentence states the measured figures
         return MeasuredCause(first_request_reason(read, detail), False, 0, None, detail)
     implicit = current.request.wire.implicit_caching  # no explicit cache writes: all not read was re-sent
     resent = uncached + write if implicit else write

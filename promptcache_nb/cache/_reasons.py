@@ -222,7 +222,7 @@ def _measured_sentence(code: Reason, detail: Mapping[str, Any], gap: float | Non
         if code is Reason.COLD:
             text = _cold(int(write or 0))
         elif code is Reason.HIT and held is None and read:
-            text = _read_elsewhere(int(read), int(write or 0), detail.get("written_by"))
+            text = _read_elsewhere(int(read), int(write or 0), detail.get("written_by"), measured=True)
         elif code is Reason.HIT and held is not None and read == 0:
             text = "No rebuild: nothing the previous request cached had to be sent again."
         elif code is Reason.HIT and held is not None and held - read > PREDICTION_NOISE_TOKENS:
@@ -260,12 +260,17 @@ def _cold(write: int) -> str:
     return "Cold cache: nothing was cached before this request."
 
 
-def _read_elsewhere(read: int, write: int, written_by: Any = None) -> str:
+def _read_elsewhere(read: int, write: int, written_by: Any = None, *, measured: bool = False) -> str:
     """A session's first request that read: the entry it read was written by another session (caches are
-    shared by an account's sessions, keyed by content, not by session)."""
-    who = f"another session of this account ({written_by})" if written_by else "another session of this account"
+    shared by an account's sessions, keyed by content, not by session). ``written_by``: the session whose entry
+    the simulated shared cache read — for a measured read, the simulator's answer, said as such."""
     wrote = f", and wrote {write:,} more" if write else ""
-    return f"No cold cache: this first request read {read:,} tokens {who} wrote{wrote}."
+    if not written_by:
+        return f"No cold cache: this first request read {read:,} tokens another session of this account wrote{wrote}."
+    if measured:
+        return (f"No cold cache: this first request read {read:,} tokens another session of this account "
+                f"wrote{wrote} (in the simulated shared cache, session {written_by} wrote the entry it read).")
+    return f"No cold cache: this first request read {read:,} tokens session {written_by} wrote{wrote}."
 
 
 def _sentence(code: Reason, detail: Mapping[str, Any], *, gap: float | None, request: PreparedRequest | None,

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
@@ -139,12 +139,14 @@ class _Cell:
 class _Entry:
     """A cache entry. Its expiry is its own, or the cell it shares with the entries refreshed with it."""
 
-    __slots__ = ("ttl", "_expires", "visible_at", "written_at", "tokens", "cell")
+    __slots__ = ("ttl", "_expires", "visible_at", "written_at", "tokens", "cell", "writer")
 
-    def __init__(self, ttl: str, expires_at: float, visible_at: float, written_at: float, tokens: int) -> None:
+    def __init__(self, ttl: str, expires_at: float, visible_at: float, written_at: float, tokens: int,
+                 writer: Hashable | None = None) -> None:
         self.ttl, self._expires, self.visible_at, self.written_at, self.tokens = (
             ttl, expires_at, visible_at, written_at, tokens)
         self.cell: _Cell | None = None
+        self.writer = writer  # the request stream (session) that wrote it, when streams are named
 
     @property
     def expires_at(self) -> float:
@@ -552,6 +554,8 @@ class AnthropicCache(CacheModel):
             if hit is not None:
                 break
         read = cum[hit] if hit is not None else 0
+        stream = self.__dict__.get("_stream_key")
+        writer = self._entries[(model, chain[hit])].writer if hit is not None else None
         along = self._entries_along(model, chain, t) if self.options.refresh_along_prefix else None
         if hit is not None:
             e = self._entries[(model, chain[hit])]
@@ -565,7 +569,7 @@ class AnthropicCache(CacheModel):
         writes = self._writes(marks, cum, read, minimum)
         for bp, ttl in writes:
             entry = self._entries[(model, chain[bp])] = _Entry(
-                ttl, t + TTL_SECONDS[ttl], t + self.options.ttft_seconds, t, cum[bp]
+                ttl, t + TTL_SECONDS[ttl], t + self.options.ttft_seconds, t, cum[bp], stream
             )
             if along is not None:
                 along.add(bp, entry)
@@ -597,6 +601,8 @@ class AnthropicCache(CacheModel):
         if marks and marks[0][0] == 0 and request.segments[0].kind == "unlogged":
             detail["assumed_breakpoints"] = True  # the client's layout, not markers of the logged body
         reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)
+        if detail.get("first_request") and writer is not None and writer != stream:
+            detail["written_by"] = str(writer)  # a shared cache: the session whose entry this first request read
         self._prev_keys, self._prev_chain = keys, chain
         self._prev_segments, self._prev_salts = request.segments, self._salts_now
         self._prev_model, self._prev_total, self._prev_rest = model, total, dict(request.rest)
