@@ -275,9 +275,8 @@ def _read_elsewhere(read: int, write: int, written_by: Any = None, *, measured: 
 
 def _sentence(code: Reason, detail: Mapping[str, Any], *, gap: float | None, request: PreparedRequest | None,
               usage: Usage | None, diff: PrefixDiff | None) -> str:
-    # a measured first request's figures are in its detail (measured_cause)
-    write = usage.cache_creation_input_tokens if usage is not None else detail.get("write")
-    read = usage.cache_read_input_tokens if usage is not None else detail.get("read")
+    write = usage.cache_creation_input_tokens if usage is not None else None
+    read = usage.cache_read_input_tokens if usage is not None else None
     model = request.model if request is not None else None
     if code is Reason.COLD:
         return _cold(write or 0)
