@@ -180,7 +180,14 @@ def test_the_function_itself():
     lost = measured_cause(prev, MeasuredRequest(cur.request, at(30), Usage(3, 0, 21_500, source="imported")))
     assert lost is not None and lost.rebuild and lost.lost_tokens == 20_003 > NOISE_FLOOR
     assert lost.reason == "provider_miss" and lost.explanation.startswith("Provider-side miss")
-    assert measured_cause(None, cur).reason == "cold"  # type: ignore[union-attr]
+    # a first request that read 20,000 tokens read another session's entry: not cold; one that read nothing is
+    first = measured_cause(None, cur)
+    assert first is not None and (first.reason, first.rebuild) == ("hit", False)
+    assert "Cold" not in first.explanation and "read 20,000 tokens another session of this account wrote" in \
+        first.explanation
+    cold = measured_cause(None, prev)
+    assert cold is not None and cold.reason == "cold" and cold.explanation == (
+        "Cold cache: nothing was cached before this request; it wrote 20,000 tokens for the next ones to read.")
     assert measured_cause(prev, MeasuredRequest(cur.request, at(30), Usage(3, 20_000, 1_500))) is None  # simulated
 
 

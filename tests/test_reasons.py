@@ -18,7 +18,7 @@ HOST = "You are the billing support assistant. Answer precisely and cite the tic
 
 def test_reason_codes_are_one_enum() -> None:
     assert REASONS == ("hit", "cold", "model_switch", "below_minimum", "ttl_expired", "lookback_exceeded",
-                       "prefix_changed", "no_breakpoint", "not_written", "evicted", "unsupported")
+                       "prefix_changed", "thinking_changed", "no_breakpoint", "not_written", "evicted", "unsupported")
     assert set(REASONS) < {r.value for r in Reason}
     assert Reason.TTL_EXPIRED == "ttl_expired"  # stored as text, compared as text
     assert {"compaction", "unlogged_prefix_changed", "provider_miss"} <= {r.value for r in Reason} - set(REASONS)

@@ -127,6 +127,8 @@ def fit_requests(orig: Original, baseline: pd.DataFrame) -> list[RequestFit]:
         s = t.stored
         sim = None if row.cache_reason == "unsupported" else _usage_of(row, t.output_tokens)
         sim_cost = _num(row.cost_usd)
+        if sim_cost is None and sim is not None and (p := orig.prices(t.model)) is not None:
+            sim_cost = p.cost(sim, t.at)  # the session's own prices (the replay prices by the price library)
         measured: Usage | None = None
         m_cost: float | None = None
         if s.get("usage_source") in MEASURED and _num(s.get("cache_read_input_tokens")) is not None:

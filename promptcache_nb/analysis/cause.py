@@ -19,14 +19,20 @@ It is a **rebuild** above the noise floor (:data:`NOISE_FLOOR`), unless the prev
 than the provider's minimum cacheable length (nothing could be cached). The cause is the first the evidence
 supports, in this order: a model switch; a compaction (the ``compaction`` event, or a history that shrank);
 a TTL expiry (the gap since the previous request, which last read or wrote the lost entries, is longer than
-their lifetime); a change of the unlogged prefix (a partial log) — only with evidence: the unlogged prefix's
-measured size differs, or the read stopped inside it and the measured prompt total minus the logged
-estimate moved by more than the estimate of what was appended could explain (a read past it matched all
-of it); a prefix change located in the logged body; the 20-block
+their lifetime); a thinking change (see below); a change of the unlogged prefix (a partial log) — only
+with evidence: the unlogged prefix's measured size differs, or the read stopped inside it and the measured
+prompt total minus the logged estimate moved by more than the estimate of what was appended could explain
+(a read past it matched all of it); a prefix change located in the logged body; the 20-block
 lookback (the simulator's verdict); else a **provider-side miss** — the logged prefix was unchanged and
 nothing in the timing explains it (an eviction, another server or cache namespace).
 
-A request that is no rebuild is ``cold`` (first), ``below_minimum``, ``no_breakpoint`` (an explicit-cache
+A thinking change (a ``thinking_level_change`` event, or a ``thinking`` field that differs:
+:func:`~promptcache_nb.cache._reasons.thinking_change`) after which the prefix is the same up to the messages is
+``thinking_changed``: Anthropic keeps tools and system cached and loses the messages; it comes after the TTL
+check (an expiry loses everything, a superset).
+
+A request that is no rebuild is ``cold`` (a first request that read nothing; a first request that read is a
+``hit`` on an entry another session wrote), ``below_minimum``, ``no_breakpoint`` (an explicit-cache
 request that read and wrote nothing: nothing in it asked for caching), ``unsupported``, or ``hit``. So on a
 measured request ``cache_reason`` names a rebuild cause exactly when the request is a rebuild
 (``cache._reasons.NOT_REBUILD``).
@@ -42,7 +48,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..cache._reasons import PREDICTION_NOISE_TOKENS, Reason, explain_reason
+from ..cache._reasons import (
+    PREDICTION_NOISE_TOKENS,
+    Reason,
+    explain_reason,
+    first_request_reason,
+    thinking_change,
+)
 from ..request import PreparedRequest
 from ..request.diff import PrefixDiff, compute_diff
 from ..usage import Usage
@@ -172,7 +184,9 @@ def measured_cause(
             detail["predicted_read"] = disagreement[0]
     prev_total = previous.total if previous is not None else None
     if previous is None or not prev_total:
-        return MeasuredCause(Reason.COLD.value, False, 0, None, detail)
+        # nothing of this session was cached yet: a read is an entry another session wrote, no cold cache
+        detail["lost_tokens"] = 0  # measured evidence: its sentence states the measured figures
+        return MeasuredCause(first_request_reason(read, detail), False, 0, None, detail)
     implicit = current.request.wire.implicit_caching  # no explicit cache writes: all not read was re-sent
     resent = uncached + write if implicit else write
     lost = rebuilt_tokens(prev_total, read, resent)
@@ -240,6 +254,13 @@ def _ladder(previous: MeasuredRequest, current: MeasuredRequest, diff: PrefixDif
     if gap > ttl:
         detail.update(gap_seconds=gap, ttl_seconds=ttl, expired_ttl=_ttl_name(ttl), expired_after_seconds=gap)
         return Reason.TTL_EXPIRED.value
+    # a thinking change loses the messages' cache only: a divergence before the messages is a prefix change
+    thinking = thinking_change(prev_req.rest, cur_req.rest, current.events)
+    if thinking is not None and _from_messages_on(d, prev_req, cur_req):
+        detail.update(thinking)
+        if d.index is not None:
+            detail["divergence_path"] = d.path
+        return Reason.THINKING_CHANGED.value
     unlogged_before, unlogged_now = prev_req.unlogged_prefix_tokens, cur_req.unlogged_prefix_tokens
     if d.index is not None:
         segs = cur_req.segments if d.index < len(cur_req.segments) else prev_req.segments
@@ -263,6 +284,17 @@ def _ladder(previous: MeasuredRequest, current: MeasuredRequest, diff: PrefixDif
     if unlogged_now is not None and int(detail["read"]) < unlogged_now:
         detail["unlogged"] = unlogged_now  # the read stopped inside the unlogged prefix: said, not claimed
     return Reason.PROVIDER_MISS.value
+
+
+def _from_messages_on(d: PrefixDiff, prev_req: PreparedRequest, cur_req: PreparedRequest) -> bool:
+    """The two requests are the same up to the messages (a pure append, or a divergence in the messages or at a
+    messages-level field such as ``thinking``)."""
+    if d.index is None:
+        return True
+    if d.field is not None:
+        return cur_req.wire.field_levels.get(d.field) == "messages"
+    segs = cur_req.segments if d.index < len(cur_req.segments) else prev_req.segments
+    return segs[d.index].level == "messages"
 
 
 def _unlogged_drift(previous: MeasuredRequest, current: MeasuredRequest) -> tuple[int, int] | None:

@@ -292,11 +292,12 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
     re-sent)`` measured tokens, where re-sent is the cache write on a provider with explicit writes
     (Anthropic) and everything not read on one that caches implicitly (OpenAI, Codex, DeepSeek, Gemini) —
     counted only above ``noise_floor``. The cause is the first the evidence supports: a model switch; a
-    compaction; a TTL expiry; a change of the unlogged prefix (only with evidence); a prefix change located
-    in the body; the 20-block lookback; else a provider-side miss (the logged prefix was unchanged). So a
-    row's ``reason`` is the request's own ``cache_reason`` and its ``explanation`` is the sentence its
-    observation states. ``explanation`` gives the measured figures, then the simulator's prediction when it
-    disagrees.
+    compaction; a TTL expiry; a thinking change (``thinking_changed``: a ``thinking_level_change`` event or a
+    changed ``thinking`` field, the messages lost and tools and system kept); a change of the unlogged prefix
+    (only with evidence); a prefix change located in the body; the 20-block lookback; else a provider-side miss
+    (the logged prefix was unchanged). So a row's ``reason`` is the request's own ``cache_reason`` and its
+    ``explanation`` is the sentence its observation states. ``explanation`` gives the measured figures, then the
+    simulator's prediction when it disagrees.
 
     **Simulated requests** are judged as before: a request (not the first) whose cache read is below
     what the previous request carried over and whose cache model did not report ``hit``, with the cache

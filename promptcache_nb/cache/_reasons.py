@@ -8,12 +8,12 @@ short cause :func:`~promptcache_nb.rebuilds` lists.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
 from .._util import fmt_duration
-from ..request import PreparedRequest
+from ..request import PreparedRequest, canonical_json
 from ..request.diff import PrefixDiff
 from ..usage import Usage
 
@@ -36,6 +36,7 @@ class Reason(StrEnum):
     TTL_EXPIRED = "ttl_expired"  #: an entry matched but had outlived its TTL
     LOOKBACK_EXCEEDED = "lookback_exceeded"  #: a live entry exists, further back than the 20-position lookback
     PREFIX_CHANGED = "prefix_changed"  #: the bytes before the previous breakpoint changed
+    THINKING_CHANGED = "thinking_changed"  #: the thinking settings changed: messages lost, tools and system kept
     NO_BREAKPOINT = "no_breakpoint"  #: nothing in the request asks for caching
     NOT_WRITTEN = "not_written"  #: the previous request wrote no entry covering what this one re-sends
     EVICTED = "evicted"  #: capacity eviction (LRU caches)
@@ -54,6 +55,53 @@ class Reason(StrEnum):
 REASONS: tuple[str, ...] = tuple(r.value for r in Reason if r not in (Reason.COMPACTION,
                                                                        Reason.UNLOGGED_PREFIX_CHANGED,
                                                                        Reason.PROVIDER_MISS))
+
+
+def first_request_reason(read: int, detail: dict[str, Any]) -> str:
+    """The code of a session's first request: ``cold`` only when it read nothing. A read came from an entry
+    another session of the account wrote (caches are keyed by content, shared by the account's sessions): a
+    ``hit``, marked ``detail["first_request"]`` so its sentence says so."""
+    if read:
+        detail["first_request"] = True
+        return Reason.HIT.value
+    return Reason.COLD.value
+
+
+#: Session events that say the thinking settings changed before a request (pi's ``thinking_level_change`` entry).
+THINKING_EVENTS = frozenset({"thinking_level_change"})
+#: The top-level field whose change is a thinking change (Anthropic's ``thinking``: enabled/disabled, budget).
+THINKING_FIELD = "thinking"
+
+
+def thinking_change(previous: Mapping[str, Any], current: Mapping[str, Any],
+                    events: Iterable[str] = ()) -> dict[str, Any] | None:
+    """The evidence that the thinking settings changed between two requests, or None: the one rule the
+    measured cause and the Anthropic cache model share.
+
+    Anthropic: "changes to thinking parameters (enabled/disabled or budget)" invalidate the cached message
+    prefixes while cached tools and system prompts stay valid (docs/provider_cache_rules.md#anthropic-invalidation,
+    [A1][A2]; the extended-thinking guide says the same of a budget change).
+
+    Args:
+        previous / current: the two requests' top-level fields (``PreparedRequest.rest``): their ``thinking``
+            values are compared as canonical JSON (an absent field differs from a present one).
+        events: the session events recorded with ``current`` (a ``thinking_level_change`` from a log that keeps
+            no ``thinking`` field, like pi's).
+
+    Example:
+        >>> thinking_change({"thinking": {"type": "enabled", "budget_tokens": 2048}},
+        ...                 {"thinking": {"type": "enabled", "budget_tokens": 8192}})["thinking_now"]
+        '{"budget_tokens":8192,"type":"enabled"}'
+    """
+    before, now = previous.get(THINKING_FIELD), current.get(THINKING_FIELD)
+    found: dict[str, Any] = {}
+    if (THINKING_FIELD in previous) != (THINKING_FIELD in current) or canonical_json(before) != canonical_json(now):
+        found.update(thinking_before=None if before is None else canonical_json(before),
+                     thinking_now=None if now is None else canonical_json(now))
+    said = sorted(THINKING_EVENTS.intersection(events))
+    if said:
+        found["thinking_event"] = said[0]
+    return found or None
 
 
 def where(d: PrefixDiff) -> str:
@@ -134,6 +182,13 @@ def _short(code: Reason, detail: Mapping[str, Any], gap: float | None) -> str:
         return "the previous request wrote no entry covering this prefix"
     if code is Reason.EVICTED:
         return "evicted under capacity pressure"
+    if code is Reason.THINKING_CHANGED:
+        if "thinking_now" in detail or "thinking_before" in detail:
+            what = (f"thinking changed from {detail.get('thinking_before') or '(absent)'} to "
+                    f"{detail.get('thinking_now') or '(absent)'}")
+        else:
+            what = f"thinking level changed before this request ({detail.get('thinking_event', 'a session event')})"
+        return f"{what}: the messages' cache is lost, tools and system stay cached"
     if code is Reason.COMPACTION:
         n_prev, n_cur = detail.get("messages") or ("?", "?")
         return f"compaction: the history was replaced by a summary ({n_prev} -> {n_cur} messages)"
@@ -164,7 +219,11 @@ def _measured_sentence(code: Reason, detail: Mapping[str, Any], gap: float | Non
     held = detail.get("previous_total")
     if code.value in NOT_REBUILD:
         text = _sentence(code, detail, gap=gap, request=None, usage=None, diff=None)
-        if code is Reason.HIT and held is not None and read == 0:
+        if code is Reason.COLD:
+            text = _cold(int(write or 0))
+        elif code is Reason.HIT and held is None and read:
+            text = _read_elsewhere(int(read), int(write or 0), detail.get("written_by"), measured=True)
+        elif code is Reason.HIT and held is not None and read == 0:
             text = "No rebuild: nothing the previous request cached had to be sent again."
         elif code is Reason.HIT and held is not None and held - read > PREDICTION_NOISE_TOKENS:
             # the read fell, but what is missing was not sent again: it left the prompt or was never cached
@@ -193,16 +252,37 @@ def _measured_sentence(code: Reason, detail: Mapping[str, Any], gap: float | Non
     return text
 
 
+def _cold(write: int) -> str:
+    """A first request that read nothing (a first request that read is no cold cache: :func:`_read_elsewhere`)."""
+    if write:
+        return (f"Cold cache: nothing was cached before this request; it wrote {write:,} tokens for the next ones "
+                "to read.")
+    return "Cold cache: nothing was cached before this request."
+
+
+def _read_elsewhere(read: int, write: int, written_by: Any = None, *, measured: bool = False) -> str:
+    """A session's first request that read: the entry it read was written by another session (caches are
+    shared by an account's sessions, keyed by content, not by session). ``written_by``: the session whose entry
+    the simulated shared cache read — for a measured read, the simulator's answer, said as such."""
+    wrote = f", and wrote {write:,} more" if write else ""
+    if not written_by:
+        return f"No cold cache: this first request read {read:,} tokens another session of this account wrote{wrote}."
+    if measured:
+        return (f"No cold cache: this first request read {read:,} tokens another session of this account "
+                f"wrote{wrote} (in the simulated shared cache, session {written_by} wrote the entry it read).")
+    return f"No cold cache: this first request read {read:,} tokens session {written_by} wrote{wrote}."
+
+
 def _sentence(code: Reason, detail: Mapping[str, Any], *, gap: float | None, request: PreparedRequest | None,
               usage: Usage | None, diff: PrefixDiff | None) -> str:
     write = usage.cache_creation_input_tokens if usage is not None else None
     read = usage.cache_read_input_tokens if usage is not None else None
     model = request.model if request is not None else None
     if code is Reason.COLD:
-        if write:
-            return f"Cold cache: this request wrote {write:,} tokens for the next ones to read."
-        return "Cold cache: nothing was cached before this request."
+        return _cold(write or 0)
     if code is Reason.HIT:
+        if detail.get("first_request") and read:
+            return _read_elsewhere(read, write or 0, detail.get("written_by"))
         return "The cache read everything the previous request left cached."
     if code is Reason.TTL_EXPIRED:
         secs = detail.get("expired_after_seconds", gap)

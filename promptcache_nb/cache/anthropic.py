@@ -25,7 +25,8 @@ Rules modelled, each cited where it is applied:
 * 1h breakpoints must come before 5m ones; the bill splits as read = A, 1h write = B − A,
   5m write = C − B (§1.8);
 * caches keyed by model; ``tool_choice`` and thinking changes invalidate the messages level only;
-  ``speed`` the system level (§1.3 table).
+  ``speed`` the system level (§1.3 table). A request whose chain diverges where its messages start while its
+  ``thinking`` differs from the previous request's is ``thinking_changed`` (tools and system still read).
 
 Stated assumptions where the docs are silent: a string ``content`` counts as one block; run coalescing of
 ``tool_use`` / ``tool_result`` blocks ([A4], 3P only) is off unless ``coalesce_tool_runs=True``; the
@@ -50,7 +51,7 @@ from __future__ import annotations
 import hashlib
 import re
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal
@@ -63,7 +64,7 @@ from ..request import PreparedRequest, canonical_json
 from ..request._canonical import prefix_record
 from ..usage import Usage
 from ._base import CacheModel, CacheResult
-from ._reasons import Reason
+from ._reasons import Reason, first_request_reason, thinking_change
 
 LOOKBACK_POSITIONS = 20
 MAX_BREAKPOINTS = 4
@@ -213,12 +214,14 @@ class _Cell:
 class _Entry:
     """A cache entry. Its expiry is its own, or the cell it shares with the entries refreshed with it."""
 
-    __slots__ = ("ttl", "_expires", "visible_at", "written_at", "tokens", "cell")
+    __slots__ = ("ttl", "_expires", "visible_at", "written_at", "tokens", "cell", "writer")
 
-    def __init__(self, ttl: str, expires_at: float, visible_at: float, written_at: float, tokens: int) -> None:
+    def __init__(self, ttl: str, expires_at: float, visible_at: float, written_at: float, tokens: int,
+                 writer: Hashable | None = None) -> None:
         self.ttl, self._expires, self.visible_at, self.written_at, self.tokens = (
             ttl, expires_at, visible_at, written_at, tokens)
         self.cell: _Cell | None = None
+        self.writer = writer  # the request stream (session) that wrote it, when streams are named
 
     @property
     def expires_at(self) -> float:
@@ -383,6 +386,7 @@ class AnthropicCache(CacheModel):
         self._prev_salts: tuple[Any, ...] = ()
         self._salts_now: tuple[Any, ...] = ()
         self._prev_model: str | None = None
+        self._prev_rest: dict[str, Any] = {}  # the previous request's top-level fields (its thinking settings)
         self._prev_total = 0
         self._prev_cacheable = 0
         self._prev_written: set[int] = set()
@@ -391,7 +395,7 @@ class AnthropicCache(CacheModel):
         self._shared_now = 0
 
     stream_state: ClassVar[tuple[str, ...]] = (
-        "_prev_keys", "_prev_chain", "_prev_segments", "_prev_salts", "_prev_model", "_prev_total",
+        "_prev_keys", "_prev_chain", "_prev_segments", "_prev_salts", "_prev_model", "_prev_rest", "_prev_total",
         "_prev_cacheable", "_prev_written", "_along",
     )
 
@@ -643,6 +647,8 @@ class AnthropicCache(CacheModel):
             if hit is not None:
                 break
         read = cum[hit] if hit is not None else 0
+        stream = self.__dict__.get("_stream_key")
+        writer = self._entries[(model, chain[hit])].writer if hit is not None else None
         along = self._entries_along(model, chain, t) if self.options.refresh_along_prefix else None
         if hit is not None:
             e = self._entries[(model, chain[hit])]
@@ -656,7 +662,7 @@ class AnthropicCache(CacheModel):
         writes = self._writes(marks, cum, read, minimum)
         for bp, ttl in writes:
             entry = self._entries[(model, chain[bp])] = _Entry(
-                ttl, t + TTL_SECONDS[ttl], t + self.options.ttft_seconds, t, cum[bp]
+                ttl, t + TTL_SECONDS[ttl], t + self.options.ttft_seconds, t, cum[bp], stream
             )
             if along is not None:
                 along.add(bp, entry)
@@ -690,9 +696,11 @@ class AnthropicCache(CacheModel):
         if marks and marks[0][0] == 0 and request.segments[0].kind == "unlogged":
             detail["assumed_breakpoints"] = True  # the client's layout, not markers of the logged body
         reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)
+        if detail.get("first_request") and writer is not None and writer != stream:
+            detail["written_by"] = str(writer)  # a shared cache: the session whose entry this first request read
         self._prev_keys, self._prev_chain = keys, chain
         self._prev_segments, self._prev_salts = request.segments, self._salts_now
-        self._prev_model, self._prev_total = model, total
+        self._prev_model, self._prev_total, self._prev_rest = model, total, dict(request.rest)
         self._prev_cacheable = c  # the longest prefix this request read or wrote: what it left cached
         self._prev_written = {bp for bp, _ in writes}
         return CacheResult(usage, Reason(reason), detail, states, self._native(usage))
@@ -719,7 +727,7 @@ class AnthropicCache(CacheModel):
     ) -> str:
         if self._prev_model is None:
             # the first request of its session: a read came from another session sharing the cache
-            return "hit" if read else "cold"
+            return first_request_reason(read, detail)
         # the first position where this request's prefix differs from the previous one
         n = common_prefix_length(chain, self._prev_chain, self._shared_now)
         detail["divergence_index"] = n
@@ -748,6 +756,11 @@ class AnthropicCache(CacheModel):
                     detail["unreached_path"] = req.segments[i].path
                     detail["unreached_tokens"] = cum[i]
                     return "lookback_exceeded"
+        # the thinking settings salt the messages level only (§1.3): the chain diverges where the messages start
+        thinking = thinking_change(self._prev_rest, req.rest)
+        if thinking is not None and n < len(req.segments) and req.segments[n].level == "messages":
+            detail.update(thinking)
+            return "thinking_changed"
         if n < len(self._prev_chain):
             return "prefix_changed"
         return "not_written"

@@ -44,7 +44,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
-from ._reasons import Reason
+from ._reasons import Reason, first_request_reason
 
 UNIT_TOKENS = 64
 
@@ -173,7 +173,7 @@ class DeepSeekCache(CacheModel):
                 why: str | None, t: float, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
-            return "hit" if hit else "cold"
+            return first_request_reason(hit, detail)
         if prev["model"] != model:
             detail["previous_model"] = prev["model"]
             return "model_switch"

@@ -58,7 +58,7 @@ from ..request import PreparedRequest
 from ..usage import Usage
 from ._base import CacheModel, CacheResult
 from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, read_only_usage, segment_path
-from ._reasons import Reason
+from ._reasons import Reason, first_request_reason
 
 # Minimum input tokens for context caching per model: the Gemini API's table, copy of 2026-07-07 [G1'] (2.5 Flash
 # and Pro at 2,048; 3.x at 4,096), with the models only earlier copies list [G1] (3 Flash Preview 1,024, 3 Pro
@@ -296,7 +296,7 @@ class GeminiCache(CacheModel):
                 write: int, minimum: int, expired: bool, t: float, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
-            return "hit" if read else "cold"
+            return first_request_reason(read, detail)
         got = read + write  # a fresh explicit cache holds what the request sent: no rebuild of what was cached
         if prev["model"] != model:
             detail["previous_model"] = prev["model"]

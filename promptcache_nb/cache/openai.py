@@ -56,7 +56,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
-from ._reasons import Reason
+from ._reasons import Reason, first_request_reason
 
 MIN_TOKENS = 1024
 INCREMENT = 128
@@ -247,7 +247,7 @@ class OpenAICache(CacheModel):
                 route: int, pkey: Any, dead_why: str | None, t: float, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
-            return "hit" if cached else "cold"
+            return first_request_reason(cached, detail)
         shared = common_prefix_len(chain, prev["chain"]) if prev["model"] == model else 0
         detail["divergence_index"] = shared
         detail["divergence_path"] = segment_path(request, shared)

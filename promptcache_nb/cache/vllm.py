@@ -51,7 +51,7 @@ from ._prefix import (
     segment_path,
     states_for,
 )
-from ._reasons import Reason
+from ._reasons import Reason, first_request_reason
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32_768
@@ -270,7 +270,7 @@ class VLLMCache(CacheModel):
                 once: int, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
-            return "hit" if cached else "cold"
+            return first_request_reason(cached, detail)
         if prev["model"] != request.model:
             detail["previous_model"] = prev["model"]
             return "model_switch"

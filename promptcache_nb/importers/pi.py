@@ -28,7 +28,9 @@ pi (badlogic/pi-mono, ``~/.pi/agent/sessions/--<cwd>--/<ISO>_<uuid>.jsonl``) and
   kept as logged, an upper bound, and a note says so. oh-my-pi logs ``reasoningTokens`` (a part of output,
   counted once): it becomes ``reasoning_tokens`` and output is left alone.
 * ``model_change`` and ``thinking_level_change`` entries become ``model_switch`` / ``thinking_level_change``
-  events of the next request; the request's own ``provider`` / ``model`` are what it was sent to.
+  events of the next billed request (an unbilled stub in between passes them on); the request's own
+  ``provider`` / ``model`` are what it was sent to. A thinking change loses Anthropic's message cache: the
+  measured cause ``thinking_changed`` reads the event.
 * **Forks** (``parentSession`` in the header) copy the parent's path into a new file: when the parent file is
   still there, the copied requests (same entry id and request time) are skipped as counted in the parent.
 * **oh-my-pi sub-agents**: the task tool writes the child's session to ``<parent file without .jsonl>/<agentId>
@@ -284,7 +286,12 @@ def _context(path: list[_Entry]) -> tuple[list[dict[str, Any]], list[str]]:
     events: list[str] = []
     for e in reversed(path):
         kind = e.obj.get("type")
-        if kind == "message" and isinstance(e.obj.get("message"), dict) and e.obj["message"].get("role") == "assistant":
+        message = e.obj.get("message")
+        # the previous request is the last billed one: an unbilled stub (aborted, zero usage) or an OpenClaw
+        # mirror imports nothing, so the events before it belong to this request
+        if (kind == "message" and isinstance(message, dict) and message.get("role") == "assistant"
+                and _zero_stub(message) is None and message.get("provider") != "openclaw"
+                and message.get("model") != "delivery-mirror"):
             break
         if kind == "compaction":
             events.append("compaction")
