@@ -3,8 +3,9 @@
 :func:`counterfactual` stores the result as a new simulated session in the same Lab; the advice
 (:mod:`._advice`) runs the same :class:`Original` through :meth:`Original.simulate` without storing anything.
 Both count tokens with the same tokenizer (the Lab's, calibrated where the Lab's calibration lowers the error
-on comparable measured requests: :func:`~promptcache_nb.analysis.calibrate.calibration_for`), replay the original bodies the same way (the *baseline*), and price with
-the re-simulation's prices (:func:`~promptcache_nb.analysis.resimulate.resimulate`): savings are like for like.
+on comparable measured requests: :func:`~promptcache_nb.analysis.calibrate.calibration_for`), replay the
+original bodies the same way (the *baseline*), and price with the re-simulation's prices
+(:func:`~promptcache_nb.analysis.resimulate.resimulate`): savings are like for like.
 """
 
 from __future__ import annotations
