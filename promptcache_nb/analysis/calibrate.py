@@ -338,6 +338,8 @@ class CalibrationFit:
         return self.refused is None
 
     def __str__(self) -> str:
+        if self.calibration is None:
+            return f"{self.family}: nothing to fit: {self.refused}; not saved"
         if self.refused is not None:
             return f"{self.family}: calibration refused: {self.refused}; not saved"
         cal = self.calibration
