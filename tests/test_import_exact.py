@@ -270,7 +270,8 @@ def test_undecodable_file_name_imports_with_an_escaped_name(tmp_path: Path) -> N
 
 def test_a_calibration_lost_to_a_kill_comes_back_on_reimport(tmp_path: Path) -> None:
     log = tmp_path / "proxy.jsonl"
-    log.write_text(lines([call(i) for i in range(6)]), encoding="utf-8")
+    # 24 calls: an import saves no calibration fitted on fewer than MIN_REQUESTS (analysis/calibrate.py)
+    log.write_text(lines([call(i) for i in range(24)]), encoding="utf-8")
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
         first = lab.import_log(log)
         assert bool(first.calibrations.saved.any())

@@ -113,8 +113,9 @@ def test_shipped_logs_streamed_grouped_and_whole_agree(tmp_path: Path, monkeypat
         _all_at_once(m)
         whole = _digests(tmp_path / "whole.duckdb", tmp_path, logs)
     assert sorted(t for t in whole if whole[t] != streamed[t]) == []
-    # calibrations are fitted at the end of each import: once per group there
-    assert sorted(t for t in whole if whole[t] != grouped[t]) == ["calibrations"]
+    # calibrations are fitted at the end of each import (once per group there), but the shipped logs hold too few
+    # measured requests per family for any to be saved (analysis/calibrate.py MIN_REQUESTS): every table agrees
+    assert sorted(t for t in whole if whole[t] != grouped[t]) == []
 
 
 def test_many_small_sessions_share_a_transaction_and_a_failure_keeps_the_ones_before(

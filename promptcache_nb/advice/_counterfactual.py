@@ -2,9 +2,10 @@
 
 :func:`counterfactual` stores the result as a new simulated session in the same Lab; the advice
 (:mod:`._advice`) runs the same :class:`Original` through :meth:`Original.simulate` without storing anything.
-Both count tokens with the same tokenizer (the Lab's, calibrated on the original's measured usage when the Lab
-holds a calibration for its model), replay the original bodies the same way (the *baseline*), and price with
-the re-simulation's prices (:func:`~promptcache_nb.analysis.resimulate.resimulate`): savings are like for like.
+Both count tokens with the same tokenizer (the Lab's, calibrated where the Lab's calibration lowers the error
+on comparable measured requests: :func:`~promptcache_nb.analysis.calibrate.calibration_for`), replay the
+original bodies the same way (the *baseline*), and price with the re-simulation's prices
+(:func:`~promptcache_nb.analysis.resimulate.resimulate`): savings are like for like.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._config import SessionConfig
 from .._shared import cache_scope_of
-from ..analysis import Prices, load_calibration
+from ..analysis import Prices, calibration_for
 from ..analysis.resimulate import SharedStream, StoredTurn, _resimulate_turns, load_turns, request_prices
 from ..cache import get_cache_model
-from ..errors import PromptCacheError, SessionError
+from ..errors import SessionError
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
 from ..usage import Usage
@@ -60,6 +61,8 @@ class Original:
     #: simulations by (the bodies' ids, ping flags, cache parameters) -> (those bodies, kept alive; the frame)
     _sims: dict[Any, tuple[list[Any], pd.DataFrame]] = field(default_factory=dict, repr=False)
     _fits: list[RequestFit] | None = field(default=None, repr=False)
+    #: how its requests are counted and why (:func:`~promptcache_nb.analysis.calibrate.calibration_for`)
+    calibration_note: str = ""
 
     @classmethod
     def load(cls, session: Session, *, cache: str | None = None) -> Original:
@@ -68,14 +71,9 @@ class Original:
         row = lab.store.session_row(session.id)
         if row is None:
             raise SessionError(f"no session {session.id!r} in {lab.path!r}")
-        calibration = row["config"].get("calibration")
-        first = lab.store.turn_rows(session.id, ("usage_source",))
-        if calibration is None and any(r["usage_source"] in MEASURED for r in first):
-            try:  # importing measured traffic saves one per tokenizer family: count as the original measured
-                cal = load_calibration(lab, row["model"])
-                calibration = {"model": cal.model, "ratio": float(cal.ratio), "overhead": float(cal.overhead)}
-            except PromptCacheError:
-                calibration = None
+        # the session's own calibration, else the saved one only where it lowers the error on comparable requests
+        choice = calibration_for(lab, row)
+        calibration = choice.calibration
         own = calibration == row["config"].get("calibration")
         # the session's own memo when it counts the same way: what importing counted is not counted again
         memo = session.memo if own else SegmentMemo(session_tokenizer(lab.tokenizer, calibration))
@@ -83,7 +81,7 @@ class Original:
         name = cache or row["cache_model"]
         params = dict(row["config"].get("cache_params") or {}) if name == row["cache_model"] else {}
         shared = _family(lab, row, turns) if name == row["cache_model"] else ()
-        return cls(lab, row, turns, calibration, name, params, memo, shared)
+        return cls(lab, row, turns, calibration, name, params, memo, shared, calibration_note=choice.why)
 
     @property
     def partial(self) -> int | None:

@@ -10,7 +10,15 @@ from ._turn import (
     observation_state_from_store,
     stored_diff_and_observation,
 )
-from .calibrate import Calibration, calibrate, load_calibration
+from .calibrate import (
+    Calibration,
+    CalibrationChoice,
+    CalibrationFit,
+    calibrate,
+    calibration_for,
+    fit_family,
+    load_calibration,
+)
 from .crosscheck import openclaw_crosscheck
 from .frames import compare_df, efficiency, summarize
 from .observe import Change, Observation, ObservationState, Snapshot, snapshot  # observe(): from .observe
@@ -29,12 +37,12 @@ from .whatif import KeepWarm, keep_warm, rebuilds, ttl_whatif
 
 __all__ = [
     "default_prices",
-    "Calibration", "Change", "CostTotal", "IdealRead", "KeepWarm", "OBSERVATION_COLUMNS", "Observation",
-    "ObservationState",
+    "Calibration", "CalibrationChoice", "CalibrationFit", "Change", "CostTotal", "IdealRead", "KeepWarm",
+    "OBSERVATION_COLUMNS", "Observation", "ObservationState",
     "Prices",
-    "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "carried_over", "compare_caches",
-    "compare_df", "cost_total", "efficiency", "group_summary", "ideal_read", "keep_warm", "load_calibration",
-    "load_turns",
+    "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "calibration_for", "carried_over",
+    "compare_caches", "compare_df", "cost_total", "efficiency", "fit_family", "group_summary", "ideal_read",
+    "keep_warm", "load_calibration", "load_turns",
     "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
     "request_prices", "resimulate", "session_summary", "simulate", "snapshot", "stored_diff_and_observation",
     "summarize",

@@ -1559,20 +1559,22 @@ class Store:
 
     # -- calibrations ---------------------------------------------------------------------------------------
     def measured_totals(self) -> list[dict[str, Any]]:
-        """Every request with complete measured usage (live or imported), in session order: ``model``,
-        ``estimated`` (the stored estimate ``total_tokens``), ``measured`` (input + cache read + write),
-        ``partial`` (a partial body: its unlogged prefix was sized from measured usage) and ``calibrated``
-        (its session opted in to a calibration, so its estimate is already scaled)."""
+        """Every request with complete measured usage (live or imported), in session order: ``session_id``,
+        ``model``, ``estimated`` (the stored estimate ``total_tokens``), ``measured`` (input + cache read +
+        write), ``partial`` (a partial body: its unlogged prefix was sized from measured usage), ``unlogged``
+        (that prefix's tokens, 0 for a full body) and ``calibrated`` (its session opted in to a calibration, so
+        its estimate is already scaled)."""
         return self.query(
-            """SELECT t.model, t.total_tokens AS estimated,
+            """SELECT t.session_id, t.model, t.total_tokens AS estimated,
                       t.input_tokens + t.cache_read_input_tokens + t.cache_creation_input_tokens AS measured,
-                      coalesce(b.partial, false) AS partial,
+                      coalesce(b.partial, false) AS partial, coalesce(b.unlogged, 0) AS unlogged,
                       coalesce(json_type(s.config, '$.calibration'), 'NULL') <> 'NULL' AS calibrated
                FROM turns t JOIN sessions s ON s.id = t.session_id
                -- only the rest blocks (a turn's rest_hash is one): the filter on kind is pushed into the scan,
                -- so the segment bodies (nearly all of the store) are never read
-               LEFT JOIN (SELECT hash, json_extract(body, '$.shape.unlogged') IS NOT NULL AS partial FROM blocks
-                          WHERE kind = 'rest') b ON b.hash = t.rest_hash
+               LEFT JOIN (SELECT hash, json_extract(body, '$.shape.unlogged') IS NOT NULL AS partial,
+                                 coalesce(try_cast(json_extract(body, '$.shape.unlogged') AS BIGINT), 0) AS unlogged
+                          FROM blocks WHERE kind = 'rest') b ON b.hash = t.rest_hash
                WHERE t.usage_source IN ('live', 'imported') AND t.input_tokens IS NOT NULL
                      AND t.cache_read_input_tokens IS NOT NULL AND t.cache_creation_input_tokens IS NOT NULL
                ORDER BY t.session_id, t.idx""")
