@@ -16,9 +16,9 @@ sharing what they shared, and segmenting them stays linear).
 * ``durable_deltas`` — the system prompt is pinned at its first bytes; each later change becomes a delta
   (changed lines, superseded lines) on the newest user message, kept in history. From Lore #747:
   docs/seed_designs.md#lore-turn-algorithm.
-* ``breakpoints`` — markers on the last tool, the last system block and the last block of the newest message
-  (3 of Anthropic's 4) instead of what the client placed (docs/provider_cache_rules.md: 4 markers, 20-block
-  lookback).
+* ``breakpoints`` — markers on the last system block and the last block of the newest message instead of what
+  the client placed, as pi-ai (oh-my-pi) places them; no marker on the tools, as neither oh-my-pi nor Lore puts
+  one there (docs/provider_cache_rules.md: 4 markers, 20-block lookback).
 * ``ttl`` — per breakpoint, 5m or 1h: 1h on the markers up to a cut (tools, system, messages — on partial bodies
   the client's assumed prefix and conversation breakpoints), 5m after it, so every 1h breakpoint comes before
   every 5m one; the counterfactual replays each cut and keeps the cheapest, naming the gaps that drove it
@@ -581,15 +581,17 @@ def _strip(items: list[Any]) -> list[Any]:
 
 def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = None,
                 system_block: int | None = None) -> Applied:
-    """Place 3 of Anthropic's 4 ``cache_control`` markers where this traffic's prefixes end.
+    """Place 2 of Anthropic's 4 ``cache_control`` markers where this traffic's prefixes end, as pi-ai does.
 
-    Every marker the client placed (and the automatic top-level one) is replaced by: one on the last tool
-    (the tools survive a system prompt change), one on a system block — ``system_block`` (the counterfactual
-    tries each and keeps the cheapest: the end of the longest prefix that stays), by default the last — and
+    Every marker the client placed (and the automatic top-level one) is replaced by: one on a system block —
+    ``system_block`` (the counterfactual tries each and keeps the cheapest: the end of the longest prefix that
+    stays), by default the last — and
     one on the last block of the newest message (the next request reads it: it starts within the 20-block
     lookback of a request that adds fewer than 20 blocks). A string system prompt or message becomes one text
     block (in every request alike, so bytes stay stable). ``marker`` defaults to the client's first (TTL
-    included), else ``{"type": "ephemeral"}``.
+    included), else ``{"type": "ephemeral"}``. The tools get no marker: the strategies this fix stands for
+    (oh-my-pi's append-only context, Lore) place none there, so a system prompt change re-writes the tools under
+    them too, and a counterfactual that kept the tools cached would promise a saving they do not make.
     """
     out: list[Request] = []
     changed: list[int] = []
@@ -611,10 +613,12 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
             if seen is not None and seen[0] is part and seen[1] == mark:
                 new[key] = seen[2]
                 continue
-            if isinstance(part, str):
+            if key == "tools":
+                new[key] = _strip(part) if isinstance(part, list) else part
+            elif isinstance(part, str):
                 new[key] = [{"type": "text", "text": part, "cache_control": mark}]
             else:
-                at = len(part) - 1 if key == "tools" or system_block is None else min(system_block, len(part) - 1)
+                at = len(part) - 1 if system_block is None else min(system_block, len(part) - 1)
                 blocks = _strip(part)
                 blocks[at] = {**blocks[at], "cache_control": mark}
                 new[key] = blocks
@@ -651,7 +655,7 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
         out.append(Request(r.at, new, r.origin, r.ping))
     shown = f"{min(before)}–{max(before)}" if before and min(before) != max(before) else str(before[0] if before else 0)
     placed = "last system block" if system_block is None else f"system[{system_block}]"
-    evidence = (f"{shown} marker{'' if shown == '1' else 's'} per request before; after: last tool, {placed}, "
+    evidence = (f"{shown} marker{'' if shown == '1' else 's'} per request before; after: {placed}, "
                 "newest message's last block")
     return Applied(out, changed, evidence)
 
