@@ -450,82 +450,31 @@ def _delta_text(old: str, new: str) -> str:
     return "\n".join(parts)
 
 
-def _rewritten_anchors(texts: list[list[str] | None], min_changes: int) -> list[set[str | None]]:
-    """Per system block: the places the host keeps re-writing — the unchanged line right before a changed run
-    (None: the block's start) — that a change between consecutive requests followed at least ``min_changes``
-    times. A knowledge edit lands after a different line each time (the entry before it); a workspace snapshot
-    (``git status``, a file tree) is re-rendered after the same heading again and again."""
-    width = max((len(t) for t in texts if t is not None), default=0)
-    counts: list[dict[str | None, int]] = [{} for _ in range(width)]
-    prev: list[str] | None = None
-    for blocks in texts:
-        if blocks is not None and prev is not None:
-            for i, (a, b) in enumerate(zip(prev, blocks, strict=False)):
-                if a == b:
-                    continue
-                la, lb = a.split("\n"), b.split("\n")
-                hit = {la[a0 - 1] if a0 else None for op, a0, _, _, _ in
-                       difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes() if op != "equal"}
-                for anchor in hit:
-                    counts[i][anchor] = counts[i].get(anchor, 0) + 1
-        prev = blocks
-    return [{a for a, n in c.items() if n >= min_changes} for c in counts]
-
-
-def _split_change(pinned: str, now: str, rewritten: set[str | None]) -> tuple[str, str]:
-    """(``pinned`` with the runs after a re-written place taken from ``now``: the host's own prompt as Lore
-    passes it through; ``now`` with those runs as pinned: what the durable deltas describe)."""
-    la, lb = pinned.split("\n"), now.split("\n")
-    host: list[str] = []
-    durable: list[str] = []
-    for op, a0, a1, b0, b1 in difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes():
-        passed = op != "equal" and (la[a0 - 1] if a0 else None) in rewritten
-        host += lb[b0:b1] if passed else la[a0:a1]
-        durable += la[a0:a1] if passed else lb[b0:b1]
-    return "\n".join(host), "\n".join(durable)
-
-
-def durable_deltas(requests: Sequence[Request], *, min_changes: int = MIN_CHANGES) -> Applied:
+def durable_deltas(requests: Sequence[Request]) -> Applied:
     """Lore #747: the system prompt is pinned at its first bytes; each later change becomes a durable delta.
 
     The first request's system prompt is re-sent on every request. When a request's system prompt differs
     from what the history last carried (the pinned prompt plus the deltas in it), a delta — the changed or new
     lines, then the superseded ones — rides as a text block on the newest user message and stays in history.
     A history that dropped a delta (a compaction) gets a new one against what it still carries.
-
-    Lore pins the memory it adds and leaves the host's own prompt untouched (``system[0]``,
-    docs/seed_designs.md#lore-request-layout): state the host re-renders into its prompt request after request
-    — a place in the prompt re-written at least ``min_changes`` times, such as a ``git status`` under the same
-    heading — passes through as the request has it (and so still re-writes what follows it), as it does under
-    Lore. Only the other changes become deltas.
     """
     out: list[Request] = []
     changed: list[int] = []
     if not requests:
         return Applied(out, changed, "no requests")
-    texts = [_system_texts(r.body) for r in requests]
-    rewritten = _rewritten_anchors(texts, min_changes)
     pinned = requests[0].body.get("system")
-    pinned_texts = texts[0] or []
-    carrier = _Carrier("\n\n".join(pinned_texts))
+    pinned_text = "\n\n".join(_system_texts(requests[0].body) or [])
+    carrier = _Carrier(pinned_text)
     first: str | None = None
-    deltas = passed = 0
-    for r, now_texts in zip(requests, texts, strict=True):
+    deltas = 0
+    for r in requests:
         body = r.body
         messages = body.get("messages")
-        if now_texts is None or not isinstance(messages, list):
+        texts = _system_texts(body)
+        if texts is None or not isinstance(messages, list):
             out.append(r)
             continue
-        system = pinned
-        if len(now_texts) == len(pinned_texts) and any(rewritten):
-            split = [_split_change(p, n, rewritten[i]) if p != n and rewritten[i] else (p, n)
-                     for i, (p, n) in enumerate(zip(pinned_texts, now_texts, strict=True))]
-            host_texts = [h for h, _ in split]
-            now_texts = [d for _, d in split]
-            if host_texts != pinned_texts:
-                passed += 1
-                system = _with_system_texts({"system": pinned}, host_texts)["system"]
-        now = "\n\n".join(now_texts)
+        now = "\n\n".join(texts)
         known = carrier.carried(messages)
         if now != known and carrier.place(messages, now, _delta_text(known, now)):
             deltas += 1
@@ -536,9 +485,9 @@ def durable_deltas(requests: Sequence[Request], *, min_changes: int = MIN_CHANGE
                 first = (f"system line {j + 1} at request {r.origin}: {_quote(old)} → "
                          f"{_quote(lb[j] if j < len(lb) else '')}")
         new = dict(body)
-        if "system" in body or system is not None:
-            new["system"] = system
-            if system is None:
+        if "system" in body or pinned is not None:
+            new["system"] = pinned
+            if pinned is None:
                 del new["system"]
         new["messages"] = carrier.messages(messages)
         if new.get("system") is not body.get("system") or new["messages"] is not messages:
@@ -546,11 +495,8 @@ def durable_deltas(requests: Sequence[Request], *, min_changes: int = MIN_CHANGE
             out.append(Request(r.at, new, r.origin, r.ping))
         else:
             out.append(r)
-    kept = f"; host-rendered state re-sent in the system prompt on {_n(passed, 'request')}" if passed else ""
-    evidence = (f"{first}; {_n(deltas, 'delta')} in {_n(len(requests), 'request')}{kept}" if first else
-                "the system prompt never changed: nothing to pin" if not passed else
-                f"only host-rendered state changed (re-sent in the system prompt on {_n(passed, 'request')}): "
-                "nothing to pin")
+    evidence = (f"{first}; {_n(deltas, 'delta')} in {_n(len(requests), 'request')}" if first else
+                "the system prompt never changed: nothing to pin")
     return Applied(out, changed, evidence)
 
 
@@ -585,9 +531,8 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
 
     Every marker the client placed (and the automatic top-level one) is replaced by: one on a system block —
     ``system_block`` (the counterfactual tries each and keeps the cheapest: the end of the longest prefix that
-    stays), by default the last — and
-    one on the last block of the newest message (the next request reads it: it starts within the 20-block
-    lookback of a request that adds fewer than 20 blocks). A string system prompt or message becomes one text
+    stays), by default the last — and one on the last block of the newest message (the next request reads it:
+    it starts within the 20-block lookback of a request that adds fewer than 20 blocks). A string system prompt or message becomes one text
     block (in every request alike, so bytes stay stable). ``marker`` defaults to the client's first (TTL
     included), else ``{"type": "ephemeral"}``. The tools get no marker: the strategies this fix stands for
     (oh-my-pi's append-only context, Lore) place none there, so a system prompt change re-writes the tools under
