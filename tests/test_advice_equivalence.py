@@ -64,19 +64,9 @@ def test_the_new_scenarios_are_long_and_realistic() -> None:
     assert gaps[-3:] == [3, 8, 70]
 
 
-#: The one cell the fixes cannot reproduce from bodies: Lore leaves the host's own prompt untouched, so the
-#: durable_delta strategy re-writes its prefix whenever the workspace snapshot changes, while the durable_deltas fix
-#: pins the whole system prompt (a body does not say which lines are the host's and which are knowledge: both are
-#: re-written every ~2.5 turns, in the same places). Strict: it fails loudly once the fix reproduces it.
-KNOWN_GAP = pytest.mark.xfail(strict=True, reason="durable_deltas pins host-rendered state Lore passes through")
-
-
-def _cells() -> list[object]:
-    return [pytest.param(sc, so, ta, marks=KNOWN_GAP) if (sc, ta) == ("git_status", "durable_delta") else
-            pytest.param(sc, so, ta) for sc in TABLE.SCENARIOS for so in TABLE.SOURCES for ta in TABLE.TARGETS]
-
-
-@pytest.mark.parametrize(("scenario", "source", "target"), _cells())
+@pytest.mark.parametrize("target", TABLE.TARGETS)
+@pytest.mark.parametrize("source", TABLE.SOURCES)
+@pytest.mark.parametrize("scenario", TABLE.SCENARIOS)
 def test_counterfactual_lands_within_the_bound_of_the_strategy(rows, scenario, source, target) -> None:
     row = rows[(scenario, source, target)]
     assert row.requests > 0 and row.replay_usd > 0
