@@ -468,8 +468,8 @@ def _memory_sections(text: str) -> list[tuple[int, int]]:
             j += 1
             continue
         level = len(opened.group(1))
-        end = next((k for k in range(j + 1, len(lines)) if (h := _HEADING.match(lines[k])) and len(h.group(1)) <= level),
-                   len(lines))
+        end = next((k for k in range(j + 1, len(lines))
+                    if (h := _HEADING.match(lines[k])) and len(h.group(1)) <= level), len(lines))
         spans.append((j, end))
         j = end
     return spans
@@ -607,11 +607,11 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
     Every marker the client placed (and the automatic top-level one) is replaced by: one on a system block —
     ``system_block`` (the counterfactual tries each and keeps the cheapest: the end of the longest prefix that
     stays), by default the last — and one on the last block of the newest message (the next request reads it:
-    it starts within the 20-block lookback of a request that adds fewer than 20 blocks). A string system prompt or message becomes one text
-    block (in every request alike, so bytes stay stable). ``marker`` defaults to the client's first (TTL
-    included), else ``{"type": "ephemeral"}``. The tools get no marker: the strategies this fix stands for
-    (oh-my-pi's append-only context, Lore) place none there, so a system prompt change re-writes the tools under
-    them too, and a counterfactual that kept the tools cached would promise a saving they do not make.
+    it starts within the 20-block lookback of a request that adds fewer than 20 blocks). A string system prompt or
+    message becomes one text block (in every request alike, so bytes stay stable). ``marker`` defaults to the
+    client's first (TTL included), else ``{"type": "ephemeral"}``. The tools get no marker: the strategies this fix
+    stands for (oh-my-pi's append-only context, Lore) place none there, so a system prompt change re-writes the
+    tools under them too, and a counterfactual that kept the tools cached would promise a saving they do not make.
     """
     out: list[Request] = []
     changed: list[int] = []
