@@ -117,13 +117,19 @@ def test_tail_volatile_keeps_the_text_it_moved_in_history() -> None:
         assert b.body["messages"][: len(a.body["messages"])] == a.body["messages"]
 
 
-def test_durable_deltas_pin_the_first_system_prompt(lab, replays) -> None:
+def test_durable_deltas_pin_the_first_memory_and_pass_the_host_prompt_through(lab, replays) -> None:
     before = _requests(lab, replays["naive"])
     done = _fixes.durable_deltas(before)
     _check_shape(before, done.requests)
-    first = before[0].body["system"]
+    memory = _fixes._memory(_fixes._system_texts(before[0].body))
+    assert [heading for _, heading in memory] == ["## 12. Long-term knowledge", "## Long-term Knowledge"]
+    clocks = set()
     for a, b in zip(before, done.requests, strict=True):
-        assert b.body["system"] == first  # pinned at its first bytes
+        texts = _fixes._system_texts(b.body)
+        assert _fixes._memory(texts) == memory  # the memory pinned at its first bytes
+        # the rest (the host's own prompt, the clock naive renders into it) as the request had it, as Lore leaves it
+        assert texts == _fixes._with_memory(_fixes._system_texts(a.body), memory)
+        clocks.add(texts[0].split("## Current Time\n")[1][:16])
         assert b.body["tools"] is a.body["tools"]
         assert _strip_added_text(a.body["messages"], b.body["messages"]) == a.body["messages"]
         assert validate_request(b.body) == []
@@ -131,7 +137,21 @@ def test_durable_deltas_pin_the_first_system_prompt(lab, replays) -> None:
               for blk in (m["content"] if isinstance(m["content"], list) else [])
               if blk.get("type") == "text" and blk["text"].startswith("System prompt update")]
     assert deltas and "Superseded lines" in deltas[0]
-    assert "deltas in 100 requests" in done.evidence
+    assert "deltas in 100 requests" in done.evidence and len(clocks) > 20  # the clock still ticks in the prompt
+
+
+def test_durable_deltas_pin_a_prompt_without_memory_whole() -> None:
+    t0 = datetime(2026, 1, 5, 13, 0, tzinfo=UTC)
+    bodies = [{"model": "claude-sonnet-4-5", "max_tokens": 64, "system": f"You help.\nRule {k // 2}: be brief.",
+               "messages": [{"role": "user", "content": f"q{j}"} if j % 2 == 0 else {"role": "assistant", "content": "a"}
+                            for j in range(2 * k + 1)]} for k in range(4)]
+    done = _fixes.durable_deltas([Request(t0 + timedelta(minutes=k), b, k) for k, b in enumerate(bodies)])
+    assert all(r.body["system"] == "You help.\nRule 0: be brief." for r in done.requests)
+    assert "1 delta in 4 requests" in done.evidence  # carried on in history: no second delta
+    texts = [b["text"] for m in done.requests[3].body["messages"] if isinstance(m["content"], list)
+             for b in m["content"] if b.get("type") == "text" and b["text"].startswith("System prompt update")]
+    assert texts == ["System prompt update (this replaces what the system prompt above says):\nChanged or new lines:\n"
+                     "Rule 1: be brief.\nSuperseded lines (ignore them above):\nRule 0: be brief."]
 
 
 def test_frozen_prefix_sorts_tools_and_changes_nothing_else(lab, replays) -> None:
@@ -164,15 +184,16 @@ def test_frozen_prefix_never_rewrites_history() -> None:
     assert done.changed == [2, 3] and "messages[0] re-rendered" in done.evidence
 
 
-def test_breakpoints_place_three_markers_and_nothing_else(lab, replays) -> None:
+def test_breakpoints_place_two_markers_and_nothing_else(lab, replays) -> None:
     before = _requests(lab, replays["naive"])
     done = _fixes.breakpoints(before)
     _check_shape(before, done.requests)
     for a, b in zip(before, done.requests, strict=True):
         assert "cache_control" not in b.body
-        assert "cache_control" in b.body["tools"][-1] and "cache_control" in b.body["system"][-1]
+        # none on the tools: oh-my-pi and Lore place none there (the strategies this fix stands for)
+        assert "cache_control" not in b.body["tools"][-1] and "cache_control" in b.body["system"][-1]
         assert "cache_control" in b.body["messages"][-1]["content"][-1]
-        assert _fixes._marker_count(b.body) == 3
+        assert _fixes._marker_count(b.body) == 2
         assert _no_cc(b.body["tools"]) == _no_cc(a.body["tools"])
         assert validate_request(b.body) == []
 

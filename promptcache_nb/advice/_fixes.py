@@ -13,12 +13,13 @@ sharing what they shared, and segmenting them stays linear).
   the system prompt and ride on the newest user message when they changed, kept there in history; a re-ranked
   list keeps the order its lines first appeared in. From picoclaw #3321 and OpenClaw #77521:
   docs/seed_designs.md#picoclaw-follow-ups.
-* ``durable_deltas`` — the system prompt is pinned at its first bytes; each later change becomes a delta
-  (changed lines, superseded lines) on the newest user message, kept in history. From Lore #747:
+* ``durable_deltas`` — the memory sections of the system prompt (the whole prompt when it has none) are pinned at
+  their first bytes; each later change becomes a delta (changed lines, superseded lines) on the newest user
+  message, kept in history; the host's own prompt goes as sent, as Lore leaves it. From Lore #747:
   docs/seed_designs.md#lore-turn-algorithm.
-* ``breakpoints`` — markers on the last tool, the last system block and the last block of the newest message
-  (3 of Anthropic's 4) instead of what the client placed (docs/provider_cache_rules.md: 4 markers, 20-block
-  lookback).
+* ``breakpoints`` — markers on the last system block and the last block of the newest message instead of what
+  the client placed, as pi-ai (oh-my-pi) places them; no marker on the tools, as neither oh-my-pi nor Lore puts
+  one there (docs/provider_cache_rules.md: 4 markers, 20-block lookback).
 * ``ttl`` — per breakpoint, 5m or 1h: 1h on the markers up to a cut (tools, system, messages — on partial bodies
   the client's assumed prefix and conversation breakpoints), 5m after it, so every 1h breakpoint comes before
   every 5m one; the counterfactual replays each cut and keeps the cheapest, naming the gaps that drove it
@@ -452,23 +453,83 @@ def _delta_text(old: str, new: str) -> str:
     return "\n".join(parts)
 
 
-def durable_deltas(requests: Sequence[Request]) -> Applied:
-    """Lore #747: the system prompt is pinned at its first bytes; each later change becomes a durable delta.
+#: A heading that opens a memory section (``## Long-term Knowledge``, ``# Memory``): what Lore manages.
+_MEMORY_HEADING = re.compile(r"^(#{1,6})\s.*\b(memory|knowledge)\b", re.IGNORECASE)
+_HEADING = re.compile(r"^(#{1,6})\s")
 
-    The first request's system prompt is re-sent on every request. When a request's system prompt differs
-    from what the history last carried (the pinned prompt plus the deltas in it), a delta — the changed or new
-    lines, then the superseded ones — rides as a text block on the newest user message and stays in history.
-    A history that dropped a delta (a compaction) gets a new one against what it still carries.
+
+def _memory_sections(text: str) -> list[tuple[int, int]]:
+    """The line spans ``[start, end)`` of ``text``'s memory sections: a memory heading to the next heading of its
+    level or above (or the end)."""
+    lines = text.split("\n")
+    spans: list[tuple[int, int]] = []
+    j = 0
+    while j < len(lines):
+        opened = _MEMORY_HEADING.match(lines[j])
+        if opened is None:
+            j += 1
+            continue
+        level = len(opened.group(1))
+        end = next((k for k in range(j + 1, len(lines))
+                    if (h := _HEADING.match(lines[k])) and len(h.group(1)) <= level), len(lines))
+        spans.append((j, end))
+        j = end
+    return spans
+
+
+def _memory(texts: list[str]) -> dict[tuple[int, str], str]:
+    """(block, heading) -> the memory section's text, over a system prompt's blocks."""
+    out: dict[tuple[int, str], str] = {}
+    for i, text in enumerate(texts):
+        lines = text.split("\n")
+        for a, b in _memory_sections(text):
+            out.setdefault((i, lines[a]), "\n".join(lines[a:b]))
+    return out
+
+
+def _with_memory(texts: list[str], pinned: dict[tuple[int, str], str]) -> list[str]:
+    """``texts`` with each memory section that ``pinned`` knows (by block and heading) re-sent as pinned."""
+    out = []
+    for i, text in enumerate(texts):
+        lines = text.split("\n")
+        spans = [(a, b) for a, b in _memory_sections(text) if (i, lines[a]) in pinned]
+        if not spans:
+            out.append(text)
+            continue
+        parts: list[str] = []
+        at = 0
+        for a, b in spans:
+            parts += lines[at:a] + [pinned[(i, lines[a])]]
+            at = b
+        out.append("\n".join(parts + lines[at:]))
+    return out
+
+
+def durable_deltas(requests: Sequence[Request]) -> Applied:
+    """Lore #747: the memory in the system prompt is pinned at its first bytes; each later change becomes a
+    durable delta.
+
+    Lore pins the memory it manages and leaves the host's own prompt untouched (``system[0]``,
+    docs/seed_designs.md#lore-request-layout). So the memory sections of the first request's system prompt (a
+    heading naming memory or knowledge, to the next heading of its level) are re-sent as first sent on every
+    request, and the rest of the system prompt goes as the request has it: state the host re-renders into its
+    own prompt (a ``git status``, a clock) still re-writes what follows it, as under Lore. A system prompt with no
+    memory section is pinned whole. When the memory differs from what the history last carried (the pinned
+    memory plus the deltas in it), a delta — the changed or new lines, then the superseded ones — rides as a
+    text block on the newest user message and stays in history. A history that dropped a delta (a compaction)
+    gets a new one against what it still carries.
     """
     out: list[Request] = []
     changed: list[int] = []
     if not requests:
         return Applied(out, changed, "no requests")
+    first_texts = _system_texts(requests[0].body) or []
     pinned = requests[0].body.get("system")
-    pinned_text = "\n\n".join(_system_texts(requests[0].body) or [])
-    carrier = _Carrier(pinned_text)
+    memory = _memory(first_texts)  # empty: the whole prompt is pinned
+    carrier = _Carrier("\n\n".join(memory.values()) if memory else "\n\n".join(first_texts))
     first: str | None = None
-    deltas = 0
+    deltas = passed = 0
+    last: tuple[list[str], Any] = (first_texts, pinned)  # the texts sent last and their system object
     for r in requests:
         body = r.body
         messages = body.get("messages")
@@ -476,7 +537,18 @@ def durable_deltas(requests: Sequence[Request]) -> Applied:
         if texts is None or not isinstance(messages, list):
             out.append(r)
             continue
-        now = "\n\n".join(texts)
+        system = pinned
+        if memory:
+            now_memory = _memory(texts)
+            now = "\n\n".join(now_memory.get(k, "") for k in memory)
+            sent = _with_memory(texts, memory)
+            if sent != last[0]:
+                last = (sent, _with_system_texts(body, sent)["system"])
+            system = last[1]
+            if sent != first_texts:
+                passed += 1
+        else:
+            now = "\n\n".join(texts)
         known = carrier.carried(messages)
         if now != known and carrier.place(messages, now, _delta_text(known, now)):
             deltas += 1
@@ -484,12 +556,12 @@ def durable_deltas(requests: Sequence[Request]) -> Applied:
                 la, lb = known.split("\n"), now.split("\n")
                 j = next((j for j, (a, b) in enumerate(zip(la, lb, strict=False)) if a != b), min(len(la), len(lb)))
                 old = la[j] if j < len(la) else ""
-                first = (f"system line {j + 1} at request {r.origin}: {_quote(old)} → "
+                first = (f"{'memory' if memory else 'system'} line {j + 1} at request {r.origin}: {_quote(old)} → "
                          f"{_quote(lb[j] if j < len(lb) else '')}")
         new = dict(body)
-        if "system" in body or pinned is not None:
-            new["system"] = pinned
-            if pinned is None:
+        if "system" in body or system is not None:
+            new["system"] = system
+            if system is None:
                 del new["system"]
         new["messages"] = carrier.messages(messages)
         if new.get("system") is not body.get("system") or new["messages"] is not messages:
@@ -497,8 +569,11 @@ def durable_deltas(requests: Sequence[Request]) -> Applied:
             out.append(Request(r.at, new, r.origin, r.ping))
         else:
             out.append(r)
-    evidence = (f"{first}; {_n(deltas, 'delta')} in {_n(len(requests), 'request')}" if first else
-                "the system prompt never changed: nothing to pin")
+    kept = (f"; the rest of the system prompt (the host's own) sent as it was on {_n(passed, 'request')} where it "
+            "changed" if passed else "")
+    evidence = (f"{first}; {_n(deltas, 'delta')} in {_n(len(requests), 'request')}{kept}" if first else
+                ("the memory never changed: nothing to pin" if memory else
+                 "the system prompt never changed: nothing to pin") + kept)
     return Applied(out, changed, evidence)
 
 
@@ -529,15 +604,16 @@ def _strip(items: list[Any]) -> list[Any]:
 
 def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = None,
                 system_block: int | None = None) -> Applied:
-    """Place 3 of Anthropic's 4 ``cache_control`` markers where this traffic's prefixes end.
+    """Place 2 of Anthropic's 4 ``cache_control`` markers where this traffic's prefixes end, as pi-ai does.
 
-    Every marker the client placed (and the automatic top-level one) is replaced by: one on the last tool
-    (the tools survive a system prompt change), one on a system block — ``system_block`` (the counterfactual
-    tries each and keeps the cheapest: the end of the longest prefix that stays), by default the last — and
-    one on the last block of the newest message (the next request reads it: it starts within the 20-block
-    lookback of a request that adds fewer than 20 blocks). A string system prompt or message becomes one text
-    block (in every request alike, so bytes stay stable). ``marker`` defaults to the client's first (TTL
-    included), else ``{"type": "ephemeral"}``.
+    Every marker the client placed (and the automatic top-level one) is replaced by: one on a system block —
+    ``system_block`` (the counterfactual tries each and keeps the cheapest: the end of the longest prefix that
+    stays), by default the last — and one on the last block of the newest message (the next request reads it:
+    it starts within the 20-block lookback of a request that adds fewer than 20 blocks). A string system prompt or
+    message becomes one text block (in every request alike, so bytes stay stable). ``marker`` defaults to the
+    client's first (TTL included), else ``{"type": "ephemeral"}``. The tools get no marker: the strategies this fix
+    stands for (oh-my-pi's append-only context, Lore) place none there, so a system prompt change re-writes the
+    tools under them too, and a counterfactual that kept the tools cached would promise a saving they do not make.
     """
     out: list[Request] = []
     changed: list[int] = []
@@ -559,10 +635,12 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
             if seen is not None and seen[0] is part and seen[1] == mark:
                 new[key] = seen[2]
                 continue
-            if isinstance(part, str):
+            if key == "tools":
+                new[key] = _strip(part) if isinstance(part, list) else part
+            elif isinstance(part, str):
                 new[key] = [{"type": "text", "text": part, "cache_control": mark}]
             else:
-                at = len(part) - 1 if key == "tools" or system_block is None else min(system_block, len(part) - 1)
+                at = len(part) - 1 if system_block is None else min(system_block, len(part) - 1)
                 blocks = _strip(part)
                 blocks[at] = {**blocks[at], "cache_control": mark}
                 new[key] = blocks
@@ -599,7 +677,7 @@ def breakpoints(requests: Sequence[Request], *, marker: dict[str, Any] | None = 
         out.append(Request(r.at, new, r.origin, r.ping))
     shown = f"{min(before)}–{max(before)}" if before and min(before) != max(before) else str(before[0] if before else 0)
     placed = "last system block" if system_block is None else f"system[{system_block}]"
-    evidence = (f"{shown} marker{'' if shown == '1' else 's'} per request before; after: last tool, {placed}, "
+    evidence = (f"{shown} marker{'' if shown == '1' else 's'} per request before; after: {placed}, "
                 "newest message's last block")
     return Applied(out, changed, evidence)
 

@@ -1,0 +1,114 @@
+"""The strategy-equivalence table: does ``pc.counterfactual(s, strategy=X)`` land where strategy X's own replay does?
+
+Each scenario is replayed (simulated, the offline Anthropic cache model) under a source strategy (``naive``,
+``clock_in_system``), written as the recording proxy logs it (bodies, and the usage the cache model reported),
+imported into a fresh Lab (no strategy information survives the log) and counterfactually fixed with the fix set
+that stands for each target strategy (``pc.advice.STRATEGY_FIXES``). The table compares that counterfactual's cost
+with the same scenario replayed under the target strategy itself; both figures are simulated.
+
+    .venv/bin/python benchmarks/equivalence_table.py [--scenario NAME ...]
+
+Prints a Markdown table (scenario, source, target, counterfactual cost, strategy replay cost, gap %). The tests
+(``tests/test_advice_equivalence.py``) hold every gap within ±10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import promptcache_nb as pc
+from promptcache_nb.analysis import load_turns
+
+SCENARIOS = ("support_agent", "knowledge_churn", "git_status", "tool_reorder", "idle_gaps")
+SOURCES = ("naive", "clock_in_system")
+TARGETS = ("clock_at_tail", "append_only", "durable_delta")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One cell of the table: a scenario's source log fixed as ``target``, against ``target``'s own replay."""
+
+    scenario: str
+    source: str
+    target: str
+    requests: int
+    counterfactual_usd: float
+    replay_usd: float
+
+    @property
+    def gap(self) -> float:
+        """(counterfactual − replay) / replay."""
+        return (self.counterfactual_usd - self.replay_usd) / self.replay_usd
+
+
+def write_proxy_log(s: pc.Session, path: Path) -> Path:
+    """The session's requests as the recording proxy logs them: bodies and the usage the cache model reported."""
+    lines = []
+    bodies = {t.idx: t.request.body for t in load_turns(s)}  # rebuilt in bulk (s.turn(i) rebuilds one, its diff too)
+    for r in s.turns().itertuples():
+        body = bodies[r.idx]
+        usage = {"input_tokens": int(r.input_tokens), "cache_read_input_tokens": int(r.cache_read_input_tokens),
+                 "cache_creation_input_tokens": int(r.cache_creation_input_tokens),
+                 "cache_creation": {"ephemeral_5m_input_tokens": int(r.cache_creation_5m_input_tokens or 0),
+                                    "ephemeral_1h_input_tokens": int(r.cache_creation_1h_input_tokens or 0)},
+                 "output_tokens": int(r.output_tokens or 0)}
+        lines.append({"v": 1, "at": r.at.isoformat().replace("+00:00", "Z"), "method": "POST",
+                      "url": "https://api.anthropic.com/v1/messages", "path": "/v1/messages", "status": 200,
+                      "request": body,
+                      "response": {"id": f"msg_01Eq{r.idx:04d}", "type": "message", "role": "assistant",
+                                   "model": body["model"], "content": [{"type": "text", "text": "ok"}],
+                                   "stop_reason": "end_turn", "usage": usage},
+                      "usage": usage, "request_id": f"req_011Eq{r.idx:04d}", "latency_ms": 900,
+                      "provider": "anthropic"})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+def scenario_path(name: str) -> Path:
+    return pc.data_path("scenarios") / f"{name}.yaml"
+
+
+def replay_all(lab: pc.Lab, scenario: str) -> dict[str, pc.Session]:
+    """The scenario replayed under every source and target strategy."""
+    return {st: lab.replay(scenario_path(scenario), strategy=st) for st in (*SOURCES, *TARGETS)}
+
+
+def rows_for(lab: pc.Lab, scenario: str, replays: dict[str, pc.Session], source: str, workdir: Path) -> list[Row]:
+    """The three targets' rows for one (scenario, source): the source's replay logged, imported and fixed."""
+    log = write_proxy_log(replays[source], workdir / f"{scenario}-{source}.jsonl")
+    (imported,) = lab.import_log(log).sessions
+    out = []
+    for target in TARGETS:
+        cf = pc.counterfactual(imported, strategy=target)
+        out.append(Row(scenario, source, target, len(cf.turns()), float(cf.turns().cost_usd.sum()),
+                       float(replays[target].turns().cost_usd.sum())))
+    return out
+
+
+def markdown(rows: list[Row]) -> str:
+    head = ("| scenario | from | fixed as | counterfactual $ | strategy replay $ | gap |\n"
+            "|---|---|---|---:|---:|---:|\n")
+    return head + "".join(f"| `{r.scenario}` ({r.requests} requests) | `{r.source}` | `{r.target}` | "
+                          f"{r.counterfactual_usd:.2f} | {r.replay_usd:.2f} | {r.gap * 100:+.1f} % |\n" for r in rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="default: all five")
+    args = parser.parse_args()
+    import tempfile
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp, pc.Lab(progress=False) as lab:
+        for scenario in args.scenario or SCENARIOS:
+            replays = replay_all(lab, scenario)
+            for source in SOURCES:
+                rows += rows_for(lab, scenario, replays, source, Path(tmp))
+    print(markdown(rows), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The strategy-equivalence table (issue 36): five scenarios users really run, each replayed under a source
+strategy, logged as the recording proxy logs it, imported, and counterfactually fixed as each target strategy;
+the counterfactual's cost lands within ±10 % of the target strategy's own replay of the same scenario.
+
+``benchmarks/equivalence_table.py`` prints the table (README "What would it save?"); this module holds every
+cell to the bound. One Lab and one set of replays per scenario for the whole module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import promptcache_nb as pc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: counterfactual cost vs the strategy's own replay, relative (as tests/test_advice.py)
+EQUIVALENCE_BOUND = 0.10
+
+
+def _table() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("equivalence_table", ROOT / "benchmarks" / "equivalence_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+TABLE = _table()
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[pc.Lab]:
+    with pc.Lab(progress=False) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def rows(lab: pc.Lab, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], object]:
+    """Every (scenario, source, target) cell, computed once."""
+    workdir = tmp_path_factory.mktemp("equivalence")
+    out: dict[tuple[str, str, str], object] = {}
+    for scenario in TABLE.SCENARIOS:
+        replays = TABLE.replay_all(lab, scenario)
+        for source in TABLE.SOURCES:
+            for row in TABLE.rows_for(lab, scenario, replays, source, workdir):
+                out[(row.scenario, row.source, row.target)] = row
+    return out
+
+
+def test_the_new_scenarios_are_long_and_realistic() -> None:
+    for name in ("git_status", "tool_reorder", "idle_gaps"):
+        scenario = pc.load_scenario(TABLE.scenario_path(name))
+        assert len(scenario.turns) >= 40, name
+    edits = [t for t in pc.load_scenario(TABLE.scenario_path("git_status")).turns
+             if any(e.code == "host_prompt_edit" for e in t.events)]
+    assert len(edits) >= 20  # the workspace snapshot changes on most turns
+    gaps = sorted(t.after.total_seconds() / 60 for t in pc.load_scenario(TABLE.scenario_path("idle_gaps")).turns)
+    assert gaps[-3:] == [3, 8, 70]
+
+
+@pytest.mark.parametrize("target", TABLE.TARGETS)
+@pytest.mark.parametrize("source", TABLE.SOURCES)
+@pytest.mark.parametrize("scenario", TABLE.SCENARIOS)
+def test_counterfactual_lands_within_the_bound_of_the_strategy(rows, scenario, source, target) -> None:
+    row = rows[(scenario, source, target)]
+    assert row.requests > 0 and row.replay_usd > 0
+    assert abs(row.gap) < EQUIVALENCE_BOUND, (scenario, source, target, f"{row.gap:+.1%}")
+
+
+def test_the_table_prints_every_cell(rows) -> None:
+    text = TABLE.markdown(list(rows.values()))
+    lines = text.strip().split("\n")
+    assert len(lines) == 2 + len(TABLE.SCENARIOS) * len(TABLE.SOURCES) * len(TABLE.TARGETS)
+    assert lines[0].startswith("| scenario | from | fixed as |") and all(ln.endswith("% |") for ln in lines[2:])
