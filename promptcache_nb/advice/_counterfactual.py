@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._config import SessionConfig
-from .._shared import cache_scope_of
+from .._shared import account_of, cache_scope_of
 from ..analysis import Prices, load_calibration
 from ..analysis.resimulate import SharedStream, StoredTurn, _resimulate_turns, load_turns, request_prices
 from ..cache import get_cache_model
@@ -266,8 +266,8 @@ class Original:
 
 def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[SharedStream, ...]:
     """The other sessions that shared ``row``'s simulated provider cache, as stored: those of its cache scope
-    (``project`` for an imported session: its sub-agents, compaction calls and other conversations read each
-    other's entries), with the same cache model and the same parameters but for ``client_ttls`` (each its own
+    (``account`` for an imported session: its sub-agents, compaction calls and the account's other
+    conversations read each other's entries), with the same cache model and the same parameters but for ``client_ttls`` (each its own
     client's). Only their requests within the cache's longest lifetime before this session's first request and
     up to its last can touch what it reads. Counterfactual sessions are never family."""
     scope = cache_scope_of(row)
@@ -281,7 +281,8 @@ def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[Sha
     for other in lab.store.session_rows(row["cache_model"]):
         config = other["config"]
         if other["id"] == row["id"] or config.get("counterfactual_of") or cache_scope_of(other) != scope \
-                or scope == "project" and other["project_id"] != row["project_id"]:
+                or scope == "project" and other["project_id"] != row["project_id"] \
+                or scope == "account" and account_of(other) != account_of(row):
             continue
         own = dict(config.get("cache_params") or {})
         if {k: v for k, v in own.items() if k != "client_ttls"} == params:
