@@ -354,12 +354,14 @@ def import_log(
     calibrate: bool = True,
     account: str | None = None,
     accounts: Mapping[str, str] | None = None,
+    projects: Mapping[str, str] | None = None,
     groups: Sequence[Sequence[str]] | None = None,
 ) -> ImportResult:
     """Import agent logs into ``lab``; see :meth:`Lab.import_log`. ``calibrate=False``: fit no calibration at the
-    end (a caller that fits once over several imports). ``accounts``: the account of each file (its resolved
-    path), before ``account``; ``groups``: the file groups, in the order to store them, instead of the walk's
-    (``pc.fleet``: a task stores an account's groups as one import of their folder would)."""
+    end (a caller that fits once over several imports). ``accounts`` and ``projects``: the account and project of
+    the sessions whose first file is a key (a resolved path), before ``account`` and ``project``; ``groups``: the
+    file groups, in the order to store them, instead of the walk's (``pc.fleet``: a task stores an account's
+    groups as one import of their folder would)."""
     if format != "auto" and format not in READERS:
         raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -374,7 +376,7 @@ def import_log(
                                account=account)
     with gc_paused():
         return _import(lab, paths, format, project, progress, calibrate,
-                       _Accounts(account or DEFAULT_ACCOUNT, dict(accounts or {})), groups)
+                       _Owners(account or DEFAULT_ACCOUNT, dict(accounts or {}), dict(projects or {})), groups)
 
 
 #: New sessions of a file group are stored in transactions of up to this many sessions or requests: a COMMIT
@@ -399,16 +401,17 @@ class _Stored:
 
 
 @dataclass(frozen=True)
-class _Accounts:
+class _Owners:
     """Whose provider cache an import's sessions used: the account the log names, else the one of the session's
-    first file (``by_file``, resolved paths), else ``default``."""
+    first file (``accounts``, by resolved path), else ``default``; and the project a caller gave that file."""
 
     default: str
-    by_file: Mapping[str, str] = field(default_factory=dict)
+    accounts: Mapping[str, str] = field(default_factory=dict)
+    projects: Mapping[str, str] = field(default_factory=dict)
 
-    def of(self, reqs: Sequence[ImportedRequest], file: Path) -> str:
+    def account(self, reqs: Sequence[ImportedRequest], file: Path) -> str:
         said = next((r.account for r in reqs if r.account), None)
-        return said or self.by_file.get(str(file)) or self.default
+        return said or self.accounts.get(str(file)) or self.default
 
 
 @dataclass
@@ -420,7 +423,8 @@ class _Pending:
     file: str
     reqs: list[ImportedRequest]
     again: bool  #: an earlier group of this import stored part of it: its requests are all here now
-    account: str  #: whose provider cache it used (``_Accounts``)
+    account: str  #: whose provider cache it used (``_Owners``)
+    project: str | None  #: its project when the caller gave its file one (``_Owners.projects``)
     #: parents first (a sub-agent's parent_id then names a stored session), then by key: the order every import
     #: stores sessions in, whatever its file groups
     rank: tuple[bool, str] = field(init=False)
@@ -439,7 +443,7 @@ class _Run:
 
     lab: Lab
     project: str | None
-    accounts: _Accounts = field(default_factory=lambda: _Accounts(DEFAULT_ACCOUNT))
+    owners: _Owners = field(default_factory=lambda: _Owners(DEFAULT_ACCOUNT))
     unknown: set[str] = field(default_factory=set)
     stored: dict[str, _Stored] = field(default_factory=dict)
     #: one stored session of each cache scope: it holds the scope's simulated cache (the Lab holds caches weakly),
@@ -448,7 +452,7 @@ class _Run:
 
 
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
-            progress: bool, calibrate: bool = True, accounts: _Accounts | None = None,
+            progress: bool, calibrate: bool = True, owners: _Owners | None = None,
             planned: Sequence[Sequence[str]] | None = None) -> ImportResult:
     """Read and store one file group at a time (``_groups.plan_groups``: a Claude Code project folder, a file
     you name), so memory holds one group's records, never the folder's (small groups are read together, up to
@@ -460,7 +464,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items
                     if not any(ch in str(item) for ch in "*?[")]
-    run = _Run(lab, project, accounts or _Accounts(DEFAULT_ACCOUNT))
+    run = _Run(lab, project, owners or _Owners(DEFAULT_ACCOUNT))
     read_skips: list[tuple[int, dict[str, Any]]] = []
     read_ok: list[tuple[int, tuple[str, str]]] = []
     reader_of: dict[int, str] = {}  # file index -> the reader that read it
@@ -480,7 +484,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
             if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
                     sum(map(len, by_session.values())) < BATCH_REQUESTS:
                 continue  # small groups (one-request files) are stored together: one transaction for many
-            pending = _pending_of(by_session, files, reader_of, key_files, run.accounts)
+            pending = _pending_of(by_session, files, reader_of, key_files, run.owners)
             by_session = {}
             # nothing here keeps the group's records: each session's go once it is stored (``_store_batch``),
             # and the next group is read with none of this one's held
@@ -521,7 +525,7 @@ def _read_into(by_session: dict[str, list[tuple[int, ImportedRequest]]], models:
 
 
 def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files: list[LogFile],
-                reader_of: dict[int, str], key_files: dict[str, list[int]], accounts: _Accounts) -> list[_Pending]:
+                reader_of: dict[int, str], key_files: dict[str, list[int]], owners: _Owners) -> list[_Pending]:
     """A file group's sessions, ready to store, in the order they are stored (:attr:`_Pending.rank`). A session
     an earlier group stored part of is read again from that group's files; ``key_files`` learns which files
     hold each session."""
@@ -534,7 +538,8 @@ def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files:
         first = recs[0][0]
         reqs = sorted(_richest([r for _, r in recs]), key=lambda r: r.at)  # stable: file order for ties
         pending.append(_Pending(key, reader_of[first], display_path(files[first].path), reqs,
-                                again=bool(earlier), account=accounts.of(reqs, files[first].path)))
+                                again=bool(earlier), account=owners.account(reqs, files[first].path),
+                                project=owners.projects.get(str(files[first].path))))
         for j in dict.fromkeys(i for i, _ in recs if i not in earlier):
             key_files.setdefault(key, []).append(j)
     return sorted(pending, key=lambda p: p.rank)
@@ -651,7 +656,8 @@ def _store_one(run: _Run, p: _Pending, *, fresh: bool) -> _Stored:
     skipped: list[dict[str, Any]] = []
     flagged: list[dict[str, Any]] = []
     notes: list[dict[str, Any]] = []
-    s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=run.project, skipped=skipped,
+    s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=p.project or run.project,
+                                 skipped=skipped,
                                  unknown=run.unknown, bar=None, flagged=flagged, notes=notes, fresh=fresh,
                                  account=p.account)
     if s.cache_scope != "session":  # a session's own cache has no other user
