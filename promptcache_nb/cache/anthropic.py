@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
@@ -138,12 +138,15 @@ class _Cell:
 class _Entry:
     """A cache entry. Its expiry is its own, or the cell it shares with the entries refreshed with it."""
 
-    __slots__ = ("ttl", "_expires", "visible_at", "written_at", "tokens", "cell")
+    __slots__ = ("ttl", "_expires", "visible_at", "written_at", "tokens", "cell", "writer")
 
-    def __init__(self, ttl: str, expires_at: float, visible_at: float, written_at: float, tokens: int) -> None:
+    def __init__(self, ttl: str, expires_at: float, visible_at: float, written_at: float, tokens: int,
+                 writer: Hashable = None) -> None:
         self.ttl, self._expires, self.visible_at, self.written_at, self.tokens = (
             ttl, expires_at, visible_at, written_at, tokens)
         self.cell: _Cell | None = None
+        #: the request stream (a session id, :meth:`CacheModel.stream`) that wrote it: a read by another names it
+        self.writer = writer
 
     @property
     def expires_at(self) -> float:
@@ -551,8 +554,12 @@ class AnthropicCache(CacheModel):
                 break
         read = cum[hit] if hit is not None else 0
         along = self._entries_along(model, chain, t) if self.options.refresh_along_prefix else None
+        stream = self.__dict__.get("_stream_key")
+        read_from: Hashable = None
         if hit is not None:
             e = self._entries[(model, chain[hit])]
+            if e.writer is not None and e.writer != stream:
+                read_from = e.writer  # another session of the cache's scope wrote what this one read
             if along is not None and along.entries.get(hit) is e:
                 along.refresh(hit, t)  # free refresh on read (§1.6), of every live entry the read went through
             else:
@@ -563,7 +570,7 @@ class AnthropicCache(CacheModel):
         writes = self._writes(marks, cum, read, minimum)
         for bp, ttl in writes:
             entry = self._entries[(model, chain[bp])] = _Entry(
-                ttl, t + TTL_SECONDS[ttl], t + self.options.ttft_seconds, t, cum[bp]
+                ttl, t + TTL_SECONDS[ttl], t + self.options.ttft_seconds, t, cum[bp], stream
             )
             if along is not None:
                 along.add(bp, entry)
@@ -594,6 +601,8 @@ class AnthropicCache(CacheModel):
         }
         if marks and marks[0][0] == 0 and request.segments[0].kind == "unlogged":
             detail["assumed_breakpoints"] = True  # the client's layout, not markers of the logged body
+        if read_from is not None:
+            detail["read_from_session"] = str(read_from)
         reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)
         self._prev_keys, self._prev_chain = keys, chain
         self._prev_segments, self._prev_salts = request.segments, self._salts_now
