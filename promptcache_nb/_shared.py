@@ -5,8 +5,9 @@ A provider caches per account, not per conversation: sessions of one cache scope
 ``account`` or ``lab``; ``lab.new_session(cache_scope=...)``) with the same cache model and parameters share one
 simulated cache. Imported sessions are in the ``account`` scope: the provider never shares a cache across
 organisations (Anthropic's API also isolates workspaces; Bedrock per AWS account, Vertex per project, OpenAI and
-Gemini per organisation / project), and shares it within one, so that is who shares a simulated cache. It outlives a restarted Session object (a provider's cache does not restart with the agent) and is
-rebuilt from the store when missing or when it may have seen a request the store lost.
+Gemini per organisation / project), and shares it within one, so that is who shares a simulated cache.
+A cache outlives a restarted Session object (a provider's cache does not restart with the agent) and is rebuilt
+from the store when missing or when it may have seen a request the store lost.
 """
 
 from __future__ import annotations

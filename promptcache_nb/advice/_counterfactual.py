@@ -267,9 +267,9 @@ class Original:
 def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[SharedStream, ...]:
     """The other sessions that shared ``row``'s simulated provider cache, as stored: those of its cache scope
     (``account`` for an imported session: its sub-agents, compaction calls and the account's other
-    conversations read each other's entries), with the same cache model and the same parameters but for ``client_ttls`` (each its own
-    client's). Only their requests within the cache's longest lifetime before this session's first request and
-    up to its last can touch what it reads. Counterfactual sessions are never family."""
+    conversations read each other's entries), with the same cache model and the same parameters but for
+    ``client_ttls`` (each its own client's). Only their requests within the cache's longest lifetime before this
+    session's first request and up to its last can touch what it reads. Counterfactual sessions are never family."""
     scope = cache_scope_of(row)
     if scope == "session" or not turns:
         return ()

@@ -109,7 +109,8 @@ def import_group(group: FileGroup, out: str, project: str | None = None) -> Grou
 @dataclass
 class FleetImport:
     """What :func:`import_logs` did. ``groups``: one row per task (the file groups of one account; ``status``
-    imported, unchanged, or merged when a session spanned two accounts' groups); ``requests`` stored now; ``skipped``: lines and files not imported, with why."""
+    imported, unchanged, or merged when a session spanned two accounts' groups); ``requests`` stored now;
+    ``skipped``: lines and files not imported, with why."""
 
     out: str
     groups: pd.DataFrame
