@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+#: The account of sessions whose log names none and whose import gave none: a user's own logs are one account.
+DEFAULT_ACCOUNT = "local"
+
 #: Keys every stored config has (a session created by ``Lab.new_session`` or ``Lab.create_session``).
 _BASE_KEYS = ("start", "step_seconds", "cache_params", "strategy_params", "cache_scope", "prices", "calibration")
 #: Keys an imported session's config has as well (``format`` given), each stored even when None.

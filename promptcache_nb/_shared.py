@@ -21,7 +21,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from . import analysis as _analysis
-from ._config import SessionConfig
+from ._config import DEFAULT_ACCOUNT, SessionConfig
 from .cache import CacheModel, get_cache_model
 from .errors import PromptCacheError
 from .request import PreparedRequest, SegmentMemo, canonical_json
@@ -36,9 +36,6 @@ ScopeKey = tuple[str, str, str, str]
 
 #: Who shares a simulated provider cache (``lab.new_session(cache_scope=...)``).
 CACHE_SCOPES = ("session", "project", "account", "lab")
-
-#: The account of sessions whose log names none and whose import gave none: a user's own logs are one account.
-DEFAULT_ACCOUNT = "local"
 
 
 def stored_cache_scope(configured: str | None, *, imported: bool) -> str:

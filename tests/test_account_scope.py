@@ -119,6 +119,13 @@ def test_a_generated_multi_folder_history_shares_one_cache_per_account(tmp_path:
     assert detail["read_from_session"] == original_sid
     assert detail["predicted_usage"]["cache_read_input_tokens"] > 0
     assert f"written by session {original_sid}" in t.explanation[0]
+    # per session, its first read and who wrote it: the same through either door
+    shared = pc.analysis.shared_reads(store)
+    assert shared.equals(pc.analysis.shared_reads(ds)) and len(shared) == len(sid)
+    row = shared.set_index("session").loc[forked_sid]
+    assert (row.read, row.read_from_session, row.likely_writer, row.explained_by) == (
+        14_000, original_sid, original_sid, "simulation")
+    assert set(shared.explained_by) == {"simulation", "no read"}  # the generated sessions start cold
     # two accounts: the fork's first request reads nothing of the original's
     apart = pc.Lab(tmp_path / "apart.duckdb", progress=False)
     apart.import_log([p for p in sorted(folder.iterdir()) if p.name != "-home-dev-zz-fork"], account="a")
