@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+#: The account of sessions whose log names none and whose import gave none: a user's own logs are one account.
+DEFAULT_ACCOUNT = "local"
+
 #: Keys every stored config has (a session created by ``Lab.new_session`` or ``Lab.create_session``).
 _BASE_KEYS = ("start", "step_seconds", "cache_params", "strategy_params", "cache_scope", "prices", "calibration")
 #: Keys an imported session's config has as well (``format`` given), each stored even when None.
@@ -34,8 +37,12 @@ class SessionConfig:
     step_seconds: float = 30.0  #: the default gap between turns (an int is kept as given: imports store 30)
     cache_params: Mapping[str, Any] = field(default_factory=dict)  #: the cache model's parameters
     strategy_params: Mapping[str, Any] = field(default_factory=dict)  #: the strategy's options, validated
-    #: who shares the simulated cache (``session``, ``project``, ``lab``); None: an old store that did not say
+    #: who shares the simulated cache (``session``, ``project``, ``account``, ``lab``); None: an old store that did
+    #: not say
     cache_scope: str | None = None
+    #: the provider account (organisation / workspace) whose cache the session used, for the ``account`` scope;
+    #: None: not said (stored only when set, so configs of other sessions keep their bytes)
+    account: str | None = None
     #: explicit prices (the fields of :class:`~promptcache_nb.Prices`), None: genai-prices
     prices: Mapping[str, Any] | None = None
     #: an opted-in calibration (``model``, ``ratio``, ``overhead``), None: none
@@ -55,11 +62,11 @@ class SessionConfig:
     @classmethod
     def from_stored(cls, stored: Mapping[str, Any]) -> SessionConfig:
         """The config of a stored ``sessions.config`` dict; keys an older store lacks take their defaults."""
-        known = {k: stored[k] for k in (*_BASE_KEYS, *_IMPORT_KEYS) if k in stored and k != "start"}
+        known = {k: stored[k] for k in (*_BASE_KEYS, *_IMPORT_KEYS, "account") if k in stored and k != "start"}
         for k in ("cache_params", "strategy_params"):
             if known.get(k) is None:
                 known.pop(k, None)
-        extra = {k: v for k, v in stored.items() if k not in _BASE_KEYS and k not in _IMPORT_KEYS}
+        extra = {k: v for k, v in stored.items() if k not in _BASE_KEYS and k not in _IMPORT_KEYS and k != "account"}
         return cls(start=datetime.fromisoformat(stored["start"]), extra=extra, **known)
 
     @staticmethod
@@ -74,6 +81,7 @@ class SessionConfig:
             "start": self.start.isoformat(), "step_seconds": self.step_seconds,
             "cache_params": dict(self.cache_params), "strategy_params": dict(self.strategy_params),
             "cache_scope": self.cache_scope,
+            **({} if self.account is None else {"account": self.account}),
             "prices": None if self.prices is None else dict(self.prices),
             "calibration": None if self.calibration is None else dict(self.calibration),
         }

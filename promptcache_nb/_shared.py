@@ -1,10 +1,13 @@
 """What the sessions of one Lab share: the simulated provider caches (one per cache scope) and each project's
 knowledge, as two objects a Lab owns and hands to its sessions (``_protocols.SessionHost``).
 
-A provider caches per workspace, not per conversation: sessions of one cache scope (``session``, ``project`` or
-``lab``; ``lab.new_session(cache_scope=...)``) with the same cache model and parameters share one simulated
-cache. It outlives a restarted Session object (a provider's cache does not restart with the agent) and is
-rebuilt from the store when missing or when it may have seen a request the store lost.
+A provider caches per account, not per conversation: sessions of one cache scope (``session``, ``project``,
+``account`` or ``lab``; ``lab.new_session(cache_scope=...)``) with the same cache model and parameters share one
+simulated cache. Imported sessions are in the ``account`` scope: the provider never shares a cache across
+organisations (Anthropic's API also isolates workspaces; Bedrock per AWS account, Vertex per project, OpenAI and
+Gemini per organisation / project), and shares it within one, so that is who shares a simulated cache.
+A cache outlives a restarted Session object (a provider's cache does not restart with the agent) and is rebuilt
+from the store when missing or when it may have seen a request the store lost.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from . import analysis as _analysis
-from ._config import SessionConfig
+from ._config import DEFAULT_ACCOUNT, SessionConfig
 from .cache import CacheModel, get_cache_model
 from .errors import PromptCacheError
 from .request import PreparedRequest, SegmentMemo, canonical_json
@@ -32,12 +35,12 @@ if TYPE_CHECKING:
 ScopeKey = tuple[str, str, str, str]
 
 #: Who shares a simulated provider cache (``lab.new_session(cache_scope=...)``).
-CACHE_SCOPES = ("session", "project", "lab")
+CACHE_SCOPES = ("session", "project", "account", "lab")
 
 
 def stored_cache_scope(configured: str | None, *, imported: bool) -> str:
-    """A stored session's cache scope: as configured, else ``project`` for an imported session (its sub-agents
-    and compaction calls read the parent's entries) and ``session`` for a simulated one."""
+    """A stored session's cache scope: as configured, else ``project`` for an imported session (what an import
+    stored before the ``account`` scope existed) and ``session`` for a simulated one."""
     if configured is not None:
         return configured
     return "project" if imported else "session"
@@ -48,17 +51,24 @@ def cache_scope_of(row: Mapping[str, Any]) -> str:
     return stored_cache_scope(SessionConfig.stored_cache_scope(row["config"]), imported=row.get("strategy") is None)
 
 
+def account_of(row: Mapping[str, Any]) -> str:
+    """A stored session row's account (:data:`DEFAULT_ACCOUNT` when its config names none)."""
+    return str(row["config"].get("account") or DEFAULT_ACCOUNT)
+
+
 def scope_key(scope: str, session_id: str, project_id: str, cache_model: str,
-              cache_params: Mapping[str, Any]) -> ScopeKey:
-    """(scope, its owner, cache model, parameters): sessions with equal keys share one simulated cache."""
-    owner = session_id if scope == "session" else project_id if scope == "project" else ""
+              cache_params: Mapping[str, Any], account: str | None = None) -> ScopeKey:
+    """(scope, its owner, cache model, parameters): sessions with equal keys share one simulated cache. The
+    owner is the session, its project, its account (``account``, else :data:`DEFAULT_ACCOUNT`) or the Lab."""
+    owner = {"session": session_id, "project": project_id, "account": account or DEFAULT_ACCOUNT}.get(scope, "")
     return (scope, owner, cache_model, canonical_json(dict(cache_params)))
 
 
 def _scope_key_of(row: Mapping[str, Any]) -> ScopeKey:
     """The scope key of a stored session row."""
     config = SessionConfig.from_stored(row["config"])
-    return scope_key(cache_scope_of(row), row["id"], row["project_id"], row["cache_model"], config.cache_params)
+    return scope_key(cache_scope_of(row), row["id"], row["project_id"], row["cache_model"], config.cache_params,
+                     config.account)
 
 
 @dataclass(frozen=True)
@@ -67,13 +77,15 @@ class ScopeMember:
 
     session_id: str
     project: str
-    scope: str  #: ``session``, ``project`` or ``lab``
+    scope: str  #: ``session``, ``project``, ``account`` or ``lab``
     cache_model: str
     cache_params: Mapping[str, Any]
+    account: str | None = None  #: the provider account, for the ``account`` scope (None: the default one)
 
     @property
     def key(self) -> ScopeKey:
-        return scope_key(self.scope, self.session_id, self.project, self.cache_model, self.cache_params)
+        return scope_key(self.scope, self.session_id, self.project, self.cache_model, self.cache_params,
+                         self.account)
 
     def new_model(self) -> CacheModel:
         return get_cache_model(self.cache_model, **self.cache_params)

@@ -169,7 +169,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.out is not None:
         return _import_fleet(args, paths)
     with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
-        res = lab.import_log(paths, format=args.format, project=args.project, workers=args.workers)
+        res = lab.import_log(paths, format=args.format, project=args.project, workers=args.workers,
+                             account=args.account)
         ids = res.sessions.ids
         # every figure below from two queries over the imported sessions (analysis.rollups), never a loop
         full = pc.analysis.session_summary(lab, ids) if ids else None
@@ -235,7 +236,8 @@ def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
         executor = ProcessPoolExecutor(args.workers)
     try:
         res = fleet.import_logs(paths, out=args.out, executor=executor, project=args.project,
-                                progress=not args.quiet)
+                                progress=not args.quiet,
+                                account=None if args.account is None else dict.fromkeys(paths, args.account))
     finally:
         if isinstance(executor, ProcessPoolExecutor):
             executor.shutdown()
@@ -448,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"force a format: {', '.join(formats)} (default: detect by content)")
     i.add_argument("--project", default=None, help="knowledge project for the imported sessions "
                                                    "(default: imported/<format>)")
+    i.add_argument("--account", default=None, metavar="NAME",
+                   help="the provider account (organisation / workspace) the logs were served under: its sessions "
+                        "share one simulated cache, as the provider's. Default: the account a log names, else one "
+                        "account for everything imported into --db, one per path given with --out")
     i.add_argument("--quiet", action="store_true", help="no progress bars")
     i.add_argument("--details", action="store_true",
                    help=f"print every session (default: totals and the {TOP_SESSIONS} costliest), each session's "

@@ -337,8 +337,10 @@ class Lab:
             cache_scope: who shares the simulated provider cache (a provider caches per workspace, not per
                 conversation): ``"session"`` (the default: this session alone), ``"project"`` (every session
                 of ``project`` with the same cache model and parameters: a sub-agent or a compaction call
-                that re-sends the parent's prefix reads the parent's entries) or ``"lab"`` (every session of
-                this Lab). Imported sessions default to ``"project"``.
+                that re-sends the parent's prefix reads the parent's entries), ``"account"`` (every session of
+                the default account with the same cache model: as the provider shares a cache across an
+                organisation / workspace) or ``"lab"`` (every session of this Lab). Imported sessions are in
+                the ``"account"`` scope (``import_log(account=...)``).
 
         Example:
             >>> s = lab.new_session("durable_delta", system="You are terse.", project="demo")  # doctest: +SKIP
@@ -418,7 +420,8 @@ class Lab:
         return s
 
     def import_log(self, paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
-                   project: str | None = None, progress: bool | None = None, workers: int = 1) -> ImportResult:
+                   project: str | None = None, progress: bool | None = None, workers: int = 1,
+                   account: str | None = None) -> ImportResult:
         """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
 
         ``paths`` is a file, a directory (walked), a glob or a list. Each session's new requests are stored in
@@ -429,6 +432,12 @@ class Lab:
         one file) in N processes, and this process merges them (``importers/_parallel.py``): the same stored
         result as ``workers=1``, in less wall time when there are several groups.
 
+        ``account``: the provider account (organisation / workspace) the logs were served under. The imported
+        sessions of one account share one simulated provider cache (per cache model and parameters), as the
+        provider's cache is shared: a session can read what another wrote (``pc.rebuilds``' ``read_from_session``).
+        A log that names its account (an ``anthropic-organization-id`` response header) keeps its own; otherwise
+        ``account``, else one account (``"local"``) for everything you import.
+
         Example:
             >>> res = lab.import_log("~/.claude/projects/-home-me-billing")  # doctest: +SKIP
             >>> res.summary()  # doctest: +SKIP
@@ -436,7 +445,8 @@ class Lab:
         from .importers import import_log
 
         show = self.progress if progress is None else progress
-        return import_log(self, paths, format=format, project=project, progress=show, workers=workers)
+        return import_log(self, paths, format=format, project=project, progress=show, workers=workers,
+                          account=account)
 
     def capture(self, client: Any, *, session: Session | None = None, project: str | None = None,
                 cache: str | None = None) -> AbstractContextManager[Capture]:

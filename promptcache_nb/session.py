@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from . import analysis as _analysis
 from . import pipeline
-from ._config import SessionConfig
+from ._config import DEFAULT_ACCOUNT, SessionConfig
 from ._protocols import has_record_listeners, notify_recorded
 from ._shared import (  # noqa: F401 - CACHE_SCOPES, cache_scope_of: re-exported from their old home
     CACHE_SCOPES,
@@ -356,9 +356,11 @@ class Session:
         self.source: str | None = row.get("source")
         self.parent_id: str | None = row.get("parent_id")
         self._cache_params = dict(cfg.cache_params)
-        #: Which sessions share this session's simulated provider cache: ``session`` (its own),
-        #: ``project`` or ``lab`` (every session of the scope with the same cache model and parameters).
+        #: Which sessions share this session's simulated provider cache: ``session`` (its own), ``project``,
+        #: ``account`` or ``lab`` (every session of the scope with the same cache model and parameters).
         self.cache_scope: str = stored_cache_scope(cfg.cache_scope, imported=self.strategy is None)
+        #: The provider account (organisation / workspace) whose cache it used: the ``account`` scope's owner.
+        self.account: str = cfg.account or DEFAULT_ACCOUNT
         self._caches = lab.caches
         # the Lab's cache for that scope, held while this object lives (a restarted session keeps it)
         self._scope_entry: ScopeCache | None = self._caches.existing(self._member())
@@ -389,7 +391,7 @@ class Session:
 
     def _member(self) -> ScopeMember:
         """This session as its simulated cache sees it (the project may change: ``Lab.move_sessions``)."""
-        return ScopeMember(self.id, self.project, self.cache_scope, self.cache, self._cache_params)
+        return ScopeMember(self.id, self.project, self.cache_scope, self.cache, self._cache_params, self.account)
 
     # -- loading ------------------------------------------------------------------------------
     @property

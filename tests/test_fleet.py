@@ -1,7 +1,7 @@
 """pc.fleet: file groups imported anywhere into a Parquet dataset, read back as a read-only Lab.
 
-The reference everywhere is the single-process store: each file group imported with ``lab.import_log`` into one
-DuckDB file, in the same order, under the group's project. The dataset must equal it table by table.
+The reference everywhere is the single-process store: each path passed imported with one ``import_log`` into one
+DuckDB file, as its own account (the fleet's default), each file group under its project. The dataset must equal it table by table.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import promptcache_nb as pc
 from promptcache_nb import fleet
 from promptcache_nb.analysis.calibrate import calibrate_families
 from promptcache_nb.errors import PromptCacheError, StoreError
+from promptcache_nb.importers import import_log
 
 #: Columns holding the wall clock of the run (when a calibration was fitted), not what was stored.
 WALL_CLOCK = {"calibrations": {"fitted_at"}}
@@ -39,9 +40,11 @@ def _tables(lab: pc.Lab) -> dict[str, list[str]]:
 
 def _single_process(tmp: Path, paths: list[Path]) -> pc.Lab:
     lab = pc.Lab(tmp / "single.duckdb", progress=False)
-    groups, _ = fleet.plan_groups(paths)
-    for g in groups:
-        lab.import_log(list(g.files), project=g.project, progress=False)
+    for path in paths:
+        # one import of each path passed: its own account (the fleet's default), each group under its project
+        groups, _ = fleet.plan_groups([path])
+        import_log(lab, path, account=str(path.resolve()), progress=False,
+                   projects={f: g.project for g in groups for f in g.files})
     # one import of everything fits the calibrations once, at its end, over every measured request (each call
     # above fitted over what was stored so far): so does the fleet
     lab.store.con.execute("DELETE FROM calibrations")
@@ -164,12 +167,15 @@ def test_running_again_imports_only_new_or_changed_groups(tmp_path: Path, logs: 
     rec["at"] = "2027-01-01T00:00:00.000Z"
     rec["request_id"] = "req_grown_once"
     grown.write_text("\n".join([*lines, json.dumps(rec)]) + "\n")
+    # one task per account (each path passed): the proxy's only
+    third = fleet.import_logs(paths, out=out, progress=False)
+    assert sorted(third.groups["status"]) == ["imported", "unchanged"] and len(third.groups) == len(first.groups)
     # and remove one Claude Code project folder: its rows leave the dataset
     gone = sorted((src / "claude-code").iterdir())[0]
     shutil.rmtree(gone)
-    third = fleet.import_logs(paths, out=out, progress=False)
-    assert third.groups["status"].tolist().count("imported") == 1
-    assert len(third.groups) == len(first.groups) - 1
+    fourth = fleet.import_logs(paths, out=out, progress=False)
+    assert sorted(fourth.groups["status"]) == ["imported", "unchanged"]
+    assert fourth.groups["files"].sum() < first.groups["files"].sum()
     got = _tables(fleet.open(out))
     want = _tables(_single_process(tmp_path, paths))
     assert got == want
@@ -185,7 +191,8 @@ def test_a_session_in_two_groups_is_imported_whole_by_one_task(tmp_path: Path, l
     session.write_text("\n".join(lines[:20]) + "\n")
     (folders[1] / session.name).write_text("\n".join(lines[20:]) + "\n")
     out = tmp_path / "out"
-    r = fleet.import_logs([src / "cc"], out=out, progress=False)
+    # each folder passed on its own: its own account, so its own task until the shared session merges two
+    r = fleet.import_logs(folders, out=out, progress=False)
     merged = r.groups[r.groups["status"] == "merged"]
     assert len(merged) == 1 and merged["files"].iloc[0] > 1
     lab = fleet.open(out)
@@ -195,7 +202,7 @@ def test_a_session_in_two_groups_is_imported_whole_by_one_task(tmp_path: Path, l
     single.import_log([src / "cc"], progress=False)
     turns = "SELECT session_id, idx, cache_read_input_tokens, cost_usd FROM turns ORDER BY ALL"
     assert lab.sql(turns).equals(single.sql(turns))
-    again = fleet.import_logs([src / "cc"], out=out, progress=False)  # stays merged, nothing to do
+    again = fleet.import_logs(folders, out=out, progress=False)  # stays merged, nothing to do
     assert (again.groups["status"] == "unchanged").all()
 
 

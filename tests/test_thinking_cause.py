@@ -162,7 +162,7 @@ def test_a_shared_cache_names_the_session_whose_entry_a_first_request_read(lab: 
     child = lab.session(project="scope", cache_scope="project", start=T0)
     t = child.record(body(3), at=at(70))  # a sub-agent re-sending the parent's prefix: simulated
     assert t.cache_reason == "hit" and t.cache_result is not None
-    assert t.cache_result.detail["written_by"] == parent.id
+    assert t.cache_result.detail["read_from_session"] == parent.id
     assert f"tokens session {parent.id} wrote" in t.observation.explanation
     # measured: the read is the API's; which session wrote it is the simulation's answer, said as such
     other = lab.session(project="scope", cache_scope="project", start=T0)

@@ -17,11 +17,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._config import SessionConfig
-from .._shared import cache_scope_of
+from .._shared import account_of, cache_scope_of
 from ..analysis import Prices, calibration_for
 from ..analysis.resimulate import SharedStream, StoredTurn, _resimulate_turns, load_turns, request_prices
 from ..cache import get_cache_model
-from ..errors import SessionError
+from ..errors import PromptCacheError, SessionError
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
 from ..usage import Usage
@@ -306,10 +306,10 @@ class Original:
 
 def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[SharedStream, ...]:
     """The other sessions that shared ``row``'s simulated provider cache, as stored: those of its cache scope
-    (``project`` for an imported session: its sub-agents, compaction calls and other conversations read each
-    other's entries), with the same cache model and the same parameters but for ``client_ttls`` (each its own
-    client's). Only their requests within the cache's longest lifetime before this session's first request and
-    up to its last can touch what it reads. Counterfactual sessions are never family."""
+    (``account`` for an imported session: its sub-agents, compaction calls and the account's other
+    conversations read each other's entries), with the same cache model and the same parameters but for
+    ``client_ttls`` (each its own client's). Only their requests within the cache's longest lifetime before this
+    session's first request and up to its last can touch what it reads. Counterfactual sessions are never family."""
     scope = cache_scope_of(row)
     if scope == "session" or not turns:
         return ()
@@ -321,7 +321,8 @@ def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[Sha
     for other in lab.store.session_rows(row["cache_model"]):
         config = other["config"]
         if other["id"] == row["id"] or config.get("counterfactual_of") or cache_scope_of(other) != scope \
-                or scope == "project" and other["project_id"] != row["project_id"]:
+                or scope == "project" and other["project_id"] != row["project_id"] \
+                or scope == "account" and account_of(other) != account_of(row):
             continue
         own = dict(config.get("cache_params") or {})
         if {k: v for k, v in own.items() if k != "client_ttls"} == params:

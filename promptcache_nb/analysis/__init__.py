@@ -32,7 +32,7 @@ from .resimulate import (
     resimulate,
     simulate,
 )
-from .rollups import group_summary, session_summary
+from .rollups import group_summary, session_summary, shared_reads
 from .whatif import KeepWarm, keep_warm, rebuilds, ttl_whatif
 
 __all__ = [
@@ -44,7 +44,7 @@ __all__ = [
     "compare_caches", "compare_df", "cost_total", "efficiency", "fit_family", "group_summary", "ideal_read",
     "keep_warm", "load_calibration", "load_turns",
     "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
-    "request_prices", "resimulate", "session_summary", "simulate", "snapshot", "stored_diff_and_observation",
-    "summarize",
+    "request_prices", "resimulate", "session_summary", "shared_reads", "simulate", "snapshot",
+    "stored_diff_and_observation", "summarize",
     "ttl_whatif",
 ]

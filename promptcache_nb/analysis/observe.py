@@ -508,6 +508,10 @@ def explain(
     elif cache_reason:
         said = explain_reason(cache_reason, cache_detail, gap=gap, request=current, usage=usage, diff=diff)
         parts.append(_with_prediction(said, cache_reason, cache_detail, usage))
+    writer = cache_detail.get("read_from_session")
+    if writer and cache_read:
+        # one cache per account, as the provider keeps it: a session reads what another of the account wrote
+        parts.append(f"The simulated cache entry read was written by session {writer} (same account's cache).")
     if diff is not None:
         if diff.pure_append:
             if diff.identical:

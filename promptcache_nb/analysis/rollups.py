@@ -1,5 +1,6 @@
 """Every session at once: one row per session (:func:`session_summary`, ``Lab.summary()``) and the measured
-traffic per project, model or day (:func:`group_summary`, ``Lab.summary(by=...)``).
+traffic per project, model or day (:func:`group_summary`, ``Lab.summary(by=...)``); each account's first
+requests and who wrote what they read (:func:`shared_reads`).
 
 The sums come from one SQL query over ``turns`` (``store/_rollups.py``); the rebuilds from the rows
 :func:`~promptcache_nb.rebuilds` lists for the whole Lab (also one query), so a session's ``rebuilds`` is
@@ -19,6 +20,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._config import DEFAULT_ACCOUNT
 from .._protocols import LabLike
 from ..usage import Usage
 from .frames import derived_totals
@@ -194,3 +196,41 @@ def _pricer(cache_model: str, session_prices: str | None) -> Callable[[str, bool
 
 
 __all__ = ["GROUP_BY", "GROUP_SUMMARY_COLUMNS", "SESSION_SUMMARY_COLUMNS", "group_summary", "session_summary"]
+
+
+#: :func:`shared_reads`' columns.
+SHARED_READS_COLUMNS = ["session", "account", "at", "usage", "read", "simulated_read", "read_from_session",
+                        "likely_writer", "explained_by"]
+
+
+def shared_reads(lab: LabLike) -> pd.DataFrame:
+    """Each session of an account scope (every imported one) by its first request: what it read, and which other
+    session of the account wrote it. A first request has nothing of its own cached, so any read is another
+    session's (or a session the store does not hold).
+
+    Columns: ``session, account, at``, ``usage`` (``measured`` or ``simulated``: what ``read`` is),
+    ``read`` (its cache read), ``simulated_read`` (what the account's simulated cache read: a measured
+    request's prediction), ``read_from_session`` (the session whose simulated entry it read, else None),
+    ``likely_writer`` (inferred from the measured figures: the latest request of another session of the account,
+    same cache model, within an hour before, that left at least ``read`` tokens cached; else None) and
+    ``explained_by``: ``simulation`` (``read_from_session`` names the writer), ``size and time`` (only
+    ``likely_writer`` does), ``nothing stored`` (a read no stored session explains) or ``no read``.
+
+    Example:
+        >>> pc.analysis.shared_reads(lab)[["session", "read", "explained_by"]]  # doctest: +SKIP
+    """
+    import pandas as pd
+
+    rows = []
+    for r in lab.store.first_reads(DEFAULT_ACCOUNT):
+        detail = json.loads(r["cache_detail"]) if isinstance(r["cache_detail"], str) else {}
+        measured = r["usage_source"] in ("live", "imported")
+        simulated = (detail.get("predicted_usage") or {}).get("cache_read_input_tokens") if measured else r["read"]
+        writer = detail.get("read_from_session")
+        read = r["read"]
+        explained = ("no read" if not read else "simulation" if writer else
+                     "size and time" if r["likely_writer"] else "nothing stored")
+        rows.append({"session": r["session_id"], "account": r["account"], "at": r["at"],
+                     "usage": "measured" if measured else "simulated", "read": read, "simulated_read": simulated,
+                     "read_from_session": writer, "likely_writer": r["likely_writer"], "explained_by": explained})
+    return pd.DataFrame(rows, columns=SHARED_READS_COLUMNS)

@@ -49,7 +49,7 @@ WHATIF_COLUMNS = [
 
 REBUILD_COLUMNS = [
     "idx", "at", "gap_seconds", "expected_read", "read", "lost_tokens", "reason", "cause", "changed_path",
-    "detail", "measured", "explanation",
+    "read_from_session", "detail", "measured", "explanation",
 ]
 
 
@@ -315,7 +315,9 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
 
     Returns:
         One row per rebuild: ``idx, at, gap_seconds, expected_read, read, lost_tokens, reason, cause,
-        changed_path, detail`` (a dict of the evidence), ``measured`` and ``explanation``; for a whole Lab,
+        changed_path, read_from_session`` (the session of the account whose cache entry the simulated read came
+        from, when another wrote it; else None), ``detail`` (a dict of the evidence), ``measured`` and
+        ``explanation``; for a whole Lab,
         ``session`` first, ordered by session id then index (the rows of each session are the rows a call for
         that session returns).
 
@@ -375,7 +377,8 @@ def _simulated_row(idx: int, at: Any, gap: float | None, expected: int, read: in
     return {"idx": idx, "at": at, "gap_seconds": gap, "expected_read": expected, "read": read,
             "lost_tokens": expected - read, "reason": reason, "cause": cause,
             "changed_path": detail.get("divergence_path") if reason == "prefix_changed" else None,
-            "detail": detail, "measured": False, "explanation": cause}
+            "read_from_session": detail.get("read_from_session"), "detail": detail, "measured": False,
+            "explanation": cause}
 
 
 def _recomputed_rows(lab: LabLike, sid: str, noise_floor: int) -> list[dict[str, Any]]:
@@ -435,8 +438,8 @@ def _measured_row(reason: str | None, detail: dict[str, Any], noise_floor: int) 
             return None
     return {"expected_read": int(detail.get("expected_read") or 0), "read": detail.get("read"), "lost_tokens": lost,
             "reason": reason, "cause": explain_reason(reason, detail, short=True),
-            "changed_path": detail.get("changed_path"), "detail": detail,
-            "explanation": explain_reason(reason, detail)}
+            "changed_path": detail.get("changed_path"), "read_from_session": detail.get("read_from_session"),
+            "detail": detail, "explanation": explain_reason(reason, detail)}
 
 
 def _int(value: Any) -> int | None:

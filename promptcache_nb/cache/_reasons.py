@@ -222,7 +222,7 @@ def _measured_sentence(code: Reason, detail: Mapping[str, Any], gap: float | Non
         if code is Reason.COLD:
             text = _cold(int(write or 0))
         elif code is Reason.HIT and held is None and read:
-            text = _read_elsewhere(int(read), int(write or 0), detail.get("written_by"), measured=True)
+            text = _read_elsewhere(int(read), int(write or 0), detail.get("read_from_session"), measured=True)
         elif code is Reason.HIT and held is not None and read == 0:
             text = "No rebuild: nothing the previous request cached had to be sent again."
         elif code is Reason.HIT and held is not None and held - read > PREDICTION_NOISE_TOKENS:
@@ -282,7 +282,7 @@ def _sentence(code: Reason, detail: Mapping[str, Any], *, gap: float | None, req
         return _cold(write or 0)
     if code is Reason.HIT:
         if detail.get("first_request") and read:
-            return _read_elsewhere(read, write or 0, detail.get("written_by"))
+            return _read_elsewhere(read, write or 0, detail.get("read_from_session"))
         return "The cache read everything the previous request left cached."
     if code is Reason.TTL_EXPIRED:
         secs = detail.get("expired_after_seconds", gap)

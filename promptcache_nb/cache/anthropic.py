@@ -217,11 +217,12 @@ class _Entry:
     __slots__ = ("ttl", "_expires", "visible_at", "written_at", "tokens", "cell", "writer")
 
     def __init__(self, ttl: str, expires_at: float, visible_at: float, written_at: float, tokens: int,
-                 writer: Hashable | None = None) -> None:
+                 writer: Hashable = None) -> None:
         self.ttl, self._expires, self.visible_at, self.written_at, self.tokens = (
             ttl, expires_at, visible_at, written_at, tokens)
         self.cell: _Cell | None = None
-        self.writer = writer  # the request stream (session) that wrote it, when streams are named
+        #: the request stream (a session id, :meth:`CacheModel.stream`) that wrote it: a read by another names it
+        self.writer = writer
 
     @property
     def expires_at(self) -> float:
@@ -647,11 +648,13 @@ class AnthropicCache(CacheModel):
             if hit is not None:
                 break
         read = cum[hit] if hit is not None else 0
-        stream = self.__dict__.get("_stream_key")
-        writer = self._entries[(model, chain[hit])].writer if hit is not None else None
         along = self._entries_along(model, chain, t) if self.options.refresh_along_prefix else None
+        stream = self.__dict__.get("_stream_key")
+        read_from: Hashable = None
         if hit is not None:
             e = self._entries[(model, chain[hit])]
+            if e.writer is not None and e.writer != stream:
+                read_from = e.writer  # another session of the cache's scope wrote what this one read
             if along is not None and along.entries.get(hit) is e:
                 along.refresh(hit, t)  # free refresh on read (§1.6), of every live entry the read went through
             else:
@@ -695,9 +698,9 @@ class AnthropicCache(CacheModel):
             detail["model_rule"] = rule.note  # another model's documented minimum, said on every row
         if marks and marks[0][0] == 0 and request.segments[0].kind == "unlogged":
             detail["assumed_breakpoints"] = True  # the client's layout, not markers of the logged body
+        if read_from is not None:
+            detail["read_from_session"] = str(read_from)
         reason = self._reason(request, model, marks, chain, positions, cum, read, minimum, t, expired_seen, detail)
-        if detail.get("first_request") and writer is not None and writer != stream:
-            detail["written_by"] = str(writer)  # a shared cache: the session whose entry this first request read
         self._prev_keys, self._prev_chain = keys, chain
         self._prev_segments, self._prev_salts = request.segments, self._salts_now
         self._prev_model, self._prev_total, self._prev_rest = model, total, dict(request.rest)

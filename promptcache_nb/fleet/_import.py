@@ -11,10 +11,15 @@ A session found in two groups (a resumed session whose files sit in two folders)
 groups' files as one group, so every session is stored whole by one task. A manifest (``OUT/_fleet.json``)
 records each group's files with their size and modification time: running again imports only groups with a new,
 grown or changed file, and drops the groups whose files are gone.
+
+The sessions of one provider account share one simulated cache (``account=``: by default one account per path you
+pass), so the file groups of one account are imported by one task, in the order one ``lab.import_log`` of their
+folder stores them: the dataset's simulated columns equal that import's, for the same files and accounts.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import resource
@@ -22,15 +27,16 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._util import progress_bar
 from ..errors import PromptCacheError
 from ..importers._groups import FileGroup, plan_groups
+from ..importers._ingest import expand_paths
 from ..store._parquet import dataset_fs, remove_group
 
 if TYPE_CHECKING:
@@ -38,6 +44,9 @@ if TYPE_CHECKING:
 
 MANIFEST = "_fleet.json"
 MANIFEST_VERSION = 1
+#: How ``import_logs`` maps the paths you pass to provider accounts: a function of the path (resolved), or a
+#: mapping from the paths (as passed or resolved) to account names.
+AccountMap = Callable[[Path], str] | Mapping[str | Path, str]
 GROUP_COLUMNS = ["group", "key", "files", "requests", "sessions", "status", "cpu_s", "wall_s", "peak_rss_mb"]
 
 
@@ -64,7 +73,9 @@ def _stat(path: str) -> tuple[str, int, int]:
 
 
 def import_group(group: FileGroup, out: str, project: str | None = None) -> GroupReport:
-    """Import ``group`` into a private store and write it as Parquet under ``out`` (runs in a worker)."""
+    """Import ``group`` into a private store and write it as Parquet under ``out`` (runs in a worker). A merged
+    group's parts are stored in their order, each under its own project and account."""
+    from ..importers._ingest import import_log
     from ..lab import Lab
 
     cpu, wall = time.process_time(), time.perf_counter()
@@ -75,7 +86,12 @@ def import_group(group: FileGroup, out: str, project: str | None = None) -> Grou
             warnings.simplefilter("always")
             lab = Lab(os.path.join(tmp, "group.duckdb"), progress=False)
             try:
-                result = lab.import_log(list(group.files), project=project or group.project, progress=False)
+                parts = group.parts or (group,)
+                result = import_log(
+                    lab, [f for p in parts for f in p.files], project=project or group.project, progress=False,
+                    accounts={f: p.account for p in parts if p.account for f in p.files},
+                    projects={f: project or p.project for p in parts for f in p.files},
+                    groups=[p.files for p in parts])
                 lab.store.export_parquet(out, group.id)
                 sessions = lab.store.session_ids()
             finally:
@@ -92,8 +108,9 @@ def import_group(group: FileGroup, out: str, project: str | None = None) -> Grou
 
 @dataclass
 class FleetImport:
-    """What :func:`import_logs` did. ``groups``: one row per file group (``status`` imported, unchanged or
-    merged); ``requests`` stored now; ``skipped``: lines and files not imported, with why."""
+    """What :func:`import_logs` did. ``groups``: one row per task (the file groups of one account; ``status``
+    imported, unchanged, or merged when a session spanned two accounts' groups); ``requests`` stored now;
+    ``skipped``: lines and files not imported, with why."""
 
     out: str
     groups: pd.DataFrame
@@ -138,36 +155,98 @@ def _save_manifest(out: str, manifest: dict[str, Any]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _apply_merges(groups: list[FileGroup], manifest: dict[str, Any]) -> list[FileGroup]:
+def _apply_merges(groups: list[FileGroup], manifest: dict[str, Any], walk: Mapping[str, int]) -> list[FileGroup]:
     """Groups an earlier run merged (a session spanned them) stay merged."""
     by_id = {g.id: g for g in groups}
     out: list[FileGroup] = []
     used: set[str] = set()
     for rec in manifest["groups"].values():
-        members = [m for m in rec.get("members", []) if m in by_id]
+        members = [m for m in rec.get("members", []) if m in by_id and m not in used]
         if len(members) > 1:
-            out.append(_merged([by_id[m] for m in members]))
+            out.append(_merged([by_id[m] for m in members], walk))
             used.update(members)
     out.extend(g for g in groups if g.id not in used)
     return sorted(out, key=lambda g: g.key)
 
 
-def _merged(groups: Sequence[FileGroup]) -> FileGroup:
-    members = sorted({m for g in groups for m in (g.members or (g.id,))})
-    files = sorted({f for g in groups for f in g.files})
-    return FileGroup(" + ".join(sorted(g.key for g in groups)), tuple(files), tuple(members))
+def _merged(groups: Sequence[FileGroup], walk: Mapping[str, int]) -> FileGroup:
+    """One group of ``groups``: its parts in the order one import of their folders stores them (the walk's)."""
+    parts = sorted({p.id: p for g in groups for p in (g.parts or (g,))}.values(), key=lambda p: walk[p.files[0]])
+    members = sorted(p.id for p in parts)
+    files = sorted({f for p in parts for f in p.files})
+    return FileGroup(" + ".join(sorted(p.key for p in parts)), tuple(files), tuple(members), parts=tuple(parts))
+
+
+def _by_account(groups: Sequence[FileGroup], walk: Mapping[str, int]) -> list[FileGroup]:
+    """``groups`` with the groups of one account merged into one (their sessions share one simulated cache, so one
+    task stores them)."""
+    owner: dict[str, int] = {}  # account -> the bucket holding its groups
+    buckets: dict[int, list[FileGroup]] = {}
+    for n, g in enumerate(groups):
+        joined = sorted({owner[p.account] for p in (g.parts or (g,)) if p.account in owner})
+        bucket = [x for i in joined for x in buckets.pop(i)] + [g]
+        buckets[n] = bucket
+        for x in bucket:
+            for p in x.parts or (x,):
+                owner[p.account] = n
+    return sorted((b[0] if len(b) == 1 else _merged(b, walk) for b in buckets.values()), key=lambda g: g.key)
+
+
+def _accounts_record(group: FileGroup) -> list[list[str]]:
+    """What the manifest keeps of a group's accounts: a changed mapping imports it again."""
+    return sorted([p.key, p.account] for p in group.parts or (group,))
+
+
+def _with_accounts(groups: Sequence[FileGroup], paths: str | Path | Iterable[str | Path],
+                   account: AccountMap | None) -> list[FileGroup]:
+    """``groups`` with the account of the path you passed that holds them (``account``; default: that path)."""
+    items = [paths] if isinstance(paths, str | Path) else list(paths)
+    given: dict[str, str] = {}
+    if account is not None and not callable(account):
+        for k, v in account.items():
+            given[_spelled(k)] = v
+    tops: list[tuple[str, set[str] | None, str]] = []  # (the path resolved, a glob's files, its account)
+    for item in items:
+        spelled = _spelled(item)
+        if callable(account):
+            name = account(Path(spelled))
+        elif account is not None:
+            name = given.get(spelled) or given.get(os.fspath(item), "")
+        else:
+            name = spelled
+        if not isinstance(name, str) or not name.strip():
+            raise PromptCacheError(f"import_logs(account=...): no account for {os.fspath(item)!r} (an account name "
+                                   f"for each path you pass; got {name!r})")
+        matched = ({str(Path(m).resolve()) for m in glob.glob(os.path.expanduser(os.fspath(item)), recursive=True)}
+                   if any(ch in os.fspath(item) for ch in "*?[") else None)
+        tops.append((spelled, matched, name))
+    tops.sort(key=lambda t: -len(t[0]))  # the innermost path you passed wins
+
+    def account_of(file: str) -> str:
+        for top, matched, name in tops:
+            if file in matched if matched is not None else (file == top or Path(file).is_relative_to(top)):
+                return name
+        raise PromptCacheError(f"import_logs: {file} is under none of the paths passed")  # pragma: no cover
+
+    return [replace(g, account=account_of(g.files[0])) for g in groups]
+
+
+def _spelled(path: str | Path) -> str:
+    """A path you passed as one spelling: resolved (a glob kept as written)."""
+    text = os.fspath(path)
+    return text if any(ch in text for ch in "*?[") else str(Path(text).expanduser().resolve())
 
 
 def _unchanged(group: FileGroup, manifest: dict[str, Any]) -> bool:
     rec = manifest["groups"].get(group.id)
     if rec is None or sorted(rec["files"]) != sorted(list(_stat(f)) for f in group.files):
         return False
-    return True
+    return bool(rec.get("accounts") == _accounts_record(group))
 
 
 def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
                 executor: Executor | None = None, project: str | None = None,
-                progress: bool = True) -> FleetImport:
+                progress: bool = True, account: AccountMap | None = None) -> FleetImport:
     """Import agent logs into a Parquet dataset at ``out``, one task per file group, on ``executor``.
 
     ``executor``: None runs the tasks in this process; any ``concurrent.futures.Executor`` runs them there
@@ -177,6 +256,15 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
 
     ``project``: the project every session is stored under; by default each group's own (its folder's name,
     e.g. Claude Code's ``-home-dev-billing``), so a fleet can be read by project.
+
+    ``account``: which provider account (organisation / workspace) each path you pass was served under: a
+    function of the path (resolved) or a mapping from the paths to names; by default each path is its own
+    account. An account's sessions share one simulated cache, as the provider's are shared, so its file groups
+    are one task; a log that names its account (a response header) keeps its own.
+
+    Example:
+        >>> pc.fleet.import_logs(["logs/alice", "logs/bob"], out="fleet/",  # doctest: +SKIP
+        ...                      account={"logs/alice": "org-a", "logs/bob": "org-a"})
     """
     start = time.perf_counter()
     out = os.fspath(out)
@@ -188,7 +276,10 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
         fs.makedirs(root, exist_ok=True)
     manifest = _load_manifest(out)
     planned, passed = plan_groups(paths)
-    groups = _apply_merges(planned, manifest)
+    walk = {str(log.path): i for i, log in enumerate(expand_paths(paths)[0])}  # the order an import stores them
+    planned = [replace(g, files=tuple(sorted(g.files, key=walk.__getitem__)))
+               for g in _with_accounts(planned, paths, account)]
+    groups = _by_account(_apply_merges(planned, manifest, walk), walk)
     todo = [g for g in groups if not _unchanged(g, manifest)]
     reports: dict[str, GroupReport] = {}
     bar = progress_bar(total=len(todo), desc="importing file groups", enabled=progress, unit="group")
@@ -207,7 +298,7 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
                 break
             by_id = {g.id: g for g in groups}
             merged_ids = sorted({i for ids in split for i in ids})
-            merged = _merged([by_id[i] for i in merged_ids])
+            merged = _merged([by_id[i] for i in merged_ids], walk)
             for gid in merged_ids:
                 remove_group(out, gid)
                 reports.pop(gid, None)
@@ -218,12 +309,14 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
     finally:
         bar.close()
     live = {g.id for g in groups}
+    by_gid = {g.id: g for g in groups}
     for gid in [g for g in manifest["groups"] if g not in live]:  # files gone since the last run
         remove_group(out, gid)
         del manifest["groups"][gid]
     for gid, rep in reports.items():
         manifest["groups"][gid] = {"key": rep.key, "files": [list(f) for f in rep.files], "sessions": rep.sessions,
-                                   "requests": rep.requests, "members": rep.members}
+                                   "requests": rep.requests, "members": rep.members,
+                                   "accounts": _accounts_record(by_gid[gid])}
     if reports:
         _fit_calibrations(out)
     _save_manifest(out, manifest)
@@ -270,7 +363,9 @@ def _result(out: str, groups: Sequence[FileGroup], reports: dict[str, GroupRepor
     for g in groups:
         rep = reports.get(g.id)
         rec = manifest["groups"].get(g.id, {})
-        status = "unchanged" if rep is None else ("merged" if g.members else "imported")
+        # merged: a session spanned the groups of two accounts (one account's groups are one task anyway)
+        accounts = {p.account for p in g.parts or (g,)}
+        status = "unchanged" if rep is None else ("merged" if len(accounts) > 1 else "imported")
         rows.append({"group": g.id, "key": g.key, "files": len(g.files),
                      "requests": rep.requests if rep else rec.get("requests", 0),
                      "sessions": len(rep.sessions) if rep else len(rec.get("sessions", [])), "status": status,

@@ -23,7 +23,11 @@ class FileGroup:
 
     key: str
     files: tuple[str, ...]
-    members: tuple[str, ...] = ()  # the groups merged into this one (a session spanned them)
+    members: tuple[str, ...] = ()  # the groups merged into this one (one account, or a session spanned them)
+    #: the provider account its sessions were served under (``pc.fleet.import_logs(account=...)``); "" not said
+    account: str = ""
+    #: a merged group's groups, in the order one import of their folders stores them (empty: itself alone)
+    parts: tuple[FileGroup, ...] = ()
 
     @property
     def project(self) -> str:

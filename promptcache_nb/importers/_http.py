@@ -37,6 +37,10 @@ InvokeModel bodies and responses are the Messages shape, Converse bodies are tra
 (:func:`converse_request_to_messages`) and Converse usage names are read (:func:`converse_usage`). Streams are
 ``application/vnd.amazon.eventstream`` (:func:`aws_event_stream`).
 
+Account: the organisation or workspace the provider billed and cached the call under, when a response header
+names it (``anthropic-organization-id``, ``anthropic-workspace-id``, ``openai-organization``, ``openai-project``);
+an id, never anything derived from an API key.
+
 Request id: the ``request-id`` / ``x-request-id`` (Bedrock: ``x-amzn-requestid``) response header, else the id
 the container recorded, else the response's ``id``. ``dedupe_key`` is that id as converted here; the readers
 then replace it where the id is not trustworthy (:func:`with_trusted_ids` for cassettes and HAR files, the
@@ -676,6 +680,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         or ex.request_id or response_id
     )
     return ImportedRequest(
+        account=account_from_headers(resp_headers),
         session_key=session_key_for(file, provider, body),
         dedupe_key=request_id or source_ref,
         at=_when(ex, resp_headers, response, fallback_at),
@@ -689,6 +694,21 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         reply=reply,
         provider=provider,
     )
+
+
+#: Response headers naming the cache's owner, most specific first: a workspace (or OpenAI project) within an
+#: organisation (Anthropic isolates caches per workspace on its API; OpenAI caches per organisation / project).
+_ACCOUNT_HEADERS = (("anthropic-organization-id", "anthropic-workspace-id"), ("openai-organization", "openai-project"))
+
+
+def account_from_headers(headers: Mapping[str, str]) -> str | None:
+    """The account a response names (``org`` or ``org/workspace``), or None when no header says."""
+    for org_header, sub_header in _ACCOUNT_HEADERS:
+        org = (headers.get(org_header) or "").strip()
+        sub = (headers.get(sub_header) or "").strip()
+        if org or sub:
+            return "/".join(x for x in (org, sub) if x)
+    return None
 
 
 # --- re-import identity ----------------------------------------------------------------------------------

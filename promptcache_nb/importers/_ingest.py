@@ -14,13 +14,13 @@ import html
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from .._config import SessionConfig
+from .._config import DEFAULT_ACCOUNT, SessionConfig
 from .._shared import ScopeKey, scope_key
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
@@ -352,20 +352,31 @@ def import_log(
     progress: bool = True,
     workers: int = 1,
     calibrate: bool = True,
+    account: str | None = None,
+    accounts: Mapping[str, str] | None = None,
+    projects: Mapping[str, str] | None = None,
+    groups: Sequence[Sequence[str]] | None = None,
 ) -> ImportResult:
     """Import agent logs into ``lab``; see :meth:`Lab.import_log`. ``calibrate=False``: fit no calibration at the
-    end (a caller that fits once over several imports)."""
+    end (a caller that fits once over several imports). ``accounts`` and ``projects``: the account and project of
+    the sessions whose first file is a key (a resolved path), before ``account`` and ``project``; ``groups``: the
+    file groups, in the order to store them, instead of the walk's (``pc.fleet``: a task stores an account's
+    groups as one import of their folder would)."""
     if format != "auto" and format not in READERS:
         raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise PromptCacheError(f"import_log(workers=...): a number of processes >= 1, got {workers!r}")
+    if account is not None and (not isinstance(account, str) or not account.strip()):
+        raise PromptCacheError(f"import_log(account=...): the provider account's name or id, got {account!r}")
     if workers > 1:
         from ._parallel import import_parallel
 
         expand_paths(paths)  # a missing path fails here, in this process, before any worker starts
-        return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress)
+        return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress,
+                               account=account)
     with gc_paused():
-        return _import(lab, paths, format, project, progress, calibrate)
+        return _import(lab, paths, format, project, progress, calibrate,
+                       _Owners(account or DEFAULT_ACCOUNT, dict(accounts or {}), dict(projects or {})), groups)
 
 
 #: New sessions of a file group are stored in transactions of up to this many sessions or requests: a COMMIT
@@ -389,6 +400,20 @@ class _Stored:
     notes: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Owners:
+    """Whose provider cache an import's sessions used: the account the log names, else the one of the session's
+    first file (``accounts``, by resolved path), else ``default``; and the project a caller gave that file."""
+
+    default: str
+    accounts: Mapping[str, str] = field(default_factory=dict)
+    projects: Mapping[str, str] = field(default_factory=dict)
+
+    def account(self, reqs: Sequence[ImportedRequest], file: Path) -> str:
+        said = next((r.account for r in reqs if r.account), None)
+        return said or self.accounts.get(str(file)) or self.default
+
+
 @dataclass
 class _Pending:
     """One session of a file group, read and ready to store."""
@@ -398,6 +423,8 @@ class _Pending:
     file: str
     reqs: list[ImportedRequest]
     again: bool  #: an earlier group of this import stored part of it: its requests are all here now
+    account: str  #: whose provider cache it used (``_Owners``)
+    project: str | None  #: its project when the caller gave its file one (``_Owners.projects``)
     #: parents first (a sub-agent's parent_id then names a stored session), then by key: the order every import
     #: stores sessions in, whatever its file groups
     rank: tuple[bool, str] = field(init=False)
@@ -416,6 +443,7 @@ class _Run:
 
     lab: Lab
     project: str | None
+    owners: _Owners = field(default_factory=lambda: _Owners(DEFAULT_ACCOUNT))
     unknown: set[str] = field(default_factory=set)
     stored: dict[str, _Stored] = field(default_factory=dict)
     #: one stored session of each cache scope: it holds the scope's simulated cache (the Lab holds caches weakly),
@@ -424,7 +452,8 @@ class _Run:
 
 
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
-            progress: bool, calibrate: bool = True) -> ImportResult:
+            progress: bool, calibrate: bool = True, owners: _Owners | None = None,
+            planned: Sequence[Sequence[str]] | None = None) -> ImportResult:
     """Read and store one file group at a time (``_groups.plan_groups``: a Claude Code project folder, a file
     you name), so memory holds one group's records, never the folder's (small groups are read together, up to
     :data:`BATCH_SESSIONS` sessions or :data:`BATCH_REQUESTS` requests). A session found again in a later group
@@ -435,7 +464,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items
                     if not any(ch in str(item) for ch in "*?[")]
-    run = _Run(lab, project)
+    run = _Run(lab, project, owners or _Owners(DEFAULT_ACCOUNT))
     read_skips: list[tuple[int, dict[str, Any]]] = []
     read_ok: list[tuple[int, tuple[str, str]]] = []
     reader_of: dict[int, str] = {}  # file index -> the reader that read it
@@ -443,7 +472,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     models: set[str] = set()
     bar = progress_bar(total=len(files), desc="importing logs", enabled=progress, unit="file")
     by_session: dict[str, list[tuple[int, ImportedRequest]]] = {}
-    groups = _file_groups(paths, files)
+    groups = _file_groups(paths, files) if planned is None else _planned_groups(planned, files)
     try:
         for n, group in enumerate(groups):
             for i in group:
@@ -455,7 +484,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
             if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
                     sum(map(len, by_session.values())) < BATCH_REQUESTS:
                 continue  # small groups (one-request files) are stored together: one transaction for many
-            pending = _pending_of(by_session, files, reader_of, key_files)
+            pending = _pending_of(by_session, files, reader_of, key_files, run.owners)
             by_session = {}
             # nothing here keeps the group's records: each session's go once it is stored (``_store_batch``),
             # and the next group is read with none of this one's held
@@ -496,7 +525,7 @@ def _read_into(by_session: dict[str, list[tuple[int, ImportedRequest]]], models:
 
 
 def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files: list[LogFile],
-                reader_of: dict[int, str], key_files: dict[str, list[int]]) -> list[_Pending]:
+                reader_of: dict[int, str], key_files: dict[str, list[int]], owners: _Owners) -> list[_Pending]:
     """A file group's sessions, ready to store, in the order they are stored (:attr:`_Pending.rank`). A session
     an earlier group stored part of is read again from that group's files; ``key_files`` learns which files
     hold each session."""
@@ -509,7 +538,8 @@ def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files:
         first = recs[0][0]
         reqs = sorted(_richest([r for _, r in recs]), key=lambda r: r.at)  # stable: file order for ties
         pending.append(_Pending(key, reader_of[first], display_path(files[first].path), reqs,
-                                again=bool(earlier)))
+                                again=bool(earlier), account=owners.account(reqs, files[first].path),
+                                project=owners.projects.get(str(files[first].path))))
         for j in dict.fromkeys(i for i, _ in recs if i not in earlier):
             key_files.setdefault(key, []).append(j)
     return sorted(pending, key=lambda p: p.rank)
@@ -526,6 +556,12 @@ def _file_groups(paths: str | Path | Sequence[str | Path], files: list[LogFile])
     for i, log in enumerate(files):
         groups.setdefault(None if log.named else group_of.get(str(log.path), str(log.path)), []).append(i)
     return list(groups.values())
+
+
+def _planned_groups(planned: Sequence[Sequence[str]], files: list[LogFile]) -> list[list[int]]:
+    """``files`` (indices) by the file groups a caller planned (lists of paths), in the planned order."""
+    index = {str(log.path): i for i, log in enumerate(files)}
+    return [[index[str(Path(f).resolve())] for f in group] for group in planned if group]
 
 
 def _read(log: LogFile, format: str, skipped: list[tuple[int, dict[str, Any]]], index: int  # noqa: A002
@@ -620,10 +656,12 @@ def _store_one(run: _Run, p: _Pending, *, fresh: bool) -> _Stored:
     skipped: list[dict[str, Any]] = []
     flagged: list[dict[str, Any]] = []
     notes: list[dict[str, Any]] = []
-    s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=run.project, skipped=skipped,
-                                 unknown=run.unknown, bar=None, flagged=flagged, notes=notes, fresh=fresh)
+    s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=p.project or run.project,
+                                 skipped=skipped,
+                                 unknown=run.unknown, bar=None, flagged=flagged, notes=notes, fresh=fresh,
+                                 account=p.account)
     if s.cache_scope != "session":  # a session's own cache has no other user
-        run.held[scope_key(s.cache_scope, s.id, s.project, s.cache, s.cache_params)] = s
+        run.held[scope_key(s.cache_scope, s.id, s.project, s.cache, s.cache_params, s.account)] = s
     return _Stored(p.rank, s.id, new, dup, created=fresh, skipped=skipped, flagged=flagged, notes=notes)
 
 
@@ -664,8 +702,8 @@ def _printable(req: ImportedRequest) -> ImportedRequest:
 
 def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
                    project: str | None, skipped: list[dict[str, Any]], unknown: set[str],
-                   bar: Any, flagged: list[dict[str, Any]], notes: list[dict[str, Any]], fresh: bool = False
-                   ) -> tuple[Session, int, int]:
+                   bar: Any, flagged: list[dict[str, Any]], notes: list[dict[str, Any]], fresh: bool = False,
+                   account: str = DEFAULT_ACCOUNT) -> tuple[Session, int, int]:
     """Write one session's new requests in one transaction; returns (session, stored now, already stored).
 
     A new session's row is created in that same transaction: a failure leaves nothing of the session behind, and
@@ -690,8 +728,9 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 config = SessionConfig(
                     start=at, step_seconds=30, cache_params=_cache_params(reqs), format=fmt, session_key=key,
                     session_kind=first.session_kind,
-                    # one provider cache per project: sub-agents and compaction calls read the parent's entries
-                    cache_scope="project",
+                    # one provider cache per account, as the provider keeps it: sub-agents, compaction calls and
+                    # the account's other conversations read each other's entries
+                    cache_scope="account", account=account,
                 )
                 s = lab.create_session(
                     config, session_id=sid, project=project_id, strategy=None,

@@ -11,7 +11,8 @@ single-process import does (the workers fit none). Every DuckDB connection runs 
 processes already fill the cores.
 
 The stored rows equal ``workers=1``'s whenever sessions in different groups do not share a simulated cache entry
-(the provider cache a project's sessions share is simulated per group; measured figures never depend on it):
+(the provider cache an account's sessions share is simulated per group here; measured figures never depend on it;
+``pc.fleet`` imports an account's groups in one task instead, as ``workers=1`` does):
 the tests compare every table on the shipped logs and on a generated Claude Code history.
 """
 
@@ -48,7 +49,8 @@ class _Done:
     warnings: list[tuple[str, type[Warning]]]
 
 
-def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None) -> _Done:
+def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None, account: str | None
+                       ) -> _Done:
     """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
     from ..lab import Lab
     from ._ingest import SessionList, import_log
@@ -61,7 +63,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
             lab.store.set_threads(1)  # one core per worker: the other workers and the merges have the rest
             # no calibration: the writer fits them once over the whole store (a group's are never merged)
             result = import_log(lab, list(group.files), format=fmt, project=project, progress=False,
-                                calibrate=False)
+                                calibrate=False, account=account)
             sessions = lab.store.session_ids()
             result.sessions = SessionList()  # the writer opens its own, when read
         finally:
@@ -70,7 +72,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
 
 
 def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, workers: int, format: str,  # noqa: A002
-                    project: str | None, progress: bool) -> ImportResult:
+                    project: str | None, progress: bool, account: str | None = None) -> ImportResult:
     from ..analysis.calibrate import calibrate_families
     from ._ingest import ImportResult, SessionList, _uncalibrated, import_log
 
@@ -85,7 +87,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     try:
         with gc_paused():
             with ProcessPoolExecutor(max_workers=workers) as pool, _threads_after(lab, threads):
-                futures = {pool.submit(_import_group_file, g, folder, format, project): i
+                futures = {pool.submit(_import_group_file, g, folder, format, project, account): i
                            for i, g in enumerate(groups)}
                 nxt = 0
                 for fut in as_completed(futures):
@@ -125,7 +127,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
         parts = [d.result for d in merged]
         if serial:
             parts.append(import_log(lab, [f for g in serial for f in g.files], format=format, project=project,
-                                    progress=progress, calibrate=False))
+                                    progress=progress, calibrate=False, account=account))
     finally:
         bar.close()
         shutil.rmtree(folder, ignore_errors=True)

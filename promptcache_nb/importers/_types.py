@@ -41,6 +41,8 @@ class ImportedRequest:
         reply: the response content blocks when logged (not used for cache analysis).
         provider: ``anthropic``, ``openai``, ``deepseek``, ``gemini`` or ``bedrock`` (decides the default cache
             model; a Bedrock model id is ``bedrock`` whatever the provider says).
+        account: the organisation / workspace the log says the provider served the request under (a response
+            header such as ``anthropic-organization-id``), else None: the import decides (``account=``).
         agent_observation: the agent's own cache observation of this request when its log has one (OpenClaw's
             ``cache:result``), stored in ``cache_detail["agent_observation"]`` beside ours.
     """
@@ -63,6 +65,7 @@ class ImportedRequest:
     agent_observation: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     #: how long the call took (milliseconds), when the log timed it (the recording proxy's ``latency_ms``)
     latency_ms: float | None = field(default=None, compare=False)
+    account: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1550,6 +1550,11 @@ class Store:
         where_s = _rollups.where_sessions(ids, "$1", "s.id")[0]
         return self.query(_rollups.SESSION_TOTALS.format(where=where, where_s=where_s), [value])
 
+    def first_reads(self, default_account: str) -> list[dict[str, Any]]:
+        """Each account-scope session's first request, with the likely writer of what it read
+        (``store/_rollups.py``: ``FIRST_READS``), oldest first (dict rows, NULL as None)."""
+        return self.query(_rollups.FIRST_READS, [default_account])
+
     def group_totals(self, by: str) -> pd.DataFrame:
         """The measured requests' sums per ``by`` (``project``, ``model`` or ``day``, UTC), one row per group."""
         key = _rollups.GROUP_KEYS.get(by)

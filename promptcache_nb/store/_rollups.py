@@ -129,6 +129,30 @@ WHERE measured
 GROUP BY ALL ORDER BY 1
 """
 
+#: Each account-scope session's first request (the scope's owner: ``config.account``, else ``local``), and, when
+#: it read something, the latest request another session of the account (same cache model) sent within an hour
+#: before it that left at least that much cached (read + write): the likely writer, by size and time. ``$1``:
+#: the default account.
+FIRST_READS = """
+WITH s AS (
+    SELECT id, cache_model, coalesce(json_extract_string(config, '$.account'), $1) AS account
+    FROM sessions WHERE json_extract_string(config, '$.cache_scope') = 'account'),
+first AS (
+    SELECT t.session_id, s.account, s.cache_model, t."at", t.usage_source, t.cache_read_input_tokens AS read,
+           t.cache_detail
+    FROM turns t JOIN s ON s.id = t.session_id WHERE t.idx = 0),
+writer AS (
+    SELECT f.session_id, arg_max(o.session_id, o."at") AS likely_writer, max(o."at") AS written_at
+    FROM first f JOIN s os ON os.account = f.account AND os.cache_model = f.cache_model AND os.id != f.session_id
+    JOIN turns o ON o.session_id = os.id
+    WHERE f.read > 0 AND o."at" < f."at" AND o."at" >= f."at" - INTERVAL 1 HOUR
+      AND o.cache_read_input_tokens + o.cache_creation_input_tokens >= f.read
+    GROUP BY f.session_id)
+SELECT f.session_id, f.account, f."at", f.usage_source, f.read, f.cache_detail, w.likely_writer, w.written_at
+FROM first f LEFT JOIN writer w USING (session_id)
+ORDER BY f."at", f.session_id
+"""
+
 
 def where_sessions(session_ids: list[str] | None, param: str, column: str = "session_id") -> tuple[str, object]:
     """A filter on ``column`` to the sessions named by the parameter ``param`` (``$3``) and that parameter's value:
