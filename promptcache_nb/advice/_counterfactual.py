@@ -277,7 +277,8 @@ class Original:
                 req = orig
             else:
                 req = prepare(r.body, memo=memo, previous=prev, dialect=orig.dialect,
-                              unlogged_prefix_tokens=orig.unlogged_prefix_tokens)
+                              unlogged_prefix_tokens=orig.unlogged_prefix_tokens,
+                              unlogged_prefix_of=orig.unlogged_prefix_of)
             out.append((r, req))
             prev = req
         return out
