@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from .._config import SessionConfig
-from .._types import HISTORY_FROM_PARENT, HISTORY_MISSING
 from .._shared import ScopeKey, scope_key
+from .._types import HISTORY_FROM_PARENT, HISTORY_MISSING
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import html_table
