@@ -16,11 +16,13 @@ from promptcache_nb.analysis import history_missing, load_turns
 from promptcache_nb.importers._prefixes import SHARE_COVER
 from promptcache_nb.request import SegmentMemo, prepare
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
-SHARED = LOGS / "claude_code_shared_prefix" / "-home-dev-inventory-api"
+#: written by tests/fixtures/make_claude_code_unlogged.py (kept out of the shipped example logs, whose figures other
+#: tests pin)
+LOGS = Path(__file__).parent / "fixtures" / "claude_code_unlogged"
+SHARED = LOGS / "shared_prefix" / "-home-dev-inventory-api"
 FIRST = SHARED / "3c8e5a21-7f04-4d6b-9e2a-81b0c4d7e5f3.jsonl"  # 09:12, wrote the system prompt
 SECOND = SHARED / "8f1d2b6c-0a93-4e57-b2c8-6d4e9f1a3b70.jsonl"  # 09:14, its first request read it
-COMPACTION = LOGS / "claude_code_compaction" / "-home-dev-ledger-sync"
+COMPACTION = LOGS / "compaction" / "-home-dev-ledger-sync"
 PARENT_ID = "c41f7e09-2d5b-4a86-93e1-7b0a5c8d2f64"
 
 
