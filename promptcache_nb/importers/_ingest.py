@@ -843,7 +843,8 @@ def _prepared(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, A
             if req.partial and unlogged is None:
                 agreed = _unlogged_prefix(s, req)
                 unlogged, of = agreed.tokens, agreed.of
-                s.note_unlogged_prefix(unlogged, of=of, read=req.usage.cache_read_input_tokens)
+                # the first read is kept as the evidence later sessions of its identity are linked by
+                s.note_unlogged_prefix(unlogged, of=of, read=req.usage.cache_read_input_tokens if of else None)
             sized = bool(unlogged) and req.partial
             prepared = s.prepare(req.body, previous=prev, dialect=req.dialect,
                                  unlogged_prefix_tokens=unlogged if sized else None,
