@@ -600,8 +600,8 @@ class Session:
                 keep_texts: bool = False, unlogged_prefix_of: str | None = None) -> PreparedRequest:
         """Segment a request body with this session's tokenizer (what :meth:`record` stores). ``previous``: the
         request before it (its equal leading segments are reused: a growing history costs only its new tail);
-        ``dialect``, ``unlogged_prefix_tokens`` and ``unlogged_prefix_of`` as in :meth:`record`; ``keep_texts`` for a
-        request passed to
+        ``dialect`` and ``unlogged_prefix_tokens`` as in :meth:`record`, ``unlogged_prefix_of`` (the unlogged
+        prefix's identity) as in :func:`~promptcache_nb.request.prepare`; ``keep_texts`` for a request passed to
         :meth:`record` next (``prepare``'s: its new segments' JSON is not serialised again to store them)."""
         return prepare(body, memo=self._memo, previous=previous, dialect=dialect,
                        unlogged_prefix_tokens=unlogged_prefix_tokens, keep_texts=keep_texts,
