@@ -20,6 +20,8 @@ DEFAULT_ACCOUNT = "local"
 _BASE_KEYS = ("start", "step_seconds", "cache_params", "strategy_params", "cache_scope", "prices", "calibration")
 #: Keys an imported session's config has as well (``format`` given), each stored even when None.
 _IMPORT_KEYS = ("format", "session_key", "session_kind", "unlogged_prefix_tokens")
+#: Keys stored only when set (a config without them reads and writes back byte-identical).
+_OPTIONAL_KEYS = ("unlogged_prefix_of", "unlogged_prefix_read")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +54,11 @@ class SessionConfig:
     session_kind: str | None = None  #: imported sessions: main, sub-agent, compaction...
     #: a partial log's measured unlogged prefix (system + tools), once known
     unlogged_prefix_tokens: int | None = None
+    #: whose unlogged prefix it is: the identity the importer read from the log (client, version, model, working
+    #: directory) and the variant of it (``importers/_prefixes.py``); equal for sessions that shared that prefix
+    unlogged_prefix_of: str | None = None
+    #: the measured cache read of the session's first request (the evidence a shared unlogged prefix rests on)
+    unlogged_prefix_read: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)  #: stored keys this version does not know, as stored
 
     @property
@@ -62,11 +69,13 @@ class SessionConfig:
     @classmethod
     def from_stored(cls, stored: Mapping[str, Any]) -> SessionConfig:
         """The config of a stored ``sessions.config`` dict; keys an older store lacks take their defaults."""
-        known = {k: stored[k] for k in (*_BASE_KEYS, *_IMPORT_KEYS, "account") if k in stored and k != "start"}
+        known = {k: stored[k] for k in (*_BASE_KEYS, *_IMPORT_KEYS, *_OPTIONAL_KEYS, "account")
+                 if k in stored and k != "start"}
         for k in ("cache_params", "strategy_params"):
             if known.get(k) is None:
                 known.pop(k, None)
-        extra = {k: v for k, v in stored.items() if k not in _BASE_KEYS and k not in _IMPORT_KEYS and k != "account"}
+        extra = {k: v for k, v in stored.items()
+                 if k not in _BASE_KEYS and k not in _IMPORT_KEYS and k not in _OPTIONAL_KEYS and k != "account"}
         return cls(start=datetime.fromisoformat(stored["start"]), extra=extra, **known)
 
     @staticmethod
@@ -90,6 +99,9 @@ class SessionConfig:
                        unlogged_prefix_tokens=self.unlogged_prefix_tokens)
         elif self.unlogged_prefix_tokens is not None:
             out["unlogged_prefix_tokens"] = self.unlogged_prefix_tokens
+        for key in _OPTIONAL_KEYS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         out.update(self.extra)
         return out
 

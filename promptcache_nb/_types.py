@@ -100,6 +100,15 @@ def decode_segment_map(text: str | None) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: Event code of a request whose conversation history its log lacks (a compaction call re-sends its parent's
+#: conversation; only the parent's log holds it): its simulated replay rests on a rebuilt history, or none, so no
+#: saving may be claimed on it (:func:`~promptcache_nb.analysis.resimulate.history_missing`).
+HISTORY_MISSING = "history_missing"
+#: Event code stored beside :data:`HISTORY_MISSING` when the import rebuilt that history from the parent session's
+#: log (its last request before the call, and that request's reply): the body stored is the rebuilt one.
+HISTORY_FROM_PARENT = "history_from_parent"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRecord:
     """One stored request: a ``turns`` row, field for field (README "Schema").

@@ -599,19 +599,23 @@ class Session:
 
     def prepare(self, body: dict[str, Any], *, dialect: str | None = None,
                 previous: PreparedRequest | None = None, unlogged_prefix_tokens: int | None = None,
-                keep_texts: bool = False) -> PreparedRequest:
+                keep_texts: bool = False, unlogged_prefix_of: str | None = None) -> PreparedRequest:
         """Segment a request body with this session's tokenizer (what :meth:`record` stores). ``previous``: the
         request before it (its equal leading segments are reused: a growing history costs only its new tail);
-        ``dialect`` and ``unlogged_prefix_tokens`` as in :meth:`record`; ``keep_texts`` for a request passed to
+        ``dialect`` and ``unlogged_prefix_tokens`` as in :meth:`record`, ``unlogged_prefix_of`` (the unlogged
+        prefix's identity) as in :func:`~promptcache_nb.request.prepare`; ``keep_texts`` for a request passed to
         :meth:`record` next (``prepare``'s: its new segments' JSON is not serialised again to store them)."""
         return prepare(body, memo=self._memo, previous=previous, dialect=dialect,
-                       unlogged_prefix_tokens=unlogged_prefix_tokens, keep_texts=keep_texts)
+                       unlogged_prefix_tokens=unlogged_prefix_tokens, keep_texts=keep_texts,
+                       unlogged_prefix_of=unlogged_prefix_of)
 
-    def note_unlogged_prefix(self, tokens: int) -> None:
+    def note_unlogged_prefix(self, tokens: int, *, of: str | None = None, read: int | None = None) -> None:
         """Store the size of the prefix (system prompt and tools) a partial log leaves out, measured once from its
-        first request (measured total minus the logged part): later requests, and later imports of the same
-        log, are sized with it. Written in the caller's transaction when there is one."""
-        config = self._config.replace(unlogged_prefix_tokens=tokens)
+        first request (measured total minus the logged part, or the size agreed for its identity): later requests,
+        and later imports of the same log, are sized with it. ``of``: the prefix's identity and variant
+        (``importers/_prefixes.py``); ``read``: the first request's measured cache read, the evidence a shared
+        prefix rests on. Written in the caller's transaction when there is one."""
+        config = self._config.replace(unlogged_prefix_tokens=tokens, unlogged_prefix_of=of, unlogged_prefix_read=read)
         with self._lab.store.transaction():
             self._lab.store.update_session_config(self.id, config.to_stored())
         self._config = config

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 from .._config import SessionConfig
 from .._shared import account_of, cache_scope_of
 from ..analysis import Prices, calibration_for
-from ..analysis.resimulate import SharedStream, StoredTurn, _resimulate_turns, load_turns, request_prices
+from ..analysis.resimulate import (
+    SharedStream,
+    StoredTurn,
+    _resimulate_turns,
+    history_missing,
+    load_turns,
+    request_prices,
+)
 from ..cache import get_cache_model
 from ..errors import PromptCacheError, SessionError
 from ..request import PreparedRequest, SegmentMemo, prepare
@@ -98,7 +105,7 @@ class Original:
     def history_missing(self, turn: StoredTurn) -> bool:
         """The log lacks this request's history: a compaction call logged apart from the conversation it
         summarises (its measured read is the parent's entry, which no replay of its own log can show)."""
-        return bool(self.row["config"].get("session_kind") == "compaction")
+        return self.row["config"].get("session_kind") == "compaction" or history_missing(turn)
 
     @property
     def client(self) -> str:
@@ -275,7 +282,8 @@ class Original:
                 req = orig
             else:
                 req = prepare(r.body, memo=memo, previous=prev, dialect=orig.dialect,
-                              unlogged_prefix_tokens=orig.unlogged_prefix_tokens)
+                              unlogged_prefix_tokens=orig.unlogged_prefix_tokens,
+                              unlogged_prefix_of=orig.unlogged_prefix_of)
             out.append((r, req))
             prev = req
         return out

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._config import SessionConfig
 from .._protocols import LabLike, StoredSession, resolve_session
+from .._types import HISTORY_MISSING
 from .._util import digest
 from ..cache import CacheModel, CacheResult, get_cache_model
 from ..cache._prefix import common_prefix_len
@@ -79,8 +80,24 @@ _TURN_FIELDS = (
     "idx", "at", "model", "tail_node", "rest_hash", "output_tokens", "input_tokens",
     "cache_read_input_tokens",
     "cache_creation_input_tokens", "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens",
-    "usage_source", "total_tokens", "ideal_cache_read", "cost_usd", "cache_reason", "cache_detail",
+    "usage_source", "total_tokens", "ideal_cache_read", "cost_usd", "cache_reason", "cache_detail", "events",
 )
+
+
+def history_missing(turn: StoredTurn) -> bool:
+    """True when the log lacked this request's conversation history (the stored event
+    :data:`~promptcache_nb._types.HISTORY_MISSING`: a compaction call, which re-sent its parent's conversation).
+
+    Its measured usage is exact, but its body is either the history rebuilt from the parent's log (the event
+    ``history_from_parent`` beside it) or the logged tail alone, so a simulated replay of it, and any saving a
+    counterfactual finds on it, rests on a body that was not logged: claim none on it.
+
+    Example:
+        >>> [t.idx for t in load_turns(lab, sid) if history_missing(t)]  # doctest: +SKIP
+    """
+    raw = turn.stored.get("events")
+    events = json.loads(raw) if isinstance(raw, str) else raw or []
+    return HISTORY_MISSING in events
 
 
 _resolve = resolve_session  # the name the analysis modules used

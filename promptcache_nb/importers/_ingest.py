@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from .._config import DEFAULT_ACCOUNT, SessionConfig
 from .._shared import ScopeKey, scope_key
+from .._types import HISTORY_FROM_PARENT, HISTORY_MISSING
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import html_table
@@ -31,6 +32,8 @@ from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageErr
 from ..request import BodyProblem, PreparedRequest, check_request
 from ..request.diff import visible
 from ._jsonl import COMPRESSED_SUFFIXES, UnreadableLog
+from ._messages import append_message
+from ._prefixes import UnloggedPrefix, agreed_prefix, covers
 from ._registry import READERS, detect
 from ._types import ImportedRequest, SkippedLine
 
@@ -601,6 +604,7 @@ def _store_group(run: _Run, pending: list[_Pending]) -> None:
     """Store a file group's sessions in rank order: new ones many to a transaction (:data:`BATCH_SESSIONS`), a
     session stored before (which may need its stored requests read, or a restore) in one of its own. Each
     stored session's requests are dropped from ``pending`` (:func:`_store_batch`)."""
+    _add_parent_history(pending)
     existing = run.lab.store.existing_sessions([p.sid for p in pending if not p.again])
     chunk: list[_Pending] = []
     size = 0
@@ -615,6 +619,43 @@ def _store_group(run: _Run, pending: list[_Pending]) -> None:
         else:
             _store_batch(run, [p], fresh=False)
     _store_batch(run, chunk, fresh=True)
+
+
+def _add_parent_history(pending: list[_Pending]) -> None:
+    """Give each request whose log lacks its history (``history_missing``: a compaction call) the history its
+    parent session's log holds, when the parent is in the same file group: the messages of the parent's last
+    request sent before the session's first, then that request's reply (unless it called tools: their results
+    are in no request body), then the request's own logged messages. That is what the call re-sent up to what
+    the parent wrote last, so its replay reads what the parent wrote; what the parent's log added after its last
+    request is not in it. Every such request carries the ``history_missing`` event; the rebuilt ones also
+    ``history_from_parent``."""
+    by_key = {p.key: p for p in pending}
+    for p in pending:
+        if not any(r.history_missing for r in p.reqs):
+            continue
+        first = p.reqs[0]
+        parent = by_key.get(first.parent_key) if first.parent_key is not None else None
+        before = [q for q in parent.reqs if q.at <= first.at] if parent is not None else []
+        source = before[-1] if before else None
+        out = []
+        for r in p.reqs:
+            if not r.history_missing:
+                out.append(r)
+                continue
+            if source is None or r.dialect != source.dialect or not isinstance(r.body.get("messages"), list):
+                out.append(replace(r, events=(*r.events, HISTORY_MISSING)))
+                continue
+            messages = [{"role": m["role"], "content": list(m["content"])} for m in source.body["messages"]]
+            reply = list(source.reply or [])
+            if not any(isinstance(b, dict) and b.get("type") == "tool_use" for b in reply):
+                # a reply that called tools was followed by results no request body of the parent holds: left out
+                # (the body stays one the API accepts; the parent's entries end before the reply anyway)
+                append_message(messages, "assistant", reply)
+            for m in r.body["messages"]:
+                append_message(messages, m["role"], list(m["content"]))
+            out.append(replace(r, body={**r.body, "messages": messages},
+                               events=(*r.events, HISTORY_MISSING, HISTORY_FROM_PARENT)))
+        p.reqs = out
 
 
 def _store_batch(run: _Run, pending: list[_Pending], *, fresh: bool) -> int:
@@ -823,7 +864,8 @@ def _prepared(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, A
     """Each request segmented (extending the previous body's segments: linear ingest) and checked leniently,
     one at a time as the caller stores them: what the API would refuse is yielded with it, to be stored and
     reported; a body JSON cannot hold, or a usage figure no endpoint reports, is skipped with its file:line."""
-    unlogged = s.session_config.unlogged_prefix_tokens
+    config = s.session_config
+    unlogged, of = config.unlogged_prefix_tokens, config.unlogged_prefix_of
     prev = s.previous_request
     for req in reqs:
         file, line = _split_ref(req.source_ref)
@@ -838,18 +880,39 @@ def _prepared(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, A
             problems = check_request(req.body, req.dialect, lenient=True, partial=req.partial,
                                      previous=None if prev is None else prev.body)
             if req.partial and unlogged is None:
-                # measured prompt total minus what the log holds (estimated): the unlogged system + tools
-                logged = s.prepare(req.body, dialect=req.dialect).total_tokens
-                measured = req.usage.total_input_tokens
-                unlogged = max(0, measured - logged) if measured is not None else 0
-                s.note_unlogged_prefix(unlogged)
+                agreed = _unlogged_prefix(s, req)
+                unlogged, of = agreed.tokens, agreed.of
+                # the first read is kept as the evidence later sessions of its identity are linked by
+                s.note_unlogged_prefix(unlogged, of=of, read=req.usage.cache_read_input_tokens if of else None)
+            sized = bool(unlogged) and req.partial
             prepared = s.prepare(req.body, previous=prev, dialect=req.dialect,
-                                 unlogged_prefix_tokens=(unlogged or None) if req.partial else None, keep_texts=True)
+                                 unlogged_prefix_tokens=unlogged if sized else None,
+                                 unlogged_prefix_of=of if sized else None, keep_texts=True)
         except (ValueError, TypeError, RecursionError, PromptCacheError) as exc:
             skipped.append({"file": file, "line": line, "reason": f"body not understood: {exc}"})
             continue
         yield req, prepared, problems
         prev = prepared
+
+
+def _unlogged_prefix(s: Session, req: ImportedRequest) -> UnloggedPrefix:
+    """The unlogged prefix (system prompt and tools) of session ``s``, from its first partial request ``req``.
+
+    Its own measurement is the measured prompt total minus what the log holds (estimated). A request whose history
+    was rebuilt from its parent's log (a compaction call) re-sent the parent's prefix too: it takes the parent's
+    when its measured cache read covers it. Otherwise the sessions of its identity decide
+    (:func:`~._prefixes.agreed_prefix`)."""
+    logged = s.prepare(req.body, dialect=req.dialect).total_tokens
+    measured = req.usage.total_input_tokens
+    estimate = max(0, measured - logged) if measured is not None else 0
+    read = req.usage.cache_read_input_tokens
+    if HISTORY_FROM_PARENT in req.events and s.parent_id is not None:
+        row = s.lab.store.session_row(s.parent_id)
+        parent = SessionConfig.from_stored(row["config"]) if row is not None else None
+        if parent is not None and parent.unlogged_prefix_tokens and covers(read, parent.unlogged_prefix_tokens):
+            return UnloggedPrefix(parent.unlogged_prefix_tokens, parent.unlogged_prefix_of)
+    return agreed_prefix(s.lab.store, s.project, s.id, req.prefix_identity, estimate=estimate, read=read,
+                         at=req.at)
 
 
 def _value_problem(req: ImportedRequest) -> str | None:

@@ -45,6 +45,13 @@ class ImportedRequest:
             header such as ``anthropic-organization-id``), else None: the import decides (``account=``).
         agent_observation: the agent's own cache observation of this request when its log has one (OpenClaw's
             ``cache:result``), stored in ``cache_detail["agent_observation"]`` beside ours.
+        prefix_identity: for a partial body, what the log says about the prefix it lacks (client, client version,
+            model, working directory, session kind: what the client builds its system prompt and tools from).
+            Sessions of one identity whose measured cache reads show they shared it share one unlogged prefix
+            (``_prefixes.py``); None: each session's prefix is its own.
+        history_missing: the log lacks this request's conversation history, not just its system prompt and
+            tools (a compaction call re-sends its parent's conversation, which only the parent's log holds).
+            Stored as the event :data:`promptcache_nb._types.HISTORY_MISSING`.
     """
 
     session_key: str
@@ -66,6 +73,8 @@ class ImportedRequest:
     #: how long the call took (milliseconds), when the log timed it (the recording proxy's ``latency_ms``)
     latency_ms: float | None = field(default=None, compare=False)
     account: str | None = None
+    prefix_identity: dict[str, str] | None = field(default=None, compare=False)
+    history_missing: bool = False
 
 
 @dataclass(frozen=True)

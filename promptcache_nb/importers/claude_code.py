@@ -12,9 +12,14 @@ turn one into API requests:
 * **Bodies are rebuilt** from the conversation before each response: user lines (text, and ``tool_result``
   blocks) and earlier responses, consecutive same-role lines merged into one message as the API requires. Tool
   results written while a response was still streaming stay after that response, in file order. The system
-  prompt and tool definitions are not logged, so every body is ``partial``.
+  prompt and tool definitions are not logged, so every body is ``partial``. What the client builds them from
+  and the log does say — the client ``version``, the model, the working directory (``cwd``) and whether the chain
+  is a main conversation or a sub-agent — is each request's ``prefix_identity`` (``_prefixes.py`` decides from
+  the measured cache reads which sessions shared it).
 * **Compaction.** A ``system`` line with ``subtype: "compact_boundary"`` restarts the history; the next user
-  line (``isCompactSummary``) holds the summary, and the next request carries the ``compaction`` event.
+  line (``isCompactSummary``) holds the summary, and the next request carries the ``compaction`` event. The
+  compaction call itself (an ``acompact-`` agent) re-sends the parent's whole conversation, which its own log
+  does not hold: its requests are ``history_missing`` (the import rebuilds that history from the parent's log).
 * **Sessions come from the lines' own ids, never the file's name** (files get copied, renamed, or share a name
   like ``turn-2.jsonl``). A line without ``isSidechain`` belongs to its ``sessionId``'s main session; one with
   an ``agentId`` to the sub-agent session ``<sessionId>/agent-<agentId>`` (``parent_key`` = ``sessionId``;
@@ -80,6 +85,7 @@ class _Response:
     usage: dict[str, Any]
     reply: list[dict[str, Any]] = field(default_factory=list)
     emitted: bool = False
+    identity: dict[str, str] = field(default_factory=dict)  # what the unlogged prefix is built from
 
 
 @dataclass
@@ -212,9 +218,14 @@ class ClaudeCodeReader:
         else:
             target = {"role": "assistant", "content": []}
             history.append(target)
+        obj = rec.obj
+        identity = {"client": self.name, "model": message["model"], "kind": chain.kind}
+        for name in ("version", "cwd"):  # the client's version and working directory, when the line has them
+            if isinstance(obj.get(name), str):
+                identity[name] = obj[name]
         return _Response(line=rec.line, at=at, model=message["model"], message_id=key[0],
                          request_id=key[1] or None, body=body, events=events, target=target,
-                         usage=message["usage"])
+                         usage=message["usage"], identity=identity)
 
     def _request(self, resp: _Response, file: str, chain: _Chain) -> ImportedRequest | SkippedLine:
         """The finished response as a request, or the line that opened it when its usage cannot be stored."""
@@ -238,6 +249,8 @@ class ClaudeCodeReader:
             request_id=resp.request_id,
             reply=resp.reply,
             provider="anthropic",
+            prefix_identity=resp.identity,
+            history_missing=chain.kind == "compaction",
         )
 
 

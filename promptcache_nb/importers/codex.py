@@ -17,7 +17,8 @@ Each line is ``{"timestamp", "type", "payload"}`` with ``type`` one of ``session
   logged before the request's own output items (the model-produced ``reasoning`` / assistant ``message`` /
   tool calls written after the previous request's usage), in file order. ``instructions`` is the logged
   ``base_instructions`` (a later ``turn_context`` that carries its own wins). Tool definitions are never
-  logged, so bodies are ``partial``.
+  logged, so bodies are ``partial``; each request's ``prefix_identity`` is the client version, model, working
+  directory and session kind (``_prefixes.py`` decides from measured cache reads which sessions shared the tools).
 * **Compaction.** A ``compacted`` line replaces the history with its ``replacement_history`` (or, from older
   clients that log only the summary, one user message holding it); the next request carries ``compaction``.
 * The model is the latest ``turn_context``'s ``model``.
@@ -88,6 +89,7 @@ class CodexReader:
         events: list[str] = []
         session_seen = False
         usage_seen = False
+        setting: dict[str, str] = {}  # the client version and working directory, as the rollout last gave them
 
         for rec in iter_json_lines(path):
             if isinstance(rec, ReadProgress):
@@ -114,10 +116,12 @@ class CodexReader:
                     kind, parent_key = _lineage(payload)
                 session_seen = True
                 instructions = _text(payload.get("base_instructions")) or instructions
+                _note_setting(setting, payload)
             elif kind_of_line == "turn_context":
                 if isinstance(payload.get("model"), str):
                     model = payload["model"]
                 instructions = _text(payload.get("base_instructions")) or instructions
+                _note_setting(setting, payload)
             elif kind_of_line == "response_item":
                 item_type = payload.get("type")
                 if item_type in _NOT_SENT:
@@ -200,9 +204,18 @@ class CodexReader:
                     events=tuple(events),
                     reply=[i for i in items[cut:] if _is_output(i)] or None,
                     provider="openai",
+                    prefix_identity={"client": self.name, "model": model, "kind": kind, **setting},
                 )
                 events.clear()
                 outputs_from, first_output_at = None, None
+
+
+def _note_setting(setting: dict[str, str], payload: dict[str, Any]) -> None:
+    """Keep what the unlogged tool definitions are built from: the client version (``session_meta.cli_version``)
+    and the working directory (``cwd``, whose project config adds tools)."""
+    for key, name in (("cli_version", "version"), ("cwd", "cwd")):
+        if isinstance(payload.get(key), str):
+            setting[name] = payload[key]
 
 
 def _lineage(meta: dict[str, Any]) -> tuple[SessionKind, str | None]:

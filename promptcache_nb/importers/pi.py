@@ -16,7 +16,8 @@ pi (badlogic/pi-mono, ``~/.pi/agent/sessions/--<cwd>--/<ISO>_<uuid>.jsonl``) and
   were billed, are imported too). After a ``compaction`` entry on the path the context is its summary (a user
   message) followed by the entries from ``firstKeptEntryId`` on; the next request carries the ``compaction``
   event. Messages are rebuilt as Anthropic content blocks (``toolCall`` → ``tool_use``, ``toolResult`` → a user
-  ``tool_result``); the system prompt and tools are not logged, so bodies are ``partial``.
+  ``tool_result``); the system prompt and tools are not logged, so bodies are ``partial`` (their
+  ``prefix_identity``: the working directory, model and session kind; ``_prefixes.py``).
 * **Usage**: ``input`` is uncached, ``cacheRead`` / ``cacheWrite`` as named; oh-my-pi's ``cttl`` gives the 5m/1h
   split of the write. Two eras count ``input`` *with* the cached tokens and are converted (with a note):
   the ``google-generative-ai`` / ``google-vertex`` apis, and OpenAI apis before pi-ai 0.12.10 (entries before
@@ -129,6 +130,7 @@ class _State:
     copied: set[tuple[Any, Any]] = field(default_factory=set)
     subagent_of: str | None = None  # oh-my-pi: the session that spawned this one (from the file's folder)
     system: list[dict[str, Any]] | None = None  # oh-my-pi sub-agents: the system prompt as sent (session_init)
+    cwd: str | None = None  # the header's working directory (the system prompt names it and reads its AGENTS.md)
 
 
 def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], str] | None = None,
@@ -160,6 +162,7 @@ def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], 
             if st.session is None:
                 st.session = obj["id"] if isinstance(obj.get("id"), str) else fallback
                 st.version = obj["version"] if isinstance(obj.get("version"), int) else 1
+                st.cwd = obj["cwd"] if isinstance(obj.get("cwd"), str) else None
                 parent = obj.get("parentSession") or obj.get("branchedFrom")
                 if isinstance(parent, str) and parent:
                     st.parent_session = parent
@@ -501,7 +504,18 @@ def _request(st: _State, entry: _Entry, message: dict[str, Any],
         request_id=rid if isinstance(rid, str) else None, reply=pi_blocks(message.get("content")),
         provider=provider_of(message.get("api"), message.get("provider")),
         parent_key=st.subagent_of, session_kind="subagent" if st.subagent_of else "main",
+        prefix_identity=_prefix_identity(st, model),
     )
+
+
+def _prefix_identity(st: _State, model: str) -> dict[str, str]:
+    """What the unlogged system prompt and tools are built from, as the transcript says it: the working directory
+    and the model (pi logs no client version; "pi-format": pi, oh-my-pi and OpenClaw write it); a sub-agent's
+    differs from its parent's."""
+    identity = {"client": "pi-format", "model": model, "kind": "subagent" if st.subagent_of else "main"}
+    if st.cwd is not None:
+        identity["cwd"] = st.cwd
+    return identity
 
 
 def _model_usage(st: _State, entry: _Entry) -> ImportedRequest | SkippedLine:

@@ -279,6 +279,11 @@ class PreparedRequest:
         return self.shape.get("unlogged")
 
     @property
+    def unlogged_prefix_of(self) -> str | None:
+        """Whose unlogged prefix it is (:func:`unlogged_segment`'s ``of``), None when the log did not say."""
+        return self.shape.get("unlogged_of")
+
+    @property
     def canonical(self) -> bytes:
         return canonical_bytes(self.body)
 
@@ -314,7 +319,7 @@ class PreparedRequest:
 class LoggedBody(dict[str, Any]):
     """A request body rebuilt from its segments (``rebuild_body``, ``Store.turn_body``): a plain ``dict``
     equal to the body as logged, which also remembers what :func:`prepare` needs to rebuild the very same
-    segments — the dialect when it is not ``anthropic`` and the unlogged prefix's measured size.
+    segments — the dialect when it is not ``anthropic`` and the unlogged prefix's measured size and identity.
 
     So ``prepare(store.turn_body(sid, i))`` is the stored request again, for every dialect and for partial
     bodies, without every caller having to read the shape. Explicit ``prepare`` arguments win.
@@ -322,6 +327,7 @@ class LoggedBody(dict[str, Any]):
 
     dialect: str | None = None
     unlogged_prefix_tokens: int | None = None
+    unlogged_prefix_of: str | None = None
 
 
 # -- prepare ---------------------------------------------------------------------------------------
@@ -332,15 +338,21 @@ def detect_dialect(body: dict[str, Any]) -> str:
     return detect_format(body).name
 
 
-def unlogged_segment(tokens: int) -> Segment:
+def unlogged_segment(tokens: int, of: str | None = None) -> Segment:
     """The synthetic first segment of a partial body: ``tokens`` measured, no content.
 
-    Its element is a small marker (``{"unlogged_prefix_tokens": N}``), so its hashes — and with them the
-    prefix chains of every cache model — change exactly when the measured size changes.
+    Its element is a small marker (``{"unlogged_prefix_tokens": N}``, plus ``"of": ID`` when the importer
+    identified the prefix from what the log says: client, version, model, working directory), so its hashes — and
+    with them the prefix chains of every cache model — are equal exactly for prefixes of the same identity and
+    size. Without an identity the size alone tells them apart.
     """
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ValueError(f"unlogged_prefix_tokens: must be a non-negative int, got {tokens!r}")
-    marker = {"unlogged_prefix_tokens": tokens}
+    if of is not None and (not isinstance(of, str) or not of):
+        raise ValueError(f"unlogged_prefix_of: must be a non-empty string, got {of!r}")
+    marker: dict[str, Any] = {"unlogged_prefix_tokens": tokens}
+    if of is not None:
+        marker["of"] = of
     h = digest(canonical_bytes(marker), tag="seg")
     return Segment(UNLOGGED_PATH, "unlogged", None, h, h, tokens, None, marker, 0)
 
@@ -349,6 +361,7 @@ def prepare(
     body: dict[str, Any], *, memo: SegmentMemo | None = None, trusted: bool = False,
     previous: PreparedRequest | None = None, dialect: str | None = None,
     unlogged_prefix_tokens: int | None = None, copy: bool = False, keep_texts: bool = False,
+    unlogged_prefix_of: str | None = None,
 ) -> PreparedRequest:
     """Split a request body into segments (hashes and estimated tokens), in cache-prefix order.
 
@@ -370,6 +383,8 @@ def prepare(
             omitted (:func:`detect_dialect`).
         unlogged_prefix_tokens: measured tokens of a prompt prefix the log did not record (a partial
             body): one synthetic ``unlogged`` segment first (see :func:`unlogged_segment`).
+        unlogged_prefix_of: the unlogged prefix's identity (:func:`unlogged_segment`'s ``of``); only with
+            ``unlogged_prefix_tokens``.
         copy: the returned request owns its body: new parts are deep copies and unchanged parts are
             ``previous.body``'s (already owned) objects — a deep copy at the cost of the new tail.
         keep_texts: keep the canonical JSON of the segments serialised to hash them (``derived.texts``) until the
@@ -387,19 +402,42 @@ def prepare(
         >>> p.dialect, [s.path for s in p.segments]
         ('openai-chat', ['messages[0]', 'messages[1]'])
     """
-    fmt, pinned, unlogged_prefix_tokens = _read_arguments(body, dialect, unlogged_prefix_tokens)
+    fmt, pinned, unlogged = _read_arguments(body, dialect, unlogged_prefix_tokens, unlogged_prefix_of)
     memo = (memo or SegmentMemo()).for_model(body.get("model"))  # the estimator of this body's model
     if trusted and fmt.fast_path and not copy and not pinned:
-        return _prepare_trusted(body, memo, previous, unlogged_prefix_tokens)
-    builder = _Builder(body, fmt, memo, previous, unlogged_prefix_tokens, copy, pinned)
+        return _prepare_trusted(body, memo, previous, unlogged)
+    builder = _Builder(body, fmt, memo, previous, unlogged, copy, pinned)
     if keep_texts:
         builder.texts = {}
     return builder.build()
 
 
-def _read_arguments(body: Any, dialect: str | None, unlogged: int | None) -> tuple[WireFormat, bool, int | None]:
+@dataclass(frozen=True)
+class _Unlogged:
+    """A partial body's unlogged prefix as :func:`prepare` builds it: its size and identity."""
+
+    tokens: int
+    of: str | None
+
+    def segment(self) -> Segment:
+        return unlogged_segment(self.tokens, self.of)
+
+    def record(self, shape: dict[str, Any]) -> None:
+        """Write it into a prepared request's shape (what :func:`rebuild_body` reads back)."""
+        shape["unlogged"] = self.tokens
+        if self.of is not None:
+            shape["unlogged_of"] = self.of
+
+    def matches(self, seg: Segment) -> bool:
+        el = seg.element
+        return (seg.kind == "unlogged" and seg.tokens == self.tokens and isinstance(el, dict)
+                and el.get("of") == self.of)
+
+
+def _read_arguments(body: Any, dialect: str | None, unlogged: int | None, of: str | None = None
+                    ) -> tuple[WireFormat, bool, _Unlogged | None]:
     """How :func:`prepare` (and :class:`BodyPlan`) reads a body and its arguments: (its wire format, pinned,
-    unlogged prefix tokens) — the format resolved once per request.
+    unlogged prefix) — the format resolved once per request.
 
     A :class:`LoggedBody` supplies what is not given; ``pinned`` is an explicit default format (the one a shape
     omits) the body alone would not tell: the shape must record it.
@@ -408,16 +446,18 @@ def _read_arguments(body: Any, dialect: str | None, unlogged: int | None) -> tup
         dialect = getattr(body, "dialect", None)
     if unlogged is None:
         unlogged = getattr(body, "unlogged_prefix_tokens", None)
+        of = of if of is not None else getattr(body, "unlogged_prefix_of", None)
     if not isinstance(body, dict):
         raise TypeError(f"request body must be a dict, got {type(body).__name__}")
+    prefix = None if unlogged is None else _Unlogged(unlogged, of)
     if dialect is None:
-        return detect_format(body), False, unlogged
+        return detect_format(body), False, prefix
     fmt = get_format(dialect)
-    return fmt, fmt is DEFAULT_FORMAT and detect_format(body) is not fmt, unlogged
+    return fmt, fmt is DEFAULT_FORMAT and detect_format(body) is not fmt, prefix
 
 
 def _prepare_trusted(
-    body: dict[str, Any], memo: SegmentMemo, previous: PreparedRequest | None, unlogged: int | None,
+    body: dict[str, Any], memo: SegmentMemo, previous: PreparedRequest | None, unlogged: _Unlogged | None,
 ) -> PreparedRequest:
     """Messages bodies our strategies built from immutable history objects (the format's ``fast_path``): messages
     that are the very same objects at the same index reuse the previous request's segments wholesale, so a turn
@@ -442,7 +482,7 @@ def _prepare_trusted(
         segs.append(seg)
 
     if unlogged is not None:
-        segs.append(unlogged_segment(unlogged))
+        segs.append(unlogged.segment())
     tools = body.get("tools")
     if tools is None:
         shape["tools"] = "absent"
@@ -463,7 +503,7 @@ def _prepare_trusted(
     messages = body.get("messages")
     shape["messages"] = "absent" if messages is None else "list"
     if unlogged is not None:
-        shape["unlogged"] = unlogged
+        unlogged.record(shape)
     prev_msgs: list[Any] = []
     prev_spans: list[tuple[int, int]] = []
     prev_derived = previous.derived if previous is not None else None
@@ -592,7 +632,7 @@ class _Builder:
     texts: dict[str, tuple[str, int]] | None = None  # keep_texts: block hash -> (canonical JSON, bytes)
 
     def __init__(self, body: dict[str, Any], fmt: WireFormat, memo: SegmentMemo,
-                 previous: PreparedRequest | None, unlogged: int | None, copy_: bool, pinned: bool) -> None:
+                 previous: PreparedRequest | None, unlogged: _Unlogged | None, copy_: bool, pinned: bool) -> None:
         self.body, self.fmt, self.memo, self.unlogged, self.copy = body, fmt, memo, unlogged, copy_
         usable = (previous is not None and previous.derived.units is not None
                   and previous.wire is fmt
@@ -692,15 +732,15 @@ class _Builder:
         body, shape, prev = self.body, self.shape, self.previous
         if self.unlogged is not None:
             first = prev.segments[0] if prev is not None and prev.segments else None
-            if first is not None and first.kind == "unlogged" and first.tokens == self.unlogged:
+            if first is not None and self.unlogged.matches(first):
                 self.segs.append(first)
                 self.run_len = 1
             else:
-                self.segs.append(unlogged_segment(self.unlogged))
+                self.segs.append(self.unlogged.segment())
                 self.run = False
         segmented = self.fmt.segment(self)
         if self.unlogged is not None:
-            shape["unlogged"] = self.unlogged
+            self.unlogged.record(shape)
         rest = {k: v for k, v in body.items() if k not in segmented}
         if self.copy:
             rest = _copy.deepcopy(rest)
@@ -735,15 +775,16 @@ class BodyPlan:
     checked up front; a unit is validated when something builds it.
 
     ``sections`` lists the non-empty sections as (key, units); a partial body's unlogged prefix is a section
-    of its own (key ``(unlogged prefix)``, one unit: the measured size). ``shape``, ``rest`` and
+    of its own (key ``(unlogged prefix)``, one unit: (the measured size, its identity)). ``shape``, ``rest`` and
     ``dialect`` are the prepared request's.
     """
 
     def __init__(self, body: dict[str, Any], *, memo: SegmentMemo | None = None, dialect: str | None = None,
-                 unlogged_prefix_tokens: int | None = None) -> None:
+                 unlogged_prefix_tokens: int | None = None, unlogged_prefix_of: str | None = None) -> None:
         self.body = body
-        self._arguments = (dialect, unlogged_prefix_tokens)
-        self.wire, self._pinned, self.unlogged = _read_arguments(body, dialect, unlogged_prefix_tokens)
+        self._arguments = (dialect, unlogged_prefix_tokens, unlogged_prefix_of)
+        self.wire, self._pinned, self.unlogged = _read_arguments(body, dialect, unlogged_prefix_tokens,
+                                                                 unlogged_prefix_of)
         self.dialect: str = self.wire.name
         self._memo = memo or SegmentMemo()
         self._planner = self._builder()
@@ -751,13 +792,13 @@ class BodyPlan:
         planner.plan = []
         segmented = self.wire.segment(planner)
         if self.unlogged is not None:
-            planner.shape["unlogged"] = self.unlogged
+            self.unlogged.record(planner.shape)
         self.shape = planner.shape
         self.rest = {k: v for k, v in body.items() if k not in segmented}
         self.sections: list[tuple[str, list[Any]]] = [(key, units) for key, units, _ in planner.plan if units]
         self._emit = [emit for _, units, emit in planner.plan if units]
         if self.unlogged is not None:
-            self.sections.insert(0, (UNLOGGED_PATH, [self.unlogged]))
+            self.sections.insert(0, (UNLOGGED_PATH, [(self.unlogged.tokens, self.unlogged.of)]))
             self._emit.insert(0, None)
         self._keys: dict[tuple[int, int], list[tuple[str, str, str | None, str]]] = {}
         self._prefixes: dict[int, PreparedRequest] = {}
@@ -790,7 +831,7 @@ class BodyPlan:
             units = self.sections[section][1]
             emit = self._emit[section]
             if emit is None:  # the unlogged prefix
-                seg = unlogged_segment(units[0])
+                seg = unlogged_segment(*units[0])
                 got = [(seg.content_hash, seg.kind, seg.role, seg.path)]
             else:
                 planner = self._planner
@@ -818,8 +859,9 @@ class BodyPlan:
     def prepared(self) -> PreparedRequest:
         """``prepare(body)`` with this plan's memo (built on the first call)."""
         if self._whole is None:
-            dialect, unlogged = self._arguments
-            self._whole = prepare(self.body, memo=self._memo, dialect=dialect, unlogged_prefix_tokens=unlogged)
+            dialect, unlogged, of = self._arguments
+            self._whole = prepare(self.body, memo=self._memo, dialect=dialect, unlogged_prefix_tokens=unlogged,
+                                  unlogged_prefix_of=of)
         return self._whole
 
 
@@ -895,6 +937,7 @@ def rebuild_body(shape: dict[str, Any], rest: dict[str, Any], chain: list[tuple[
     if isinstance(body, LoggedBody):
         body.dialect = fmt.name
         body.unlogged_prefix_tokens = unlogged
+        body.unlogged_prefix_of = shape.get("unlogged_of")
     if shape.get("tools") == "list":
         body["tools"] = []
     return fmt.rebuild(body, shape, chain)

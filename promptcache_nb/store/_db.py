@@ -899,6 +899,18 @@ class Store:
             r["config"] = self._config(r)
         return rows
 
+    def unlogged_prefix_sessions(self, project_id: str, identity: str) -> list[dict[str, Any]]:
+        """``id`` and ``config`` (a dict) of the sessions of ``project_id`` whose unlogged prefix is a variant of
+        ``identity`` (``config.unlogged_prefix_of`` = ``<identity>.<n>``), by id."""
+        self._write_new_sessions()
+        rows = self.query(
+            f"""SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions WHERE project_id = ?
+                AND starts_with(coalesce(json_extract_string(config, '$.unlogged_prefix_of'), ''), ?)
+                ORDER BY id""", [project_id, f"{identity}."])
+        for r in rows:
+            r["config"] = self._config(r)
+        return rows
+
     def original_sessions(self) -> list[dict[str, Any]]:
         """``id`` and ``requests`` (its stored request count) of every session that is not a counterfactual of
         another, by id: what advice over a whole Lab reads, one session at a time."""
