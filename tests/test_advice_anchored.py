@@ -247,3 +247,36 @@ def test_a_compaction_call_without_its_history_claims_no_saving() -> None:
             advice = pc.advise(lab.session(id=sid))
             assert (advice.findings.usd_saved < 5e-5).all(), advice.findings[["fix", "saved"]]
             assert pc.fidelity(lab.session(id=sid)).iloc[0].history_missing >= 1
+
+
+# -- stagger: same-prefix requests sent before the first had written --------------------------
+def test_stagger_lets_a_sub_agent_read_what_its_sibling_was_still_writing() -> None:
+    """Two sub-agents of one project start 0.2 s apart with the same 6k-token system prompt: the second is sent
+    before the first's entry is readable (the cache model's ttft_seconds) and writes it again. Staggered by 2 s it
+    reads it; the finding says which request moved and what it saves."""
+    t0 = datetime(2026, 4, 1, 10, 0, tzinfo=UTC)
+    system = [{"type": "text", "text": "You review pull requests for a payments service. " * 500,
+               "cache_control": {"type": "ephemeral"}}]
+    with pc.Lab(progress=False) as lab:
+        sessions = []
+        for k, delay in enumerate((0.0, 0.2)):
+            s = lab.session(strategy="naive", project="agents", cache_scope="project")
+            s.record({"model": "claude-sonnet-4-5", "max_tokens": 512, "system": system,
+                      "messages": [{"role": "user", "content": f"review file {k}"}]},
+                     at=t0 + timedelta(seconds=delay), output_tokens=200)
+            sessions.append(s)
+        late = sessions[1]
+        assert late.turns().cache_read_input_tokens.iloc[0] == 0  # raced its sibling: wrote the prefix again
+        advice = pc.advise(late, fixes=("stagger",))
+        row = advice.findings.set_index("fix").loc["stagger"]
+        assert row.verdict == "saves" and row.requests == [0] and row.usd_saved > 0
+        assert "within 2 s" in row.evidence
+        cf = advice.apply("stagger")
+        assert cf.turns().cache_read_input_tokens.iloc[0] > 5000
+        assert cf.turns()["at"].iloc[0] == t0 + timedelta(seconds=2)
+        # the first sub-agent raced nobody: nothing to stagger
+        first = pc.advise(sessions[0], fixes=("stagger",)).findings.set_index("fix").loc["stagger"]
+        assert first.verdict == "saves nothing" and first.requests == []
+        # a cache model that does not model when entries become readable has nothing to stagger against
+        other = pc.counterfactual(late, fixes=["stagger"], cache="openai")
+        assert "nothing to stagger against" in other.config["fixes_not_possible"]["stagger"]

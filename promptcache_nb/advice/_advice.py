@@ -50,6 +50,7 @@ ACTIONS: dict[str, str] = {
     "breakpoints": "Put cache breakpoints on the tools, the system prompt and the newest message",
     "ttl": "Choose 5m or 1h per cache breakpoint from the idle gaps",
     "keep_warm": "Keep the cache warm through idle gaps with pings",
+    "stagger": "Send same-prefix requests after the first has begun answering, not at once",
     "all": "Apply together every fix that saves alone",
 }
 
@@ -190,16 +191,17 @@ def _provider_misses(session_id: str, orig: Original) -> dict[str, Any] | None:
     for f in fits:
         m, sim = f.measured, f.simulated
         assert m is not None and sim is not None
-        written = _int(m.cache_creation_input_tokens)
-        extra = min(written, max(0, written - round(f.scale * _int(sim.cache_creation_input_tokens))))
+        # what the replay read and the provider did not: written again, or (a cache with no writes) sent uncached
+        missed = max(0, round(f.scale * _int(sim.cache_read_input_tokens)) - _int(m.cache_read_input_tokens))
         p = orig.prices(f.model)
-        if p is None or not extra:
+        if p is None or not missed:
             continue
-        w1 = round(extra * _int(m.cache_creation_1h_input_tokens) / written)
-        as_written = p.cost(Usage(0, 0, extra, extra - w1, w1, 0), f.at) or 0.0
-        as_read = p.cost(Usage(0, extra, 0, 0, 0, 0), f.at) or 0.0
-        lost += as_written - as_read
-        rebuilt += extra
+        written = min(missed, _int(m.cache_creation_input_tokens))
+        w1 = round(written * _int(m.cache_creation_1h_input_tokens) / max(1, _int(m.cache_creation_input_tokens)))
+        as_sent = p.cost(Usage(missed - written, 0, written, written - w1, w1, 0), f.at) or 0.0
+        as_read = p.cost(Usage(0, missed, 0, 0, 0, 0), f.at) or 0.0
+        lost += as_sent - as_read
+        rebuilt += missed
     cost, _, _ = _base_costs(orig.fits())
     return {"session": session_id, "requests": [f.idx for f in fits], "first_at": fits[0].at, "last_at": fits[-1].at,
             "rebuilt_tokens": rebuilt, "lost_usd": lost, "share_of_cost": lost / cost if cost else math.nan,
@@ -259,6 +261,8 @@ class Advice:
     #: per session, what went to rebuilds the provider made with the logged prefix unchanged
     #: (:data:`PROVIDER_MISS_COLUMNS`); a cost no fix here removes
     provider_misses: pd.DataFrame | None = None
+    #: per session advised: (the cost its findings are measured against, ``measured`` / ``simulated``)
+    _costs: dict[str, tuple[float, str]] = field(default_factory=dict, compare=False)
 
     label = COUNTERFACTUAL
 
@@ -295,15 +299,12 @@ class Advice:
         return line
 
     def _base(self) -> tuple[float, str]:
-        """(the advised sessions' cost, ``measured`` / ``simulated``)."""
-        if not len(self.findings):
-            if self.provider_misses is not None and len(self.provider_misses):
-                pm = self.provider_misses
-                return float((pm.lost_usd / pm.share_of_cost).sum()), MEASURED_LABEL
+        """(the advised sessions' cost, ``measured`` / ``simulated``): every session advised, with a finding or
+        not."""
+        if not self._costs:
             return 0.0, "simulated"
-        firsts = self.findings.drop_duplicates("session")
-        basis = MEASURED_LABEL if (firsts.cost_basis == MEASURED_LABEL).all() else "simulated"
-        return float(firsts.cost_basis_usd.sum()), basis
+        basis = MEASURED_LABEL if all(b == MEASURED_LABEL for _, b in self._costs.values()) else "simulated"
+        return sum(c for c, _ in self._costs.values()), basis
 
     def apply(self, fix: str, session: str | None = None) -> Session:
         """The counterfactual session of ``fix`` (a fix name, or ``"all"``: every applicable one), stored in the
@@ -460,6 +461,7 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
     kept: dict[str, Original] = {}
     compactions: list[dict[str, Any]] = []
     misses: list[dict[str, Any]] = []
+    costs: dict[str, tuple[float, str]] = {}
     # a Lab's sessions one at a time: a bar by request (every fix replays each), one session's bodies held
     bar = progress_bar(total=sum(n for _, n in todo), desc="advising", enabled=lab.progress and not one, unit="req")
     try:
@@ -470,6 +472,8 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
                 requests[sid] = len(orig.turns)
                 if one:
                     kept[sid] = orig
+                cost, basis, _ = _base_costs(orig.fits())
+                costs[sid] = (cost, basis)
                 got, miss = _evaluate(sid, orig, names)
                 rows += got
                 missing += miss
@@ -495,7 +499,7 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
     timing = pd.DataFrame(compactions, columns=COMPACTION_COLUMNS)
     timing.attrs["not_simulated"] = NOT_SIMULATED
     return Advice(findings, pd.DataFrame(missing, columns=NOT_POSSIBLE_COLUMNS), fleet, lab, requests, timing, kept,
-                  pd.DataFrame(misses, columns=PROVIDER_MISS_COLUMNS))
+                  pd.DataFrame(misses, columns=PROVIDER_MISS_COLUMNS), costs)
 
 
 def _open(lab: Lab, session_id: str) -> Session:

@@ -174,6 +174,10 @@ class Original:
             if name in ("ttl", "keep_warm") and (why := self._no_ttl_choice(name)) is not None:
                 plan.not_possible[name] = why
                 continue
+            if name == "stagger" and "ttft_seconds" not in get_cache_model(self.cache).options.model_dump():
+                plan.not_possible[name] = (f"the {self.cache} cache model does not model when a written entry "
+                                           "becomes readable: nothing to stagger against")
+                continue
             if name == "frozen_prefix":
                 done = _fixes.frozen_prefix(plan.requests)
             elif name == "tail_volatile":
@@ -184,9 +188,11 @@ class Original:
                 done = self._best_breakpoints(plan.requests, params)
             elif name == "ttl":
                 done, params = self._best_ttl(plan.requests, params)
-            else:
+            elif name == "keep_warm":
                 done = _fixes.keep_warm(plan.requests, ttl_seconds=self._ttl_of(params),
                                         worth=self._ping_pays(plan.requests, params))
+            else:
+                done = _fixes.stagger(plan.requests, others=[t.at for s in self.shared for t in s.turns])
             plan.requests = done.requests
             plan.applied[name] = done
         plan.cache_params = params
@@ -290,10 +296,10 @@ class Original:
 
     def simulate(self, plan: Plan, prepared: list[tuple[Request, PreparedRequest]] | None = None) -> pd.DataFrame:
         """Per-request usage and cost of ``plan`` (the re-simulation's columns, plus ``ping``); ``prepared``:
-        :meth:`prepared` of ``plan`` when the caller already has it. The same requests under the same cache
-        parameters are simulated once (the memo keeps the bodies it is keyed by alive)."""
+        :meth:`prepared` of ``plan`` when the caller already has it. The same requests at the same times under the
+        same cache parameters are simulated once (the memo keeps the bodies it is keyed by alive)."""
         key = (tuple(id(r.body) for r in plan.requests), tuple(r.ping for r in plan.requests),
-               json.dumps(plan.cache_params, sort_keys=True))
+               tuple(r.at for r in plan.requests), json.dumps(plan.cache_params, sort_keys=True))
         hit = self._sims.get(key)
         if hit is not None:
             return hit[1].copy()

@@ -24,6 +24,10 @@ sharing what they shared, and segmenting them stays linear).
   the client's assumed prefix and conversation breakpoints), 5m after it, so every 1h breakpoint comes before
   every 5m one; the counterfactual replays each cut and keeps the cheapest, naming the gaps that drove it
   (Anthropic's 1h cache writes cost 2× base input, 5m 1.25×; claude-cache-audit's break-even verdict).
+* ``stagger`` — a request sent before an earlier request of its cache scope (its own session's, or a sub-agent's
+  beside it) could have written its entry (an entry is readable once the writing response has begun) waits until
+  ``pause`` after that request, so it reads instead of writing the same prefix again (anthropic-sdk-python #1451:
+  identical requests sent back to back miss; a short pause removes it).
 * ``keep_warm`` — a ping (the previous body, ``max_tokens: 0``) every TTL − 1 min through an idle gap that
   would expire the cache, where the pings cost less than the rebuild (Anthropic pre-warming; as
   :func:`promptcache_nb.keep_warm` pings).
@@ -46,7 +50,8 @@ from typing import Any
 from ..request.diff import visible
 
 #: The fixes in the order they are applied (a layout first, markers and timing last).
-FIX_NAMES: tuple[str, ...] = ("frozen_prefix", "tail_volatile", "durable_deltas", "breakpoints", "ttl", "keep_warm")
+FIX_NAMES: tuple[str, ...] = ("frozen_prefix", "tail_volatile", "durable_deltas", "breakpoints", "ttl", "keep_warm",
+                               "stagger")
 
 #: What each fix comes from (shown in the findings).
 FIX_SOURCES: dict[str, str] = {
@@ -56,6 +61,7 @@ FIX_SOURCES: dict[str, str] = {
     "breakpoints": "Anthropic: up to 4 cache_control markers, 20-block lookback",
     "ttl": "Anthropic 5m / 1h cache TTLs per breakpoint (1h writes cost 2×, 5m 1.25×)",
     "keep_warm": "Anthropic pre-warming pings",
+    "stagger": "anthropic-sdk-python #1451: same-prefix requests sent before the first has written miss",
 }
 
 #: The fix set each strategy amounts to, applied to another agent's bodies (``strategy=`` shorthand).
@@ -845,3 +851,37 @@ def keep_warm(requests: Sequence[Request], *, ttl_seconds: Callable[[dict[str, A
     evidence = (f"{first}; {_n(pings, 'ping')} keep {_n(len(pinged), 'gap')} warm" if first else
                 "no idle gap where pings cost less than the rebuild")
     return Applied(out, pinged, evidence)
+
+
+#: How long a staggered request waits after the request it would have raced (well above the cache model's
+#: ``ttft_seconds``, the time before a written entry is readable).
+STAGGER_SECONDS = 2.0
+
+
+def stagger(requests: Sequence[Request], *, others: Sequence[datetime],
+            pause_seconds: float = STAGGER_SECONDS) -> Applied:
+    """Each request sent less than ``pause_seconds`` after another request of its scope (an earlier one of
+    ``requests``, or one of ``others``: the sessions replayed beside it) is sent ``pause_seconds`` after that one
+    instead; a request never moves before the one before it."""
+    times = sorted([*others, *(r.at for r in requests if not r.ping)])
+    out: list[Request] = []
+    moved: list[int] = []
+    last: datetime | None = None
+    pause = timedelta(seconds=pause_seconds)
+    for r in requests:
+        at = r.at
+        raced = [t for t in times if at - pause < t < at]
+        if raced and not r.ping:
+            at = max(raced) + pause
+        if last is not None and at < last:
+            at = last
+        if at != r.at:
+            moved.append(r.origin)
+            out.append(Request(at, r.body, r.origin, r.ping))
+        else:
+            out.append(r)
+        last = at
+    evidence = (f"{_n(len(moved), 'request')} sent within {pause_seconds:g} s of another request of the scope "
+                f"(first: request {moved[0]}): each waits {pause_seconds:g} s after it" if moved else
+                f"no request sent within {pause_seconds:g} s of another request of its scope")
+    return Applied(out, moved, evidence)
