@@ -461,8 +461,7 @@ def calibration_for(lab: LabLike, session_row: dict[str, Any]) -> CalibrationCho
     if own:
         return CalibrationChoice(dict(own), f"calibrated: the session's own calibration (ratio {own['ratio']:.3f}), "
                                             "chosen when it was recorded")
-    rows = lab.store.measured_totals()
-    mine = [r for r in rows if r["session_id"] == session_row["id"]]
+    mine = lab.store.measured_totals(session_id=session_row["id"])
     if not mine:
         return CalibrationChoice(None, "uncalibrated: the session has no measured request to judge a calibration by")
     model = session_row["model"] or next((r["model"] for r in mine if r["model"]), None)
@@ -476,9 +475,9 @@ def calibration_for(lab: LabLike, session_row: dict[str, Any]) -> CalibrationCho
         return CalibrationChoice(None, f"uncalibrated: the saved calibration of {cal.model} is refused: {cal.refusal}")
     family, partial = tokenizer_family(model), any(r["partial"] for r in mine)
     kind = "partial-body" if partial else "full-body"
-    usable = [r for r in rows if r["model"] is not None and tokenizer_family(r["model"]) == family
-              and not r["calibrated"] and r["measured"] > 0]
-    comparable = [r for r in usable if bool(r["partial"]) == partial]
+    rows = lab.store.measured_totals(models=[m for m in lab.store.measured_models()
+                                             if m is not None and tokenizer_family(m) == family])
+    comparable = [r for r in rows if not r["calibrated"] and r["measured"] > 0 and bool(r["partial"]) == partial]
     est = np.array([r["estimated"] for r in comparable], dtype=float)
     meas = np.array([r["measured"] for r in comparable], dtype=float)
     if partial:
