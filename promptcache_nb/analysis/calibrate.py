@@ -96,7 +96,7 @@ class Calibration:
 
     @property
     def improves(self) -> bool:
-        """The leave-one-out error is below the uncalibrated estimator's (False below 3 turns: no
+        """The leave-one-out error is below the uncalibrated estimator's (False below 3 distinct sizes: no
         out-of-sample evidence yet)."""
         loo = self.loo_mean_abs_error_pct
         return loo is not None and loo < self.raw_mean_abs_error_pct
@@ -137,8 +137,16 @@ class Calibration:
         """``base`` with this calibration's ratio applied per text (the overhead stays per request)."""
         return CalibratedTokenizer(base, self)
 
-    def save(self, lab: LabLike) -> None:
-        """Store this calibration in the lab's ``calibrations`` table (one transaction)."""
+    def save(self, lab: LabLike, *, force: bool = False) -> None:
+        """Store this calibration in the lab's ``calibrations`` table (one transaction).
+
+        Raises:
+            PromptCacheError: it is refused (:attr:`refusal`) and ``force`` is not set: a degenerate fit saved
+                would be counted with by every session that opts in to ``calibration="stored"``.
+        """
+        if self.refusal is not None and not force:
+            raise PromptCacheError(f"calibration of {self.model!r} refused: {self.refusal}; not saved "
+                                   "(save(lab, force=True) stores it anyway)")
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         lab.store.save_calibration({**values, "fitted_at": self.fitted_at or datetime.now(UTC)})
 
