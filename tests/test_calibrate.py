@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -96,7 +97,7 @@ def test_save_and_load_through_the_m002_migration(tmp_path):
     path = tmp_path / "cal.duckdb"
     with pc.Lab(path, progress=False) as lab:
         assert "m002_calibrations" in lab.store.migrations()
-        record_measured(lab, lambda est: round(1.3 * est + 12))
+        record_measured(lab, lambda est: round(1.3 * est + 12), n=24)
         cal = pc.calibrate(lab, model="claude-sonnet-4-5")
         cal.save(lab)
         with pytest.raises(pc.PromptCacheError, match="pc.calibrate"):
@@ -139,7 +140,7 @@ def test_session_opts_in_to_a_stored_calibration(tmp_path):
         plain = lab.session(system="You answer billing questions. " * 80, project="a")
         base = plain.step("how do refunds work?", reply="within 30 days", at=at).total_tokens
         pc.analysis.Calibration(model="claude-sonnet-4-5", ratio=1.25, overhead=40.0, n=10, mean_abs_error_pct=1.0,
-                       max_abs_error_pct=2.0, tokenizer=lab.tokenizer.name).save(lab)
+                       max_abs_error_pct=2.0, tokenizer=lab.tokenizer.name).save(lab, force=True)
         cal_s = lab.session(system="You answer billing questions. " * 80, project="b", calibration="stored")
         calibrated = cal_s.step("how do refunds work?", reply="within 30 days", at=at).total_tokens
         assert 1.15 * base < calibrated < 1.35 * base
@@ -181,6 +182,8 @@ def test_each_kind_of_degenerate_fit_is_refused_and_not_saved(lab, indices, trut
     assert "\n" not in str(fit)
     row = calibrate_families(lab, ["claude-sonnet-4-5"]).set_index("family").loc["claude-v3"]
     assert not row.saved and reason in row.note
+    with pytest.raises(pc.PromptCacheError, match="refused: " + re.escape(reason)):
+        cal.save(lab)  # nor by hand, unless forced
     assert lab.store.saved_calibrations() == []
 
 
@@ -311,7 +314,7 @@ def test_a_calibration_that_helps_partial_bodies_is_applied_to_them(lab):
 def test_a_degenerate_calibration_saved_before_is_never_applied(lab):
     # what an import saved before fits were refused: the 6-request fit with its "0.0 %" leave-one-out
     Calibration("claude-v3", ratio=10.7, overhead=-10_934.0, n=6, mean_abs_error_pct=0.0, max_abs_error_pct=0.0,
-                raw_mean_abs_error_pct=20.0, loo_mean_abs_error_pct=0.0, tokenizer="heuristic-v1").save(lab)
+                raw_mean_abs_error_pct=20.0, loo_mean_abs_error_pct=0.0, tokenizer="heuristic-v1").save(lab, force=True)
     partial = record_partial(lab, lambda u, logged: u + logged, project="claude-code")
     choice = pc.analysis.calibration_for(lab, lab.store.session_row(partial.id))
     assert choice == pc.analysis.CalibrationChoice(

@@ -127,7 +127,7 @@ def test_calibrations_round_trip_through_the_store(tmp_path: Path) -> None:
     with pc.Lab(tmp_path / "cal.duckdb", progress=False) as lab:
         cal = pc.analysis.Calibration("claude-sonnet-4-5", 1.1, 12.0, 5, 1.0, 2.0, 8.0, 1.5,
                              tokenizer=lab.tokenizer.name, fitted_at=T0)
-        cal.save(lab)
+        cal.save(lab, force=True)  # a hand-built calibration of 5 requests: refused unless forced
         assert lab.store.saved_calibrations() == [("claude-sonnet-4-5", lab.tokenizer.name)]
         assert pc.analysis.load_calibration(lab, "claude-sonnet-4-5") == cal
         assert lab.store.measured_models() == [] and lab.store.measured_totals() == []

@@ -96,7 +96,7 @@ class Calibration:
 
     @property
     def improves(self) -> bool:
-        """The leave-one-out error is below the uncalibrated estimator's (False below 3 turns: no
+        """The leave-one-out error is below the uncalibrated estimator's (False below 3 distinct sizes: no
         out-of-sample evidence yet)."""
         loo = self.loo_mean_abs_error_pct
         return loo is not None and loo < self.raw_mean_abs_error_pct
@@ -108,8 +108,8 @@ class Calibration:
         Refused: fewer than :data:`MIN_REQUESTS` requests; no leave-one-out error (fewer than 3 distinct
         sizes); a ratio outside :data:`RATIO_BAND`; an overhead below −:data:`NEGATIVE_OVERHEAD_TOLERANCE` (the
         API adds tokens to a request, never removes any: a negative intercept is a slope extrapolated past the
-        data); a leave-one-out error no better than the uncalibrated estimator's. A calibration a user builds
-        and saves by hand is theirs: this only gates what importing saves and what the advice applies
+        data); a leave-one-out error no better than the uncalibrated estimator's. A refused calibration is not
+        saved (by an import, or by :meth:`save` unless forced) and never applied by the advice
         (:func:`calibration_for`).
         """
         lo, hi = RATIO_BAND
@@ -137,8 +137,16 @@ class Calibration:
         """``base`` with this calibration's ratio applied per text (the overhead stays per request)."""
         return CalibratedTokenizer(base, self)
 
-    def save(self, lab: LabLike) -> None:
-        """Store this calibration in the lab's ``calibrations`` table (one transaction)."""
+    def save(self, lab: LabLike, *, force: bool = False) -> None:
+        """Store this calibration in the lab's ``calibrations`` table (one transaction).
+
+        Raises:
+            PromptCacheError: it is refused (:attr:`refusal`) and ``force`` is not set: a degenerate fit saved
+                would be counted with by every session that opts in to ``calibration="stored"``.
+        """
+        if self.refusal is not None and not force:
+            raise PromptCacheError(f"calibration of {self.model!r} refused: {self.refusal}; not saved "
+                                   "(save(lab, force=True) stores it anyway)")
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         lab.store.save_calibration({**values, "fitted_at": self.fitted_at or datetime.now(UTC)})
 
@@ -422,8 +430,8 @@ class CalibrationChoice:
     Attributes:
         calibration: the calibration to count with (``model``, ``ratio``, ``overhead``: a session config's
             ``calibration``), or None: the Lab's estimator as is.
-        why: one line naming what was chosen and the evidence ("calibrated: on 143 comparable full-body
-            requests the error falls 4.1 % → 1.2 %").
+        why: one line naming what was chosen and the evidence ("calibrated (ratio 1.213, claude-v3): on 143
+            comparable full-body requests the error falls 4.1 % → 1.2 %").
     """
 
     calibration: dict[str, Any] | None
@@ -443,7 +451,8 @@ def calibration_for(lab: LabLike, session_row: dict[str, Any]) -> CalibrationCho
 
       - partial bodies (Claude Code, Codex, pi logs hold no system prompt): ``unlogged + ratio × (estimate −
         unlogged)``; the unlogged prefix is a measured size and never scales. The calibration was never fitted on
-        them, so the error is out of sample as it stands.
+        them, so the error is out of sample as it stands (the request each prefix was sized on agrees
+        uncalibrated by construction, which leans to counting uncalibrated: the safe side).
       - full bodies: ``ratio' × estimate``, ``ratio'`` fitted without every request of the judged one's size
         (the leave-one-out of :func:`calibrate`).
 
@@ -461,8 +470,7 @@ def calibration_for(lab: LabLike, session_row: dict[str, Any]) -> CalibrationCho
     if own:
         return CalibrationChoice(dict(own), f"calibrated: the session's own calibration (ratio {own['ratio']:.3f}), "
                                             "chosen when it was recorded")
-    rows = lab.store.measured_totals()
-    mine = [r for r in rows if r["session_id"] == session_row["id"]]
+    mine = lab.store.measured_totals(session_id=session_row["id"])
     if not mine:
         return CalibrationChoice(None, "uncalibrated: the session has no measured request to judge a calibration by")
     model = session_row["model"] or next((r["model"] for r in mine if r["model"]), None)
@@ -476,16 +484,19 @@ def calibration_for(lab: LabLike, session_row: dict[str, Any]) -> CalibrationCho
         return CalibrationChoice(None, f"uncalibrated: the saved calibration of {cal.model} is refused: {cal.refusal}")
     family, partial = tokenizer_family(model), any(r["partial"] for r in mine)
     kind = "partial-body" if partial else "full-body"
-    usable = [r for r in rows if r["model"] is not None and tokenizer_family(r["model"]) == family
-              and not r["calibrated"] and r["measured"] > 0]
-    comparable = [r for r in usable if bool(r["partial"]) == partial]
+    rows = lab.store.measured_totals(models=[m for m in lab.store.measured_models()
+                                             if m is not None and tokenizer_family(m) == family])
+    comparable = [r for r in rows if not r["calibrated"] and r["measured"] > 0 and bool(r["partial"]) == partial]
+    if not comparable:
+        return CalibrationChoice(None, f"uncalibrated: no measured {kind} {family} request to judge the calibration "
+                                       f"of {cal.model} by")
     est = np.array([r["estimated"] for r in comparable], dtype=float)
     meas = np.array([r["measured"] for r in comparable], dtype=float)
     if partial:
         unlogged = np.array([r["unlogged"] for r in comparable], dtype=float)
         calibrated = unlogged + cal.ratio * (est - unlogged)
     else:
-        held_out = _lines_without_own_group(est, meas, est) if len(est) else None
+        held_out = _lines_without_own_group(est, meas, est)
         if held_out is None:
             return CalibrationChoice(None, f"uncalibrated: fewer than 3 sizes of {kind} {family} requests to judge "
                                            f"the calibration of {cal.model} by")

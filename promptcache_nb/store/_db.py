@@ -1575,26 +1575,36 @@ class Store:
         return self.sql(_rollups.GROUP_TOTALS.format(key=key))
 
     # -- calibrations ---------------------------------------------------------------------------------------
-    def measured_totals(self) -> list[dict[str, Any]]:
+    def measured_totals(self, *, session_id: str | None = None,
+                        models: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Every request with complete measured usage (live or imported), in session order: ``session_id``,
         ``model``, ``estimated`` (the stored estimate ``total_tokens``), ``measured`` (input + cache read +
         write), ``partial`` (a partial body: its unlogged prefix was sized from measured usage), ``unlogged``
         (that prefix's tokens, 0 for a full body) and ``calibrated`` (its session opted in to a calibration, so
-        its estimate is already scaled)."""
+        its estimate is already scaled). Only one session's, or only those of ``models``, when given."""
+        where, params = "", list[Any]()
+        if session_id is not None:
+            where, params = where + " AND session_id = ?", [*params, session_id]
+        if models is not None:
+            where, params = where + " AND model IN (SELECT unnest(?))", [*params, list(models)]
         return self.query(
-            """SELECT t.session_id, t.model, t.total_tokens AS estimated,
-                      t.input_tokens + t.cache_read_input_tokens + t.cache_creation_input_tokens AS measured,
+            f"""WITH m AS (SELECT session_id, idx, model, total_tokens, rest_hash,
+                                  input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS measured
+                           FROM turns
+                           WHERE usage_source IN ('live', 'imported') AND input_tokens IS NOT NULL
+                                 AND cache_read_input_tokens IS NOT NULL AND cache_creation_input_tokens IS NOT NULL
+                                 {where})
+               SELECT m.session_id, m.model, m.total_tokens AS estimated, m.measured,
                       coalesce(b.partial, false) AS partial, coalesce(b.unlogged, 0) AS unlogged,
                       coalesce(json_type(s.config, '$.calibration'), 'NULL') <> 'NULL' AS calibrated
-               FROM turns t JOIN sessions s ON s.id = t.session_id
-               -- only the rest blocks (a turn's rest_hash is one): the filter on kind is pushed into the scan,
-               -- so the segment bodies (nearly all of the store) are never read
+               FROM m JOIN sessions s ON s.id = m.session_id
+               -- only the rest blocks of these turns (a turn's rest_hash is one): the filter on kind is pushed into
+               -- the scan, so the segment bodies (nearly all of the store) are never read
                LEFT JOIN (SELECT hash, json_extract(body, '$.shape.unlogged') IS NOT NULL AS partial,
                                  coalesce(try_cast(json_extract(body, '$.shape.unlogged') AS BIGINT), 0) AS unlogged
-                          FROM blocks WHERE kind = 'rest') b ON b.hash = t.rest_hash
-               WHERE t.usage_source IN ('live', 'imported') AND t.input_tokens IS NOT NULL
-                     AND t.cache_read_input_tokens IS NOT NULL AND t.cache_creation_input_tokens IS NOT NULL
-               ORDER BY t.session_id, t.idx""")
+                          FROM blocks WHERE kind = 'rest' AND hash IN (SELECT rest_hash FROM m)) b
+                         ON b.hash = m.rest_hash
+               ORDER BY m.session_id, m.idx""", params)
 
     def measured_models(self) -> list[str]:
         """The models of the requests whose usage was measured (live or imported), sorted."""
