@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,8 +100,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="default: all five")
     args = parser.parse_args()
-    import tempfile
-
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp, pc.Lab(progress=False) as lab:
         for scenario in args.scenario or SCENARIOS:

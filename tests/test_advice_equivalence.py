@@ -55,7 +55,7 @@ def rows(lab: pc.Lab, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[st
     return out
 
 
-def test_the_new_scenarios_are_long_and_realistic() -> None:
+def test_the_new_scenarios_hold_what_they_teach() -> None:
     for name in ("git_status", "tool_reorder", "idle_gaps"):
         scenario = pc.load_scenario(TABLE.scenario_path(name))
         assert len(scenario.turns) >= 40, name

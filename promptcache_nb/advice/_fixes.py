@@ -464,9 +464,10 @@ _MEMORY_HEADING = re.compile(r"^(#{1,6})\s.*\b(memory|knowledge)\b", re.IGNORECA
 _HEADING = re.compile(r"^(#{1,6})\s")
 
 
-def _memory_sections(text: str) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=64)
+def _memory_sections(text: str) -> tuple[tuple[int, int], ...]:
     """The line spans ``[start, end)`` of ``text``'s memory sections: a memory heading to the next heading of its
-    level or above (or the end)."""
+    level or above (or the end). Remembered: consecutive requests mostly carry the same system text."""
     lines = text.split("\n")
     spans: list[tuple[int, int]] = []
     j = 0
@@ -480,7 +481,7 @@ def _memory_sections(text: str) -> list[tuple[int, int]]:
                     if (h := _HEADING.match(lines[k])) and len(h.group(1)) <= level), len(lines))
         spans.append((j, end))
         j = end
-    return spans
+    return tuple(spans)
 
 
 def _memory(texts: list[str]) -> dict[tuple[int, str], str]:
