@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from . import analysis as _analysis
 from . import pipeline
-from ._config import SessionConfig
+from ._config import DEFAULT_ACCOUNT, SessionConfig
 from ._protocols import has_record_listeners, notify_recorded
 from ._shared import (  # noqa: F401 - CACHE_SCOPES, cache_scope_of: re-exported from their old home
     CACHE_SCOPES,
-    DEFAULT_ACCOUNT,
     CacheWindow,
     ScopeCache,
     ScopeMember,

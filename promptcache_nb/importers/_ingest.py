@@ -20,8 +20,8 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from .._config import SessionConfig
-from .._shared import DEFAULT_ACCOUNT, ScopeKey, scope_key
+from .._config import DEFAULT_ACCOUNT, SessionConfig
+from .._shared import ScopeKey, scope_key
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import html_table
