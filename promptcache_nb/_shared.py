@@ -98,7 +98,12 @@ class ScopeMember:
 
     def options(self, model: CacheModel) -> CacheModel.Options:
         """This member's own options for ``model`` (its scope's): what its requests are processed under."""
-        return type(model).Options.stored(self.cache_params, owner=f"cache model {model.name!r}")
+        return own_options(model, self.cache_params)
+
+
+def own_options(model: CacheModel, cache_params: Mapping[str, Any]) -> CacheModel.Options:
+    """A session's own options (``cache_params``, its client's TTLs included) for its scope's ``model``."""
+    return type(model).Options.stored(cache_params, owner=f"cache model {model.name!r}")
 
 
 @dataclass
@@ -233,9 +238,7 @@ class ScopeCaches:
         else:
             rows = [r for r in store.session_rows(member.cache_model) if _scope_key_of(r) == key]
             members = [r["id"] for r in rows]
-            kind, name = type(model).Options, f"cache model {model.name!r}"
-            own = {r["id"]: kind.stored(SessionConfig.from_stored(r["config"]).cache_params, owner=name)
-                   for r in rows}
+            own = {r["id"]: own_options(model, SessionConfig.from_stored(r["config"]).cache_params) for r in rows}
         last_at = store.last_request_at(members)
         if own:  # entries live as long as the longest-lived member's client keeps them
             model.use_options(max(own.values(), key=lambda o: _horizon(model, o)))
