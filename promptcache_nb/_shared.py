@@ -37,6 +37,11 @@ ScopeKey = tuple[str, str, str, str]
 #: Who shares a simulated provider cache (``lab.new_session(cache_scope=...)``).
 CACHE_SCOPES = ("session", "project", "account", "lab")
 
+#: Cache parameters that belong to a client, not to the cache: sessions that differ only in them share one cache,
+#: each sending under its own (an imported Claude Code session's ``client_ttls`` are its own client's, and an entry
+#: keeps the TTL of the session that wrote it; ``CacheModel.use_options``).
+PER_CLIENT_PARAMS = frozenset({"client_ttls"})
+
 
 def stored_cache_scope(configured: str | None, *, imported: bool) -> str:
     """A stored session's cache scope: as configured, else ``project`` for an imported session (what an import
@@ -61,7 +66,8 @@ def scope_key(scope: str, session_id: str, project_id: str, cache_model: str,
     """(scope, its owner, cache model, parameters): sessions with equal keys share one simulated cache. The
     owner is the session, its project, its account (``account``, else :data:`DEFAULT_ACCOUNT`) or the Lab."""
     owner = {"session": session_id, "project": project_id, "account": account or DEFAULT_ACCOUNT}.get(scope, "")
-    return (scope, owner, cache_model, canonical_json(dict(cache_params)))
+    shared = {k: v for k, v in cache_params.items() if scope == "session" or k not in PER_CLIENT_PARAMS}
+    return (scope, owner, cache_model, canonical_json(shared))
 
 
 def _scope_key_of(row: Mapping[str, Any]) -> ScopeKey:
@@ -89,6 +95,15 @@ class ScopeMember:
 
     def new_model(self) -> CacheModel:
         return get_cache_model(self.cache_model, **self.cache_params)
+
+    def options(self, model: CacheModel) -> CacheModel.Options:
+        """This member's own options for ``model`` (its scope's): what its requests are processed under."""
+        return own_options(model, self.cache_params)
+
+
+def own_options(model: CacheModel, cache_params: Mapping[str, Any]) -> CacheModel.Options:
+    """A session's own options (``cache_params``, its client's TTLs included) for its scope's ``model``."""
+    return type(model).Options.stored(cache_params, owner=f"cache model {model.name!r}")
 
 
 @dataclass
@@ -217,11 +232,16 @@ class ScopeCaches:
         model = entry.model
         model.reset()
         model.forget_streams()
+        own: dict[str, CacheModel.Options] = {}  # each member's own options (its client's TTLs)
         if member.scope == "session":
             members = [member.session_id]
         else:
-            members = [r["id"] for r in store.session_rows(member.cache_model) if _scope_key_of(r) == key]
+            rows = [r for r in store.session_rows(member.cache_model) if _scope_key_of(r) == key]
+            members = [r["id"] for r in rows]
+            own = {r["id"]: own_options(model, SessionConfig.from_stored(r["config"]).cache_params) for r in rows}
         last_at = store.last_request_at(members)
+        if own:  # entries live as long as the longest-lived member's client keeps them
+            model.use_options(max(own.values(), key=lambda o: _horizon(model, o)))
         since = self._rebuild_since(model, members, last_at)
         # only the members that sent since then are read back (one query): a heavy user's project holds hundreds
         # of sessions, a few of them recent (each read cost ~4 ms even when it found nothing)
@@ -244,10 +264,19 @@ class ScopeCaches:
             requests.sort(key=lambda r: r[:3])
         for at, sid, _idx, request in requests:
             model.stream(sid)
+            if own:
+                model.use_options(own[sid])
             # a stored request the model cannot simulate (an unknown model, stored with measured usage) is
             # skipped, as when it was recorded: it never breaks the session
             _analysis.simulate(model, request, at)
         entry.ready = True
+
+
+def _horizon(model: CacheModel, options: CacheModel.Options) -> float:
+    """How long an entry can live under ``options`` (seconds; unbounded: infinity). Leaves ``model`` on them."""
+    model.use_options(options)
+    horizon = model.state_horizon_seconds()
+    return float("inf") if horizon is None else horizon
 
 
 # -- knowledge ------------------------------------------------------------------------------------

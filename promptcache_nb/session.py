@@ -362,6 +362,7 @@ class Session:
         #: The provider account (organisation / workspace) whose cache it used: the ``account`` scope's owner.
         self.account: str = cfg.account or DEFAULT_ACCOUNT
         self._caches = lab.caches
+        self._own_options: CacheModel.Options | None = None  # in a shared cache, the options it sends under
         # the Lab's cache for that scope, held while this object lives (a restarted session keeps it)
         self._scope_entry: ScopeCache | None = self._caches.existing(self._member())
         self.backend: Backend = backend or DirectSimulator()
@@ -716,9 +717,15 @@ class Session:
     def _cache(self) -> CacheModel:
         """The session's simulated provider cache: the Lab's instance for this session's cache scope, made
         current for this session's requests (rebuilt from the store when the Lab has none ready)."""
-        entry = self._scope_entry = self._caches.get(self._member())  # held: the Lab keeps it only weakly
-        entry.model.stream(self.id)
-        return entry.model
+        member = self._member()
+        entry = self._scope_entry = self._caches.get(member)  # held: the Lab keeps it only weakly
+        model = entry.model
+        model.stream(self.id)
+        if self.cache_scope != "session":  # a shared cache: this session's requests go under its own options
+            if self._own_options is None or type(self._own_options) is not type(model).Options:
+                self._own_options = member.options(model)
+            model.use_options(self._own_options)
+        return model
 
     def _cache_stale(self) -> None:
         """The simulated cache may have seen a request the store did not keep: rebuild it before its next use."""

@@ -177,3 +177,26 @@ def test_cli_import_takes_an_account(tmp_path: Path, capsys: pytest.CaptureFixtu
     with pc.Lab(db, progress=False) as lab:
         configs = [json.loads(c) for c in lab.sql("SELECT config FROM sessions").config]
     assert configs and {c["account"] for c in configs} == {"team-7"}
+
+
+def test_sessions_whose_clients_keep_other_ttls_share_one_cache(tmp_path: Path) -> None:
+    # the shipped Claude Code example: two conversations whose clients marked other TTLs (client_ttls, read from
+    # the measured 5m/1h split); the second, 45 min after the first, reads the 1h system prompt the first wrote
+    folder = tmp_path / "cc"
+    shutil.copytree(pc.data_path("logs") / "claude_code", folder)
+    with pc.Lab(progress=False) as lab:
+        lab.import_log(folder)
+        rows = lab.sql("SELECT id, config FROM sessions").to_dict("records")
+        ttls = {json.dumps(json.loads(r["config"])["cache_params"].get("client_ttls")) for r in rows}
+        assert len(ttls) > 1  # the sessions' own TTLs differ: still one cache
+        shared = pc.analysis.shared_reads(lab).set_index("session")
+        read = shared[shared.read_from_session.notna()]
+        assert len(read) == 1
+        row = read.iloc[0]
+        # the simulated account cache reads what the API measured, from the session that wrote it
+        assert row.simulated_read == row.read > 10_000 and row.read_from_session == row.likely_writer
+        # each session's own TTLs stay its own: the writer's entries keep their 1h lifetime
+        assert json.loads(lab.sql("SELECT config FROM sessions WHERE id = ?", [row.read_from_session])
+                          .config[0])["cache_params"]["client_ttls"] != json.loads(
+            lab.sql("SELECT config FROM sessions WHERE id = ?", [read.index[0]]).config[0])["cache_params"].get(
+                "client_ttls")
