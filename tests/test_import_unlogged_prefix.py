@@ -134,6 +134,12 @@ def test_a_compaction_call_reads_what_its_parent_wrote() -> None:
         (replayed,) = _replay(call)
         assert replayed["read"] >= SHARE_COVER * measured_read  # read the parent's conversation...
         assert replayed["write"] < 0.05 * measured_total  # ...instead of writing it all again
+        # the prediction stored at import too: it wrote no 1h entry of its own, so it takes the parent's client TTLs
+        # and shares the parent's simulated cache
+        assert call.session_config.cache_params == parent.session_config.cache_params == {"client_ttls": ["1h", "5m"]}
+        predicted = json.loads(turn.stored["cache_detail"])["predicted_usage"]
+        assert predicted["cache_read_input_tokens"] >= SHARE_COVER * measured_read
+        assert predicted["cache_creation_input_tokens"] < 0.05 * measured_total
 
 
 def test_a_compaction_call_without_its_parent_in_the_import_is_only_flagged() -> None:

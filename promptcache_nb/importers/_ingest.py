@@ -311,11 +311,25 @@ def session_id_for(fmt: str, session_key: str) -> str:
     return f"{_SHORT.get(fmt, fmt)}-{digest(key, tag='imp')[:10]}"
 
 
-def _cache_params(reqs: list[ImportedRequest]) -> dict[str, Any]:
+def _parent_row(store: Any, fmt: str, first: ImportedRequest) -> dict[str, Any] | None:
+    """The stored row of the parent session whose history ``first`` was rebuilt from (``history_from_parent``)."""
+    if HISTORY_FROM_PARENT not in first.events or first.parent_key is None:
+        return None
+    row: dict[str, Any] | None = store.session_row(session_id_for(fmt, first.parent_key))
+    return row
+
+
+def _cache_params(reqs: list[ImportedRequest], parent: dict[str, Any] | None = None) -> dict[str, Any]:
     """A partial Anthropic log's cache parameters: the TTLs its client gave the breakpoints the log dropped,
-    from the measured 5m/1h write split (``AnthropicCache(client_ttls=...)``)."""
+    from the measured 5m/1h write split (``AnthropicCache(client_ttls=...)``). A compaction call whose history was
+    rebuilt from its ``parent``'s log re-sent the parent's prompt with the parent's breakpoints, and its own writes
+    (the tail only, no 1h write) say nothing of the prefix's TTL: it takes the parent's, and so shares the parent's
+    simulated cache at import as it shared the provider's."""
     if _cache_model_for(reqs[0]) not in ("anthropic", "bedrock") or not any(r.partial for r in reqs):
         return {}
+    if (parent is not None and parent["cache_model"] == _cache_model_for(reqs[0])
+            and not any(r.usage.cache_creation_1h_input_tokens for r in reqs)):
+        return dict(SessionConfig.from_stored(parent["config"]).cache_params)
     ttls = client_ttls_from_usage(r.usage for r in reqs)
     return {} if ttls is None else {"client_ttls": list(ttls)}
 
@@ -767,7 +781,8 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 at = first.at.astimezone(UTC)
                 project_id = project or f"imported/{fmt}"
                 config = SessionConfig(
-                    start=at, step_seconds=30, cache_params=_cache_params(reqs), format=fmt, session_key=key,
+                    start=at, step_seconds=30, cache_params=_cache_params(reqs, _parent_row(store, fmt, first)),
+                    format=fmt, session_key=key,
                     session_kind=first.session_kind,
                     # one provider cache per account, as the provider keeps it: sub-agents, compaction calls and
                     # the account's other conversations read each other's entries
