@@ -446,7 +446,7 @@ def test_shipped_claude_code_example_gets_only_timing_advice() -> None:
     with pc.Lab(progress=False) as lab:
         lab.import_log(pc.data_path("logs") / "claude_code")
         advice = pc.advise(lab)
-        assert set(advice.findings.fix) <= {"ttl", "keep_warm", "all"}
+        assert set(advice.findings.fix) <= {"ttl", "keep_warm", "stagger", "all"}
         assert advice.fleet is not None and set(advice.fleet.fix) == set(advice.findings.fix)
         main = advice.findings[(advice.findings.fix == "ttl") & (advice.findings.requests.map(len) > 0)]
         (row,) = main.itertuples()
@@ -612,7 +612,7 @@ def test_whatif_on_a_partial_log_offers_only_timing_fixes() -> None:
     with pc.Lab(progress=False) as lab:
         (s,) = lab.import_log(GAPS_LOG).sessions
         w = pc.widgets.WhatIf(s)
-        assert set(w._boxes) == {"ttl", "keep_warm"}
+        assert set(w._boxes) == {"ttl", "keep_warm", "stagger"}  # timing fixes: no body change
         assert "tail_volatile: not possible" in w._missing.value
         with pytest.raises(ValueError, match="no system prompt or tools"):
             w.tick("breakpoints")

@@ -656,7 +656,8 @@ def _add_parent_history(pending: list[_Pending]) -> None:
             if not r.history_missing:
                 out.append(r)
                 continue
-            if source is None or r.dialect != source.dialect or not isinstance(r.body.get("messages"), list):
+            same_format = source is not None and r.dialect == source.dialect  # the parent's own (none named)
+            if source is None or not same_format or not isinstance(r.body.get("messages"), list):
                 out.append(replace(r, events=(*r.events, HISTORY_MISSING)))
                 continue
             messages = [{"role": m["role"], "content": list(m["content"])} for m in source.body["messages"]]
@@ -926,7 +927,7 @@ def _unlogged_prefix(s: Session, req: ImportedRequest) -> UnloggedPrefix:
         parent = SessionConfig.from_stored(row["config"]) if row is not None else None
         if parent is not None and parent.unlogged_prefix_tokens and covers(read, parent.unlogged_prefix_tokens):
             return UnloggedPrefix(parent.unlogged_prefix_tokens, parent.unlogged_prefix_of)
-    return agreed_prefix(s.lab.store, s.project, s.id, req.prefix_identity, estimate=estimate, read=read,
+    return agreed_prefix(s.lab.store, s.account, s.id, req.prefix_identity, estimate=estimate, read=read,
                          at=req.at)
 
 

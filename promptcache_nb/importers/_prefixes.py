@@ -28,13 +28,13 @@ measurement says (a changed date or git status in the system prompt, an expired 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .._config import SessionConfig
+from .._config import DEFAULT_ACCOUNT, SessionConfig
 from .._util import digest
-from ..request import canonical_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..store import Store
@@ -54,7 +54,8 @@ class UnloggedPrefix:
 
 def identity_digest(identity: dict[str, str]) -> str:
     """The short digest naming an identity (what its variants' ids start with)."""
-    return digest(canonical_bytes(identity), tag="unlogged-prefix")[:16]
+    # the identity is a flat mapping of strings: sorted JSON is canonical for it
+    return digest(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode(), tag="unlogged-prefix")[:16]
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,17 @@ class _Member:
     read: int
 
 
-def agreed_prefix(store: Store, project_id: str, session_id: str, identity: dict[str, str] | None, *,
+def agreed_prefix(store: Store, account: str, session_id: str, identity: dict[str, str] | None, *,
                   estimate: int, read: int | None, at: datetime) -> UnloggedPrefix:
     """The unlogged prefix of session ``session_id`` (first request sent ``at``, whose measured cache read is
     ``read``, and whose prefix is ``estimate`` tokens by its own measurement), given the sessions of its identity
-    already stored in ``project_id`` (see the module docstring). Without an identity: the estimate, its own."""
+    already stored in its ``account`` (who shares the provider's cache, whatever folder or door they came through;
+    see the module docstring). Without an identity: the estimate, its own."""
     if identity is None:
         return UnloggedPrefix(estimate, None)
     tag = identity_digest(identity)
     variants: dict[str, tuple[int, list[_Member]]] = {}
-    for row in store.unlogged_prefix_sessions(project_id, tag):
+    for row in store.unlogged_prefix_sessions(account, tag, default_account=DEFAULT_ACCOUNT):
         if row["id"] == session_id:
             continue
         config = SessionConfig.from_stored(row["config"])

@@ -899,14 +899,16 @@ class Store:
             r["config"] = self._config(r)
         return rows
 
-    def unlogged_prefix_sessions(self, project_id: str, identity: str) -> list[dict[str, Any]]:
-        """``id`` and ``config`` (a dict) of the sessions of ``project_id`` whose unlogged prefix is a variant of
-        ``identity`` (``config.unlogged_prefix_of`` = ``<identity>.<n>``), by id."""
+    def unlogged_prefix_sessions(self, account: str, identity: str, *, default_account: str) -> list[dict[str, Any]]:
+        """``id`` and ``config`` (a dict) of the sessions of ``account`` (a config without one is
+        ``default_account``'s) whose unlogged prefix is a variant of ``identity`` (``config.unlogged_prefix_of`` =
+        ``<identity>.<n>``), by id."""
         self._write_new_sessions()
         rows = self.query(
-            f"""SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions WHERE project_id = ?
+            f"""SELECT {', '.join(self._SESSION_COLUMNS)} FROM sessions
+                WHERE coalesce(json_extract_string(config, '$.account'), ?) = ?
                 AND starts_with(coalesce(json_extract_string(config, '$.unlogged_prefix_of'), ''), ?)
-                ORDER BY id""", [project_id, f"{identity}."])
+                ORDER BY id""", [default_account, account, f"{identity}."])
         for r in rows:
             r["config"] = self._config(r)
         return rows
