@@ -278,3 +278,27 @@ def test_stagger_lets_a_sub_agent_read_what_its_sibling_was_still_writing() -> N
         # a cache model that does not model when entries become readable has nothing to stagger against
         other = pc.counterfactual(late, fixes=["stagger"], cache="openai")
         assert "nothing to stagger against" in other.config["fixes_not_possible"]["stagger"]
+
+
+def test_a_write_logged_without_its_ttl_split_is_anchored_as_a_5m_write(tmp_path) -> None:
+    """A log whose usage has no ``cache_creation`` object (Bedrock, older API versions) still anchors every write:
+    a fix's counterfactual on a log of our own cache model equals that model's replay of the fix."""
+    import json
+
+    with pc.Lab(progress=False) as lab:
+        s = lab.replay("data/scenarios/support_agent.yaml", strategy="clock_in_system")
+        log = write_proxy_log(s, tmp_path / "nosplit.jsonl")
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        for x in lines:
+            for u in (x["usage"], x["response"]["usage"]):
+                u.pop("cache_creation", None)
+        log.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (imported,) = lab.import_log(log).sessions
+        assert imported.turns().cache_creation_5m_input_tokens.isna().all()
+        orig = Original.load(imported)
+        plan = orig.plan(("tail_volatile",))
+        rep = orig.anchored(plan)
+        simulated = float(orig.simulate(plan).cost_usd.sum())
+        assert rep.cost == pytest.approx(simulated, rel=1e-6)
+        assert pc.counterfactual(imported, fixes=[]).turns().cost_usd.sum() == pytest.approx(
+            imported.turns().cost_usd.sum(), rel=1e-9)

@@ -234,8 +234,11 @@ class AnchoredReplay:
 
 
 def _parts(u: Usage) -> list[int]:
-    return [_int(u.input_tokens), _int(u.cache_read_input_tokens), _int(u.cache_creation_5m_input_tokens),
-            _int(u.cache_creation_1h_input_tokens)]
+    """uncached, read, 5m write, 1h write: a write whose split is unknown (no ``cache_creation`` object) is a 5m
+    write, as it is priced."""
+    w1 = _int(u.cache_creation_1h_input_tokens)
+    w5 = max(_int(u.cache_creation_5m_input_tokens), _int(u.cache_creation_input_tokens) - w1)
+    return [_int(u.input_tokens), _int(u.cache_read_input_tokens), w5, w1]
 
 
 def _make(parts: list[int], output: int | None, source: str = "simulated") -> Usage:
