@@ -223,8 +223,6 @@ def test_an_unpriced_models_cost_is_unknown_not_zero():
     assert (mixed.usd, mixed.priced, mixed.unpriced, mixed.unpriced_models) == (0.25, 1, 2, ("claude-opus-4-9", "x"))
 
 
-@pytest.mark.xfail(strict=True, reason="advice/_advice.py sums cost_usd with pandas (NaN -> $0): the lead's rewrite "
-                   "is to report an unpriced finding as unknown (analysis.cost_total); remove this mark then")
 def test_advice_on_unpriced_requests_says_unknown_not_zero():
     with pc.Lab(progress=False) as lab:
         s = lab.session(model="claude-sonnet-5", project="unpriced-advice")

@@ -110,8 +110,9 @@ def _money(x: float, decimals: int) -> str:
 
 def _verdict(rep: AnchoredReplay) -> tuple[str, str]:
     """(verdict, why): ``saves`` only when the low end is above zero."""
-    if rep.unknown and rep.low <= NOTHING:
-        return "unknown", "a request it changes has no price: the loss or saving is unknown, not $0"
+    if rep.unknown:
+        return "unknown", (f"no price for {', '.join(rep.unpriced)}: what it saves or costs on the requests it "
+                           "changes is unknown, not $0")
     if rep.low > NOTHING:
         return "saves", ""
     if rep.high < -NOTHING:
@@ -145,14 +146,16 @@ def _evaluate(session_id: str, orig: Original, fixes: tuple[str, ...]) -> tuple[
         read = real.cache_read_input_tokens.fillna(0).to_numpy()
         moved = [int(i) for i, a, b in zip(real.idx, base_read, read, strict=True) if a != b]
         verdict, why = _verdict(rep)
+        saved, low, high = (math.nan, math.nan, math.nan) if rep.unknown else (rep.saved, rep.low, rep.high)
         kept = sum(1 for r in rep.requests if r.kept and not r.ping and r.raw_delta != 0)
         how = _how(client, name, plan)
         return {
             "session": session_id, "fix": name, "action": ACTIONS[name], "evidence": evidence,
             "requests": moved, "cost_changed": rep.changed, "tokens_saved": int(read.sum() - sum(base_read)),
-            "usd_saved": rep.saved,
-            "usd_saved_low": rep.low, "usd_saved_high": rep.high, "saved": saved_text(rep.saved, rep.low, rep.high),
-            "pct_of_cost": rep.saved / basis_cost if basis_cost else math.nan,
+            "usd_saved": saved,
+            "usd_saved_low": low, "usd_saved_high": high,
+            "saved": "unknown" if rep.unknown else saved_text(rep.saved, rep.low, rep.high),
+            "pct_of_cost": saved / basis_cost if basis_cost else math.nan,
             "extra_tokens": int(df.total_tokens.sum()) - base_total, "confidence": confidence, "verdict": verdict,
             "why": why, "how": how, "cost_basis": basis, "cost_basis_usd": basis_cost,
             "cost_counterfactual_usd": rep.cost, "cost_measured_usd": measured_cost, "kept_requests": kept,
@@ -281,7 +284,12 @@ class Advice:
         base, basis = self._base()
         best = self.best()
         line = ""
-        if not len(best):
+        unknown = self.findings[self.findings.verdict == "unknown"]
+        if not len(best) and len(unknown):
+            models = sorted({m for why in unknown.why for m in _unpriced_models(why)})
+            line = (f"What the fixes save on {_these(n)} is unknown: no price for {', '.join(models)} "
+                    f"({COUNTERFACTUAL}).")
+        elif not len(best):
             line = f"No fix saves anything we can show on {_these(n)} ({COUNTERFACTUAL})."
         else:
             saved, low, high = (float(best.usd_saved.sum()), float(best.usd_saved_low.sum()),
@@ -351,7 +359,8 @@ class Advice:
 
         for r in self.findings.itertuples(index=False):
             who = f"{r.session}: " if many else ""
-            wrap(f"{who}{r.fix} — {r.verdict} {r.saved}, {_pct(r.pct_of_cost)} of the {r.cost_basis} cost, "
+            verdict = "saving unknown" if r.verdict == "unknown" else f"{r.verdict} {r.saved}"
+            wrap(f"{who}{r.fix} — {verdict}, {_pct(r.pct_of_cost)} of the {r.cost_basis} cost, "
                  f"reads change on {_n(len(r.requests), 'request')}, cost on {len(r.cost_changed)}", "")
             wrap(f"evidence: {r.evidence}")
             if r.why:
@@ -403,6 +412,12 @@ class Advice:
             parts += [f"<details><summary>{len(self.not_possible)} fixes not possible</summary>",
                       table(self.not_possible), "</details>"]
         return "".join(parts) + "</div>"
+
+
+def _unpriced_models(why: str) -> list[str]:
+    """The model names of an ``unknown`` verdict's why (``no price for a, b: ...``)."""
+    head = why.removeprefix("no price for ").split(":", 1)[0]
+    return [m.strip() for m in head.split(",") if m.strip()] if why.startswith("no price for ") else []
 
 
 def _n(count: int, word: str) -> str:

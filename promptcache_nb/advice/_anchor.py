@@ -223,6 +223,8 @@ class AnchoredReplay:
     base_cost: float
     changed_cost: float
     unknown: bool
+    #: the models of the requests it changes that no price covers (their dollars are unknown)
+    unpriced: tuple[str, ...] = ()
 
     @property
     def cost(self) -> float:
@@ -293,6 +295,7 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
     share_1h = float(fixed.cache_creation_1h_input_tokens.fillna(0).sum() / written) if written else None
     out: list[AnchoredRequest] = []
     unknown = False
+    unpriced: set[str] = set()
     gains = 0.0
     error = 0.0
     rendition = 0.0
@@ -305,7 +308,9 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
             usage = _shift(_make([0, 0, 0, 0], 0), [f.scale * x for x in _parts(fixed_usage)]) \
                 if fixed_usage is not None else _make([0, 0, 0, 0], 0)
             cost = p.cost(usage, r.at) if p is not None and fixed_usage is not None else None
-            unknown = unknown or cost is None
+            if cost is None:
+                unknown = True
+                unpriced.add(str(r.model))
             spent = cost or 0.0
             out.append(AnchoredRequest(f.idx, r.at, str(r.model), True, usage, cost, 0.0, -spent, -spent, True, False))
             rendition += spent if body_fix else 0.0
@@ -314,8 +319,9 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
         o = sim_orig[f.idx]
         o_usage = _usage_of(o, f.simulated.output_tokens if f.simulated else None)
         if base is None or o_usage is None or fixed_usage is None or p is None or f.base_cost is None:
-            unknown = unknown or (fixed_usage is not None and o_usage is not None and _parts(fixed_usage) !=
-                                  _parts(o_usage))
+            if fixed_usage is not None and o_usage is not None and _parts(fixed_usage) != _parts(o_usage):
+                unknown = True  # the fix changes a request no price covers: its dollars are unknown, not $0
+                unpriced.add(str(r.model))
             # nothing to anchor on, or no price: the request is what it was, and a change to it is unknown
             out.append(AnchoredRequest(f.idx, r.at, str(r.model), False, base or _make([0, 0, 0, 0], None),
                                        f.base_cost, f.base_cost, 0.0, 0.0, False, True))
@@ -341,6 +347,7 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
             cost = None if priced is None or base_priced is None else max(0.0, f.base_cost + priced - base_priced)
         if cost is None:
             unknown = True
+            unpriced.add(str(r.model))
             cost = f.base_cost
         delta = f.base_cost - cost
         if changed:
@@ -363,4 +370,5 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
     changed_cost = sum(a.base_cost or 0.0 for a in out if a.changed and not a.ping)
     high = max(saved, min(high, changed_cost))  # never more than what the requests it changes cost
     base_cost = sum(f.base_cost or 0.0 for f in fits)
-    return AnchoredReplay(out, saved, min(low, saved), high, base_cost, changed_cost, unknown)
+    return AnchoredReplay(out, saved, min(low, saved), high, base_cost, changed_cost, unknown,
+                          tuple(sorted(unpriced)))
