@@ -132,6 +132,8 @@ def _evaluate(session_id: str, orig: Original, fixes: tuple[str, ...]) -> tuple[
     base_read = [int(x) for x in baseline[~baseline.ping].cache_read_input_tokens.fillna(0)]
     base_total = int(baseline.total_tokens.sum())
     err, confidence = _confidence(fits)
+    if orig.calibration_note and orig.measured:
+        confidence += f"; tokens {orig.calibration_note}"  # which token count the replay used, and why
     basis_cost, basis, measured_cost = _base_costs(fits)
     client = orig.client
     source = f"{len(orig.turns)} requests"
