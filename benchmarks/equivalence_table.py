@@ -8,8 +8,10 @@ with the same scenario replayed under the target strategy itself; both figures a
 
     .venv/bin/python benchmarks/equivalence_table.py [--scenario NAME ...]
 
-Prints a Markdown table (scenario, source, target, counterfactual cost, strategy replay cost, gap %). The tests
-(``tests/test_advice_equivalence.py``) hold every gap within ±10 %.
+Prints a Markdown table (scenario, source, target, counterfactual cost, strategy replay cost, gap %, the advice's
+predicted saving with its interval, the real saving — the log's cost minus the strategy's replay — and whether it
+lies inside). The tests (``tests/test_advice_equivalence.py``) hold every gap within ±10 % and every real saving
+inside its interval.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import promptcache_nb as pc
+from promptcache_nb.advice._counterfactual import Original
 from promptcache_nb.analysis import load_turns
 
 SCENARIOS = ("support_agent", "knowledge_churn", "git_status", "tool_reorder", "idle_gaps")
@@ -38,11 +41,26 @@ class Row:
     requests: int
     counterfactual_usd: float
     replay_usd: float
+    #: the source log's measured cost, and the advice's predicted saving with its interval (anchored on it)
+    measured_usd: float = 0.0
+    saved_usd: float = 0.0
+    saved_low_usd: float = 0.0
+    saved_high_usd: float = 0.0
 
     @property
     def gap(self) -> float:
         """(counterfactual − replay) / replay."""
         return (self.counterfactual_usd - self.replay_usd) / self.replay_usd
+
+    @property
+    def real_saved_usd(self) -> float:
+        """What switching to the target strategy really saved: the log's measured cost − the strategy's replay."""
+        return self.measured_usd - self.replay_usd
+
+    @property
+    def inside(self) -> bool:
+        """The real saving lies within the predicted saving's interval."""
+        return self.saved_low_usd <= self.real_saved_usd <= self.saved_high_usd
 
 
 def write_proxy_log(s: pc.Session, path: Path) -> Path:
@@ -81,19 +99,24 @@ def rows_for(lab: pc.Lab, scenario: str, replays: dict[str, pc.Session], source:
     """The three targets' rows for one (scenario, source): the source's replay logged, imported and fixed."""
     log = write_proxy_log(replays[source], workdir / f"{scenario}-{source}.jsonl")
     (imported,) = lab.import_log(log).sessions
+    orig = Original.load(imported)
+    measured = float(imported.turns().cost_usd.sum())
     out = []
     for target in TARGETS:
         cf = pc.counterfactual(imported, strategy=target)
+        rep = orig.anchored(orig.plan(pc.advice.STRATEGY_FIXES[target]))
         out.append(Row(scenario, source, target, len(cf.turns()), float(cf.turns().cost_usd.sum()),
-                       float(replays[target].turns().cost_usd.sum())))
+                       float(replays[target].turns().cost_usd.sum()), measured, rep.saved, rep.low, rep.high))
     return out
 
 
 def markdown(rows: list[Row]) -> str:
-    head = ("| scenario | from | fixed as | counterfactual $ | strategy replay $ | gap |\n"
-            "|---|---|---|---:|---:|---:|\n")
+    head = ("| scenario | from | fixed as | counterfactual $ | strategy replay $ | gap | predicted saving (interval) "
+            "| real saving | inside |\n|---|---|---|---:|---:|---:|---|---:|---|\n")
     return head + "".join(f"| `{r.scenario}` ({r.requests} requests) | `{r.source}` | `{r.target}` | "
-                          f"{r.counterfactual_usd:.2f} | {r.replay_usd:.2f} | {r.gap * 100:+.1f} % |\n" for r in rows)
+                          f"{r.counterfactual_usd:.2f} | {r.replay_usd:.2f} | {r.gap * 100:+.1f} % | "
+                          f"{r.saved_usd:.2f} ({r.saved_low_usd:.2f} to {r.saved_high_usd:.2f}) | "
+                          f"{r.real_saved_usd:.2f} | {'yes' if r.inside else 'no'} |\n" for r in rows)
 
 
 def main() -> None:

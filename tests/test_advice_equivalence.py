@@ -73,6 +73,8 @@ def test_counterfactual_lands_within_the_bound_of_the_strategy(rows, scenario, s
     row = rows[(scenario, source, target)]
     assert row.requests > 0 and row.replay_usd > 0
     assert abs(row.gap) < EQUIVALENCE_BOUND, (scenario, source, target, f"{row.gap:+.1%}")
+    # the advice's predicted saving (anchored on the log's measured cost) holds the real one in its interval
+    assert row.inside, (scenario, source, target, row.saved_low_usd, row.real_saved_usd, row.saved_high_usd)
 
 
 def test_the_table_prints_every_cell(rows) -> None:
