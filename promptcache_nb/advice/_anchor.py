@@ -328,11 +328,13 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
             continue
         delta_parts = [f.scale * (a - b) for a, b in zip(_parts(fixed_usage), _parts(o_usage), strict=True)]
         moved = any(abs(d) >= 0.5 for d in delta_parts)
-        raw_cost = p.cost(_shift(base, delta_parts), r.at)
-        base_priced = p.cost(base, r.at)
+        shifted = _shift(base, delta_parts) if moved else base
+        # priced only where something moves (most requests of most fixes do not: ~2 library costs each)
+        base_priced = p.cost(base, r.at) if moved or not f.reproduced else f.base_cost
+        raw_cost = p.cost(shifted, r.at) if moved else base_priced
         raw_delta = 0.0 if raw_cost is None or base_priced is None else base_priced - raw_cost
         if f.reproduced:
-            usage = _shift(base, delta_parts) if moved else base
+            usage = shifted
         elif ttl_fix and _int(base.cache_creation_input_tokens) and (hour := _hour_span(
                 base, None if orig.partial is None else round(orig.partial * fits[0].scale), client_ttls,
                 share_1h)) is not None:
