@@ -4,9 +4,12 @@ they stand for, and the Claude Code TTL case."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pandas as pd
@@ -18,6 +21,7 @@ from promptcache_nb.advice._fixes import Request
 from promptcache_nb.analysis import load_turns
 from promptcache_nb.request.validate import validate_request
 
+ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "data/scenarios/support_agent.yaml"
 GAPS_LOG = Path(__file__).parent / "fixtures" / "logs" / "claude_code_gaps"
 
@@ -325,27 +329,18 @@ def test_unknown_fix_and_strategy_fail_naming_the_known_ones(replays) -> None:
 
 
 # -- the strategies as ground truth --------------------------------------------------------------
-def write_proxy_log(s: pc.Session, path: Path) -> Path:
-    """The session's requests as the recording proxy logs them: bodies and the usage the cache model reported."""
-    lines = []
-    bodies = {t.idx: t.request.body for t in load_turns(s)}  # rebuilt in bulk (s.turn(i) rebuilds one, its diff too)
-    for r in s.turns().itertuples():
-        body = bodies[r.idx]
-        usage = {"input_tokens": int(r.input_tokens), "cache_read_input_tokens": int(r.cache_read_input_tokens),
-                 "cache_creation_input_tokens": int(r.cache_creation_input_tokens),
-                 "cache_creation": {"ephemeral_5m_input_tokens": int(r.cache_creation_5m_input_tokens or 0),
-                                    "ephemeral_1h_input_tokens": int(r.cache_creation_1h_input_tokens or 0)},
-                 "output_tokens": int(r.output_tokens or 0)}
-        lines.append({"v": 1, "at": r.at.isoformat().replace("+00:00", "Z"), "method": "POST",
-                      "url": "https://api.anthropic.com/v1/messages", "path": "/v1/messages", "status": 200,
-                      "request": body,
-                      "response": {"id": f"msg_01Eq{r.idx:04d}", "type": "message", "role": "assistant",
-                                   "model": body["model"], "content": [{"type": "text", "text": "ok"}],
-                                   "stop_reason": "end_turn", "usage": usage},
-                      "usage": usage, "request_id": f"req_011Eq{r.idx:04d}", "latency_ms": 900,
-                      "provider": "anthropic"})
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-    return path
+def _equivalence_table() -> ModuleType:
+    """``benchmarks/equivalence_table.py``: its ``write_proxy_log`` is the one way the tests log a replay."""
+    spec = importlib.util.spec_from_file_location("equivalence_table", ROOT / "benchmarks" / "equivalence_table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # its dataclass looks its module up there
+    spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[spec.name]
+
+
+#: The session's requests as the recording proxy logs them: bodies and the usage the cache model reported.
+write_proxy_log = _equivalence_table().write_proxy_log
 
 
 @pytest.fixture(scope="module")
