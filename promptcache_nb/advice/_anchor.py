@@ -24,16 +24,32 @@ Every figure here is measured where no fix touches it, else ``simulated (counter
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..usage import Usage
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ._counterfactual import Original
+    from ..analysis import Prices
+    from ..analysis.resimulate import StoredTurn
+
+
+class Original(Protocol):
+    """What anchoring reads of a session read back (:class:`~._counterfactual.Original` is one)."""
+
+    @property
+    def turns(self) -> Sequence[StoredTurn]: ...
+
+    @property
+    def partial(self) -> int | None: ...
+
+    def prices(self, model: str) -> Prices | None: ...
+
+    def history_missing(self, turn: StoredTurn) -> bool: ...
 
 #: The usage sources an endpoint reported.
 MEASURED = ("live", "imported")
