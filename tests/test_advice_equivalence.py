@@ -81,4 +81,5 @@ def test_the_table_prints_every_cell(rows) -> None:
     text = TABLE.markdown(list(rows.values()))
     lines = text.strip().split("\n")
     assert len(lines) == 2 + len(TABLE.SCENARIOS) * len(TABLE.SOURCES) * len(TABLE.TARGETS)
-    assert lines[0].startswith("| scenario | from | fixed as |") and all(ln.endswith("% |") for ln in lines[2:])
+    assert lines[0].startswith("| scenario | from | fixed as |") and lines[0].endswith("| inside |")
+    assert all(" % | " in ln and ln.endswith(("| yes |", "| no |")) for ln in lines[2:])
