@@ -1,8 +1,9 @@
 """Ranked advice: every applicable fix run alone and all together over a session's own requests.
 
-Savings are the simulated original (the original bodies replayed through the cache model: the *baseline*)
-minus the simulated counterfactual — like for like — and shown beside the measured original. ``confidence`` is
-how far that baseline lands from the measured usage: the error bar every saving carries.
+Every saving is measured against the session's measured cost: the simulation supplies only the difference a fix
+makes, request by request (:mod:`._anchor`), with an interval from how well the replay reproduces this session's
+own measured requests (``confidence``; :func:`~._fidelity.fidelity` per request). A fix *saves* only when the low
+end of its interval is above zero; a Lab's headline adds each session's best fix once.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 (:mod:`._advice`) runs the same :class:`Original` through :meth:`Original.simulate` without storing anything.
 Both count tokens with the same tokenizer (the Lab's, calibrated where the Lab's calibration lowers the error
 on comparable measured requests: :func:`~promptcache_nb.analysis.calibrate.calibration_for`), replay the
-original bodies the same way (the *baseline*), and price with the re-simulation's prices
-(:func:`~promptcache_nb.analysis.resimulate.resimulate`): savings are like for like.
+original bodies the same way (the simulated original), and price with the re-simulation's prices
+(:func:`~promptcache_nb.analysis.resimulate.resimulate`). What both report is anchored on the measured original
+(:mod:`._anchor`): the measured usage plus the difference between the fixed and the original replay.
 """
 
 from __future__ import annotations
@@ -434,11 +435,14 @@ def counterfactual(
 
     One request per original request (plus the keep-warm pings, events ``keep_warm_ping``), whose bodies are the
     originals transformed by the fixes (:mod:`promptcache_nb.advice._fixes`), run through the session's cache
-    model (or ``cache``) and counted with the Lab's tokenizer calibrated on the original's measured usage when
-    the Lab holds a calibration for its model. Output tokens are the original's. The new session is linked:
-    ``cf.counterfactual_of == session.id``, ``cf.fixes`` the fixes applied (both kept in its config), and
-    ``cf.config["fixes_not_possible"]`` those the data does not support, with why (a partial log: only ``ttl``
-    and ``keep_warm``). Every figure it holds is ``simulated (counterfactual)``.
+    model (or ``cache``) with the other sessions of its cache scope beside it, counted with the Lab's tokenizer
+    (calibrated only where that lowers the error: :func:`~promptcache_nb.analysis.calibration_for`). Each request's
+    stored usage is the original's measured usage plus the difference the fixes make in the replay
+    (:mod:`._anchor`), so ``fixes=[]`` stores the measured original and ``pc.advise(s).apply(fix)`` the finding's
+    own figures. Output tokens are the original's. The new session is linked: ``cf.counterfactual_of ==
+    session.id``, ``cf.fixes`` the fixes applied (both kept in its config), and ``cf.config["fixes_not_possible"]``
+    those the data does not support, with why (a partial log: only ``ttl``, ``keep_warm`` and ``stagger``). Every
+    figure it holds is ``simulated (counterfactual)``.
 
     Args:
         session: a stored session (imported, live or simulated).
