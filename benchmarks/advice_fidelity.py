@@ -25,7 +25,7 @@ import promptcache_nb as pc
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 
 
-def _plain(src: Path) -> Path:
+def plain(src: Path) -> Path:
     """A copy of ``src`` with ``.jsonl.gz`` files decompressed (the real logs are stored compressed)."""
     dst = Path(tempfile.mkdtemp(prefix="realdata-"))
     for root, _, files in os.walk(src):
@@ -101,7 +101,7 @@ def main() -> int:
                 continue
             with pc.Lab(progress=False) as lab:
                 try:
-                    lab.import_log(_plain(REALDATA / name), progress=False)
+                    lab.import_log(plain(REALDATA / name), progress=False)
                 except pc.errors.PromptCacheError as exc:
                     print(f"\n### ../shared/realdata/{name}\n\nnot imported: {exc}")
                     continue

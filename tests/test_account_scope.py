@@ -4,15 +4,14 @@ columns for the same files and accounts — and a read of what another session w
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import _benchmarks
 import pandas as pd
 import pytest
 
@@ -32,12 +31,7 @@ def _quiet() -> None:
 
 
 def _history_module() -> Any:
-    spec = importlib.util.spec_from_file_location("_claude_code_history", ROOT / "benchmarks" / "_claude_code_history.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return _benchmarks.load("_claude_code_history")
 
 
 def _forked(src: Path, dst: Path, shift: timedelta) -> str:

@@ -4,14 +4,13 @@ they stand for, and the Claude Code TTL case."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import _benchmarks
 import pandas as pd
 import pytest
 
@@ -331,12 +330,7 @@ def test_unknown_fix_and_strategy_fail_naming_the_known_ones(replays) -> None:
 # -- the strategies as ground truth --------------------------------------------------------------
 def _equivalence_table() -> ModuleType:
     """``benchmarks/equivalence_table.py``: its ``write_proxy_log`` is the one way the tests log a replay."""
-    spec = importlib.util.spec_from_file_location("equivalence_table", ROOT / "benchmarks" / "equivalence_table.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)  # its dataclass looks its module up there
-    spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules[spec.name]
+    return _benchmarks.load("equivalence_table")
 
 
 #: The session's requests as the recording proxy logs them: bodies and the usage the cache model reported.

@@ -3,13 +3,11 @@ them, and every ttl / keep_warm finding recomputed by hand arithmetic from the m
 
 from __future__ import annotations
 
-import gzip
-import os
-import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import _benchmarks
 import pytest
 from test_advice import write_proxy_log
 
@@ -122,24 +120,13 @@ def test_timing_findings_on_the_shipped_logs_match_hand_arithmetic() -> None:
         assert _check_timing_findings(lab) >= 4
 
 
-def _plain(src: Path, dst: Path) -> Path:
-    for root, _, files in os.walk(src):
-        out = dst / os.path.relpath(root, src)
-        out.mkdir(parents=True, exist_ok=True)
-        for f in files:
-            if f.endswith(".jsonl.gz"):
-                with gzip.open(Path(root) / f, "rb") as a, open(out / f[:-3], "wb") as b:
-                    shutil.copyfileobj(a, b)
-            elif f.endswith(".jsonl"):
-                shutil.copy(Path(root) / f, out / f)
-    return dst
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (REALDATA / "claude-code-spotter").is_dir(), reason="../shared/realdata is not on this machine")
-def test_timing_findings_on_real_claude_code_logs_match_hand_arithmetic(tmp_path) -> None:
+def test_timing_findings_on_real_claude_code_logs_match_hand_arithmetic() -> None:
     with pc.Lab(progress=False) as lab:
-        lab.import_log(_plain(REALDATA / "claude-code-spotter", tmp_path / "cc"), progress=False)
+        lab.import_log(_benchmarks.load("advice_fidelity").plain(REALDATA / "claude-code-spotter"), progress=False)
         assert _check_timing_findings(lab) >= 4
 
 

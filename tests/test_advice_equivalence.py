@@ -8,12 +8,11 @@ cell to the bound. One Lab and one set of replays per scenario for the whole mod
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import _benchmarks
 import pytest
 
 import promptcache_nb as pc
@@ -25,12 +24,7 @@ EQUIVALENCE_BOUND = 0.10
 
 
 def _table() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("equivalence_table", ROOT / "benchmarks" / "equivalence_table.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return _benchmarks.load("equivalence_table")
 
 
 TABLE = _table()

@@ -3,15 +3,14 @@ every file first gives, table by table, also when a session was resumed in anoth
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import shutil
-import sys
 import weakref
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import _benchmarks
 import pytest
 from test_golden_tables import table_digests
 
@@ -24,12 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _history_module():
-    spec = importlib.util.spec_from_file_location("_claude_code_history", ROOT / "benchmarks" / "_claude_code_history.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return _benchmarks.load("_claude_code_history")
 
 
 def _resumed(src: Path, dst: Path, session_id: str, shift: timedelta) -> None:

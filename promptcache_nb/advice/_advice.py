@@ -14,16 +14,15 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._util import progress_bar
 from ..analysis.frames import html_table
-from ..errors import PromptCacheError
 from ..request.diff import visible
 from ..session import Session
 from ..usage import Usage
 from . import _fixes
-from ._anchor import AnchoredReplay, RequestFit
+from ._anchor import AnchoredReplay, RequestFit, _int
 from ._compaction import COMPACTION_COLUMNS, NOT_SIMULATED, compaction_rows
-from ._counterfactual import COUNTERFACTUAL, Original, store_counterfactual
+from ._counterfactual import COUNTERFACTUAL, Original, open_stored, originals, store_counterfactual
+from ._fixes import _n
 from ._howto import how_to_apply as _how_to_apply
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,8 +126,7 @@ def _verdict(rep: AnchoredReplay) -> tuple[str, str]:
 def _evaluate(session_id: str, orig: Original, fixes: tuple[str, ...]) -> tuple[list[dict[str, Any]],
                                                                                   list[dict[str, Any]]]:
     """Findings and not-possible rows of one session."""
-    base_plan = orig.plan(())
-    baseline = orig.simulate(base_plan)
+    baseline = orig.baseline()
     fits = orig.fits()
     base_read = [int(x) for x in baseline[~baseline.ping].cache_read_input_tokens.fillna(0)]
     base_total = int(baseline.total_tokens.sum())
@@ -185,7 +183,7 @@ def _evaluate(session_id: str, orig: Original, fixes: tuple[str, ...]) -> tuple[
     return rows, missing
 
 
-def _provider_misses(session_id: str, orig: Original) -> dict[str, Any] | None:
+def _provider_misses(session_id: str, orig: Original, cost: float) -> dict[str, Any] | None:
     """What went to rebuilds the provider made with the logged prefix unchanged (measured requests the
     replay reads on): the rebuilt tokens are measured, their loss priced as reads instead of writes."""
     fits = [f for f in orig.fits() if f.cause == "provider_miss" and f.measured is not None
@@ -208,32 +206,26 @@ def _provider_misses(session_id: str, orig: Original) -> dict[str, Any] | None:
         as_read = p.cost(Usage(0, missed, 0, 0, 0, 0), f.at) or 0.0
         lost += as_sent - as_read
         rebuilt += missed
-    cost, _, _ = _base_costs(orig.fits())
     return {"session": session_id, "requests": [f.idx for f in fits], "first_at": fits[0].at, "last_at": fits[-1].at,
             "rebuilt_tokens": rebuilt, "lost_usd": lost, "share_of_cost": lost / cost if cost else math.nan,
             "how": _how(orig.client, "provider_miss", None),
             "label": "measured rebuilds (the replay read there); loss priced as reads instead of writes"}
 
 
-def _int(value: Any) -> int:
-    return 0 if value is None or value != value else int(value)
-
-
 def _how(client: str, fix: str, plan: _fixes.Plan | None) -> str:
-    """How to apply ``fix`` in the client that wrote the log (:func:`~._howto.how_to_apply`)."""
+    """How to apply ``fix`` in the client that wrote the log (:func:`~._howto.how_to_apply`); ``all`` has none of
+    its own (each member's row says how)."""
+    if fix == "all":
+        return ""
     detail: dict[str, Any] = {}
     if plan is not None and fix in plan.applied:
         detail.update(plan.applied[fix].detail)
         if fix == "keep_warm":
             detail["ttl"] = "1h" if list(plan.cache_params.get("client_ttls") or ["5m"])[-1] == "1h" else "5m"
-    try:
-        how = _how_to_apply(client, fix, detail=detail)
-    except PromptCacheError:  # a fix the table does not cover yet: no advice rather than no findings
-        return ""
+    how = _how_to_apply(client, fix, detail=detail)
     if how.switch and how.switch not in how.text:
         return f"{how.text} Set: {how.switch}."
     return how.text
-
 
 
 @dataclass(frozen=True, repr=False)
@@ -339,7 +331,7 @@ class Advice:
             raise ValueError(f"unknown fix {fix!r}; known: {', '.join(_fixes.FIX_NAMES)}, all")
         orig = self._kept.get(sid)
         if orig is None:  # read back as advise() read it: the same requests, memo and cache
-            orig = Original.load(_open(self._lab, sid))
+            orig = Original.load(open_stored(self._lab, sid))
         return store_counterfactual(orig, _fixes.check_fixes(names))
 
     def _shown(self) -> pd.DataFrame:
@@ -423,10 +415,6 @@ def _unpriced_models(why: str) -> list[str]:
     return [m.strip() for m in head.split(",") if m.strip()] if why.startswith("no price for ") else []
 
 
-def _n(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
 def _these(n: int) -> str:
     return "this request" if n == 1 else f"these {n} requests"
 
@@ -467,12 +455,7 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
 
     names = _fixes.check_fixes(fixes if fixes is not None else _fixes.FIX_NAMES)
     one = isinstance(session_or_lab, Session)
-    if isinstance(session_or_lab, Session):
-        lab = session_or_lab.lab
-        todo = [(session_or_lab.id, 0)]
-    else:
-        lab = session_or_lab
-        todo = [(r["id"], int(r["requests"])) for r in lab.store.original_sessions()]
+    lab = session_or_lab.lab if isinstance(session_or_lab, Session) else session_or_lab
     rows: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []
     requests: dict[str, int] = {}
@@ -480,29 +463,21 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
     compactions: list[dict[str, Any]] = []
     misses: list[dict[str, Any]] = []
     costs: dict[str, tuple[float, str]] = {}
-    # a Lab's sessions one at a time: a bar by request (every fix replays each), one session's bodies held
-    bar = progress_bar(total=sum(n for _, n in todo), desc="advising", enabled=lab.progress and not one, unit="req")
-    try:
-        for sid, n in todo:
-            s = session_or_lab if isinstance(session_or_lab, Session) else _open(lab, sid)
-            orig = Original.load(s)
-            if orig.turns:
-                requests[sid] = len(orig.turns)
-                if one:
-                    kept[sid] = orig
-                cost, basis, _ = _base_costs(orig.fits())
-                costs[sid] = (cost, basis)
-                got, miss = _evaluate(sid, orig, names)
-                rows += got
-                missing += miss
-                lost = _provider_misses(sid, orig)
-                if lost is not None:
-                    misses.append(lost)
-                compactions += compaction_rows(orig)
-            del orig
-            bar.update(n)
-    finally:
-        bar.close()
+    # a Lab's sessions one at a time (every fix replays each), one session's bodies held
+    for orig in originals(session_or_lab, desc="advising"):
+        sid = str(orig.row["id"])
+        requests[sid] = len(orig.turns)
+        if one:
+            kept[sid] = orig
+        cost, basis, _ = _base_costs(orig.fits())
+        costs[sid] = (cost, basis)
+        got, miss = _evaluate(sid, orig, names)
+        rows += got
+        missing += miss
+        lost = _provider_misses(sid, orig, cost)
+        if lost is not None:
+            misses.append(lost)
+        compactions += compaction_rows(orig)
     findings = pd.DataFrame(rows, columns=[*FINDING_COLUMNS, "replay_error"])
     findings = findings.sort_values("usd_saved", ascending=False, kind="stable").reset_index(drop=True)
     fleet = None
@@ -520,6 +495,3 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
                   pd.DataFrame(misses, columns=PROVIDER_MISS_COLUMNS), costs)
 
 
-def _open(lab: Lab, session_id: str) -> Session:
-    """A Lab's session as advice reads it: the open one when the Lab has it, else opened from the store."""
-    return lab.active_session(session_id) or lab.session(id=session_id)

@@ -259,9 +259,9 @@ def _parts(u: Usage) -> list[int]:
     return [_int(u.input_tokens), _int(u.cache_read_input_tokens), w5, w1]
 
 
-def _make(parts: list[int], output: int | None, source: str = "simulated") -> Usage:
+def _make(parts: list[int], output: int | None) -> Usage:
     uncached, read, w5, w1 = (max(0, p) for p in parts)
-    return Usage(uncached, read, w5 + w1, w5, w1, output, "simulated" if source == "simulated" else "imported")
+    return Usage(uncached, read, w5 + w1, w5, w1, output, "simulated")
 
 
 def _shift(base: Usage, delta: list[float]) -> Usage:

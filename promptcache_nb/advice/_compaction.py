@@ -20,7 +20,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ..usage import Usage
-from ._anchor import MEASURED
+from ._anchor import MEASURED, _int
 from ._counterfactual import Original, _fixes_ttls
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,10 +50,6 @@ def _tail_ttl(orig: Original, body: dict[str, Any]) -> float:
         ttls = list(orig.cache_params.get("client_ttls") or ["5m", "5m"])
         return TTL_SECONDS.get(str(ttls[-1]), 300.0)
     return 300.0
-
-
-def _int(value: Any) -> int:
-    return 0 if value is None or value != value else int(value)
 
 
 def _events(raw: Any) -> list[str]:

@@ -12,13 +12,14 @@ original bodies the same way (the simulated original), and price with the re-sim
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._config import SessionConfig
 from .._shared import account_of, cache_scope_of
+from .._util import progress_bar
 from ..analysis import Prices, calibration_for
 from ..analysis.resimulate import (
     SharedStream,
@@ -31,6 +32,7 @@ from ..analysis.resimulate import (
 from ..cache import get_cache_model
 from ..errors import PromptCacheError, SessionError
 from ..request import PreparedRequest, SegmentMemo, prepare
+from ..session import Session
 from ..tokens import session_tokenizer
 from ..usage import Usage
 from . import _fixes
@@ -41,7 +43,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from ..lab import Lab
-    from ..session import Session
 
 #: The label of every counterfactual figure.
 COUNTERFACTUAL = "simulated (counterfactual)"
@@ -116,15 +117,19 @@ class Original:
     def anchored(self, plan: Plan, fixed: pd.DataFrame | None = None) -> AnchoredReplay:
         """``plan``'s counterfactual anchored on the measured original (:func:`~._anchor.anchor`)."""
         df = self.simulate(plan) if fixed is None else fixed
-        return anchor(self, self.fits(), self.simulate(self.plan(())), df,
+        return anchor(self, self.fits(), self.baseline(), df,
                       body_fix=bool(_fixes.BODY_FIXES & set(plan.applied)), ttl_fix="ttl" in plan.applied,
                       client_ttls=list(plan.cache_params.get("client_ttls") or ["5m", "5m"]) if self.partial is not None
                       else None)
 
+    def baseline(self) -> pd.DataFrame:
+        """The simulated original: the session's own bodies replayed, no fix applied."""
+        return self.simulate(self.plan(()))
+
     def fits(self) -> list[RequestFit]:
         """How the simulated original compares with each measured request (:func:`~._anchor.fit_requests`)."""
         if self._fits is None:
-            self._fits = fit_requests(self, self.simulate(self.plan(())))
+            self._fits = fit_requests(self, self.baseline())
         return self._fits
 
     def prices(self, model: str) -> Prices | None:
@@ -317,6 +322,33 @@ class Original:
                                params=dict(plan.cache_params), shared=self.shared)
         df["ping"] = [r.ping for r in plan.requests]
         return df
+
+
+def open_stored(lab: Lab, session_id: str) -> Session:
+    """A Lab's session as the advice reads it: the open one when the Lab has it, else opened from the store."""
+    return lab.active_session(session_id) or lab.session(id=session_id)
+
+
+def originals(session_or_lab: Session | Lab, *, desc: str) -> Iterator[Original]:
+    """A session read back (:meth:`Original.load`), or each original session of a Lab in turn (counterfactuals
+    left out, one session's bodies held at a time, a progress bar by request named ``desc``); sessions with no
+    request are skipped."""
+    if isinstance(session_or_lab, Session):
+        lab, todo = session_or_lab.lab, [(session_or_lab.id, 0)]
+    else:
+        lab = session_or_lab
+        todo = [(r["id"], int(r["requests"])) for r in lab.store.original_sessions()]
+    bar = progress_bar(total=sum(n for _, n in todo), desc=desc, enabled=lab.progress and len(todo) > 1,
+                       unit="req")
+    try:
+        for sid, n in todo:
+            orig = Original.load(session_or_lab if isinstance(session_or_lab, Session) else open_stored(lab, sid))
+            if orig.turns:
+                yield orig
+            del orig
+            bar.update(n)
+    finally:
+        bar.close()
 
 
 def _family(lab: Lab, row: dict[str, Any], turns: list[StoredTurn]) -> tuple[SharedStream, ...]:

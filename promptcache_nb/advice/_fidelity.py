@@ -22,10 +22,9 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from .._util import progress_bar
 from ..session import Session
 from ._anchor import RequestFit
-from ._counterfactual import Original
+from ._counterfactual import Original, originals
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -108,25 +107,10 @@ def fidelity(session_or_lab: Session | Lab, *, per_request: bool = False) -> pd.
     """
     import pandas as pd
 
-    if isinstance(session_or_lab, Session):
-        lab = session_or_lab.lab
-        todo = [(session_or_lab.id, 0)]
-    else:
-        lab = session_or_lab
-        todo = [(r["id"], int(r["requests"])) for r in lab.store.original_sessions()]
     rows: list[dict[str, Any]] = []
-    bar = progress_bar(total=sum(n for _, n in todo), desc="fidelity", enabled=lab.progress and len(todo) > 1,
-                       unit="req")
-    try:
-        for sid, n in todo:
-            s = session_or_lab if isinstance(session_or_lab, Session) else \
-                lab.active_session(sid) or lab.session(id=sid)
-            orig = Original.load(s)
-            if orig.turns:
-                rows.extend(_request_rows(sid, orig.fits()) if per_request else [session_fidelity(sid, orig)])
-            bar.update(n)
-    finally:
-        bar.close()
+    for orig in originals(session_or_lab, desc="fidelity"):
+        sid = str(orig.row["id"])
+        rows.extend(_request_rows(sid, orig.fits()) if per_request else [session_fidelity(sid, orig)])
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS if per_request else FIDELITY_COLUMNS)
     df.attrs["label"] = "measured beside simulated (estimated tokens)"
     return df

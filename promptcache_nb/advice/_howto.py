@@ -15,7 +15,7 @@ from ..errors import UnknownNameError
 from ._fixes import FIX_NAMES, PARTIAL_TTL_ROLES, TTL_ROLES
 
 #: Every finding a how-to exists for: the fixes, the provider's own misses, and staggering parallel requests.
-HOWTO_FIXES: tuple[str, ...] = (*FIX_NAMES, "provider_miss", "stagger")
+HOWTO_FIXES: tuple[str, ...] = (*FIX_NAMES, "provider_miss")  # FIX_NAMES holds stagger
 
 #: Where each claim comes from (every URL is listed in docs/provider_cache_rules.md#applying-a-fix-in-each-client).
 SOURCES: dict[str, str] = {
