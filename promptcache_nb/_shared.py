@@ -236,7 +236,10 @@ class ScopeCaches:
         if member.scope == "session":
             members = [member.session_id]
         else:
-            rows = [r for r in store.session_rows(member.cache_model) if _scope_key_of(r) == key]
+            # a usage-first session has no bodies to replay: it joins the scope's cache once analysed
+            unanalysed = store.unanalysed_ids()
+            rows = [r for r in store.session_rows(member.cache_model)
+                    if _scope_key_of(r) == key and r["id"] not in unanalysed]
             members = [r["id"] for r in rows]
             own = {r["id"]: own_options(model, SessionConfig.from_stored(r["config"]).cache_params) for r in rows}
         last_at = store.last_request_at(members)

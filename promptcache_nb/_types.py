@@ -123,9 +123,11 @@ class RequestRecord:
     at: datetime  #: when it was sent (UTC)
     model: str
     tail_node: str | None  #: the last prefix node of its segment chain (None: no segment)
-    rest_hash: str  #: the block holding the body's shape and top-level fields
-    n_segments: int
-    total_tokens: int  #: estimated prompt tokens (the session's tokenizer)
+    #: the block holding the body's shape and top-level fields (None: a usage-first import's request, whose
+    #: body is not analysed yet; so for every body-derived column)
+    rest_hash: str | None
+    n_segments: int | None
+    total_tokens: int | None  #: estimated prompt tokens (the session's tokenizer)
     body_bytes: int | None  #: bytes of the segments' canonical JSON
     input_tokens: int | None
     cache_read_input_tokens: int | None
@@ -171,6 +173,11 @@ class RequestRecord:
     #: milliseconds from sending the request to its response's last byte, when a live call was timed (the
     #: capture, the recording proxy's log); None otherwise
     latency_ms: float | None = None
+    #: where an imported request's bytes live: the byte offset and length of the log line that opened it (in the
+    #: decompressed file) and a digest of those bytes; None when the reader does not say
+    source_offset: int | None = None
+    source_length: int | None = None
+    source_digest: str | None = None
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

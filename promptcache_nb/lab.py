@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -253,6 +253,10 @@ class Lab:
         if row is None:
             known = self.store.session_ids()
             raise SessionError(f"no session {session_id!r} in {self.path!r}; known: {', '.join(known) or '(none)'}")
+        if session_id in self.store.unanalysed_ids():  # a usage-first import's: its bodies are analysed now
+            self.analyze([session_id], progress=False)
+            row = self.store.session_row(session_id)
+            assert row is not None  # stored again, analysed
         s = Session(self, row, backend=backend)
         self._open[session_id] = s
         return s
@@ -402,6 +406,25 @@ class Lab:
         session has this id (an import asks once for all of its sessions), so it is not looked up again.
         """
         store = self.store
+        row, state = self.store_new_session(config, session_id=session_id, project=project, model=model,
+                                            strategy=strategy, cache=cache, system=system, tools=tools, extra=extra,
+                                            source=source, parent_id=parent_id, known_new=known_new)
+        # opened from what was just written, as the store gives it back (JSON columns parsed): not read again
+        stored_row = {**row, "config": json.loads(canonical_json(row["config"]))}
+        s = Session(self, stored_row, backend=backend,
+                    new_state=store.state_from_row(tuple(state_columns(state).values())))
+        self._open[session_id] = s
+        return s
+
+    def store_new_session(self, config: SessionConfig, *, session_id: str, project: str, model: str,
+                          strategy: str | None = None, cache: str = "anthropic", system: str = "",
+                          tools: list[dict[str, Any]] | None = None, extra: dict[str, Any] | None = None,
+                          source: str | None = None, parent_id: str | None = None, known_new: bool = False
+                          ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """:meth:`create_session` without opening it: its row and first state are written (in the caller's
+        transaction, when inside one) and returned. A usage-first import stores its sessions this way: a session
+        is opened (and so analysed) only when something needs it."""
+        store = self.store
         if not known_new and store.session_row(session_id) is not None:
             raise SessionError(f"session {session_id!r} already exists in {self.path!r}")
         row: dict[str, Any] = {"id": session_id, "project_id": project, "strategy": strategy, "cache_model": cache,
@@ -412,21 +435,24 @@ class Lab:
         with store.transaction():
             store.ensure_project(project, config.start)
             store.create_session(row, state)
-        # opened from what was just written, as the store gives it back (JSON columns parsed): not read again
-        stored_row = {**row, "config": json.loads(canonical_json(row["config"]))}
-        s = Session(self, stored_row, backend=backend,
-                    new_state=store.state_from_row(tuple(state_columns(state).values())))
-        self._open[session_id] = s
-        return s
+        return row, state
 
     def import_log(self, paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
                    project: str | None = None, progress: bool | None = None, workers: int = 1,
-                   account: str | None = None) -> ImportResult:
+                   account: str | None = None, deep: bool = False) -> ImportResult:
         """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
 
         ``paths`` is a file, a directory (walked), a glob or a list. Each session's new requests are stored in
         one transaction with their **measured** usage; importing the same file again adds only what is new.
         Returns a :class:`~promptcache_nb.ImportResult` (``.sessions``, ``.requests``, ``.skipped``).
+
+        **Usage first.** By default each request is stored with what its log says beside its body — ids, times,
+        model, measured usage and cost, and the cause of a rebuild when usage alone shows it (a model switch, a
+        compaction, an idle gap longer than any entry lives; else ``not_analysed``) — which is all summaries,
+        ``pc.rebuilds``, time views and the CLI report need. Bodies, segments, token estimates, the simulated
+        cache and prefix diffs are computed for a session the first time something needs them (opening it:
+        ``s.turn(k).diff``, the Stepper, ``pc.advise``), or for all at once with :meth:`analyze`. ``deep=True``
+        analyses every body as it is stored (the tables are the same as after :meth:`analyze`).
 
         ``workers=N`` reads and stores file groups (a Claude Code project folder, a session with its sub-agents,
         one file) in N processes, and this process merges them (``importers/_parallel.py``): the same stored
@@ -446,7 +472,25 @@ class Lab:
 
         show = self.progress if progress is None else progress
         return import_log(self, paths, format=format, project=project, progress=show, workers=workers,
-                          account=account)
+                          account=account, deep=deep)
+
+    def analyze(self, sessions: Iterable[str] | None = None, *, workers: int = 1,
+                progress: bool | None = None) -> int:
+        """Analyse the bodies of usage-first imported sessions (all awaiting analysis, or the ids in ``sessions``
+        and those that share their log files): the stored tables become exactly what ``import_log(deep=True)``
+        of the same files stores. Each session is replaced in one transaction (a kill leaves it usage-first or
+        analysed, never half). ``workers=N`` analyses file groups in N processes (as ``import_log(workers=N)``:
+        sessions of different groups then do not see each other's simulated cache entries). Returns the number
+        of sessions analysed; a progress bar shows the file groups.
+
+        Example:
+            >>> lab.import_log("~/.claude/projects")  # doctest: +SKIP
+            >>> lab.analyze(workers=2)  # doctest: +SKIP
+        """
+        from .importers._analyze import analyze
+
+        show = self.progress if progress is None else progress
+        return analyze(self, None if sessions is None else list(sessions), workers=workers, progress=show)
 
     def capture(self, client: Any, *, session: Session | None = None, project: str | None = None,
                 cache: str | None = None) -> AbstractContextManager[Capture]:

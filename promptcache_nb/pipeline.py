@@ -140,6 +140,7 @@ def advance(
     body_problems: tuple[BodyProblem, ...] = (),
     agent_observation: Mapping[str, Any] | None = None,
     latency_ms: float | None = None,
+    source_span: tuple[int, int, str] | None = None,
 ) -> Advance:
     """From a sent request and what came back to its :class:`~promptcache_nb.RequestRecord`, the rows the
     store needs, and the session's next state.
@@ -211,6 +212,9 @@ def advance(
         body_problems=canonical_json([{"path": p.path, "problem": p.problem} for p in body_problems])
         if body_problems else None,
         notes="\n".join(usage.notes) or None, cost_source=cost_source, latency_ms=latency_ms,
+        source_offset=None if source_span is None else source_span[0],
+        source_length=None if source_span is None else source_span[1],
+        source_digest=None if source_span is None else source_span[2],
         # the history the strategy built it from: the next request's previous_messages after a restart
         n_messages=len(built.history) if built is not None else None,
         **analysis.columns,
@@ -230,6 +234,35 @@ def advance(
     after = replace(state, written=written, previous=prepared, previous_at=at, previous_keys=keys,
                     previous_nodes=nodes, observation=analysis.state, next_index=idx + 1, pending_events=(), **moved)
     return Advance(write, after, analysis, usage)
+
+
+def usage_record(*, session_id: str, idx: int, at: datetime, model: str, usage: Usage, prices: Prices | None,
+                 events: tuple[str, ...] | list[str], cause: Any, request_id: str | None,
+                 source_ref: str | None, dedupe_key: str | None, latency_ms: float | None = None,
+                 source_span: tuple[int, int, str] | None = None) -> RequestRecord:
+    """The ``turns`` row of a request a usage-first import stores: its measured figures, cost and the cause its
+    usage alone shows (``cause``: an :class:`~promptcache_nb.analysis.cause.MeasuredCause`, or None), every
+    body-derived column NULL until the session is analysed (which replaces the row with :func:`advance`'s)."""
+    cost, cost_nc, cost_source = request_cost(usage, prices, at)
+    detail = None if cause is None else canonical_json(cause.detail)
+    offset, length, span_digest = source_span if source_span is not None else (None, None, None)
+    return RequestRecord(
+        session_id=session_id, idx=idx, at=at, model=model, tail_node=None, rest_hash=None, n_segments=None,
+        total_tokens=None, body_bytes=None, input_tokens=usage.input_tokens,
+        cache_read_input_tokens=usage.cache_read_input_tokens,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens,
+        cache_creation_5m_input_tokens=usage.cache_creation_5m_input_tokens,
+        cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
+        output_tokens=usage.output_tokens, usage_source=usage.source,
+        usage_raw=None if usage.raw is None else canonical_json(usage.raw), ideal_cache_read=None,
+        cost_usd=cost, cost_no_cache_usd=cost_nc, cache_reason=None if cause is None else cause.reason,
+        cache_detail=detail, events=canonical_json(list(events)), request_id=request_id, user_text=None, reply=None,
+        diverge_path=None, diverge_byte=None, diverge_token=None, shared_prefix_tokens=None, pure_append=None,
+        broke=None, previous_cache_read=None, changes=None, explanation=None if cause is None else cause.explanation,
+        segment_map=None, transport=None, source_ref=source_ref, dedupe_key=dedupe_key, n_messages=None,
+        notes="\n".join(usage.notes) or None, cost_source=cost_source, latency_ms=latency_ms,
+        source_offset=offset, source_length=length, source_digest=span_digest,
+    )
 
 
 #: ``turns.cost_source`` of a request priced by the cost its provider reported (OpenRouter's ``usage.cost``).

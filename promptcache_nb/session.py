@@ -965,7 +965,8 @@ class Session:
                prepared: PreparedRequest | None = None, dialect: str | None = None,
                unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None,
                body_problems: Iterable[BodyProblem] = (), output_tokens: int | None = None,
-               agent_observation: Mapping[str, Any] | None = None, latency_ms: float | None = None) -> Turn:
+               agent_observation: Mapping[str, Any] | None = None, latency_ms: float | None = None,
+               source_span: tuple[int, int, str] | None = None) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
         (measured) usage; without, the session's cache model simulates it. The strategy is not used.
 
@@ -986,7 +987,8 @@ class Session:
         the original's: caching never changes what a model writes). ``agent_observation``: the logging agent's
         own cache observation of this request (OpenClaw's ``cache:result``), stored as
         ``cache_detail["agent_observation"]`` beside ours. ``latency_ms``: how long the live call took
-        (``turns.latency_ms``), when it was timed.
+        (``turns.latency_ms``), when it was timed. ``source_span``: (byte offset, length, digest) of the log line
+        an imported request was read from.
         """
         self._check_open()
         state = self._state
@@ -1023,7 +1025,8 @@ class Session:
             stored = self._store_request(
                 state, store, prepared, at=at, events=[*state.pending_events, *events], outcome=outcome, built=None,
                 user_text=None, turns=turns, source_ref=source_ref, dedupe_key=dedupe_key,
-                body_problems=tuple(body_problems), agent_observation=agent_observation, latency_ms=latency_ms)
+                body_problems=tuple(body_problems), agent_observation=agent_observation, latency_ms=latency_ms,
+                source_span=source_span)
             self._announce(store, turns)
             return stored
 
@@ -1105,7 +1108,8 @@ class Session:
                        user_text: str | None, turns: list[Turn], source_ref: str | None = None,
                        dedupe_key: str | None = None, body_problems: tuple[BodyProblem, ...] = (),
                        agent_observation: Mapping[str, Any] | None = None,
-                       latency_ms: float | None = None) -> SessionState:
+                       latency_ms: float | None = None,
+                       source_span: tuple[int, int, str] | None = None) -> SessionState:
         """The pipeline's record of a sent request, written to the store; returns the state after it (the
         caller swaps it in once stored) and appends the request's Turn to ``turns``."""
         points, minimum = self._ideal_inputs(state, prepared)
@@ -1115,7 +1119,7 @@ class Session:
             retention_points=points, minimum=minimum,
             transport="direct" if isinstance(self.backend, DirectSimulator) else "http",
             source_ref=source_ref, dedupe_key=dedupe_key, body_problems=body_problems,
-            agent_observation=agent_observation, latency_ms=latency_ms,
+            agent_observation=agent_observation, latency_ms=latency_ms, source_span=source_span,
         )
         store.write_request(step.write, tokenizer=self._memo)
         rec, analysis, cache_result = step.record, step.analysis, outcome.cache_result

@@ -202,6 +202,62 @@ def measured_cause(
                          rebuild_reason, detail)
 
 
+@dataclass(frozen=True)
+class UsageOnly:
+    """One request as a usage-first import sees it: no body, only what the log says beside it."""
+
+    model: str
+    at: datetime
+    usage: Usage
+    events: tuple[str, ...] = ()
+
+
+def usage_cause(previous: UsageOnly | None, current: UsageOnly, *, implicit: bool, minimum: int,
+                longest_ttl_seconds: float | None, noise_floor: int = NOISE_FLOOR) -> MeasuredCause | None:
+    """:func:`measured_cause` for a request whose body is not analysed yet (a usage-first import).
+
+    Which requests are rebuilds, and how many tokens each lost, are decided exactly as there: they need the
+    measured figures only. The cause climbs the part of the ladder that needs no body — a model switch, a
+    compaction event, an idle gap longer than any entry could live (``longest_ttl_seconds``: the longest TTL
+    the session's client asked for, else the cache model's) — and is otherwise :attr:`Reason.NOT_ANALYSED`
+    until the session is analysed, which runs the whole ladder (a gap between the shortest and the longest TTL,
+    a prefix change, a provider miss). ``implicit``: the provider caches implicitly (no cache writes).
+    """
+    usage = current.usage
+    read, write, uncached = usage.cache_read_input_tokens, usage.cache_creation_input_tokens, usage.input_tokens
+    total = usage.total_input_tokens
+    if not usage.measured or read is None or write is None or uncached is None or total is None:
+        return None
+    detail: dict[str, Any] = {"read": read, "write": write, "total": total}
+    prev_total = previous.usage.total_input_tokens if previous is not None else None
+    if previous is None or not prev_total:
+        detail["lost_tokens"] = 0
+        return MeasuredCause(first_request_reason(read, detail), False, 0, None, detail)
+    resent = uncached + write if implicit else write
+    lost = rebuilt_tokens(prev_total, read, resent)
+    detail.update(previous_total=prev_total, resent=resent, implicit=implicit, lost_tokens=lost,
+                  expected_read=carried_over(prev_total, total))
+    reason: str | None = None
+    if lost > 0:
+        gap = (current.at - previous.at).total_seconds()
+        if not same_model(previous.model, current.model):
+            detail.update(previous_model=previous.model, model=current.model)
+            reason = Reason.MODEL_SWITCH.value
+        elif "compaction" in current.events:
+            reason = Reason.COMPACTION.value
+        elif longest_ttl_seconds is not None and gap > longest_ttl_seconds:
+            detail.update(gap_seconds=gap, ttl_seconds=longest_ttl_seconds,
+                          expired_ttl=_ttl_name(longest_ttl_seconds), expired_after_seconds=gap)
+            reason = Reason.TTL_EXPIRED.value
+        else:
+            reason = Reason.NOT_ANALYSED.value
+        detail["rebuild_reason"] = reason
+    if lost > noise_floor and prev_total >= minimum:
+        return MeasuredCause(reason or Reason.NOT_ANALYSED.value, True, lost, reason, detail)
+    return MeasuredCause(_not_rebuild(prev_total, read, write, implicit, minimum, None), False, lost, reason,
+                         detail)
+
+
 def prediction_gap(usage: Usage | None, detail: Mapping[str, Any]) -> tuple[int, int] | None:
     """(predicted read, measured read) when a measured request's read disagrees with the cache model's
     prediction (``detail["predicted_usage"]``); None when they agree or there is nothing to compare.

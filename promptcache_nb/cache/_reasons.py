@@ -45,6 +45,8 @@ class Reason(StrEnum):
     COMPACTION = "compaction"  #: the history was replaced by a summary
     UNLOGGED_PREFIX_CHANGED = "unlogged_prefix_changed"  #: a part of the prompt the log does not hold changed
     PROVIDER_MISS = "provider_miss"  #: the logged prefix was unchanged, nothing in the timing explains the miss
+    #: a rebuild whose cause needs the request bodies, which a usage-first import has not analysed yet
+    NOT_ANALYSED = "not_analysed"
 
     def explain(self, detail: Mapping[str, Any] | None = None, **context: Any) -> str:
         """This code in words; see :func:`explain_reason` for ``context``."""
@@ -54,7 +56,8 @@ class Reason(StrEnum):
 #: The codes a cache model may return (``CacheResult.reason``), in the order of :class:`Reason`.
 REASONS: tuple[str, ...] = tuple(r.value for r in Reason if r not in (Reason.COMPACTION,
                                                                        Reason.UNLOGGED_PREFIX_CHANGED,
-                                                                       Reason.PROVIDER_MISS))
+                                                                       Reason.PROVIDER_MISS,
+                                                                       Reason.NOT_ANALYSED))
 
 
 def first_request_reason(read: int, detail: dict[str, Any]) -> str:
@@ -208,6 +211,9 @@ def _short(code: Reason, detail: Mapping[str, Any], gap: float | None) -> str:
                     "measured size did not change: a change inside it cannot be told from a miss")
         return (f"{text}: nothing in the logged request or its timing explains it — an eviction, another server "
                 "or cache namespace, or a part of the prompt the provider renders differently from the log")
+    if code is Reason.NOT_ANALYSED:
+        return ("cause not found yet: neither the model, a compaction nor the idle time explains it, and the "
+                "request bodies are analysed on first use (open the session, or lab.analyze())")
     return code.value
 
 

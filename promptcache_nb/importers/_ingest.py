@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import html
+import warnings
 import json
 import os
 import re
@@ -373,9 +374,11 @@ def import_log(
     accounts: Mapping[str, str] | None = None,
     projects: Mapping[str, str] | None = None,
     groups: Sequence[Sequence[str]] | None = None,
+    deep: bool = False,
 ) -> ImportResult:
-    """Import agent logs into ``lab``; see :meth:`Lab.import_log`. ``calibrate=False``: fit no calibration at the
-    end (a caller that fits once over several imports). ``accounts`` and ``projects``: the account and project of
+    """Import agent logs into ``lab``; see :meth:`Lab.import_log`. ``deep``: analyse every body as it is stored
+    (else a usage-first import: measured columns now, bodies when first needed). ``calibrate=False``: fit no
+    calibration at the end (a caller that fits once over several imports). ``accounts`` and ``projects``: the account and project of
     the sessions whose first file is a key (a resolved path), before ``account`` and ``project``; ``groups``: the
     file groups, in the order to store them, instead of the walk's (``pc.fleet``: a task stores an account's
     groups as one import of their folder would)."""
@@ -390,10 +393,11 @@ def import_log(
 
         expand_paths(paths)  # a missing path fails here, in this process, before any worker starts
         return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress,
-                               account=account)
+                               account=account, deep=deep, accounts=accounts, projects=projects, groups=groups)
     with gc_paused():
         return _import(lab, paths, format, project, progress, calibrate,
-                       _Owners(account or DEFAULT_ACCOUNT, dict(accounts or {}), dict(projects or {})), groups)
+                       _Owners(account or DEFAULT_ACCOUNT, dict(accounts or {}), dict(projects or {})), groups,
+                       deep=deep)
 
 
 #: New sessions of a file group are stored in transactions of up to this many sessions or requests: a COMMIT
@@ -442,6 +446,8 @@ class _Pending:
     again: bool  #: an earlier group of this import stored part of it: its requests are all here now
     account: str  #: whose provider cache it used (``_Owners``)
     project: str | None  #: its project when the caller gave its file one (``_Owners.projects``)
+    files: list[str] = field(default_factory=list)  #: the files its requests were read from (walk order)
+    group: str = ""  #: its file group (the group's first file): a usage-first session is analysed with it
     #: parents first (a sub-agent's parent_id then names a stored session), then by key: the order every import
     #: stores sessions in, whatever its file groups
     rank: tuple[bool, str] = field(init=False)
@@ -463,14 +469,22 @@ class _Run:
     owners: _Owners = field(default_factory=lambda: _Owners(DEFAULT_ACCOUNT))
     unknown: set[str] = field(default_factory=set)
     stored: dict[str, _Stored] = field(default_factory=dict)
+    #: each (cache model, model)'s prices, looked up once per import (a usage-first import prices every request)
+    prices: dict[tuple[str, str], Any] = field(default_factory=dict)
     #: one stored session of each cache scope: it holds the scope's simulated cache (the Lab holds caches weakly),
     #: which the next session of that scope would otherwise rebuild from every stored request of the scope
     held: dict[ScopeKey, Session] = field(default_factory=dict)
+    deep: bool = True  #: analyse bodies as they are stored (False: a usage-first import)
+    #: usage-first sessions this (deep) import stores again analysed: each is deleted in the transaction that
+    #: stores it (``lab.analyze``)
+    replace: set[str] = field(default_factory=set)
+    next_seq: int = 0  #: the import order number of the next usage-first session
 
 
 def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
             progress: bool, calibrate: bool = True, owners: _Owners | None = None,
-            planned: Sequence[Sequence[str]] | None = None) -> ImportResult:
+            planned: Sequence[Sequence[str]] | None = None, *, deep: bool = True,
+            replace: set[str] | frozenset[str] = frozenset()) -> ImportResult:
     """Read and store one file group at a time (``_groups.plan_groups``: a Claude Code project folder, a file
     you name), so memory holds one group's records, never the folder's (small groups are read together, up to
     :data:`BATCH_SESSIONS` sessions or :data:`BATCH_REQUESTS` requests). A session found again in a later group
@@ -481,7 +495,8 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items
                     if not any(ch in str(item) for ch in "*?[")]
-    run = _Run(lab, project, owners or _Owners(DEFAULT_ACCOUNT))
+    run = _Run(lab, project, owners or _Owners(DEFAULT_ACCOUNT), deep=deep,
+               next_seq=0 if deep else lab.store.next_import_seq(), replace=set(replace))
     read_skips: list[tuple[int, dict[str, Any]]] = []
     read_ok: list[tuple[int, tuple[str, str]]] = []
     reader_of: dict[int, str] = {}  # file index -> the reader that read it
@@ -493,7 +508,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     try:
         for n, group in enumerate(groups):
             for i in group:
-                name = _read_into(by_session, models, files[i], format, read_skips, i)
+                name = _read_into(by_session, models, files[i], format, read_skips, i, bodies=deep)
                 bar.update(1)
                 if name is not None:
                     reader_of[i] = name
@@ -501,7 +516,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
             if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
                     sum(map(len, by_session.values())) < BATCH_REQUESTS:
                 continue  # small groups (one-request files) are stored together: one transaction for many
-            pending = _pending_of(by_session, files, reader_of, key_files, run.owners)
+            pending = _pending_of(by_session, files, reader_of, key_files, run.owners, group, bodies=deep)
             by_session = {}
             # nothing here keeps the group's records: each session's go once it is stored (``_store_batch``),
             # and the next group is read with none of this one's held
@@ -520,17 +535,19 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     result.notes = _frame([row for x in done for row in x.notes], NOTES_COLUMNS)
     result.unknown_models = sorted(run.unknown)
     # each measured request is an exact prompt total: calibrate the estimator per family. Also when nothing was
-    # new but a family has no calibration yet: an import stopped after its sessions committed gets it back.
-    if calibrate and (result.requests or (models and _uncalibrated(lab, models))):
+    # new but a family has no calibration yet: an import stopped after its sessions committed gets it back. A
+    # usage-first import has no estimates to fit yet: its sessions' analysis fits them.
+    if deep and calibrate and (result.requests or (models and _uncalibrated(lab, models))):
         result.calibrations = calibrate_families(lab, models)
     return result
 
 
 def _read_into(by_session: dict[str, list[tuple[int, ImportedRequest]]], models: set[str], log: LogFile,
-               format: str, skipped: list[tuple[int, dict[str, Any]]], index: int) -> str | None:  # noqa: A002
+               format: str, skipped: list[tuple[int, dict[str, Any]]], index: int,  # noqa: A002
+               *, bodies: bool = True) -> str | None:
     """Read one file (:func:`_read`) into ``by_session`` (session key -> (file index, request)) and its models
     into ``models``; returns its reader's name, or None when it is not a log."""
-    got = _read(log, format, skipped, index)
+    got = _read(log, format, skipped, index, bodies=bodies)
     if got is None:
         return None
     name, records = got
@@ -542,7 +559,8 @@ def _read_into(by_session: dict[str, list[tuple[int, ImportedRequest]]], models:
 
 
 def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files: list[LogFile],
-                reader_of: dict[int, str], key_files: dict[str, list[int]], owners: _Owners) -> list[_Pending]:
+                reader_of: dict[int, str], key_files: dict[str, list[int]], owners: _Owners,
+                group: Sequence[int] = (), *, bodies: bool = True) -> list[_Pending]:
     """A file group's sessions, ready to store, in the order they are stored (:attr:`_Pending.rank`). A session
     an earlier group stored part of is read again from that group's files; ``key_files`` learns which files
     hold each session."""
@@ -550,13 +568,15 @@ def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files:
     for key, recs in by_session.items():
         earlier = key_files.get(key, [])
         if earlier:  # read again from the earlier groups' files, in file order as one read would
-            recs = sorted([(j, r) for j in earlier for r in _reread(files[j], reader_of[j], key)] + recs,
+            recs = sorted([(j, r) for j in earlier for r in _reread(files[j], reader_of[j], key, bodies)] + recs,
                           key=lambda t: t[0])
         first = recs[0][0]
         reqs = sorted(_richest([r for _, r in recs]), key=lambda r: r.at)  # stable: file order for ties
         pending.append(_Pending(key, reader_of[first], display_path(files[first].path), reqs,
                                 again=bool(earlier), account=owners.account(reqs, files[first].path),
-                                project=owners.projects.get(str(files[first].path))))
+                                project=owners.projects.get(str(files[first].path)),
+                                files=[display_path(files[j].path) for j in sorted({i for i, _ in recs})],
+                                group=display_path(files[group[0]].path) if group else ""))
         for j in dict.fromkeys(i for i, _ in recs if i not in earlier):
             key_files.setdefault(key, []).append(j)
     return sorted(pending, key=lambda p: p.rank)
@@ -581,14 +601,18 @@ def _planned_groups(planned: Sequence[Sequence[str]], files: list[LogFile]) -> l
     return [[index[str(Path(f).resolve())] for f in group] for group in planned if group]
 
 
-def _read(log: LogFile, format: str, skipped: list[tuple[int, dict[str, Any]]], index: int  # noqa: A002
-          ) -> tuple[str, list[ImportedRequest]] | None:
+def _read(log: LogFile, format: str, skipped: list[tuple[int, dict[str, Any]]], index: int,  # noqa: A002
+          *, bodies: bool = True) -> tuple[str, list[ImportedRequest]] | None:
     """The reader's name and the requests of one file; its skipped lines into ``skipped``. None: the file is
-    not a log (a walked file; a file the user named raises)."""
+    not a log (a walked file; a file the user named raises). ``bodies=False``: a usage-first import, which
+    needs no body: a reader that can skip rebuilding them (``usage_only``) does."""
     path, shown = log.path, display_path(log.path)
     try:
         reader = READERS[format] if format != "auto" else detect(path)
-        records = list(reader.read(path))
+        if not bodies and getattr(reader, "usage_only", False):
+            records = list(reader.read(path, bodies=False))  # type: ignore[call-arg]
+        else:
+            records = list(reader.read(path))
     except (ImportFormatError, UnreadableLog) as exc:
         if isinstance(exc, UnreadableLog):
             exc = ImportFormatError(shown, f"cannot read ({_unreadable(exc, path)})")
@@ -608,9 +632,9 @@ def _read(log: LogFile, format: str, skipped: list[tuple[int, dict[str, Any]]], 
     return reader.name, out
 
 
-def _reread(log: LogFile, reader: str, key: str) -> list[ImportedRequest]:
+def _reread(log: LogFile, reader: str, key: str, bodies: bool = True) -> list[ImportedRequest]:
     """The requests of session ``key`` in a file an earlier group read (its skipped lines were reported then)."""
-    got = _read(LogFile(log.path, True), reader, [], 0)
+    got = _read(LogFile(log.path, True), reader, [], 0, bodies=bodies)
     return [] if got is None else [r for r in got[1] if r.session_key == key]
 
 
@@ -619,7 +643,7 @@ def _store_group(run: _Run, pending: list[_Pending]) -> None:
     session stored before (which may need its stored requests read, or a restore) in one of its own. Each
     stored session's requests are dropped from ``pending`` (:func:`_store_batch`)."""
     _add_parent_history(pending)
-    existing = run.lab.store.existing_sessions([p.sid for p in pending if not p.again])
+    existing = run.lab.store.existing_sessions([p.sid for p in pending if not p.again]) - run.replace
     chunk: list[_Pending] = []
     size = 0
     for p in pending:
@@ -709,9 +733,16 @@ def _store_one(run: _Run, p: _Pending, *, fresh: bool) -> _Stored:
     if p.again and held is not None and held.created:
         run.lab.forget_session(p.sid)  # stored by an earlier group of this import: stored again whole, as new
         fresh = True
+    if p.sid in run.replace:  # its usage-first rows, replaced in this transaction (they fed no simulated cache)
+        run.replace.discard(p.sid)
+        run.lab.store.delete_session(p.sid)
+        fresh = True
     skipped: list[dict[str, Any]] = []
     flagged: list[dict[str, Any]] = []
     notes: list[dict[str, Any]] = []
+    if not run.deep and (fresh or p.sid in run.lab.store.unanalysed_ids()):
+        new, dup = _store_usage_first(run, p, fresh=fresh, skipped=skipped, notes=notes)
+        return _Stored(p.rank, p.sid, new, dup, created=fresh, skipped=skipped, flagged=flagged, notes=notes)
     s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=p.project or run.project,
                                  skipped=skipped,
                                  unknown=run.unknown, bar=None, flagged=flagged, notes=notes, fresh=fresh,
@@ -779,21 +810,8 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 lab.forget_session(sid)
             s = None if fresh else lab.active_session(sid)  # keep the Session object a notebook already holds
             if fresh or (s is None and store.session_row(sid) is None):
-                at = first.at.astimezone(UTC)
-                project_id = project or f"imported/{fmt}"
-                config = SessionConfig(
-                    start=at, step_seconds=30, cache_params=_cache_params(reqs, _parent_row(store, fmt, first)),
-                    format=fmt, session_key=key,
-                    session_kind=first.session_kind,
-                    # one provider cache per account, as the provider keeps it: sub-agents, compaction calls and
-                    # the account's other conversations read each other's entries
-                    cache_scope="account", account=account,
-                )
-                s = lab.create_session(
-                    config, session_id=sid, project=project_id, strategy=None,
-                    cache=_cache_model_for(first), model=first.model or "unknown", source=f"{fmt}:{file}",
-                    parent_id=session_id_for(fmt, first.parent_key) if first.parent_key else None,
-                    known_new=True)  # fresh, or looked up just above
+                config, spec = _new_session(store, key, fmt, file, reqs, project=project, account=account)
+                s = lab.create_session(config, **spec)
             elif s is None:
                 s = lab.open_session(sid)
             fresh_reqs, dup = _unstored(s, reqs, known=set() if fresh else None)
@@ -825,6 +843,131 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
         notes += ({"file": ref_file, "line": line, "note": n} for n in req.usage.notes)
     new = len(todo) - (len(restore) if restore else 0)
     return s, new, dup
+
+
+def _new_session(store: Any, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *, project: str | None,
+                 account: str) -> tuple[SessionConfig, dict[str, Any]]:
+    """A new imported session's config and ``Lab.create_session`` keywords (the same for a deep and a
+    usage-first import: analysing a usage-first session stores what a deep import would have)."""
+    first = reqs[0]
+    config = SessionConfig(
+        start=first.at.astimezone(UTC), step_seconds=30,
+        cache_params=_cache_params(reqs, _parent_row(store, fmt, first)), format=fmt, session_key=key,
+        session_kind=first.session_kind,
+        # one provider cache per account, as the provider keeps it: sub-agents, compaction calls and the
+        # account's other conversations read each other's entries
+        cache_scope="account", account=account,
+    )
+    spec = {"session_id": session_id_for(fmt, key), "project": project or f"imported/{fmt}", "strategy": None,
+            "cache": _cache_model_for(first), "model": first.model or "unknown", "source": f"{fmt}:{file}",
+            "parent_id": session_id_for(fmt, first.parent_key) if first.parent_key else None,
+            "known_new": True}  # fresh, or looked up by the caller
+    return config, spec
+
+
+def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dict[str, Any]],
+                       notes: list[dict[str, Any]]) -> tuple[int, int]:
+    """Store one session's new requests as a usage-first import does: measured usage, cost and the cause usage
+    alone shows, per request (``pipeline.usage_record``); its bodies are analysed when first needed
+    (``lab.analyze``), which stores the session again as a deep import would have. Returns (stored now, already
+    stored). Inside the caller's transaction (``_store_batch``)."""
+    from .. import analysis as _analysis
+    from ..analysis.cause import UsageOnly, usage_cause
+    from ..cache import get_cache_model
+    from ..errors import UnpricedModelWarning
+    from ..pipeline import usage_record
+
+    lab, store, sid = run.lab, run.lab.store, p.sid
+    reqs = p.reqs
+    restore = set() if fresh else _needs_restore(store, sid, reqs, skipped)
+    if restore:
+        lab.forget_session(sid)
+        fresh = True
+    if fresh:
+        config, spec = _new_session(store, p.key, p.fmt, p.file, reqs, project=p.project or run.project,
+                                    account=p.account)
+        lab.store_new_session(config, **spec)
+        cache_name, cache_params = spec["cache"], config.cache_params
+        todo, dup = _unstored_keys(reqs, set())
+        idx, previous = 0, None
+        seq, group, files = run.next_seq, p.group, p.files
+        run.next_seq += 1
+    else:
+        row = store.session_row(sid)
+        assert row is not None  # not fresh: stored
+        config = SessionConfig.from_stored(row["config"])
+        cache_name, cache_params = row["cache_model"], config.cache_params
+        todo, dup = _unstored_keys(reqs, store.dedupe_keys(sid))
+        idx, previous = store.last_sent_usage(sid)
+        (held,) = store.unanalysed([sid])
+        seq, group, files = held["import_seq"], held["file_group"], sorted({*held["files"], *p.files})
+    store.mark_unanalysed(sid, state="usage", import_seq=seq, file_group=group, files=files)
+    model = get_cache_model(cache_name, **cache_params)
+    client_ttls = cache_params.get("client_ttls")
+    ttls = dict(zip(("5m", "1h"), (300.0, 3600.0), strict=True))
+    wrote_1h = any(r.usage.cache_creation_1h_input_tokens for r in reqs)
+    records = []
+    warned = False
+    for req in todo:
+        problem = _value_problem(req)
+        if problem is not None:
+            file, line = _split_ref(req.source_ref)
+            skipped.append({"file": file, "line": line, "reason": problem})
+            continue
+        usage = req.usage
+        if usage.output_tokens is None and req.reply:
+            usage = replace(usage, output_tokens=_reply_tokens(lab, req.reply))
+        prices = run.prices.get((cache_name, req.model), False)
+        if prices is False:
+            prices = run.prices[(cache_name, req.model)] = _analysis.request_prices(cache_name, req.model,
+                                                                                    measured=usage.measured)
+        if prices is None and usage.total_input_tokens is not None and usage.reported_cost is None:
+            run.unknown.add(req.model)
+            if not warned:
+                warned = True
+                warnings.warn(UnpricedModelWarning(req.model, sid), stacklevel=2)
+        try:
+            minimum = model.min_cacheable_tokens(req.model)
+        except PromptCacheError:
+            minimum = 0
+        if client_ttls:  # the TTLs the client gave the breakpoints the log dropped (measured 5m/1h split)
+            longest = max(ttls.get(t, 300.0) for t in client_ttls)
+        elif cache_name in ("anthropic", "bedrock"):
+            longest = 3600.0 if wrote_1h else 300.0
+        else:
+            longest = model.state_horizon_seconds()
+        current = UsageOnly(req.model, req.at.astimezone(UTC), usage, tuple(req.events))
+        cause = usage_cause(previous, current, implicit=get_format(req.dialect).implicit_caching,
+                            minimum=minimum, longest_ttl_seconds=longest)
+        records.append(usage_record(
+            session_id=sid, idx=idx, at=current.at, model=req.model, usage=usage, prices=prices,
+            events=req.events, cause=cause, request_id=req.request_id, source_ref=req.source_ref,
+            dedupe_key=req.dedupe_key, latency_ms=req.latency_ms, source_span=req.source_span))
+        idx += 1
+        if usage.total_input_tokens:  # the last request that reached the API
+            previous = current
+        notes += ({"file": _split_ref(req.source_ref)[0], "line": _split_ref(req.source_ref)[1], "note": n}
+                  for n in usage.notes)
+    store.write_usage_records(records)
+    new = len(records) - (len(restore) if restore else 0)
+    return new, dup + (len(restore) if restore else 0)
+
+
+def _reply_tokens(lab: Lab, reply: list[dict[str, Any]]) -> int:
+    """Estimated output tokens of a reply whose usage has none (``Session._with_output``'s rule)."""
+    from ..tokens import segment_tokens
+
+    return sum(segment_tokens("msg", b, lab.tokenizer) for b in reply)
+
+
+def _unstored_keys(reqs: list[ImportedRequest], known: set[str]) -> tuple[list[ImportedRequest], int]:
+    """The requests whose ``dedupe_key`` is not in ``known`` (the first of each key), and how many are."""
+    out: list[ImportedRequest] = []
+    for req in reqs:
+        if req.dedupe_key not in known:
+            known.add(req.dedupe_key)
+            out.append(req)
+    return out, len(reqs) - len(out)
 
 
 def _needs_restore(store: Any, sid: str, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]
@@ -865,14 +1008,7 @@ def _usage_row(req: ImportedRequest) -> tuple[int | None, ...]:
 def _unstored(s: Session, reqs: list[ImportedRequest], *, known: set[str] | None = None
               ) -> tuple[list[ImportedRequest], int]:
     """The requests whose ``dedupe_key`` is not stored yet (the first of each key), and how many are."""
-    if known is None:
-        known = s.lab.store.dedupe_keys(s.id)
-    out: list[ImportedRequest] = []
-    for req in reqs:
-        if req.dedupe_key not in known:
-            known.add(req.dedupe_key)
-            out.append(req)
-    return out, len(reqs) - len(out)
+    return _unstored_keys(reqs, s.lab.store.dedupe_keys(s.id) if known is None else known)
 
 
 def _prepared(s: Session, reqs: list[ImportedRequest], skipped: list[dict[str, Any]]

@@ -52,6 +52,8 @@ class ImportedRequest:
         history_missing: the log lacks this request's conversation history, not just its system prompt and
             tools (a compaction call re-sends its parent's conversation, which only the parent's log holds).
             Stored as the event :data:`promptcache_nb._types.HISTORY_MISSING`.
+        source_span: (byte offset, length, digest) of the log line that opened the request, when the reader
+            tracks them (``turns.source_offset`` / ``source_length`` / ``source_digest``).
     """
 
     session_key: str
@@ -75,6 +77,9 @@ class ImportedRequest:
     account: str | None = None
     prefix_identity: dict[str, str] | None = field(default=None, compare=False)
     history_missing: bool = False
+    #: where the request's bytes live in ``source_ref``'s file: (byte offset, length, digest) of the line that
+    #: opened it, in the decompressed file; None when the reader does not say
+    source_span: tuple[int, int, str] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ class _Response:
     target: dict[str, Any]  # the history message its blocks go into
     usage: dict[str, Any]
     reply: list[dict[str, Any]] = field(default_factory=list)
+    span: tuple[int, int, str] | None = None  # where the line that opened it lives
     emitted: bool = False
     identity: dict[str, str] = field(default_factory=dict)  # what the unlogged prefix is built from
 
@@ -107,6 +108,7 @@ class ClaudeCodeReader:
     """Reads Claude Code transcripts (``claude-code``); see the module docstring for the rules."""
 
     name = "claude-code"
+    usage_only = True  #: ``read(path, bodies=False)`` skips rebuilding the conversation (a usage-first import)
 
     def sniff(self, path: Path, head: str) -> bool:
         objs = json_objects_in_head(head)
@@ -125,7 +127,10 @@ class ClaudeCodeReader:
             return start.startswith(('{"type":"file-history-snapshot"', '{"parentUuid":'))
         return False
 
-    def read(self, path: Path) -> Iterator[Record]:
+    def read(self, path: Path, *, bodies: bool = True) -> Iterator[Record]:
+        """The requests of one transcript. ``bodies=False`` (a usage-first import): the conversation is not
+        rebuilt, so every request's ``body`` is empty and its ``reply`` None; ids, times, usage, events, the
+        session structure and each request's line span are the same."""
         file = str(path)
         chains: dict[str, _Chain] = {}
         owner: dict[str, _Chain] = {}  # entry uuid -> its chain (also how an entry written twice is recognised)
@@ -170,7 +175,6 @@ class ClaudeCodeReader:
                     continue
                 message = obj["message"]
                 key = (message["id"], str(obj.get("requestId") or ""))
-                blocks = _blocks(message.get("content"))
                 resp = chain.responses.get(key)
                 if resp is None:
                     try:
@@ -183,7 +187,7 @@ class ClaudeCodeReader:
                         yield SkippedLine(file, rec.line, f"assistant line: {exc}")
                         continue
                     yield from close(chain)
-                    resp = self._open(rec, message, key, at, chain, tuple(chain.pending_events))
+                    resp = self._open(rec, message, key, at, chain, tuple(chain.pending_events), bodies)
                     chain.pending_events.clear()
                     chain.responses[key] = resp
                     chain.open = resp
@@ -191,10 +195,15 @@ class ClaudeCodeReader:
                     usage = message["usage"]
                     if _output_of(usage) > _output_of(resp.usage):
                         resp.usage = usage
+                if not bodies:
+                    continue
+                blocks = _blocks(message.get("content"))
                 # a block of an already emitted response (out of order) still belongs in the history
                 resp.target["content"].extend(blocks)
                 if not resp.emitted:
                     resp.reply.extend(blocks)
+            elif entry == "user" and not bodies:
+                continue
             elif entry == "user":
                 message = obj.get("message")
                 if not isinstance(message, dict):
@@ -209,11 +218,13 @@ class ClaudeCodeReader:
             # new ones) hold no API traffic of their own
 
     def _open(self, rec: JsonLine, message: dict[str, Any], key: tuple[str, str], at: datetime,
-              chain: _Chain, events: tuple[str, ...]) -> _Response:
+              chain: _Chain, events: tuple[str, ...], bodies: bool = True) -> _Response:
         """Start a response: snapshot the body sent for it, then give it its place in the history."""
         history = chain.history
-        body = {"model": message["model"], "messages": _sent_messages(chain)}
-        if history and history[-1]["role"] == "assistant":
+        body = {"model": message["model"], "messages": _sent_messages(chain) if bodies else []}
+        if not bodies:
+            target: dict[str, Any] = {"role": "assistant", "content": []}  # no history is kept
+        elif history and history[-1]["role"] == "assistant":
             target = history[-1]  # two responses in a row (e.g. after an interrupted one) form one message
         else:
             target = {"role": "assistant", "content": []}
@@ -225,7 +236,7 @@ class ClaudeCodeReader:
                 identity[name] = obj[name]
         return _Response(line=rec.line, at=at, model=message["model"], message_id=key[0],
                          request_id=key[1] or None, body=body, events=events, target=target,
-                         usage=message["usage"], identity=identity)
+                         usage=message["usage"], identity=identity, span=rec.span())
 
     def _request(self, resp: _Response, file: str, chain: _Chain) -> ImportedRequest | SkippedLine:
         """The finished response as a request, or the line that opened it when its usage cannot be stored."""
@@ -251,6 +262,7 @@ class ClaudeCodeReader:
             provider="anthropic",
             prefix_identity=resp.identity,
             history_missing=chain.kind == "compaction",
+            source_span=resp.span,
         )
 
 

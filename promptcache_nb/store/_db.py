@@ -956,7 +956,7 @@ class Store:
     #: Every table that holds rows of one session (blocks and prefix nodes are shared, content-addressed).
     _SESSION_TABLES = (("turns", "session_id"), ("session_messages", "session_id"),
                        ("session_pending_events", "session_id"), ("session_prompt_deltas", "session_id"),
-                       ("session_state", "session_id"), ("sessions", "id"))
+                       ("session_state", "session_id"), ("unanalysed_sessions", "session_id"), ("sessions", "id"))
 
     def delete_session(self, session_id: str) -> None:
         """Delete a session and every row stored for it (inside the caller's transaction): an import re-stores
@@ -964,6 +964,81 @@ class Store:
         self._new_sessions.pop(session_id, None)
         for table, column in self._SESSION_TABLES:
             self.con.execute(f"DELETE FROM {table} WHERE {column} = ?", [session_id]).fetchall()
+
+    # -- usage-first imports: sessions whose bodies are not analysed yet --------------------------
+    def write_usage_records(self, records: Sequence[RequestRecord]) -> None:
+        """Append a usage-first import's ``turns`` rows (measured columns only; inside the caller's transaction,
+        or deferred to the end of a :meth:`batch`)."""
+        if self._buffer is not None:
+            self._buffer.setdefault("turns", []).extend(records)
+            return
+        with self.transaction():
+            values = attrgetter(*self._table_columns("turns"))
+            _append(self._live(), "turns", [values(rec) for rec in records])
+
+    def mark_unanalysed(self, session_id: str, *, state: str, import_seq: int, file_group: str,
+                        files: Sequence[str]) -> None:
+        """Record that ``session_id`` awaits analysis (``state`` ``usage`` or ``alone``): its place in the
+        import's order, its file group and the files its requests were read from."""
+        self.con.execute("DELETE FROM unanalysed_sessions WHERE session_id = ?", [session_id]).fetchall()
+        self._insert("unanalysed_sessions", [(session_id, state, import_seq, file_group, json.dumps(list(files)))])
+
+    def next_import_seq(self) -> int:
+        """The import order number the next session awaiting analysis takes (after every one recorded)."""
+        return int(self.scalar("SELECT coalesce(max(import_seq) + 1, 0) FROM unanalysed_sessions"))
+
+    def unanalysed(self, session_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """The sessions awaiting analysis (all, or those of ``session_ids``), in import order: ``session_id,
+        state, import_seq, file_group, files`` (a list), with the session's ``account`` (from its config)."""
+        if not self._has_unanalysed:
+            return []
+        self._write_new_sessions()
+        where, params = ("WHERE u.session_id IN (SELECT unnest(?))", [list(session_ids)]) \
+            if session_ids is not None else ("", [])
+        rows = self.query(
+            f"""SELECT u.session_id, u.state, u.import_seq, u.file_group, u.files,
+                       json_extract_string(s.config, '$.account') AS account, s.parent_id
+                FROM unanalysed_sessions u JOIN sessions s ON s.id = u.session_id {where}
+                ORDER BY u.import_seq""", params)
+        for r in rows:
+            r["files"] = json.loads(r["files"])
+        return rows
+
+    @property
+    def _has_unanalysed(self) -> bool:
+        # a store opened read-only before the usage-first migration has no such table (nothing awaits analysis)
+        if not getattr(self, "_unanalysed_table", False):
+            self._unanalysed_table = self._has_table("unanalysed_sessions")
+        return self._unanalysed_table
+
+    def unanalysed_ids(self) -> set[str]:
+        """The usage-first sessions (state ``usage``): their requests have no bodies to simulate or diff yet.
+        (A session analysed ``alone`` has them.)"""
+        if not self._has_unanalysed:
+            return set()
+        self._write_new_sessions()
+        found = {r[0] for r in self.rows("SELECT session_id FROM unanalysed_sessions WHERE state = 'usage'")}
+        return found
+
+    def last_sent_usage(self, session_id: str) -> tuple[int, Any]:
+        """(the session's next request index, its last request that reached the API — a prompt total above 0 —
+        as an :class:`~promptcache_nb.analysis.cause.UsageOnly`, or None): where a usage-first import of a grown
+        log goes on from."""
+        from ..analysis.cause import UsageOnly
+
+        n = int(self.scalar("SELECT count(*) FROM turns WHERE session_id = ?", [session_id]))
+        found = self.query(
+            f"""SELECT {_RECORD_SELECT} FROM turns WHERE session_id = ?
+                AND input_tokens + cache_read_input_tokens + cache_creation_input_tokens > 0
+                ORDER BY idx DESC LIMIT 1""", [session_id])
+        if not found:
+            return n, None
+        rec = RequestRecord(**found[0])
+        return n, UsageOnly(rec.model, rec.at, rec.usage, tuple(rec.event_codes))
+
+    def set_analysis_state(self, session_id: str, state: str) -> None:
+        self.con.execute("UPDATE unanalysed_sessions SET state = ? WHERE session_id = ?",
+                         [state, session_id]).fetchall()
 
     def stored_usage(self, session_id: str) -> dict[str, tuple[int | None, ...]]:
         """Each stored request's import key → its measured (input, cache read, cache write, output) tokens."""

@@ -286,6 +286,29 @@ def m010_request_latency(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE turns ADD COLUMN latency_ms DOUBLE")
 
 
+@migration
+def m013_usage_first(con: duckdb.DuckDBPyConnection) -> None:
+    # A usage-first import stores each request's measured figures only; what comes from its body (segments,
+    # estimated tokens, the ideal read, the prefix diff) is filled in when the session is analysed. Until then
+    # those columns are NULL, and the session has a row in ``unanalysed_sessions`` saying how to analyse it.
+    for column in ("rest_hash", "n_segments", "total_tokens", "body_bytes", "ideal_cache_read"):
+        con.execute(f"ALTER TABLE turns ALTER COLUMN {column} DROP NOT NULL")
+    # where the request's bytes live: the log line that opened it (byte offset and length in the decompressed
+    # file, and a digest of those bytes, so an analysis can tell the file changed since it was imported)
+    con.execute("ALTER TABLE turns ADD COLUMN source_offset BIGINT")
+    con.execute("ALTER TABLE turns ADD COLUMN source_length BIGINT")
+    con.execute("ALTER TABLE turns ADD COLUMN source_digest TEXT")
+    con.execute("""
+        CREATE TABLE unanalysed_sessions (
+            session_id TEXT PRIMARY KEY,
+            state TEXT NOT NULL,            -- usage (measured columns only) | alone (analysed before an earlier
+                                            -- session of its account was: lab.analyze() analyses it again)
+            import_seq BIGINT NOT NULL,     -- the order a deep import would have stored it in
+            file_group TEXT NOT NULL,       -- the import's file group: analysed together, in the import's order
+            files JSON NOT NULL             -- the log files its requests were read from
+        )""")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 
