@@ -74,6 +74,15 @@ def resolve_session(lab_or_session: LabLike | StoredSession, session_id: str | N
     return lab_or_session, session_id
 
 
+def ensure_analysed(lab: LabLike, session_id: str) -> None:
+    """Analyse ``session_id``'s bodies when a usage-first import stored only its measured figures (the first use
+    of a session's bodies: ``Lab.analyze``); nothing otherwise."""
+    if session_id in lab.store.unanalysed_ids():
+        analyze = getattr(lab, "analyze", None)
+        if analyze is not None:
+            analyze([session_id], progress=False)
+
+
 # Listeners by session id (a restarted Session object keeps its id, so they follow it); a capture stores from the
 # thread that finished its call, hence the lock.
 _LISTENERS_LOCK = threading.RLock()

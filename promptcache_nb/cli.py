@@ -274,7 +274,8 @@ def _totals_line(full: pd.DataFrame) -> str:
 
 #: The store's tables, named in ``sql --help`` (a test keeps the list equal to a migrated store's).
 STORE_TABLES = ("turns", "sessions", "knowledge", "projects", "blocks", "prefix_nodes", "session_messages",
-                "session_prompt_deltas", "session_pending_events", "session_state", "calibrations")
+                "session_prompt_deltas", "session_pending_events", "session_state", "calibrations",
+                "unanalysed_sessions")
 #: Columns the CLI cuts first when a table is too wide.
 CUT_FIRST = ("source", "source_path", "file", "reason", "note", "cause", "problem", "path")
 #: Of those, the columns that hold paths: cut in the middle, not at the end.
@@ -335,8 +336,14 @@ def _wrap(text: str, *, width: int = TABLE_WIDTH) -> str:
 def cmd_advise(args: argparse.Namespace) -> int:
     import promptcache_nb as pc
 
-    # read-only: advice replays what is stored and writes nothing (apply() in Python stores a counterfactual);
+    # read-only: advice replays what is stored and writes nothing (apply() in Python stores a counterfactual),
+    # unless a usage-first import left sessions to analyse: their analysis is stored first (what advice reads);
     # every session of a heavy user's store takes minutes: a bar on a terminal (stderr), none in a pipe or log
+    with _read_only_lab(args.db, progress=True) as lab:
+        waiting = bool(lab.store.unanalysed_ids())
+    if waiting:
+        with pc.Lab(args.db, progress=True) as lab:
+            lab.analyze()
     with _read_only_lab(args.db, progress=True) as lab:
         advice = pc.advise(lab.session(id=args.session) if args.session else lab)
         print(advice.text(width=120))

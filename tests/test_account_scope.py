@@ -64,7 +64,7 @@ def _forked(src: Path, dst: Path, shift: timedelta) -> str:
 def _both_ways(tmp: Path, folder: Path, *, account: str) -> tuple[pc.Lab, pc.Lab]:
     """``folder`` imported into a store and into a fleet dataset, as the one account ``account``."""
     store = pc.Lab(tmp / "store.duckdb", progress=False)
-    store.import_log(folder, account=account)
+    store.import_log(folder, account=account, deep=True)
     fleet.import_logs([folder], out=tmp / "fleet", account={folder: account}, progress=False)
     return store, fleet.open(tmp / "fleet", progress=False)
 
@@ -122,8 +122,8 @@ def test_a_generated_multi_folder_history_shares_one_cache_per_account(tmp_path:
     assert set(shared.explained_by) == {"simulation", "no read"}  # the generated sessions start cold
     # two accounts: the fork's first request reads nothing of the original's
     apart = pc.Lab(tmp_path / "apart.duckdb", progress=False)
-    apart.import_log([p for p in sorted(folder.iterdir()) if p.name != "-home-dev-zz-fork"], account="a")
-    apart.import_log(folder / "-home-dev-zz-fork", account="b")
+    apart.import_log([p for p in sorted(folder.iterdir()) if p.name != "-home-dev-zz-fork"], account="a", deep=True)
+    apart.import_log(folder / "-home-dev-zz-fork", account="b", deep=True)
     alone = json.loads(apart.sql("SELECT cache_detail FROM turns WHERE session_id = ? AND idx = 0",
                                  [forked_sid]).cache_detail[0])
     assert "read_from_session" not in alone and alone["predicted_usage"]["cache_read_input_tokens"] == 0
@@ -152,7 +152,7 @@ def test_a_rebuild_that_read_another_sessions_entry_names_it() -> None:
 
 def test_the_account_a_log_names_is_kept_and_a_bad_account_is_refused(tmp_path: Path) -> None:
     with pc.Lab(progress=False) as lab:
-        lab.import_log(FIXTURES / "vcr", account="acme")
+        lab.import_log(FIXTURES / "vcr", account="acme", deep=True)
         rows = lab.sql("SELECT source, config FROM sessions").to_dict("records")
         accounts = {Path(r["source"]).name: json.loads(r["config"])["account"] for r in rows}
         # the cassette whose responses name their organisation (openai-organization) keeps it; the others take
@@ -160,7 +160,7 @@ def test_the_account_a_log_names_is_kept_and_a_bad_account_is_refused(tmp_path: 
         assert accounts.pop("test_oncall_checkout_latency.yaml") == "northwind-payments"
         assert accounts and set(accounts.values()) == {"acme"}
         with pytest.raises(PromptCacheError, match="account"):
-            lab.import_log(FIXTURES / "codex", account=" ")
+            lab.import_log(FIXTURES / "codex", account=" ", deep=True)
     with pytest.raises(PromptCacheError, match="no account for"):
         fleet.import_logs([FIXTURES / "codex"], out=tmp_path / "out", account={"elsewhere": "x"}, progress=False)
 
@@ -179,7 +179,7 @@ def test_sessions_whose_clients_keep_other_ttls_share_one_cache(tmp_path: Path) 
     folder = tmp_path / "cc"
     shutil.copytree(pc.data_path("logs") / "claude_code", folder)
     with pc.Lab(progress=False) as lab:
-        lab.import_log(folder)
+        lab.import_log(folder, deep=True)
         rows = lab.sql("SELECT id, config FROM sessions").to_dict("records")
         ttls = {json.dumps(json.loads(r["config"])["cache_params"].get("client_ttls")) for r in rows}
         assert len(ttls) > 1  # the sessions' own TTLs differ: still one cache

@@ -247,7 +247,7 @@ def test_importing_a_log_that_fits_degenerately_saves_no_calibration(tmp_path, r
     log.write_text("".join(proxy_line(i, b, round(10.7 * prepare(b).total_tokens - 10_934))
                            for i, b in enumerate(bodies)), encoding="utf-8")
     with pc.Lab(tmp_path / "lab.duckdb", progress=False) as lab:
-        result = lab.import_log(log)
+        result = lab.import_log(log, deep=True)
         assert result.requests == len(bodies)
         row = result.calibrations.set_index("family").loc["claude-v3"]
         assert row.n == len(bodies) and row.ratio == pytest.approx(10.7, abs=0.01)

@@ -43,7 +43,7 @@ def _single_process(tmp: Path, paths: list[Path]) -> pc.Lab:
     for path in paths:
         # one import of each path passed: its own account (the fleet's default), each group under its project
         groups, _ = fleet.plan_groups([path])
-        import_log(lab, path, account=str(path.resolve()), progress=False,
+        import_log(lab, path, account=str(path.resolve()), progress=False, deep=True,
                    projects={f: g.project for g in groups for f in g.files})
     # one import of everything fits the calibrations once, at its end, over every measured request (each call
     # above fitted over what was stored so far): so does the fleet
@@ -98,7 +98,7 @@ def test_example_fleet_copies_the_shipped_logs_with_fresh_ids_and_shifted_times(
     proxy = sorted((a / "proxy").glob("*.jsonl"))
     assert len(proxy) == 4
     lab = pc.Lab(progress=False)
-    res = lab.import_log([a / "claude-code", a / "proxy"], progress=False)
+    res = lab.import_log([a / "claude-code", a / "proxy"], progress=False, deep=True)
     assert len(res.sessions) == len(lab.store.session_ids()) > len(main)
     assert res.requests > 0
 
@@ -199,7 +199,7 @@ def test_a_session_in_two_groups_is_imported_whole_by_one_task(tmp_path: Path, l
     sessions = lab.sql("SELECT id, count(*) AS n FROM sessions GROUP BY id HAVING n > 1")
     assert sessions.empty  # one row per session
     single = pc.Lab(tmp_path / "single.duckdb", progress=False)
-    single.import_log([src / "cc"], progress=False)
+    single.import_log([src / "cc"], progress=False, deep=True)
     turns = "SELECT session_id, idx, cache_read_input_tokens, cost_usd FROM turns ORDER BY ALL"
     assert lab.sql(turns).equals(single.sql(turns))
     again = fleet.import_logs(folders, out=out, progress=False)  # stays merged, nothing to do
@@ -240,16 +240,16 @@ def test_import_log_with_two_workers_stores_what_one_process_stores(tmp_path: Pa
     logs = tmp_path / "logs"
     shutil.copytree(pc.data_path("logs"), logs)
     one = pc.Lab(tmp_path / "one.duckdb", progress=False)
-    r1 = one.import_log(logs)
+    r1 = one.import_log(logs, deep=True)
     two = pc.Lab(tmp_path / "two.duckdb", progress=False)
-    r2 = two.import_log(logs, workers=2)
+    r2 = two.import_log(logs, workers=2, deep=True)
     assert (r2.requests, len(r2.sessions), len(r2.skipped)) == (r1.requests, len(r1.sessions), len(r1.skipped))
     assert _tables(two) == _tables(one)
     # again: every group now holds stored sessions, so they go through the single-process path: nothing new
-    again = two.import_log(logs, workers=2)
+    again = two.import_log(logs, workers=2, deep=True)
     assert again.requests == 0 and again.already_stored == r1.requests
     with pytest.raises(PromptCacheError, match="workers"):
-        two.import_log(logs, workers=0)
+        two.import_log(logs, workers=0, deep=True)
 
 
 def test_cli_imports_a_fleet_on_worker_processes(tmp_path: Path, logs: list[Path],
@@ -309,11 +309,11 @@ def test_a_group_merged_before_a_later_one_shows_a_shared_session_is_stored_seri
 
     monkeypatch.setattr(_parallel, "as_completed", in_key_order)
     one = pc.Lab(tmp_path / "one.duckdb", progress=False)
-    r1 = one.import_log(logs)
+    r1 = one.import_log(logs, deep=True)
     two = pc.Lab(tmp_path / "two.duckdb", progress=False)
     delete = two.store.delete_session
     monkeypatch.setattr(two.store, "delete_session", lambda sid: (taken_back.append(sid), delete(sid))[1])
-    r2 = two.import_log(logs, workers=2)
+    r2 = two.import_log(logs, workers=2, deep=True)
     assert taken_back  # the late path ran
     assert (r2.requests, sorted(r2.sessions.ids)) == (r1.requests, sorted(r1.sessions.ids))
     assert _tables(two) == _tables(one)

@@ -33,7 +33,8 @@ def _store(tmp: Path) -> pc.Lab:
         sc = pc.load_scenario(pc.data_path("scenarios") / f"{name}.yaml")
         for strategy in pc.STRATEGIES:
             lab.replay(sc, strategy=strategy)
-    lab.import_log(logs)
+    lab.import_log(logs)  # usage-first
+    lab.analyze()  # every body analysed: the tables a deep import stores (tests/test_usage_first.py)
     return lab
 
 

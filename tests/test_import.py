@@ -119,7 +119,7 @@ def test_a_body_the_api_would_refuse_is_stored_and_flagged_one_not_json_is_skipp
     log = tmp_path / "proxy.jsonl"
     log.write_text("".join(json.dumps(x) + "\n" for x in lines) + nan + "\n", encoding="utf-8")
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
-        res = lab.import_log(log)
+        res = lab.import_log(log, deep=True)
         assert res.requests == 4 and res.sessions[0].turn(1).request == lines[1]["request"]  # as logged
         assert res.flagged.to_dict("records") == [
             {"file": str(log), "line": 2, "path": "max_tokens", "problem": "Field required"},
@@ -168,11 +168,11 @@ def test_a_failing_session_leaves_nothing_behind(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(pc.Session, "record", flaky)
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
         with pytest.raises(pc.errors.SessionError, match="proxy.jsonl:3: disk full"):
-            lab.import_log(log)
+            lab.import_log(log, deep=True)
         assert lab.sql("SELECT count(*) AS n FROM turns").n[0] == 0
         assert lab.sql("SELECT count(*) AS n FROM sessions").n[0] == 0
         monkeypatch.setattr(pc.Session, "record", original)
-        assert lab.import_log(log).requests == 4
+        assert lab.import_log(log, deep=True).requests == 4
 
 
 def test_each_request_priced_by_its_own_model_and_unknown_models_reported(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_each_request_priced_by_its_own_model_and_unknown_models_reported(tmp_pa
     log = write_log(tmp_path / "proxy.jsonl", lines)
     with pc.Lab(progress=False) as lab:
         with pytest.warns(UserWarning, match="claude-opus-4-9"):
-            res = lab.import_log(log)
+            res = lab.import_log(log, deep=True)
         assert res.requests == 3
         assert res.unknown_models == ["claude-opus-4-9"]
         df = res.sessions[0].turns()

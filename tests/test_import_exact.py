@@ -244,7 +244,7 @@ def test_bad_values_cost_one_line(tmp_path: Path) -> None:
     log = tmp_path / "proxy.jsonl"
     log.write_text(text, encoding="utf-8")
     with pc.Lab(None, progress=False) as lab:
-        res = lab.import_log(log)
+        res = lab.import_log(log, deep=True)
     assert res.requests == 4
     by_line = dict(zip(res.skipped.line, res.skipped.reason, strict=True))
     assert set(by_line) == {3, 6, 7, 8}, by_line
@@ -261,10 +261,10 @@ def test_undecodable_file_name_imports_with_an_escaped_name(tmp_path: Path) -> N
     except (UnicodeEncodeError, OSError):
         pytest.skip("this file system refuses non-UTF-8 names")
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
-        res = lab.import_log(tmp_path)
+        res = lab.import_log(tmp_path, deep=True)
         assert res.requests == 2
         assert "caf\\xe9-proxy.jsonl" in res.sessions[0].source
-        again = lab.import_log(tmp_path)
+        again = lab.import_log(tmp_path, deep=True)
         assert again.requests == 0 and again.already_stored == 2
 
 
@@ -273,14 +273,14 @@ def test_a_calibration_lost_to_a_kill_comes_back_on_reimport(tmp_path: Path) -> 
     # 24 calls: an import saves no calibration fitted on fewer than MIN_REQUESTS (analysis/calibrate.py)
     log.write_text(lines([call(i) for i in range(24)]), encoding="utf-8")
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
-        first = lab.import_log(log)
+        first = lab.import_log(log, deep=True)
         assert bool(first.calibrations.saved.any())
         saved = lab.store.saved_calibrations()
         # as if the process died after the sessions committed, before the calibration was written
         with lab.store.transaction():
             lab.store.con.execute("DELETE FROM calibrations").fetchall()
         assert lab.store.saved_calibrations() == []
-        again = lab.import_log(log)
+        again = lab.import_log(log, deep=True)
         assert again.requests == 0
         assert lab.store.saved_calibrations() == saved
 
@@ -330,7 +330,7 @@ def test_a_write_without_its_ttl_split_is_stored_unknown_and_listed(tmp_path: Pa
     log.write_text(lines([first, big]), encoding="utf-8")
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
         with pytest.warns(pc.errors.ContextWindowWarning, match="3,000,000,034 measured input tokens"):
-            res = lab.import_log(log)
+            res = lab.import_log(log, deep=True)
         assert res.requests == 2 and res.skipped.empty
         assert list(res.notes.line) == [1] and "5-minute" in res.notes.note[0]
         assert "1 with notes" in repr(res)

@@ -69,7 +69,7 @@ def _all_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _digests(db: Path, root: Path, paths: list[Path] | Path) -> dict[str, str]:
     with pc.Lab(db, progress=False) as lab:
-        lab.import_log(paths)
+        lab.import_log(paths, deep=True)
         return table_digests(lab, root)
 
 
@@ -77,13 +77,13 @@ def test_a_history_with_resumed_sessions_stores_as_one_read(tmp_path: Path, monk
     logs = _history(tmp_path / "projects")
     assert len(plan_groups(logs)[0]) == 3
     with pc.Lab(tmp_path / "streamed.duckdb", progress=False) as lab:
-        res = lab.import_log(logs)
+        res = lab.import_log(logs, deep=True)
         streamed = table_digests(lab, tmp_path)
         sessions = res.summary()
     with monkeypatch.context() as m:
         _all_at_once(m)
         with pc.Lab(tmp_path / "whole.duckdb", progress=False) as lab:
-            whole_res = lab.import_log(logs)
+            whole_res = lab.import_log(logs, deep=True)
             whole = table_digests(lab, tmp_path)
             assert res.requests == whole_res.requests == lab.store.scalar("SELECT count(*) FROM turns")
             assert whole_res.already_stored == res.already_stored == 0
@@ -101,7 +101,7 @@ def test_shipped_logs_streamed_grouped_and_whole_agree(tmp_path: Path, monkeypat
     streamed = _digests(tmp_path / "streamed.duckdb", tmp_path, logs)
     with pc.Lab(tmp_path / "grouped.duckdb", progress=False) as lab:
         for g in groups:  # one import per group, as pc.fleet imports them
-            lab.import_log([Path(f) for f in g.files])
+            lab.import_log([Path(f) for f in g.files], deep=True)
         grouped = table_digests(lab, tmp_path)
     with monkeypatch.context() as m:
         _all_at_once(m)
@@ -129,7 +129,7 @@ def test_many_small_sessions_share_a_transaction_and_a_failure_keeps_the_ones_be
     log.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pc.Lab(tmp_path / "a.duckdb", progress=False) as lab:
         commits = lab.store.commit_count
-        res = lab.import_log(log)
+        res = lab.import_log(log, deep=True)
         assert len(res.sessions) == 6
         assert lab.store.commit_count - commits <= 2  # one for the six sessions (and the calibration)
     # the fourth session (in key order) fails: the three before it are stored whole, nothing of the rest
@@ -143,7 +143,7 @@ def test_many_small_sessions_share_a_transaction_and_a_failure_keeps_the_ones_be
     monkeypatch.setattr(_ingest, "_store_session", failing)
     with pc.Lab(tmp_path / "b.duckdb", progress=False) as lab:
         with pytest.raises(SessionError, match="boom"):
-            lab.import_log(log)
+            lab.import_log(log, deep=True)
         assert lab.sql("SELECT count(*) AS n FROM turns").n[0] == 3
         assert lab.sql("SELECT count(*) AS n FROM sessions").n[0] == 3
 
@@ -167,9 +167,9 @@ def test_stored_sessions_are_not_held(tmp_path: Path, monkeypatch: pytest.Monkey
 
     real_read, real_store, real_batch = _ingest._read, _ingest._store_session, _ingest._store_batch
 
-    def read(log, *args):  # noqa: ANN001, ANN202
+    def read(log, *args, **kwargs):  # noqa: ANN001, ANN202
         check(f"read {log.path.name}")
-        got = real_read(log, *args)
+        got = real_read(log, *args, **kwargs)
         for rec in got[1] if got is not None else []:
             parsed.setdefault(rec.session_key, []).append(weakref.ref(rec))
         return got
@@ -187,7 +187,7 @@ def test_stored_sessions_are_not_held(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(_ingest, "_store_session", store)
     monkeypatch.setattr(_ingest, "_store_batch", batch)
     with pc.Lab(tmp_path / "a.duckdb", progress=False) as lab:
-        res = lab.import_log(root)
+        res = lab.import_log(root, deep=True)
     assert len(res.sessions) == 6 and len(committed) == 6
     assert len(checks) == 12  # six files read, six sessions stored
     assert held == []

@@ -65,13 +65,13 @@ def test_an_import_pauses_the_collector_and_restores_it_as_it_was(tmp_path: Path
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(pc.Session, "record", spy)
             with pc.Lab(None, progress=False) as lab:
-                assert lab.import_log(log).requests == 3
+                assert lab.import_log(log, deep=True).requests == 3
                 assert gc.isenabled() is enabled
                 # and after an import that fails half-way
                 mp.setattr(pc.Session, "record", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("disk full")))
                 log.write_text(log.read_text() + exchange_line(3) + "\n", encoding="utf-8")
                 with pytest.raises(RuntimeError, match="disk full"):
-                    lab.import_log(log)
+                    lab.import_log(log, deep=True)
                 assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()

@@ -25,7 +25,7 @@ SUMMED = ["requests", "total_input", "cache_read", "cache_write", "uncached", "c
 def fleet(tmp_path_factory):
     """The shipped logs imported into one Lab, and two replays of the reference scenario (simulated usage)."""
     with pc.Lab(tmp_path_factory.mktemp("fleet") / "fleet.duckdb", progress=False) as lab:
-        lab.import_log(pc.data_path("logs"))
+        lab.import_log(pc.data_path("logs"), deep=True)
         for strategy in ("naive", "clock_in_system"):
             lab.replay(pc.load_scenario(pc.data_path("scenarios") / "support_agent.yaml"), strategy=strategy)
         yield lab
@@ -91,7 +91,7 @@ def test_summary_one_row_per_session_key_columns_first(fleet):
 
 def test_an_import_summarises_its_own_sessions_in_import_order(fleet, tmp_path):
     with pc.Lab(tmp_path / "x.duckdb", progress=False) as lab:
-        res = lab.import_log(pc.data_path("logs") / "claude_code")
+        res = lab.import_log(pc.data_path("logs") / "claude_code", deep=True)
         df = res.summary()
         assert list(df.columns) == KEY_COLUMNS and list(df.session) == [s.id for s in res.sessions]
         lab_rows = lab.summary().set_index("session").loc[list(df.session)]
@@ -197,7 +197,7 @@ def test_a_fleet_dataset_answers_as_the_store_it_equals(tmp_path):
     fleet.import_logs(paths, out=tmp_path / "out", progress=False)
     with pc.Lab(tmp_path / "single.duckdb", progress=False) as single:
         for g in fleet.plan_groups(paths)[0]:
-            single.import_log(list(g.files), project=g.project, progress=False)
+            single.import_log(list(g.files), project=g.project, progress=False, deep=True)
         views = fleet.open(tmp_path / "out")
         columns = [c for c in SESSION_SUMMARY_COLUMNS if c != "source"]  # sources: where each side read the files
         mine, theirs = (lab.summary().sort_values("session", ignore_index=True)[columns] for lab in (single, views))

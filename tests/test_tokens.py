@@ -238,7 +238,7 @@ def test_importing_measured_traffic_calibrates_per_family(tmp_path):
     log = tmp_path / "traffic.jsonl"
     log.write_text("".join(exchange(i, b, t) + "\n" for i, (b, t) in enumerate(zip(bodies, truth, strict=True))))
     with pc.Lab(tmp_path / "lab.duckdb", progress=False) as lab:
-        result = lab.import_log(log)
+        result = lab.import_log(log, deep=True)
         row = result.calibrations.set_index("family").loc["claude-v3"]
         assert bool(row.saved) and row.n == 24 and row.ratio == pytest.approx(1.3, abs=0.01)
         assert row.loo_mean_abs_error_pct < 0.5 < row.raw_mean_abs_error_pct
@@ -255,7 +255,7 @@ def test_importing_measured_traffic_calibrates_per_family(tmp_path):
 def test_importing_the_example_logs_reports_each_family(lab):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an import never warns about a calibration: the frame says it
-        result = lab.import_log(pc.data_path("logs"))
+        result = lab.import_log(pc.data_path("logs"), deep=True)
     cals = result.calibrations.set_index("family")
     # Roo Code's ui_messages name no model: its requests are "unknown", a family of their own
     assert set(cals.index) == {"claude-v3", "openai-o200k", "gemini", "model:unknown"}

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from .._config import SessionConfig
-from .._protocols import LabLike, StoredSession, resolve_session
+from .._protocols import LabLike, StoredSession, ensure_analysed, resolve_session
 from .._types import HISTORY_MISSING
 from .._util import digest
 from ..cache import CacheModel, CacheResult, get_cache_model
@@ -346,6 +346,7 @@ def load_turns(
     """A stored session's requests, rebuilt from the store in bulk (``ttl`` rewrites every ``cache_control``
     ttl; ``since``: only the requests sent at or after it; ``memo``: the session's segment memo)."""
     lab, sid = _resolve(lab_or_session, session_id)
+    ensure_analysed(lab, sid)  # a usage-first session's bodies, on first use
     return list(_Loader(lab, sid, ttl=ttl, since=since, memo=memo).turns())
 
 

@@ -91,7 +91,7 @@ def import_group(group: FileGroup, out: str, project: str | None = None) -> Grou
                     lab, [f for p in parts for f in p.files], project=project or group.project, progress=False,
                     accounts={f: p.account for p in parts if p.account for f in p.files},
                     projects={f: project or p.project for p in parts for f in p.files},
-                    groups=[p.files for p in parts])
+                    groups=[p.files for p in parts], deep=True)  # a fleet dataset is analysed as it is written
                 lab.store.export_parquet(out, group.id)
                 sessions = lab.store.session_ids()
             finally:

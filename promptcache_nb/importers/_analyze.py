@@ -7,11 +7,10 @@ sessions reads those files again with the bodies rebuilt and stores the sessions
 account and project — so every table is the deep import's. Each session's usage-first rows are replaced in the
 transaction that stores its analysed ones: a kill leaves every session either as it was or analysed.
 
-Sessions of one account share a simulated provider cache, so a session's simulated columns depend on the sessions
-stored before it. ``lab.analyze()`` analyses everything awaiting analysis in import order (what a deep import
-does). A session analysed on first use while an earlier session of its account still awaits analysis is analysed
-*alone* (its simulated cache without that session's entries): it stays listed (state ``alone``) and the next
-``lab.analyze()`` stores it again in order.
+Sessions of one account share a simulated provider cache (and agree on the size of an unlogged prefix), so a
+session's simulated columns depend on the sessions of its account stored before it: analysing a session analyses
+first every session of its account imported before it that still awaits analysis (a progress bar shows them), and
+``lab.analyze()`` analyses everything awaiting analysis in import order — what a deep import does.
 """
 
 from __future__ import annotations
@@ -45,8 +44,6 @@ class AnalysisPlan:
     accounts: dict[str, str] = field(default_factory=dict)
     projects: dict[str, str] = field(default_factory=dict)
     format: str = "auto"
-    #: the sessions analysed before an earlier session of their account that still awaits analysis
-    alone: set[str] = field(default_factory=set)
 
     @property
     def ids(self) -> set[str]:
@@ -55,41 +52,37 @@ class AnalysisPlan:
 
 def plan_analysis(lab: Lab, session_ids: Iterable[str] | None = None) -> AnalysisPlan:
     """The analysis of ``session_ids`` (None: every session awaiting analysis). A session is analysed with the
-    sessions it cannot be told apart from: those sharing one of its files, and its parent and sub-agents that
-    await analysis too (a compaction call's history is rebuilt from its parent's log)."""
+    sessions it cannot be told apart from — those sharing one of its files, its parent and sub-agents (a
+    compaction call's history is rebuilt from its parent's log) — and after the sessions of its account imported
+    before it that await analysis too (whose entries its simulated cache would have held)."""
     store = lab.store
     waiting = store.unanalysed()
     if session_ids is None:
-        chosen = [r for r in waiting if r["state"] in ("usage", "alone")]
+        chosen = waiting
     else:
         wanted = set(session_ids)
-        chosen = [r for r in waiting if r["session_id"] in wanted]
         by_file: dict[str, list[dict[str, Any]]] = {}
         for r in waiting:
             for f in r["files"]:
                 by_file.setdefault(f, []).append(r)
         by_id = {r["session_id"]: r for r in waiting}
-        todo, seen = list(chosen), {r["session_id"] for r in chosen}
-        while todo:  # the closure over shared files and parent links
+        todo = [r for r in waiting if r["session_id"] in wanted]
+        seen = {r["session_id"] for r in todo}
+        while todo:  # the closure over shared files, parent links and earlier sessions of the account
             r = todo.pop()
+            account = r["account"] or DEFAULT_ACCOUNT
             related = [q for f in r["files"] for q in by_file.get(f, [])]
             related += [by_id[p] for p in (r["parent_id"],) if p in by_id]
-            related += [q for q in waiting if q["parent_id"] == r["session_id"]]
+            related += [q for q in waiting if q["parent_id"] == r["session_id"]
+                        or ((q["account"] or DEFAULT_ACCOUNT) == account and q["import_seq"] < r["import_seq"])]
             for q in related:
                 if q["session_id"] not in seen:
                     seen.add(q["session_id"])
                     todo.append(q)
-        chosen = sorted((by_id[sid] for sid in seen), key=lambda r: r["import_seq"])
+        chosen = [r for r in waiting if r["session_id"] in seen]  # in import order
     plan = AnalysisPlan(chosen)
     if not chosen:
         return plan
-    ids = plan.ids
-    # analysed alone: an earlier session of the same account still waits (and is not analysed now)
-    for r in chosen:
-        account = r["account"] or DEFAULT_ACCOUNT
-        if any(q["session_id"] not in ids and (q["account"] or DEFAULT_ACCOUNT) == account
-               and q["import_seq"] < r["import_seq"] for q in waiting):
-            plan.alone.add(r["session_id"])
     groups: dict[str, list[str]] = {}
     for r in chosen:  # groups in the order their first session was stored; files in walk order
         files = groups.setdefault(r["file_group"], [])
@@ -130,18 +123,7 @@ def analyze(lab: Lab, session_ids: Iterable[str] | None = None, *, workers: int 
             _import(lab, [f for g in plan.groups for f in g], plan.format, None, progress, True,
                     _Owners(DEFAULT_ACCOUNT, plan.accounts, plan.projects), plan.groups, deep=True,
                     replace=plan.ids)
-    _mark_alone(lab, plan)
     return len(plan.sessions)
-
-
-def _mark_alone(lab: Lab, plan: AnalysisPlan) -> None:
-    store = lab.store
-    stored = set(store.existing_sessions(sorted(plan.alone)))
-    with store.transaction():
-        for r in plan.sessions:
-            if r["session_id"] in plan.alone and r["session_id"] in stored:
-                store.mark_unanalysed(r["session_id"], state="alone", import_seq=r["import_seq"],
-                                      file_group=r["file_group"], files=r["files"])
 
 
 def _merged_groups(plan: AnalysisPlan) -> list[list[str]]:

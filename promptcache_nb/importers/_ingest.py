@@ -393,7 +393,7 @@ def import_log(
 
         expand_paths(paths)  # a missing path fails here, in this process, before any worker starts
         return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress,
-                               account=account, deep=deep, accounts=accounts, projects=projects, groups=groups)
+                               account=account, deep=deep)
     with gc_paused():
         return _import(lab, paths, format, project, progress, calibrate,
                        _Owners(account or DEFAULT_ACCOUNT, dict(accounts or {}), dict(projects or {})), groups,
@@ -901,7 +901,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         idx, previous = store.last_sent_usage(sid)
         (held,) = store.unanalysed([sid])
         seq, group, files = held["import_seq"], held["file_group"], sorted({*held["files"], *p.files})
-    store.mark_unanalysed(sid, state="usage", import_seq=seq, file_group=group, files=files)
+    store.mark_unanalysed(sid, import_seq=seq, file_group=group, files=files)
     model = get_cache_model(cache_name, **cache_params)
     client_ttls = cache_params.get("client_ttls")
     ttls = dict(zip(("5m", "1h"), (300.0, 3600.0), strict=True))

@@ -49,8 +49,8 @@ class _Done:
     warnings: list[tuple[str, type[Warning]]]
 
 
-def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None, account: str | None
-                       ) -> _Done:
+def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None, account: str | None,
+                       deep: bool = True) -> _Done:
     """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
     from ..lab import Lab
     from ._ingest import SessionList, import_log
@@ -63,7 +63,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
             lab.store.set_threads(1)  # one core per worker: the other workers and the merges have the rest
             # no calibration: the writer fits them once over the whole store (a group's are never merged)
             result = import_log(lab, list(group.files), format=fmt, project=project, progress=False,
-                                calibrate=False, account=account)
+                                calibrate=False, account=account, deep=deep)
             sessions = lab.store.session_ids()
             result.sessions = SessionList()  # the writer opens its own, when read
         finally:
@@ -72,7 +72,8 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
 
 
 def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, workers: int, format: str,  # noqa: A002
-                    project: str | None, progress: bool, account: str | None = None) -> ImportResult:
+                    project: str | None, progress: bool, account: str | None = None, deep: bool = True
+                    ) -> ImportResult:
     from ..analysis.calibrate import calibrate_families
     from ._ingest import ImportResult, SessionList, _uncalibrated, import_log
 
@@ -87,7 +88,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     try:
         with gc_paused():
             with ProcessPoolExecutor(max_workers=workers) as pool, _threads_after(lab, threads):
-                futures = {pool.submit(_import_group_file, g, folder, format, project, account): i
+                futures = {pool.submit(_import_group_file, g, folder, format, project, account, deep): i
                            for i, g in enumerate(groups)}
                 nxt = 0
                 for fut in as_completed(futures):
@@ -127,7 +128,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
         parts = [d.result for d in merged]
         if serial:
             parts.append(import_log(lab, [f for g in serial for f in g.files], format=format, project=project,
-                                    progress=progress, calibrate=False, account=account))
+                                    progress=progress, calibrate=False, account=account, deep=deep))
     finally:
         bar.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -145,7 +146,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items if not any(ch in str(item) for ch in "*?[")]
     models = set(lab.store.models_of(result.sessions.ids))
-    if result.requests or (models and _uncalibrated(lab, models)):  # as the single-process import decides
+    if deep and (result.requests or (models and _uncalibrated(lab, models))):  # as one process decides
         result.calibrations = calibrate_families(lab, models)
     return result
 

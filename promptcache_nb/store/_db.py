@@ -678,6 +678,11 @@ class Store:
                         con.execute("INSERT INTO main.projects SELECT * FROM merged_src.projects ON CONFLICT DO "
                                     "UPDATE SET created_at = least(projects.created_at, excluded.created_at)")
                         continue
+                    if table == "unanalysed_sessions":  # after every session awaiting analysis here, in order
+                        con.execute("INSERT INTO main.unanalysed_sessions SELECT session_id, import_seq + "
+                                    "(SELECT coalesce(max(import_seq) + 1, 0) FROM main.unanalysed_sessions), "
+                                    "file_group, files FROM merged_src.unanalysed_sessions")
+                        continue
                     where = (f" WHERE {key} NOT IN (SELECT {key} FROM main.{table})" if key else "")
                     con.execute(f"INSERT INTO main.{table} SELECT * FROM merged_src.{table}{where}")
                 self._pending_known.update(
@@ -976,12 +981,11 @@ class Store:
             values = attrgetter(*self._table_columns("turns"))
             _append(self._live(), "turns", [values(rec) for rec in records])
 
-    def mark_unanalysed(self, session_id: str, *, state: str, import_seq: int, file_group: str,
-                        files: Sequence[str]) -> None:
-        """Record that ``session_id`` awaits analysis (``state`` ``usage`` or ``alone``): its place in the
-        import's order, its file group and the files its requests were read from."""
+    def mark_unanalysed(self, session_id: str, *, import_seq: int, file_group: str, files: Sequence[str]) -> None:
+        """Record that ``session_id`` awaits analysis: its place in the import's order, its file group and the
+        files its requests were read from."""
         self.con.execute("DELETE FROM unanalysed_sessions WHERE session_id = ?", [session_id]).fetchall()
-        self._insert("unanalysed_sessions", [(session_id, state, import_seq, file_group, json.dumps(list(files)))])
+        self._insert("unanalysed_sessions", [(session_id, import_seq, file_group, json.dumps(list(files)))])
 
     def next_import_seq(self) -> int:
         """The import order number the next session awaiting analysis takes (after every one recorded)."""
@@ -989,14 +993,15 @@ class Store:
 
     def unanalysed(self, session_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """The sessions awaiting analysis (all, or those of ``session_ids``), in import order: ``session_id,
-        state, import_seq, file_group, files`` (a list), with the session's ``account`` (from its config)."""
+        import_seq, file_group, files`` (a list), with the session's ``account`` (from its config) and
+        ``parent_id``."""
         if not self._has_unanalysed:
             return []
         self._write_new_sessions()
         where, params = ("WHERE u.session_id IN (SELECT unnest(?))", [list(session_ids)]) \
             if session_ids is not None else ("", [])
         rows = self.query(
-            f"""SELECT u.session_id, u.state, u.import_seq, u.file_group, u.files,
+            f"""SELECT u.session_id, u.import_seq, u.file_group, u.files,
                        json_extract_string(s.config, '$.account') AS account, s.parent_id
                 FROM unanalysed_sessions u JOIN sessions s ON s.id = u.session_id {where}
                 ORDER BY u.import_seq""", params)
@@ -1012,13 +1017,11 @@ class Store:
         return self._unanalysed_table
 
     def unanalysed_ids(self) -> set[str]:
-        """The usage-first sessions (state ``usage``): their requests have no bodies to simulate or diff yet.
-        (A session analysed ``alone`` has them.)"""
+        """The usage-first sessions: their requests have no bodies to simulate or diff yet."""
         if not self._has_unanalysed:
             return set()
         self._write_new_sessions()
-        found = {r[0] for r in self.rows("SELECT session_id FROM unanalysed_sessions WHERE state = 'usage'")}
-        return found
+        return {r[0] for r in self.rows("SELECT session_id FROM unanalysed_sessions")}
 
     def last_sent_usage(self, session_id: str) -> tuple[int, Any]:
         """(the session's next request index, its last request that reached the API — a prompt total above 0 —
@@ -1035,10 +1038,6 @@ class Store:
             return n, None
         rec = RequestRecord(**found[0])
         return n, UsageOnly(rec.model, rec.at, rec.usage, tuple(rec.event_codes))
-
-    def set_analysis_state(self, session_id: str, state: str) -> None:
-        self.con.execute("UPDATE unanalysed_sessions SET state = ? WHERE session_id = ?",
-                         [state, session_id]).fetchall()
 
     def stored_usage(self, session_id: str) -> dict[str, tuple[int | None, ...]]:
         """Each stored request's import key → its measured (input, cache read, cache write, output) tokens."""
@@ -1668,7 +1667,9 @@ class Store:
             f"""WITH m AS (SELECT session_id, idx, model, total_tokens, rest_hash,
                                   input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS measured
                            FROM turns
+                           -- a usage-first request has no estimate to compare yet (NULL until analysed)
                            WHERE usage_source IN ('live', 'imported') AND input_tokens IS NOT NULL
+                                 AND total_tokens IS NOT NULL
                                  AND cache_read_input_tokens IS NOT NULL AND cache_creation_input_tokens IS NOT NULL
                                  {where})
                SELECT m.session_id, m.model, m.total_tokens AS estimated, m.measured,

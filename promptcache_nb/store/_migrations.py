@@ -301,8 +301,6 @@ def m013_usage_first(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""
         CREATE TABLE unanalysed_sessions (
             session_id TEXT PRIMARY KEY,
-            state TEXT NOT NULL,            -- usage (measured columns only) | alone (analysed before an earlier
-                                            -- session of its account was: lab.analyze() analyses it again)
             import_seq BIGINT NOT NULL,     -- the order a deep import would have stored it in
             file_group TEXT NOT NULL,       -- the import's file group: analysed together, in the import's order
             files JSON NOT NULL             -- the log files its requests were read from
