@@ -1125,7 +1125,7 @@ class Session:
         rec, analysis, cache_result = step.record, step.analysis, outcome.cache_result
         turns.append(Turn(
             session_id=self.id, index=rec.idx, at=at, request=prepared.body, usage=step.usage,
-            ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens, cost_usd=rec.cost_usd,
+            ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens or 0, cost_usd=rec.cost_usd,
             cost_no_cache_usd=rec.cost_no_cache_usd, cache_reason=rec.cache_reason,
             cache_detail=analysis.cache_detail, events=events, reply=outcome.reply,
             request_id=rec.request_id, prepared=prepared, cache_result=cache_result, diff=analysis.diff,
@@ -1195,7 +1195,7 @@ def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn
     return Turn(
         prepared=prepared,
         session_id=sid, index=index, at=rec.at, request=body, usage=rec.usage,
-        ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens, cost_usd=rec.cost_usd,
+        ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens or 0, cost_usd=rec.cost_usd,
         cost_no_cache_usd=rec.cost_no_cache_usd, cache_reason=rec.cache_reason, cache_detail=rec.detail,
         events=rec.event_codes, request_id=rec.request_id,
         reply=store.resolve_refs([json.loads(rec.reply)], session_id=sid)[0]["content"] if rec.reply else None,

@@ -215,7 +215,7 @@ def test_a_kill_during_analyze_leaves_each_session_usage_first_or_analysed(histo
     with pc.Lab(path, progress=False) as lab:
         waiting = lab.store.unanalysed_ids()
         assert 0 < len(waiting) < 6  # the kill came after some sessions were analysed
-        half = lab.sql(f"""SELECT count(*) AS n FROM turns WHERE
+        half = lab.sql("""SELECT count(*) AS n FROM turns WHERE
                            (session_id IN (SELECT unnest(?)) AND tail_node IS NOT NULL)
                            OR (session_id NOT IN (SELECT unnest(?)) AND tail_node IS NULL)""",
                        [sorted(waiting), sorted(waiting)]).n[0]

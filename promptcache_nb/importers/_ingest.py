@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import glob
 import html
-import warnings
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC
@@ -378,10 +378,10 @@ def import_log(
 ) -> ImportResult:
     """Import agent logs into ``lab``; see :meth:`Lab.import_log`. ``deep``: analyse every body as it is stored
     (else a usage-first import: measured columns now, bodies when first needed). ``calibrate=False``: fit no
-    calibration at the end (a caller that fits once over several imports). ``accounts`` and ``projects``: the account and project of
-    the sessions whose first file is a key (a resolved path), before ``account`` and ``project``; ``groups``: the
-    file groups, in the order to store them, instead of the walk's (``pc.fleet``: a task stores an account's
-    groups as one import of their folder would)."""
+    calibration at the end (a caller that fits once over several imports). ``accounts`` and ``projects``: the
+    account and project of the sessions whose first file is a key (a resolved path), before ``account`` and
+    ``project``; ``groups``: the file groups, in the order to store them, instead of the walk's (``pc.fleet``: a
+    task stores an account's groups as one import of their folder would)."""
     if format != "auto" and format not in READERS:
         raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -930,12 +930,13 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
             minimum = model.min_cacheable_tokens(req.model)
         except PromptCacheError:
             minimum = 0
+        longest: float | None
         if client_ttls:  # the TTLs the client gave the breakpoints the log dropped (measured 5m/1h split)
             longest = max(ttls.get(t, 300.0) for t in client_ttls)
         elif cache_name in ("anthropic", "bedrock"):
             longest = 3600.0 if wrote_1h else 300.0
         else:
-            longest = model.state_horizon_seconds()
+            longest = model.state_horizon_seconds()  # None: nothing bounds an entry's life
         current = UsageOnly(req.model, req.at.astimezone(UTC), usage, tuple(req.events))
         cause = usage_cause(previous, current, implicit=get_format(req.dialect).implicit_caching,
                             minimum=minimum, longest_ttl_seconds=longest)

@@ -1350,6 +1350,7 @@ class Store:
         rec = write.record
         sid = rec.session_id
         with self.transaction():
+            assert rec.rest_hash is not None  # the pipeline's record of an analysed body
             block_rows = self.new_blocks(write.prepared, write.rest_body, rec.rest_hash, shared=write.shared)
             if write.reply_blocks:
                 # the reply's content blocks are stored once, in blocks (shared with the history row)
