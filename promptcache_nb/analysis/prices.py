@@ -154,6 +154,11 @@ def _reasoning(usage: Usage) -> int:
     return 0
 
 
+#: (snapshot, provider, model) by (snapshot identity, model ref, provider id): a usage-first import prices tens of
+#: thousands of requests of a few models (the snapshot is kept, so its id is never reused while held)
+_RESOLVED: dict[tuple[int, str, str | None], tuple[Any, Any, Any]] = {}
+
+
 def _library_cost(model_ref: str, provider_id: str | None, at: datetime | None, *, total: int, read: int,
                   write: int, write_1h: int, output: int, reasoning: int = 0) -> float:
     """genai-prices' cost of one request: from the model's cached rate table when it provably gives the
@@ -165,8 +170,15 @@ def _library_cost(model_ref: str, provider_id: str | None, at: datetime | None, 
     when = at or REFERENCE_TIME
     from genai_prices import data_snapshot
 
-    # the library's own resolution and price period (both cheap): the table can never outlive either
-    provider, model = data_snapshot.get_snapshot().find_provider_model(model_ref, None, provider_id, None)
+    # the library's own resolution (once per snapshot and model) and price period: the table outlives neither
+    snapshot = data_snapshot.get_snapshot()
+    key = (id(snapshot), model_ref, provider_id)
+    held = _RESOLVED.get(key)
+    if held is None or held[0] is not snapshot:
+        if len(_RESOLVED) >= 4096:
+            _RESOLVED.clear()
+        held = _RESOLVED[key] = (snapshot, *snapshot.find_provider_model(model_ref, None, provider_id, None))
+    _, provider, model = held
     if provider.id != "groq":  # genai-prices rewrites the usage of some Groq models before pricing
         table = _rate_table(model.get_prices(when))
         cost = table.cost(fields) if table is not None else None
@@ -214,6 +226,8 @@ class _RateTable:
         total_input = fields["input_tokens"] if self.tiered else 0
         total = Decimal(0)
         for key, rate, tiers, per in self.lines:
+            if not leaf[key]:  # adds an exact zero: the sum's value (and so its float) is the same without it
+                continue
             for start, tier_rate in tiers:
                 if total_input > start:
                     rate = tier_rate

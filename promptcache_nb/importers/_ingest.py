@@ -103,6 +103,29 @@ class SessionList(Sequence["Session"]):
         return f"SessionList({self.ids!r})"
 
 
+class _FrameField:
+    """A DataFrame attribute of :class:`ImportResult` kept as rows until first read: an import that is only
+    stored (a script, the benchmark) never loads pandas (about a second of CPU)."""
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = list(columns)
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = "_" + name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> pd.DataFrame:
+        if obj is None:
+            return self  # type: ignore[return-value]  # the class attribute: the descriptor itself
+        held = obj.__dict__.get(self.name)
+        if held is None or isinstance(held, list):
+            held = obj.__dict__[self.name] = _frame(held or [], self.columns)
+        return held
+
+    def __set__(self, obj: Any, value: pd.DataFrame | list[dict[str, Any]]) -> None:
+        obj.__dict__[self.name] = value
+
+
 @dataclass
 class ImportResult:
     """What :meth:`Lab.import_log` did.
@@ -127,13 +150,13 @@ class ImportResult:
 
     sessions: SessionList = field(default_factory=SessionList)
     requests: int = 0
-    skipped: pd.DataFrame = field(default_factory=lambda: _frame([], SKIPPED_COLUMNS))
-    flagged: pd.DataFrame = field(default_factory=lambda: _frame([], FLAGGED_COLUMNS))
+    skipped = _FrameField(SKIPPED_COLUMNS)
+    flagged = _FrameField(FLAGGED_COLUMNS)
     unknown_models: list[str] = field(default_factory=list)
     files: list[tuple[str, str]] = field(default_factory=list)
     already_stored: int = 0
-    calibrations: pd.DataFrame = field(default_factory=lambda: _frame([], FAMILY_COLUMNS))
-    notes: pd.DataFrame = field(default_factory=lambda: _frame([], NOTES_COLUMNS))
+    calibrations = _FrameField(FAMILY_COLUMNS)
+    notes = _FrameField(NOTES_COLUMNS)
     #: the paths the user passed, resolved: ``source`` is shown relative to them (a folder: the path inside it;
     #: a file: its name)
     roots: list[Path] = field(default_factory=list)
@@ -184,10 +207,15 @@ class ImportResult:
         return df[[*columns, "source_path"]] if full_paths else df[columns]
 
     def __repr__(self) -> str:
-        flagged = f", {len(self.flagged)} body problems flagged" if len(self.flagged) else ""
-        noted = f", {len(self.notes)} with notes" if len(self.notes) else ""
+        flagged = f", {self._count('flagged')} body problems flagged" if self._count("flagged") else ""
+        noted = f", {self._count('notes')} with notes" if self._count("notes") else ""
         return (f"ImportResult({len(self.sessions)} sessions, {self.requests} new requests, "
-                f"{self.already_stored} already stored, {len(self.skipped)} skipped{flagged}{noted})")
+                f"{self.already_stored} already stored, {self._count('skipped')} skipped{flagged}{noted})")
+
+    def _count(self, name: str) -> int:
+        """Rows of a frame attribute, without building the DataFrame."""
+        held = self.__dict__.get("_" + name)
+        return 0 if held is None else len(held)
 
     def _repr_html_(self) -> str:
         # file names, models, skipped lines and body problems are data: escaped, invisible characters (and lone
@@ -405,6 +433,8 @@ def import_log(
 #: A kill loses at most one such transaction; a session is never split across two.
 BATCH_SESSIONS = 100
 BATCH_REQUESTS = 200
+#: A usage-first import's rows are light (no bodies): its transactions hold up to this many requests.
+USAGE_BATCH_REQUESTS = 20_000
 
 
 @dataclass
@@ -514,7 +544,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
                     reader_of[i] = name
                     read_ok.append((i, (display_path(files[i].path), name)))
             if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
-                    sum(map(len, by_session.values())) < BATCH_REQUESTS:
+                    sum(map(len, by_session.values())) < (BATCH_REQUESTS if deep else USAGE_BATCH_REQUESTS):
                 continue  # small groups (one-request files) are stored together: one transaction for many
             pending = _pending_of(by_session, files, reader_of, key_files, run.owners, group, bodies=deep)
             by_session = {}
@@ -530,9 +560,9 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     result.sessions = SessionList(lab, [x.sid for x in done if x.new])
     result.requests = sum(x.new for x in done)
     result.already_stored = sum(x.dup for x in done)
-    result.skipped = _frame([{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped], SKIPPED_COLUMNS)
-    result.flagged = _frame([row for x in done for row in x.flagged], FLAGGED_COLUMNS)
-    result.notes = _frame([row for x in done for row in x.notes], NOTES_COLUMNS)
+    result.skipped = [{k: r[k] for k in SKIPPED_COLUMNS} for r in skipped]
+    result.flagged = [row for x in done for row in x.flagged]
+    result.notes = [row for x in done for row in x.notes]
     result.unknown_models = sorted(run.unknown)
     # each measured request is an exact prompt total: calibrate the estimator per family. Also when nothing was
     # new but a family has no calibration yet: an import stopped after its sessions committed gets it back. A
@@ -646,9 +676,10 @@ def _store_group(run: _Run, pending: list[_Pending]) -> None:
     existing = run.lab.store.existing_sessions([p.sid for p in pending if not p.again]) - run.replace
     chunk: list[_Pending] = []
     size = 0
+    most = BATCH_REQUESTS if run.deep else USAGE_BATCH_REQUESTS
     for p in pending:
         fresh = not p.again and p.sid not in existing
-        if not fresh or len(chunk) >= BATCH_SESSIONS or size + len(p.reqs) > BATCH_REQUESTS:
+        if not fresh or len(chunk) >= BATCH_SESSIONS or size + len(p.reqs) > most:
             _store_batch(run, chunk, fresh=True)
             chunk, size = [], 0
         if fresh:
@@ -901,13 +932,15 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         idx, previous = store.last_sent_usage(sid)
         (held,) = store.unanalysed([sid])
         seq, group, files = held["import_seq"], held["file_group"], sorted({*held["files"], *p.files})
-    store.mark_unanalysed(sid, import_seq=seq, file_group=group, files=files)
+    store.mark_unanalysed(sid, import_seq=seq, file_group=group, files=files, new=fresh)
     model = get_cache_model(cache_name, **cache_params)
     client_ttls = cache_params.get("client_ttls")
     ttls = dict(zip(("5m", "1h"), (300.0, 3600.0), strict=True))
     wrote_1h = any(r.usage.cache_creation_1h_input_tokens for r in reqs)
     records = []
     warned = False
+    minimums: dict[str, int] = {}
+    implicit = {d: get_format(d).implicit_caching for d in {r.dialect for r in todo}}
     for req in todo:
         problem = _value_problem(req)
         if problem is not None:
@@ -926,10 +959,12 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
             if not warned:
                 warned = True
                 warnings.warn(UnpricedModelWarning(req.model, sid), stacklevel=2)
-        try:
-            minimum = model.min_cacheable_tokens(req.model)
-        except PromptCacheError:
-            minimum = 0
+        minimum = minimums.get(req.model)
+        if minimum is None:
+            try:
+                minimum = minimums[req.model] = model.min_cacheable_tokens(req.model)
+            except PromptCacheError:
+                minimum = minimums[req.model] = 0
         longest: float | None
         if client_ttls:  # the TTLs the client gave the breakpoints the log dropped (measured 5m/1h split)
             longest = max(ttls.get(t, 300.0) for t in client_ttls)
@@ -938,7 +973,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         else:
             longest = model.state_horizon_seconds()  # None: nothing bounds an entry's life
         current = UsageOnly(req.model, req.at.astimezone(UTC), usage, tuple(req.events))
-        cause = usage_cause(previous, current, implicit=get_format(req.dialect).implicit_caching,
+        cause = usage_cause(previous, current, implicit=implicit[req.dialect],
                             minimum=minimum, longest_ttl_seconds=longest)
         records.append(usage_record(
             session_id=sid, idx=idx, at=current.at, model=req.model, usage=usage, prices=prices,

@@ -981,10 +981,12 @@ class Store:
             values = attrgetter(*self._table_columns("turns"))
             _append(self._live(), "turns", [values(rec) for rec in records])
 
-    def mark_unanalysed(self, session_id: str, *, import_seq: int, file_group: str, files: Sequence[str]) -> None:
+    def mark_unanalysed(self, session_id: str, *, import_seq: int, file_group: str, files: Sequence[str],
+                        new: bool = False) -> None:
         """Record that ``session_id`` awaits analysis: its place in the import's order, its file group and the
-        files its requests were read from."""
-        self.con.execute("DELETE FROM unanalysed_sessions WHERE session_id = ?", [session_id]).fetchall()
+        files its requests were read from (``new``: the session was created now, so no row is replaced)."""
+        if not new:
+            self.con.execute("DELETE FROM unanalysed_sessions WHERE session_id = ?", [session_id]).fetchall()
         self._insert("unanalysed_sessions", [(session_id, import_seq, file_group, json.dumps(list(files)))])
 
     def next_import_seq(self) -> int:
