@@ -255,13 +255,15 @@ def _import_line(result: str, store: str, *, width: int | None = None) -> str:
     """The import's one-line summary, no wider than ``width``: the store's path shortened as a table's paths are
     (``~`` for the home folder, then cut in the middle) to fit."""
     width = TABLE_WIDTH if width is None else width
-    note = " — token figures are measured (usage reported by the endpoint)"
     where = _home_short(store)
-    room = width - len(result) - len(" into ") - len(note)
+    # the longest note that leaves the path whole (or 24 characters of it); else none, and the path cut to fit
+    for note in (" — token figures are measured (usage reported by the endpoint)", " — measured usage", ""):
+        room = width - len(result) - len(" into ") - len(note)
+        if room >= min(len(where), 24) or not note:
+            break
     if len(where) > room:
         where = _cut_path(where, max(room, 16))
-    line = f"{result} into {where}"
-    return line + note if len(line) + len(note) <= width else line
+    return f"{result} into {where}{note}"
 
 
 def _home_short(path: str) -> str:
