@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -162,7 +162,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.agent and not paths:
         from .importers._locations import agent_log_files
 
-        paths = agent_log_files(args.agent)  # one-line error naming where it looked when there is none
+        # a one-line error naming where it looked when there is none
+        paths = [str(f) for f in agent_log_files(args.agent)]
     elif not paths:
         raise PromptCacheError("import: name files, directories or globs, or --agent NAME for an agent's usual "
                                "log location")
@@ -503,7 +504,7 @@ def _text(value: Any, column: str) -> str:
         return str(value).lower()
     if isinstance(value, dt.datetime):  # pandas' Timestamp is one: UTC, to the second
         t = pd.Timestamp(value)
-        return (t.tz_convert("UTC") if t.tzinfo is not None else t).strftime("%Y-%m-%d %H:%M:%S")
+        return str((t.tz_convert("UTC") if t.tzinfo is not None else t).strftime("%Y-%m-%d %H:%M:%S"))
     if isinstance(value, dt.date):
         return value.isoformat()
     if isinstance(value, int) or (hasattr(value, "dtype") and pd.api.types.is_integer_dtype(value.dtype)):
@@ -543,8 +544,8 @@ def _wrap_cell(text: str, width: int) -> list[str]:
 def render_table(df: pd.DataFrame, *, width: int | None = None) -> str:
     """``df`` as a text table no wider than ``width`` (default: the terminal's, ``COLUMNS`` when set) where it can
     be: text columns (not :data:`NO_WRAP`) wrap inside their cells, the widest first, down to their longest word
-    (a model name stays whole) or :data:`MIN_PATH` / :data:`MIN_PROSE` characters for paths and prose; headers wrap at their spaces.
-    Nothing is ever cut. Numbers are right aligned; missing values print empty."""
+    (a model name stays whole) or :data:`MIN_PATH` / :data:`MIN_PROSE` characters for paths and prose; headers wrap
+    at their spaces. Nothing is ever cut. Numbers are right aligned; missing values print empty."""
     width = _terminal_width() if width is None else width
     columns = list(df.columns)
     cells = [[_text(v, c) for v, c in zip(row, columns, strict=True)] for row in df.itertuples(index=False)]
@@ -625,7 +626,8 @@ def _print_machine(df: pd.DataFrame, args: argparse.Namespace) -> None:
     writer.writerows(rows)
 
 
-def _print_table(df: pd.DataFrame, args: argparse.Namespace, *, head: list[str] = (), tail: list[str] = ()) -> None:
+def _print_table(df: pd.DataFrame, args: argparse.Namespace, *, head: Sequence[str] = (),
+                 tail: Sequence[str] = ()) -> None:
     """A table as the command was asked for: JSON or CSV alone, else ``head`` lines, the text table, ``tail``."""
     if args.json or args.csv:
         _print_machine(df, args)
@@ -680,7 +682,8 @@ def _by_cost(df: pd.DataFrame, *, key: str) -> pd.DataFrame:
 def cmd_sessions(args: argparse.Namespace) -> int:
     from .analysis.rollups import roll_up_subagents, session_summary
 
-    _resolve_store(args, "sessions")
+    _resolve_store(args, "sessions", required=False)
+    args.store = args.store or _existing_default_store("sessions")
     with _read_only_lab(args.store, progress=False) as lab:
         summary = session_summary(lab, rebuilds=False)  # measured sums only: one query, no body read
     columns = list(SESSIONS_COLUMNS)
@@ -722,6 +725,8 @@ def _session_id(lab: Lab, given: str, store: str) -> str:
 def cmd_requests(args: argparse.Namespace) -> int:
     from .analysis.rollups import request_table
 
+    if args.db is None and args.session is None and args.store is not None and not os.path.exists(args.store):
+        args.store, args.session = _existing_default_store("requests"), args.store  # `requests SESSION`
     _resolve_store(args, "requests", rest=("session",))
     with _read_only_lab(args.store, progress=False) as lab:
         sid = _session_id(lab, args.session, args.store)
@@ -804,6 +809,15 @@ def default_store_path() -> Path:
     import platformdirs
 
     return platformdirs.user_data_path("promptcache-nb") / DEFAULT_STORE_NAME
+
+
+def _existing_default_store(command: str) -> str:
+    """The default store (``report`` without a store fills it), for a command given no store; an error if none."""
+    path = default_store_path()
+    if not path.exists():
+        raise PromptCacheError(f"{command}: name the store first ({command} STORE), or give --db STORE (no default "
+                               f"store at {_home_short(str(path))} yet: `promptcache-nb report` makes it)")
+    return str(path)
 
 
 def _default_store_with_logs(args: argparse.Namespace) -> tuple[Lab, str]:
@@ -971,7 +985,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "cost without the cache and what the cache saved, and its log. Sub-agent "
                                     "sessions are added into their parent's row (--flat lists each alone). The "
                                     "store is opened read-only; only measured columns are read.")
-    _add_store(se, "an existing store, or a fleet dataset's directory (import --out)")
+    _add_store(se, "an existing store, or a fleet dataset's directory (import --out)",
+               optional="; default: the one `report` without a store fills")
     se.add_argument("--flat", action="store_true", help="one row per session, sub-agents included, each alone")
     _add_formats(se)
     se.set_defaults(fn=cmd_sessions)
@@ -980,7 +995,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "/ uncached input, output, cost, the running cost and the cause (why the cache "
                                     "read what it did, in full; empty when not analysed yet). The store is opened "
                                     "read-only.")
-    _add_store(rq, "an existing store, or a fleet dataset's directory (import --out)")
+    _add_store(rq, "an existing store, or a fleet dataset's directory (import --out)",
+               optional="; default (with SESSION alone): the one `report` without a store fills")
     rq.add_argument("session", nargs="?", metavar="SESSION", help="a session id, or a prefix of exactly one")
     _add_formats(rq)
     rq.set_defaults(fn=cmd_requests)

@@ -195,7 +195,8 @@ def test_csv_parses_and_holds_the_json_rows(store, capsys):
                 assert got[k] == ("" if v is None else str(v)), (argv[0], k)
 
 
-def test_the_store_comes_first_or_with_db(store, capsys):
+def test_the_store_comes_first_or_with_db(store, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv(HOME_ENV, str(tmp_path))  # no default store there
     for argv in (["sessions"], ["report", "--by", "model"], ["requests", "pi-40"],
                  ["sql", "SELECT count(*) AS n FROM turns"]):
         first = run(capsys, argv[0], store, *argv[1:], "--json")
@@ -204,8 +205,9 @@ def test_the_store_comes_first_or_with_db(store, capsys):
     code, _, err = run(capsys, "requests", store, "pi-40", "--db", store)
     assert code == 2 and "given twice" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "sessions")
-    assert code == 2 and err.strip() == ("promptcache-nb: error: sessions: name the store first (sessions STORE), "
-                                         "or give --db STORE")
+    assert code == 2 and err.startswith("promptcache-nb: error: sessions: name the store first (sessions STORE), "
+                                        "or give --db STORE (no default store at ")
+    assert len(err.strip().splitlines()) == 1
     assert run(capsys, "doctor", store)[0] == run(capsys, "doctor", "--db", store)[0] == 0
 
 
@@ -279,6 +281,11 @@ def test_report_without_a_store_imports_the_agents_logs_once(tmp_path, capsys, m
     assert code == 0 and " ".join(out.split()).startswith(f"{data / 'history.duckdb'}: 0 new requests, {n:,} already")
     rows = as_json(capsys, "report", "--quiet")  # the import's line goes to stderr: stdout is the JSON alone
     assert [r["requests"] for r in rows] == list(days.requests)
+    sessions = as_json(capsys, "sessions")  # the default store, when no store is named
+    assert sum(r["requests"] for r in sessions) == n
+    requests = as_json(capsys, "requests", sessions[0]["session"])  # SESSION alone: in the default store
+    assert [r["idx"] for r in requests][:3] == [0, 1, 2] and requests[-1]["running_cost_usd"] == pytest.approx(
+        sum(r["cost_usd"] for r in requests))
 
 
 def test_the_default_store_lives_in_the_user_data_folder(tmp_path, monkeypatch):

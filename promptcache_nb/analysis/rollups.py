@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._config import DEFAULT_ACCOUNT
@@ -175,8 +175,9 @@ def billing_windows(times: Iterable[datetime]) -> list[datetime]:
     opens the next (an idle stretch opens no window).
 
     Example:
-        >>> t = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
-        >>> [s.hour for s in billing_windows([t, t + timedelta(hours=4), t + timedelta(hours=5), t + timedelta(hours=11)])]
+        >>> t = datetime(2026, 11, 2, 9, 0)
+        >>> [s.hour for s in billing_windows([t, t + timedelta(hours=4), t + timedelta(hours=5),
+        ...                                   t + timedelta(hours=11)])]
         [9, 14, 20]
     """
     starts: list[datetime] = []
