@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -137,9 +137,18 @@ def cmd_sql(args: argparse.Namespace) -> int:
     if args.json or args.csv:
         _print_machine(df, args)
         return 0
-    with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
+    if len(df) <= SQL_ROWS:
+        print(render_table(df, headers={}))  # the query's own column names; long text wraps, never cut
+        return 0
+    # a long result: pandas' first and last rows (text whole, never cut), --csv or --json for every row
+    with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", SQL_ROWS,
+                           "display.max_colwidth", None):
         print(df.to_string(index=False))
     return 0
+
+
+#: The rows ``sql`` prints as a wrapped table; a longer result prints its first and last rows.
+SQL_ROWS = 500
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -541,15 +550,16 @@ def _wrap_cell(text: str, width: int) -> list[str]:
     return lines or [""]
 
 
-def render_table(df: pd.DataFrame, *, width: int | None = None) -> str:
+def render_table(df: pd.DataFrame, *, width: int | None = None, headers: Mapping[str, str] | None = None) -> str:
     """``df`` as a text table no wider than ``width`` (default: the terminal's, ``COLUMNS`` when set) where it can
     be: text columns (not :data:`NO_WRAP`) wrap inside their cells, the widest first, down to their longest word
     (a model name stays whole) or :data:`MIN_PATH` / :data:`MIN_PROSE` characters for paths and prose; headers wrap
-    at their spaces. Nothing is ever cut. Numbers are right aligned; missing values print empty."""
+    at their spaces. Nothing is ever cut. Numbers are right aligned; missing values print empty. ``headers``: what
+    each column is called (default :data:`HEADERS`, else its name)."""
     width = _terminal_width() if width is None else width
     columns = list(df.columns)
     cells = [[_text(v, c) for v, c in zip(row, columns, strict=True)] for row in df.itertuples(index=False)]
-    heads = [HEADERS.get(c, c) for c in columns]
+    heads = [str((HEADERS if headers is None else headers).get(c, c)) for c in columns]
     numeric = [str(df[c].dtype).lower().startswith(("int", "float", "uint")) or c in MONEY or c in PERCENT
                for c in columns]
     n = len(columns)
@@ -671,6 +681,7 @@ REPORT_COLUMNS = ["sessions", "requests", "measured_cache_read_pct", "cost_usd",
 #: What ``report --by`` may group by, in time order rather than by cost.
 TIME_GROUPS = ("day", "hour", "window")
 MEASURED_NOTE = "token figures measured (usage the endpoint reported); costs in USD"
+MIXED_NOTE = "token figures measured or simulated, as the usage column says; costs in USD"
 
 
 def _by_cost(df: pd.DataFrame, *, key: str) -> pd.DataFrame:
@@ -692,16 +703,18 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         columns.insert(3, "subagents")
     else:
         columns.insert(1, "parent")
-    if (summary["usage"] != "measured").any():
+    mixed = bool((summary["usage"] != "measured").any())
+    if mixed:
         columns.insert(columns.index("cache_read_pct"), "usage")
     table = _by_cost(summary[columns], key="session")
     if args.json or args.csv:
         _print_machine(table, args)
         return 0
     short, root = _sources([str(s) for s in table["source"]])
-    head = [f"{len(table)} sessions" + ("" if args.flat else f" ({int(table['subagents'].sum())} sub-agent "
-                                         "sessions rolled up into their parent's row; --flat lists them)")
-            + f", costliest first; {MEASURED_NOTE}"]
+    note = MIXED_NOTE if mixed else MEASURED_NOTE
+    head = [f"{len(table)} session{'s' * (len(table) != 1)}"
+            + ("" if args.flat else f" ({int(table['subagents'].sum())} sub-agent sessions rolled up into their "
+                                    "parent's row; --flat lists them)") + f", costliest first; {note}"]
     if root:
         head.append(f"sources under {root}")
     _print_table(table.assign(source=short), args, head=head)
@@ -735,7 +748,7 @@ def cmd_requests(args: argparse.Namespace) -> int:
     if (df["usage"] != "measured").any():
         columns.insert(columns.index("cost_usd"), "usage")
     table = df[columns].assign(cause=df["cause"].fillna(""))
-    measured = "measured" if (df["usage"] == "measured").all() else "measured or simulated (usage column)"
+    measured = "measured" if (df["usage"] == "measured").all() else "measured or simulated, as the usage column says"
     total = df["running_cost_usd"].iloc[-1] if len(df) else None
     cost = "unknown" if total is None or total != total else f"${total:,.4f}"
     _print_table(table, args, head=[f"session {sid}: {len(df)} requests, cost {cost}; token figures {measured}; "
@@ -768,8 +781,10 @@ def cmd_report(args: argparse.Namespace) -> int:
                "day": "UTC day", "hour": "UTC hour"}.get(args.by, args.by)
     head.append(f"measured requests by {grouped}" + ("" if args.by in TIME_GROUPS else ", costliest first")
                 + f"; {MEASURED_NOTE}")
-    tail = [_report_totals(groups)] if len(groups) else ["no measured requests in this store"]
-    _print_table(table, args, head=head, tail=tail)
+    if not len(groups):
+        print("\n".join([*head[:-1], "no measured requests in this store (live or imported usage)"]))
+        return 0
+    _print_table(table, args, head=head, tail=[_report_totals(groups)])
     return 0
 
 
