@@ -616,8 +616,8 @@ def _machine_value(value: Any) -> Any:
         return None
     if isinstance(value, dt.date):  # datetimes and pandas' Timestamps too
         return value.isoformat()
-    if hasattr(value, "item"):
-        return value.item()
+    if hasattr(value, "tolist"):  # a numpy number, or an array of them
+        return value.tolist()
     return value
 
 
@@ -633,7 +633,9 @@ def _print_machine(df: pd.DataFrame, args: argparse.Namespace) -> None:
         return
     writer = csv.DictWriter(sys.stdout, fieldnames=[str(c) for c in df.columns], lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    # a list or a mapping in a cell (advice's request numbers) is written as its JSON
+    writer.writerows({k: json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, list | dict) else v
+                      for k, v in row.items()} for row in rows)
 
 
 def _print_table(df: pd.DataFrame, args: argparse.Namespace, *, head: Sequence[str] = (),

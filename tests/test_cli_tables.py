@@ -295,3 +295,17 @@ def test_the_default_store_lives_in_the_user_data_folder(tmp_path, monkeypatch):
     path = default_store_path()
     assert path.name == "history.duckdb" and path.parent.name == "promptcache-nb"
     assert path.is_relative_to(tmp_path)  # the user's own data folder, under their home
+
+
+def test_advise_takes_the_store_first_and_prints_json(tmp_path, capsys):
+    db = tmp_path / "replay.duckdb"
+    assert main(["replay", str(db), "tiny", "--quiet"]) == 0
+    capsys.readouterr()
+    first = as_json(capsys, "advise", db)
+    alias = as_json(capsys, "advise", "--db", db)
+    assert first == alias and {r["fix"] for r in first} >= {"all"}
+    assert all(r["label"] == "simulated (counterfactual)" for r in first)
+    code, out, _ = run(capsys, "advise", db, "--csv")
+    parsed = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and [r["fix"] for r in parsed] == [r["fix"] for r in first]
+    assert json.loads(parsed[0]["requests"]) == first[0]["requests"]  # a list cell is written as its JSON
