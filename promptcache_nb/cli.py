@@ -1029,7 +1029,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--by", default="day", choices=("day", "hour", "model", "project", "window"),
                     help="group by UTC day (default), UTC hour, model, project, or 5-hour billing window: a window "
                          "opens at the first request after the previous window closed and lasts 5 hours, as "
-                         "Claude's usage limits count them")
+                         "Claude's usage limits count them (every measured request of the store counts, whichever "
+                         "agent sent it)")
     rp.add_argument("--quiet", action="store_true", help="no progress bars (when importing into the default store)")
     _add_formats(rp)
     rp.set_defaults(fn=cmd_report, interrupted="the default store keeps the sessions imported whole before the "
