@@ -194,13 +194,16 @@ def cmd_import(args: argparse.Namespace) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 200):
         if full is not None and len(full):
             print(_totals_line(full))
+            top = summary.assign(_cost=full["cost_usd"].astype(float).fillna(-1.0).to_numpy()).sort_values(
+                ["_cost", "session"], ascending=[False, True], kind="stable").drop(columns="_cost")
             if args.details or len(summary) <= TOP_SESSIONS:
-                print(_fit(summary))
+                print(_fit(top))  # every session, costliest first
             else:
-                top = summary.assign(_cost=full["cost_usd"].fillna(-1.0).to_numpy()).sort_values(
-                    ["_cost", "session"], ascending=[False, True], kind="stable").drop(columns="_cost")
                 print(f"the {TOP_SESSIONS} costliest of {len(summary)} sessions (all of them: --details)")
                 print(_fit(top.head(TOP_SESSIONS)))
+            saved = _savings_line(full)
+            if saved:
+                print(saved)
             print(_wrap(BREAKS_VS_REBUILDS + " " + UNCACHED_NOTE))
         if rebuilds is not None:
             per_session = dict(tuple(rebuilds.groupby("session", sort=False)))
@@ -339,6 +342,18 @@ def _totals_line(full: pd.DataFrame) -> str:
     return _wrap(f"totals: {totals['requests']:,} requests, {len(full)} sessions, measured cache read "
                  f"{totals['cache_read_pct']:.1f} %, cost {cost}, {int(full['rebuilds'].sum())} rebuilds{lost_text}, "
                  f"{int(full['openclaw_breaks'].sum())} openclaw breaks")
+
+
+def _savings_line(full: pd.DataFrame) -> str:
+    """What the cache saved over a :func:`~promptcache_nb.analysis.session_summary` frame's sessions priced both
+    ways (measured usage at their prices, and the same tokens all uncached); "" when none is."""
+    both = full[full["cost_usd"].notna() & full["cost_no_cache_usd"].notna()]
+    if not len(both):
+        return ""
+    cost, no_cache = float(both["cost_usd"].sum()), float(both["cost_no_cache_usd"].sum())
+    some = "" if len(both) == len(full) else f" ({len(both)} of {len(full)} sessions priced both ways)"
+    return _wrap(f"without the cache these requests would have cost ${no_cache:,.2f}: it saved "
+                 f"${no_cache - cost:,.2f} of ${no_cache:,.2f}{some}")
 
 
 #: The store's tables, named in ``sql --help`` (a test keeps the list equal to a migrated store's).

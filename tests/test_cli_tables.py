@@ -222,6 +222,20 @@ def test_import_takes_the_store_first(tmp_path, capsys):
     assert code == 2 and "store given twice" in err
 
 
+def test_import_lists_sessions_costliest_first_and_what_the_cache_saved(tmp_path, capsys):
+    db = tmp_path / "few.duckdb"
+    code, out, _ = run(capsys, "import", db, LOGS / "claude_code", "--quiet")  # fewer sessions than the top ten
+    with pc.Lab(db, progress=False, read_only=True) as lab:
+        summary = lab.summary()
+    assert code == 0 and len(summary) <= 10
+    lines = out.splitlines()
+    rows = [line.split()[0] for line in lines[3:3 + len(summary)]]
+    assert rows == list(summary.sort_values(["cost_usd", "session"], ascending=[False, True]).session)
+    no_cache, cost = summary.cost_no_cache_usd.sum(), summary.cost_usd.sum()
+    assert (f"without the cache these requests would have cost ${no_cache:,.2f}: it saved ${no_cache - cost:,.2f}"
+            in " ".join(out.split()))
+
+
 def test_the_import_line_fits_120_columns_with_a_long_store_path(tmp_path, capsys):
     db = tmp_path.joinpath(*(["a-rather-long-folder-name"] * 5)) / "store.duckdb"
     db.parent.mkdir(parents=True)
