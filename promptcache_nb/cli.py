@@ -878,11 +878,11 @@ def _default_store_with_logs(args: argparse.Namespace) -> tuple[Lab, str]:
     except BaseException:
         lab.close()
         raise
-    agents = ", ".join(found) or "no agent's logs"
-    added = (f"{res.requests:,} new requests, {res.already_stored:,} already stored" if res is not None
-             else "nothing new")
-    line = f"{_home_short(str(path))}: {added} ({agents}, from {len(files)} files in their usual places)"
-    return lab, line
+    where = _home_short(str(path))
+    if res is None:
+        return lab, f"{where}: nothing new (no agent's logs in their usual places)"
+    return lab, (f"{where}: {res.requests:,} new requests, {res.already_stored:,} already stored "
+                 f"({', '.join(found)}, from {len(files)} files in their usual places)")
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:

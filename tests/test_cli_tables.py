@@ -324,3 +324,14 @@ def test_advise_takes_the_store_first_and_prints_json(tmp_path, capsys):
     parsed = list(csv.DictReader(io.StringIO(out)))
     assert code == 0 and [r["fix"] for r in parsed] == [r["fix"] for r in first]
     assert json.loads(parsed[0]["requests"]) == first[0]["requests"]  # a list cell is written as its JSON
+
+
+def test_report_without_logs_or_store_says_where_it_looked(tmp_path, capsys, monkeypatch):
+    for name in AGENT_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "data"))
+    code, out, err = run(capsys, "report")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "no agent logs in their usual places" in err and "name one (report STORE)" in err
+    assert not (tmp_path / "data").exists()  # nothing created when there is nothing to read
