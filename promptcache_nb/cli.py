@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -113,14 +114,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     import promptcache_nb as pc
 
+    _resolve_store(args, "replay", rest=("scenario",))
     # everything is checked before the store exists: a bad option leaves no empty .duckdb behind
     scenario = pc.load_scenario(_scenario_path(args.scenario))
     pc.strategies.get_strategy(args.strategy)
     pc.cache.get_cache_model(args.cache)
-    with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
+    with _new_store_or_none(args.store), pc.Lab(args.store, progress=not args.quiet) as lab:
         s = lab.replay(scenario, strategy=args.strategy, cache=args.cache)
         summary = pc.compare_df([s])
-    print(f"session {s.id} in {args.db}")
+    print(f"session {s.id} in {args.store}")
     print(summary[DISPLAY_COLUMNS].to_string(index=False))
     return 0
 
@@ -128,19 +130,32 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_sql(args: argparse.Namespace) -> int:
     import pandas as pd
 
-
+    _resolve_store(args, "sql", rest=("query",))
     # read-only: never creates, migrates or changes the file (a typo'd path, another application's database)
-    with _read_only_lab(args.db, progress=False) as lab:
+    with _read_only_lab(args.store, progress=False) as lab:
         df = lab.sql(args.query)
-    with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
+    if args.json or args.csv:
+        _print_machine(df, args)
+        return 0
+    if len(df) <= SQL_ROWS:
+        print(render_table(df, headers={}))  # the query's own column names; long text wraps, never cut
+        return 0
+    # a long result: pandas' first and last rows (text whole, never cut), --csv or --json for every row
+    with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", SQL_ROWS,
+                           "display.max_colwidth", None):
         print(df.to_string(index=False))
     return 0
+
+
+#: The rows ``sql`` prints as a wrapped table; a longer result prints its first and last rows.
+SQL_ROWS = 500
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .store import check_store
 
-    report = check_store(args.db)
+    _resolve_store(args, "doctor")
+    report = check_store(args.store)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1
 
@@ -152,23 +167,22 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     from .importers._ingest import BREAKS_VS_REBUILDS, UNCACHED_NOTE, expand_paths
 
-    paths = args.paths
+    paths = _import_store(args)
     if args.agent and not paths:
         from .importers._locations import agent_log_files
 
-        paths = agent_log_files(args.agent)  # one-line error naming where it looked when there is none
+        # a one-line error naming where it looked when there is none
+        paths = [str(f) for f in agent_log_files(args.agent)]
     elif not paths:
         raise PromptCacheError("import: name files, directories or globs, or --agent NAME for an agent's usual "
                                "log location")
     # a missing path fails here, before the store exists: a failed command leaves no empty .duckdb behind
     expand_paths(paths)
-    if (args.db is None) == (args.out is None):
-        raise PromptCacheError("import: give --db FILE (a DuckDB store) or --out DIR (a fleet's Parquet dataset)")
     if args.scheduler and args.out is None:
         raise PromptCacheError("import: --scheduler needs --out DIR (the workers write the Parquet files there)")
     if args.out is not None:
         return _import_fleet(args, paths)
-    with _new_store_or_none(args.db), pc.Lab(args.db, progress=not args.quiet) as lab:
+    with _new_store_or_none(args.store), pc.Lab(args.store, progress=not args.quiet) as lab:
         res = lab.import_log(paths, format=args.format, project=args.project, workers=args.workers,
                              account=args.account)
         ids = res.sessions.ids
@@ -176,17 +190,20 @@ def cmd_import(args: argparse.Namespace) -> int:
         full = pc.analysis.session_summary(lab, ids) if ids else None
         summary = res.summary(full_paths=args.full_paths)
         rebuilds = pc.rebuilds(lab) if args.details and ids else None
-    print(f"{res!r} into {args.db} — token figures are measured (usage reported by the endpoint)")
+    print(_import_line(repr(res), args.store))
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 200):
         if full is not None and len(full):
             print(_totals_line(full))
+            top = summary.assign(_cost=full["cost_usd"].astype(float).fillna(-1.0).to_numpy()).sort_values(
+                ["_cost", "session"], ascending=[False, True], kind="stable").drop(columns="_cost")
             if args.details or len(summary) <= TOP_SESSIONS:
-                print(_fit(summary))
+                print(_fit(top))  # every session, costliest first
             else:
-                top = summary.assign(_cost=full["cost_usd"].fillna(-1.0).to_numpy()).sort_values(
-                    ["_cost", "session"], ascending=[False, True], kind="stable").drop(columns="_cost")
                 print(f"the {TOP_SESSIONS} costliest of {len(summary)} sessions (all of them: --details)")
                 print(_fit(top.head(TOP_SESSIONS)))
+            saved = _savings_line(full)
+            if saved:
+                print(saved)
             print(_wrap(BREAKS_VS_REBUILDS + " " + UNCACHED_NOTE))
         if rebuilds is not None:
             per_session = dict(tuple(rebuilds.groupby("session", sort=False)))
@@ -213,6 +230,61 @@ def cmd_import(args: argparse.Namespace) -> int:
             elif full is not None and int(full["rebuilds"].sum()):
                 print("\neach session's rebuilds: --details")
     return 0
+
+
+def _import_store(args: argparse.Namespace) -> list[str]:
+    """Set ``args.store`` for ``import`` and return the paths to read: ``import STORE PATH...``, ``import PATH...
+    --db STORE`` or ``import PATH... --out DIR`` (a fleet's dataset: ``args.store`` None)."""
+    given = ([args.store] if args.store is not None else []) + list(args.paths)
+    if args.db is not None and args.out is not None:
+        raise PromptCacheError("import: give --db FILE (a DuckDB store) or --out DIR (a fleet's Parquet dataset), "
+                               "not both")
+    if args.db is not None or args.out is not None:
+        if args.db is not None and given and given[0].endswith(".duckdb"):
+            raise PromptCacheError(f"import: the store given twice ({given[0]} and --db {args.db}): name it once, "
+                                   "first or with --db")
+        args.store = args.db
+        return given
+    if not given or not _may_be_store(given[0]):
+        what = f"{given[0]} is no DuckDB store" if given else "no store named"
+        raise PromptCacheError(f"import: {what}; name the store first (import STORE PATH...), or give --db FILE "
+                               "(a DuckDB store) or --out DIR (a fleet's Parquet dataset)")
+    args.store = given[0]
+    return given[1:]
+
+
+def _may_be_store(path: str) -> bool:
+    """A path ``import`` may write into: a new file, or an existing DuckDB file (never a log given by mistake)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        return True
+    if not p.is_file():
+        return False
+    with p.open("rb") as f:
+        return f.read(12)[8:12] == b"DUCK"  # DuckDB's magic bytes, after the header's checksum
+
+
+def _import_line(result: str, store: str, *, width: int | None = None) -> str:
+    """The import's one-line summary, no wider than ``width``: the store's path shortened as a table's paths are
+    (``~`` for the home folder, then cut in the middle) to fit."""
+    width = TABLE_WIDTH if width is None else width
+    where = _home_short(store)
+    # the longest note that leaves the path whole (or 24 characters of it); else none, and the path cut to fit
+    for note in (" — token figures are measured (usage reported by the endpoint)", " — measured usage", ""):
+        room = width - len(result) - len(" into ") - len(note)
+        if room >= min(len(where), 24) or not note:
+            break
+    if len(where) > room:
+        where = _cut_path(where, max(room, 16))
+    return f"{result} into {where}{note}"
+
+
+def _home_short(path: str) -> str:
+    """``path`` with the home folder spelled ``~``."""
+    home = str(Path.home())
+    full = str(Path(path).expanduser().absolute()) if "://" not in path else path
+    return "~" + full[len(home):] if home not in ("", "/") and (full == home or full.startswith(home + os.sep)) \
+        else path
 
 
 def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
@@ -270,6 +342,18 @@ def _totals_line(full: pd.DataFrame) -> str:
     return _wrap(f"totals: {totals['requests']:,} requests, {len(full)} sessions, measured cache read "
                  f"{totals['cache_read_pct']:.1f} %, cost {cost}, {int(full['rebuilds'].sum())} rebuilds{lost_text}, "
                  f"{int(full['openclaw_breaks'].sum())} openclaw breaks")
+
+
+def _savings_line(full: pd.DataFrame) -> str:
+    """What the cache saved over a :func:`~promptcache_nb.analysis.session_summary` frame's sessions priced both
+    ways (measured usage at their prices, and the same tokens all uncached); "" when none is."""
+    both = full[full["cost_usd"].notna() & full["cost_no_cache_usd"].notna()]
+    if not len(both):
+        return ""
+    cost, no_cache = float(both["cost_usd"].sum()), float(both["cost_no_cache_usd"].sum())
+    some = "" if len(both) == len(full) else f" ({len(both)} of {len(full)} sessions priced both ways)"
+    return _wrap(f"without the cache these requests would have cost ${no_cache:,.2f}: it saved "
+                 f"${no_cache - cost:,.2f} of ${no_cache:,.2f}{some}")
 
 
 #: The store's tables, named in ``sql --help`` (a test keeps the list equal to a migrated store's).
@@ -339,14 +423,18 @@ def cmd_advise(args: argparse.Namespace) -> int:
     # read-only: advice replays what is stored and writes nothing (apply() in Python stores a counterfactual),
     # unless a usage-first import left sessions to analyse: their analysis is stored first (what advice reads);
     # every session of a heavy user's store takes minutes: a bar on a terminal (stderr), none in a pipe or log
-    with _read_only_lab(args.db, progress=True) as lab:
+    _resolve_store(args, "advise")
+    with _read_only_lab(args.store, progress=True) as lab:
         waiting = bool(lab.store.unanalysed_ids())
     if waiting:
-        with pc.Lab(args.db, progress=True) as lab:
+        with pc.Lab(args.store, progress=True) as lab:
             lab.analyze()
-    with _read_only_lab(args.db, progress=True) as lab:
+    with _read_only_lab(args.store, progress=True) as lab:
         advice = pc.advise(lab.session(id=args.session) if args.session else lab)
-        print(advice.text(width=120))
+        if args.json or args.csv:
+            _print_machine(advice.findings, args)
+        else:
+            print(advice.text(width=120))
     return 0
 
 
@@ -358,6 +446,443 @@ def _read_only_lab(path: str, *, progress: bool) -> Lab:
     if "://" in path or os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST)):
         return pc.fleet.open(path, progress=progress)
     return pc.Lab(path, progress=progress, read_only=True)
+
+
+# -- the store as the first argument ------------------------------------------------------------------------------
+
+def _resolve_store(args: argparse.Namespace, command: str, *, rest: tuple[str, ...] = (),
+                   required: bool = True) -> None:
+    """Set ``args.store`` from the first positional argument or ``--db`` (its alias), and the positionals after it
+    (``rest``): with ``--db`` every positional is one of ``rest``. One line of error when the store is given twice,
+    or not at all where it is ``required``."""
+    values = [args.store, *(getattr(args, name) for name in rest)]
+    usage = " ".join([command, "STORE", *(name.upper() for name in rest)])
+    if args.db is not None:
+        if values[-1] is not None:
+            raise PromptCacheError(f"{command}: the store given twice ({values[0]} and --db {args.db}): name it once "
+                                   f"({usage}, or --db STORE)")
+        for name, value in zip(rest, values[:-1], strict=True):
+            setattr(args, name, value)
+        args.store = args.db
+    if args.store is None and required:
+        raise PromptCacheError(f"{command}: name the store first ({usage}), or give --db STORE")
+    missing = [name.upper() for name in rest if getattr(args, name) is None]
+    if missing:
+        raise PromptCacheError(f"{command}: {', '.join(missing)} missing after the store ({usage})")
+
+
+def _add_store(parser: argparse.ArgumentParser, help: str, *, optional: str = "") -> None:  # noqa: A002 - argparse's name
+    """The store as the first positional argument, and ``--db`` as its alias."""
+    parser.add_argument("store", nargs="?", metavar="STORE", help=help + optional)
+    parser.add_argument("--db", default=None, metavar="STORE", help="the store, as an option (instead of STORE)")
+
+
+def _add_formats(parser: argparse.ArgumentParser) -> None:
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true",
+                     help="print the table as JSON (an array of objects, full values) instead, nothing else")
+    out.add_argument("--csv", action="store_true", help="print the table as CSV (a header row, full values) instead")
+
+
+# -- tables: text that wraps in its cells, or JSON / CSV ------------------------------------------------------------
+
+#: The headers the text tables show for the analysis' columns (JSON and CSV keep the column names); a header wraps at
+#: its spaces when its column is narrower.
+HEADERS = {
+    "cache_read_pct": "read %", "measured_cache_read_pct": "read %", "cost_usd": "cost", "cost_no_cache_usd":
+    "no cache", "saved_usd": "saved", "running_cost_usd": "running cost", "cache_read": "read",
+    "cache_write": "write", "subagents": "sub agents", "models": "model(s)", "window_end": "until", "at": "time",
+}
+#: Columns shown with four decimals (dollars) or one (percentages).
+MONEY = frozenset({"cost_usd", "cost_no_cache_usd", "saved_usd", "running_cost_usd", "rebuild_lost_usd"})
+PERCENT = frozenset({"cache_read_pct", "measured_cache_read_pct"})
+#: Text columns kept on one line (an id): the others wrap inside their cell when the table is too wide.
+NO_WRAP = frozenset({"session", "parent"})
+#: The narrowest a wrapped path or prose column gets (a word longer than its cell continues on the next line);
+#: other text columns keep their longest word whole (a model name, a date).
+MIN_PATH = 18
+MIN_PROSE = 20
+#: Where a cell's text may break: after a space or a slash (paths).
+_BREAK_AFTER = re.compile(r"(?<=[ /])")
+
+
+def _terminal_width() -> int:
+    """The terminal's width (``COLUMNS`` when set), :data:`TABLE_WIDTH` when there is none (piped output)."""
+    import shutil
+
+    return max(40, shutil.get_terminal_size((TABLE_WIDTH, 24)).columns)
+
+
+def _text(value: Any, column: str) -> str:
+    import datetime as dt
+
+    import pandas as pd
+
+    if value is None or (not isinstance(value, str) and pd.api.types.is_scalar(value) and pd.isna(value)):
+        return ""
+    if column in MONEY:
+        return f"{float(value):,.4f}"
+    if column in PERCENT:
+        return f"{float(value):.1f}"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dt.datetime):  # pandas' Timestamp is one: UTC, to the second
+        t = pd.Timestamp(value)
+        return str((t.tz_convert("UTC") if t.tzinfo is not None else t).strftime("%Y-%m-%d %H:%M:%S"))
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, int) or (hasattr(value, "dtype") and pd.api.types.is_integer_dtype(value.dtype)):
+        return f"{int(value):,}"
+    if isinstance(value, float) or hasattr(value, "dtype"):
+        return f"{float(value):,.4f}"
+    return " ".join(str(value).split())  # one paragraph: its line breaks are the table's to make
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` split where a line may break (:data:`_BREAK_AFTER`), each piece keeping its delimiter."""
+    return [p for p in _BREAK_AFTER.split(text) if p]
+
+
+def _wrap_cell(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken after spaces and slashes; a piece longer than a line
+    continues on the next. Nothing is cut: the lines joined (with the spaces they broke at) give ``text`` back."""
+    if len(text) <= width:
+        return [text]
+    lines: list[str] = []
+    line = ""
+    for piece in _pieces(text):
+        if len(line) + len(piece.rstrip()) <= width:
+            line += piece
+            continue
+        if line.strip():
+            lines.append(line.rstrip())
+        line = piece
+        while len(line.rstrip()) > width:
+            lines.append(line[:width])
+            line = line[width:]
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines or [""]
+
+
+def render_table(df: pd.DataFrame, *, width: int | None = None, headers: Mapping[str, str] | None = None) -> str:
+    """``df`` as a text table no wider than ``width`` (default: the terminal's, ``COLUMNS`` when set) where it can
+    be: text columns (not :data:`NO_WRAP`) wrap inside their cells, the widest first, down to their longest word
+    (a model name stays whole) or :data:`MIN_PATH` / :data:`MIN_PROSE` characters for paths and prose; headers wrap
+    at their spaces. Nothing is ever cut. Numbers are right aligned; missing values print empty. ``headers``: what
+    each column is called (default :data:`HEADERS`, else its name)."""
+    width = _terminal_width() if width is None else width
+    columns = list(df.columns)
+    cells = [[_text(v, c) for v, c in zip(row, columns, strict=True)] for row in df.itertuples(index=False)]
+    heads = [str((HEADERS if headers is None else headers).get(c, c)) for c in columns]
+    numeric = [str(df[c].dtype).lower().startswith(("int", "float", "uint")) or c in MONEY or c in PERCENT
+               for c in columns]
+    n = len(columns)
+    head_word = [max(len(w) for w in h.split()) for h in heads]
+    data = [max([0, *(len(row[i]) for row in cells)]) for i in range(n)]
+    wraps = [c not in NO_WRAP and not numeric[i] for i, c in enumerate(columns)]
+    widths = [max(data[i], len(heads[i])) for i in range(n)]
+
+    def floor(i: int) -> int:
+        if numeric[i]:
+            return max(data[i], head_word[i])  # its header may wrap
+        if not wraps[i]:
+            return widths[i]
+        if columns[i] in PATH_COLUMNS:
+            return min(widths[i], MIN_PATH)
+        if columns[i] in CUT_FIRST or any(len(_pieces(row[i])) > 4 for row in cells):  # prose
+            return min(widths[i], max(head_word[i], MIN_PROSE))
+        word = max([head_word[i], *(len(p.rstrip(" ,")) for row in cells for p in _pieces(row[i]))])
+        return min(widths[i], word)  # a model name, a time's date: whole on its line
+
+    floors = [floor(i) for i in range(n)]
+    gap = 2 if sum(floors) + 2 * (n - 1) <= width else 1  # a narrow terminal gets one space between columns
+    while sum(widths) + gap * (n - 1) > width:
+        shrinkable = [i for i in range(n) if widths[i] > floors[i]]
+        if not shrinkable:
+            break  # as narrow as it goes: the terminal wraps the rest
+        i = max(shrinkable, key=lambda k: widths[k] - floors[k])
+        widths[i] -= 1
+
+    def lines(text: str, i: int, head: bool) -> list[str]:
+        if head:
+            return _wrap_cell(text, widths[i]) if len(text) > widths[i] else [text]
+        return _wrap_cell(text, widths[i]) if wraps[i] else [text]
+
+    out = []
+    for k, row in enumerate([heads, *cells]):
+        parts = [lines(text, i, k == 0) for i, text in enumerate(row)]
+        for j in range(max(len(p) for p in parts)):
+            fields = []
+            for i, p in enumerate(parts):
+                piece = p[j] if j < len(p) else ""
+                fields.append(piece.rjust(widths[i]) if numeric[i] else piece.ljust(widths[i]))
+            out.append((" " * gap).join(fields).rstrip())
+    return "\n".join(out)
+
+
+def _machine_value(value: Any) -> Any:
+    """A cell as JSON holds it: times in ISO 8601, numpy numbers as Python's, missing as None."""
+    import datetime as dt
+
+    import pandas as pd
+
+    if value is None or (not isinstance(value, str) and pd.api.types.is_scalar(value) and pd.isna(value)):
+        return None
+    if isinstance(value, dt.date):  # datetimes and pandas' Timestamps too
+        return value.isoformat()
+    if hasattr(value, "tolist"):  # a numpy number, or an array of them
+        return value.tolist()
+    return value
+
+
+def _print_machine(df: pd.DataFrame, args: argparse.Namespace) -> None:
+    """``df`` to stdout as JSON (``--json``: one array of objects) or CSV (``--csv``), with nothing around it."""
+    import csv
+    import json
+
+    rows = [{c: _machine_value(v) for c, v in zip(df.columns, row, strict=True)}
+            for row in df.itertuples(index=False)]
+    if args.json:
+        print(json.dumps(rows, ensure_ascii=False, default=str))
+        return
+    writer = csv.DictWriter(sys.stdout, fieldnames=[str(c) for c in df.columns], lineterminator="\n")
+    writer.writeheader()
+    # a list or a mapping in a cell (advice's request numbers) is written as its JSON
+    writer.writerows({k: json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, list | dict) else v
+                      for k, v in row.items()} for row in rows)
+
+
+def _print_table(df: pd.DataFrame, args: argparse.Namespace, *, head: Sequence[str] = (),
+                 tail: Sequence[str] = ()) -> None:
+    """A table as the command was asked for: JSON or CSV alone, else ``head`` lines, the text table, ``tail``."""
+    if args.json or args.csv:
+        _print_machine(df, args)
+        return
+    width = _terminal_width()
+    for line in head:
+        print(_wrap(line, width=width))
+    print(render_table(df, width=width))
+    for line in tail:
+        print(_wrap(line, width=width))
+
+
+def _sources(sources: list[str]) -> tuple[list[str], str]:
+    """Sessions' sources (``format:path``) shortened as the import shortens them (relative to the folder they share,
+    a single file's name) and that folder (``~`` for the home folder; "" when nothing is shared)."""
+    from .importers._ingest import ImportResult
+
+    paths = [s.partition(":")[2] if ":" in s and len(s.partition(":")[0]) > 1 else s for s in sources]
+    paths = [p for p in paths if p]
+    if not paths:
+        return sources, ""
+    root = Path(os.path.commonpath(paths)) if len({os.path.isabs(p) for p in paths}) == 1 else None
+    if root is None or str(root) in ("", os.sep):
+        return sources, ""
+    if len(paths) == 1 or any(Path(p) == root for p in paths):
+        root = root.parent  # a file, or a folder that is itself a source: show its name
+    shortener = ImportResult(roots=[root])
+    return [shortener.relative_source(s) for s in sources], _home_short(str(root))
+
+
+# -- sessions, requests, report ----------------------------------------------------------------------------------
+
+#: ``sessions``' columns (``subagents`` when rolled up; ``usage`` when a session's figures are not all measured).
+SESSIONS_COLUMNS = ["session", "started", "requests", "models", "cache_read_pct", "cost_usd", "cost_no_cache_usd",
+                    "saved_usd", "source"]
+#: ``requests``' columns.
+REQUESTS_COLUMNS = ["idx", "at", "model", "cache_read", "cache_write", "uncached", "output", "cost_usd",
+                    "running_cost_usd", "cause"]
+#: ``report``'s columns after the group's own.
+REPORT_COLUMNS = ["sessions", "requests", "measured_cache_read_pct", "cost_usd", "cost_no_cache_usd", "saved_usd"]
+#: What ``report --by`` may group by, in time order rather than by cost.
+TIME_GROUPS = ("day", "hour", "window")
+MEASURED_NOTE = "token figures measured (usage the endpoint reported); costs in USD"
+MIXED_NOTE = "token figures measured or simulated, as the usage column says; costs in USD"
+
+
+def _by_cost(df: pd.DataFrame, *, key: str) -> pd.DataFrame:
+    """Costliest first, unpriced last, ties by ``key``."""
+    return df.assign(_cost=df["cost_usd"].astype(float).fillna(-1.0)).sort_values(
+        ["_cost", key], ascending=[False, True], kind="stable").drop(columns="_cost").reset_index(drop=True)
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    from .analysis.rollups import roll_up_subagents, session_summary
+
+    _resolve_store(args, "sessions", required=False)
+    args.store = args.store or _existing_default_store("sessions")
+    with _read_only_lab(args.store, progress=False) as lab:
+        summary = session_summary(lab, rebuilds=False)  # measured sums only: one query, no body read
+    columns = list(SESSIONS_COLUMNS)
+    if not args.flat:
+        summary = roll_up_subagents(summary)
+        columns.insert(3, "subagents")
+    else:
+        columns.insert(1, "parent")
+    mixed = bool((summary["usage"] != "measured").any())
+    if mixed:
+        columns.insert(columns.index("cache_read_pct"), "usage")
+    table = _by_cost(summary[columns], key="session")
+    if args.json or args.csv:
+        _print_machine(table, args)
+        return 0
+    short, root = _sources([str(s) for s in table["source"]])
+    note = MIXED_NOTE if mixed else MEASURED_NOTE
+    head = [f"{len(table)} session{'s' * (len(table) != 1)}"
+            + ("" if args.flat else f" ({int(table['subagents'].sum())} sub-agent sessions rolled up into their "
+                                    "parent's row; --flat lists them)") + f", costliest first; {note}"]
+    if root:
+        head.append(f"sources under {root}")
+    _print_table(table.assign(source=short), args, head=head)
+    return 0
+
+
+def _session_id(lab: Lab, given: str, store: str) -> str:
+    """The session ``given`` names: its id, or a prefix of exactly one id."""
+    ids = lab.store.session_ids()
+    if given in ids:
+        return given
+    matches = [i for i in ids if i.startswith(given)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise PromptCacheError(f"requests: {given!r} names {len(matches)} sessions in {store} "
+                               f"({', '.join(matches[:5])}{', ...' if len(matches) > 5 else ''}): give more of it")
+    raise PromptCacheError(f"requests: no session {given!r} in {store} (promptcache-nb sessions {store} lists them)")
+
+
+def cmd_requests(args: argparse.Namespace) -> int:
+    from .analysis.rollups import request_table
+
+    if args.db is None and args.session is None and args.store is not None and not os.path.exists(args.store):
+        args.store, args.session = _existing_default_store("requests"), args.store  # `requests SESSION`
+    _resolve_store(args, "requests", rest=("session",))
+    with _read_only_lab(args.store, progress=False) as lab:
+        sid = _session_id(lab, args.session, args.store)
+        df = request_table(lab, sid)
+    columns = list(REQUESTS_COLUMNS)
+    if (df["usage"] != "measured").any():
+        columns.insert(columns.index("cost_usd"), "usage")
+    table = df[columns].assign(cause=df["cause"].fillna(""))
+    measured = "measured" if (df["usage"] == "measured").all() else "measured or simulated, as the usage column says"
+    total = df["running_cost_usd"].iloc[-1] if len(df) else None
+    cost = "unknown" if total is None or total != total else f"${total:,.4f}"
+    _print_table(table, args, head=[f"session {sid}: {len(df)} requests, cost {cost}; token figures {measured}; "
+                                    "cause: why the cache read what it did (empty: not analysed yet)"])
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .analysis.rollups import BILLING_WINDOW, group_summary
+
+    _resolve_store(args, "report", required=False)
+    if args.store is None:
+        lab_cm, imported = _default_store_with_logs(args)
+    else:
+        lab_cm, imported = _read_only_lab(args.store, progress=False), None
+    with lab_cm as lab:
+        groups = group_summary(lab, args.by, rebuilds=False)  # measured columns only
+    table = groups[[args.by, *REPORT_COLUMNS]]
+    if args.by == "window":
+        table.insert(1, "window_end", table["window"] + BILLING_WINDOW)
+    if args.by not in TIME_GROUPS:
+        table = _by_cost(table, key=args.by)
+    if args.json or args.csv:
+        if imported:
+            print(imported, file=sys.stderr)
+        _print_machine(table, args)
+        return 0
+    head = [imported] if imported else []
+    grouped = {"window": "5-hour billing window (opened by the first request after the last one closed; UTC)",
+               "day": "UTC day", "hour": "UTC hour"}.get(args.by, args.by)
+    head.append(f"measured requests by {grouped}" + ("" if args.by in TIME_GROUPS else ", costliest first")
+                + f"; {MEASURED_NOTE}")
+    if not len(groups):
+        print("\n".join([*head[:-1], "no measured requests in this store (live or imported usage)"]))
+        return 0
+    _print_table(table, args, head=head, tail=[_report_totals(groups)])
+    return 0
+
+
+def _report_totals(groups: pd.DataFrame) -> str:
+    """One line: the report's totals (its groups add up to every measured request)."""
+    from .analysis.frames import derived_totals
+
+    sums = {k: groups[k].sum() for k in ("requests", "cache_read", "cache_write", "uncached")}
+    t = derived_totals({**sums, "cost_usd": None, "cost_no_cache_usd": None})
+    line = f"total: {t['requests']:,} requests, read share {t['cache_read_pct']:.1f} %, "
+    if groups["cost_usd"].isna().all():
+        return line + "cost unknown"
+    line += f"cost ${groups['cost_usd'].sum():,.4f}"
+    both = groups[groups["cost_usd"].notna() & groups["cost_no_cache_usd"].notna()]
+    if len(both):
+        line += (f", without cache ${both['cost_no_cache_usd'].sum():,.4f}, saved ${both['saved_usd'].sum():,.4f}"
+                 + ("" if len(both) == groups["cost_usd"].notna().sum() else
+                    f" (of the groups priced both ways: ${both['cost_usd'].sum():,.4f} of the cost)"))
+    return line
+
+
+# -- zero set-up: the default store, fed from the agents' usual places ---------------------------------------------
+
+#: The environment variable that moves the default store's folder (tests point it at a temporary one).
+HOME_ENV = "PROMPTCACHE_NB_HOME"
+#: The default store's file name, in :func:`default_store_path`'s folder.
+DEFAULT_STORE_NAME = "history.duckdb"
+
+
+def default_store_path() -> Path:
+    """Where ``report`` without a store keeps its store: ``$PROMPTCACHE_NB_HOME/history.duckdb``, else
+    ``history.duckdb`` in the user's data folder (platformdirs: ``~/.local/share/promptcache-nb`` on Linux,
+    ``~/Library/Application Support/promptcache-nb`` on macOS, ``%LOCALAPPDATA%\\promptcache-nb`` on Windows)."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser() / DEFAULT_STORE_NAME
+    import platformdirs
+
+    return platformdirs.user_data_path("promptcache-nb") / DEFAULT_STORE_NAME
+
+
+def _existing_default_store(command: str) -> str:
+    """The default store (``report`` without a store fills it), for a command given no store; an error if none."""
+    path = default_store_path()
+    if not path.exists():
+        raise PromptCacheError(f"{command}: name the store first ({command} STORE), or give --db STORE (no default "
+                               f"store at {_home_short(str(path))} yet: `promptcache-nb report` makes it)")
+    return str(path)
+
+
+def _default_store_with_logs(args: argparse.Namespace) -> tuple[Lab, str]:
+    """The default store, with whatever the agents wrote in their usual places since the last run imported into it
+    (the import stores only requests it does not hold), and one line saying what was added."""
+    import promptcache_nb as pc
+
+    from .errors import ImportFormatError
+    from .importers._locations import AGENTS, agent_log_files
+
+    found: dict[str, list[Path]] = {}
+    for agent in AGENTS:
+        try:
+            found[agent] = agent_log_files(agent)
+        except ImportFormatError:
+            continue  # this agent left no log here
+    path = default_store_path()
+    if not found and not path.exists():
+        raise PromptCacheError(f"report: no agent logs in their usual places ({', '.join(AGENTS)}; "
+                               "`promptcache-nb import --help` lists where), and no store: name one (report STORE)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lab = pc.Lab(path, progress=not args.quiet)
+    try:
+        files = [f for paths in found.values() for f in paths]
+        res = lab.import_log(files) if files else None
+    except BaseException:
+        lab.close()
+        raise
+    where = _home_short(str(path))
+    if res is None:
+        return lab, f"{where}: nothing new (no agent's logs in their usual places)"
+    return lab, (f"{where}: {res.requests:,} new requests, {res.already_stored:,} already stored "
+                 f"({', '.join(found)}, from {len(files)} files in their usual places)")
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
@@ -410,12 +935,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="replay one scenario under one strategy into a DuckDB file",
                        description="Replay a scenario under one strategy and cache model, appending a session to "
                                    "the store (created if missing; nothing is created when an option is wrong).")
-    r.add_argument("scenario", metavar="FILE_OR_NAME", help=f"a scenario YAML file, or a bundled one: {bundled}")
+    _add_store(r, "the store (created if missing)")
+    r.add_argument("scenario", nargs="?", metavar="FILE_OR_NAME",
+                   help=f"a scenario YAML file, or a bundled one: {bundled}")
     r.add_argument("--strategy", default="naive", metavar="STRATEGY",
                    help=f"one of: {', '.join(strategies)} (default: %(default)s)")
     r.add_argument("--cache", default="anthropic", metavar="CACHE",
                    help=f"provider cache model: {', '.join(caches)} (default: %(default)s)")
-    r.add_argument("--db", required=True, metavar="FILE.duckdb", help="the store (required; created if missing)")
     r.add_argument("--quiet", action="store_true", help="no progress bars")
     r.set_defaults(fn=cmd_replay, interrupted="the scenario turns being written were rolled back: the session keeps "
                                               "the whole turns stored before them (replaying again starts a new "
@@ -425,15 +951,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "error, never created) and print the result as a table. Tables: "
                                    f"{', '.join(STORE_TABLES)} (one row per request in turns, keyed by "
                                    "session_id and idx).")
-    q.add_argument("db", metavar="FILE.duckdb", help="an existing store, or a fleet dataset's directory (import --out)")
-    q.add_argument("query", help='e.g. "select session_id, idx, cache_reason, cache_read_input_tokens from turns"')
+    _add_store(q, "an existing store, or a fleet dataset's directory (import --out)")
+    q.add_argument("query", nargs="?",
+                   help='e.g. "select session_id, idx, cache_reason, cache_read_input_tokens from turns"')
+    _add_formats(q)
     q.set_defaults(fn=cmd_sql)
     dr = sub.add_parser("doctor", help="check a store: schema, migrations, NULLs and references; report problems",
                         description="Check a store without changing it (read-only): every table and column this "
                                     "version expects, applied migrations, NULLs where a value is required, and "
                                     "every block, prefix node and session a row refers to. Exit 0 when sound, 1 "
                                     "when problems are listed, 2 when the file cannot be opened.")
-    dr.add_argument("db", metavar="FILE.duckdb", help="an existing store")
+    _add_store(dr, "an existing store")
     dr.set_defaults(fn=cmd_doctor)
     i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, pi, OpenClaw, Gemini CLI, OpenCode, "
                                       "Cline/Roo Code, vcr, HAR, proxy exchanges, OTLP JSON)",
@@ -442,11 +970,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Re-importing a growing log adds only the new requests. Prints the totals and "
                                    "the costliest sessions (sources relative to the paths given); --details prints "
                                    "every session, its rebuilds, and what was skipped, and why.")
+    i.add_argument("store", nargs="?", metavar="STORE",
+                   help="the DuckDB store to import into (created if missing); or give it with --db")
     i.add_argument("paths", nargs="*", help="files, directories (walked) or globs (default with --agent: the "
                                             "agent's usual log location)")
     i.add_argument("--agent", default=None, choices=AGENTS, metavar="AGENT",
                    help=f"read this agent's logs where it keeps them: {', '.join(AGENTS)}")
-    i.add_argument("--db", default=None, help="the DuckDB store to import into (created if missing)")
+    i.add_argument("--db", default=None, metavar="STORE",
+                   help="the store, as an option (instead of STORE; every positional is then a path)")
     i.add_argument("--out", default=None, metavar="DIR",
                    help="instead of --db: a fleet's Parquet dataset (pc.fleet; run again to add new or grown files)")
     i.add_argument("--workers", type=int, default=1, metavar="N",
@@ -475,11 +1006,50 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Replay each stored session (or --session) with each fix applied (tail_volatile, "
                                    "durable_deltas, frozen_prefix, breakpoints, ttl, keep_warm) and print the "
                                    "findings ranked by dollars saved. The store is opened read-only.")
-    a.add_argument("--db", required=True, metavar="FILE.duckdb",
-                   help="an existing store, or a fleet dataset's directory (import --out)")
+    _add_store(a, "an existing store, or a fleet dataset's directory (import --out)")
     a.add_argument("--session", default=None, metavar="ID", help="one session (default: every session, and a "
                                                                   "fleet roll-up)")
+    _add_formats(a)
     a.set_defaults(fn=cmd_advise)
+    se = sub.add_parser("sessions", help="what a store holds: one row per session, costliest first",
+                        description="One row per session, costliest first: when it started, its requests, every "
+                                    "model it used, the measured cache read share, its cost, what it would have "
+                                    "cost without the cache and what the cache saved, and its log. Sub-agent "
+                                    "sessions are added into their parent's row (--flat lists each alone). The "
+                                    "store is opened read-only; only measured columns are read.")
+    _add_store(se, "an existing store, or a fleet dataset's directory (import --out)",
+               optional="; default: the one `report` without a store fills")
+    se.add_argument("--flat", action="store_true", help="one row per session, sub-agents included, each alone")
+    _add_formats(se)
+    se.set_defaults(fn=cmd_sessions)
+    rq = sub.add_parser("requests", help="one session's requests: usage, cost, running cost and cause",
+                        description="One row per request of a session: its time (UTC), model, cache read / write "
+                                    "/ uncached input, output, cost, the running cost and the cause (why the cache "
+                                    "read what it did, in full; empty when not analysed yet). The store is opened "
+                                    "read-only.")
+    _add_store(rq, "an existing store, or a fleet dataset's directory (import --out)",
+               optional="; default (with SESSION alone): the one `report` without a store fills")
+    rq.add_argument("session", nargs="?", metavar="SESSION", help="a session id, or a prefix of exactly one")
+    _add_formats(rq)
+    rq.set_defaults(fn=cmd_requests)
+    rp = sub.add_parser("report", help="cost, cost without cache, saved and read share per day, hour, model, "
+                                       "project or 5-hour billing window",
+                        description="The measured requests (live or imported usage) per group: sessions, "
+                                    "requests, read share, cost, cost without the cache and what the cache saved, "
+                                    "then the totals. Without STORE: imports what the agents wrote in their usual "
+                                    f"places (only what is new) into {DEFAULT_STORE_NAME} in your data folder "
+                                    f"(${HOME_ENV} moves it) and reports on it.")
+    _add_store(rp, "an existing store, or a fleet dataset's directory (import --out)",
+               optional=f"; default: {DEFAULT_STORE_NAME} in your data folder, fed from the agents' logs")
+    rp.add_argument("--by", default="day", choices=("day", "hour", "model", "project", "window"),
+                    help="group by UTC day (default), UTC hour, model, project, or 5-hour billing window: a window "
+                         "opens at the first request after the previous window closed and lasts 5 hours, as "
+                         "Claude's usage limits count them (every measured request of the store counts, whichever "
+                         "agent sent it)")
+    rp.add_argument("--quiet", action="store_true", help="no progress bars (when importing into the default store)")
+    _add_formats(rp)
+    rp.set_defaults(fn=cmd_report, interrupted="the default store keeps the sessions imported whole before the "
+                                               "interrupt: run report again to import the rest")
     x = sub.add_parser("proxy", help="record an agent's API calls: forward to --upstream, append one line per "
                                      "call to --log (the `exchanges` format `import` reads)",
                        description="A recording proxy: point the agent's base URL at it; every call is forwarded "

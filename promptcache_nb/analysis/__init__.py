@@ -33,7 +33,7 @@ from .resimulate import (
     resimulate,
     simulate,
 )
-from .rollups import group_summary, session_summary, shared_reads
+from .rollups import billing_windows, group_summary, request_table, roll_up_subagents, session_summary, shared_reads
 from .whatif import KeepWarm, keep_warm, rebuilds, ttl_whatif
 
 __all__ = [
@@ -41,11 +41,13 @@ __all__ = [
     "Calibration", "CalibrationChoice", "CalibrationFit", "Change", "CostTotal", "IdealRead", "KeepWarm",
     "OBSERVATION_COLUMNS", "Observation", "ObservationState",
     "Prices",
-    "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "calibrate", "calibration_for", "carried_over",
+    "SELF_HOSTED", "Snapshot", "TurnAnalysis", "analyse_turn", "billing_windows", "calibrate", "calibration_for",
+    "carried_over",
     "compare_caches", "compare_df", "cost_total", "efficiency", "fit_family", "group_summary", "history_missing",
     "ideal_read", "keep_warm", "load_calibration", "load_turns",
     "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
-    "request_prices", "resimulate", "session_summary", "shared_reads", "simulate", "snapshot",
+    "request_prices", "request_table", "resimulate", "roll_up_subagents", "session_summary", "shared_reads",
+    "simulate", "snapshot",
     "stored_diff_and_observation", "summarize",
     "ttl_whatif",
 ]

@@ -1,6 +1,8 @@
-"""Every session at once: one row per session (:func:`session_summary`, ``Lab.summary()``) and the measured
-traffic per project, model or day (:func:`group_summary`, ``Lab.summary(by=...)``); each account's first
-requests and who wrote what they read (:func:`shared_reads`).
+"""Every session at once: one row per session (:func:`session_summary`, ``Lab.summary()``; sub-agents added into
+their parent's row by :func:`roll_up_subagents`), one session's requests with a running cost
+(:func:`request_table`), and the measured traffic per project, model, day, hour or 5-hour billing window
+(:func:`group_summary`, ``Lab.summary(by=...)``); each account's first requests and who wrote what they read
+(:func:`shared_reads`).
 
 The sums come from one SQL query over ``turns`` (``store/_rollups.py``); the rebuilds from the rows
 :func:`~promptcache_nb.rebuilds` lists for the whole Lab (also one query), so a session's ``rebuilds`` is
@@ -17,7 +19,9 @@ without a price add nothing (the column is None when no rebuild could be priced)
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._config import DEFAULT_ACCOUNT
@@ -35,26 +39,38 @@ if TYPE_CHECKING:  # pragma: no cover
 SESSION_SUMMARY_COLUMNS = [
     "session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd", "model", "parent", "source",
     "project", "strategy", "cache", "usage", "total_input", "cache_read", "cache_write", "uncached",
-    "ideal_cache_read", "efficiency", "cost_no_cache_usd", "saved_usd", "rebuild_lost_usd",
+    "ideal_cache_read", "efficiency", "cost_no_cache_usd", "saved_usd", "rebuild_lost_usd", "started", "models",
 ]
 
 #: ``Lab.summary(by=...)``'s columns after the group's own (``project``, ``model`` or ``day``).
 GROUP_SUMMARY_COLUMNS = [
     "sessions", "requests", "measured_cache_read_pct", "total_input", "cache_read", "cache_write", "uncached",
-    "cost_usd", "rebuilds", "rebuild_lost_usd",
+    "cost_usd", "rebuilds", "rebuild_lost_usd", "cost_no_cache_usd", "saved_usd",
 ]
 
 #: What ``Lab.summary(by=...)`` groups by.
-GROUP_BY = ("project", "model", "day")
+GROUP_BY = ("project", "model", "day", "hour", "window")
+
+#: How long a billing window lasts (Claude's usage limits count 5-hour windows).
+BILLING_WINDOW = timedelta(hours=5)
+
+#: :func:`request_table`'s columns.
+REQUEST_COLUMNS = ["idx", "at", "model", "cache_read", "cache_write", "uncached", "output", "cost_usd",
+                   "running_cost_usd", "cost_no_cache_usd", "usage", "cause"]
 
 
-def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None) -> pd.DataFrame:
+def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None, *,
+                    rebuilds: bool = True) -> pd.DataFrame:
     """One row per session (every session of ``lab``, or ``session_ids`` in that order), oldest first.
 
     Columns, key ones first: ``session, requests, cache_read_pct, openclaw_breaks, rebuilds, cost_usd, model,
     parent`` ("" when none), ``source`` (the log it came from; "" for a replay), then ``project, strategy, cache,
     usage`` (``measured``, ``simulated`` or ``mixed``: what the token figures are), ``total_input, cache_read,
-    cache_write, uncached, ideal_cache_read, efficiency, cost_no_cache_usd, saved_usd, rebuild_lost_usd``.
+    cache_write, uncached, ideal_cache_read, efficiency, cost_no_cache_usd, saved_usd, rebuild_lost_usd``,
+    ``started`` (its first request's time) and ``models`` (every model its requests named, comma-separated).
+
+    ``rebuilds=False`` reads the measured sums only (one query): ``rebuilds`` and ``rebuild_lost_usd`` are then
+    None, as a command that shows neither needs.
 
     ``openclaw_breaks`` counts OpenClaw breaks (the cache read fell at least 5 % and 1,000 tokens below the
     previous read, or to 0 with nothing changed); ``rebuilds`` counts the requests
@@ -71,7 +87,7 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None) -> p
     if ids is not None:  # the caller's order (an import's order), not the store's
         by_id = {r["session"]: r for r in sums}
         sums = [by_id[sid] for sid in ids]
-    found = rebuild_rows(lab, ids, explain=False)
+    found = rebuild_rows(lab, ids, explain=False) if rebuilds else []
     lost = _lost_usd(found)
     count: dict[str, int] = {}
     dollars: dict[str, float] = {}
@@ -85,7 +101,7 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None) -> p
         sid = r["session"]
         measured = r["measured_requests"]
         rows.append({
-            **r, **d, "openclaw_breaks": int(r["breaks"]), "rebuilds": count.get(sid, 0),
+            **r, **d, "openclaw_breaks": int(r["breaks"]), "rebuilds": count.get(sid, 0) if rebuilds else None,
             "ideal_cache_read": float(r["ideal_cache_read"]),  # the column's dtype as ever (a DataFrame of SQL's sum)
             "cache_read_pct": d["cache_read_pct"] if d["total_input"] else None,
             "usage": "measured" if measured == r["requests"] and measured else
@@ -98,12 +114,14 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None) -> p
     return pd.DataFrame(rows, columns=SESSION_SUMMARY_COLUMNS)
 
 
-def group_summary(lab: LabLike, by: str) -> pd.DataFrame:
+def group_summary(lab: LabLike, by: str, *, rebuilds: bool = True) -> pd.DataFrame:
     """The measured requests (live or imported) of every session, one row per ``by`` — ``project`` (the session's),
-    ``model`` (the request's own) or ``day`` (UTC) — sorted by it: ``sessions, requests,
+    ``model`` (the request's own), ``day`` or ``hour`` (UTC), or ``window`` (the 5-hour billing window, named by
+    its first request's time: :func:`billing_windows`) — sorted by it: ``sessions, requests,
     measured_cache_read_pct, total_input, cache_read, cache_write, uncached, cost_usd, rebuilds,
-    rebuild_lost_usd``. Simulated requests are left out (their figures are estimates). The groups' sums add up
-    to the totals of every measured request.
+    rebuild_lost_usd, cost_no_cache_usd, saved_usd``. Simulated requests are left out (their figures are
+    estimates). The groups' sums add up to the totals of every measured request. ``rebuilds=False`` reads the
+    measured sums only (``rebuilds`` and ``rebuild_lost_usd`` None).
 
     Example:
         >>> lab.summary(by="day")[["day", "requests", "measured_cache_read_pct", "rebuild_lost_usd"]]  # doctest: +SKIP
@@ -112,17 +130,21 @@ def group_summary(lab: LabLike, by: str) -> pd.DataFrame:
 
     if by not in GROUP_BY:
         raise ValueError(f"cannot summarise by {by!r}; choose one of: {', '.join(GROUP_BY)} (or nothing: per session)")
-    sums = lab.store.group_totals(by)
-    found = [r for r in rebuild_rows(lab, explain=False) if r["usage_source"] in ("live", "imported")]
+    starts = billing_windows(lab.store.measured_times()) if by == "window" else []
+    sums = lab.store.group_totals(by, window_starts=starts)
+    found = [r for r in rebuild_rows(lab, explain=False) if r["usage_source"] in ("live", "imported")] \
+        if rebuilds else []
     lost = _lost_usd(found)
-    project = {r["id"]: r["project_id"] for r in lab.store.session_rows()} if by == "project" else {}
+    project = {r["id"]: r["project_id"] for r in lab.store.session_rows()} if by == "project" and found else {}
 
     def key(row: dict[str, Any]) -> Any:
         if by == "project":
             return project[row["session"]]
         if by == "model":
             return row["model"]
-        return _day(row["at"])
+        if by == "window":
+            return _utc(starts[bisect_right(starts, row["at"]) - 1])
+        return _hour(row["at"]) if by == "hour" else _day(row["at"])
 
     count: dict[Any, int] = {}
     dollars: dict[Any, float] = {}
@@ -134,14 +156,118 @@ def group_summary(lab: LabLike, by: str) -> pd.DataFrame:
     rows = []
     for r in sums.to_dict("records"):
         g = r.pop("group")
-        g = _day(g) if by == "day" else g
+        g = _day(g) if by == "day" else _hour(g) if by == "hour" else _utc(g) if by == "window" else g
         d = derived_totals(r)
+        priced = r["priced_requests"]
         rows.append({
             by: g, **r, **d, "measured_cache_read_pct": d["cache_read_pct"] if d["total_input"] else None,
-            "cost_usd": d["cost_usd"] if r["priced_requests"] else None, "rebuilds": count.get(g, 0),
+            "cost_usd": d["cost_usd"] if priced else None, "rebuilds": count.get(g, 0) if rebuilds else None,
             "rebuild_lost_usd": round(dollars[g], 4) if g in dollars else None,
+            "cost_no_cache_usd": d["cost_no_cache_usd"] if priced else None,
+            "saved_usd": d["saved_usd"] if priced else None,
         })
     return pd.DataFrame(rows, columns=[by, *GROUP_SUMMARY_COLUMNS])
+
+
+def billing_windows(times: Iterable[datetime]) -> list[datetime]:
+    """The starts of the 5-hour billing windows ``times`` (oldest first) fall in, as Claude's usage limits count
+    them: a window opens at the first request and lasts :data:`BILLING_WINDOW`; the first request after it ends
+    opens the next (an idle stretch opens no window).
+
+    Example:
+        >>> t = datetime(2026, 11, 2, 9, 0)
+        >>> [s.hour for s in billing_windows([t, t + timedelta(hours=4), t + timedelta(hours=5),
+        ...                                   t + timedelta(hours=11)])]
+        [9, 14, 20]
+    """
+    starts: list[datetime] = []
+    for t in times:
+        if not starts or t >= starts[-1] + BILLING_WINDOW:
+            starts.append(t)
+    return starts
+
+
+def roll_up_subagents(summary: pd.DataFrame) -> pd.DataFrame:
+    """A :func:`session_summary` frame with each sub-agent session (``parent`` set) added into its top-level
+    session's row (a parent not in ``summary`` leaves its sub-agents as rows of their own): the sums and the
+    costs are the family's, ``cache_read_pct`` and ``saved_usd`` computed from them, ``started`` the earliest,
+    ``models`` every model named; ``subagents`` counts the sessions added in. Costs stay None only when no
+    session of the family is priced.
+
+    Example:
+        >>> roll_up_subagents(lab.summary())[["session", "subagents", "cost_usd"]]  # doctest: +SKIP
+    """
+    import pandas as pd
+
+    present = set(summary["session"])
+    parent_of = {s: p for s, p in zip(summary["session"], summary["parent"], strict=True) if p and p in present}
+
+    def top(sid: str) -> str:
+        seen = {sid}
+        while sid in parent_of and parent_of[sid] not in seen:  # a loop of parents stops where it closes
+            sid = parent_of[sid]
+            seen.add(sid)
+        return sid
+
+    rows: dict[str, dict[str, Any]] = {}
+    for r in summary.to_dict("records"):
+        head = top(r["session"])
+        if head not in rows:
+            rows[head] = {"members": []}
+        rows[head]["members"].append(r)
+    out = []
+    for head, group in rows.items():
+        members = group["members"]
+        own = next(m for m in members if m["session"] == head)
+        sums = {k: sum(m[k] for m in members) for k in ("requests", "cache_read", "cache_write", "uncached")}
+        costs = {k: [m[k] for m in members if m[k] is not None and not pd.isna(m[k])]
+                 for k in ("cost_usd", "cost_no_cache_usd")}
+        d = derived_totals({**sums, **{k: sum(v) if v else None for k, v in costs.items()}})
+        started = [m["started"] for m in members if m["started"] is not None and not pd.isna(m["started"])]
+        models = sorted({m_ for m in members for m_ in str(m["models"] or "").split(", ") if m_})
+        out.append({**own, **{k: d[k] for k in ("requests", "total_input", "cache_read", "cache_write", "uncached")},
+                    "cache_read_pct": d["cache_read_pct"] if d["total_input"] else None,
+                    "cost_usd": d["cost_usd"] if costs["cost_usd"] else None,
+                    "cost_no_cache_usd": d["cost_no_cache_usd"] if costs["cost_no_cache_usd"] else None,
+                    "saved_usd": d["saved_usd"] if costs["cost_usd"] and costs["cost_no_cache_usd"] else None,
+                    "started": min(started) if started else None, "models": ", ".join(models),
+                    "subagents": len(members) - 1})
+    return pd.DataFrame(out, columns=[*summary.columns, "subagents"])
+
+
+def request_table(lab: LabLike, session_id: str) -> pd.DataFrame:
+    """One session's requests in order (:data:`REQUEST_COLUMNS`): time, model, cache read / write / uncached
+    input, output, ``cost_usd`` and ``running_cost_usd`` (the cost so far; an unpriced request adds nothing),
+    ``usage`` (``measured`` or ``simulated``: what the figures are) and ``cause`` (the stored explanation, else
+    the reason code; None for a request not analysed yet). Measured columns only: no body is read.
+
+    Example:
+        >>> request_table(lab, "s001-naive")[["idx", "cost_usd", "running_cost_usd"]]  # doctest: +SKIP
+    """
+    import pandas as pd
+
+    rows = lab.store.session_requests(session_id)
+    df = pd.DataFrame(rows, columns=[c for c in REQUEST_COLUMNS if c != "running_cost_usd"])
+    cost = pd.to_numeric(df["cost_usd"], errors="coerce")
+    running = cost.fillna(0.0).cumsum().where(cost.notna().cumsum() > 0)  # None until a request is priced
+    df.insert(REQUEST_COLUMNS.index("running_cost_usd"), "running_cost_usd", running)
+    return df
+
+
+def _hour(at: Any) -> Any:
+    """The UTC hour (a naive UTC timestamp at the hour) of a time."""
+    import pandas as pd
+
+    t = pd.Timestamp(at)
+    return (t.tz_convert("UTC").tz_localize(None) if t.tzinfo is not None else t).floor("h")
+
+
+def _utc(at: Any) -> Any:
+    """A time as a UTC pandas timestamp (window starts as one key, whichever way they were read)."""
+    import pandas as pd
+
+    t = pd.Timestamp(at)
+    return t.tz_convert("UTC") if t.tzinfo is not None else t.tz_localize("UTC")
 
 
 def _day(at: Any) -> Any:
@@ -195,7 +321,8 @@ def _pricer(cache_model: str, session_prices: str | None) -> Callable[[str, bool
     return lambda model, measured: request_prices(cache_model, model, measured=measured)
 
 
-__all__ = ["GROUP_BY", "GROUP_SUMMARY_COLUMNS", "SESSION_SUMMARY_COLUMNS", "group_summary", "session_summary"]
+__all__ = ["BILLING_WINDOW", "GROUP_BY", "GROUP_SUMMARY_COLUMNS", "REQUEST_COLUMNS", "SESSION_SUMMARY_COLUMNS",
+           "billing_windows", "group_summary", "request_table", "roll_up_subagents", "session_summary"]
 
 
 #: :func:`shared_reads`' columns.

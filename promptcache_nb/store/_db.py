@@ -1646,12 +1646,26 @@ class Store:
         (``store/_rollups.py``: ``FIRST_READS``), oldest first (dict rows, NULL as None)."""
         return self.query(_rollups.FIRST_READS, [default_account])
 
-    def group_totals(self, by: str) -> pd.DataFrame:
-        """The measured requests' sums per ``by`` (``project``, ``model`` or ``day``, UTC), one row per group."""
+    def group_totals(self, by: str, *, window_starts: Sequence[Any] = ()) -> pd.DataFrame:
+        """The measured requests' sums per ``by`` (``project``, ``model``, ``day`` or ``hour``, UTC, or ``window``:
+        the latest of ``window_starts`` at or before each request), one row per group."""
         key = _rollups.GROUP_KEYS.get(by)
         if key is None:
             raise ValueError(f"cannot group by {by!r}; choose one of: {', '.join(_rollups.GROUP_KEYS)}")
-        return self.sql(_rollups.GROUP_TOTALS.format(key=key))
+        if by == "window":
+            return self.sql(_rollups.GROUP_TOTALS.format(key=key, windows=_rollups.WINDOW_JOIN),
+                            [list(window_starts)])
+        return self.sql(_rollups.GROUP_TOTALS.format(key=key, windows=""))
+
+    def measured_times(self) -> list[Any]:
+        """The time of every measured request (live or imported usage), oldest first."""
+        return [r[0] for r in self.rows(_rollups.MEASURED_TIMES)]
+
+    def session_requests(self, session_id: str) -> list[dict[str, Any]]:
+        """One session's requests in order: ``idx, at, model, cache_read, cache_write, uncached, output, cost_usd,
+        cost_no_cache_usd, usage`` (``measured`` / ``simulated``) and ``cause`` (the stored explanation, else the
+        reason code, else None: not analysed yet). Dict rows, NULL as None."""
+        return self.query(_rollups.SESSION_REQUESTS, [session_id])
 
     # -- calibrations ---------------------------------------------------------------------------------------
     def measured_totals(self, *, session_id: str | None = None,

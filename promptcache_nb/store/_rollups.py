@@ -101,32 +101,56 @@ _SUMS = """
 #: One row per session (every session of the store, or those matched), in creation order (rebuilds are counted
 #: from :data:`REBUILD_ROWS` by the analysis, which also prices them).
 SESSION_TOTALS = _TURNS + """
-, per AS (SELECT session_id, """ + _SUMS + """ FROM f GROUP BY session_id)
+, per AS (SELECT session_id, """ + _SUMS + """, min("at") AS started,
+                   string_agg(DISTINCT model, ', ' ORDER BY model) AS models
+            FROM f GROUP BY session_id)
 SELECT s.id AS session, s.project_id AS project, s.strategy, s.cache_model AS cache, s.model,
        coalesce(s.parent_id, '') AS parent, coalesce(s.source, '') AS source, s.created_at,
        coalesce(per.requests, 0) AS requests, coalesce(per.measured_requests, 0) AS measured_requests,
        coalesce(per.cache_read, 0) AS cache_read, coalesce(per.cache_write, 0) AS cache_write,
        coalesce(per.uncached, 0) AS uncached, coalesce(per.ideal_cache_read, 0) AS ideal_cache_read,
        coalesce(per.breaks, 0) AS breaks, per.cost_usd,
-       per.cost_no_cache_usd, coalesce(per.priced_requests, 0) AS priced_requests
+       per.cost_no_cache_usd, coalesce(per.priced_requests, 0) AS priced_requests, per.started,
+       coalesce(per.models, s.model, '') AS models
 FROM sessions s LEFT JOIN per ON per.session_id = s.id
 WHERE {where_s}
 ORDER BY s.created_at, s.id
 """
 
-#: What a measured request may be grouped by: its session's project, its own model, its UTC day.
+#: What a measured request may be grouped by: its session's project, its own model, its UTC day or hour, the
+#: billing window it falls in (``w.start``: the latest window start at or before it, ``$1`` the starts).
 GROUP_KEYS = {
     "project": "s.project_id",
     "model": "f.model",
     "day": """CAST(timezone('UTC', f."at") AS DATE)""",
+    "hour": """date_trunc('hour', timezone('UTC', f."at"))""",
+    "window": "w.start",
 }
 
-#: One row per group of the measured requests (``{key}``: a :data:`GROUP_KEYS` value).
+#: One row per group of the measured requests (``{key}``: a :data:`GROUP_KEYS` value; ``{windows}``: the join to
+#: the billing windows' starts when grouping by window, else nothing).
 GROUP_TOTALS = _TURNS.format(where="true") + """
 SELECT {key} AS "group", count(DISTINCT f.session_id) AS sessions, """ + _SUMS + """
-FROM f JOIN sessions s ON s.id = f.session_id
+FROM f JOIN sessions s ON s.id = f.session_id {windows}
 WHERE measured
 GROUP BY ALL ORDER BY 1
+"""
+#: The join :data:`GROUP_TOTALS` uses for windows: each request to the latest window start at or before it.
+WINDOW_JOIN = """ASOF JOIN (SELECT unnest($1::TIMESTAMPTZ[]) AS start) w ON f."at" >= w.start"""
+
+#: The time of every measured request (live or imported usage), oldest first: what the billing windows are cut from.
+MEASURED_TIMES = """
+SELECT "at" FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY "at"
+"""
+
+#: One session's requests in order, their measured (or simulated) figures and their stored cause: ``$1`` the
+#: session. ``cause`` is the stored explanation, else the reason code, else NULL (not analysed yet).
+SESSION_REQUESTS = """
+SELECT idx, "at", model, cache_read_input_tokens AS cache_read, cache_creation_input_tokens AS cache_write,
+       input_tokens AS uncached, output_tokens AS output, cost_usd, cost_no_cache_usd,
+       CASE WHEN usage_source IN ('live', 'imported') THEN 'measured' ELSE 'simulated' END AS usage,
+       coalesce(explanation, cache_reason) AS cause
+FROM turns WHERE session_id = $1 ORDER BY idx
 """
 
 #: Each account-scope session's first request (the scope's owner: ``config.account``, else ``local``), and, when
