@@ -184,7 +184,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         return _import_fleet(args, paths)
     with _new_store_or_none(args.store), pc.Lab(args.store, progress=not args.quiet) as lab:
         res = lab.import_log(paths, format=args.format, project=args.project, workers=args.workers,
-                             account=args.account)
+                             account=args.account, deep=args.deep)
         ids = res.sessions.ids
         # every figure below from two queries over the imported sessions (analysis.rollups), never a loop
         full = pc.analysis.session_summary(lab, ids) if ids else None
@@ -982,6 +982,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of --db: a fleet's Parquet dataset (pc.fleet; run again to add new or grown files)")
     i.add_argument("--workers", type=int, default=1, metavar="N",
                    help="import file groups in N processes (default 1)")
+    i.add_argument("--deep", action="store_true",
+                   help="analyse every body as it is stored (segments, token estimates, the simulated cache, "
+                        "prefix diffs); by default the import stores measured usage first and analyses a "
+                        "session's bodies when something first needs them")
     i.add_argument("--scheduler", default=None, metavar="tcp://HOST:8786",
                    help="with --out: run the file groups on this Dask scheduler's workers")
     i.add_argument("--format", default="auto",

@@ -43,7 +43,7 @@ RANKS = {
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
     "advice": 11,  # counterfactual sessions and ranked advice over stored sessions (never imports lab)
     "lab": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
-    "ingest": 12,  # importers/_ingest.py (+ _groups, _parallel): stores imported requests through Lab.create_session
+    "ingest": 12,  # importers/_ingest.py (+ _groups, _parallel, _analyze): stores imported requests through Lab
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
     "report": 13,
     "fleet": 12.5,  # after ingest (file groups), before __init__ (pc.fleet): many logs on many processes or machines into a Parquet dataset; a read-only Lab over it
@@ -61,7 +61,7 @@ LAZY_UPWARD = {
 def node(module: str) -> str:
     """The layout node of a module name (``promptcache_nb.cache.openai`` -> ``cache``)."""
     if module in ("promptcache_nb.importers._ingest", "promptcache_nb.importers._parallel",
-                  "promptcache_nb.importers._groups"):
+                  "promptcache_nb.importers._groups", "promptcache_nb.importers._analyze"):
         return "ingest"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"

@@ -251,3 +251,17 @@ def test_analyze_says_when_a_log_is_gone(tmp_path: Path) -> None:
         with pytest.raises(pc.errors.PromptCacheError, match=r"log file is gone .*measured figures stay"):
             lab.analyze()
         assert lab.sql("SELECT count(*) AS n FROM turns").n[0] == 5
+
+
+def test_cli_imports_usage_first_and_deep_on_demand(shipped: tuple[Path, Path], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from promptcache_nb.cli import main
+
+    logs, deep = shipped
+    assert main(["import", str(tmp_path / "u.duckdb"), str(logs), "--quiet"]) == 0
+    assert main(["import", str(tmp_path / "d.duckdb"), str(logs), "--quiet", "--deep"]) == 0
+    capsys.readouterr()
+    with pc.Lab(tmp_path / "u.duckdb", progress=False, read_only=True) as lab:
+        assert len(lab.store.unanalysed_ids()) == lab.sql("SELECT count(*) AS n FROM sessions").n[0]
+    assert table_differences(tmp_path / "d.duckdb", deep) == {}
+    assert main(["doctor", str(tmp_path / "u.duckdb")]) == 0  # a usage-first store is a sound store

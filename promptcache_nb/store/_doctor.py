@@ -94,7 +94,9 @@ class DoctorReport:
 # (what, SQL counting offending rows, SQL listing up to 3 examples) for references the readers follow
 _REFERENCES = [
     ("turns.rest_hash not in blocks",
-     "FROM turns t WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.hash = t.rest_hash)", "t.rest_hash"),
+     # a usage-first request has no body analysed yet (rest_hash NULL): nothing to find
+     "FROM turns t WHERE t.rest_hash IS NOT NULL AND NOT EXISTS (SELECT 1 FROM blocks b WHERE b.hash = t.rest_hash)",
+     "t.rest_hash"),
     ("turns.tail_node not in prefix_nodes",
      "FROM turns t WHERE t.tail_node IS NOT NULL AND NOT EXISTS "
      "(SELECT 1 FROM prefix_nodes p WHERE p.id = t.tail_node)",
@@ -110,6 +112,12 @@ _REFERENCES = [
      "FROM (SELECT unnest(CASE WHEN json_exists(message, '$.str') THEN [json_extract_string(message, '$.str')] "
      "ELSE json_extract_string(message, '$.blocks[*]') END) AS h FROM session_messages) m "
      "WHERE NOT EXISTS (SELECT 1 FROM blocks b WHERE b.hash = m.h)", "m.h"),
+    ("turns without an analysed body outside a session awaiting analysis",
+     "FROM turns t WHERE t.rest_hash IS NULL AND NOT EXISTS "
+     "(SELECT 1 FROM unanalysed_sessions u WHERE u.session_id = t.session_id)", "t.session_id || ':' || t.idx"),
+    ("session awaiting analysis that holds analysed requests (half analysed)",
+     "FROM unanalysed_sessions u WHERE EXISTS "
+     "(SELECT 1 FROM turns t WHERE t.session_id = u.session_id AND t.rest_hash IS NOT NULL)", "u.session_id"),
     ("sessions.config not a JSON object",
      "FROM sessions s WHERE json_type(s.config) IS DISTINCT FROM 'OBJECT'", "s.id"),
     ("session without a session_state row",
