@@ -487,7 +487,7 @@ class Lab:
             >>> lab.import_log("~/.claude/projects")  # doctest: +SKIP
             >>> lab.analyze(workers=2)  # doctest: +SKIP
         """
-        from .importers._analyze import analyze
+        from .importers import analyze
 
         show = self.progress if progress is None else progress
         return analyze(self, None if sessions is None else list(sessions), workers=workers, progress=show)

@@ -14,6 +14,7 @@ from ._registry import READERS, detect
 from ._types import ImportedRequest, Reader, ReadProgress, SkippedLine
 
 if TYPE_CHECKING:
+    from ._analyze import analyze
     from ._ingest import ImportResult, SessionList, import_log
 
 
@@ -24,6 +25,10 @@ def __getattr__(name: str) -> Any:
         from . import _ingest
 
         return getattr(_ingest, name)
+    if name == "analyze":  # the deep analysis of usage-first sessions, above the ingest too
+        from . import _analyze
+
+        return _analyze.analyze
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -33,4 +38,4 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["READERS", "ImportResult", "ImportedRequest", "ReadProgress", "Reader", "SessionList", "SkippedLine",
-           "detect", "agent_log_places", "import_log"]
+           "agent_log_places", "analyze", "detect", "import_log"]

@@ -116,7 +116,7 @@ class _FrameField:
 
     def __get__(self, obj: Any, objtype: type | None = None) -> pd.DataFrame:
         if obj is None:
-            return self  # type: ignore[return-value]  # the class attribute: the descriptor itself
+            return self  # the class attribute: the descriptor itself
         held = obj.__dict__.get(self.name)
         if held is None or isinstance(held, list):
             held = obj.__dict__[self.name] = _frame(held or [], self.columns)
@@ -929,7 +929,8 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         config = SessionConfig.from_stored(row["config"])
         cache_name, cache_params = row["cache_model"], config.cache_params
         todo, dup = _unstored_keys(reqs, store.dedupe_keys(sid))
-        idx, previous = store.last_sent_usage(sid)
+        idx, last = store.last_sent_request(sid)
+        previous = None if last is None else UsageOnly(last.model, last.at, last.usage, tuple(last.event_codes))
         (held,) = store.unanalysed([sid])
         seq, group, files = held["import_seq"], held["file_group"], sorted({*held["files"], *p.files})
     store.mark_unanalysed(sid, import_seq=seq, file_group=group, files=files, new=fresh)

@@ -1025,21 +1025,15 @@ class Store:
         self._write_new_sessions()
         return {r[0] for r in self.rows("SELECT session_id FROM unanalysed_sessions")}
 
-    def last_sent_usage(self, session_id: str) -> tuple[int, Any]:
+    def last_sent_request(self, session_id: str) -> tuple[int, RequestRecord | None]:
         """(the session's next request index, its last request that reached the API — a prompt total above 0 —
-        as an :class:`~promptcache_nb.analysis.cause.UsageOnly`, or None): where a usage-first import of a grown
-        log goes on from."""
-        from ..analysis.cause import UsageOnly
-
+        or None): where a usage-first import of a grown log goes on from."""
         n = int(self.scalar("SELECT count(*) FROM turns WHERE session_id = ?", [session_id]))
         found = self.query(
             f"""SELECT {_RECORD_SELECT} FROM turns WHERE session_id = ?
                 AND input_tokens + cache_read_input_tokens + cache_creation_input_tokens > 0
                 ORDER BY idx DESC LIMIT 1""", [session_id])
-        if not found:
-            return n, None
-        rec = RequestRecord(**found[0])
-        return n, UsageOnly(rec.model, rec.at, rec.usage, tuple(rec.event_codes))
+        return n, RequestRecord(**found[0]) if found else None
 
     def stored_usage(self, session_id: str) -> dict[str, tuple[int | None, ...]]:
         """Each stored request's import key → its measured (input, cache read, cache write, output) tokens."""
