@@ -120,7 +120,7 @@ class RequestRecord:
 
     session_id: str
     idx: int  #: 0-based request index in the session
-    at: datetime  #: when it was sent (UTC)
+    sent_at: datetime  #: when it was sent (UTC)
     model: str
     tail_node: str | None  #: the last prefix node of its segment chain (None: no segment)
     rest_hash: str  #: the block holding the body's shape and top-level fields

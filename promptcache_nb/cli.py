@@ -196,7 +196,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                     continue
                 # the evidence dict and the long explanation are in pc.rebuilds(s); here, one line each
                 print(f"\n{sid}: {len(rb)} rebuilds (requests that sent again > 256 tokens the cache held)")
-                print(_fit(rb[["idx", "at", "gap_seconds", "lost_tokens", "cause"]], max_rows=20))
+                print(_fit(rb[["idx", "sent_at", "gap_seconds", "lost_tokens", "cause"]], max_rows=20))
         if res.unknown_models:
             print("\nmodels without a price (cost left empty): " + ", ".join(res.unknown_models))
         tables = [(f"{len(res.notes)} requests priced with an assumption", res.notes),

@@ -193,7 +193,7 @@ def advance(
     reply_ref, reply_blocks = (None, []) if content is None else encode_message(
         {"role": "assistant", "content": content})
     record = RequestRecord(
-        session_id=session_id, idx=idx, at=at, model=prepared.model, tail_node=nodes[-1] if nodes else None,
+        session_id=session_id, idx=idx, sent_at=at, model=prepared.model, tail_node=nodes[-1] if nodes else None,
         rest_hash=digest(rest_body.encode(), tag="seg"), n_segments=len(prepared.segments),
         total_tokens=prepared.total_tokens, body_bytes=prepared.segment_bytes,
         input_tokens=usage.input_tokens, cache_read_input_tokens=usage.cache_read_input_tokens,

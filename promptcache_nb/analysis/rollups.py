@@ -122,7 +122,7 @@ def group_summary(lab: LabLike, by: str) -> pd.DataFrame:
             return project[row["session"]]
         if by == "model":
             return row["model"]
-        return _day(row["at"])
+        return _day(row["sent_at"])
 
     count: dict[Any, int] = {}
     dollars: dict[Any, float] = {}
@@ -171,7 +171,7 @@ def _lost_usd(rows: list[dict[str, Any]]) -> list[float | None]:
             out.append(None)
             continue
         w1h = 0 if pd.isna(r["cache_creation_1h_input_tokens"]) else int(r["cache_creation_1h_input_tokens"])
-        at = pd.Timestamp(r["at"]).to_pydatetime()
+        at = pd.Timestamp(r["sent_at"]).to_pydatetime()
         lost = int(r["lost_tokens"])
         from_write = min(lost, write)
         from_uncached = min(lost - from_write, uncached)
@@ -199,7 +199,7 @@ __all__ = ["GROUP_BY", "GROUP_SUMMARY_COLUMNS", "SESSION_SUMMARY_COLUMNS", "grou
 
 
 #: :func:`shared_reads`' columns.
-SHARED_READS_COLUMNS = ["session", "account", "at", "usage", "read", "simulated_read", "read_from_session",
+SHARED_READS_COLUMNS = ["session", "account", "sent_at", "usage", "read", "simulated_read", "read_from_session",
                         "likely_writer", "explained_by"]
 
 
@@ -230,7 +230,7 @@ def shared_reads(lab: LabLike) -> pd.DataFrame:
         read = r["read"]
         explained = ("no read" if not read else "simulation" if writer else
                      "size and time" if r["likely_writer"] else "nothing stored")
-        rows.append({"session": r["session_id"], "account": r["account"], "at": r["at"],
+        rows.append({"session": r["session_id"], "account": r["account"], "sent_at": r["sent_at"],
                      "usage": "measured" if measured else "simulated", "read": read, "simulated_read": simulated,
                      "read_from_session": writer, "likely_writer": r["likely_writer"], "explained_by": explained})
     return pd.DataFrame(rows, columns=SHARED_READS_COLUMNS)

@@ -841,7 +841,7 @@ def _needs_restore(store: Any, sid: str, reqs: list[ImportedRequest], skipped: l
     if last is None:
         return set()
     stored = store.stored_usage(sid)
-    late = [r for r in reqs if r.dedupe_key not in stored and r.at < last["at"]]
+    late = [r for r in reqs if r.dedupe_key not in stored and r.at < last["sent_at"]]
     changed = [r for r in reqs if r.dedupe_key in stored and stored[r.dedupe_key] != _usage_row(r)]
     if not late and not changed:
         return set()

@@ -286,6 +286,13 @@ def m010_request_latency(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE turns ADD COLUMN latency_ms DOUBLE")
 
 
+@migration
+def m011_sent_at(con: duckdb.DuckDBPyConnection) -> None:
+    # ``turns."at"`` is a DuckDB keyword: ``select idx, at from turns`` failed unless the user knew to quote it.
+    # The column is renamed; m001 keeps its name as it shipped.
+    con.execute('ALTER TABLE turns RENAME COLUMN "at" TO sent_at')
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 
