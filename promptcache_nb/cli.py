@@ -8,13 +8,14 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ._data import data_path
-from .errors import PromptCacheError
+from .errors import PromptCacheError, PromptCacheWarning
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -505,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` (None: the command line); returns the exit status (130 after Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
-        code: int = args.fn(args)
+        with _one_line_warnings():
+            code: int = args.fn(args)
         if argv is None:
             # the command line: leave now, as after a Ctrl-C (below); a Ctrl-C in the interpreter's teardown would
             # otherwise kill the process by the signal (exit -2) after the work was done and stored
@@ -530,6 +532,26 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted(args, argv)  # an error made of a Ctrl-C (DuckDB's, wrapped by a caller) is the Ctrl-C
     except KeyboardInterrupt:
         return _interrupted(args, argv)
+
+
+@contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Our warnings (:class:`~promptcache_nb.errors.PromptCacheWarning`) shown as one line,
+    ``UnpricedModelWarning: <message>``: a terminal user reads what happened, not our source path and a line of our
+    code. Other warnings look as Python shows them; a recording ``catch_warnings`` records them all unchanged."""
+    python_format = warnings.formatwarning
+
+    def one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 line: str | None = None) -> str:
+        if issubclass(category, PromptCacheWarning):
+            return f"{category.__name__}: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = python_format
 
 
 def _interrupted(args: argparse.Namespace, argv: list[str] | None) -> int:

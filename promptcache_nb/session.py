@@ -35,7 +35,7 @@ from ._shared import (  # noqa: F401 - CACHE_SCOPES, cache_scope_of: re-exported
     stored_cache_scope,
 )
 from ._types import RequestRecord
-from ._util import digest, parse_duration, utc
+from ._util import digest, parse_duration, user_stacklevel, utc
 from .analysis import limits
 from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult
@@ -631,7 +631,7 @@ class Session:
         prices = self._prices or _analysis.request_prices(self.cache, model, measured=usage.measured)
         if prices is None and usage.reported_cost is None and not self._warned_unpriced:
             self._warned_unpriced = True
-            warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=7)  # record()'s caller
+            warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=user_stacklevel())
         return prices
 
     def _check_open(self) -> None:
