@@ -171,6 +171,9 @@ class RequestRecord:
     #: milliseconds from sending the request to its response's last byte, when a live call was timed (the
     #: capture, the recording proxy's log); None otherwise
     latency_ms: float | None = None
+    #: the part of ``output_tokens`` spent reasoning (``Usage.reasoning_tokens``: Gemini's thoughts, OpenAI's
+    #: reasoning tokens), as reported; None when the provider did not report it
+    reasoning_tokens: int | None = None
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:
@@ -182,7 +185,7 @@ class RequestRecord:
         return Usage(self.input_tokens, self.cache_read_input_tokens, self.cache_creation_input_tokens,
                      self.cache_creation_5m_input_tokens, self.cache_creation_1h_input_tokens, self.output_tokens,
                      self.usage_source, json.loads(self.usage_raw) if self.usage_raw else None,
-                     notes=tuple(self.notes.split("\n")) if self.notes else ())
+                     reasoning_tokens=self.reasoning_tokens, notes=tuple(self.notes.split("\n")) if self.notes else ())
 
     @property
     def event_codes(self) -> list[str]:

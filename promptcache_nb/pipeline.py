@@ -200,7 +200,7 @@ def advance(
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         cache_creation_5m_input_tokens=usage.cache_creation_5m_input_tokens,
         cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
-        output_tokens=usage.output_tokens, usage_source=usage.source,
+        output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens, usage_source=usage.source,
         usage_raw=None if usage.raw is None else canonical_json(usage.raw),
         ideal_cache_read=ideal, cost_usd=cost, cost_no_cache_usd=cost_nc,
         cache_reason=analysis.cache_reason,

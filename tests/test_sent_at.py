@@ -43,6 +43,7 @@ def test_an_old_store_is_migrated_and_reads_back_sent_at(tmp_path, monkeypatch):
         assert (df.session_id[0], int(df.idx[0]), int(df.cache_read_input_tokens[0])) == ("s1", 0, 1000)
         columns = set(lab.sql("select * from turns limit 0").columns)
         assert "sent_at" in columns and "at" not in columns
+        assert lab.sql("select reasoning_tokens from turns").reasoning_tokens.isna().all()  # m012: not reported
     with pc.Lab(path, progress=False) as lab:  # migrated once
         assert lab.store.migrations_applied_now == []
 
@@ -79,9 +80,12 @@ def test_an_old_fleet_dataset_reads_its_at_column_as_sent_at(tmp_path):
     assert len(want) > 1
     con = duckdb.connect()
     for f in glob.glob(str(out / "turns" / "**" / "*.parquet"), recursive=True):
-        con.execute(f"COPY (SELECT * RENAME (sent_at AS \"at\") FROM read_parquet('{f}')) TO '{f}.old' (FORMAT parquet)")
+        # as written before m011 (the time under "at") and m012 (no reasoning_tokens)
+        con.execute(f"COPY (SELECT * EXCLUDE (reasoning_tokens) RENAME (sent_at AS \"at\") FROM read_parquet('{f}')) "
+                    f"TO '{f}.old' (FORMAT parquet)")
         Path(f + ".old").replace(f)
     assert "at" in {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet('{f}')").fetchall()}
     with pc.fleet.open(out, progress=False) as lab:
         got = lab.sql("select session_id, idx, sent_at from turns order by session_id, idx")
+        assert lab.sql("select reasoning_tokens from turns").reasoning_tokens.isna().all()
     assert got.equals(want)

@@ -985,7 +985,7 @@ class Store:
         return {r[0] for r in rows}
 
     def last_turn(self, session_id: str) -> dict[str, Any] | None:
-        """``idx``, ``at`` and ``events`` of a session's last stored request."""
+        """``idx``, ``sent_at`` and ``events`` of a session's last stored request."""
         row = self.one('SELECT idx, sent_at, events FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1',
                        [session_id])
         return None if row is None else {"idx": row[0], "sent_at": row[1], "events": row[2]}

@@ -293,6 +293,14 @@ def m011_sent_at(con: duckdb.DuckDBPyConnection) -> None:
     con.execute('ALTER TABLE turns RENAME COLUMN "at" TO sent_at')
 
 
+@migration
+def m012_reasoning_tokens(con: duckdb.DuckDBPyConnection) -> None:
+    # The part of output_tokens spent reasoning, as the provider reported it (Usage.reasoning_tokens: OpenAI's
+    # reasoning_tokens, Codex's reasoning_output_tokens, Gemini's thoughtsTokenCount, OTel's
+    # gen_ai.usage.reasoning.output_tokens): a split of the output, never added to it; NULL when not reported.
+    con.execute("ALTER TABLE turns ADD COLUMN reasoning_tokens BIGINT")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 

@@ -161,10 +161,11 @@ def parquet_source(out: str, table: str, group: str | None = None, *, filename: 
 
 
 def _column(name: str, old: str | None, wrote: set[str]) -> str:
-    """The expression reading column ``name`` of a dataset whose files hold the columns ``wrote``."""
-    if old is None or old not in wrote:
-        return f'"{name}"'
-    return f'coalesce("{name}", "{old}")' if name in wrote else f'"{old}"'
+    """The expression reading column ``name`` of a dataset whose files hold the columns ``wrote``: NULL for a
+    column added by a migration after every file was written (m012's ``reasoning_tokens``)."""
+    if old is not None and old in wrote:
+        return f'coalesce("{name}", "{old}")' if name in wrote else f'"{old}"'
+    return f'"{name}"' if name in wrote else "NULL"
 
 
 def group_of_file(path: str) -> str:
@@ -195,8 +196,8 @@ def attach_dataset(store: Store, out: str) -> list[str]:
             "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
             "ORDER BY ordinal_position", [table]).fetchall()
         source = parquet_source(out, table)
+        wrote = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         renamed = RENAMED_COLUMNS.get(table, {})
-        wrote = ({r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()} if renamed else set())
         select = ", ".join(f'CAST({_column(c, renamed.get(c), wrote)} AS {t}) AS "{c}"' for c, t in columns)
         key = CONTENT_KEYS.get(table)
         if table == "projects":  # several groups' sessions in one project: created at the earliest start
