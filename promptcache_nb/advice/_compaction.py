@@ -116,7 +116,7 @@ def compaction_timing(session: Session) -> pd.DataFrame:
         session: a stored session (a partial log's too: Claude Code, Codex, pi).
 
     Returns:
-        One row per request carrying a ``compaction`` event: ``session, idx, at, gap_seconds`` (before it),
+        One row per request carrying a ``compaction`` event: ``session, idx, sent_at, gap_seconds`` (before it),
         ``ttl_seconds`` (the conversation entry's), ``warm`` (the gap was shorter), ``discarded_tokens`` (what
         the request before it left cached and it did not read; 0 after an expiring gap), ``rewrite_tokens`` and
         ``rewrite_usd`` (its cache write), ``cold_gap_before`` / ``cold_gap_seconds`` (the latest idle gap since

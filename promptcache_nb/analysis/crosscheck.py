@@ -42,7 +42,7 @@ def openclaw_crosscheck(session: StoredSession | LabLike, *, session_id: str | N
         session: an imported OpenClaw session (or a Lab, with ``session_id``).
 
     Returns:
-        One row per request: ``idx, at, cache_read``; ours: ``broke, previous_cache_read, changes`` (codes);
+        One row per request: ``idx, sent_at, cache_read``; ours: ``broke, previous_cache_read, changes`` (codes);
         OpenClaw's: ``openclaw_broke, openclaw_previous_cache_read, openclaw_cache_read, openclaw_changes``,
         ``openclaw_note``; ``agree`` (``broke == openclaw_broke``, None where OpenClaw observed nothing).
 

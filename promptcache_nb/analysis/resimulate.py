@@ -465,7 +465,7 @@ def resimulate(
         **cache_params: the cache model's parameters (``idle_ttl="10m"``, ``num_blocks=4096``...).
 
     Returns:
-        One row per turn: ``idx, at, model, cache, total_tokens`` and the usage columns of
+        One row per turn: ``idx, sent_at, model, cache, total_tokens`` and the usage columns of
         ``Session.turns()``, ``cache_reason``, ``cost_usd``, ``cost_no_cache_usd``, ``native`` (the
         provider's usage object) and ``cache_detail``. ``df.attrs["prices"]`` names the price source.
 

@@ -208,7 +208,7 @@ def shared_reads(lab: LabLike) -> pd.DataFrame:
     session of the account wrote it. A first request has nothing of its own cached, so any read is another
     session's (or a session the store does not hold).
 
-    Columns: ``session, account, at``, ``usage`` (``measured`` or ``simulated``: what ``read`` is),
+    Columns: ``session, account, sent_at``, ``usage`` (``measured`` or ``simulated``: what ``read`` is),
     ``read`` (its cache read), ``simulated_read`` (what the account's simulated cache read: a measured
     request's prediction), ``read_from_session`` (the session whose simulated entry it read, else None),
     ``likely_writer`` (inferred from the measured figures: the latest request of another session of the account,

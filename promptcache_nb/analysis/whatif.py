@@ -96,7 +96,7 @@ def ttl_whatif(
         ttls: the TTLs to compare (``"5m"``, ``"1h"``).
 
     Returns:
-        Long format, one row per (ttl, turn): ``ttl, idx, at, gap_seconds``, the usage columns,
+        Long format, one row per (ttl, turn): ``ttl, idx, sent_at, gap_seconds``, the usage columns,
         ``cache_reason`` and ``cost_usd``. Totals: ``df.groupby("ttl")[["cost_usd"]].sum()``. A turn whose
         model the Anthropic cache model does not know has no usage, ``cache_reason`` ``unsupported``.
 
@@ -314,7 +314,7 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
             function found for the smaller ones).
 
     Returns:
-        One row per rebuild: ``idx, at, gap_seconds, expected_read, read, lost_tokens, reason, cause,
+        One row per rebuild: ``idx, sent_at, gap_seconds, expected_read, read, lost_tokens, reason, cause,
         changed_path, read_from_session`` (the session of the account whose cache entry the simulated read came
         from, when another wrote it; else None), ``detail`` (a dict of the evidence), ``measured`` and
         ``explanation``; for a whole Lab,
