@@ -74,7 +74,7 @@ def write_proxy_log(s: pc.Session, path: Path) -> Path:
                  "cache_creation": {"ephemeral_5m_input_tokens": int(r.cache_creation_5m_input_tokens or 0),
                                     "ephemeral_1h_input_tokens": int(r.cache_creation_1h_input_tokens or 0)},
                  "output_tokens": int(r.output_tokens or 0)}
-        lines.append({"v": 1, "at": r.at.isoformat().replace("+00:00", "Z"), "method": "POST",
+        lines.append({"v": 1, "at": r.sent_at.isoformat().replace("+00:00", "Z"), "method": "POST",
                       "url": "https://api.anthropic.com/v1/messages", "path": "/v1/messages", "status": 200,
                       "request": body,
                       "response": {"id": f"msg_01Eq{r.idx:04d}", "type": "message", "role": "assistant",

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
+from ._util import user_stacklevel
 from .errors import PluginWarning, PromptCacheError
 
 T = TypeVar("T")
@@ -102,7 +103,7 @@ class Registry(Mapping[str, T], Generic[T]):
                 self.register(component)
             except (ImportError, AttributeError, TypeError, PromptCacheError) as exc:
                 warnings.warn(PluginWarning(f"{self.kind} plugin {ep.name!r} ({ep.value}) could not be loaded: "
-                                            f"{type(exc).__name__}: {exc}"), stacklevel=3)
+                                            f"{type(exc).__name__}: {exc}"), stacklevel=user_stacklevel())
 
 
 __all__ = ["Registry"]

@@ -120,7 +120,7 @@ class RequestRecord:
 
     session_id: str
     idx: int  #: 0-based request index in the session
-    at: datetime  #: when it was sent (UTC)
+    sent_at: datetime  #: when it was sent (UTC)
     model: str
     tail_node: str | None  #: the last prefix node of its segment chain (None: no segment)
     #: the block holding the body's shape and top-level fields (None: a usage-first import's request, whose
@@ -173,6 +173,9 @@ class RequestRecord:
     #: milliseconds from sending the request to its response's last byte, when a live call was timed (the
     #: capture, the recording proxy's log); None otherwise
     latency_ms: float | None = None
+    #: the part of ``output_tokens`` spent reasoning (``Usage.reasoning_tokens``: Gemini's thoughts, OpenAI's
+    #: reasoning tokens), as reported; None when the provider did not report it
+    reasoning_tokens: int | None = None
     #: where an imported request's bytes live: the byte offset and length of the log line that opened it (in the
     #: decompressed file) and a digest of those bytes; None when the reader does not say
     source_offset: int | None = None
@@ -189,7 +192,7 @@ class RequestRecord:
         return Usage(self.input_tokens, self.cache_read_input_tokens, self.cache_creation_input_tokens,
                      self.cache_creation_5m_input_tokens, self.cache_creation_1h_input_tokens, self.output_tokens,
                      self.usage_source, json.loads(self.usage_raw) if self.usage_raw else None,
-                     notes=tuple(self.notes.split("\n")) if self.notes else ())
+                     reasoning_tokens=self.reasoning_tokens, notes=tuple(self.notes.split("\n")) if self.notes else ())
 
     @property
     def event_codes(self) -> list[str]:

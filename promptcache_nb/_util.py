@@ -5,7 +5,9 @@ from __future__ import annotations
 import gc
 import hashlib
 import ipaddress
+import os
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -167,8 +169,6 @@ def progress_bar(*, total: int, desc: str, enabled: bool, unit: str = "it") -> A
 
 def _watched() -> bool:
     """True in a terminal or a Jupyter kernel: where a progress bar is seen rather than logged."""
-    import sys
-
     stream = sys.stderr
     if stream is not None and hasattr(stream, "isatty") and stream.isatty():
         return True
@@ -178,3 +178,18 @@ def _watched() -> bool:
         return False
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a :func:`warnings.warn` made by this function's caller that names the first frame
+    outside promptcache_nb: a warning points at the user's own line (a notebook cell, a script) however deep in the
+    package it was raised (what Python 3.12's ``skip_file_prefixes`` does; we support 3.11)."""
+    frame = sys._getframe(1)  # the caller: stacklevel 1
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    return level

@@ -9,13 +9,14 @@ import os
 import re
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ._data import data_path
-from .errors import PromptCacheError
+from .errors import PromptCacheError, PromptCacheWarning
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -213,7 +214,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                     continue
                 # the evidence dict and the long explanation are in pc.rebuilds(s); here, one line each
                 print(f"\n{sid}: {len(rb)} rebuilds (requests that sent again > 256 tokens the cache held)")
-                print(_fit(rb[["idx", "at", "gap_seconds", "lost_tokens", "cause"]], max_rows=20))
+                print(_fit(rb[["idx", "sent_at", "gap_seconds", "lost_tokens", "cause"]], max_rows=20))
         if res.unknown_models:
             print("\nmodels without a price (cost left empty): " + ", ".join(res.unknown_models))
         tables = [(f"{len(res.notes)} requests priced with an assumption", res.notes),
@@ -491,7 +492,7 @@ def _add_formats(parser: argparse.ArgumentParser) -> None:
 HEADERS = {
     "cache_read_pct": "read %", "measured_cache_read_pct": "read %", "cost_usd": "cost", "cost_no_cache_usd":
     "no cache", "saved_usd": "saved", "running_cost_usd": "running cost", "cache_read": "read",
-    "cache_write": "write", "subagents": "sub agents", "models": "model(s)", "window_end": "until", "at": "time",
+    "cache_write": "write", "subagents": "sub agents", "models": "model(s)", "window_end": "until", "sent_at": "time",
 }
 #: Columns shown with four decimals (dollars) or one (percentages).
 MONEY = frozenset({"cost_usd", "cost_no_cache_usd", "saved_usd", "running_cost_usd", "rebuild_lost_usd"})
@@ -691,7 +692,7 @@ def _sources(sources: list[str]) -> tuple[list[str], str]:
 SESSIONS_COLUMNS = ["session", "started", "requests", "models", "cache_read_pct", "cost_usd", "cost_no_cache_usd",
                     "saved_usd", "source"]
 #: ``requests``' columns.
-REQUESTS_COLUMNS = ["idx", "at", "model", "cache_read", "cache_write", "uncached", "output", "cost_usd",
+REQUESTS_COLUMNS = ["idx", "sent_at", "model", "cache_read", "cache_write", "uncached", "output", "cost_usd",
                     "running_cost_usd", "cause"]
 #: ``report``'s columns after the group's own.
 REPORT_COLUMNS = ["sessions", "requests", "measured_cache_read_pct", "cost_usd", "cost_no_cache_usd", "saved_usd"]
@@ -1086,7 +1087,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command ``argv`` (None: the command line); returns the exit status (130 after Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
-        code: int = args.fn(args)
+        with _one_line_warnings():
+            code: int = args.fn(args)
         if argv is None:
             # the command line: leave now, as after a Ctrl-C (below); a Ctrl-C in the interpreter's teardown would
             # otherwise kill the process by the signal (exit -2) after the work was done and stored
@@ -1111,6 +1113,26 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted(args, argv)  # an error made of a Ctrl-C (DuckDB's, wrapped by a caller) is the Ctrl-C
     except KeyboardInterrupt:
         return _interrupted(args, argv)
+
+
+@contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Our warnings (:class:`~promptcache_nb.errors.PromptCacheWarning`) shown as one line,
+    ``UnpricedModelWarning: <message>``: a terminal user reads what happened, not our source path and a line of our
+    code. Other warnings look as Python shows them; a recording ``catch_warnings`` records them all unchanged."""
+    python_format = warnings.formatwarning
+
+    def one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 line: str | None = None) -> str:
+        if issubclass(category, PromptCacheWarning):
+            return f"{category.__name__}: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = python_format
 
 
 def _interrupted(args: argparse.Namespace, argv: list[str] | None) -> int:

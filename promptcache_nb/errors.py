@@ -214,7 +214,10 @@ class PromptCacheWarning(UserWarning):
 
 
 class UnpricedModelWarning(PromptCacheWarning):
-    """A request's model has no exact price in genai-prices: its cost is stored as NULL, never guessed.
+    """A request's model has no exact price in genai-prices: its cost is stored as NULL, never guessed (never
+    another model's price). Issued once per session; the message names the model only, so Python (and the CLI)
+    show it once however many sessions use that model. Pass ``prices=pc.analysis.Prices(...)`` to a session to
+    price such requests.
 
     Attributes:
         model: the model id as the request named it.
@@ -224,12 +227,7 @@ class UnpricedModelWarning(PromptCacheWarning):
     def __init__(self, model: str, session_id: str | None = None) -> None:
         self.model = model
         self.session_id = session_id
-        where = f"session {session_id!r}: " if session_id else ""
-        super().__init__(
-            f"{where}no exact price for model {model!r} in genai-prices; its requests are stored with "
-            "cost_usd NULL (never another model's price). Pass prices=pc.analysis.Prices(...) to the session to price "
-            "them; later unpriced requests of this session are not reported again"
-        )
+        super().__init__(f"{model}: no price in genai-prices; costs left unknown")
 
 
 class CalibrationWarning(PromptCacheWarning):

@@ -197,14 +197,14 @@ def advance(
     reply_ref, reply_blocks = (None, []) if content is None else encode_message(
         {"role": "assistant", "content": content})
     record = RequestRecord(
-        session_id=session_id, idx=idx, at=at, model=prepared.model, tail_node=nodes[-1] if nodes else None,
+        session_id=session_id, idx=idx, sent_at=at, model=prepared.model, tail_node=nodes[-1] if nodes else None,
         rest_hash=digest(rest_body.encode(), tag="seg"), n_segments=len(prepared.segments),
         total_tokens=prepared.total_tokens, body_bytes=prepared.segment_bytes,
         input_tokens=usage.input_tokens, cache_read_input_tokens=usage.cache_read_input_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         cache_creation_5m_input_tokens=usage.cache_creation_5m_input_tokens,
         cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
-        output_tokens=usage.output_tokens, usage_source=usage.source,
+        output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens, usage_source=usage.source,
         usage_raw=None if usage.raw is None else canonical_json(usage.raw),
         ideal_cache_read=ideal, cost_usd=cost, cost_no_cache_usd=cost_nc,
         cache_reason=analysis.cache_reason,
@@ -251,13 +251,13 @@ def usage_record(*, session_id: str, idx: int, at: datetime, model: str, usage: 
     offset, length, span_digest = source_span if source_span is not None else (None, None, None)
     codes = canonical_json(list(events)) if events else "[]"  # most requests follow no event
     return RequestRecord(
-        session_id=session_id, idx=idx, at=at, model=model, tail_node=None, rest_hash=None, n_segments=None,
+        session_id=session_id, idx=idx, sent_at=at, model=model, tail_node=None, rest_hash=None, n_segments=None,
         total_tokens=None, body_bytes=None, input_tokens=usage.input_tokens,
         cache_read_input_tokens=usage.cache_read_input_tokens,
         cache_creation_input_tokens=usage.cache_creation_input_tokens,
         cache_creation_5m_input_tokens=usage.cache_creation_5m_input_tokens,
         cache_creation_1h_input_tokens=usage.cache_creation_1h_input_tokens,
-        output_tokens=usage.output_tokens, usage_source=usage.source,
+        output_tokens=usage.output_tokens, reasoning_tokens=usage.reasoning_tokens, usage_source=usage.source,
         usage_raw=None if usage.raw is None else _json_text(usage.raw), ideal_cache_read=None,
         cost_usd=cost, cost_no_cache_usd=cost_nc, cache_reason=None if cause is None else cause.reason,
         cache_detail=detail, events=codes, request_id=request_id, user_text=None, reply=None,

@@ -35,7 +35,7 @@ from ._shared import (  # noqa: F401 - CACHE_SCOPES, cache_scope_of: re-exported
     stored_cache_scope,
 )
 from ._types import RequestRecord
-from ._util import digest, parse_duration, utc
+from ._util import digest, parse_duration, user_stacklevel, utc
 from .analysis import limits
 from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult
@@ -83,10 +83,10 @@ COMPACTION_ACK = "Understood. I have the summary and will continue from it."
 
 # Columns of s.turns(): everything a notebook user wants, JSON blobs left in SQL.
 TURN_COLUMNS = (
-    "idx", "at", "model", "user_text", "events", "n_segments", "total_tokens",
+    "idx", "sent_at", "model", "user_text", "events", "n_segments", "total_tokens",
     "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-    "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source",
-    "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
+    "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "reasoning_tokens",
+    "usage_source", "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
     "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "previous_cache_read", "changes",
     "explanation", "request_id", "body_problems", "cost_source", "notes", "latency_ms",
 )
@@ -430,19 +430,19 @@ class Session:
         observation: Any = None
         resume: tuple[CacheWindow, list[StoredTurn]] | None = None
         if last is not None:
-            prev_at = last["at"].astimezone(UTC)
+            prev_at = last["sent_at"].astimezone(UTC)
             # the last request, and the last one whose cache read is known (the observation's baseline), in
             # one bulk rebuild with the session's memo: never one body query and count per request
-            since = last["at"]
+            since = last["sent_at"]
             marks = store.usage_marks(self.id)
             if marks is not None and marks.read_idx is not None and marks.read_idx != marks.last_idx:
-                read_at = store.turn_row(self.id, marks.read_idx, ("at",))
+                read_at = store.turn_row(self.id, marks.read_idx, ("sent_at",))
                 if read_at is not None:
-                    since = min(since, read_at["at"])
+                    since = min(since, read_at["sent_at"])
             # A session-scoped cache the Lab holds no ready copy of is rebuilt from a window before the last
             # request (ScopeCaches.get): load that window now, with the requests above, in the same queries, and
             # hand them to the Lab's caches for that rebuild.
-            window = self._caches.window(self._member(), last["at"])
+            window = self._caches.window(self._member(), last["sent_at"])
             if window is not None:
                 since = None if window.since is None else min(since, window.since)
             turns = _analysis.load_turns(self._lab, self.id, since=since, memo=self._memo)
@@ -631,7 +631,7 @@ class Session:
         prices = self._prices or _analysis.request_prices(self.cache, model, measured=usage.measured)
         if prices is None and usage.reported_cost is None and not self._warned_unpriced:
             self._warned_unpriced = True
-            warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=7)  # record()'s caller
+            warnings.warn(UnpricedModelWarning(model, self.id), stacklevel=user_stacklevel())
         return prices
 
     def _check_open(self) -> None:
@@ -1194,7 +1194,7 @@ def _stored_turn(store: Store, rec: RequestRecord, *, memo: SegmentMemo) -> Turn
                                                       current=prepared)
     return Turn(
         prepared=prepared,
-        session_id=sid, index=index, at=rec.at, request=body, usage=rec.usage,
+        session_id=sid, index=index, at=rec.sent_at, request=body, usage=rec.usage,
         ideal_cache_read=rec.ideal_cache_read or 0, total_tokens=rec.total_tokens or 0, cost_usd=rec.cost_usd,
         cost_no_cache_usd=rec.cost_no_cache_usd, cache_reason=rec.cache_reason, cache_detail=rec.detail,
         events=rec.event_codes, request_id=rec.request_id,

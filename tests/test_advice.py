@@ -356,7 +356,7 @@ def test_counterfactual_lands_close_to_the_strategy_it_stands_for(request, lab, 
         assert cf.fixes == pc.advice.STRATEGY_FIXES[target] and imported.fixes == ()
         got, real = cf.turns(), replays[target].turns()
         assert len(got) == len(real) == len(imported.turns())
-        assert list(got["at"]) == list(imported.turns()["at"])  # the original times
+        assert list(got["sent_at"]) == list(imported.turns()["sent_at"])  # the original times
         gap = abs(got.cost_usd.sum() - real.cost_usd.sum()) / real.cost_usd.sum()
         assert gap < EQUIVALENCE_BOUND, (source, target, gap)
 
@@ -402,7 +402,7 @@ def test_claude_code_ttl_advice_names_exactly_the_rebuilds_after_5_to_60_minute_
     with pc.Lab(progress=False) as lab:
         (s,) = lab.import_log(GAPS_LOG).sessions
         gaps = [None if g is None else round(g / 60) for g in
-                [None, *((b - a).total_seconds() for a, b in zip(list(s.turns()["at"]), list(s.turns()["at"])[1:], strict=False))]]
+                [None, *((b - a).total_seconds() for a, b in zip(list(s.turns()["sent_at"]), list(s.turns()["sent_at"])[1:], strict=False))]]
         assert gaps == [None, 1, 3, 20, 90, 1]
         advice = pc.advise(s)
         by_fix = advice.findings.set_index("fix")
@@ -510,7 +510,7 @@ def test_compaction_timing_on_the_shipped_partial_logs() -> None:
             assert (None if pd.isna(row.cold_gap_before) else int(row.cold_gap_before)) == cold
             turns = lab.session(id=row.session).turns()
             assert row.rewrite_tokens == turns.cache_creation_input_tokens[idx]  # the measured write, as stored
-            at = turns["at"]
+            at = turns["sent_at"]
             assert row.gap_seconds == (at[idx] - at[idx - 1]).total_seconds() < row.ttl_seconds
             assert f"compaction {row.session} request {idx}: " in advice.text(width=400)
             assert "not simulated" in advice.text(width=400) and "Compaction timing" in advice._repr_html_()
@@ -525,7 +525,7 @@ def test_compaction_after_an_idle_gap_is_well_timed() -> None:
         body = _bodies(s)[-1]
         summary = {"role": "user", "content": [{"type": "text", "text": "Summary: the invoices are tidy.",
                                                 "cache_control": {"type": "ephemeral"}}]}
-        at = s.turns()["at"].iloc[-1].to_pydatetime()
+        at = s.turns()["sent_at"].iloc[-1].to_pydatetime()
         s.record({**body, "messages": [summary]}, at=at + timedelta(minutes=12), events=("compaction",))
         s.record({**body, "messages": [{**summary, "content": [{"type": "text", "text": "Summary: tidy."}]},
                                        {"role": "assistant", "content": "ok"},

@@ -258,7 +258,7 @@ def test_stagger_lets_a_sub_agent_read_what_its_sibling_was_still_writing() -> N
         assert "within 2 s" in row.evidence
         cf = advice.apply("stagger")
         assert cf.turns().cache_read_input_tokens.iloc[0] > 5000
-        assert cf.turns()["at"].iloc[0] == t0 + timedelta(seconds=2)
+        assert cf.turns()["sent_at"].iloc[0] == t0 + timedelta(seconds=2)
         # the first sub-agent raced nobody: nothing to stagger
         first = pc.advise(sessions[0], fixes=("stagger",)).findings.set_index("fix").loc["stagger"]
         assert first.verdict == "saves nothing" and first.requests == []

@@ -349,7 +349,7 @@ def test_resimulate_matches_a_plain_replay_of_the_stored_bodies(recorded, name):
     df = pc.resimulate(s, cache=name)
     ref = pc.get_cache_model(name)
     expected = []
-    for idx, when in lab.store.rows('SELECT idx, "at" FROM turns WHERE session_id = ? ORDER BY idx', [s.id]):
+    for idx, when in lab.store.rows('SELECT idx, sent_at FROM turns WHERE session_id = ? ORDER BY idx', [s.id]):
         r = ref.process(prepare(lab.store.turn_body(s.id, idx)), when.astimezone(UTC))
         expected.append((r.usage.input_tokens, r.usage.cache_read_input_tokens, r.reason, r.native))
     got = list(zip(df.input_tokens, df.cache_read_input_tokens, df.cache_reason, df.native, strict=True))

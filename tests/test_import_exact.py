@@ -59,7 +59,7 @@ def lines(calls: list[dict]) -> str:
 
 def stored(lab: pc.Lab) -> list[tuple]:
     return [tuple(r) for r in lab.sql(
-        "SELECT session_id, request_id, \"at\", cache_read_input_tokens, cache_creation_input_tokens FROM turns "
+        "SELECT session_id, request_id, sent_at, cache_read_input_tokens, cache_creation_input_tokens FROM turns "
         "ORDER BY session_id, idx").itertuples(index=False)]
 
 
@@ -301,7 +301,7 @@ def test_every_shipped_log_reimported_while_it_grows_ends_with_exactly_its_reque
         raw = raw[1::2] + raw[0::2]
     rng = random.Random(src.name)
     grown = tmp_path / src.name
-    columns = ("session_id, dedupe_key, \"at\", input_tokens, cache_read_input_tokens, "
+    columns = ("session_id, dedupe_key, sent_at, input_tokens, cache_read_input_tokens, "
                "cache_creation_input_tokens, output_tokens")
     with pc.Lab(tmp_path / "grown.duckdb", progress=False) as lab:
         done = 0

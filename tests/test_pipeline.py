@@ -26,7 +26,7 @@ def test_a_request_record_mirrors_the_turns_table() -> None:
         t = s.step("second", reply="two", tool_calls=[{"name": "lookup", "input": {"id": 7}, "result": "ok"}])
         rec = lab.store.read_request(s.id, t.index)
         assert isinstance(rec, pc.pipeline.RequestRecord) and (rec.session_id, rec.idx) == (s.id, 2)
-        assert rec.usage == t.usage and rec.segment_states == t.segment_states and rec.at == t.at
+        assert rec.usage == t.usage and rec.segment_states == t.segment_states and rec.sent_at == t.at
         assert (rec.ideal_cache_read, rec.cost_usd, rec.cache_reason) == (t.ideal_cache_read, t.cost_usd,
                                                                            t.cache_reason)
         assert rec.event_codes == [] and rec.detail == t.cache_detail

@@ -233,7 +233,7 @@ def test_turn_rows_are_typed(tmp_path):
         s.step("hi", reply="hello", at=T0)
         cols = dict(lab.sql("select column_name, data_type from information_schema.columns where table_name='turns'")
                     .itertuples(index=False, name=None))
-        assert cols["at"] == "TIMESTAMP WITH TIME ZONE"
+        assert cols["sent_at"] == "TIMESTAMP WITH TIME ZONE"
         assert cols["cache_read_input_tokens"] == "BIGINT"  # m009: a count >= 2**31 stores
         assert cols["usage_source"] == "VARCHAR"
         row = lab.sql("select usage_source, events from turns").iloc[0]

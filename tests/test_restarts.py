@@ -265,7 +265,7 @@ def test_resume_replays_only_what_the_cache_can_still_hold(tmp_path, monkeypatch
         s = lab.session(id=sid)
         _run(s, LONG_RUN, LONG_RUN + 1)
         got = s.last_turn
-        times = lab.sql(f"SELECT \"at\" FROM turns WHERE session_id = '{sid}' ORDER BY idx")["at"].tolist()
+        times = lab.sql(f"SELECT sent_at FROM turns WHERE session_id = '{sid}' ORDER BY idx")["sent_at"].tolist()
     assert got.body == want.body
     assert got.usage == want.usage and got.cache_reason == want.cache_reason
     assert got.segment_states == want.segment_states

@@ -115,7 +115,7 @@ def test_groups_add_up_to_the_measured_totals(fleet, by):
 
 def test_day_groups_are_utc_days(fleet):
     days = fleet.summary(by="day")
-    stored = fleet.sql("""SELECT "at" FROM turns WHERE usage_source = 'imported'""")["at"]
+    stored = fleet.sql("""SELECT sent_at FROM turns WHERE usage_source = 'imported'""")["sent_at"]
     assert sorted(days.day) == sorted({t.tz_convert("UTC").date() for t in stored})
 
 

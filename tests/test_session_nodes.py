@@ -34,7 +34,7 @@ def oracle(lab: pc.Lab, session_id: str, since: datetime | None = None) -> dict[
     """Every node on the chains of the session's requests, found by walking all of ``prefix_nodes``."""
     nodes = {r["id"]: r for r in lab.sql("SELECT * FROM prefix_nodes").to_dict("records")}
     bodies = dict(lab.sql("SELECT hash, body FROM blocks").itertuples(index=False))
-    turns = lab.sql('SELECT tail_node, "at" FROM turns WHERE session_id = ?', [session_id])
+    turns = lab.sql('SELECT tail_node, sent_at FROM turns WHERE session_id = ?', [session_id])
     out: dict[str, StoredNode] = {}
     for tail, at in turns.itertuples(index=False):
         node = tail
@@ -75,7 +75,7 @@ def test_every_session_reads_the_chain_a_walk_over_the_whole_table_finds(interle
         for sid in ids.values():
             want = oracle(lab, sid)
             assert store.session_nodes(sid) == want and want
-            last = store.turn_row(sid, store.usage_marks(sid).last_idx, ["at"])["at"]
+            last = store.turn_row(sid, store.usage_marks(sid).last_idx, ["sent_at"])["sent_at"]
             assert store.session_nodes(sid, since=last) == oracle(lab, sid, since=last)
         assert store.session_nodes("nope") == {}
 

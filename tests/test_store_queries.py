@@ -96,7 +96,7 @@ def test_dict_rows_and_typed_records(recorded) -> None:
     store = lab.store
     row = store.turn_row(s.id, 1, ["idx", "cache_read_input_tokens", "usage_source"])
     assert row == {"idx": 1, "cache_read_input_tokens": row["cache_read_input_tokens"], "usage_source": "simulated"}
-    assert set(store.turn_row(s.id, 0)) >= {"session_id", "idx", "at", "segment_map", "explanation"}
+    assert set(store.turn_row(s.id, 0)) >= {"session_id", "idx", "sent_at", "segment_map", "explanation"}
     assert store.turn_row(s.id, 99) is None
     assert [r["idx"] for r in store.turn_rows(s.id, ["idx"])] == [0, 1, 2]
     assert list(store.turns_frame(s.id, ["idx", "model"]).columns) == ["idx", "model"]

@@ -264,7 +264,7 @@ def test_recorded_openrouter_traffic_costs_its_own_model_or_the_reported_cost(tm
         df = resimulate(lab, s.id, cache="openai")
         assert df.cost_usd.isna().tolist() == [False, False, True, True]
         assert df.cost_usd[0] == pytest.approx(
-            prices_for("mistral-large-latest").cost(usage_of(df, 0), df["at"][0].to_pydatetime()))
+            prices_for("mistral-large-latest").cost(usage_of(df, 0), df["sent_at"][0].to_pydatetime()))
 
 
 def usage_of(df, i: int) -> Usage:

@@ -402,7 +402,7 @@ class Advice:
             parts += ["<p>Fleet roll-up</p>", table(self.fleet)]
         if self.compactions is not None and len(self.compactions):
             parts += [f"<p>Compaction timing ({html.escape(NOT_SIMULATED)})</p>",
-                      table(self.compactions.drop(columns=["at"]))]
+                      table(self.compactions.drop(columns=["sent_at"]))]
         if len(self.not_possible):
             parts += [f"<details><summary>{len(self.not_possible)} fixes not possible</summary>",
                       table(self.not_possible), "</details>"]

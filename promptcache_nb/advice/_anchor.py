@@ -323,12 +323,13 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
         if r.ping:
             usage = _shift(_make([0, 0, 0, 0], 0), [f.scale * x for x in _parts(fixed_usage)]) \
                 if fixed_usage is not None else _make([0, 0, 0, 0], 0)
-            cost = p.cost(usage, r.at) if p is not None and fixed_usage is not None else None
+            cost = p.cost(usage, r.sent_at) if p is not None and fixed_usage is not None else None
             if cost is None:
                 unknown = True
                 unpriced.add(str(r.model))
             spent = cost or 0.0
-            out.append(AnchoredRequest(f.idx, r.at, str(r.model), True, usage, cost, 0.0, -spent, -spent, True, False))
+            out.append(AnchoredRequest(f.idx, r.sent_at, str(r.model), True, usage, cost, 0.0, -spent, -spent, True,
+                                       False))
             rendition += spent if body_fix else 0.0
             continue
         base = f.base
@@ -339,15 +340,15 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
                 unknown = True  # the fix changes a request no price covers: its dollars are unknown, not $0
                 unpriced.add(str(r.model))
             # nothing to anchor on, or no price: the request is what it was, and a change to it is unknown
-            out.append(AnchoredRequest(f.idx, r.at, str(r.model), False, base or _make([0, 0, 0, 0], None),
+            out.append(AnchoredRequest(f.idx, r.sent_at, str(r.model), False, base or _make([0, 0, 0, 0], None),
                                        f.base_cost, f.base_cost, 0.0, 0.0, False, True))
             continue
         delta_parts = [f.scale * (a - b) for a, b in zip(_parts(fixed_usage), _parts(o_usage), strict=True)]
         moved = any(abs(d) >= 0.5 for d in delta_parts)
         shifted = _shift(base, delta_parts) if moved else base
         # priced only where something moves (most requests of most fixes do not: ~2 library costs each)
-        base_priced = p.cost(base, r.at) if moved or not f.reproduced else f.base_cost
-        raw_cost = p.cost(shifted, r.at) if moved else base_priced
+        base_priced = p.cost(base, r.sent_at) if moved or not f.reproduced else f.base_cost
+        raw_cost = p.cost(shifted, r.sent_at) if moved else base_priced
         raw_delta = 0.0 if raw_cost is None or base_priced is None else base_priced - raw_cost
         if f.reproduced:
             usage = shifted
@@ -361,7 +362,7 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
         if not changed:
             cost = f.base_cost
         else:
-            priced = p.cost(usage, r.at)
+            priced = p.cost(usage, r.sent_at)
             cost = None if priced is None or base_priced is None else max(0.0, f.base_cost + priced - base_priced)
         if cost is None:
             unknown = True
@@ -378,7 +379,7 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
                 rendition += cost if body_fix else 0.0
         if not f.reproduced and moved:
             claimed_elsewhere += max(0.0, raw_delta - delta)
-        out.append(AnchoredRequest(f.idx, r.at, str(r.model), False, usage, cost, f.base_cost, delta, raw_delta,
+        out.append(AnchoredRequest(f.idx, r.sent_at, str(r.model), False, usage, cost, f.base_cost, delta, raw_delta,
                                    changed, not f.reproduced))
     saved = sum(a.delta for a in out)
     _, miss_hi = miss_rate(fits)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..session import Session
 
 COMPACTION_COLUMNS = [
-    "session", "idx", "at", "gap_seconds", "ttl_seconds", "warm", "discarded_tokens", "rewrite_tokens",
+    "session", "idx", "sent_at", "gap_seconds", "ttl_seconds", "warm", "discarded_tokens", "rewrite_tokens",
     "rewrite_usd", "cold_gap_before", "cold_gap_seconds", "verdict", "source",
 ]
 
@@ -69,7 +69,7 @@ def compaction_rows(orig: Original) -> list[dict[str, Any]]:
         if "compaction" not in events.get(t.idx, []):
             continue
         source = "measured" if t.stored.get("usage_source") in MEASURED else "simulated"
-        row: dict[str, Any] = {"session": sid, "idx": t.idx, "at": t.at, "source": source}
+        row: dict[str, Any] = {"session": sid, "idx": t.idx, "sent_at": t.at, "source": source}
         if k == 0:
             rows.append({**row, "verdict": "the first request: nothing before it to time it against"})
             continue
@@ -116,7 +116,7 @@ def compaction_timing(session: Session) -> pd.DataFrame:
         session: a stored session (a partial log's too: Claude Code, Codex, pi).
 
     Returns:
-        One row per request carrying a ``compaction`` event: ``session, idx, at, gap_seconds`` (before it),
+        One row per request carrying a ``compaction`` event: ``session, idx, sent_at, gap_seconds`` (before it),
         ``ttl_seconds`` (the conversation entry's), ``warm`` (the gap was shorter), ``discarded_tokens`` (what
         the request before it left cached and it did not read; 0 after an expiring gap), ``rewrite_tokens`` and
         ``rewrite_usd`` (its cache write), ``cold_gap_before`` / ``cold_gap_seconds`` (the latest idle gap since

@@ -155,9 +155,9 @@ class Original:
             lost = max(0, int(row.cache_creation_input_tokens) - max(0, totals[i] - totals[i - 1]))
             share_1h = (row.cache_creation_1h_input_tokens or 0) / (row.cache_creation_input_tokens or 1)
             w1h = int(lost * share_1h)
-            rebuild = (p.cost(Usage(0, 0, lost, lost - w1h, w1h, 0), row.at) or 0.0) - (
-                p.cost(Usage(0, lost, 0, 0, 0, 0), row.at) or 0.0)
-            ping = p.cost(Usage(0, totals[i - 1], 0, 0, 0, 0), row.at) or 0.0
+            rebuild = (p.cost(Usage(0, 0, lost, lost - w1h, w1h, 0), row.sent_at) or 0.0) - (
+                p.cost(Usage(0, lost, 0, 0, 0, 0), row.sent_at) or 0.0)
+            ping = p.cost(Usage(0, totals[i - 1], 0, 0, 0, 0), row.sent_at) or 0.0
             return n * ping < rebuild
 
         return worth

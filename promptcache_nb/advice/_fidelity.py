@@ -40,7 +40,7 @@ FIDELITY_COLUMNS = [
     "median_scale", "first_read_tokens", "first_read_explained", "shared_with",
 ]
 
-REQUEST_COLUMNS = ["session", "idx", "at", "model", "gap_seconds", "measured_read", "measured_write",
+REQUEST_COLUMNS = ["session", "idx", "sent_at", "model", "gap_seconds", "measured_read", "measured_write",
                    "measured_uncached", "simulated_read", "simulated_write", "simulated_uncached", "scale",
                    "reproduced", "cause", "cost_measured_usd", "cost_simulated_usd", "residual_usd"]
 
@@ -121,7 +121,7 @@ def _request_rows(session_id: str, fits: list[RequestFit]) -> list[dict[str, Any
     for f in fits:
         m, s = f.measured, f.simulated
         out.append({
-            "session": session_id, "idx": f.idx, "at": f.at, "model": f.model, "gap_seconds": f.gap_seconds,
+            "session": session_id, "idx": f.idx, "sent_at": f.at, "model": f.model, "gap_seconds": f.gap_seconds,
             "measured_read": None if m is None else m.cache_read_input_tokens,
             "measured_write": None if m is None else m.cache_creation_input_tokens,
             "measured_uncached": None if m is None else m.input_tokens,

@@ -155,7 +155,7 @@ def _prompt_total(row: dict[str, Any]) -> int | None:
 
 
 _STATE_COLUMNS = ("usage_source", "transport", "input_tokens", "cache_read_input_tokens",
-                  "cache_creation_input_tokens", "at", "events")
+                  "cache_creation_input_tokens", "sent_at", "events")
 
 
 def _state_as_of(store: Store, session_id: str, upto: int | None,
@@ -188,7 +188,7 @@ def _last_sent(store: Store, session_id: str, idx: int, row: dict[str, Any] | No
     usage = Usage(row["input_tokens"], row["cache_read_input_tokens"], row["cache_creation_input_tokens"],
                   source=row["usage_source"])
     events = tuple(json.loads(row["events"])) if row["events"] else ()
-    return MeasuredRequest(prepared, row["at"].astimezone(UTC), usage, events)
+    return MeasuredRequest(prepared, row["sent_at"].astimezone(UTC), usage, events)
 
 
 def observation_state_from_store(store: Store, session_id: str, *,
@@ -215,18 +215,18 @@ def stored_diff_and_observation(
     row = store.turn_row(session_id, index, _OBSERVED_COLUMNS)
     if row is None:
         raise LookupError(f"session {session_id!r} has no turn {index}")
-    at = row["at"].astimezone(UTC)
+    at = row["sent_at"].astimezone(UTC)
     usage = Usage(*(row[c] for c in _USAGE_COLUMNS))
     detail = json.loads(row["cache_detail"]) if row["cache_detail"] else {}
     events = json.loads(row["events"]) if row["events"] else []
     transport = row["transport"] or default_transport(usage)
     if row["changes"] is None or row["explanation"] is None:
-        prev = store.turn_row(session_id, index - 1, ("at",)) if index else None
+        prev = store.turn_row(session_id, index - 1, ("sent_at",)) if index else None
         obs, _ = observe(
             cur_p, usage, state=_state_as_of(store, session_id, index - 1) if index else None, diff=d,
             previous=prev_p,
             cache_reason=row["cache_reason"], cache_detail=detail, at=at,
-            previous_at=prev["at"].astimezone(UTC) if prev else None, events=events,
+            previous_at=prev["sent_at"].astimezone(UTC) if prev else None, events=events,
             transport=transport,
         )
         return d, obs
@@ -247,5 +247,5 @@ def stored_diff_and_observation(
 
 _USAGE_COLUMNS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
                   "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source")
-_OBSERVED_COLUMNS = ("at", *_USAGE_COLUMNS, "cache_reason", "cache_detail", "events", "broke", "previous_cache_read",
-                     "changes", "explanation", "transport")
+_OBSERVED_COLUMNS = ("sent_at", *_USAGE_COLUMNS, "cache_reason", "cache_detail", "events", "broke",
+                     "previous_cache_read", "changes", "explanation", "transport")

@@ -29,10 +29,10 @@ from .._protocols import LabLike, StoredSession, resolve_session
 if TYPE_CHECKING:
     import pandas as pd
 
-CROSSCHECK_COLUMNS = ["idx", "at", "cache_read", "broke", "previous_cache_read", "changes", "openclaw_broke",
+CROSSCHECK_COLUMNS = ["idx", "sent_at", "cache_read", "broke", "previous_cache_read", "changes", "openclaw_broke",
                       "openclaw_previous_cache_read", "openclaw_cache_read", "openclaw_changes", "openclaw_note",
                       "agree"]
-_COLUMNS = ("idx", "at", "cache_read_input_tokens", "broke", "previous_cache_read", "changes", "cache_detail")
+_COLUMNS = ("idx", "sent_at", "cache_read_input_tokens", "broke", "previous_cache_read", "changes", "cache_detail")
 
 
 def openclaw_crosscheck(session: StoredSession | LabLike, *, session_id: str | None = None) -> pd.DataFrame:
@@ -42,7 +42,7 @@ def openclaw_crosscheck(session: StoredSession | LabLike, *, session_id: str | N
         session: an imported OpenClaw session (or a Lab, with ``session_id``).
 
     Returns:
-        One row per request: ``idx, at, cache_read``; ours: ``broke, previous_cache_read, changes`` (codes);
+        One row per request: ``idx, sent_at, cache_read``; ours: ``broke, previous_cache_read, changes`` (codes);
         OpenClaw's: ``openclaw_broke, openclaw_previous_cache_read, openclaw_cache_read, openclaw_changes``,
         ``openclaw_note``; ``agree`` (``broke == openclaw_broke``, None where OpenClaw observed nothing).
 
@@ -59,7 +59,7 @@ def openclaw_crosscheck(session: StoredSession | LabLike, *, session_id: str | N
         theirs = detail.get("agent_observation") if isinstance(detail, dict) else None
         ours_broke = None if _missing(r.broke) else bool(r.broke)
         row = {
-            "idx": int(r.idx), "at": r.at, "cache_read": _int(r.cache_read_input_tokens), "broke": ours_broke,
+            "idx": int(r.idx), "sent_at": r.sent_at, "cache_read": _int(r.cache_read_input_tokens), "broke": ours_broke,
             "previous_cache_read": _int(r.previous_cache_read),
             "changes": [c["code"] for c in json.loads(r.changes)] if isinstance(r.changes, str) else [],
             "openclaw_broke": None, "openclaw_previous_cache_read": None, "openclaw_cache_read": None,

@@ -51,7 +51,7 @@ _PRICE_PROVIDERS: dict[str, str] = {"gemini": "google"}
 SELF_HOSTED = Prices(0.0, 0.0, 0.0, 0.0, 0.0, source="self-hosted (no token price)")
 
 RESIM_COLUMNS = [
-    "idx", "at", "model", "cache", "total_tokens", "input_tokens", "cache_read_input_tokens",
+    "idx", "sent_at", "model", "cache", "total_tokens", "input_tokens", "cache_read_input_tokens",
     "cache_creation_input_tokens", "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens",
     "output_tokens", "cache_reason", "cost_usd", "cost_no_cache_usd", "native", "cache_detail",
 ]
@@ -77,7 +77,7 @@ class StoredTurn:
 
 
 _TURN_FIELDS = (
-    "idx", "at", "model", "tail_node", "rest_hash", "output_tokens", "input_tokens",
+    "idx", "sent_at", "model", "tail_node", "rest_hash", "output_tokens", "input_tokens",
     "cache_read_input_tokens",
     "cache_creation_input_tokens", "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens",
     "usage_source", "total_tokens", "ideal_cache_read", "cost_usd", "cache_reason", "cache_detail", "events",
@@ -264,7 +264,7 @@ class _Loader:
                 # OpenAI dialects and partial bodies: the one generic rebuild (request.rebuild_body + prepare)
                 generic = last = self._generic(shape, rest, chain, generic)
                 prev_chain, prev_segs = [], ()  # the incremental Messages rebuild starts over after it
-                yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], generic,
+                yield StoredTurn(row["idx"], row["sent_at"].astimezone(UTC), row["model"], generic,
                                  row["output_tokens"], row)
                 continue
             view = self.memo.for_model(rest.get("model"))
@@ -309,7 +309,7 @@ class _Loader:
                 mark_prefix(req, prev_req, shared)  # per-segment sums extend the previous request's
             prev_chain, prev_segs, prev_sys_str, prev_req = chain, segs, sys_str, req
             last = req
-            yield StoredTurn(row["idx"], row["at"].astimezone(UTC), row["model"], req, row["output_tokens"],
+            yield StoredTurn(row["idx"], row["sent_at"].astimezone(UTC), row["model"], req, row["output_tokens"],
                              row)
         if last is not None and last is prev_req:
             _index_units(last)
@@ -466,7 +466,7 @@ def resimulate(
         **cache_params: the cache model's parameters (``idle_ttl="10m"``, ``num_blocks=4096``...).
 
     Returns:
-        One row per turn: ``idx, at, model, cache, total_tokens`` and the usage columns of
+        One row per turn: ``idx, sent_at, model, cache, total_tokens`` and the usage columns of
         ``Session.turns()``, ``cache_reason``, ``cost_usd``, ``cost_no_cache_usd``, ``native`` (the
         provider's usage object) and ``cache_detail``. ``df.attrs["prices"]`` names the price source.
 

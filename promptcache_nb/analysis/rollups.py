@@ -55,7 +55,7 @@ GROUP_BY = ("project", "model", "day", "hour", "window")
 BILLING_WINDOW = timedelta(hours=5)
 
 #: :func:`request_table`'s columns.
-REQUEST_COLUMNS = ["idx", "at", "model", "cache_read", "cache_write", "uncached", "output", "cost_usd",
+REQUEST_COLUMNS = ["idx", "sent_at", "model", "cache_read", "cache_write", "uncached", "output", "cost_usd",
                    "running_cost_usd", "cost_no_cache_usd", "usage", "cause"]
 
 
@@ -143,8 +143,8 @@ def group_summary(lab: LabLike, by: str, *, rebuilds: bool = True) -> pd.DataFra
         if by == "model":
             return row["model"]
         if by == "window":
-            return _utc(starts[bisect_right(starts, row["at"]) - 1])
-        return _hour(row["at"]) if by == "hour" else _day(row["at"])
+            return _utc(starts[bisect_right(starts, row["sent_at"]) - 1])
+        return _hour(row["sent_at"]) if by == "hour" else _day(row["sent_at"])
 
     count: dict[Any, int] = {}
     dollars: dict[Any, float] = {}
@@ -297,7 +297,7 @@ def _lost_usd(rows: list[dict[str, Any]]) -> list[float | None]:
             out.append(None)
             continue
         w1h = 0 if pd.isna(r["cache_creation_1h_input_tokens"]) else int(r["cache_creation_1h_input_tokens"])
-        at = pd.Timestamp(r["at"]).to_pydatetime()
+        at = pd.Timestamp(r["sent_at"]).to_pydatetime()
         lost = int(r["lost_tokens"])
         from_write = min(lost, write)
         from_uncached = min(lost - from_write, uncached)
@@ -326,7 +326,7 @@ __all__ = ["BILLING_WINDOW", "GROUP_BY", "GROUP_SUMMARY_COLUMNS", "REQUEST_COLUM
 
 
 #: :func:`shared_reads`' columns.
-SHARED_READS_COLUMNS = ["session", "account", "at", "usage", "read", "simulated_read", "read_from_session",
+SHARED_READS_COLUMNS = ["session", "account", "sent_at", "usage", "read", "simulated_read", "read_from_session",
                         "likely_writer", "explained_by"]
 
 
@@ -335,7 +335,7 @@ def shared_reads(lab: LabLike) -> pd.DataFrame:
     session of the account wrote it. A first request has nothing of its own cached, so any read is another
     session's (or a session the store does not hold).
 
-    Columns: ``session, account, at``, ``usage`` (``measured`` or ``simulated``: what ``read`` is),
+    Columns: ``session, account, sent_at``, ``usage`` (``measured`` or ``simulated``: what ``read`` is),
     ``read`` (its cache read), ``simulated_read`` (what the account's simulated cache read: a measured
     request's prediction), ``read_from_session`` (the session whose simulated entry it read, else None),
     ``likely_writer`` (inferred from the measured figures: the latest request of another session of the account,
@@ -357,7 +357,7 @@ def shared_reads(lab: LabLike) -> pd.DataFrame:
         read = r["read"]
         explained = ("no read" if not read else "simulation" if writer else
                      "size and time" if r["likely_writer"] else "nothing stored")
-        rows.append({"session": r["session_id"], "account": r["account"], "at": r["at"],
+        rows.append({"session": r["session_id"], "account": r["account"], "sent_at": r["sent_at"],
                      "usage": "measured" if measured else "simulated", "read": read, "simulated_read": simulated,
                      "read_from_session": writer, "likely_writer": r["likely_writer"], "explained_by": explained})
     return pd.DataFrame(rows, columns=SHARED_READS_COLUMNS)

@@ -42,13 +42,13 @@ if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not w
     import pandas as pd
 
 WHATIF_COLUMNS = [
-    "ttl", "idx", "at", "gap_seconds", "total_tokens", "input_tokens", "cache_read_input_tokens",
+    "ttl", "idx", "sent_at", "gap_seconds", "total_tokens", "input_tokens", "cache_read_input_tokens",
     "cache_creation_input_tokens", "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens",
     "output_tokens", "cache_reason", "cost_usd",
 ]
 
 REBUILD_COLUMNS = [
-    "idx", "at", "gap_seconds", "expected_read", "read", "lost_tokens", "reason", "cause", "changed_path",
+    "idx", "sent_at", "gap_seconds", "expected_read", "read", "lost_tokens", "reason", "cause", "changed_path",
     "read_from_session", "detail", "measured", "explanation",
 ]
 
@@ -96,7 +96,7 @@ def ttl_whatif(
         ttls: the TTLs to compare (``"5m"``, ``"1h"``).
 
     Returns:
-        Long format, one row per (ttl, turn): ``ttl, idx, at, gap_seconds``, the usage columns,
+        Long format, one row per (ttl, turn): ``ttl, idx, sent_at, gap_seconds``, the usage columns,
         ``cache_reason`` and ``cost_usd``. Totals: ``df.groupby("ttl")[["cost_usd"]].sum()``. A turn whose
         model the Anthropic cache model does not know has no usage, ``cache_reason`` ``unsupported``.
 
@@ -198,14 +198,14 @@ def keep_warm(
         expected = carried_over(prev_total, t.request.total_tokens)
         if a is None or b is None:  # a model the cache model cannot simulate: no figures
             out_rows.append({
-                "idx": t.idx, "at": t.at, "gap_seconds": gap, "pings_before": n_pings, "read_without": None,
+                "idx": t.idx, "sent_at": t.at, "gap_seconds": gap, "pings_before": n_pings, "read_without": None,
                 "read_with": None, "reason_without": "unsupported", "reason_with": "unsupported",
                 "rebuild_without": False, "rebuild_with": False, "cost_without_usd": None, "cost_with_usd": None,
             })
         else:
             ua, ub = _with_output(a.usage, t.output_tokens), _with_output(b.usage, t.output_tokens)
             out_rows.append({
-                "idx": t.idx, "at": t.at, "gap_seconds": gap, "pings_before": n_pings,
+                "idx": t.idx, "sent_at": t.at, "gap_seconds": gap, "pings_before": n_pings,
                 "read_without": ua.cache_read_input_tokens, "read_with": ub.cache_read_input_tokens,
                 "reason_without": a.reason, "reason_with": b.reason,
                 "rebuild_without": _is_rebuild(t.idx, ua.cache_read_input_tokens, expected, a.reason),
@@ -272,7 +272,7 @@ def _cause(reason: str | None, detail: dict[str, Any], gap: float | None) -> str
     return explain_reason(reason, detail, short=True, gap=gap)
 
 
-_REBUILD_COLUMNS = ("idx", "at", "model", "total_tokens", "input_tokens", "cache_read_input_tokens",
+_REBUILD_COLUMNS = ("idx", "sent_at", "model", "total_tokens", "input_tokens", "cache_read_input_tokens",
                     "cache_creation_input_tokens", "usage_source", "cache_reason", "cache_detail", "events",
                     "cache_creation_1h_input_tokens")
 #: What a rebuild row carries for pricing (:func:`rebuild_rows`), beside :data:`REBUILD_COLUMNS`.
@@ -314,7 +314,7 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
             function found for the smaller ones).
 
     Returns:
-        One row per rebuild: ``idx, at, gap_seconds, expected_read, read, lost_tokens, reason, cause,
+        One row per rebuild: ``idx, sent_at, gap_seconds, expected_read, read, lost_tokens, reason, cause,
         changed_path, read_from_session`` (the session of the account whose cache entry the simulated read came
         from, when another wrote it; else None), ``detail`` (a dict of the evidence), ``measured`` and
         ``explanation``; for a whole Lab,
@@ -352,10 +352,10 @@ def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_fl
                  **session}
         gap = None if r["gap_seconds"] is None else float(r["gap_seconds"])
         expected = carried_over(int(r["prev_total"]), int(r["total"]))
-        at, idx = r["at"], r["idx"]
+        at, idx = r["sent_at"], r["idx"]
         if not explain:  # the SQL rule selected it; its lost tokens are the stored cause's (or expected − read)
             lost = int(r["lost"]) if r["measured"] else expected - int(r["cache_read_input_tokens"])
-            rows.append({"session": sid, "idx": idx, "at": at, "gap_seconds": gap, "lost_tokens": lost,
+            rows.append({"session": sid, "idx": idx, "sent_at": at, "gap_seconds": gap, "lost_tokens": lost,
                          "measured": bool(r["measured"]), **usage})
             continue
         detail = json.loads(r["cache_detail"]) if isinstance(r["cache_detail"], str) else {}
@@ -363,7 +363,7 @@ def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_fl
         if r["measured"]:
             row = _measured_row(reason, detail, noise_floor)
             if row is not None:  # the SQL rule and this one agree: a row it selected always has one
-                rows.append({"session": sid, "idx": idx, "at": at, "gap_seconds": gap, **row, "measured": True,
+                rows.append({"session": sid, "idx": idx, "sent_at": at, "gap_seconds": gap, **row, "measured": True,
                              **usage})
         else:
             rows.append({"session": sid, **_simulated_row(idx, at, gap, expected, int(r["cache_read_input_tokens"]),
@@ -374,7 +374,7 @@ def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_fl
 def _simulated_row(idx: int, at: Any, gap: float | None, expected: int, read: int, reason: str | None,
                    detail: dict[str, Any]) -> dict[str, Any]:
     cause = _cause(reason, detail, gap)
-    return {"idx": idx, "at": at, "gap_seconds": gap, "expected_read": expected, "read": read,
+    return {"idx": idx, "sent_at": at, "gap_seconds": gap, "expected_read": expected, "read": read,
             "lost_tokens": expected - read, "reason": reason, "cause": cause,
             "changed_path": detail.get("divergence_path") if reason == "prefix_changed" else None,
             "read_from_session": detail.get("read_from_session"), "detail": detail, "measured": False,
@@ -407,7 +407,7 @@ def _recomputed_rows(lab: LabLike, sid: str, noise_floor: int) -> list[dict[str,
         known = None if any(pd.isna(p) for p in parts) else int(sum(parts))
         total = known if known is not None else int(r.total_tokens)
         read = None if pd.isna(r.cache_read_input_tokens) else int(r.cache_read_input_tokens)
-        gap = None if prev_at is None else (r.at - prev_at).total_seconds()
+        gap = None if prev_at is None else (r.sent_at - prev_at).total_seconds()
         if i and measured[i]:
             reason, detail = reasons[i], details[i]
             if "lost_tokens" not in detail:
@@ -416,14 +416,14 @@ def _recomputed_rows(lab: LabLike, sid: str, noise_floor: int) -> list[dict[str,
                 reason, detail = (found.reason, found.detail) if found is not None else (reason, {})
             row = _measured_row(reason, detail, noise_floor)
             if row is not None:
-                rows.append({"idx": r.idx, "at": r.at, "gap_seconds": gap, **row, "measured": True,
+                rows.append({"idx": r.idx, "sent_at": r.sent_at, "gap_seconds": gap, **row, "measured": True,
                              **{k: records[i][k] for k in pricing}})
         elif prev_total is not None:
             expected = carried_over(prev_total, total)
             if read is not None and _is_rebuild(r.idx, read, expected, reasons[i]):
-                rows.append({**_simulated_row(r.idx, r.at, gap, expected, read, reasons[i], details[i]),
+                rows.append({**_simulated_row(r.idx, r.sent_at, gap, expected, read, reasons[i], details[i]),
                              **{k: records[i][k] for k in pricing}})
-        prev_total, prev_at = total, r.at
+        prev_total, prev_at = total, r.sent_at
     return rows
 
 
@@ -475,7 +475,7 @@ class _Evidence:
         usage = Usage(_int(row["input_tokens"]), _int(row["cache_read_input_tokens"]),
                       _int(row["cache_creation_input_tokens"]), source=row["usage_source"])
         events = tuple(json.loads(row["events"])) if isinstance(row["events"], str) else ()
-        return MeasuredRequest(self.request(int(row["idx"])), row["at"].to_pydatetime(), usage, events)
+        return MeasuredRequest(self.request(int(row["idx"])), row["sent_at"].to_pydatetime(), usage, events)
 
     def cause(self, i: int, records: list[dict[str, Any]], detail: dict[str, Any],
               predicted_reason: str | None) -> MeasuredCause | None:

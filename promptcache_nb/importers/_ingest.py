@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, overload
 from .._config import DEFAULT_ACCOUNT, SessionConfig
 from .._shared import ScopeKey, scope_key
 from .._types import HISTORY_FROM_PARENT, HISTORY_MISSING
-from .._util import digest, gc_paused, progress_bar
+from .._util import digest, gc_paused, progress_bar, user_stacklevel
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import html_table
 from ..cache.anthropic import client_ttls_from_usage
@@ -930,7 +930,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         cache_name, cache_params = row["cache_model"], config.cache_params
         todo, dup = _unstored_keys(reqs, store.dedupe_keys(sid))
         idx, last = store.last_sent_request(sid)
-        previous = None if last is None else UsageOnly(last.model, last.at, last.usage, tuple(last.event_codes))
+        previous = None if last is None else UsageOnly(last.model, last.sent_at, last.usage, tuple(last.event_codes))
         (held,) = store.unanalysed([sid])
         seq, group, files = held["import_seq"], held["file_group"], sorted({*held["files"], *p.files})
     store.mark_unanalysed(sid, import_seq=seq, file_group=group, files=files, new=fresh)
@@ -959,7 +959,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
             run.unknown.add(req.model)
             if not warned:
                 warned = True
-                warnings.warn(UnpricedModelWarning(req.model, sid), stacklevel=2)
+                warnings.warn(UnpricedModelWarning(req.model, sid), stacklevel=user_stacklevel())
         minimum = minimums.get(req.model)
         if minimum is None:
             try:
@@ -1021,7 +1021,7 @@ def _needs_restore(store: Any, sid: str, reqs: list[ImportedRequest], skipped: l
     if last is None:
         return set()
     stored = store.stored_usage(sid)
-    late = [r for r in reqs if r.dedupe_key not in stored and r.at < last["at"]]
+    late = [r for r in reqs if r.dedupe_key not in stored and r.at < last["sent_at"]]
     changed = [r for r in reqs if r.dedupe_key in stored and stored[r.dedupe_key] != _usage_row(r)]
     if not late and not changed:
         return set()

@@ -20,7 +20,8 @@ What becomes a request:
   ``skipped``.
 * **Usage is inclusive**: ``tokens.input`` (``promptTokenCount``) holds the cached tokens, so uncached input =
   ``input − cached``; implicit caching bills no write (0); output = ``output + thoughts`` (thinking is billed as
-  output; ``thoughts`` is also ``reasoning_tokens``). ``cached`` above ``input`` skips that request.
+  output; ``thoughts`` is also ``reasoning_tokens``, stored in ``turns.reasoning_tokens``: a split of the output,
+  never added twice). ``cached`` above ``input`` skips that request.
 * **Time** is the message's ``timestamp``: the end of the response (the log has no request start), so gaps are
   measured end to end.
 * **Bodies are OpenAI-Chat-shaped** (``dialect="openai-chat"``): there is no Gemini wire format in ``dialects/``,

@@ -18,6 +18,8 @@ and ``intValue`` may be a string (64-bit integers are strings in OTLP JSON).
   ``gen_ai.usage.cache_creation_input_tokens``...) are *included* in ``gen_ai.usage.input_tokens``, so
   uncached input = input − read − write. When that is negative the instrumentation reported Anthropic's
   exclusive figures instead (``input_tokens`` already uncached), and input is taken as the uncached count.
+  ``gen_ai.usage.reasoning.output_tokens`` (included in ``gen_ai.usage.output_tokens``) is ``reasoning_tokens``,
+  a split of the output that changes no total.
 * **Bodies** come from ``gen_ai.system_instructions``, ``gen_ai.input.messages`` and ``gen_ai.tool.definitions``
   (JSON strings in the semconv parts format, ``{"role", "parts": [{"type": "text", "content"}, ...]}``), captured
   only when the agent opted in. Anthropic requests (``gen_ai.provider.name`` / older ``gen_ai.system``) become
@@ -272,15 +274,21 @@ def _usage(attrs: dict[str, Any], *, anthropic: bool) -> Usage:
     # NULL 5m/1h, priced at the 5-minute rate with that assumption noted. No write: 0/0 (nothing to split).
     w5 = w1 = None if write else write
     notes = (TTL_SPLIT_UNKNOWN_NOTE,) if anthropic and write else ()
+    output = _count(attrs, ("gen_ai.usage.output_tokens",))
+    # part of the output (the semconv: included in output_tokens); one above the output cannot be a part of it
+    reasoning = _count(attrs, ("gen_ai.usage.reasoning.output_tokens",))
+    if reasoning is not None and output is not None and reasoning > output:
+        reasoning = None
     return Usage(
         input_tokens=uncached,
         cache_read_input_tokens=read,
         cache_creation_input_tokens=write,
         cache_creation_5m_input_tokens=w5,
         cache_creation_1h_input_tokens=w1,
-        output_tokens=_count(attrs, ("gen_ai.usage.output_tokens",)),
+        output_tokens=output,
         source="imported",
         raw={k: v for k, v in sorted(attrs.items()) if k.startswith("gen_ai.usage.")},
+        reasoning_tokens=reasoning,
         notes=notes,
     )
 

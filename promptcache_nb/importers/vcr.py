@@ -38,6 +38,7 @@ import yaml
 from ..errors import ImportFormatError
 from ._history import HistoryDecoder
 from ._http import HttpExchange, convert_exchange, headers_dict, parse_http_date, with_trusted_ids
+from ._jsonl import UnreadableLog, compression_of, read_log_bytes
 from ._types import ImportedRequest, Record, SkippedLine
 
 __all__ = ["MAX_CASSETTE_BYTES", "VcrReader"]
@@ -109,17 +110,25 @@ def _check_expansion(root: yaml.Node, file: str) -> None:
 
 
 def load_cassette(path: Path) -> Any:
-    """Parse a cassette file (YAML or JSON) safely.
+    """Parse a cassette file (YAML or JSON, plain or compressed: ``x.yaml.gz``, ``.bz2``, ``.xz``, ``.zst``) safely.
 
     Raises:
         ImportFormatError: too large, not valid YAML/JSON, or an alias bomb (one line naming the file).
     """
     file = str(path)
     size = path.stat().st_size
-    if size > MAX_CASSETTE_BYTES:
+    compressed = compression_of(path) is not None
+    if size > MAX_CASSETTE_BYTES and not compressed:
         raise ImportFormatError(file, f"cassette is {size / 2**20:.0f} MiB, over the "
                                       f"{MAX_CASSETTE_BYTES // 2**20} MiB limit; split it")
-    text = path.read_bytes().decode("utf-8", errors="replace").removeprefix("\ufeff")
+    try:  # a compressed cassette (x.yaml.gz) decompressed, never past the limit (a decompression bomb)
+        data = read_log_bytes(path, MAX_CASSETTE_BYTES + 1)
+    except UnreadableLog as exc:
+        raise ImportFormatError(file, f"cannot read ({str(exc).removeprefix(f'{path}: ')})") from None
+    if len(data) > MAX_CASSETTE_BYTES:
+        raise ImportFormatError(file, f"cassette is over the {MAX_CASSETTE_BYTES // 2**20} MiB limit"
+                                      f"{' decompressed' if compressed else ''}; split it")
+    text = data.decode("utf-8", errors="replace").removeprefix("\ufeff")
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text)

@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._util import user_stacklevel
 from ..errors import APIError, PromptCacheWarning
 from ..request import SegmentMemo, prepare
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer
@@ -104,7 +105,7 @@ def count_tokens(
         if api:
             raise
         warnings.warn(PromptCacheWarning(
-            f"count_tokens: the endpoint failed ({exc}); returning the offline estimate"), stacklevel=2)
+            f"count_tokens: the endpoint failed ({exc}); returning the offline estimate"), stacklevel=user_stacklevel())
         return estimate
     finally:
         backend.close()

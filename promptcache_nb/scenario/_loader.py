@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from .._util import user_stacklevel
 from ..errors import ScenarioError, UnknownNameError
 from ._model import (
     Compaction,
@@ -218,7 +219,7 @@ def load_scenario(path: str | Path, *, allow_outside: bool = False) -> Scenario:
     for check in _PROMPT_CHECK:  # a host prompt past the model's context window: loaded, with a warning
         warning = check(model, host_prompt, tools, where=f"{where}: host prompt and tools (sent with every request)")
         if warning is not None:
-            warnings.warn(warning, stacklevel=2)
+            warnings.warn(warning, stacklevel=user_stacklevel())
     knowledge = _knowledge(ctx, doc)
     keys = {k.key for k in knowledge}
     names = [t["name"] for t in tools]

@@ -35,7 +35,7 @@ from ..request._canonical import SegmentMemo, prefix_record
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 from . import _rollups
 from ._doctor import CORE_TABLES, damaged, schema_problems
-from ._migrations import applied, migrate, rollback_if_active
+from ._migrations import MIGRATIONS, applied, migrate, rollback_if_active
 
 if TYPE_CHECKING:  # pandas loads on the first DataFrame (duckdb's .df() imports it): not with the package
     import pandas as pd
@@ -468,6 +468,14 @@ class Store:
                 "nothing was changed: open a new file instead")
         if read_only:
             self.migrations_applied_now: list[str] = []
+            if foreign is None and self._has_table("_migrations"):
+                # an older store lacks columns the readers name (m011 renamed turns."at"): say so, not "damaged"
+                done = set(applied(self.con))
+                pending = [fn.__name__ for fn in MIGRATIONS if fn.__name__ not in done]
+                if pending:
+                    raise StoreError(
+                        f"store {self.path!r} was written by an older promptcache_nb (not yet migrated: "
+                        f"{', '.join(pending)}); open it once without read_only (pc.Lab(path)) to migrate it")
         else:
             try:
                 self.migrations_applied_now = migrate(self.con)
@@ -929,7 +937,7 @@ class Store:
 
     def last_request_at(self, session_ids: Sequence[str]) -> datetime | None:
         """When the last request of any of ``session_ids`` was sent (None before any)."""
-        last: datetime | None = self.scalar('SELECT max("at") FROM turns WHERE session_id IN (SELECT unnest(?))',
+        last: datetime | None = self.scalar('SELECT max(sent_at) FROM turns WHERE session_id IN (SELECT unnest(?))',
                                             [list(session_ids)])
         return last
 
@@ -940,16 +948,16 @@ class Store:
         if not session_ids:
             return []
         found = {r[0] for r in self.rows(
-            'SELECT DISTINCT session_id FROM turns WHERE session_id IN (SELECT unnest($1)) AND "at" <= $3 '
-            'AND ($2::TIMESTAMPTZ IS NULL OR "at" >= $2)', [list(session_ids), start, end])}
+            'SELECT DISTINCT session_id FROM turns WHERE session_id IN (SELECT unnest($1)) AND sent_at <= $3 '
+            'AND ($2::TIMESTAMPTZ IS NULL OR sent_at >= $2)', [list(session_ids), start, end])}
         return [sid for sid in session_ids if sid in found]
 
     def after_last_pause(self, session_ids: Sequence[str], seconds: float) -> datetime | None:
         """When the first request after the last pause of at least ``seconds`` between two consecutive requests
         of ``session_ids`` was sent (None: no such pause)."""
         found: datetime | None = self.scalar(
-            """SELECT max("at") FROM (
-                   SELECT "at", epoch("at") - lag(epoch("at")) OVER (ORDER BY "at", session_id, idx) AS gap
+            """SELECT max(sent_at) FROM (
+                   SELECT sent_at, epoch(sent_at) - lag(epoch(sent_at)) OVER (ORDER BY sent_at, session_id, idx) AS gap
                    FROM turns WHERE session_id IN (SELECT unnest(?)))
                WHERE gap >= ?""", [list(session_ids), seconds])
         return found
@@ -1047,10 +1055,10 @@ class Store:
         return {r[0] for r in rows}
 
     def last_turn(self, session_id: str) -> dict[str, Any] | None:
-        """``idx``, ``at`` and ``events`` of a session's last stored request."""
-        row = self.one('SELECT idx, "at", events FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1',
+        """``idx``, ``sent_at`` and ``events`` of a session's last stored request."""
+        row = self.one('SELECT idx, sent_at, events FROM turns WHERE session_id = ? ORDER BY idx DESC LIMIT 1',
                        [session_id])
-        return None if row is None else {"idx": row[0], "at": row[1], "events": row[2]}
+        return None if row is None else {"idx": row[0], "sent_at": row[1], "events": row[2]}
 
     def state_row(self, session_id: str) -> dict[str, Any]:
         new = self._new_sessions.get(session_id)
@@ -1368,7 +1376,7 @@ class Store:
                                 [sid, seq, write.project_id, canonical_json(selector),
                                  canonical_json(content)]).fetchall()
             if write.state is not None:
-                self.write_state(sid, write.state, rec.at, previous=write.state_previous)
+                self.write_state(sid, write.state, rec.sent_at, previous=write.state_previous)
             if write.consumes_pending_events:
                 self.clear_pending_events(sid)
             if self._buffer is not None:
@@ -1392,7 +1400,7 @@ class Store:
         if not rows:
             return None
         row = rows[0]
-        row["at"] = row["at"].astimezone(UTC)
+        row["sent_at"] = row["sent_at"].astimezone(UTC)
         return RequestRecord(**row)
 
     def turn_body(self, session_id: str, idx: int) -> dict[str, Any]:
@@ -1474,7 +1482,7 @@ class Store:
         rows = self.query(
             f"""SELECT max(idx) AS last_idx,
                        max(idx) FILTER (WHERE cache_read_input_tokens IS NOT NULL) AS read_idx,
-                       max("at") FILTER (WHERE cache_read_input_tokens IS NOT NULL
+                       max(sent_at) FILTER (WHERE cache_read_input_tokens IS NOT NULL
                                          OR cache_creation_input_tokens IS NOT NULL) AS touch_at
                 FROM turns WHERE {where}""",
             params,
@@ -1749,7 +1757,7 @@ def _since(session_id: str, since: datetime | None) -> tuple[str, list[Any]]:
     """A ``turns`` filter: one session's requests, sent at or after ``since`` when given."""
     if since is None:
         return "session_id = ?", [session_id]
-    return 'session_id = ? AND "at" >= ?', [session_id, since]
+    return 'session_id = ? AND sent_at >= ?', [session_id, since]
 
 
 class UsageMarks(NamedTuple):

@@ -287,6 +287,21 @@ def m010_request_latency(con: duckdb.DuckDBPyConnection) -> None:
 
 
 @migration
+def m011_sent_at(con: duckdb.DuckDBPyConnection) -> None:
+    # ``turns."at"`` is a DuckDB keyword: ``select idx, at from turns`` failed unless the user knew to quote it.
+    # The column is renamed; m001 keeps its name as it shipped.
+    con.execute('ALTER TABLE turns RENAME COLUMN "at" TO sent_at')
+
+
+@migration
+def m012_reasoning_tokens(con: duckdb.DuckDBPyConnection) -> None:
+    # The part of output_tokens spent reasoning, as the provider reported it (Usage.reasoning_tokens: OpenAI's
+    # reasoning_tokens, Codex's reasoning_output_tokens, Gemini's thoughtsTokenCount, OTel's
+    # gen_ai.usage.reasoning.output_tokens): a split of the output, never added to it; NULL when not reported.
+    con.execute("ALTER TABLE turns ADD COLUMN reasoning_tokens BIGINT")
+
+
+@migration
 def m013_usage_first(con: duckdb.DuckDBPyConnection) -> None:
     # A usage-first import stores each request's measured figures only; what comes from its body (segments,
     # estimated tokens, the ideal read, the prefix diff) is filled in when the session is analysed. Until then

@@ -39,6 +39,9 @@ PARTITIONS: dict[str, tuple[str, ...]] = {"turns": ("project", "day"), "sessions
 CONTENT_KEYS = {"blocks": "hash", "prefix_nodes": "id", "projects": "id"}
 #: Fitted once over the whole dataset (``pc.fleet.import_logs``), never per group.
 DATASET_TABLES = ("calibrations",)
+#: Columns a migration renamed: table -> {name now: name in files written before}. A dataset grown across
+#: versions holds both (``union_by_name``); its views read either.
+RENAMED_COLUMNS: dict[str, dict[str, str]] = {"turns": {"sent_at": "at"}}  # m011_sent_at
 _SKIP = {"_migrations", *DATASET_TABLES}
 
 
@@ -116,7 +119,7 @@ def _export_group(con: duckdb.DuckDBPyConnection, out: str, group: str) -> None:
         os.makedirs(target, exist_ok=True)
         parts = PARTITIONS.get(table)
         if table == "turns":
-            query = ("SELECT t.*, s.project_id AS project, CAST(timezone('UTC', t.\"at\") AS DATE) AS day "
+            query = ("SELECT t.*, s.project_id AS project, CAST(timezone('UTC', t.sent_at) AS DATE) AS day "
                      "FROM turns t JOIN sessions s ON s.id = t.session_id")
         elif table == "sessions":
             query = "SELECT *, project_id AS project FROM sessions"
@@ -157,6 +160,14 @@ def parquet_source(out: str, table: str, group: str | None = None, *, filename: 
             f"{', filename = true' if filename else ''})")
 
 
+def _column(name: str, old: str | None, wrote: set[str]) -> str:
+    """The expression reading column ``name`` of a dataset whose files hold the columns ``wrote``: NULL for a
+    column added by a migration after every file was written (m012's ``reasoning_tokens``)."""
+    if old is not None and old in wrote:
+        return f'coalesce("{name}", "{old}")' if name in wrote else f'"{old}"'
+    return f'"{name}"' if name in wrote else "NULL"
+
+
 def group_of_file(path: str) -> str:
     """The file group that wrote ``path`` (``.../<group>.parquet`` or ``.../<group>_<i>.parquet``)."""
     name = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".parquet")
@@ -184,8 +195,10 @@ def attach_dataset(store: Store, out: str) -> list[str]:
         columns = con.execute(
             "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
             "ORDER BY ordinal_position", [table]).fetchall()
-        select = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in columns)
         source = parquet_source(out, table)
+        wrote = {r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        renamed = RENAMED_COLUMNS.get(table, {})
+        select = ", ".join(f'CAST({_column(c, renamed.get(c), wrote)} AS {t}) AS "{c}"' for c, t in columns)
         key = CONTENT_KEYS.get(table)
         if table == "projects":  # several groups' sessions in one project: created at the earliest start
             source = f"(SELECT id, min(created_at) AS created_at FROM {source} GROUP BY id)"

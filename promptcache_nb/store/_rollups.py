@@ -21,7 +21,7 @@ from __future__ import annotations
 #: ``f``: the requests of the sessions matched (``{where}``: :func:`where_sessions`), their figures only.
 _TURNS = """
 WITH f AS (
-    SELECT session_id, idx, "at", model, total_tokens, input_tokens, cache_read_input_tokens,
+    SELECT session_id, idx, sent_at, model, total_tokens, input_tokens, cache_read_input_tokens,
            cache_creation_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source, cache_reason,
            cost_usd, cost_no_cache_usd, ideal_cache_read, broke,
            usage_source IN ('live', 'imported') AS measured,
@@ -34,7 +34,7 @@ WITH f AS (
 # from ``turns``, a second scan of the table cost a fifth of one session's query).
 _FLAGGED = """
 WITH c AS (
-    SELECT session_id, idx, "at", model, total_tokens, input_tokens, cache_read_input_tokens,
+    SELECT session_id, idx, sent_at, model, total_tokens, input_tokens, cache_read_input_tokens,
            cache_creation_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source, cache_reason,
            cache_detail, usage_source IN ('live', 'imported') AS measured,
            input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS known_total,
@@ -54,7 +54,7 @@ w AS (
     SELECT *, coalesce(known_total, total_tokens) AS total,
            row_number() OVER s AS pos,
            lag(coalesce(known_total, total_tokens)) OVER s AS prev_total,
-           lag("at") OVER s AS prev_at,
+           lag(sent_at) OVER s AS prev_at,
            -- the previous request that reached the API (a prompt total above 0): was it measured?
            last_value(CASE WHEN known_total > 0 THEN measured END IGNORE NULLS)
                OVER (s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_sent_measured
@@ -75,9 +75,9 @@ x AS (
 #: (:func:`where_sessions`).
 #: Every rebuild of the sessions matched (and the first row of each legacy session, ``legacy`` true), in order.
 REBUILD_ROWS = _FLAGGED + """
-SELECT x.session_id, x.idx, x."at", x.model, x.measured, x.usage_source, x.input_tokens, x.cache_read_input_tokens,
+SELECT x.session_id, x.idx, x.sent_at, x.model, x.measured, x.usage_source, x.input_tokens, x.cache_read_input_tokens,
        x.cache_creation_input_tokens, x.cache_creation_1h_input_tokens, x.output_tokens, x.total, x.prev_total,
-       x.lost, epoch(x."at" - x.prev_at) AS gap_seconds, x.cache_reason, x.cache_detail, x.legacy,
+       x.lost, epoch(x.sent_at - x.prev_at) AS gap_seconds, x.cache_reason, x.cache_detail, x.legacy,
        s.cache_model, json_extract(s.config, '$.prices')::VARCHAR AS session_prices
 FROM x JOIN sessions s ON s.id = x.session_id
 WHERE (x.rebuild AND NOT x.legacy) OR (x.legacy AND x.pos = 1)
@@ -101,7 +101,7 @@ _SUMS = """
 #: One row per session (every session of the store, or those matched), in creation order (rebuilds are counted
 #: from :data:`REBUILD_ROWS` by the analysis, which also prices them).
 SESSION_TOTALS = _TURNS + """
-, per AS (SELECT session_id, """ + _SUMS + """, min("at") AS started,
+, per AS (SELECT session_id, """ + _SUMS + """, min(sent_at) AS started,
                    string_agg(DISTINCT model, ', ' ORDER BY model) AS models
             FROM f GROUP BY session_id)
 SELECT s.id AS session, s.project_id AS project, s.strategy, s.cache_model AS cache, s.model,
@@ -122,8 +122,8 @@ ORDER BY s.created_at, s.id
 GROUP_KEYS = {
     "project": "s.project_id",
     "model": "f.model",
-    "day": """CAST(timezone('UTC', f."at") AS DATE)""",
-    "hour": """date_trunc('hour', timezone('UTC', f."at"))""",
+    "day": """CAST(timezone('UTC', f.sent_at) AS DATE)""",
+    "hour": """date_trunc('hour', timezone('UTC', f.sent_at))""",
     "window": "w.start",
 }
 
@@ -136,17 +136,17 @@ WHERE measured
 GROUP BY ALL ORDER BY 1
 """
 #: The join :data:`GROUP_TOTALS` uses for windows: each request to the latest window start at or before it.
-WINDOW_JOIN = """ASOF JOIN (SELECT unnest($1::TIMESTAMPTZ[]) AS start) w ON f."at" >= w.start"""
+WINDOW_JOIN = """ASOF JOIN (SELECT unnest($1::TIMESTAMPTZ[]) AS start) w ON f.sent_at >= w.start"""
 
 #: The time of every measured request (live or imported usage), oldest first: what the billing windows are cut from.
 MEASURED_TIMES = """
-SELECT "at" FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY "at"
+SELECT sent_at FROM turns WHERE usage_source IN ('live', 'imported') ORDER BY sent_at
 """
 
 #: One session's requests in order, their measured (or simulated) figures and their stored cause: ``$1`` the
 #: session. ``cause`` is the stored explanation, else the reason code, else NULL (not analysed yet).
 SESSION_REQUESTS = """
-SELECT idx, "at", model, cache_read_input_tokens AS cache_read, cache_creation_input_tokens AS cache_write,
+SELECT idx, sent_at, model, cache_read_input_tokens AS cache_read, cache_creation_input_tokens AS cache_write,
        input_tokens AS uncached, output_tokens AS output, cost_usd, cost_no_cache_usd,
        CASE WHEN usage_source IN ('live', 'imported') THEN 'measured' ELSE 'simulated' END AS usage,
        coalesce(explanation, cache_reason) AS cause
@@ -162,19 +162,19 @@ WITH s AS (
     SELECT id, cache_model, coalesce(json_extract_string(config, '$.account'), $1) AS account
     FROM sessions WHERE json_extract_string(config, '$.cache_scope') = 'account'),
 first AS (
-    SELECT t.session_id, s.account, s.cache_model, t."at", t.usage_source, t.cache_read_input_tokens AS read,
+    SELECT t.session_id, s.account, s.cache_model, t.sent_at, t.usage_source, t.cache_read_input_tokens AS read,
            t.cache_detail
     FROM turns t JOIN s ON s.id = t.session_id WHERE t.idx = 0),
 writer AS (
-    SELECT f.session_id, arg_max(o.session_id, o."at") AS likely_writer, max(o."at") AS written_at
+    SELECT f.session_id, arg_max(o.session_id, o.sent_at) AS likely_writer, max(o.sent_at) AS written_at
     FROM first f JOIN s os ON os.account = f.account AND os.cache_model = f.cache_model AND os.id != f.session_id
     JOIN turns o ON o.session_id = os.id
-    WHERE f.read > 0 AND o."at" < f."at" AND o."at" >= f."at" - INTERVAL 1 HOUR
+    WHERE f.read > 0 AND o.sent_at < f.sent_at AND o.sent_at >= f.sent_at - INTERVAL 1 HOUR
       AND o.cache_read_input_tokens + o.cache_creation_input_tokens >= f.read
     GROUP BY f.session_id)
-SELECT f.session_id, f.account, f."at", f.usage_source, f.read, f.cache_detail, w.likely_writer, w.written_at
+SELECT f.session_id, f.account, f.sent_at, f.usage_source, f.read, f.cache_detail, w.likely_writer, w.written_at
 FROM first f LEFT JOIN writer w USING (session_id)
-ORDER BY f."at", f.session_id
+ORDER BY f.sent_at, f.session_id
 """
 
 

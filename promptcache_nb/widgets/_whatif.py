@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..session import Session
 
-WHATIF_COLUMNS = ["idx", "at", "measured_cost_usd", "simulated_cost_usd", "counterfactual_cost_usd",
+WHATIF_COLUMNS = ["idx", "sent_at", "measured_cost_usd", "simulated_cost_usd", "counterfactual_cost_usd",
                   "measured_read_pct", "simulated_read_pct", "counterfactual_read_pct", "pings_before"]
 
 
