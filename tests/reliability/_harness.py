@@ -436,8 +436,10 @@ def turns_table(lab: pc.Lab) -> Any:
 
 
 def reference_import(folder: Path, db: Path) -> Any:
+    # the deep import: its kill points are inside each request's recording (Session.record); the usage-first
+    # import's transactions are the same batches (tests/test_usage_first.py kills an analysis midway)
     with pc.Lab(db, progress=False) as lab:
-        lab.import_log(str(folder))
+        lab.import_log(str(folder), deep=True)
         return turns_table(lab)
 
 
@@ -459,7 +461,7 @@ def _import_child(db: str, folder: str, kill: Kill, report: str, progress: Any, 
         with pc.Lab(db, progress=False) as lab:
             lab.store.con = _CommitHook(lab.store.con, trigger)
             try:
-                lab.import_log(folder)
+                lab.import_log(folder, deep=True)
             except RuntimeError as exc:
                 _write_json(report, {"interrupted": True, "raised": repr(exc)})
                 raise
@@ -468,7 +470,7 @@ def _import_child(db: str, folder: str, kill: Kill, report: str, progress: Any, 
                                        "stored": lab.store.one("SELECT count(*) FROM turns")[0]}
                 pc.Session.record, _ingest._store_batch = real_record, real_store  # type: ignore[method-assign]
                 lab.store.con = lab.store.con._con
-                res = lab.import_log(folder)  # the user runs the cell again in the same kernel
+                res = lab.import_log(folder, deep=True)  # the user runs the cell again in the same kernel
                 out.update(again=res.requests, already=res.already_stored)
                 _write_json(report, out)
                 raise SystemExit(130) from None
@@ -515,7 +517,7 @@ def import_trial(workdir: Path, kill: Kill, logs: Path, sources: dict[str, list[
                                           f"{child['already']} already stored != {total}")
             else:
                 trial.stored = stored
-                res = lab.import_log(str(logs))
+                res = lab.import_log(str(logs), deep=True)
                 if (res.requests, res.already_stored) != (total - stored, stored):
                     trial.problems.append(f"importing again stored {res.requests} and found {res.already_stored}; "
                                           f"expected {total - stored} and {stored}")
