@@ -219,7 +219,9 @@ class Lab:
         return self.store.sql(query, params)
 
     def sessions(self) -> pd.DataFrame:
-        """Every session of this Lab (id, project, strategy, cache model, model, creation time), oldest first."""
+        """Every session of this Lab (id, project, strategy, cache model, model, creation time, ``analysed``),
+        oldest first. ``analysed`` is False for a session a usage-first import stored whose bodies are not
+        analysed yet (:meth:`analyze`)."""
         return self.store.sessions_frame()
 
     def summary(self, *, by: str | None = None) -> pd.DataFrame:

@@ -265,3 +265,14 @@ def test_cli_imports_usage_first_and_deep_on_demand(shipped: tuple[Path, Path], 
         assert len(lab.store.unanalysed_ids()) == lab.sql("SELECT count(*) AS n FROM sessions").n[0]
     assert table_differences(tmp_path / "d.duckdb", deep) == {}
     assert main(["doctor", str(tmp_path / "u.duckdb")]) == 0  # a usage-first store is a sound store
+
+
+def test_the_sessions_table_says_which_sessions_are_analysed(history: tuple[Path, Path], tmp_path: Path) -> None:
+    logs, _ = history
+    with pc.Lab(tmp_path / "u.duckdb", progress=False) as lab:
+        lab.import_log(logs)
+        assert not lab.sessions().analysed.any()
+        first = lab.sql("SELECT session_id FROM unanalysed_sessions ORDER BY import_seq").session_id[0]
+        lab.open_session(first)
+        df = lab.sessions().set_index("id")
+        assert df.analysed[first] and df.analysed.sum() == 1

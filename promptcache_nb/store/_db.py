@@ -867,10 +867,14 @@ class Store:
         return self.one("SELECT 1 FROM projects WHERE id = ?", [project_id]) is not None
 
     def sessions_frame(self) -> pd.DataFrame:
-        """Every session (id, project, strategy, cache model, model, creation time), oldest first."""
+        """Every session (id, project, strategy, cache model, model, creation time, and ``analysed``: False while
+        a usage-first import's session awaits the analysis of its bodies), oldest first."""
         self._write_new_sessions()
+        waiting = ("s.id NOT IN (SELECT session_id FROM unanalysed_sessions)" if self._has_unanalysed
+                   else "true")
         return self.sql(
-            "SELECT id, project_id, strategy, cache_model, model, created_at FROM sessions ORDER BY created_at, id")
+            f"SELECT id, project_id, strategy, cache_model, model, created_at, {waiting} AS analysed "
+            "FROM sessions s ORDER BY created_at, id")
 
     def move_sessions(self, from_project: str, to_project: str) -> int:
         """Move every session of ``from_project`` (and its prompt-delta rows) to ``to_project``, in one
