@@ -219,7 +219,8 @@ def usage_cause(previous: UsageOnly | None, current: UsageOnly, *, implicit: boo
     Which requests are rebuilds, and how many tokens each lost, are decided exactly as there: they need the
     measured figures only. The cause climbs the part of the ladder that needs no body — a model switch, a
     compaction event, an idle gap longer than any entry could live (``longest_ttl_seconds``: the longest TTL
-    the session's client asked for, else the cache model's) — and is otherwise :attr:`Reason.NOT_ANALYSED`
+    the session's client asked for, else the cache model's), a thinking change the log names as an event — and
+    is otherwise :attr:`Reason.NOT_ANALYSED`
     until the session is analysed, which runs the whole ladder (a gap between the shortest and the longest TTL,
     a prefix change, a provider miss). ``implicit``: the provider caches implicitly (no cache writes).
     """
@@ -249,6 +250,9 @@ def usage_cause(previous: UsageOnly | None, current: UsageOnly, *, implicit: boo
             detail.update(gap_seconds=gap, ttl_seconds=longest_ttl_seconds,
                           expired_ttl=_ttl_name(longest_ttl_seconds), expired_after_seconds=gap)
             reason = Reason.TTL_EXPIRED.value
+        elif (thinking := thinking_change({}, {}, current.events)) is not None:
+            detail.update(thinking)  # the log said so (pi's thinking_level_change): messages lost, tools kept
+            reason = Reason.THINKING_CHANGED.value
         else:
             reason = Reason.NOT_ANALYSED.value
         detail["rebuild_reason"] = reason
