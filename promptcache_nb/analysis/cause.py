@@ -250,7 +250,7 @@ def usage_cause(previous: UsageOnly | None, current: UsageOnly, *, implicit: boo
             detail.update(gap_seconds=gap, ttl_seconds=longest_ttl_seconds,
                           expired_ttl=_ttl_name(longest_ttl_seconds), expired_after_seconds=gap)
             reason = Reason.TTL_EXPIRED.value
-        elif (thinking := thinking_change({}, {}, current.events)) is not None:
+        elif current.events and (thinking := thinking_change({}, {}, current.events)) is not None:
             detail.update(thinking)  # the log said so (pi's thinking_level_change): messages lost, tools kept
             reason = Reason.THINKING_CHANGED.value
         else:

@@ -212,6 +212,8 @@ class _RateTable:
     lines: tuple[tuple[str, Decimal, tuple[tuple[int, Decimal], ...], int], ...]
     leaves: tuple[tuple[str, tuple[str, ...]], ...]  # (usage key, priced keys below it), most specific first
     tiered: bool
+    #: the same lines in integers over one denominator (:func:`_integer_lines`), when that is exact; else None
+    scaled: tuple[tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...], int] | None = None
 
     def cost(self, fields: dict[str, int]) -> float | None:
         """The library's ``float(total_price)``; None where the library would raise (a negative count)."""
@@ -224,6 +226,17 @@ class _RateTable:
                 return None
             leaf[key] = n
         total_input = fields["input_tokens"] if self.tiered else 0
+        if self.scaled is not None:
+            lines, denominator = self.scaled
+            exact = 0
+            for key, scaled_rate, scaled_tiers in lines:
+                if leaf[key]:
+                    for start, tier_rate in scaled_tiers:
+                        if total_input > start:
+                            scaled_rate = tier_rate
+                            break
+                    exact += scaled_rate * leaf[key]
+            return exact / denominator  # int / int: correctly rounded, as float() of the exact Decimal sum is
         total = Decimal(0)
         for key, rate, tiers, per in self.lines:
             if not leaf[key]:  # adds an exact zero: the sum's value (and so its float) is the same without it
@@ -288,7 +301,42 @@ def _compile_rate_table(model_price: Any) -> _RateTable | None:
         (u.usage_key, v.base, tuple((t.start, t.price) for t in reversed(v.tiers)), u.per)
         if isinstance(v, TieredPrices) else (u.usage_key, v, (), u.per)
         for u, (_, v) in zip(units, items, strict=True))
-    return _RateTable(lines=lines, leaves=leaves, tiered=any(isinstance(v, TieredPrices) for _, v in items))
+    return _RateTable(lines=lines, leaves=leaves, tiered=any(isinstance(v, TieredPrices) for _, v in items),
+                      scaled=_integer_lines(lines))
+
+
+#: The most digits the Decimal sum may need for :func:`_integer_lines` to hold (the context's 28, with room)
+_EXACT_DIGITS = 24
+
+
+def _integer_lines(lines: tuple[tuple[str, Decimal, tuple[tuple[int, Decimal], ...], int], ...]
+                   ) -> tuple[tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...], int] | None:
+    """The rate lines as integers over one denominator, or None when that would not be exact.
+
+    ``Σ rate × n / per`` in Decimal is exact when each ``per`` is a power of ten and the sum's digits fit the
+    context (every rate has a few decimals; a request has at most ``usage.MAX_TOKENS`` tokens): it is then the
+    rational ``Σ R × n / D`` with integer ``R = rate × D / per``, whose float (``int / int``) is correctly
+    rounded exactly as ``float(Decimal)`` is. The integer sum skips Decimal's per-term work (a usage-first
+    import prices every request twice)."""
+    from ..usage import MAX_TOKENS
+
+    rates = [r for _, base, tiers, _ in lines for r in (base, *(t for _, t in tiers))]
+    pers = [per for *_, per in lines]
+    if not rates or any(not r.is_finite() or r < 0 for r in rates):
+        return None
+    if any(per <= 0 or 10 ** (len(str(per)) - 1) != per for per in pers):
+        return None  # a per that is no power of ten: Decimal's division may round
+    scale = max(max(0, -int(r.as_tuple().exponent)) for r in rates)
+    denominator = 10 ** scale * max(pers)
+    largest = max(rates) * Decimal(MAX_TOKENS) * len(lines) * 10 ** scale
+    if len(str(int(largest))) > _EXACT_DIGITS:
+        return None
+
+    def scaled(rate: Decimal, per: int) -> int:
+        return int(rate * 10 ** scale) * (max(pers) // per)
+
+    return tuple((key, scaled(base, per), tuple((start, scaled(t, per)) for start, t in tiers))
+                 for key, base, tiers, per in lines), denominator
 
 
 def _match_names(logic: Any) -> tuple[set[str], list[str]]:

@@ -153,7 +153,7 @@ class ClaudeCodeReader:
                 yield rec
                 continue
             obj = rec.obj
-            problem = _not_an_entry(obj)
+            problem = None if obj.get("type") in _KNOWN_TYPES else _not_an_entry(obj)
             if problem:
                 yield SkippedLine(file, rec.line, problem)
                 continue
@@ -291,9 +291,13 @@ def _sent_messages(chain: _Chain) -> list[dict[str, Any]]:
 
 def _chain_of(obj: dict[str, Any], session: str, chains: dict[str, _Chain], owner: dict[str, _Chain]) -> _Chain:
     """The conversation an entry belongs to, from the entry's own ids (see "Sessions" in the module docstring)."""
+    agent = obj.get("agentId")
+    if not agent and obj.get("isSidechain") is not True:
+        found = chains.get(session)  # a main line of a conversation already open: most lines
+        if found is not None:
+            return found
     parent_uuid = obj.get("parentUuid")
     parent_chain = owner.get(parent_uuid) if isinstance(parent_uuid, str) else None
-    agent = obj.get("agentId")
     kind: SessionKind
     if isinstance(agent, str) and agent:
         kind = "compaction" if agent.startswith("acompact") else "subagent"
