@@ -191,6 +191,13 @@ def cmd_import(args: argparse.Namespace) -> int:
         full = pc.analysis.session_summary(lab, ids) if ids else None
         summary = res.summary(full_paths=args.full_paths)
         rebuilds = pc.rebuilds(lab) if args.details and ids else None
+    if args.json or args.csv:  # the imported sessions' table alone, every column, costliest first
+        import pandas as pd
+
+        table = full if full is not None else pd.DataFrame(columns=pc.analysis.SESSION_SUMMARY_COLUMNS)
+        _print_machine(table.sort_values(["cost_usd", "session"], ascending=[False, True], kind="stable",
+                                         na_position="last"), args)
+        return 0
     print(_import_line(repr(res), args.store))
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 200):
         if full is not None and len(full):
@@ -983,6 +990,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of --db: a fleet's Parquet dataset (pc.fleet; run again to add new or grown files)")
     i.add_argument("--workers", type=int, default=1, metavar="N",
                    help="import file groups in N processes (default 1)")
+    _add_formats(i)
     i.add_argument("--deep", action="store_true",
                    help="analyse every body as it is stored (segments, token estimates, the simulated cache, "
                         "prefix diffs); by default the import stores measured usage first and analyses a "

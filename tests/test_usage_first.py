@@ -279,3 +279,22 @@ def test_the_sessions_table_says_which_sessions_are_analysed(history: tuple[Path
         lab.open_session(first)
         df = lab.sessions().set_index("id")
         assert df.analysed[first] and df.analysed.sum() == 1
+
+
+def test_cli_import_prints_its_sessions_as_json_or_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+    import json
+
+    from promptcache_nb.cli import main
+
+    logs = pc.data_path("logs") / "claude_code"
+    assert main(["import", str(tmp_path / "a.duckdb"), str(logs), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert main(["import", str(tmp_path / "b.duckdb"), str(logs), "--csv"]) == 0
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["session"] for r in rows] == [r["session"] for r in table] and len(rows) >= 2
+    costs = [r["cost_usd"] for r in rows]
+    assert costs == sorted(costs, reverse=True)  # costliest first
+    with pc.Lab(tmp_path / "a.duckdb", progress=False, read_only=True) as lab:
+        assert sum(costs) == pytest.approx(float(lab.sql("SELECT sum(cost_usd) AS c FROM turns").c[0]), abs=1e-3)
