@@ -194,7 +194,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.json or args.csv:  # the imported sessions' table alone, every column, costliest first
         import pandas as pd
 
-        table = full if full is not None else pd.DataFrame(columns=pc.analysis.SESSION_SUMMARY_COLUMNS)
+        from .analysis.rollups import SESSION_SUMMARY_COLUMNS
+
+        table = full if full is not None else pd.DataFrame(columns=SESSION_SUMMARY_COLUMNS)
         _print_machine(table.sort_values(["cost_usd", "session"], ascending=[False, True], kind="stable",
                                          na_position="last"), args)
         return 0

@@ -229,13 +229,14 @@ class _RateTable:
         if self.scaled is not None:
             lines, denominator = self.scaled
             exact = 0
-            for key, scaled_rate, scaled_tiers in lines:
+            for key, base_rate, scaled_tiers in lines:
                 if leaf[key]:
-                    for start, tier_rate in scaled_tiers:
-                        if total_input > start:
-                            scaled_rate = tier_rate
+                    unit_rate = base_rate
+                    for tier_start, scaled_tier in scaled_tiers:
+                        if total_input > tier_start:
+                            unit_rate = scaled_tier
                             break
-                    exact += scaled_rate * leaf[key]
+                    exact += unit_rate * leaf[key]
             return exact / denominator  # int / int: correctly rounded, as float() of the exact Decimal sum is
         total = Decimal(0)
         for key, rate, tiers, per in self.lines:
