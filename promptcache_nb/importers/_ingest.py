@@ -535,6 +535,8 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     bar = progress_bar(total=len(files), desc="importing logs", enabled=progress, unit="file")
     by_session: dict[str, list[tuple[int, ImportedRequest]]] = {}
     groups = _file_groups(paths, files) if planned is None else _planned_groups(planned, files)
+    # each file's group, by its first file: a usage-first session is analysed with its group, in its order
+    group_of = {i: display_path(files[g[0]].path) for g in groups for i in g}
     try:
         for n, group in enumerate(groups):
             for i in group:
@@ -544,9 +546,11 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
                     reader_of[i] = name
                     read_ok.append((i, (display_path(files[i].path), name)))
             if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
-                    sum(map(len, by_session.values())) < (BATCH_REQUESTS if deep else USAGE_BATCH_REQUESTS):
+                    sum(map(len, by_session.values())) < BATCH_REQUESTS:
+                # (the same read-ahead for both kinds of import: sessions are stored in the same order, so an
+                # analysis stores them as a deep import does)
                 continue  # small groups (one-request files) are stored together: one transaction for many
-            pending = _pending_of(by_session, files, reader_of, key_files, run.owners, group, bodies=deep)
+            pending = _pending_of(by_session, files, reader_of, key_files, run.owners, group_of, bodies=deep)
             by_session = {}
             # nothing here keeps the group's records: each session's go once it is stored (``_store_batch``),
             # and the next group is read with none of this one's held
@@ -590,7 +594,7 @@ def _read_into(by_session: dict[str, list[tuple[int, ImportedRequest]]], models:
 
 def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files: list[LogFile],
                 reader_of: dict[int, str], key_files: dict[str, list[int]], owners: _Owners,
-                group: Sequence[int] = (), *, bodies: bool = True) -> list[_Pending]:
+                group_of: Mapping[int, str] | None = None, *, bodies: bool = True) -> list[_Pending]:
     """A file group's sessions, ready to store, in the order they are stored (:attr:`_Pending.rank`). A session
     an earlier group stored part of is read again from that group's files; ``key_files`` learns which files
     hold each session."""
@@ -606,7 +610,7 @@ def _pending_of(by_session: dict[str, list[tuple[int, ImportedRequest]]], files:
                                 again=bool(earlier), account=owners.account(reqs, files[first].path),
                                 project=owners.projects.get(str(files[first].path)),
                                 files=[display_path(files[j].path) for j in sorted({i for i, _ in recs})],
-                                group=display_path(files[group[0]].path) if group else ""))
+                                group=(group_of or {}).get(first, "")))
         for j in dict.fromkeys(i for i, _ in recs if i not in earlier):
             key_files.setdefault(key, []).append(j)
     return sorted(pending, key=lambda p: p.rank)
