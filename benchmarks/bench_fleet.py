@@ -496,8 +496,10 @@ def history_folder(args: argparse.Namespace, work: Path) -> tuple[Path, int]:
     """The history to measure (``--history`` or generated under ``work``) and its transcript count; prints it."""
     if args.history:
         history = Path(args.history).expanduser()
-        if (history / "projects").is_dir():
-            history = history / "projects"
+        for inner in ("projects", "claude/projects"):  # a config folder, or the folder a generation wrote into
+            if (history / inner).is_dir():
+                history = history / inner
+                break
         if not any(history.rglob("*.jsonl")):
             files, _ = write_history(history, projects=args.projects, sessions=args.sessions)
         files = sum(1 for _ in history.rglob("*.jsonl"))
