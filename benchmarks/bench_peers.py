@@ -5,8 +5,8 @@ heavy user's Claude Code history (issue 37, ``--claude-code-history``).
 under the temporary folder, or ``--history DIR``), the json.loads floor, the usage-first import
 ``lab.import_log(folder)`` and claude-cache-audit (tokenol and ccusage when given) on the same files, each in a
 fresh child process, then PASS / FAIL against issue 37's import targets (CPU <= 2x the floor, <= 300 MB, wall below
-claude-cache-audit's). One implementation: ``bench_fleet.import_vs_peers``; ``bench_fleet.py``'s docstring says how to give the
-peers (``PCNB_CCA``, ``PCNB_TOKENOL``, ``PCNB_CCUSAGE``)::
+claude-cache-audit's). One implementation: ``bench_fleet.import_vs_peers``; ``bench_fleet.py``'s docstring says
+how to give the peers (``PCNB_CCA``, ``PCNB_TOKENOL``, ``PCNB_CCUSAGE``)::
 
     PCNB_CCA=/tmp/cca/wheel .venv/bin/python benchmarks/bench_peers.py --claude-code-history [--projects 20]
         [--sessions 10] [--history DIR]
