@@ -107,6 +107,7 @@ def api() -> tuple[bool, bool]:
 def _import(job: dict[str, Any]) -> dict[str, Any]:
     import promptcache_nb as pc
 
+    loaded_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the package alone, before any import
     meter = _Meter()
     with pc.Lab(job["db"], progress=False) as lab:
         r = lab.import_log(job["path"], workers=job["workers"], **({"deep": True} if job.get("deep") else {}))
@@ -114,7 +115,8 @@ def _import(job: dict[str, Any]) -> dict[str, Any]:
     with pc.Lab(job["db"], read_only=True, progress=False) as lab:
         row = lab.sql("SELECT count(DISTINCT session_id) AS s, sum(cost_usd) AS c, "
                       "sum(cache_read_input_tokens) AS r FROM turns")
-    out.update(requests=r.requests, sessions=int(row.s[0]), cost=float(row.c[0] or 0), cache_read=int(row.r[0] or 0))
+    out.update(requests=r.requests, sessions=int(row.s[0]), cost=float(row.c[0] or 0), cache_read=int(row.r[0] or 0),
+               loaded_mb=loaded_mb)
     return out
 
 
@@ -369,9 +371,9 @@ def import_vs_peers(history: Path, work: Path, *, workers: int = 1) -> tuple[dic
         targets += [Target(f"import CPU <= {FLOOR_MULTIPLE:g}x the floor", "not measured", None),
                     Target(f"import peak RSS <= {PEAK_RSS_MB:.0f} MB", "not measured", None)]
         return {"floor": floor, "db": db, "error": ours["error"]}, targets
-    print(f"  {what}, workers={workers}: {_figures(ours, floor)}; {ours['start_wall_s']:.1f} s wall with the "
-          f"package import; {ours['requests']:,} requests in {ours['sessions']} sessions, "
-          f"${ours['cost']:,.2f} measured cost")
+    print(f"  {what}, workers={workers}: {_figures(ours, floor)} ({ours['loaded_mb']:.0f} MB of it before the "
+          f"import began: the package loaded); {ours['start_wall_s']:.1f} s wall with the package import; "
+          f"{ours['requests']:,} requests in {ours['sessions']} sessions, ${ours['cost']:,.2f} measured cost")
     multiple = ours["cpu_s"] / floor["cpu_s"]
     targets += [Target(f"import CPU <= {FLOOR_MULTIPLE:g}x the floor",
                        f"{multiple:.1f}x ({ours['cpu_s']:.1f} s vs {floor['cpu_s']:.2f} s)",
