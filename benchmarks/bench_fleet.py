@@ -66,8 +66,10 @@ from _claude_code_history import write_history, write_session  # noqa: E402
 FLOOR_MULTIPLE = 2.0
 PEAK_RSS_MB = 300.0
 ANALYZE_WALL_RATIO = 0.6
-#: The tables the golden-table test pins that the import writes, with the columns a row is known by.
-GOLDEN_TABLES = {"turns": ("session_id", "idx"), "sessions": ("id",), "blocks": ("hash",), "prefix_nodes": ("id",)}
+#: The tables the golden-table test pins that the import writes, with the columns a row is known by; and the
+#: sessions awaiting analysis (none after ``analyze``, none after a deep import; a build before it has no such table).
+GOLDEN_TABLES = {"turns": ("session_id", "idx"), "sessions": ("id",), "blocks": ("hash",), "prefix_nodes": ("id",),
+                 "unanalysed_sessions": ("session_id",)}
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,9 @@ def compare_tables(analysed: str, deep: str, *, spill: str) -> dict[str, str]:
         cols = {db: [c for (c,) in con.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_catalog = ? AND table_schema = 'main' "
             "AND table_name = ? ORDER BY ordinal_position", [db, table]).fetchall()] for db in ("analysed", "deep")}
+        if not cols["analysed"] and not cols["deep"]:
+            out[table] = "in neither store (this build has no such table)"
+            continue
         if cols["analysed"] != cols["deep"]:
             only = {db: sorted(set(cols[db]) - set(cols[other]))
                     for db, other in (("analysed", "deep"), ("deep", "analysed"))}
@@ -229,8 +234,12 @@ def compare_tables(analysed: str, deep: str, *, spill: str) -> dict[str, str]:
             continue
         mine, theirs = (first, second) if side == "analysed" else (second, first)
         c = differ[0]
-        out[table] = (f"first difference at {at}: column {c}: analysed {str(mine.get(c))[:80]!r} vs deep "
-                      f"{str(theirs.get(c))[:80]!r}" + (f" (and {len(differ) - 1} more columns)" if differ[1:] else "")
+        a, b = str(mine[c]), str(theirs[c])
+        i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        cut = max(0, i - 20)  # long values (a config's JSON) differ late: show where
+        where_text = f" from character {cut}" if cut else ""
+        out[table] = (f"first difference at {at}: column {c}{where_text}: analysed {a[cut:cut + 80]!r} vs deep "
+                      f"{b[cut:cut + 80]!r}" + (f" (and {len(differ) - 1} more columns)" if differ[1:] else "")
                       + f" ({counts})")
     con.close()
     return out
@@ -464,7 +473,8 @@ def deep_pass(history: Path, work: Path, ours: dict[str, Any]) -> list[Target]:
     if not _failed(what, deep):
         print(f"  {what}: {_figures(deep, floor)}; {deep['requests']:,} requests, same cost as the usage-first "
               f"import: {abs(deep['cost'] - ours.get('cost', -1)) < 1e-6}")
-    golden = "golden tables identical after import + analyze(workers=2) (turns, sessions, blocks, prefix_nodes)"
+    golden = ("golden tables identical after import + analyze(workers=2) (turns, sessions, blocks, prefix_nodes; "
+              "unanalysed_sessions)")
     if "error" in deep or (analyze_api and 2 not in analysed):
         targets.append(Target(golden, "not measured", None))
         return targets
@@ -485,8 +495,9 @@ def deep_pass(history: Path, work: Path, ours: dict[str, Any]) -> list[Target]:
             print(f"    {table}: {verdict}")
         if n:
             continue
-        identical = all(v.startswith("identical") for v in same["tables"].values())
-        first = next((f"{t}: {v}" for t, v in same["tables"].items() if not v.startswith("identical")), "identical")
+        differ = {t: v for t, v in same["tables"].items() if not v.startswith(("identical", "in neither"))}
+        identical = not differ
+        first = next((f"{t}: {v}" for t, v in differ.items()), "identical")
         targets.append(Target(golden, first if analyze_api else f"not measured (no lab.analyze); without it: {first}",
                               identical if analyze_api else None))
     return targets
