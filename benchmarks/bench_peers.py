@@ -1,4 +1,17 @@
-"""promptcache_nb's ingest beside its peers', on the same 1,000-request Anthropic log (issue 14, item 3).
+"""promptcache_nb's ingest beside its peers', on the same 1,000-request Anthropic log (issue 14, item 3), or on a
+heavy user's Claude Code history (issue 37, ``--claude-code-history``).
+
+``--claude-code-history`` measures only the second: the 200-session history of ``bench_fleet.py`` (generated
+under the temporary folder, or ``--history DIR``), the json.loads floor, the usage-first import
+``lab.import_log(folder)`` and claude-cache-audit (tokenol and ccusage when given) on the same files, each in a
+fresh child process, then PASS / FAIL against issue 37's import targets (CPU <= 2x the floor, <= 300 MB, wall below
+claude-cache-audit's). One implementation: ``bench_fleet.import_vs_peers``; ``bench_fleet.py``'s docstring says
+how to give the peers (``PCNB_CCA``, ``PCNB_TOKENOL``, ``PCNB_CCUSAGE``)::
+
+    PCNB_CCA=/tmp/cca/wheel .venv/bin/python benchmarks/bench_peers.py --claude-code-history [--projects 20]
+        [--sessions 10] [--history DIR]
+
+Without it, on the 1,000-request log:
 
 Generates one ``exchanges`` log with ``bench_import``'s generator (one conversation: a ~20k-token system + tools
 prefix, history growing past 150k estimated tokens, measured usage on every line) and times, in this process,
@@ -50,6 +63,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_fleet  # noqa: E402 - the Claude Code history comparison, shared with the fleet benchmark
 import bench_import  # noqa: E402 - the log generator, shared with the import benchmark
 
 import promptcache_nb as pc  # noqa: E402
@@ -148,11 +162,30 @@ def figures(name: str, spent: tuple[float, float], base: tuple[float, float]) ->
             f"{cpu:6.2f} s CPU = {cpu / base_cpu:5.1f}x the floor's CPU")
 
 
+def claude_code_history(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="pcnb-peers-"))
+    try:
+        history, _ = bench_fleet.history_folder(args, work)
+        _, targets = bench_fleet.import_vs_peers(history, work)
+        bench_fleet.print_summary(targets)
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--claude-code-history", action="store_true",
+                    help="issue 37: a heavy user's Claude Code history vs claude-cache-audit, instead of the log")
+    bench_fleet.add_history_arguments(ap)
     args = ap.parse_args()
+    if args.claude_code_history:
+        claude_code_history(args)
+        return
     work = Path(tempfile.mkdtemp(prefix="pcnb-peers-"))
     try:
         log = work / "proxy.jsonl"
