@@ -173,6 +173,14 @@ def test_advice_and_resimulate_analyse_what_they_read(history: tuple[Path, Path]
         advice = pc.advise(lab)
         assert len(advice.findings) > 0
         assert lab.store.unanalysed_ids() == set()
+    with pc.Lab(tmp_path / "f.duckdb", progress=False) as lab:
+        lab.import_log(logs)
+        fidelity = pc.fidelity(lab)  # replays every original: each is analysed first
+        assert len(fidelity) > 0 and lab.store.unanalysed_ids() == set()
+    with pc.Lab(tmp_path / "w.duckdb", progress=False) as lab:
+        res = lab.import_log(logs)
+        stepper = pc.widgets.Stepper(res.sessions[0])  # a widget over an imported session: analysed when opened
+        assert stepper is not None and res.sessions.ids[0] not in lab.store.unanalysed_ids()
 
 
 def test_analyze_on_two_workers_is_the_parallel_deep_import(history: tuple[Path, Path], tmp_path: Path) -> None:
