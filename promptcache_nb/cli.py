@@ -250,7 +250,7 @@ def _import_store(args: argparse.Namespace) -> list[str]:
         raise PromptCacheError("import: give --db FILE (a DuckDB store) or --out DIR (a fleet's Parquet dataset), "
                                "not both")
     if args.db is not None or args.out is not None:
-        if args.db is not None and given and given[0].endswith(".duckdb"):
+        if args.db is not None and given and given[0].endswith(".duckdb") and _may_be_store(given[0]):
             raise PromptCacheError(f"import: the store given twice ({given[0]} and --db {args.db}): name it once, "
                                    "first or with --db")
         args.store = args.db

@@ -123,7 +123,8 @@ class _FrameField:
         return held
 
     def __set__(self, obj: Any, value: pd.DataFrame | list[dict[str, Any]]) -> None:
-        obj.__dict__[self.name] = value
+        # the dataclass's __init__ passes the descriptor itself as the default: nothing given
+        obj.__dict__[self.name] = None if isinstance(value, _FrameField) else value
 
 
 @dataclass
@@ -150,13 +151,13 @@ class ImportResult:
 
     sessions: SessionList = field(default_factory=SessionList)
     requests: int = 0
-    skipped = _FrameField(SKIPPED_COLUMNS)
-    flagged = _FrameField(FLAGGED_COLUMNS)
+    skipped: _FrameField = _FrameField(SKIPPED_COLUMNS)
+    flagged: _FrameField = _FrameField(FLAGGED_COLUMNS)
     unknown_models: list[str] = field(default_factory=list)
     files: list[tuple[str, str]] = field(default_factory=list)
     already_stored: int = 0
-    calibrations = _FrameField(FAMILY_COLUMNS)
-    notes = _FrameField(NOTES_COLUMNS)
+    calibrations: _FrameField = _FrameField(FAMILY_COLUMNS)
+    notes: _FrameField = _FrameField(NOTES_COLUMNS)
     #: the paths the user passed, resolved: ``source`` is shown relative to them (a folder: the path inside it;
     #: a file: its name)
     roots: list[Path] = field(default_factory=list)
