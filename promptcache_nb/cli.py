@@ -424,7 +424,8 @@ def _cut_path(text: str, keep: int) -> str:
 def _wrap(text: str, *, width: int = TABLE_WIDTH) -> str:
     import textwrap
 
-    return textwrap.fill(text, width=width)
+    # never inside a word at its hyphens: paths and model ids (claude-opus-4-5) stay whole on their line
+    return textwrap.fill(text, width=width, break_on_hyphens=False, break_long_words=False)
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
