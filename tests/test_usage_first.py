@@ -306,3 +306,14 @@ def test_cli_import_prints_its_sessions_as_json_or_csv(tmp_path: Path, capsys: p
     assert costs == sorted(costs, reverse=True)  # costliest first
     with pc.Lab(tmp_path / "a.duckdb", progress=False, read_only=True) as lab:
         assert sum(costs) == pytest.approx(float(lab.sql("SELECT sum(cost_usd) AS c FROM turns").c[0]), abs=1e-3)
+
+
+def test_a_read_only_lab_says_what_analysis_needs(tmp_path: Path) -> None:
+    logs = tmp_path / "projects"
+    _benchmarks.load("_claude_code_history").write_history(logs, projects=1, sessions=1, requests=5)
+    with pc.Lab(tmp_path / "u.duckdb", progress=False) as lab:
+        sid = lab.import_log(logs).sessions.ids[0]
+    with pc.Lab(tmp_path / "u.duckdb", progress=False, read_only=True) as lab:
+        assert len(pc.rebuilds(lab)) >= 0 and lab.summary().requests.sum() == 5  # reads need no analysis
+        with pytest.raises(pc.errors.PromptCacheError, match=r"await the analysis .* deep=True"):
+            lab.open_session(sid)

@@ -108,6 +108,11 @@ def analyze(lab: Lab, session_ids: Iterable[str] | None = None, *, workers: int 
     plan = plan_analysis(lab, session_ids)
     if not plan.sessions:
         return 0
+    if lab.store.read_only:
+        first = plan.sessions[0]["session_id"]
+        raise PromptCacheError(f"session {first!r} (and {len(plan.sessions) - 1} more) await the analysis of their "
+                               f"bodies, which writes to the store, opened read-only ({lab.store.read_only_why}): "
+                               "run lab.analyze() on a writable Lab, or import with deep=True (--deep)")
     missing = sorted({f for group in plan.groups for f in group if not os.path.exists(f)})
     if missing:
         raise PromptCacheError(f"cannot analyse {len(plan.sessions)} session(s): their log "
