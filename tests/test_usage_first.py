@@ -317,3 +317,20 @@ def test_a_read_only_lab_says_what_analysis_needs(tmp_path: Path) -> None:
         assert len(pc.rebuilds(lab)) >= 0 and lab.summary().requests.sum() == 5  # reads need no analysis
         with pytest.raises(pc.errors.PromptCacheError, match=r"await the analysis .* deep=True"):
             lab.open_session(sid)
+
+
+def test_analyze_refuses_a_log_rewritten_since_its_import(tmp_path: Path) -> None:
+    logs = tmp_path / "projects"
+    _benchmarks.load("_claude_code_history").write_history(logs, projects=1, sessions=1, requests=5)
+    (log,) = sorted(logs.rglob("*.jsonl"))
+    with pc.Lab(tmp_path / "u.duckdb", progress=False) as lab:
+        lab.import_log(logs)
+        spans = lab.sql("SELECT count(*) AS n FROM turns WHERE source_digest IS NOT NULL").n[0]
+        assert spans == 5  # every request says where its line is
+        text = log.read_text(encoding="utf-8")
+        log.write_text(text.replace('"cwd": "', '"cwd": "X', 1), encoding="utf-8")  # one byte moved
+        with pytest.raises(pc.errors.PromptCacheError, match=r"changed since it was imported"):
+            lab.analyze()
+        assert lab.sql("SELECT count(*) AS n FROM turns").n[0] == 5  # nothing lost
+        log.write_text(text + "\n", encoding="utf-8")  # grown only: analysed
+        assert lab.analyze() == 1

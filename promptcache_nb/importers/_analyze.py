@@ -22,10 +22,11 @@ import warnings
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._config import DEFAULT_ACCOUNT
-from .._util import gc_paused, progress_bar
+from .._util import digest, gc_paused, progress_bar
 from ..errors import PromptCacheError
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ def analyze(lab: Lab, session_ids: Iterable[str] | None = None, *, workers: int 
                                f"{'file is' if len(missing) == 1 else 'files are'} gone ({missing[0]}"
                                f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); their measured "
                                "figures stay as imported")
+    _check_unchanged(lab, plan)
     if workers > 1 and len(plan.groups) > 1:
         _analyze_parallel(lab, plan, workers=workers, progress=progress)
     else:
@@ -129,6 +131,32 @@ def analyze(lab: Lab, session_ids: Iterable[str] | None = None, *, workers: int 
                     _Owners(DEFAULT_ACCOUNT, plan.accounts, plan.projects), plan.groups, deep=True,
                     replace=plan.ids)
     return len(plan.sessions)
+
+
+def _check_unchanged(lab: Lab, plan: AnalysisPlan) -> None:
+    """Refuse to analyse from log files that changed since they were imported: each request's line (where the
+    reader located it: ``turns.source_offset`` / ``source_length`` / ``source_digest``) must still hold the same
+    bytes. A file that only grew passes (its new lines are imported as new requests)."""
+    from ._ingest import _split_ref
+    from ._jsonl import open_log
+
+    spans = lab.store.source_spans(sorted(plan.ids))
+    by_file: dict[str, list[tuple[str, int, int, str]]] = {}
+    for sid, ref, offset, length, want in spans:
+        by_file.setdefault(_split_ref(ref)[0], []).append((sid, int(offset), int(length), want))
+    for file, lines in by_file.items():
+        try:
+            with open_log(Path(file)) as fh:
+                for sid, offset, length, want in lines:
+                    fh.seek(offset)
+                    got = fh.read(length)
+                    if digest(got, tag="line") != want:
+                        raise PromptCacheError(
+                            f"{file}: changed since it was imported (the line at byte {offset:,} is not the one "
+                            f"session {sid!r} was read from): its measured figures stay as imported; to analyse "
+                            "it, lab.forget_session(...) and import the file again")
+        except OSError as exc:
+            raise PromptCacheError(f"{file}: cannot be read again to analyse it ({exc})") from None
 
 
 def _merged_groups(plan: AnalysisPlan) -> list[list[str]]:
