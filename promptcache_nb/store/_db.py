@@ -1033,7 +1033,7 @@ class Store:
     def source_spans(self, session_ids: Sequence[str]) -> list[tuple[str, str, int, int, str]]:
         """``(session_id, source_ref, offset, length, digest)`` of every request of ``session_ids`` whose log line
         was located at import, by file position: what an analysis checks before it reads the files again."""
-        return [tuple(r) for r in self.rows(  # type: ignore[misc]
+        return [tuple(r) for r in self.rows(
             """SELECT session_id, source_ref, source_offset, source_length, source_digest FROM turns
                WHERE session_id IN (SELECT unnest(?)) AND source_offset IS NOT NULL
                ORDER BY source_ref, source_offset""", [list(session_ids)])]
