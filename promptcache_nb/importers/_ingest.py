@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import glob
 import html
-import json
 import os
 import re
 import warnings
@@ -1115,20 +1114,7 @@ def _value_problem(req: ImportedRequest) -> str | None:
         req.usage.check()
     except UsageError as exc:
         return str(exc)
-    for name, text in (("model", req.model), ("request_id", req.request_id)):
-        if text is not None and not _encodable(text):
-            return f"{name}: holds a lone surrogate (not Unicode text)"
-    if req.reply is not None and not _encodable(json.dumps(req.reply, ensure_ascii=False)):
-        return "reply: holds a lone surrogate (not Unicode text)"
-    return None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return req.unstorable_text()
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:

@@ -6,6 +6,7 @@ touch the store. ``Lab.import_log`` groups requests into sessions and writes the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -80,6 +81,26 @@ class ImportedRequest:
     #: where the request's bytes live in ``source_ref``'s file: (byte offset, length, digest) of the line that
     #: opened it, in the decompressed file; None when the reader does not say
     source_span: tuple[int, int, str] | None = field(default=None, compare=False)
+
+    def unstorable_text(self) -> str | None:
+        """Why a string this record holds outside its body cannot be stored (a lone surrogate, e.g. a
+        ``"\\ud800"`` JSON escape, is not UTF-8: DuckDB refuses it and would abort the whole import), naming the
+        field; or None. The body is checked on its own (``check_request``)."""
+        fields: tuple[tuple[str, Any], ...] = (
+            ("model", self.model), ("request_id", self.request_id), ("dedupe_key", self.dedupe_key),
+            ("session_key", self.session_key), ("parent_key", self.parent_key), ("account", self.account),
+            ("events", self.events), ("usage", self.usage.raw), ("usage notes", self.usage.notes),
+            ("reply", self.reply), ("agent_observation", self.agent_observation),
+            ("prefix_identity", self.prefix_identity))
+        for name, value in fields:
+            if value is None:
+                continue
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"{name}: holds a lone surrogate {text[exc.start]!r} (not Unicode text)"
+        return None
 
 
 @dataclass(frozen=True)

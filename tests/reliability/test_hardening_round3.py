@@ -1,0 +1,65 @@
+"""Issue 41 regressions (third hardening round): what one damaged record or document holds never aborts an
+import, a store path that loops is refused in one line, group keys keep the whole folder name, and nested
+capture stores each call once.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+import promptcache_nb as pc
+
+ROOT = Path(__file__).resolve().parents[2]
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+
+
+def _turns(lab: pc.Lab) -> int:
+    return int(lab.sql("SELECT count(*) AS n FROM turns").n[0])
+
+
+# -- a lone surrogate in a usage object -----------------------------------------------------------------------
+#: (fixture folder, the file in it whose first usage object gets a lone surrogate)
+SURROGATE_LOGS = {
+    "claude_code": ("claude_code/-home-dev-billing-service", "4b2f7c1e-9d3a-4e8b-a6f1-2c5d8e0b7a94.jsonl"),
+    "exchanges": ("exchanges", "review_bot.jsonl"),
+    "pi": ("pi/--home-ann-ledger-api--", "2026-02-03T10-11-12-345Z_0f3c9a2e-6b1d-4c8e-9f21-7a5d3e1b8c40.jsonl"),
+}
+
+
+def _with_surrogate_in_usage(path: Path) -> int:
+    """Put ``"note": "\\ud800"`` (the JSON escape of a lone surrogate, as a log line holds it) first in every
+    usage object of the last line of ``path`` that has one
+    (a streamed reply's final figures); the 1-based line it is on."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for i, line in reversed(list(enumerate(lines))):
+        patched, n = re.subn(r'"usage": ?\{', lambda m: m.group() + '"note":"\\ud800",', line)
+        if n:
+            lines[i] = patched
+            path.write_text("\n".join(lines), encoding="utf-8")
+            return i + 1
+    raise AssertionError(f"{path} has no usage object")
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["usage_first", "deep"])
+@pytest.mark.parametrize("fmt", sorted(SURROGATE_LOGS))
+def test_a_lone_surrogate_in_usage_skips_that_record_only(fmt: str, deep: bool, tmp_path: Path) -> None:
+    folder, name = SURROGATE_LOGS[fmt]
+    clean, damaged = tmp_path / "clean", tmp_path / "damaged"
+    shutil.copytree(LOGS / folder, clean)
+    shutil.copytree(LOGS / folder, damaged)
+    line = _with_surrogate_in_usage(damaged / name)
+    with pc.Lab(tmp_path / "clean.duckdb", progress=False) as lab:
+        lab.import_log(clean, deep=deep)
+        expected = _turns(lab)
+    with pc.Lab(tmp_path / "damaged.duckdb", progress=False) as lab:
+        result = lab.import_log(damaged, deep=deep)
+        stored = _turns(lab)
+    skipped = [r for r in result.skipped.to_dict("records") if "surrogate" in r["reason"]]
+    assert skipped == [{"file": str(damaged / name), "line": line,
+                        "reason": "usage: holds a lone surrogate '\\ud800' (not Unicode text)"}]
+    assert expected > 1
+    assert stored == expected - 1  # the one request, and only it, is left out
