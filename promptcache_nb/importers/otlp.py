@@ -82,7 +82,7 @@ class OtlpReader:
             return
         try:
             doc = json.loads(path.read_bytes())
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             line = exc.lineno if isinstance(exc, json.JSONDecodeError) else 0
             yield SkippedLine(file, line, f"not a valid OTLP JSON document ({str(exc)[:120]})")
             return
@@ -192,7 +192,7 @@ def _span_key(span: dict[str, Any], source_ref: str, k: int, ids_seen: set[str])
 def _is_object(raw: bytes) -> bool:
     try:
         return isinstance(json.loads(raw), dict)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 
@@ -312,7 +312,7 @@ def _parsed(value: Any) -> Any:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     return value if isinstance(value, list) else None
 
@@ -329,7 +329,7 @@ def _arguments(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {"arguments": value}
     return value if isinstance(value, dict) else {"arguments": value}
 

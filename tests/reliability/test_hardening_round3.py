@@ -63,3 +63,47 @@ def test_a_lone_surrogate_in_usage_skips_that_record_only(fmt: str, deep: bool, 
                         "reason": "usage: holds a lone surrogate '\\ud800' (not Unicode text)"}]
     assert expected > 1
     assert stored == expected - 1  # the one request, and only it, is left out
+
+
+# -- JSON nested past the parser's recursion limit inside a JSON-document log ----------------------------------
+#: (fixture folder, the document in it that gets a value nested 1,200 deep, whether the import lists that
+#: document as skipped: a telemetry outfile is not imported itself, so only its one record is lost)
+NESTED_DOCUMENTS = {
+    "cline_ui_messages": ("cline", "saoudrizwan.claude-dev/tasks/1780580012345/ui_messages.json", True),
+    "cline_api_history": ("cline", "saoudrizwan.claude-dev/tasks/1780580012345/api_conversation_history.json", True),
+    "roo_ui_messages": ("cline", "rooveterinaryinc.roo-cline/tasks/6f0c2b1e-9d4a-4c3e-8b7f-1a2d3c4e5f60/ui_messages.json",
+                        True),
+    "opencode_part": ("opencode", "storage/part/msg_e87d67460001dr0UwfMpf5rg7w/prt_e87d67460002OojmCUuBRoeL5p.json",
+                      True),
+    "gemini_telemetry": ("gemini_cli", "telemetry.log", False),
+}
+DEPTH = 1_200
+
+
+def _with_deep_nesting(path: Path) -> None:
+    """Give the first object of ``path`` a key whose value is an array nested :data:`DEPTH` levels deep."""
+    text = path.read_text(encoding="utf-8")
+    at = text.index("{")
+    path.write_text(f'{text[:at + 1]}"zz_nested": {"[" * DEPTH}{"]" * DEPTH}, {text[at + 1:]}', encoding="utf-8")
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["usage_first", "deep"])
+@pytest.mark.parametrize("case", sorted(NESTED_DOCUMENTS))
+def test_json_nested_too_deep_in_a_document_skips_that_document(case: str, deep: bool, tmp_path: Path) -> None:
+    folder, name, listed = NESTED_DOCUMENTS[case]
+    clean, damaged = tmp_path / "clean", tmp_path / "damaged"
+    shutil.copytree(LOGS / folder, clean)
+    shutil.copytree(LOGS / folder, damaged)
+    _with_deep_nesting(damaged / name)
+    with pc.Lab(tmp_path / "clean.duckdb", progress=False) as lab:
+        lab.import_log(clean, deep=deep)
+        expected = _turns(lab)
+    with pc.Lab(tmp_path / "damaged.duckdb", progress=False) as lab:
+        result = lab.import_log(damaged, deep=deep)  # raised RecursionError before the fix
+        stored = _turns(lab)
+    assert 0 < stored <= expected  # the documents beside it are imported
+    named = [r for r in result.skipped.to_dict("records") if r["file"] == str(damaged / name)]
+    if listed:
+        assert [r["line"] for r in named] == [0], named
+    else:
+        assert stored == expected
