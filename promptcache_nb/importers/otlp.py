@@ -119,7 +119,7 @@ class OtlpReader:
                     for key, value in _attributes(event.get("attributes")).items():
                         if key in _CONTENT_KEYS:
                             attrs.setdefault(key, value)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:  # Overflow: "intValue": 1e400
             yield SkippedLine(file, line, f"span {span.get('name')!r}: bad attribute ({exc})")
             return
         if "gen_ai.request.model" not in attrs and "gen_ai.usage.input_tokens" not in attrs:
@@ -135,7 +135,7 @@ class OtlpReader:
         try:
             at = _nanos(span.get("startTimeUnixNano"))
             usage = _usage(attrs, anthropic=provider == "anthropic")
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             yield SkippedLine(file, line, f"span {name!r}: {exc}")
             return
         dialect: Dialect = "anthropic" if provider == "anthropic" else "openai-chat"

@@ -107,3 +107,21 @@ def test_json_nested_too_deep_in_a_document_skips_that_document(case: str, deep:
         assert [r["line"] for r in named] == [0], named
     else:
         assert stored == expected
+
+
+# -- an OTLP number past float range ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("field", "value"), [('"intValue":"2304"', '"intValue":1e400'),
+                                              ('"startTimeUnixNano":"1772618400000000000"',
+                                               '"startTimeUnixNano":1e400')], ids=["intValue", "startTime"])
+def test_an_otlp_number_of_1e400_skips_its_span_only(field: str, value: str, tmp_path: Path) -> None:
+    source = (LOGS / "otlp" / "collector_export.jsonl").read_text(encoding="utf-8").split("\n")
+    assert field in source[0]
+    log = tmp_path / "export.jsonl"
+    log.write_text("\n".join([source[0].replace(field, value), *source[1:]]), encoding="utf-8")
+    with pc.Lab(tmp_path / "r.duckdb", progress=False) as lab:
+        result = lab.import_log(log)  # OverflowError before the fix
+        stored = _turns(lab)
+    skipped = result.skipped.to_dict("records")
+    assert [(r["file"], r["line"]) for r in skipped] == [(str(log), 1)]
+    assert "infinity" in skipped[0]["reason"]
+    assert stored == sum(1 for line in source if '"gen_ai.usage.input_tokens"' in line) - 1
