@@ -5,8 +5,11 @@ capture stores each call once.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +128,34 @@ def test_an_otlp_number_of_1e400_skips_its_span_only(field: str, value: str, tmp
     assert [(r["file"], r["line"]) for r in skipped] == [(str(log), 1)]
     assert "infinity" in skipped[0]["reason"]
     assert stored == sum(1 for line in source if '"gen_ai.usage.input_tokens"' in line) - 1
+
+
+# -- a store path that is a symlink loop ------------------------------------------------------------------------
+@pytest.fixture
+def looping_store(tmp_path: Path) -> Path:
+    (tmp_path / "b.duckdb").symlink_to(tmp_path / "a.duckdb")
+    (tmp_path / "a.duckdb").symlink_to(tmp_path / "b.duckdb")
+    return tmp_path / "a.duckdb"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "promptcache_nb.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+@pytest.mark.parametrize("command", [["sql", "{store}", "SELECT 1"],
+                                     ["import", "{store}", str(LOGS / "exchanges")]], ids=["sql", "import"])
+def test_a_store_path_that_loops_is_refused_in_one_line(command: list[str], looping_store: Path) -> None:
+    done = _cli(*(a.format(store=looping_store) for a in command))
+    assert done.returncode == 2
+    assert done.stderr == (f"promptcache-nb: error: cannot open store {str(looping_store)!r}: it is a symlink loop "
+                           "(a link that leads back to itself); point it at a .duckdb file or remove it\n")
+    assert looping_store.is_symlink()  # the failed import did not take the user's link for a store it created
+
+
+def test_a_lab_on_a_looping_path_raises_store_error(looping_store: Path) -> None:
+    from promptcache_nb.errors import StoreError
+
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="it is a symlink loop"):
+            pc.Lab(looping_store, progress=False, read_only=read_only)
