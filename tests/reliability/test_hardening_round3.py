@@ -159,3 +159,39 @@ def test_a_lab_on_a_looping_path_raises_store_error(looping_store: Path) -> None
     for read_only in (False, True):
         with pytest.raises(StoreError, match="it is a symlink loop"):
             pc.Lab(looping_store, progress=False, read_only=read_only)
+
+
+# -- group keys keep the whole folder name ---------------------------------------------------------------------
+def test_folders_that_share_a_name_up_to_a_dot_are_two_groups(tmp_path: Path) -> None:
+    from promptcache_nb.importers._groups import plan_groups
+
+    logs = tmp_path / "projects"
+    shutil.copytree(LOGS / "claude_code" / "growing", logs / "alice.smith")
+    shutil.copytree(LOGS / "exchanges", logs / "alice.jones")
+    session = LOGS / "claude_code" / "-home-dev-billing-service"
+    shutil.copytree(session, logs / "billing")  # "<id>.jsonl" and "<id>/subagents/": one group, as before
+    groups, _ = plan_groups(logs)
+    assert sorted(g.project for g in groups) == ["alice.jones", "alice.smith", "billing"]
+    billing = {Path(f).relative_to(logs / "billing").as_posix() for g in groups if g.project == "billing"
+               for f in g.files}
+    assert billing == {p.relative_to(session).as_posix() for p in session.rglob("*.jsonl")}
+    (logs / "releases").mkdir()
+    for name in ("v1.2.jsonl", "v1.3.jsonl"):  # files too: the name without its log suffix
+        shutil.copy(LOGS / "exchanges" / "review_bot.jsonl", logs / "releases" / name)
+    groups, _ = plan_groups(logs / "releases")
+    assert sorted(g.project for g in groups) == ["v1.2", "v1.3"]
+
+
+def test_a_fleet_import_stores_each_dotted_folder_under_its_own_project(tmp_path: Path) -> None:
+    import duckdb
+
+    from promptcache_nb import fleet
+
+    logs = tmp_path / "projects"
+    shutil.copytree(LOGS / "claude_code" / "growing", logs / "alice.smith")
+    shutil.copytree(LOGS / "exchanges", logs / "alice.jones")
+    out = tmp_path / "fleet"
+    fleet.import_logs(logs, out=out, progress=False)
+    rows = duckdb.sql(f"SELECT DISTINCT project FROM read_parquet('{out}/sessions/**/*.parquet', "
+                      "hive_partitioning=true) ORDER BY ALL").fetchall()
+    assert rows == [("alice.jones",), ("alice.smith",)]
