@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -195,3 +196,35 @@ def test_a_fleet_import_stores_each_dotted_folder_under_its_own_project(tmp_path
     rows = duckdb.sql(f"SELECT DISTINCT project FROM read_parquet('{out}/sessions/**/*.parquet', "
                       "hive_partitioning=true) ORDER BY ALL").fetchall()
     assert rows == [("alice.jones",), ("alice.smith",)]
+
+
+# -- nested capture on one client -------------------------------------------------------------------------------
+CAPTURE_KEY = "sk-test-nested-capture-0123456789"  # a fake key
+
+
+def _ask(client: Any, n: int) -> None:
+    client.messages.create(model="claude-sonnet-4-5", max_tokens=16,
+                           messages=[{"role": "user", "content": f"question {n}"}])
+
+
+@pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
+def test_nested_captures_on_one_client_store_each_call_once(simulator: Any, tmp_path: Path) -> None:
+    import anthropic
+
+    with pc.Lab(tmp_path / "r.duckdb", progress=False) as lab, \
+            anthropic.Anthropic(base_url=simulator.base_url, api_key=CAPTURE_KEY, max_retries=0) as client:
+        before = client._client._transport
+        with lab.capture(client) as outer:
+            _ask(client, 0)
+            with lab.capture(client) as inner:
+                _ask(client, 1)
+                _ask(client, 2)
+            _ask(client, 3)
+        assert client._client._transport is before
+        assert (outer.stored, inner.stored) == (2, 2)  # each call by the innermost capture around it
+        assert len(outer.session.turns()) == 2 and len(inner.session.turns()) == 2
+        session = lab.new_session(project="nested", cache="anthropic")
+        with lab.capture(client, session=session), lab.capture(client, session=session):
+            _ask(client, 4)
+        assert _turns(lab) == 5
+        assert len(session.turns()) == 1
