@@ -30,6 +30,7 @@ def _turns(lab: pc.Lab) -> int:
 SURROGATE_LOGS = {
     "claude_code": ("claude_code/-home-dev-billing-service", "4b2f7c1e-9d3a-4e8b-a6f1-2c5d8e0b7a94.jsonl"),
     "exchanges": ("exchanges", "review_bot.jsonl"),
+    "gemini_chat": ("gemini_cli", "chats/session-2026-06-02T09-12-3f0c6a41.jsonl"),  # usage as "tokens"
     "pi": ("pi/--home-ann-ledger-api--", "2026-02-03T10-11-12-345Z_0f3c9a2e-6b1d-4c8e-9f21-7a5d3e1b8c40.jsonl"),
 }
 
@@ -40,7 +41,7 @@ def _with_surrogate_in_usage(path: Path) -> int:
     (a streamed reply's final figures); the 1-based line it is on."""
     lines = path.read_text(encoding="utf-8").split("\n")
     for i, line in reversed(list(enumerate(lines))):
-        patched, n = re.subn(r'"usage": ?\{', lambda m: m.group() + '"note":"\\ud800",', line)
+        patched, n = re.subn(r'"(usage|tokens)": ?\{', lambda m: m.group() + '"note":"\\ud800",', line)
         if n:
             lines[i] = patched
             path.write_text("\n".join(lines), encoding="utf-8")
