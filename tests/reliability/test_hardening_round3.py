@@ -110,6 +110,7 @@ def test_json_nested_too_deep_in_a_document_skips_that_document(case: str, deep:
     named = [r for r in result.skipped.to_dict("records") if r["file"] == str(damaged / name)]
     if listed:
         assert [r["line"] for r in named] == [0], named
+        assert re.search(r"nested too deep|recursion depth", named[0]["reason"]), named
     else:
         assert stored == expected
 
