@@ -658,7 +658,12 @@ def _read(log: LogFile, format: str, skipped: list[tuple[int, dict[str, Any]]], 
     for rec in records:
         if isinstance(rec, ImportedRequest):
             # a file name that is not UTF-8: its keys and references made storable
-            out.append(rec if clean else _printable(rec))
+            rec = rec if clean else _printable(rec)
+            if (problem := rec.unstorable_keys()) is None:
+                out.append(rec)
+            else:  # its session cannot be formed: the one record is skipped, as one the store refuses is
+                file, line = _split_ref(rec.source_ref)
+                skipped.append((index, {"file": file, "line": line, "reason": problem}))
         elif isinstance(rec, SkippedLine):
             skipped.append((index, {"file": display_path(rec.file), "line": rec.line, "reason": rec.reason}))
         # ReadProgress: per-request identity makes re-import exact; progress is informational

@@ -82,25 +82,36 @@ class ImportedRequest:
     #: opened it, in the decompressed file; None when the reader does not say
     source_span: tuple[int, int, str] | None = field(default=None, compare=False)
 
+    def unstorable_keys(self) -> str | None:
+        """Why a key this record is grouped into a session by cannot be stored (a lone surrogate, e.g. a
+        ``"\\ud800"`` JSON escape in a log's session id, is not UTF-8), naming the field; or None. Checked as the
+        record is read: sessions are formed from these before anything is stored."""
+        return _lone_surrogate((("session_key", self.session_key), ("parent_key", self.parent_key),
+                                ("account", self.account)))
+
     def unstorable_text(self) -> str | None:
-        """Why a string this record holds outside its body cannot be stored (a lone surrogate, e.g. a
-        ``"\\ud800"`` JSON escape, is not UTF-8: DuckDB refuses it and would abort the whole import), naming the
-        field; or None. The body is checked on its own (``check_request``)."""
-        fields: tuple[tuple[str, Any], ...] = (
+        """Why a string this record holds outside its body cannot be stored (DuckDB refuses a lone surrogate and
+        would abort the whole import), naming the field; or None. The body is checked on its own
+        (``check_request``)."""
+        return self.unstorable_keys() or _lone_surrogate((
             ("model", self.model), ("request_id", self.request_id), ("dedupe_key", self.dedupe_key),
-            ("session_key", self.session_key), ("parent_key", self.parent_key), ("account", self.account),
             ("events", self.events), ("usage", self.usage.raw), ("usage notes", self.usage.notes),
             ("reply", self.reply), ("agent_observation", self.agent_observation),
-            ("prefix_identity", self.prefix_identity))
-        for name, value in fields:
-            if value is None:
-                continue
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                return f"{name}: holds a lone surrogate {text[exc.start]!r} (not Unicode text)"
-        return None
+            ("prefix_identity", self.prefix_identity)))
+
+
+def _lone_surrogate(fields: tuple[tuple[str, Any], ...]) -> str | None:
+    """``name: holds a lone surrogate ...`` for the first of ``fields`` whose text (a JSON value's, for a
+    structure) is not UTF-8; None when all are."""
+    for name, value in fields:
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{name}: holds a lone surrogate {text[exc.start]!r} (not Unicode text)"
+    return None
 
 
 @dataclass(frozen=True)

@@ -230,3 +230,20 @@ def test_nested_captures_on_one_client_store_each_call_once(simulator: Any, tmp_
             _ask(client, 4)
         assert _turns(lab) == 5
         assert len(session.turns()) == 1
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["usage_first", "deep"])
+def test_a_lone_surrogate_in_a_session_id_skips_those_records_only(deep: bool, tmp_path: Path) -> None:
+    folder, name = SURROGATE_LOGS["claude_code"]
+    logs = tmp_path / "logs"
+    shutil.copytree(LOGS / folder, logs)
+    text = (logs / name).read_text(encoding="utf-8")
+    assert '"sessionId":"' in text
+    (logs / name).write_text(text.replace('"sessionId":"', '"sessionId":"\\ud800'), encoding="utf-8")
+    with pc.Lab(tmp_path / "r.duckdb", progress=False) as lab:
+        result = lab.import_log(logs, deep=deep)  # UnicodeEncodeError before the fix
+        files = set(lab.sql("SELECT DISTINCT source_ref FROM turns").source_ref.str.rsplit(":", n=1).str[0])
+    skipped = [r for r in result.skipped.to_dict("records") if "surrogate" in r["reason"]]
+    assert skipped and {r["file"] for r in skipped} == {str(logs / name)}
+    assert {r["reason"] for r in skipped} == {"session_key: holds a lone surrogate '\\ud800' (not Unicode text)"}
+    assert files and str(logs / name) not in files  # the sub-agents' files beside it are imported
