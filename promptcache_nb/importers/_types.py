@@ -122,6 +122,11 @@ class SkippedLine:
     line: int
     reason: str
 
+    def __post_init__(self) -> None:
+        # a reason quotes the log (a path, a name): a lone surrogate there is shown escaped ("\\ud800"), as
+        # text the skipped-lines table (pandas' Arrow strings) and the store can hold
+        object.__setattr__(self, "reason", self.reason.encode("utf-8", "backslashreplace").decode("utf-8"))
+
 
 @dataclass(frozen=True)
 class ReadProgress:

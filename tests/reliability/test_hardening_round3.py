@@ -247,3 +247,15 @@ def test_a_lone_surrogate_in_a_session_id_skips_those_records_only(deep: bool, t
     assert skipped and {r["file"] for r in skipped} == {str(logs / name)}
     assert {r["reason"] for r in skipped} == {"session_key: holds a lone surrogate '\\ud800' (not Unicode text)"}
     assert files and str(logs / name) not in files  # the sub-agents' files beside it are imported
+
+
+def test_a_lone_surrogate_quoted_in_a_skip_reason_is_shown_escaped(tmp_path: Path) -> None:
+    lines = (LOGS / "exchanges" / "review_bot.jsonl").read_text(encoding="utf-8").split("\n")
+    assert '"path":"/v1/messages/count_tokens"' in lines[3]  # a call the import lists as not analysed
+    lines[3] = lines[3].replace('"path":"/v1/messages/count_tokens"', '"path":"/v1/messages/count_tokens\\ud800"')
+    log = tmp_path / "review_bot.jsonl"
+    log.write_text("\n".join(lines), encoding="utf-8")
+    with pc.Lab(tmp_path / "r.duckdb", progress=False) as lab:
+        result = lab.import_log(log)
+    reasons = {r["line"]: r["reason"] for r in result.skipped.to_dict("records")}  # UnicodeEncodeError before
+    assert reasons[4] == "endpoint not analysed: /v1/messages/count_tokens\\ud800"
