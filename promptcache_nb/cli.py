@@ -46,7 +46,7 @@ def _new_store_or_none(db: str | Path) -> Iterator[None]:
     existing store is left as the failure left it (each change is its own transaction), and so is one a Ctrl-C
     stopped (it holds what committed before the interrupt, as the user asked)."""
     path = Path(db).expanduser()
-    created = [p for p in (path, Path(str(path) + ".wal")) if not p.exists()]
+    created = [p for p in (path, Path(str(path) + ".wal")) if not (p.exists() or p.is_symlink())]  # a link: theirs
     try:
         yield
     except Exception as exc:

@@ -55,9 +55,25 @@ def plan_groups(paths: str | Path | Iterable[str | Path]) -> tuple[list[FileGrou
 def _group_key(path: Path, roots: Sequence[Path]) -> str:
     for root in sorted(roots, key=lambda r: -len(r.parts)):
         if path.is_relative_to(root) and path != root:
-            first = path.relative_to(root).parts[0]
-            # "<id>.jsonl" and "<id>/..." (a session and its sub-agents' folder) are one group
-            return str(root / first.split(".", 1)[0])
-    return str(path.with_name(path.name.split(".", 1)[0]))
+            parts = path.relative_to(root).parts
+            # a folder keeps its whole name ("alice.smith/" and "alice.jones/" are two groups); a file its name
+            # without its log suffixes, so "<id>.jsonl" and "<id>/..." (a session and its sub-agents) are one
+            return str(root / (parts[0] if len(parts) > 1 else _without_log_suffixes(parts[0])))
+    return str(path.with_name(_without_log_suffixes(path.name)))
+
+
+def _without_log_suffixes(name: str) -> str:
+    """``name`` without the suffixes that make it a log (``.jsonl``, ``.json.gz``...): ``s.messages.json`` ->
+    ``s.messages``, ``v1.2.jsonl`` -> ``v1.2``."""
+    from ._ingest import LOG_SUFFIXES
+    from ._jsonl import COMPRESSED_SUFFIXES
+
+    stem = name
+    for suffixes in (COMPRESSED_SUFFIXES, LOG_SUFFIXES):
+        for suffix in suffixes:
+            if stem.lower().endswith(suffix) and len(stem) > len(suffix):
+                stem = stem[:-len(suffix)]
+                break
+    return stem
 
 

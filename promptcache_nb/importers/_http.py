@@ -387,7 +387,7 @@ def _bedrock_stream(data: bytes, call: BedrockCall) -> tuple[StreamSummary, dict
                         f"{payload[:200].decode('utf-8', errors='replace')}")
         try:
             obj = json.loads(payload) if payload else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _Skip(f"event stream {kind or 'event'} payload is not JSON") from None
         if not isinstance(obj, dict):
             continue
@@ -462,7 +462,7 @@ def _json_body(body: bytes | str | dict[str, Any] | None, what: str,
         raise _Skip(f"{what} body missing")
     try:
         value = (bodies.loads if bodies is not None else json.loads)(_text(body))
-    except ValueError:
+    except (ValueError, RecursionError):
         raise _Skip(f"{what} body is not JSON") from None
     if not isinstance(value, dict):
         raise _Skip(f"{what} body is not a JSON object")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import glob
 import html
-import json
 import os
 import re
 import warnings
@@ -660,7 +659,12 @@ def _read(log: LogFile, format: str, skipped: list[tuple[int, dict[str, Any]]], 
     for rec in records:
         if isinstance(rec, ImportedRequest):
             # a file name that is not UTF-8: its keys and references made storable
-            out.append(rec if clean else _printable(rec))
+            rec = rec if clean else _printable(rec)
+            if (problem := rec.unstorable_keys()) is None:
+                out.append(rec)
+            else:  # its session cannot be formed: the one record is skipped, as one the store refuses is
+                file, line = _split_ref(rec.source_ref)
+                skipped.append((index, {"file": file, "line": line, "reason": problem}))
         elif isinstance(rec, SkippedLine):
             skipped.append((index, {"file": display_path(rec.file), "line": rec.line, "reason": rec.reason}))
         # ReadProgress: per-request identity makes re-import exact; progress is informational
@@ -1116,20 +1120,7 @@ def _value_problem(req: ImportedRequest) -> str | None:
         req.usage.check()
     except UsageError as exc:
         return str(exc)
-    for name, text in (("model", req.model), ("request_id", req.request_id)):
-        if text is not None and not _encodable(text):
-            return f"{name}: holds a lone surrogate (not Unicode text)"
-    if req.reply is not None and not _encodable(json.dumps(req.reply, ensure_ascii=False)):
-        return "reply: holds a lone surrogate (not Unicode text)"
-    return None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return req.unstorable_text()
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:

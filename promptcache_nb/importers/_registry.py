@@ -14,6 +14,7 @@ class or instance), asked after the built-ins.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,21 @@ def _detect(p: Path) -> Reader:
         if accepting:
             return accepting[0] if len(accepting) == 1 else _most_lines(p, head, accepting)
         if len(data) < size or size >= MAX_HEAD_BYTES:  # the whole file was read, or enough of it
+            if len(data) < size and _nested_too_deep(data):  # the readers' parsers gave up: say so
+                raise ImportFormatError(str(p), "JSON nested too deep to read (about 1,000 levels or more)")
             raise ImportFormatError(str(p), "not a known log format", tried=list(READERS))
         size *= 4
+
+
+def _nested_too_deep(data: bytes) -> bool:
+    """True when ``data`` is JSON no reader could parse for its nesting alone (the parser's recursion limit)."""
+    try:
+        json.loads(data)
+    except RecursionError:
+        return True
+    except ValueError:
+        return False
+    return False
 
 
 def _most_lines(path: Path, head: str, readers: list[Reader]) -> Reader:

@@ -6,6 +6,7 @@ touch the store. ``Lab.import_log`` groups requests into sessions and writes the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -81,6 +82,37 @@ class ImportedRequest:
     #: opened it, in the decompressed file; None when the reader does not say
     source_span: tuple[int, int, str] | None = field(default=None, compare=False)
 
+    def unstorable_keys(self) -> str | None:
+        """Why a key this record is grouped into a session by cannot be stored (a lone surrogate, e.g. a
+        ``"\\ud800"`` JSON escape in a log's session id, is not UTF-8), naming the field; or None. Checked as the
+        record is read: sessions are formed from these before anything is stored."""
+        return _lone_surrogate((("session_key", self.session_key), ("parent_key", self.parent_key),
+                                ("account", self.account)))
+
+    def unstorable_text(self) -> str | None:
+        """Why a string this record holds outside its body cannot be stored (DuckDB refuses a lone surrogate and
+        would abort the whole import), naming the field; or None. The body is checked on its own
+        (``check_request``)."""
+        return self.unstorable_keys() or _lone_surrogate((
+            ("model", self.model), ("request_id", self.request_id), ("dedupe_key", self.dedupe_key),
+            ("events", self.events), ("usage", self.usage.raw), ("usage notes", self.usage.notes),
+            ("reply", self.reply), ("agent_observation", self.agent_observation),
+            ("prefix_identity", self.prefix_identity)))
+
+
+def _lone_surrogate(fields: tuple[tuple[str, Any], ...]) -> str | None:
+    """``name: holds a lone surrogate ...`` for the first of ``fields`` whose text (a JSON value's, for a
+    structure) is not UTF-8; None when all are."""
+    for name, value in fields:
+        if value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{name}: holds a lone surrogate {text[exc.start]!r} (not Unicode text)"
+    return None
+
 
 @dataclass(frozen=True)
 class SkippedLine:
@@ -89,6 +121,11 @@ class SkippedLine:
     file: str
     line: int
     reason: str
+
+    def __post_init__(self) -> None:
+        # a reason quotes the log (a path, a name): a lone surrogate there is shown escaped ("\\ud800"), as
+        # text the skipped-lines table (pandas' Arrow strings) and the store can hold
+        object.__setattr__(self, "reason", self.reason.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 @dataclass(frozen=True)

@@ -374,7 +374,7 @@ def _read_telemetry(path: str, _mtime_ns: int, _size: int) -> tuple[TelemetryCal
             break
         try:
             obj, i = decoder.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):
             nxt = text.find("\n{", i + 1)  # a torn record: resume at the next one that starts a line
             if nxt < 0:
                 break
@@ -458,7 +458,7 @@ class _TelemetryIndex:
         self._by[key].remove(best)
         try:
             contents = self.decoder.loads(best.request_text) if best.request_text is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):
             contents = None
         if not isinstance(contents, list):
             return None
@@ -484,7 +484,7 @@ def _system_message(parts_json: str | None) -> dict[str, Any] | None:
     content}``), or None: none logged, not text, or long enough that Gemini CLI may have cut it."""
     try:
         parts = json.loads(parts_json) if parts_json is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(parts, list) or not parts:
         return None

@@ -78,7 +78,7 @@ class HarReader:
         try:
             with open(path, "rb") as fh:
                 doc = json.load(fh)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ImportFormatError(file, f"not valid HAR JSON ({str(exc).splitlines()[0]})") from None
         entries = doc.get("log", {}).get("entries") if isinstance(doc, dict) and isinstance(doc.get("log"), dict) \
             else None

@@ -88,7 +88,7 @@ class OpenCodeReader:
         if obj is None and len(head) < 64 * 1024:  # a whole pretty-printed file (the JSON tree's files)
             try:
                 obj = json.loads(head)
-            except ValueError:
+            except (ValueError, RecursionError):
                 obj = None
         if not isinstance(obj, dict):
             return '"info"' in head[:2048] and '"ses_' in head[:4096] and '"messages"' in head
@@ -165,7 +165,7 @@ def _has_tables(path: Path) -> bool:
 def _loads(text: Any) -> dict[str, Any]:
     try:
         obj = json.loads(text) if isinstance(text, str | bytes) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         obj = None
     return obj if isinstance(obj, dict) else {}
 

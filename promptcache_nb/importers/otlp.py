@@ -82,7 +82,7 @@ class OtlpReader:
             return
         try:
             doc = json.loads(path.read_bytes())
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             line = exc.lineno if isinstance(exc, json.JSONDecodeError) else 0
             yield SkippedLine(file, line, f"not a valid OTLP JSON document ({str(exc)[:120]})")
             return
@@ -119,7 +119,7 @@ class OtlpReader:
                     for key, value in _attributes(event.get("attributes")).items():
                         if key in _CONTENT_KEYS:
                             attrs.setdefault(key, value)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:  # Overflow: "intValue": 1e400
             yield SkippedLine(file, line, f"span {span.get('name')!r}: bad attribute ({exc})")
             return
         if "gen_ai.request.model" not in attrs and "gen_ai.usage.input_tokens" not in attrs:
@@ -135,7 +135,7 @@ class OtlpReader:
         try:
             at = _nanos(span.get("startTimeUnixNano"))
             usage = _usage(attrs, anthropic=provider == "anthropic")
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             yield SkippedLine(file, line, f"span {name!r}: {exc}")
             return
         dialect: Dialect = "anthropic" if provider == "anthropic" else "openai-chat"
@@ -192,7 +192,7 @@ def _span_key(span: dict[str, Any], source_ref: str, k: int, ids_seen: set[str])
 def _is_object(raw: bytes) -> bool:
     try:
         return isinstance(json.loads(raw), dict)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 
@@ -312,7 +312,7 @@ def _parsed(value: Any) -> Any:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     return value if isinstance(value, list) else None
 
@@ -329,7 +329,7 @@ def _arguments(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {"arguments": value}
     return value if isinstance(value, dict) else {"arguments": value}
 

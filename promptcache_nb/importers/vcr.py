@@ -132,7 +132,7 @@ def load_cassette(path: Path) -> Any:
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass  # YAML flow mappings look like JSON too
     loader = _CassetteLoader(text)
     try:

@@ -208,6 +208,17 @@ def _attempt(request: Any) -> _Attempt | None:
     return _Attempt(str(request.method), str(request.url.path), body, datetime.now(UTC), time.perf_counter())
 
 
+#: ``request.extensions`` key of the capture wrapper that records a request
+_CLAIM = "promptcache_nb.capture"
+
+
+def _claimed_by_another(request: Any, wrapper: Any) -> bool:
+    """True when another capture's wrapper records ``request``: captures nested on one client wrap each other,
+    and the innermost (the first to see the request) claims it, so each call is stored once. A retry that
+    re-sends the same request object reaches its claimer again, which records it."""
+    return bool(request.extensions.setdefault(_CLAIM, id(wrapper)) != id(wrapper))
+
+
 # -- transport and stream wrappers, built once per httpx-like module (httpx, or the SDKs' httpx2) ------------
 class _TeeMixin:
     """Copies a response stream's bytes as the SDK reads them; reports once, at the end or at close."""
@@ -294,6 +305,8 @@ class _SyncTransport:
         self.inner, self._capture, self._module, self._tee = inner, capture, module, tee
 
     def handle_request(self, request: Any) -> Any:
+        if _claimed_by_another(request, self):
+            return self.inner.handle_request(request)
         attempt = _attempt(request)
         try:
             response = self.inner.handle_request(request)
@@ -312,6 +325,8 @@ class _AsyncTransport:
         self.inner, self._capture, self._module, self._tee = inner, capture, module, tee
 
     async def handle_async_request(self, request: Any) -> Any:
+        if _claimed_by_another(request, self):
+            return await self.inner.handle_async_request(request)
         attempt = _attempt(request)
         try:
             response = await self.inner.handle_async_request(request)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -116,12 +117,24 @@ _OPEN: weakref.WeakValueDictionary[tuple[Any, ...], Store] = weakref.WeakValueDi
 
 
 def _file_keys(path: str) -> list[tuple[Any, ...]]:
-    keys: list[tuple[Any, ...]] = [("path", str(Path(path).resolve()))]
+    keys: list[tuple[Any, ...]] = [("path", _resolved(path))]
     try:
         st = os.stat(path)
     except OSError:
         return keys
     return [("inode", st.st_dev, st.st_ino), *keys]
+
+
+def _resolved(path: str) -> str:
+    """``path`` made absolute with its links followed; a symlink loop refused in one line naming it (pathlib
+    raises RuntimeError for one before Python 3.13, OSError ELOOP after)."""
+    try:
+        return str(Path(path).resolve())
+    except (RuntimeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            raise StoreError(f"cannot open store {path!r}: {exc.strerror or exc}") from None
+        raise StoreError(f"cannot open store {path!r}: it is a symlink loop (a link that leads back to itself); "
+                         "point it at a .duckdb file or remove it") from None
 
 
 def _sql_text(text: str) -> str:
