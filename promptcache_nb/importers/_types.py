@@ -13,6 +13,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from orjson import dumps as _orjson_dumps
+
 from ..dialects import DialectName as Dialect  # one vocabulary: the wire formats' names
 from ..usage import Usage
 
@@ -104,8 +106,14 @@ def _lone_surrogate(fields: tuple[tuple[str, Any], ...]) -> str | None:
     """``name: holds a lone surrogate ...`` for the first of ``fields`` whose text (a JSON value's, for a
     structure) is not UTF-8; None when all are."""
     for name, value in fields:
-        if value is None:
+        if value is None or value == ():
             continue
+        if not isinstance(value, str):
+            try:  # orjson encodes in C and refuses a lone surrogate: a clean structure is done here (nearly all)
+                _orjson_dumps(value)
+                continue
+            except TypeError:  # a surrogate, or a value only json.dumps' default=str writes: decided below
+                pass
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
         try:
             text.encode("utf-8")
