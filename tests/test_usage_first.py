@@ -135,6 +135,11 @@ def test_rebuilds_are_found_straight_after_a_usage_first_import(source: str, req
     assert set(got.reason) & {"ttl_expired", "compaction"}
     assert (got.reason != "not_analysed").sum() >= len(got) / 2  # most causes need no body
     assert summary.rebuilds.sum() == len(want)
+    with pc.Lab(deep, progress=False, read_only=True) as lab:
+        deep_summary = lab.summary()
+    # OpenClaw's cross-check from usage alone: its drop clause is the deep import's verdict on every request
+    # whose baseline is 1,000 tokens or more (all of these logs' breaks)
+    assert summary.openclaw_breaks.sum() == deep_summary.openclaw_breaks.sum() > 0
 
 
 def test_opening_a_session_analyses_it_on_first_use(history: tuple[Path, Path], tmp_path: Path) -> None:

@@ -208,6 +208,16 @@ def is_meaningful_drop(previous_cache_read: int, cache_read: int) -> bool:
             and previous_cache_read - cache_read >= MIN_CACHE_BREAK_TOKEN_DROP)
 
 
+def usage_break(baseline: int | None, cache_read: int | None) -> bool | None:
+    """OpenClaw's break verdict from usage alone (a usage-first import's request, no body to compare): the read
+    fell at least 5 % and 1,000 tokens below ``baseline``, the last reported read. Its other clause, a read of 0
+    with nothing changed, needs the two requests' snapshots: the analysis adds it (a baseline under 1,000 tokens
+    only: above, a fall to 0 is a meaningful drop already). None without a reported read."""
+    if cache_read is None:
+        return None
+    return bool(baseline) and is_meaningful_drop(int(baseline or 0), cache_read)
+
+
 @dataclass(frozen=True)
 class ObservationState:
     """What the next request's observation needs from the ones before (OpenClaw's tracker).

@@ -913,6 +913,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
     stored). Inside the caller's transaction (``_store_batch``)."""
     from .. import analysis as _analysis
     from ..analysis.cause import UsageOnly, usage_cause
+    from ..analysis.observe import usage_break
     from ..cache import get_cache_model
     from ..errors import UnpricedModelWarning
     from ..pipeline import usage_record
@@ -929,7 +930,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         lab.store_new_session(config, **spec)
         cache_name, cache_params = spec["cache"], config.cache_params
         todo, dup = _unstored_keys(reqs, set())
-        idx, previous = 0, None
+        idx, previous, baseline = 0, None, None
         seq, group, files = run.next_seq, p.group, p.files
         run.next_seq += 1
     else:
@@ -940,6 +941,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         todo, dup = _unstored_keys(reqs, store.dedupe_keys(sid))
         idx, last = store.last_sent_request(sid)
         previous = None if last is None else UsageOnly(last.model, last.sent_at, last.usage, tuple(last.event_codes))
+        baseline = None if last is None else last.cache_read_input_tokens
         (held,) = store.unanalysed([sid])
         seq, group, files = held["import_seq"], held["file_group"], sorted({*held["files"], *p.files})
     store.mark_unanalysed(sid, import_seq=seq, file_group=group, files=files, new=fresh)
@@ -988,7 +990,10 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         records.append(usage_record(
             session_id=sid, idx=idx, at=current.at, model=req.model, usage=usage, prices=prices,
             events=req.events, cause=cause, request_id=req.request_id, source_ref=req.source_ref,
-            dedupe_key=req.dedupe_key, latency_ms=req.latency_ms, source_span=req.source_span))
+            dedupe_key=req.dedupe_key, latency_ms=req.latency_ms, source_span=req.source_span,
+            broke=usage_break(baseline, usage.cache_read_input_tokens), previous_cache_read=baseline))
+        if usage.cache_read_input_tokens is not None:  # the baseline: the last reported read
+            baseline = usage.cache_read_input_tokens
         idx += 1
         if usage.total_input_tokens:  # the last request that reached the API
             previous = current
