@@ -239,6 +239,13 @@ def advance(
     return Advance(write, after, analysis, usage)
 
 
+def reply_output_tokens(content: list[dict[str, Any]], tokenizer: Any) -> int:
+    """Estimated output tokens of a reply whose usage reports none: its content blocks counted as messages."""
+    from .tokens import segment_tokens
+
+    return sum(segment_tokens("msg", b, tokenizer) for b in content)
+
+
 def usage_record(*, session_id: str, idx: int, at: datetime, model: str, usage: Usage, prices: Prices | None,
                  events: tuple[str, ...] | list[str], cause: Any, request_id: str | None,
                  source_ref: str | None, dedupe_key: str | None, latency_ms: float | None = None,

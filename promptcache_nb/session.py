@@ -68,7 +68,7 @@ from .scenario import (
 from .store import KnowledgeEntry, Store
 from .store._db import prefix_chain, state_columns
 from .strategies import Strategy, strategy_class
-from .tokens import Tokenizer, segment_tokens, session_tokenizer
+from .tokens import Tokenizer, session_tokenizer
 from .usage import Usage, UsageSource
 
 if TYPE_CHECKING:
@@ -1082,8 +1082,7 @@ class Session:
         """Usage with the reply's output tokens estimated when the endpoint did not report them."""
         if usage.output_tokens is not None or content is None:
             return usage
-        out = sum(segment_tokens("msg", b, self._lab.tokenizer) for b in content)
-        return replace(usage, output_tokens=out)
+        return replace(usage, output_tokens=pipeline.reply_output_tokens(content, self._lab.tokenizer))
 
     def _ideal_inputs(self, state: SessionState, prepared: PreparedRequest) -> tuple[list[tuple[int, float]] | None,
                                                                                         int]:

@@ -505,6 +505,8 @@ class _Run:
     #: which the next session of that scope would otherwise rebuild from every stored request of the scope
     held: dict[ScopeKey, Session] = field(default_factory=dict)
     deep: bool = True  #: analyse bodies as they are stored (False: a usage-first import)
+    #: the usage-first sessions stored before this import (read once: a grown one takes the usage-first path)
+    waiting: set[str] = field(default_factory=set)
     #: usage-first sessions this (deep) import stores again analysed: each is deleted in the transaction that
     #: stores it (``lab.analyze``)
     replace: set[str] = field(default_factory=set)
@@ -526,7 +528,8 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     result.roots = [Path(item).expanduser().resolve() for item in items
                     if not any(ch in str(item) for ch in "*?[")]
     run = _Run(lab, project, owners or _Owners(DEFAULT_ACCOUNT), deep=deep,
-               next_seq=0 if deep else lab.store.next_import_seq(), replace=set(replace))
+               next_seq=0 if deep else lab.store.next_import_seq(), replace=set(replace),
+               waiting=set() if deep else lab.store.unanalysed_ids())
     read_skips: list[tuple[int, dict[str, Any]]] = []
     read_ok: list[tuple[int, tuple[str, str]]] = []
     reader_of: dict[int, str] = {}  # file index -> the reader that read it
@@ -780,7 +783,7 @@ def _store_one(run: _Run, p: _Pending, *, fresh: bool) -> _Stored:
     skipped: list[dict[str, Any]] = []
     flagged: list[dict[str, Any]] = []
     notes: list[dict[str, Any]] = []
-    if not run.deep and (fresh or p.sid in run.lab.store.unanalysed_ids()):
+    if not run.deep and (fresh or p.sid in run.waiting):
         new, dup = _store_usage_first(run, p, fresh=fresh, skipped=skipped, notes=notes)
         return _Stored(p.rank, p.sid, new, dup, created=fresh, skipped=skipped, flagged=flagged, notes=notes)
     s, new, dup = _store_session(run.lab, p.key, p.fmt, p.file, p.reqs, project=p.project or run.project,
@@ -916,7 +919,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
     from ..analysis.observe import usage_break
     from ..cache import get_cache_model
     from ..errors import UnpricedModelWarning
-    from ..pipeline import usage_record
+    from ..pipeline import reply_output_tokens, usage_record
 
     lab, store, sid = run.lab, run.lab.store, p.sid
     reqs = p.reqs
@@ -946,9 +949,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
         seq, group, files = held["import_seq"], held["file_group"], sorted({*held["files"], *p.files})
     store.mark_unanalysed(sid, import_seq=seq, file_group=group, files=files, new=fresh)
     model = get_cache_model(cache_name, **cache_params)
-    client_ttls = cache_params.get("client_ttls")
-    ttls = dict(zip(("5m", "1h"), (300.0, 3600.0), strict=True))
-    wrote_1h = any(r.usage.cache_creation_1h_input_tokens for r in reqs)
+    longest = _longest_ttl(model, cache_name, cache_params, reqs)
     records = []
     warned = False
     minimums: dict[str, int] = {}
@@ -961,7 +962,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
             continue
         usage = req.usage
         if usage.output_tokens is None and req.reply:
-            usage = replace(usage, output_tokens=_reply_tokens(lab, req.reply))
+            usage = replace(usage, output_tokens=reply_output_tokens(req.reply, lab.tokenizer))
         prices = run.prices.get((cache_name, req.model), False)
         if prices is False:
             prices = run.prices[(cache_name, req.model)] = _analysis.request_prices(cache_name, req.model,
@@ -977,13 +978,6 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
                 minimum = minimums[req.model] = model.min_cacheable_tokens(req.model)
             except PromptCacheError:
                 minimum = minimums[req.model] = 0
-        longest: float | None
-        if client_ttls:  # the TTLs the client gave the breakpoints the log dropped (measured 5m/1h split)
-            longest = max(ttls.get(t, 300.0) for t in client_ttls)
-        elif cache_name in ("anthropic", "bedrock"):
-            longest = 3600.0 if wrote_1h else 300.0
-        else:
-            longest = model.state_horizon_seconds()  # None: nothing bounds an entry's life
         current = UsageOnly(req.model, req.at.astimezone(UTC), usage, tuple(req.events))
         cause = usage_cause(previous, current, implicit=implicit[req.dialect],
                             minimum=minimum, longest_ttl_seconds=longest)
@@ -1004,11 +998,21 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
     return new, dup + (len(restore) if restore else 0)
 
 
-def _reply_tokens(lab: Lab, reply: list[dict[str, Any]]) -> int:
-    """Estimated output tokens of a reply whose usage has none (``Session._with_output``'s rule)."""
-    from ..tokens import segment_tokens
+def _longest_ttl(model: Any, cache_name: str, cache_params: Mapping[str, Any], reqs: list[ImportedRequest]
+                 ) -> float | None:
+    """The longest an entry of this session could live, from what its usage says: the TTLs its client gave the
+    breakpoints a partial log dropped (the measured 5m/1h split), else 1h on Anthropic when the session wrote 1h
+    entries (5m otherwise), else the cache model's horizon (None: nothing bounds an entry's life)."""
+    from ..cache.anthropic import TTL_SECONDS
 
-    return sum(segment_tokens("msg", b, lab.tokenizer) for b in reply)
+    client_ttls = cache_params.get("client_ttls")
+    if client_ttls:
+        return max(TTL_SECONDS.get(t, TTL_SECONDS["5m"]) for t in client_ttls)
+    if cache_name in ("anthropic", "bedrock"):
+        wrote_1h = any(r.usage.cache_creation_1h_input_tokens for r in reqs)
+        return TTL_SECONDS["1h"] if wrote_1h else TTL_SECONDS["5m"]
+    horizon: float | None = model.state_horizon_seconds()
+    return horizon
 
 
 def _unstored_keys(reqs: list[ImportedRequest], known: set[str]) -> tuple[list[ImportedRequest], int]:
