@@ -181,6 +181,8 @@ class RequestRecord:
     source_offset: int | None = None
     source_length: int | None = None
     source_digest: str | None = None
+    #: OpenClaw's read-drop verdict, kept beside ``broke`` (the rebuild rule, the verdict) as a cross-check
+    openclaw_broke: bool | None = None
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

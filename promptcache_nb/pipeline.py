@@ -249,13 +249,14 @@ def reply_output_tokens(content: list[dict[str, Any]], tokenizer: Any) -> int:
 def usage_record(*, session_id: str, idx: int, at: datetime, model: str, usage: Usage, prices: Prices | None,
                  events: tuple[str, ...] | list[str], cause: Any, request_id: str | None,
                  source_ref: str | None, dedupe_key: str | None, latency_ms: float | None = None,
-                 source_span: tuple[int, int, str] | None = None, broke: bool | None = None,
+                 source_span: tuple[int, int, str] | None = None, openclaw_broke: bool | None = None,
                  previous_cache_read: int | None = None) -> RequestRecord:
     """The ``turns`` row of a request a usage-first import stores: its measured figures, cost and the cause its
     usage alone shows (``cause``: an :class:`~promptcache_nb.analysis.cause.MeasuredCause`, or None), every
     body-derived column NULL until the session is analysed (which replaces the row with :func:`advance`'s).
-    ``broke`` / ``previous_cache_read``: OpenClaw's read-drop verdict against the last reported read, as usage
-    alone gives it (:func:`~promptcache_nb.analysis.observe.usage_break`)."""
+    ``broke`` is the cause's verdict (the rebuild rule needs the measured figures only, so it is final before any
+    analysis); ``openclaw_broke`` / ``previous_cache_read``: OpenClaw's read-drop verdict against the last reported
+    read, as usage alone gives it (:func:`~promptcache_nb.analysis.observe.usage_break`), a cross-check."""
     cost, cost_nc, cost_source = request_cost(usage, prices, at)
     detail = None if cause is None else _json_text(cause.detail)
     offset, length, span_digest = source_span if source_span is not None else (None, None, None)
@@ -272,7 +273,8 @@ def usage_record(*, session_id: str, idx: int, at: datetime, model: str, usage: 
         cost_usd=cost, cost_no_cache_usd=cost_nc, cache_reason=None if cause is None else cause.reason,
         cache_detail=detail, events=codes, request_id=request_id, user_text=None, reply=None,
         diverge_path=None, diverge_byte=None, diverge_token=None, shared_prefix_tokens=None, pure_append=None,
-        broke=broke, previous_cache_read=previous_cache_read, changes=None,
+        broke=None if usage.cache_read_input_tokens is None else bool(cause is not None and cause.rebuild),
+        openclaw_broke=openclaw_broke, previous_cache_read=previous_cache_read, changes=None,
         # the sentence of a rebuild (or a first request): a hit's says only that nothing was lost
         explanation=cause.explanation if cause is not None and (cause.rebuild or idx == 0) else None,
         segment_map=None, transport=None, source_ref=source_ref, dedupe_key=dedupe_key, n_messages=None,

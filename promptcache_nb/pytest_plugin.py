@@ -10,9 +10,13 @@ agent sent:
 - ``prompt_cache.session`` / ``.sessions``: the calls made so far, imported into ``prompt_cache.lab`` (one
   session per conversation, as ``lab.import_log`` groups a proxy log).
 
-After the test (when it passed on its own), the test **fails** when a request broke the cache by OpenClaw's rule,
-or past the thresholds of ``@pytest.mark.prompt_cache(min_read_pct=..., max_breaks=...)``: the message names the
-requests and shows each one's located diff (:func:`promptcache_nb.assert_cache_stable`, the same message).
+After the test (when it passed on its own), the test **fails** when a request broke the cache — it read less than
+it could have, in its own conversation or against the prefix an earlier conversation of the test had cached
+(:func:`promptcache_nb.analysis.gate.check_conversations`: a changed system prompt or tool list between two
+conversations) — or past the thresholds of ``@pytest.mark.prompt_cache(min_read_pct=..., max_breaks=...)``: the
+message names the requests and shows each one's located diff (:func:`promptcache_nb.assert_cache_stable`, the
+same message). A prompt below the model's minimum cacheable length passes with a note (a "prompt cache" report
+section, shown with ``-rP``) saying nothing could be cached.
 
 - ``--prompt-cache-baseline FILE``: also fail when a test breaks more often, or reads more than one point less
   of its prompt from the cache, than the figures stored in FILE; ``--prompt-cache-update`` writes them instead.
@@ -146,12 +150,22 @@ def _thresholds(item: pytest.Item) -> dict[str, Any]:
 
 
 def _check(item: pytest.Item, fixture: PromptCache) -> None:
-    from .analysis.gate import check_cache
+    from .analysis.gate import check_cache, check_conversations
 
     fixture._stop()
     thresholds = _thresholds(item)
-    checks = [check_cache(s, **thresholds) for s in fixture.sessions]
+    sessions = fixture.sessions
+    checks = [check_cache(s, **thresholds) for s in sessions]
     messages = [c.message() for c in checks if not c.ok]
+    between = check_conversations(sessions)
+    allowed = thresholds["max_breaks"]
+    if between and (allowed is None or len(between) + sum(len(c.breaks) for c in checks) > allowed):
+        messages.append(f"prompt cache check across {len(sessions)} conversations: {len(between)} "
+                        f"conversation{'s' if len(between) != 1 else ''} broke the prefix an earlier one had "
+                        "cached\n" + "\n".join(b.text() for b in between))
+    notes = [n for c in checks for n in c.notes]
+    if notes and not messages:
+        item.add_report_section("call", "prompt cache", "\n".join(dict.fromkeys(notes)))
     config = item.config
     baseline = config.getoption("--prompt-cache-baseline")
     if baseline:

@@ -87,7 +87,7 @@ TURN_COLUMNS = (
     "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
     "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "reasoning_tokens",
     "usage_source", "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
-    "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "previous_cache_read", "changes",
+    "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "openclaw_broke", "previous_cache_read", "changes",
     "explanation", "request_id", "body_problems", "cost_source", "notes", "latency_ms",
 )
 

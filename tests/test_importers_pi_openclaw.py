@@ -189,12 +189,12 @@ def test_openclaw_cache_trace_alone_gives_bodies_usage_and_openclaws_observation
     assert res.requests == 7
     assert "personal assistant running inside OpenClaw" in json.dumps(s.turn(0).request["system"])
     cc = pc.analysis.openclaw_crosscheck(s)
-    observed = cc[cc.openclaw_broke.notna()]
+    observed = cc[cc.agent_broke.notna()]
     assert list(observed.idx) == [0, 1, 3, 4, 5, 6]  # once per run: with the run's last call
     assert observed.agree.all()
     # a tool-loop run: OpenClaw observes the run's usage totals, we each call
-    assert cc.loc[3, "openclaw_cache_read"] == 12420 + 12720 and cc.loc[3, "cache_read"] == 12720
-    assert list(cc.loc[5, "openclaw_changes"]) == ["systemPrompt"] == list(cc.loc[5, "changes"])
+    assert cc.loc[3, "agent_cache_read"] == 12420 + 12720 and cc.loc[3, "cache_read"] == 12720
+    assert list(cc.loc[5, "agent_changes"]) == ["systemPrompt"] == list(cc.loc[5, "changes"])
 
 
 def test_openclaw_payload_log_without_its_trace_counts_the_run_usage_once(lab: pc.Lab, tmp_path: Path) -> None:
@@ -274,10 +274,10 @@ def test_crosscheck_agrees_with_openclaw_on_a_trace_written_from_its_schema(lab:
     s = lab.import_log(trace, progress=False).sessions[0]
     cc = pc.analysis.openclaw_crosscheck(s)
     assert len(cc) == 5 and cc.agree.tolist() == [True] * 5
-    assert cc.broke.tolist() == cc.openclaw_broke.tolist() == [False, False, False, True, False]
+    assert cc.openclaw_broke.tolist() == cc.agent_broke.tolist() == [False, False, False, True, False]
     broke = cc.loc[3]
-    assert broke.previous_cache_read == broke.openclaw_previous_cache_read == 9400
-    assert list(broke.changes) == list(broke.openclaw_changes) == ["systemPrompt"]
+    assert broke.previous_cache_read == broke.agent_previous_cache_read == 9400
+    assert list(broke.changes) == list(broke.agent_changes) == ["systemPrompt"]
 
 
 def test_openclaw_sqlite_era_is_read_read_only(lab: pc.Lab, tmp_path: Path) -> None:

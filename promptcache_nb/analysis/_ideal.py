@@ -64,10 +64,16 @@ def rebuilt_tokens(previous_total: int | None, cache_read: int | None, cache_wri
     return max(0, min(previous_total - cache_read, cache_write))
 
 
-def simulated_rebuild(read: int, expected: int, reason: str | None) -> bool:
-    """A simulated request (estimated figures: no noise floor) is a rebuild when it read less than the previous
-    request carried over (``expected``) and its cache model did not call it a hit."""
-    return read < expected and reason != "hit"
+def simulated_lost(previous_total: int | None, read: int | None, write: int | None, uncached: int | None,
+                   reason: str | None, *, implicit: bool) -> int:
+    """Tokens a simulated request sent again of what the previous request held: the measured rule's clamp
+    (:func:`rebuilt_tokens`) on the simulator's figures — what it wrote again (everything it did not read, on a
+    provider that caches implicitly) of what the previous request held — with no noise floor (estimated figures),
+    and nothing for a hit. A tail the previous request never wrote (a conversation with its only breakpoint on the
+    system prompt) is no loss: nothing is written again."""
+    if reason == "hit" or write is None or uncached is None:
+        return 0
+    return rebuilt_tokens(previous_total, read, uncached + write if implicit else write)
 
 
 def same_model(a: str | None, b: str | None) -> bool:

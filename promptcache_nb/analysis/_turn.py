@@ -13,8 +13,9 @@ the ``turns`` row:
   memoised segment sizes, without serialising the body.
 * ``shared_prefix_tokens`` — estimated tokens of the whole segments shared before the divergence.
 * ``pure_append`` — the previous request is a prefix of this one (cache-wise).
-* ``broke`` / ``previous_cache_read`` / ``changes`` / ``explanation`` — the
-  :class:`~promptcache_nb.Observation` (``changes`` is a canonical JSON list of ``{code, detail}``).
+* ``broke`` / ``previous_cache_read`` / ``changes`` / ``explanation`` / ``openclaw_broke`` — the
+  :class:`~promptcache_nb.Observation` (``changes`` is a canonical JSON list of ``{code, detail}``): ``broke``
+  is the verdict (the rebuild rule), ``openclaw_broke`` OpenClaw's read-drop rule kept as a cross-check.
 
 For a request with measured usage, ``cache_reason`` and ``cache_detail`` are its one cause
 (:func:`~promptcache_nb.analysis.cause.measured_cause`), which the explanation states too; the cache
@@ -51,7 +52,7 @@ from .observe import (
 
 OBSERVATION_COLUMNS = (
     "diverge_path", "diverge_byte", "diverge_token", "shared_prefix_tokens", "pure_append",
-    "broke", "previous_cache_read", "changes", "explanation",
+    "broke", "previous_cache_read", "changes", "explanation", "openclaw_broke",
 )
 
 
@@ -98,6 +99,9 @@ def analyse_turn(
         previous_at=previous_at, events=events, transport=transport or default_transport(usage), cause=cause,
     )
     state = replace(state, last_sent=next_sent[0], last_sent_points=next_sent[1])
+    if cause is None and detail is not None and obs.broke is not None:
+        # a simulated request's loss, stored as a measured one's is: the SQL rule reads it (store/_rollups.py)
+        detail = {**detail, "lost_tokens": obs.lost_tokens}
     columns = {
         "diverge_path": d.path if d else None,
         "diverge_byte": d.byte_offset if d else None,
@@ -108,6 +112,7 @@ def analyse_turn(
         "previous_cache_read": obs.previous_cache_read,
         "changes": canonical_json([c.to_dict() for c in obs.changes]),
         "explanation": obs.explanation,
+        "openclaw_broke": obs.openclaw_broke,
     }
     return TurnAnalysis(columns, d, obs, state, obs.prompt_cache_info(), reason, detail, cause)
 
@@ -233,19 +238,21 @@ def stored_diff_and_observation(
     marks = store.usage_marks(session_id, index)
     touch = marks.touch_at if marks is not None else None
     cache_read, previous, broke = row["cache_read_input_tokens"], row["previous_cache_read"], row["broke"]
-    complete_miss = bool(broke) and cache_read == 0 and previous is not None and not is_meaningful_drop(
+    openclaw_broke = row["openclaw_broke"]
+    complete_miss = bool(openclaw_broke) and cache_read == 0 and previous is not None and not is_meaningful_drop(
         previous, cache_read)
     obs = Observation(
         snapshot=snapshot(cur_p, transport=transport),
         changes=tuple(Change(c["code"], c["detail"]) for c in json.loads(row["changes"])),
         broke=broke, previous_cache_read=previous, cache_read=cache_read, complete_miss=complete_miss,
         explanation=row["explanation"], cache_reason=row["cache_reason"], cache_detail=detail, usage=usage, at=at,
-        last_cache_touch_at=touch.astimezone(UTC) if touch else None, diff=d,
+        last_cache_touch_at=touch.astimezone(UTC) if touch else None, diff=d, openclaw_broke=openclaw_broke,
+        lost_tokens=int(detail.get("lost_tokens") or 0) if broke else 0,
     )
     return d, obs
 
 
 _USAGE_COLUMNS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
                   "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "usage_source")
-_OBSERVED_COLUMNS = ("sent_at", *_USAGE_COLUMNS, "cache_reason", "cache_detail", "events", "broke",
+_OBSERVED_COLUMNS = ("sent_at", *_USAGE_COLUMNS, "cache_reason", "cache_detail", "events", "broke", "openclaw_broke",
                      "previous_cache_read", "changes", "explanation", "transport")

@@ -1,9 +1,11 @@
-"""Our cache-break observation beside the one the logging agent made itself (OpenClaw's ``cache:result``).
+"""OpenClaw's read-drop rule as we compute it beside the observation the logging agent made itself (OpenClaw's
+``cache:result``), and both beside our verdict.
 
 An imported OpenClaw cache trace (or payload log beside its trace) stores OpenClaw's own observation of a run
 with the run's last request (``cache_detail["agent_observation"]``, see :mod:`promptcache_nb.importers.openclaw`).
-:func:`openclaw_crosscheck` puts it beside ours (``turns.broke`` / ``previous_cache_read`` / ``changes``), one
-row per request.
+:func:`openclaw_crosscheck` puts it beside ours, one row per request: our verdict (``turns.broke``, the rebuild
+rule), our computation of OpenClaw's rule (``turns.openclaw_broke`` / ``previous_cache_read`` / ``changes``) and
+the agent's own (``agent_*``); ``agree`` compares the two computations of OpenClaw's rule.
 
 Where the two may differ (the README's "OpenClaw cross-check"):
 
@@ -29,22 +31,25 @@ from .._protocols import LabLike, StoredSession, resolve_session
 if TYPE_CHECKING:
     import pandas as pd
 
-CROSSCHECK_COLUMNS = ["idx", "sent_at", "cache_read", "broke", "previous_cache_read", "changes", "openclaw_broke",
-                      "openclaw_previous_cache_read", "openclaw_cache_read", "openclaw_changes", "openclaw_note",
+CROSSCHECK_COLUMNS = ["idx", "sent_at", "cache_read", "broke", "openclaw_broke", "previous_cache_read", "changes",
+                      "agent_broke", "agent_previous_cache_read", "agent_cache_read", "agent_changes", "agent_note",
                       "agree"]
-_COLUMNS = ("idx", "sent_at", "cache_read_input_tokens", "broke", "previous_cache_read", "changes", "cache_detail")
+_COLUMNS = ("idx", "sent_at", "cache_read_input_tokens", "broke", "openclaw_broke", "previous_cache_read", "changes",
+            "cache_detail")
 
 
 def openclaw_crosscheck(session: StoredSession | LabLike, *, session_id: str | None = None) -> pd.DataFrame:
-    """Per request: our observation, OpenClaw's own (where its log has one), and whether they agree.
+    """Per request: our verdict, OpenClaw's rule as we compute it, OpenClaw's own observation (where its log has
+    one), and whether the two computations of OpenClaw's rule agree.
 
     Args:
         session: an imported OpenClaw session (or a Lab, with ``session_id``).
 
     Returns:
-        One row per request: ``idx, sent_at, cache_read``; ours: ``broke, previous_cache_read, changes`` (codes);
-        OpenClaw's: ``openclaw_broke, openclaw_previous_cache_read, openclaw_cache_read, openclaw_changes``,
-        ``openclaw_note``; ``agree`` (``broke == openclaw_broke``, None where OpenClaw observed nothing).
+        One row per request: ``idx, sent_at, cache_read``; ``broke`` (our verdict: the rebuild rule);
+        ``openclaw_broke, previous_cache_read, changes`` (codes): OpenClaw's rule as we compute it; the agent's own:
+        ``agent_broke, agent_previous_cache_read, agent_cache_read, agent_changes, agent_note``; ``agree``
+        (``openclaw_broke == agent_broke``, None where OpenClaw observed nothing).
 
     Example:
         >>> pc.analysis.openclaw_crosscheck(s).query("agree == False")      # doctest: +SKIP
@@ -57,22 +62,23 @@ def openclaw_crosscheck(session: StoredSession | LabLike, *, session_id: str | N
     for r in df.itertuples(index=False):
         detail = json.loads(r.cache_detail) if isinstance(r.cache_detail, str) else {}
         theirs = detail.get("agent_observation") if isinstance(detail, dict) else None
-        ours_broke = None if _missing(r.broke) else bool(r.broke)
+        ours = None if _missing(r.openclaw_broke) else bool(r.openclaw_broke)
         row = {
-            "idx": int(r.idx), "sent_at": r.sent_at, "cache_read": _int(r.cache_read_input_tokens), "broke": ours_broke,
+            "idx": int(r.idx), "sent_at": r.sent_at, "cache_read": _int(r.cache_read_input_tokens),
+            "broke": None if _missing(r.broke) else bool(r.broke), "openclaw_broke": ours,
             "previous_cache_read": _int(r.previous_cache_read),
             "changes": [c["code"] for c in json.loads(r.changes)] if isinstance(r.changes, str) else [],
-            "openclaw_broke": None, "openclaw_previous_cache_read": None, "openclaw_cache_read": None,
-            "openclaw_changes": None, "openclaw_note": None, "agree": None,
+            "agent_broke": None, "agent_previous_cache_read": None, "agent_cache_read": None,
+            "agent_changes": None, "agent_note": None, "agree": None,
         }
         if isinstance(theirs, dict):
             row.update({
-                "openclaw_broke": bool(theirs.get("broke")),
-                "openclaw_previous_cache_read": theirs.get("previous_cache_read"),
-                "openclaw_cache_read": theirs.get("cache_read"),
-                "openclaw_changes": [c.get("code") for c in theirs.get("changes") or [] if isinstance(c, dict)],
-                "openclaw_note": theirs.get("note"),
-                "agree": None if ours_broke is None else ours_broke == bool(theirs.get("broke")),
+                "agent_broke": bool(theirs.get("broke")),
+                "agent_previous_cache_read": theirs.get("previous_cache_read"),
+                "agent_cache_read": theirs.get("cache_read"),
+                "agent_changes": [c.get("code") for c in theirs.get("changes") or [] if isinstance(c, dict)],
+                "agent_note": theirs.get("note"),
+                "agree": None if ours is None else ours == bool(theirs.get("broke")),
             })
         rows.append(row)
     return pd.DataFrame(rows, columns=CROSSCHECK_COLUMNS)

@@ -101,11 +101,11 @@ def summarize(df: pd.DataFrame) -> dict[str, Any]:
 def count_rebuilds(df: pd.DataFrame) -> int:
     """The rows of a ``turns()`` frame that :func:`~promptcache_nb.rebuilds` lists (at its default noise floor):
     a measured request whose stored ``cache_reason`` names a rebuild (``analysis.cause`` stores one exactly
-    then); a simulated one that read less than the previous request carried over and was no hit."""
+    then); a simulated one the verdict says broke (``broke``: it sent again some of what the previous request
+    held, :func:`~promptcache_nb.analysis._ideal.simulated_lost`)."""
     import pandas as pd
 
     from ..cache._reasons import NOT_REBUILD
-    from ._ideal import carried_over, simulated_rebuild
 
     if "cache_reason" not in df or "usage_source" not in df:
         return 0
@@ -118,7 +118,7 @@ def count_rebuilds(df: pd.DataFrame) -> int:
         if i and r.usage_source in ("live", "imported"):
             n += reason is not None and reason not in NOT_REBUILD
         elif prev_total is not None and not pd.isna(r.cache_read_input_tokens) and reason is not None:
-            n += simulated_rebuild(int(r.cache_read_input_tokens), carried_over(prev_total, total), reason)
+            n += (not pd.isna(r.broke)) and bool(r.broke)
         prev_total = total
     return n
 

@@ -1,20 +1,28 @@
-"""Cache-break observation with OpenClaw's semantics (docs/seed_designs.md#openclaw-break-heuristic;
-invariant 5 of docs/seed_designs.md#invariants).
+"""One verdict per request — did it break the cache? — and OpenClaw's observation beside it
+(docs/seed_designs.md#openclaw-break-heuristic; invariant 5 of docs/seed_designs.md#invariants).
 
-Per request we take a :class:`Snapshot` — model, cache retention, transport, stream strategy, a system
-prompt digest and a tool digest — and compare it with the previous request's, emitting
-:class:`Change` codes in OpenClaw's fixed order ``model``, ``cacheRetention``, ``transport``,
-``streamStrategy``, ``systemPrompt``, ``tools``, then ``messages`` (history not append-only, from
-OpenClaw's current main).
+A request **broke** the cache when it read less than it could have: it wrote again, or sent uncached, a prefix
+the cache held and kept alive for it. That is our rebuild rule, the one :func:`~promptcache_nb.rebuilds` lists
+(``analysis/_ideal.py``): a measured request by its measured cause (:func:`~promptcache_nb.analysis.cause.
+measured_cause`: more than the noise floor sent again of what the previous request held); a simulated one when
+it read less than the previous request carried over and its cache model did not call it a hit. ``turns.broke``,
+the observation's words, every widget header, ``pc.rebuilds`` and the cache gate say this one verdict.
 
-A request **broke** the cache when, against the last cache read seen (the baseline):
+OpenClaw's read-drop rule is kept beside it as a cross-check (``turns.openclaw_broke``, and
+:func:`~promptcache_nb.openclaw_crosscheck`), never shown as the verdict. Per request we take a
+:class:`Snapshot` — model, cache retention, transport, stream strategy, a system prompt digest and a tool digest —
+and compare it with the previous request's, emitting :class:`Change` codes in OpenClaw's fixed order ``model``,
+``cacheRetention``, ``transport``, ``streamStrategy``, ``systemPrompt``, ``tools``, then ``messages`` (history
+not append-only, from OpenClaw's current main). By OpenClaw's rule a request broke the cache when, against the
+last cache read seen (the baseline):
 
 * ``cache_read < 0.95 × baseline`` **and** ``baseline − cache_read ≥ 1,000`` (a meaningful drop), or
 * it is a *complete miss* — ``cache_read == 0`` with prompt tokens sent — while the snapshot equals the
   one taken at the baseline's request: an unexplained total miss such as a TTL expiry.
 
-There is no break check without a baseline above 0. A request without usage (``cache_read`` None)
-skips the check and keeps the baseline. Ours differs from OpenClaw in one place: OpenClaw's
+There is no OpenClaw break without a baseline above 0 — which is why an agent that never reads its cache (a
+clock in the system prompt) never breaks by that rule, and why it is not our verdict. A request without usage
+(``cache_read`` None) skips the check and keeps the baseline. Ours differs from OpenClaw in one place: OpenClaw's
 complete-miss test needs ``usage.input > 0`` (uncached input), but Anthropic reports a fully re-written
 prompt as ``input_tokens ≈ 0`` plus ``cache_creation_input_tokens``, so we count uncached *and* written
 tokens as "prompt tokens sent".
@@ -34,6 +42,7 @@ from ..cache._reasons import explain_reason, where
 from ..request import PreparedRequest, canonical_bytes
 from ..request.diff import PrefixDiff, marker_indices, sections, visible, visible_html
 from ..usage import Usage
+from ._ideal import simulated_lost
 from .cause import MeasuredCause, MeasuredRequest, prediction_gap
 
 MAX_STABLE_CACHE_READ_RATIO = 0.95  # applied as cache_read * 100 < previous * 95: exact at the edge
@@ -208,6 +217,25 @@ def is_meaningful_drop(previous_cache_read: int, cache_read: int) -> bool:
             and previous_cache_read - cache_read >= MIN_CACHE_BREAK_TOKEN_DROP)
 
 
+def rebuild_verdict(*, first: bool, usage: Usage | None, cause: MeasuredCause | None, cache_reason: str | None,
+                    previous_total: int | None, implicit: bool) -> tuple[bool | None, int]:
+    """The verdict (``broke``) and the tokens it lost, by the rebuild rule :func:`~promptcache_nb.rebuilds` lists
+    and ``store/_rollups.py`` selects in SQL: a measured request by its measured cause (``cause.rebuild``: more
+    than the noise floor sent again of what the previous request held); a simulated one when it sent again any of
+    what the previous request held (:func:`~promptcache_nb.analysis._ideal.simulated_lost`; ``implicit``: the
+    provider caches implicitly). None without a reported read; never a break on a session's first request."""
+    read = usage.cache_read_input_tokens if usage is not None else None
+    if read is None or usage is None:
+        return None, 0
+    if first:
+        return False, 0
+    if usage.measured:
+        return (True, cause.lost_tokens) if cause is not None and cause.rebuild else (False, 0)
+    lost = simulated_lost(previous_total, read, usage.cache_creation_input_tokens, usage.input_tokens, cache_reason,
+                          implicit=implicit)
+    return lost > 0, lost
+
+
 def usage_break(baseline: int | None, cache_read: int | None) -> bool | None:
     """OpenClaw's break verdict from usage alone (a usage-first import's request, no body to compare): the read
     fell at least 5 % and 1,000 tokens below ``baseline``, the last reported read. Its other clause, a read of 0
@@ -253,13 +281,16 @@ class Observation:
     Attributes:
         snapshot: this request's :class:`Snapshot`.
         changes: :class:`Change` codes against the previous request, in OpenClaw's order.
-        broke: True for a break (see the module docstring), False otherwise, None without usage.
-        previous_cache_read: the baseline before this request (None on the first request).
+        broke: the verdict: True when the request read less than it could have (our rebuild rule, the module
+            docstring), False otherwise, None without usage.
+        previous_cache_read: OpenClaw's baseline before this request (None on the first request).
         cache_read: this request's cache read (None without usage).
-        complete_miss: broke because of an unexplained total miss rather than a drop.
+        complete_miss: OpenClaw's rule: broke because of an unexplained total miss rather than a drop.
         explanation: plain words joining the observation, the prefix diff and the cache model's reason.
         cache_reason: the request's reason code (``hit``, ``ttl_expired``…): for measured usage its one cause
             (:func:`~promptcache_nb.analysis.cause.measured_cause`), else the cache model's.
+        openclaw_broke: OpenClaw's read-drop verdict (a cross-check, never the verdict), None without usage.
+        lost_tokens: the tokens a break sent again of what the cache held (0 when it did not break).
     """
 
     snapshot: Snapshot
@@ -275,6 +306,8 @@ class Observation:
     at: datetime | None = field(default=None, repr=False)
     last_cache_touch_at: datetime | None = field(default=None, repr=False)
     diff: PrefixDiff | None = field(default=None, repr=False, compare=False)
+    openclaw_broke: bool | None = None
+    lost_tokens: int = 0
 
     @property
     def retention(self) -> str:
@@ -296,8 +329,8 @@ class Observation:
         if usage is not None and all(v is not None for v in usage.values()):
             usage["total"] = sum(usage.values())  # type: ignore[arg-type]
         observation = None
-        if self.broke or self.changes or self.cache_read is not None:  # as attempt.ts builds it
-            observation = {"broke": bool(self.broke), "previousCacheRead": self.previous_cache_read,
+        if self.openclaw_broke or self.changes or self.cache_read is not None:  # as attempt.ts builds it
+            observation = {"broke": bool(self.openclaw_broke), "previousCacheRead": self.previous_cache_read,
                            "cacheRead": self.cache_read, "changes": list(self.changes)}
         touch = None if self.last_cache_touch_at is None else self.last_cache_touch_at.timestamp() * 1000
         return prompt_cache_info(retention=self.snapshot.cache_retention, last_call_usage=usage,
@@ -316,7 +349,8 @@ class Observation:
             badge = '<b style="color:#6b7280">no usage</b>'
         else:
             badge = '<b style="color:#15803d">no break</b>'
-        reads = f"read {_n(self.cache_read)} (previous {_n(self.previous_cache_read)})"
+        reads = f"read {_n(self.cache_read)} (previous {_n(self.previous_cache_read)})" + (
+            f" · sent again {self.lost_tokens:,}" if self.broke and self.lost_tokens else "")
         rows = "".join(
             f'<tr><td style="padding:1px 8px"><code>{esc(c.code)}</code></td>'
             f'<td style="padding:1px 8px">{visible_html(c.detail)}</td></tr>'
@@ -424,27 +458,31 @@ def observe(
 
     cache_read = usage.cache_read_input_tokens if usage is not None else None
     baseline = state.last_cache_read
-    broke: bool | None
+    openclaw_broke: bool | None
     complete_miss = False
     if cache_read is None:
-        broke = None
+        openclaw_broke = None
         next_read, next_read_snap = baseline, state.last_read_snapshot
     else:
         next_read, next_read_snap = cache_read, snap
-        broke = False
+        openclaw_broke = False
         if baseline is not None and baseline > 0:
             sent = (usage.input_tokens or 0) + (usage.cache_creation_input_tokens or 0)  # type: ignore[union-attr]
             complete_miss = (
                 cache_read == 0 and sent > 0 and state.last_read_snapshot is not None
                 and not snapshot_changes(state.last_read_snapshot, snap)
             )
-            broke = is_meaningful_drop(baseline, cache_read) or complete_miss
+            openclaw_broke = is_meaningful_drop(baseline, cache_read) or complete_miss
             complete_miss = complete_miss and not is_meaningful_drop(baseline, cache_read)
+    previous_total = state.prompt_total if state.prompt_total is not None else (
+        previous.total_tokens if previous is not None else None)
+    broke, lost = rebuild_verdict(first=first, usage=usage, cause=cause, cache_reason=cache_reason,
+                                  previous_total=previous_total, implicit=current.wire.implicit_caching)
     touched = usage is not None and (
         usage.cache_read_input_tokens is not None or usage.cache_creation_input_tokens is not None)
     touch_at = at if touched and at is not None else state.last_cache_touch_at
     explanation = explain(
-        current=current, usage=usage, diff=diff, changes=changes, broke=broke, complete_miss=complete_miss,
+        current=current, usage=usage, diff=diff, changes=changes, broke=broke, lost_tokens=lost,
         previous_cache_read=baseline, cache_read=cache_read, cache_reason=cache_reason,
         cache_detail=cache_detail or {}, at=at, previous_at=previous_at, events=events, first=first,
         cause=cause,
@@ -454,6 +492,7 @@ def observe(
         cache_read=cache_read,
         complete_miss=complete_miss, explanation=explanation, cache_reason=cache_reason,
         cache_detail=dict(cache_detail or {}), usage=usage, at=at, last_cache_touch_at=touch_at, diff=diff,
+        openclaw_broke=openclaw_broke, lost_tokens=lost,
     )
     return obs, ObservationState(snap, next_read, next_read_snap, touch_at,
                                  usage.total_input_tokens if usage is not None else None)
@@ -479,39 +518,27 @@ def _with_prediction(cause: str, reason: str, detail: dict[str, Any], usage: Usa
 
 def explain(
     *, current: PreparedRequest, usage: Usage | None, diff: PrefixDiff | None, changes: list[Change],
-    broke: bool | None, complete_miss: bool, previous_cache_read: int | None, cache_read: int | None,
+    broke: bool | None, lost_tokens: int, previous_cache_read: int | None, cache_read: int | None,
     cache_reason: str | None, cache_detail: dict[str, Any], at: datetime | None, previous_at: datetime | None,
     events: Any, first: bool, cause: MeasuredCause | None = None,
 ) -> str:
     """The observation in plain words (deterministic: numbers with thousands separators, no clock).
 
-    A measured request's cause is ``cause``'s sentence, the one its :func:`~promptcache_nb.rebuilds` row
-    states; the OpenClaw break line before it never says "no break" alone when tokens were sent again."""
+    The first sentence states the verdict (:func:`rebuild_verdict`); a measured request's cause is ``cause``'s
+    sentence, the one its :func:`~promptcache_nb.rebuilds` row states."""
     parts: list[str] = []
     if first:
         parts.append("First request of the session.")
     elif cache_read is None:
-        base = (f"; the baseline stays at {previous_cache_read:,} cached tokens"
-                if previous_cache_read is not None else "")
-        parts.append(f"No usage reported, so no break check{base}.")
+        parts.append("No usage reported, so no verdict.")
     elif broke:
-        if complete_miss:
-            parts.append(f"Cache break: a complete miss (read 0, previously {previous_cache_read:,}) "
-                         "although "
-                         "nothing in the request's snapshot changed.")
-        else:
-            drop = (previous_cache_read or 0) - cache_read
-            parts.append(f"Cache break: the cache read fell from {previous_cache_read:,} to {cache_read:,} "
-                         f"tokens (-{drop:,}).")
-    elif previous_cache_read and cause is not None and cause.rebuild:
-        parts.append(f"Read {cache_read:,} cached tokens (previous request: {previous_cache_read:,}): not an "
-                     "OpenClaw break (a drop of 5 % and 1,000 tokens), but "
-                     f"{cause.lost_tokens:,} tokens were sent again.")
-    elif previous_cache_read:
+        parts.append(f"Cache break: read {cache_read:,} cached tokens and sent again {lost_tokens:,} the cache "
+                     "held for it.")
+    elif previous_cache_read is not None:
         parts.append(f"Read {cache_read:,} cached tokens (previous request: {previous_cache_read:,}): "
                      "no break.")
     else:
-        parts.append(f"Read {cache_read:,} cached tokens.")
+        parts.append(f"Read {cache_read:,} cached tokens: no break.")
     gap = (at - previous_at).total_seconds() if at is not None and previous_at is not None else None
     if cause is not None:
         parts.append(cause.explanation)

@@ -72,9 +72,10 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None, *,
     ``rebuilds=False`` reads the measured sums only (one query): ``rebuilds`` and ``rebuild_lost_usd`` are then
     None, as a command that shows neither needs.
 
-    ``openclaw_breaks`` counts OpenClaw breaks (the cache read fell at least 5 % and 1,000 tokens below the
-    previous read, or to 0 with nothing changed); ``rebuilds`` counts the requests
-    :func:`~promptcache_nb.rebuilds` lists (sent again more than 256 tokens of what the previous request held).
+    ``rebuilds`` counts the requests that broke the cache (the verdict, ``turns.broke``: the requests
+    :func:`~promptcache_nb.rebuilds` lists, which sent again more than 256 tokens of what the previous request
+    held); ``openclaw_breaks`` counts OpenClaw's read-drop rule, kept as a cross-check (``turns.openclaw_broke``:
+    the cache read fell at least 5 % and 1,000 tokens below the previous read, or to 0 with nothing changed).
     ``cache_read_pct`` and ``cost_usd`` are None when nothing is known (no request, no price).
 
     Example:
@@ -101,7 +102,7 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None, *,
         sid = r["session"]
         measured = r["measured_requests"]
         rows.append({
-            **r, **d, "openclaw_breaks": int(r["breaks"]), "rebuilds": count.get(sid, 0) if rebuilds else None,
+            **r, **d, "openclaw_breaks": int(r["openclaw_breaks"]), "rebuilds": count.get(sid, 0) if rebuilds else None,
             "ideal_cache_read": float(r["ideal_cache_read"]),  # the column's dtype as ever (a DataFrame of SQL's sum)
             "cache_read_pct": d["cache_read_pct"] if d["total_input"] else None,
             "usage": "measured" if measured == r["requests"] and measured else

@@ -33,7 +33,7 @@ from ..errors import PromptCacheError
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..tokens import session_tokenizer
 from ..usage import Usage
-from ._ideal import carried_over, simulated_rebuild
+from ._ideal import carried_over, simulated_lost
 from .cause import NOISE_FLOOR, MeasuredCause, MeasuredRequest, measured_cause
 from .prices import Prices
 from .resimulate import StoredTurn, load_turns, request_prices, simulate, stored_session_row
@@ -132,8 +132,11 @@ def ttl_whatif(
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=WHATIF_COLUMNS)
 
 
-def _is_rebuild(idx: int, read: int | None, expected: int, reason: str | None) -> bool:
-    return idx > 0 and read is not None and simulated_rebuild(read, expected, reason)
+def _is_rebuild(t: StoredTurn, usage: Usage, prev_total: int | None, reason: str | None) -> bool:
+    """The verdict on one simulated run's request (:func:`~promptcache_nb.analysis._ideal.simulated_lost`)."""
+    return t.idx > 0 and usage.cache_read_input_tokens is not None and simulated_lost(
+        prev_total, usage.cache_read_input_tokens, usage.cache_creation_input_tokens, usage.input_tokens, reason,
+        implicit=t.request.wire.implicit_caching) > 0
 
 
 def keep_warm(
@@ -160,8 +163,8 @@ def keep_warm(
         A :class:`KeepWarm`: ``every_seconds, pings, ping_cost_usd, rebuilds_without, rebuilds_with,
         rebuilds_avoided, cost_without_usd`` (requests only), ``cost_with_usd`` (requests + pings),
         ``net_saving_usd``, and ``turns``: a per-request DataFrame of both runs. A rebuild is a request
-        that read less than the previous one carried over
-        (:func:`~promptcache_nb.analysis._ideal.carried_over`) and was no hit.
+        that sent again some of what the previous one held and was no hit (the verdict's rule,
+        :func:`~promptcache_nb.analysis._ideal.simulated_lost`).
 
     Example:
         >>> pc.keep_warm(s, every="4m").rebuilds_avoided       # doctest: +SKIP
@@ -195,7 +198,6 @@ def keep_warm(
                 at += step
         pings += n_pings
         a, b = simulate(plain, t.request, t.at), simulate(warm, t.request, t.at)
-        expected = carried_over(prev_total, t.request.total_tokens)
         if a is None or b is None:  # a model the cache model cannot simulate: no figures
             out_rows.append({
                 "idx": t.idx, "sent_at": t.at, "gap_seconds": gap, "pings_before": n_pings, "read_without": None,
@@ -208,8 +210,8 @@ def keep_warm(
                 "idx": t.idx, "sent_at": t.at, "gap_seconds": gap, "pings_before": n_pings,
                 "read_without": ua.cache_read_input_tokens, "read_with": ub.cache_read_input_tokens,
                 "reason_without": a.reason, "reason_with": b.reason,
-                "rebuild_without": _is_rebuild(t.idx, ua.cache_read_input_tokens, expected, a.reason),
-                "rebuild_with": _is_rebuild(t.idx, ub.cache_read_input_tokens, expected, b.reason),
+                "rebuild_without": _is_rebuild(t, ua, prev_total, a.reason),
+                "rebuild_with": _is_rebuild(t, ub, prev_total, b.reason),
                 "cost_without_usd": _cost(price, t.model, ua, t.at), "cost_with_usd": _cost(price, t.model, ub, t.at),
             })
         prev, prev_total = t, t.request.total_tokens
@@ -354,7 +356,7 @@ def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_fl
         expected = carried_over(int(r["prev_total"]), int(r["total"]))
         at, idx = r["sent_at"], r["idx"]
         if not explain:  # the SQL rule selected it; its lost tokens are the stored cause's (or expected − read)
-            lost = int(r["lost"]) if r["measured"] else expected - int(r["cache_read_input_tokens"])
+            lost = int(r["lost"]) if r["measured"] or r["lost"] else expected - int(r["cache_read_input_tokens"])
             rows.append({"session": sid, "idx": idx, "sent_at": at, "gap_seconds": gap, "lost_tokens": lost,
                          "measured": bool(r["measured"]), **usage})
             continue
@@ -374,8 +376,9 @@ def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_fl
 def _simulated_row(idx: int, at: Any, gap: float | None, expected: int, read: int, reason: str | None,
                    detail: dict[str, Any]) -> dict[str, Any]:
     cause = _cause(reason, detail, gap)
+    lost = detail.get("lost_tokens")  # stored since one verdict (issue #38); before, what was not carried over
     return {"idx": idx, "sent_at": at, "gap_seconds": gap, "expected_read": expected, "read": read,
-            "lost_tokens": expected - read, "reason": reason, "cause": cause,
+            "lost_tokens": int(lost) if isinstance(lost, int) else expected - read, "reason": reason, "cause": cause,
             "changed_path": detail.get("divergence_path") if reason == "prefix_changed" else None,
             "read_from_session": detail.get("read_from_session"), "detail": detail, "measured": False,
             "explanation": cause}
@@ -420,7 +423,8 @@ def _recomputed_rows(lab: LabLike, sid: str, noise_floor: int) -> list[dict[str,
                              **{k: records[i][k] for k in pricing}})
         elif prev_total is not None:
             expected = carried_over(prev_total, total)
-            if read is not None and _is_rebuild(r.idx, read, expected, reasons[i]):
+            # a store from before causes were stored: the rule of its day (read below what was carried over)
+            if r.idx > 0 and read is not None and read < expected and reasons[i] != "hit":
                 rows.append({**_simulated_row(r.idx, r.sent_at, gap, expected, read, reasons[i], details[i]),
                              **{k: records[i][k] for k in pricing}})
         prev_total, prev_at = total, r.sent_at

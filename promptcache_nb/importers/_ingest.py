@@ -48,9 +48,9 @@ SKIPPED_COLUMNS = ["file", "line", "reason"]
 NOTES_COLUMNS = ["file", "line", "note"]
 FLAGGED_COLUMNS = ["file", "line", "path", "problem"]
 #: One line wherever ``openclaw_breaks`` and ``rebuilds`` appear side by side.
-BREAKS_VS_REBUILDS = ("openclaw_breaks: the cache read fell (≥ 5 % and 1,000 tokens, or to 0); rebuilds: requests "
-                      "that sent again > 256 tokens the cache held. A small loss is a rebuild without a break; a "
-                      "compaction is a break without a rebuild.")
+BREAKS_VS_REBUILDS = ("rebuilds: the requests that broke the cache (sent again > 256 tokens it held, the verdict); "
+                      "openclaw_breaks: OpenClaw's read-drop rule, a cross-check (the read fell ≥ 5 % and 1,000 "
+                      "tokens, or to 0): it misses an agent that never reads its cache.")
 #: ``input_tokens`` is only the uncached part of the input: say so wherever it is shown.
 UNCACHED_NOTE = ("cache_read_pct = cache read / total input; total input = uncached input (input_tokens) + cache "
                  "read + cache write.")
@@ -985,7 +985,7 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
             session_id=sid, idx=idx, at=current.at, model=req.model, usage=usage, prices=prices,
             events=req.events, cause=cause, request_id=req.request_id, source_ref=req.source_ref,
             dedupe_key=req.dedupe_key, latency_ms=req.latency_ms, source_span=req.source_span,
-            broke=usage_break(baseline, usage.cache_read_input_tokens), previous_cache_read=baseline))
+            openclaw_broke=usage_break(baseline, usage.cache_read_input_tokens), previous_cache_read=baseline))
         if usage.cache_read_input_tokens is not None:  # the baseline: the last reported read
             baseline = usage.cache_read_input_tokens
         idx += 1

@@ -322,6 +322,26 @@ def m013_usage_first(con: duckdb.DuckDBPyConnection) -> None:
         )""")
 
 
+@migration
+def m014_one_verdict(con: duckdb.DuckDBPyConnection) -> None:
+    # One verdict per request (issue #38): ``broke`` now says the request read less than it could have (the rebuild
+    # rule of store/_rollups.py); OpenClaw's read-drop verdict, which ``broke`` held until now, moves to its own
+    # column as a cross-check. The verdict of an analysed store is recomputed here from its stored causes, with the
+    # rule's parameters as they were when this migration was written (a migration is a snapshot: later changes to
+    # the codes or the floor must not rewrite what it did). A legacy session (causes never stored) keeps its value
+    # until it is analysed again.
+    from . import _rollups
+
+    con.execute("ALTER TABLE turns ADD COLUMN openclaw_broke BOOLEAN")
+    con.execute("UPDATE turns SET openclaw_broke = broke")
+    not_rebuild = ["below_minimum", "cold", "hit", "no_breakpoint", "unsupported"]
+    con.execute(_rollups._FLAGGED.format(where="$3::VARCHAR IS NULL") + """
+        , verdict AS (SELECT session_id, idx, rebuild FROM x WHERE NOT legacy)
+        UPDATE turns SET broke = CASE WHEN turns.cache_read_input_tokens IS NULL THEN NULL ELSE verdict.rebuild END
+        FROM verdict WHERE turns.session_id = verdict.session_id AND turns.idx = verdict.idx""",
+                [not_rebuild, 256, None])
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 

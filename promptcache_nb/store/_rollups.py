@@ -8,8 +8,10 @@ analysis binds its parameters (the noise floor, the reason codes that are no reb
 * a **measured** request (live or imported usage), not a session's first, is a rebuild when its stored cause
   (``cache_detail.lost_tokens``, written by ``analysis.cause.measured_cause``) lost more than the noise floor and
   it names a cause: its ``cache_reason``, or the ``rebuild_reason`` found for a loss under the stored floor;
-* a **simulated** request (idx > 0) is a rebuild when it read less than the previous request carried over
-  (``min(previous total, total)``) and its cache model did not call it a hit.
+* a **simulated** request (idx > 0) is a rebuild when its cache model did not call it a hit and it sent again some
+  of what the previous request held (``cache_detail.lost_tokens`` above 0, written by
+  ``analysis._ideal.simulated_lost``); a request stored before that figure was stored, when it read less than the
+  previous request carried over (``min(previous total, total)``).
 
 A session is **legacy** when a cause it needs was never stored — a simulated request without ``cache_reason``, or a
 measured one without ``lost_tokens`` whose previous sent request was measured (a store written before causes
@@ -23,7 +25,7 @@ _TURNS = """
 WITH f AS (
     SELECT session_id, idx, sent_at, model, total_tokens, input_tokens, cache_read_input_tokens,
            cache_creation_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source, cache_reason,
-           cost_usd, cost_no_cache_usd, ideal_cache_read, broke,
+           cost_usd, cost_no_cache_usd, ideal_cache_read, broke, openclaw_broke,
            usage_source IN ('live', 'imported') AS measured,
            input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS known_total
     FROM turns WHERE {where})
@@ -48,6 +50,7 @@ f AS (
                                          AND (CASE WHEN cache_reason IS NULL OR list_contains($1, cache_reason)
                                                    THEN found_reason ELSE cache_reason END) IS NOT NULL
                       ELSE idx > 0 AND cache_read_input_tokens IS NOT NULL AND coalesce(cache_reason, '') <> 'hit'
+                           AND (NOT has_lost OR lost > 0)
                  END AS candidate
           FROM c)),
 w AS (
@@ -63,7 +66,7 @@ x AS (
     SELECT *,
            CASE WHEN pos = 1 THEN false
                 WHEN measured THEN candidate
-                ELSE candidate AND cache_read_input_tokens < greatest(0, least(prev_total, total))
+                ELSE candidate AND (has_lost OR cache_read_input_tokens < greatest(0, least(prev_total, total)))
            END AS rebuild,
            bool_or(CASE WHEN measured THEN pos > 1 AND NOT has_lost AND known_total > 0
                                            AND coalesce(prev_sent_measured, false)
@@ -93,6 +96,7 @@ _SUMS = """
     coalesce(sum(input_tokens), 0) AS uncached,
     coalesce(sum(ideal_cache_read), 0) AS ideal_cache_read,
     count(*) FILTER (WHERE broke) AS breaks,
+    count(*) FILTER (WHERE openclaw_broke) AS openclaw_breaks,
     sum(cost_usd) AS cost_usd,
     sum(cost_no_cache_usd) AS cost_no_cache_usd,
     count(cost_usd) AS priced_requests
@@ -109,7 +113,7 @@ SELECT s.id AS session, s.project_id AS project, s.strategy, s.cache_model AS ca
        coalesce(per.requests, 0) AS requests, coalesce(per.measured_requests, 0) AS measured_requests,
        coalesce(per.cache_read, 0) AS cache_read, coalesce(per.cache_write, 0) AS cache_write,
        coalesce(per.uncached, 0) AS uncached, coalesce(per.ideal_cache_read, 0) AS ideal_cache_read,
-       coalesce(per.breaks, 0) AS breaks, per.cost_usd,
+       coalesce(per.breaks, 0) AS breaks, coalesce(per.openclaw_breaks, 0) AS openclaw_breaks, per.cost_usd,
        per.cost_no_cache_usd, coalesce(per.priced_requests, 0) AS priced_requests, per.started,
        coalesce(per.models, s.model, '') AS models
 FROM sessions s LEFT JOIN per ON per.session_id = s.id
