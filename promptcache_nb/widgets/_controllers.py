@@ -142,6 +142,20 @@ class TurnView:
         return self.usage.label
 
     @property
+    def broke(self) -> bool | None:
+        """The verdict (the observation's ``broke``, else the stored row's): the request read less than it could
+        have. None without usage."""
+        value = getattr(self.observation, "broke", None)
+        if value is None:
+            value = self.row.get("broke")
+        return None if value is None or _html._isna(value) else bool(value)
+
+    @property
+    def lost_tokens(self) -> int:
+        """What a break sent again of what the cache held (0 when it did not break)."""
+        return int(getattr(self.observation, "lost_tokens", 0) or 0)
+
+    @property
     def explanation(self) -> str | None:
         """The observation's explanation (from the object, else the stored row)."""
         exp = getattr(self.observation, "explanation", None)

@@ -386,7 +386,8 @@ def observation_html(
     cache_reason: str | None = None,
     cache_detail: dict[str, Any] | None = None,
 ) -> str:
-    """OpenClaw-style observation (broke?, changes, explanation), from the object or the stored row."""
+    """The observation (the verdict, OpenClaw's change codes, the explanation), from the object or the stored
+    row. The verdict is ``broke`` (the request read less than it could have), never OpenClaw's read-drop rule."""
     row = row or {}
     broke = _attr(observation, "broke")
     if broke is None:
@@ -402,7 +403,10 @@ def observation_html(
     if broke is not None and not _isna(broke):
         verdict = ("<b style='color:#c8553d'>cache break</b>" if bool(broke)
                    else "<b style='color:#2e8b57'>no break</b>")
-        if prev_read is not None and not _isna(prev_read):
+        lost = _attr(observation, "lost_tokens")
+        if bool(broke) and lost:
+            verdict += f": sent again {fmt_int(lost)} tokens the cache held"
+        elif prev_read is not None and not _isna(prev_read):
             verdict += f" (previous request read {fmt_int(prev_read)})"
         parts.append(f"<div>{verdict}</div>")
     if changes:

@@ -732,9 +732,10 @@ def _column_label(strategy: str | None, view: TurnView | None) -> str:
                 "no request yet</div>")
     u = view.usage
     read, wrote = u.cache_read or 0, u.cache_write or 0
-    broke = read < view.ideal_cache_read
-    verdict = (f'<span style="color:#b35900"><b>cache break</b>: read {read:,} of {view.ideal_cache_read:,}'
-               "</span>" if broke else f"read {read:,} of {view.ideal_cache_read:,}")
+    broke = bool(view.broke)  # the one verdict: the observation under the column says the same
+    lost = f", sent again {view.lost_tokens:,}" if view.lost_tokens else ""
+    verdict = (f'<span style="color:#b35900"><b>cache break</b>: read {read:,}{lost}</span>' if broke
+               else f"read {read:,} · no break")
     return (f'<div class="pcnb-column" data-broke="{str(broke).lower()}" style="font-size:13px"><b>'
             f"{_html.esc(strategy or '')}</b>, request {view.index}: {verdict} · wrote {wrote:,}</div>")
 
