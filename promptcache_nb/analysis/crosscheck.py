@@ -5,7 +5,7 @@ with the run's last request (``cache_detail["agent_observation"]``, see :mod:`pr
 :func:`openclaw_crosscheck` puts it beside ours (``turns.broke`` / ``previous_cache_read`` / ``changes``), one
 row per request.
 
-Where the two may differ (the README's "OpenClaw cross-check"):
+Where the two may differ (docs/howto/own-logs.md, "OpenClaw cross-check"):
 
 * OpenClaw observes once per *run* and, in the versions that write ``cache:result`` from the attempt runner, with
   the run's usage totals (``getUsageTotals``: the cache reads of every call of a tool loop summed); we observe
