@@ -38,7 +38,7 @@ demo: $(BASE_STAMP)
 # child process would otherwise compile the package and the tests again (~25 s of a run; __pycache__ is ignored).
 test: export PYTHONDONTWRITEBYTECODE =
 test: $(DEV_STAMP) chromium
-	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
+	$(VENV)/bin/ruff check promptcache_nb tests benchmarks scripts
 	$(VENV)/bin/mypy --strict  # [tool.mypy]'s packages, under every strict check (one run: strict includes the rest)
 	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider -n 2 tests
 	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
@@ -80,7 +80,7 @@ cli-docs: $(DEV_STAMP)
 	$(PY) scripts/gen_cli_docs.py
 
 lint: $(DEV_STAMP)
-	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
+	$(VENV)/bin/ruff check promptcache_nb tests benchmarks scripts
 	$(VENV)/bin/mypy --strict  # [tool.mypy]'s packages, under every strict check (one run: strict includes the rest)
 
 clean:

@@ -95,3 +95,9 @@ def test_the_quickstart_first_session_runs(tmp_path, monkeypatch, capsys):
     assert out[0].startswith("Usage(") and out[1].startswith("PrefixDiff")
     assert 0 < float(out[-1]) <= 1  # the session's efficiency against a perfectly stable design
     scope["lab"].close()
+
+
+def test_the_notebook_count_is_the_folders():
+    words = {6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
+    n = len(list((ROOT / "notebooks").glob("*.ipynb")))
+    assert f"| notebooks | {words.get(n, str(n))}, each runs offline" in README
