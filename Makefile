@@ -48,7 +48,7 @@ test: $(DEV_STAMP) chromium
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg --ignore=notebooks/01_quickstart.ipynb -n 2 --dist loadfile notebooks
 	# the manual as a site: a broken link, a page left out of the nav or a docstring mkdocstrings cannot read fails
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d $(OUT)/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d $(OUT)/site  # not -q: it would hide the warning that failed
 
 ## make test-fast: the inner loop: unit tests without the browser, the reliability trials (kills, locks, load,
 ## fuzzing) or the slow ones (other processes, long sessions); no notebooks, no lint. `make test` runs everything.
@@ -73,7 +73,7 @@ bench: $(BASE_STAMP)
 
 ## make docs: the manual (docs/, mkdocs-material + mkdocstrings) as a site in build/site
 docs: $(DEV_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d $(OUT)/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d $(OUT)/site  # not -q: it would hide the warning that failed
 
 ## make cli-docs: regenerate docs/cli.md from the parser's --help (tests/test_cli_docs.py fails when it drifts)
 cli-docs: $(DEV_STAMP)
