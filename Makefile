@@ -8,7 +8,7 @@ BASE_STAMP := $(VENV)/.installed-base
 DEV_STAMP := $(VENV)/.installed-dev
 OUT ?= build
 
-.PHONY: demo test test-fast lab bench install dev chromium clean lint
+.PHONY: demo test test-fast lab bench install dev chromium clean lint docs cli-docs
 
 install: $(BASE_STAMP)
 dev: $(DEV_STAMP)
@@ -33,12 +33,12 @@ $(DEV_STAMP): $(BASE_STAMP) pyproject.toml
 demo: $(BASE_STAMP)
 	$(VENV)/bin/promptcache-nb demo --out $(OUT)/demo
 
-## make test: unit tests, notebooks under nbval, and the real-browser test
+## make test: unit tests, notebooks under nbval, the real-browser test and the docs site (mkdocs --strict)
 # Bytecode is cached even where the environment says PYTHONDONTWRITEBYTECODE: every pytest worker, kernel and
 # child process would otherwise compile the package and the tests again (~25 s of a run; __pycache__ is ignored).
 test: export PYTHONDONTWRITEBYTECODE =
 test: $(DEV_STAMP) chromium
-	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
+	$(VENV)/bin/ruff check promptcache_nb tests benchmarks scripts
 	$(VENV)/bin/mypy --strict  # [tool.mypy]'s packages, under every strict check (one run: strict includes the rest)
 	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider -n 2 tests
 	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
@@ -47,6 +47,8 @@ test: $(DEV_STAMP) chromium
 	# both cores, a notebook per worker (--dist loadfile keeps each notebook's cells in order in one kernel)
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg --ignore=notebooks/01_quickstart.ipynb -n 2 --dist loadfile notebooks
+	# the manual as a site: a broken link, a page left out of the nav or a docstring mkdocstrings cannot read fails
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d $(OUT)/site  # not -q: it would hide the warning that failed
 
 ## make test-fast: the inner loop: unit tests without the browser, the reliability trials (kills, locks, load,
 ## fuzzing) or the slow ones (other processes, long sessions); no notebooks, no lint. `make test` runs everything.
@@ -69,8 +71,16 @@ lab: $(DEV_STAMP)
 bench: $(BASE_STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+## make docs: the manual (docs/, mkdocs-material + mkdocstrings) as a site in build/site
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d $(OUT)/site  # not -q: it would hide the warning that failed
+
+## make cli-docs: regenerate docs/cli.md from the parser's --help (tests/test_cli_docs.py fails when it drifts)
+cli-docs: $(DEV_STAMP)
+	$(PY) scripts/gen_cli_docs.py
+
 lint: $(DEV_STAMP)
-	$(VENV)/bin/ruff check promptcache_nb tests benchmarks
+	$(VENV)/bin/ruff check promptcache_nb tests benchmarks scripts
 	$(VENV)/bin/mypy --strict  # [tool.mypy]'s packages, under every strict check (one run: strict includes the rest)
 
 clean:

@@ -111,7 +111,7 @@ HISTORY_FROM_PARENT = "history_from_parent"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRecord:
-    """One stored request: a ``turns`` row, field for field (README "Schema").
+    """One stored request: a ``turns`` row, field for field (docs/schema.md).
 
     The request pipeline (:mod:`promptcache_nb.pipeline`) makes one per request; the store writes it
     (``Store.write_request``) and reads it back (``Store.read_request``). JSON columns hold canonical JSON

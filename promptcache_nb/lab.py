@@ -215,7 +215,7 @@ class Lab:
         self.caches.drop_all()
 
     def sql(self, query: str, params: list[Any] | dict[str, Any] | None = None) -> pd.DataFrame:
-        """Run SQL against the store and return a DataFrame. Tables: see README "Schema"."""
+        """Run SQL against the store and return a DataFrame. Tables: see docs/schema.md."""
         return self.store.sql(query, params)
 
     def sessions(self) -> pd.DataFrame:
@@ -272,7 +272,7 @@ class Lab:
         project: str | None = None,
         system: str | None = None,
         tools: list[dict[str, Any]] | None = None,
-        id: str | None = None,  # noqa: A002 - the README's name
+        id: str | None = None,  # noqa: A002 - the documented name
         start: datetime | None = None,
         step: str | timedelta | None = None,
         backend: Backend | None = None,
@@ -496,8 +496,7 @@ class Lab:
 
     def capture(self, client: Any, *, session: Session | None = None, project: str | None = None,
                 cache: str | None = None) -> AbstractContextManager[Capture]:
-        """Store every call ``client`` completes in the ``with`` block (``pc.capture``; README "In your notebook
-        and in CI")."""
+        """Store every call ``client`` completes in the ``with`` block (``pc.capture``; docs/howto/ci-gate.md)."""
         from .live.capture import capture
 
         return capture(client, lab=self, session=session, project=project, cache=cache)

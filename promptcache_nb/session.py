@@ -369,7 +369,7 @@ class Session:
         self._prices = Prices(**cfg.prices) if cfg.prices else None
         self._step_gap = timedelta(seconds=cfg.step_seconds)
         self._start = cfg.start
-        # an opted-in calibration scales every estimate of this session (ratio per text; README "Calibration");
+        # an opted-in calibration scales every estimate of this session (ratio per text; docs/providers.md);
         # session_tokenizer is the one place that decides it, for every path that counts this session's requests
         self._memo = SegmentMemo(session_tokenizer(lab.tokenizer, cfg.calibration))
         self._caches.attach(self.id, self._memo)  # a rebuild of the shared cache counts this session's requests with it
@@ -593,7 +593,7 @@ class Session:
 
     @property
     def prices(self) -> Prices:
-        """Explicit prices, else the cache model's provider price for this session (see README)."""
+        """Explicit prices, else the cache model's provider price for this session (see docs/providers.md)."""
         if self._prices is not None:
             return self._prices
         return _analysis.default_prices(self.cache, self.model)

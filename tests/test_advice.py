@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "data/scenarios/support_agent.yaml"
 GAPS_LOG = Path(__file__).parent / "fixtures" / "logs" / "claude_code_gaps"
 
-#: counterfactual cost vs the strategy's own replay, relative (measured gaps: README "What would it save?")
+#: counterfactual cost vs the strategy's own replay, relative (measured gaps: docs/howto/advice.md)
 EQUIVALENCE_BOUND = 0.10
 
 

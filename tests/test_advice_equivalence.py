@@ -2,7 +2,7 @@
 strategy, logged as the recording proxy logs it, imported, and counterfactually fixed as each target strategy;
 the counterfactual's cost lands within ±10 % of the target strategy's own replay of the same scenario.
 
-``benchmarks/equivalence_table.py`` prints the table (README "What would it save?"); this module holds every
+``benchmarks/equivalence_table.py`` prints the table (docs/howto/advice.md); this module holds every
 cell to the bound. One Lab and one set of replays per scenario for the whole module.
 """
 

@@ -460,7 +460,7 @@ def test_quickstart_widgets_in_chromium(lab_server):
         finally:
             browser.close()
 
-    # The README screenshot is refreshed only on request (UPDATE_DOCS_SCREENSHOT=1), so a test run leaves
+    # The README's screenshot (docs/stepper.png) is refreshed only on request (UPDATE_DOCS_SCREENSHOT=1), so a test run leaves
     # the work tree clean; the run's own copy is always in test-output/browser/.
     small = OUT / "stepper_small.png"
     _save_small_png(shot, small, max_bytes=300_000)

@@ -30,7 +30,7 @@ def anchors(path: Path) -> set[str]:
 def cited_files() -> list[Path]:
     files = [*sorted((ROOT / "promptcache_nb").rglob("*.py")), *sorted((ROOT / "tests").rglob("*.py")),
              *sorted((ROOT / "benchmarks").glob("*.py")), *sorted((ROOT / "notebooks").glob("*.ipynb")),
-             ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+             ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
     return [f for f in files if f.exists()]
 
 
@@ -68,7 +68,7 @@ def test_every_cited_anchor_exists(doc: str) -> None:
 
 
 def test_docs_own_links_resolve() -> None:
-    for path in DOCS.glob("*.md"):
+    for path in DOCS.rglob("*.md"):
         known = anchors(path)
         local = re.findall(r"\]\(#([\w-]+)\)", path.read_text(encoding="utf-8"))
         assert [a for a in local if a not in known] == [], path.name

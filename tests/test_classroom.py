@@ -204,7 +204,8 @@ def test_readme_offline_blocks_run_from_any_folder(tmp_path, monkeypatch, capsys
         exec(compile(block, "README.md", "exec"), scope)
     assert "Usage(" in capsys.readouterr().out and len(scope["sessions"]) == len(pc.STRATEGIES)
     scope["lab"].close()
-    assert "session_id" in readme.split("promptcache-nb sql runs.duckdb", 1)[1].splitlines()[0]
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "command-line.md").read_text(encoding="utf-8")
+    assert "session_id" in guide.split("promptcache-nb sql runs.duckdb", 1)[1].splitlines()[0]
 
 
 def test_demo_unknown_scenario_lists_the_bundled_names(tmp_path, capsys):

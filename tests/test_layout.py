@@ -282,10 +282,10 @@ def test_frozen_values_get_no_side_attributes() -> None:
     assert all(name == "__post_init__" for _, _, name in sites), sites
 
 
-def test_readme_layout_lists_every_module() -> None:
-    """README's "Layout" is the folder list, one line per module: a new module is added there, or this fails."""
-    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8")
-    block = readme.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+def test_docs_layout_lists_every_module() -> None:
+    """docs/layout.md is the folder list, one line per module: a new module is added there, or this fails."""
+    layout = (PACKAGE.parent / "docs" / "layout.md").read_text(encoding="utf-8")
+    block = layout.split("```text", 1)[1].split("```", 1)[0]
     listed = set(re.findall(r"[\w]+\.py", block))
     modules = {p.name for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
     assert sorted(modules - listed) == []

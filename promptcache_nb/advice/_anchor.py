@@ -13,7 +13,7 @@ The interval of a saving comes from how well the simulator reproduces this sessi
 
 * the residual of each changed request (measured cost − scaled simulated cost of the original);
 * a body fix is our rendition of what an agent would send: its counterfactual cost carries :data:`RENDITION`
-  (the strategy-equivalence table's bound, README "What would it save?");
+  (the strategy-equivalence table's bound, docs/howto/advice.md);
 * provider misses recur under any fix: the reads a fix gains are lost at the upper bound of the session's measured
   provider-miss rate;
 * what the simulator claims on requests it does not reproduce is counted only in the high end.

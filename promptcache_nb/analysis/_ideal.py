@@ -115,9 +115,10 @@ def ideal_read(
     """The ideal cache read of ``current`` (see the module docstring for the rule).
 
     Args:
-        previous / current: the two requests (``previous`` None for the first request).
-        previous_total / current_total: their prompt totals as stored (measured when measured); default
-            their estimated sizes.
+        previous: the earlier of the two requests (None for the first request).
+        current: the request whose ideal read this is.
+        previous_total: ``previous``'s prompt total as stored (measured when measured); default its estimated size.
+        current_total: ``current``'s prompt total, the same way.
         gap_seconds: time since ``previous`` (None: no gap rule).
         retention_points: the cache model's ``(estimated prefix tokens, lifetime seconds)`` for ``previous``.
         compaction: the history was replaced by a summary before ``current``.

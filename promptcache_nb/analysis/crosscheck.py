@@ -7,7 +7,7 @@ with the run's last request (``cache_detail["agent_observation"]``, see :mod:`pr
 rule), our computation of OpenClaw's rule (``turns.openclaw_broke`` / ``previous_cache_read`` / ``changes``) and
 the agent's own (``agent_*``); ``agree`` compares the two computations of OpenClaw's rule.
 
-Where the two may differ (the README's "OpenClaw cross-check"):
+Where the two may differ (docs/howto/own-logs.md, "OpenClaw cross-check"):
 
 * OpenClaw observes once per *run* and, in the versions that write ``cache:result`` from the attempt runner, with
   the run's usage totals (``getUsageTotals``: the cache reads of every call of a tool loop summed); we observe

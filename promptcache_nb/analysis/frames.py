@@ -14,7 +14,7 @@ SUMMARY_COLUMNS = [
     "saved_usd",
 ]
 
-#: What ``breaks`` and ``rebuilds`` count, in one sentence (the summaries' docstrings and README say it).
+#: What ``breaks`` and ``rebuilds`` count, in one sentence (the summaries' docstrings and docs/providers.md say it).
 BREAKS_VS_REBUILDS = (
     "breaks counts OpenClaw breaks — the cache read fell at least 5 % and 1,000 tokens below the previous "
     "read, or to 0 with nothing changed — while rebuilds counts the requests that had to send again more than "

@@ -146,8 +146,9 @@ def explain_reason(
         short: a short cause for a table (``TTL expiry: the 5m entry was idle 7m00s``) instead of the
             observation's full sentence (``TTL expired: the cached prefix was last used ...``).
         gap: seconds since the previous request (for a TTL expiry whose detail does not say).
-        request / usage / diff: the request, its usage and its prefix diff against the previous one, for
-            the full sentence's figures.
+        request: the request, for the full sentence's figures.
+        usage: its usage, for the same.
+        diff: its prefix diff against the previous request, for the same.
 
     Example:
         >>> explain_reason("ttl_expired", {"expired_ttl": "5m", "expired_after_seconds": 420}, short=True)

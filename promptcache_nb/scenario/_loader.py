@@ -187,7 +187,7 @@ class _Ctx:
 
 
 def load_scenario(path: str | Path, *, allow_outside: bool = False) -> Scenario:
-    """Load a scenario YAML file (see ``data/scenarios/`` and the README for the format).
+    """Load a scenario YAML file (see ``data/scenarios/`` and docs/scenarios.md for the format).
 
     The whole file is checked first; the first problem raises :class:`~promptcache_nb.ScenarioError`, one line
     ``file:line: field: problem``. ``host_prompt_file`` and ``tools_file`` must stay inside the scenario's

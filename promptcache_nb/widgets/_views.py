@@ -224,7 +224,8 @@ class DiffView(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type inform
     Args:
         diff: a :class:`~promptcache_nb.PrefixDiff` (``turn.diff``) or None; its path, offsets and
             shared-prefix figures head the view when present.
-        previous, current: the two :class:`~promptcache_nb.PreparedRequest` values (``turn.prepared``).
+        previous: the earlier :class:`~promptcache_nb.PreparedRequest` (``turn.prepared``).
+        current: the later one, whose segment map is shown.
         states: ``turn.segment_states`` (read / write / uncached per segment of ``current``).
         why: the segment map's line when ``states`` are missing (``for_turns`` picks it from the turn's usage).
 
