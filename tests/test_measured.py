@@ -143,7 +143,7 @@ def test_a_pure_append_that_lost_its_cache_is_found_and_not_explained_away(lab):
     assert f"The simulator expected to read {predicted:,} tokens (its reason: hit); the API read 0." in row.explanation
     # the per-turn explanation puts the measurement first, then the same sentence as the rebuild row
     text = t.observation.explanation
-    assert text.startswith("Cache break: the cache read fell from 20,000 to 0 tokens")
+    assert text.startswith("Cache break: read 0 cached tokens and sent again 21,503 the cache held for it.")
     assert row.explanation in text
     assert "The cache read everything the previous request left cached" not in text
 
