@@ -624,6 +624,7 @@ class AnthropicMessages(DialectBase):
     fast_path = True
     whole_units = False
     scalar_keys: Mapping[str, str] = {}
+    cache_diagnostics = True
 
 
     def segment(self, sink: SegmentSink) -> Sequence[str]:
@@ -665,6 +666,9 @@ class AnthropicMessages(DialectBase):
 
     def error_body(self, status: int, message: str, request_id: str) -> bytes:
         return error_body(status, message, request_id)
+
+    def diagnosis(self, request: Mapping[str, Any] | None, diagnostics: Any) -> ProviderDiagnosis | None:
+        return read_diagnosis(request, diagnostics)
 
 
 ANTHROPIC = AnthropicMessages()

@@ -77,7 +77,6 @@ from urllib.parse import unquote, urlsplit
 from .._util import SIMULATOR_HEADER, digest
 from ..dialects import DialectName as Dialect
 from ..dialects import get as get_format
-from ..dialects.anthropic import read_diagnosis
 from ..usage import Usage
 from ._history import HistoryDecoder
 from ._sse import SseEvent, StreamSummary, parse_sse, usage_from_sse
@@ -624,7 +623,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
     fallback_native: Any = ex.usage
     response_id: str | None = None
     response_model: str | None = None
-    diagnostics: Any = None  # the response's cache diagnostics (Anthropic's Messages API only)
+    diagnostics: Any = None  # the response's cache diagnostics (Dialect.diagnosis reads them)
     if bedrock is not None and bedrock.streamed and decoded is not None:
         # a recorder that stored the stream as text decoded it as UTF-8 (vcrpy does when the bytes allow it)
         data = decoded if isinstance(decoded, bytes) else decoded.encode("utf-8", errors="surrogateescape")
@@ -697,7 +696,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         request_id=request_id,
         reply=reply,
         provider=provider,
-        provider_diagnosis=read_diagnosis(body, diagnostics) if dialect == "anthropic" and bedrock is None else None,
+        provider_diagnosis=fmt.diagnosis(body, diagnostics),
         response_id=response_id if isinstance(response_id, str) else None,
     )
 

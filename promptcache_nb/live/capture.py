@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._protocols import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
 from .._util import SIMULATOR_HEADER
+from ..dialects import get as get_format
 from ..errors import PromptCacheError
 from ..usage import UsageSource
 from ._diagnostics import DiagnosticsChain, with_beta
@@ -194,7 +195,7 @@ class Capture:
                             body_problems=problems, latency_ms=latency_ms,
                             provider_diagnosis=converted.provider_diagnosis)
             self._last_at = at
-            if self.diagnostics is not None and converted.dialect == "anthropic":
+            if self.diagnostics is not None and get_format(converted.dialect).cache_diagnostics:
                 self.diagnostics.answered(converted.body, converted.response_id)
         return turn
 
@@ -220,7 +221,8 @@ def _asking(request: Any, capture: Capture, module: ModuleType) -> Any:
         return request
     from ..importers._http import endpoint_dialect
 
-    if endpoint_dialect(str(request.method), str(request.url)) != "anthropic":
+    dialect = endpoint_dialect(str(request.method), str(request.url))
+    if dialect is None or not get_format(dialect).cache_diagnostics:
         return request
     try:
         body = json.loads(bytes(request.content))
