@@ -157,8 +157,9 @@ def provider_note(turn: Mapping[str, Any]) -> str | None:
             ``diverge_path`` / ``pure_append`` it also says whether our diagnosis agrees).
 
     Example:
-        >>> provider_note({"provider_cache_miss_reason": "system_changed", "provider_cache_missed_tokens": 4521})
-        "The provider's cache diagnostics (measured): the system prompt changed, ~4,521 input tokens after the divergence."
+        >>> note = provider_note({"provider_cache_miss_reason": "system_changed", "provider_cache_missed_tokens": 4521})
+        >>> note.split(": ", 1)[1]
+        'the system prompt changed, ~4,521 input tokens after the divergence.'
     """
     reason = turn.get("provider_cache_miss_reason")
     if not isinstance(reason, str) or not reason:

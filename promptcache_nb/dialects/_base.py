@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..usage import Usage, UsageSource
-    from .anthropic import ProviderDiagnosis
     from ._problems import Problems
     from ._sse import Pairs, StreamSummary
+    from .anthropic import ProviderDiagnosis
 
 #: The names of the wire formats (``PreparedRequest.dialect``, ``ImportedRequest.dialect``, the stored shape).
 DialectName = Literal["anthropic", "openai-chat", "openai-responses"]

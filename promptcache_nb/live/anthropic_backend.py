@@ -138,7 +138,8 @@ class AnthropicBackend(Backend):
         if self.virtual_clock:
             headers_out[AT_HEADER] = at.isoformat()
         if self._chain is not None:
-            headers_out["anthropic-beta"] = with_beta(self._client.default_headers.get("anthropic-beta"))
+            given = self._client.default_headers.get("anthropic-beta")
+            headers_out["anthropic-beta"] = with_beta(given if isinstance(given, str) else None)
         if headers_out:
             kwargs["extra_headers"] = headers_out
         try:
@@ -161,8 +162,10 @@ class AnthropicBackend(Backend):
         diagnosis = None
         if self._chain is not None:
             self._chain.answered(body, message.id)
-            found = getattr(message, "diagnostics", None)  # an SDK older than 2.14 keeps it as an extra field
-            diagnosis = read_diagnosis(body, found.model_dump(mode="json") if hasattr(found, "model_dump") else found)
+            found: Any = getattr(message, "diagnostics", None)  # an SDK older than 2.14 keeps it as an extra field
+            if hasattr(found, "model_dump"):
+                found = found.model_dump(mode="json")
+            diagnosis = read_diagnosis(body, found)
         # Predict only after the endpoint accepted the request: the local cache model then holds exactly
         # the requests the store holds, even when a send fails.
         prediction = self._predict(request, at, cache)

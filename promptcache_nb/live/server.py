@@ -457,13 +457,14 @@ class SimulatorServer:
             stop_reason = "end_turn"
         tokenizer = self._memo.tokenizer
         usage["output_tokens"] = sum(segment_tokens("msg", block, tokenizer) for block in content)
+        message_id = f"msg_sim_{seq:06d}"
         message = {
-            "id": f"msg_sim_{seq:06d}", "type": "message", "role": "assistant", "model": prepared.model,
+            "id": message_id, "type": "message", "role": "assistant", "model": prepared.model,
             "content": content, "stop_reason": stop_reason, "stop_sequence": None, "usage": usage,
         }
         asked = payload.get("diagnostics")
         if isinstance(asked, dict):
-            message["diagnostics"] = self._diagnostics(asked, prepared, workspace, message["id"])
+            message["diagnostics"] = self._diagnostics(asked, prepared, workspace, message_id)
         if stream:
             return 200, _SSE_HEADERS, ANTHROPIC.sse_write(message)
         return 200, {"content-type": "application/json"}, json.dumps(message).encode()
