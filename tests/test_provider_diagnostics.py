@@ -344,3 +344,24 @@ def test_provider_agrees_mapping():
     assert provider_agrees({"provider_cache_miss_reason": "tools_changed", "diverge_path": None,
                             "pure_append": None}) is None  # no diff of ours (a first request)
 
+
+
+def test_async_capture_and_a_streaming_backend_ask_too(simulator, lab):
+    import asyncio
+
+    async def calls() -> None:
+        async with anthropic.AsyncAnthropic(base_url=simulator.base_url, api_key=KEY, max_retries=0) as client:
+            with lab.capture(client, diagnostics=True, project="async"):
+                for minute in range(2):
+                    async with client.messages.stream(
+                            model=MODEL, max_tokens=32, system=system_at(T0 + timedelta(minutes=minute)),
+                            messages=[{"role": "user", "content": "hi"}]) as stream:
+                        await stream.get_final_message()
+
+    asyncio.run(calls())
+    with anthropic.Anthropic(base_url=simulator.base_url, api_key=KEY, max_retries=0) as client:
+        s = lab.session(system=POLICY, tools=TOOLS, backend=pc.AnthropicBackend(client, stream=True, diagnostics=True),
+                        start=T0, model="claude-opus-4-5")
+        s.step("one", reply="a")
+        s.record({**s.last_turn.request, "model": MODEL})
+    assert [r for _, r, _ in reasons(lab)] == [None, "system_changed", None, "model_changed"]
