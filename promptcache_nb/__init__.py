@@ -18,6 +18,7 @@ from ._data import data_path
 from .advice import advise, counterfactual, fidelity
 from .analysis import Observation, compare_df, summarize
 from .analysis.calibrate import calibrate
+from .analysis.crosscheck import provider_crosscheck
 from .analysis.gate import assert_cache_stable
 from .analysis.resimulate import compare_caches, resimulate
 from .analysis.whatif import keep_warm, rebuilds, ttl_whatif
@@ -149,6 +150,7 @@ __all__ = [
     "keep_warm",
     "load_scenario",
     "plots",
+    "provider_crosscheck",
     "rebuilds",
     "resimulate",
     "summarize",

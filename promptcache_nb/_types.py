@@ -183,6 +183,13 @@ class RequestRecord:
     source_digest: str | None = None
     #: OpenClaw's read-drop verdict, kept beside ``broke`` (the rebuild rule, the verdict) as a cross-check
     openclaw_broke: bool | None = None
+    #: the provider's own diagnosis of this request's cache prefix (Anthropic's ``cache_miss_reason.type``:
+    #: ``model_changed``, ``system_changed``, ``tools_changed``, ``messages_changed``,
+    #: ``previous_message_not_found``, ``unavailable``; ``none`` when the request named a previous message and
+    #: nothing diverged; ``pending`` when the diagnosis had not finished); None when nobody asked
+    provider_cache_miss_reason: str | None = None
+    #: the provider's estimate of the input tokens after the divergence (``cache_missed_input_tokens``)
+    provider_cache_missed_tokens: int | None = None
 
     @classmethod
     def columns(cls) -> tuple[str, ...]:

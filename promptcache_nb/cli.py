@@ -904,7 +904,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     if hasattr(signal, "SIGTERM"):  # `kill PID` closes the proxy like Ctrl-C does (lines are flushed either way)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     with RecordingProxy(args.upstream, args.log, host=args.host, port=args.port,
-                        redact_bodies=args.redact_bodies) as proxy:
+                        redact_bodies=args.redact_bodies, diagnostics=args.diagnostics) as proxy:
         openai_suffix = "" if proxy.upstream.endswith("/v1") else "/v1"
         print(f"promptcache-nb proxy listening on {proxy.url} -> {proxy.upstream}, appending to {args.log}",
               flush=True)
@@ -1078,6 +1078,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--redact-bodies", action="store_true",
                    help="also replace API-key-like strings (sk-ant-..., sk-..., AIza..., Bearer ...) inside the "
                         "logged bodies; they are always removed from the logged URL")
+    x.add_argument("--diagnostics", action="store_true",
+                   help="ask Anthropic why each Messages request missed its cache: add diagnostics."
+                        "previous_message_id (the conversation's previous response) and the beta header; the "
+                        "import stores the answer as turns.provider_cache_miss_reason")
     x.set_defaults(fn=cmd_proxy)
     from .live.server import add_serve_arguments, run_serve
 

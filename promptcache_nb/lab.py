@@ -495,11 +495,12 @@ class Lab:
         return analyze(self, None if sessions is None else list(sessions), workers=workers, progress=show)
 
     def capture(self, client: Any, *, session: Session | None = None, project: str | None = None,
-                cache: str | None = None) -> AbstractContextManager[Capture]:
-        """Store every call ``client`` completes in the ``with`` block (``pc.capture``; docs/howto/ci-gate.md)."""
+                cache: str | None = None, diagnostics: bool = False) -> AbstractContextManager[Capture]:
+        """Store every call ``client`` completes in the ``with`` block (``pc.capture``; docs/howto/ci-gate.md);
+        ``diagnostics=True`` asks the provider why each request missed its cache."""
         from .live.capture import capture
 
-        return capture(client, lab=self, session=session, project=project, cache=cache)
+        return capture(client, lab=self, session=session, project=project, cache=cache, diagnostics=diagnostics)
 
     def resimulate(self, session_id: str, cache: str | CacheModel = "openai", **kwargs: Any) -> pd.DataFrame:
         """A stored session replayed under another cache model (``pc.resimulate``)."""

@@ -25,6 +25,7 @@ from ._types import Delta, KnowledgeEntry, RequestRecord, RequestWrite, encode_s
 from ._util import digest
 from .analysis.prices import Prices
 from .cache import CacheResult
+from .dialects.anthropic import ProviderDiagnosis
 from .errors import PromptCacheError, SessionError
 from .request import BodyProblem, PreparedRequest, SegmentMemo, canonical_json, prepare
 from .store._db import encode_message, prefix_chain, state_columns
@@ -74,6 +75,8 @@ class Outcome:
     request_id: str | None
     reply: list[dict[str, Any]] | None  #: the reply's content blocks, stored with the request (None: none)
     history_reply: list[dict[str, Any]] | None  #: what of it enters the history (see :func:`history_reply`)
+    #: the provider's own diagnosis of the request's cache prefix, when its response carried one
+    provider_diagnosis: ProviderDiagnosis | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +221,7 @@ def advance(
         source_offset=None if source_span is None else source_span[0],
         source_length=None if source_span is None else source_span[1],
         source_digest=None if source_span is None else source_span[2],
+        **provider_columns(outcome.provider_diagnosis),
         # the history the strategy built it from: the next request's previous_messages after a restart
         n_messages=len(built.history) if built is not None else None,
         **analysis.columns,
@@ -250,7 +254,8 @@ def usage_record(*, session_id: str, idx: int, at: datetime, model: str, usage: 
                  events: tuple[str, ...] | list[str], cause: Any, request_id: str | None,
                  source_ref: str | None, dedupe_key: str | None, latency_ms: float | None = None,
                  source_span: tuple[int, int, str] | None = None, openclaw_broke: bool | None = None,
-                 previous_cache_read: int | None = None) -> RequestRecord:
+                 previous_cache_read: int | None = None,
+                 provider_diagnosis: ProviderDiagnosis | None = None) -> RequestRecord:
     """The ``turns`` row of a request a usage-first import stores: its measured figures, cost and the cause its
     usage alone shows (``cause``: an :class:`~promptcache_nb.analysis.cause.MeasuredCause`, or None), every
     body-derived column NULL until the session is analysed (which replaces the row with :func:`advance`'s).
@@ -280,7 +285,15 @@ def usage_record(*, session_id: str, idx: int, at: datetime, model: str, usage: 
         segment_map=None, transport=None, source_ref=source_ref, dedupe_key=dedupe_key, n_messages=None,
         notes="\n".join(usage.notes) or None, cost_source=cost_source, latency_ms=latency_ms,
         source_offset=offset, source_length=length, source_digest=span_digest,
+        **provider_columns(provider_diagnosis),
     )
+
+
+def provider_columns(diagnosis: ProviderDiagnosis | None) -> dict[str, Any]:
+    """The ``turns`` columns of the provider's own diagnosis (both None when there is none)."""
+    if diagnosis is None:
+        return {"provider_cache_miss_reason": None, "provider_cache_missed_tokens": None}
+    return {"provider_cache_miss_reason": diagnosis.reason, "provider_cache_missed_tokens": diagnosis.missed_tokens}
 
 
 def _json_text(value: Any) -> str:

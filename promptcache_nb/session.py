@@ -40,6 +40,7 @@ from .analysis import limits
 from .analysis.prices import Prices
 from .cache import CacheModel, CacheResult
 from .dialects import get as get_format
+from .dialects.anthropic import ProviderDiagnosis
 from .errors import (
     APIError,
     BodyValidationError,
@@ -930,7 +931,7 @@ class Session:
                        turns: list[Turn]) -> SessionState:
         """One strategy-built request of a step: built, sent, stored; returns the state after it."""
         built = self._build(state, new_msgs, at=at)
-        resp_content, usage, cache_result, request_id = self._send(state, built.prepared, at)
+        resp_content, usage, cache_result, request_id, diagnosis = self._send(state, built.prepared, at)
         # A scripted reply or tool call keeps the conversation the scenario's (and comparable across backends);
         # the endpoint's own answer is used when the caller asked for it (reply=None).
         if reply_msg is not None:
@@ -938,7 +939,8 @@ class Session:
         else:
             content = resp_content if resp_content is not None else [{"type": "text", "text": SIMULATED_REPLY}]
             history = pipeline.history_reply(content)
-        outcome = pipeline.Outcome(self._with_output(usage, content), cache_result, request_id, content, history)
+        outcome = pipeline.Outcome(self._with_output(usage, content), cache_result, request_id, content, history,
+                                   diagnosis)
         return self._store_request(state, store, built.prepared, at=at, events=list(built.events), outcome=outcome,
                                    built=built, user_text=user_text, turns=turns)
 
@@ -966,7 +968,8 @@ class Session:
                unlogged_prefix_tokens: int | None = None, usage_source: UsageSource | None = None,
                body_problems: Iterable[BodyProblem] = (), output_tokens: int | None = None,
                agent_observation: Mapping[str, Any] | None = None, latency_ms: float | None = None,
-               source_span: tuple[int, int, str] | None = None) -> Turn:
+               source_span: tuple[int, int, str] | None = None,
+               provider_diagnosis: ProviderDiagnosis | None = None) -> Turn:
         """Store a request produced elsewhere (a log, a proxy). With ``usage`` it is *imported*
         (measured) usage; without, the session's cache model simulates it. The strategy is not used.
 
@@ -988,7 +991,8 @@ class Session:
         own cache observation of this request (OpenClaw's ``cache:result``), stored as
         ``cache_detail["agent_observation"]`` beside ours. ``latency_ms``: how long the live call took
         (``turns.latency_ms``), when it was timed. ``source_span``: (byte offset, length, digest) of the log line
-        an imported request was read from.
+        an imported request was read from. ``provider_diagnosis``: the provider's own diagnosis of the request's
+        cache prefix, when its response carried one (``turns.provider_cache_miss_reason``).
         """
         self._check_open()
         state = self._state
@@ -1012,13 +1016,15 @@ class Session:
         else:
             # simulated: what the backend answered (its content and request id) is what is stored, unless the caller
             # gave the answer its agent got (then its output tokens are estimated from that answer)
-            content, measured, cache_result, request_id_ = self._send(state, prepared, at)
+            content, measured, cache_result, request_id_, sent_diagnosis = self._send(state, prepared, at)
+            provider_diagnosis = provider_diagnosis or sent_diagnosis
             if reply is not None:
                 content, measured = reply, replace(measured, output_tokens=None)
             if output_tokens is not None:
                 measured = replace(measured, output_tokens=output_tokens)
             request_id_ = request_id if request_id is not None else request_id_
-        outcome = pipeline.Outcome(self._with_output(measured, content), cache_result, request_id_, content, None)
+        outcome = pipeline.Outcome(self._with_output(measured, content), cache_result, request_id_, content, None,
+                                   provider_diagnosis)
         turns: list[Turn] = []
 
         def write(store: Store) -> SessionState:
@@ -1063,8 +1069,9 @@ class Session:
             raise
 
     def _send(self, state: SessionState, prepared: PreparedRequest, at: datetime
-              ) -> tuple[list[dict[str, Any]] | None, Usage, CacheResult | None, str | None]:
-        """Send a request through the backend: (reply content, usage, cache result, request id)."""
+              ) -> tuple[list[dict[str, Any]] | None, Usage, CacheResult | None, str | None, ProviderDiagnosis | None]:
+        """Send a request through the backend: (reply content, usage, cache result, request id, the provider's
+        diagnosis of its cache prefix)."""
         cache = self._cache()
         try:
             resp = self.backend.send(prepared, at=at, cache=cache)
@@ -1076,7 +1083,7 @@ class Session:
         except BaseException:
             self._cache_stale()  # the simulated cache may have moved; rebuild it from the store
             raise
-        return resp.content, resp.usage, resp.cache_result, resp.request_id
+        return resp.content, resp.usage, resp.cache_result, resp.request_id, resp.provider_diagnosis
 
     def _with_output(self, usage: Usage, content: list[dict[str, Any]] | None) -> Usage:
         """Usage with the reply's output tokens estimated when the endpoint did not report them."""

@@ -176,7 +176,7 @@ def test_volatile_fields_are_ignored_but_listed():
     a = base_body()
     b = {**copy.deepcopy(a), "max_tokens": 8192, "stream": True, "metadata": {"user_id": "u1"},
          "temperature": 0.2, "top_p": 0.9, "top_k": 5, "stop_sequences": ["END"],
-         "cache_control": {"type": "ephemeral"}}
+         "cache_control": {"type": "ephemeral"}, "diagnostics": {"previous_message_id": "msg_01"}}
     d = pc.diff(a, b)
     assert d.identical and d.path is None
     assert sorted(c.path for c in d.ignored_changes) == sorted(VOLATILE_FIELDS)

@@ -13,14 +13,15 @@ import pytest
 import promptcache_nb as pc
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Names kept free under the 46 budget for what comes next (none now).
+#: Names kept free under the 47 budget for what comes next (none now).
 RESERVED = 0
 
 
 def test_the_top_level_is_small_and_every_name_resolves() -> None:
     # issue #24 adds capture and assert_cache_stable (the names its README section and CI template use); issue #36
-    # adds fidelity (the error bars every advised dollar carries, named pc.fidelity in the issue)
-    assert len(pc.__all__) + RESERVED <= 46, len(pc.__all__)
+    # adds fidelity (the error bars every advised dollar carries, named pc.fidelity in the issue); issue #38 adds
+    # provider_crosscheck (the provider's own miss reasons beside ours, named pc.provider_crosscheck in the issue)
+    assert len(pc.__all__) + RESERVED <= 47, len(pc.__all__)
     assert pc.__all__ == sorted(pc.__all__)
     for name in pc.__all__:
         assert getattr(pc, name) is not None, name

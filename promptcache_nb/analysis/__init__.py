@@ -19,7 +19,7 @@ from .calibrate import (
     fit_family,
     load_calibration,
 )
-from .crosscheck import openclaw_crosscheck
+from .crosscheck import openclaw_crosscheck, provider_agrees, provider_crosscheck, provider_note
 from .frames import compare_df, efficiency, summarize
 from .observe import Change, Observation, ObservationState, Snapshot, snapshot  # observe(): from .observe
 from .prices import CostTotal, Prices, cost_total, price_model_id, prices_for
@@ -45,7 +45,8 @@ __all__ = [
     "carried_over",
     "compare_caches", "compare_df", "cost_total", "efficiency", "fit_family", "group_summary", "history_missing",
     "ideal_read", "keep_warm", "load_calibration", "load_turns",
-    "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "rebuilds", "rebuilt_tokens",
+    "observation_state_from_store", "openclaw_crosscheck", "price_model_id", "prices_for", "provider_agrees",
+    "provider_crosscheck", "provider_note", "rebuilds", "rebuilt_tokens",
     "request_prices", "request_table", "resimulate", "roll_up_subagents", "session_summary", "shared_reads",
     "simulate", "snapshot",
     "stored_diff_and_observation", "summarize",

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..usage import Usage, UsageSource
     from ._problems import Problems
     from ._sse import Pairs, StreamSummary
+    from .anthropic import ProviderDiagnosis
 
 #: The names of the wire formats (``PreparedRequest.dialect``, ``ImportedRequest.dialect``, the stored shape).
 DialectName = Literal["anthropic", "openai-chat", "openai-responses"]
@@ -70,6 +71,8 @@ class Dialect(Protocol):
         fast_path: ``prepare(trusted=True)`` may take the per-message reuse path for bodies built by strategies.
         whole_units: each unit of :attr:`list_key` is one segment (the OpenAI formats).
         scalar_keys: segment kind -> the top-level key of a one-segment section (``schema`` -> ``text``).
+        cache_diagnostics: the API explains a cache miss when a request names its previous response (Anthropic's
+            ``diagnostics``, docs/provider_cache_rules.md#anthropic-cache-diagnostics).
     """
 
     name: DialectName
@@ -87,6 +90,7 @@ class Dialect(Protocol):
     fast_path: bool
     whole_units: bool
     scalar_keys: Mapping[str, str]
+    cache_diagnostics: bool
 
     def detect(self, body: Mapping[str, Any]) -> bool:
         """Whether ``body`` reads as this format (the registry's one rule, :func:`~promptcache_nb.dialects.detect`)."""
@@ -142,15 +146,24 @@ class Dialect(Protocol):
         """The API's JSON error body for an HTTP ``status``."""
         ...
 
+    def diagnosis(self, request: Mapping[str, Any] | None, diagnostics: Any) -> ProviderDiagnosis | None:
+        """The provider's own diagnosis of a request's cache prefix, from the request body and its response's
+        ``diagnostics`` value; None when the API has none or nothing was reported."""
+        ...
+
 
 class DialectBase:
     """What every built-in :class:`Dialect` does the same way: its repr, and ``detect`` through the registry (whose
     evidence order needs every dialect at once)."""
 
     name: DialectName
+    cache_diagnostics = False
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
+
+    def diagnosis(self, request: Mapping[str, Any] | None, diagnostics: Any) -> ProviderDiagnosis | None:
+        return None
 
     def detect(self, body: Mapping[str, Any]) -> bool:
         from ._registry import detect

@@ -195,6 +195,8 @@ class StreamSummary:
         complete: the stream reached its final usage (Anthropic ``message_delta`` usage, an OpenAI Chat usage
             chunk or ``[DONE]``, a Responses ``response.completed``/``incomplete``/``failed``). False for a
             stream cut short, whose Anthropic ``output_tokens`` is still the placeholder.
+        diagnostics: the provider's cache diagnostics as the stream reported them (Anthropic: ``message_start``'s
+            ``message.diagnostics``; None when absent or null).
     """
 
     dialect: str
@@ -206,6 +208,7 @@ class StreamSummary:
     error: str | None = None
     events: int = 0
     complete: bool = False
+    diagnostics: Any = None
 
 
 def as_pairs(events: Iterable[SseEvent | Mapping[str, Any]]) -> list[tuple[str | None, Any]]:

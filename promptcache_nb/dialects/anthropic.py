@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import starmap
 from operator import itemgetter
 from typing import Any
@@ -39,7 +40,8 @@ from ._base import DialectBase, DialectName, SegmentSink, Unit
 from ._problems import Problems, type_name, well_formed
 from ._sse import Pairs, StreamSummary, encode_event, halves
 
-__all__ = ["ANTHROPIC", "AnthropicMessages", "message_segments", "merge_anthropic_stream_usage"]
+__all__ = ["ANTHROPIC", "DIAGNOSTICS_BETA", "AnthropicMessages", "ProviderDiagnosis", "message_segments",
+           "merge_anthropic_stream_usage", "read_diagnosis", "with_diagnostics"]
 
 #: Top-level keys only the Messages API has (the API reference).
 ONLY_KEYS = frozenset({
@@ -51,9 +53,12 @@ ONLY_PARTS = frozenset({
     "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking", "server_tool_use",
     "web_search_tool_result", "search_result", "container_upload", "mcp_tool_use", "mcp_tool_result",
 })
-#: Top-level fields that never affect cache matching (ignored for the divergence, listed).
+#: Top-level fields that never affect cache matching (ignored for the divergence, listed). ``diagnostics`` names
+#: the previous response for the provider's cache diagnosis (docs/provider_cache_rules.md#anthropic-cache-diagnostics):
+#: it changes on every request and is not part of the prompt.
 VOLATILE_FIELDS: tuple[str, ...] = (
-    "cache_control", "max_tokens", "metadata", "stop_sequences", "stream", "temperature", "top_k", "top_p",
+    "cache_control", "diagnostics", "max_tokens", "metadata", "stop_sequences", "stream", "temperature", "top_k",
+    "top_p",
 )
 #: Top-level fields that invalidate the cache from a level on (the §1.3 table, as cache/anthropic.py keys it).
 FIELD_LEVELS = {
@@ -459,7 +464,7 @@ def _is_int(value: Any) -> bool:
 
 def sse_parse(pairs: Pairs) -> StreamSummary:
     usage: dict[str, Any] | None = None
-    response_id = model = stop_reason = error = None
+    response_id = model = stop_reason = error = diagnostics = None
     blocks: dict[int, dict[str, Any]] = {}
     partial_json: dict[int, list[str]] = {}
     complete = False
@@ -471,6 +476,7 @@ def sse_parse(pairs: Pairs) -> StreamSummary:
             message = data.get("message") or {}
             response_id = message.get("id")
             model = message.get("model")
+            diagnostics = message.get("diagnostics")
             if isinstance(message.get("usage"), dict):
                 usage = dict(message["usage"])
         elif kind == "content_block_start":
@@ -506,7 +512,8 @@ def sse_parse(pairs: Pairs) -> StreamSummary:
         except ValueError:
             blocks[index]["input"] = text  # keep what came: a stream cut inside a tool call
     content = [blocks[i] for i in sorted(blocks)]
-    return StreamSummary("anthropic", usage, response_id, model, content, stop_reason, error, len(pairs), complete)
+    return StreamSummary("anthropic", usage, response_id, model, content, stop_reason, error, len(pairs), complete,
+                         diagnostics)
 
 
 def sse_write(message: dict[str, Any]) -> list[bytes]:
@@ -533,6 +540,66 @@ def sse_write(message: dict[str, Any]) -> list[bytes]:
     return [encode_event(name, data) for name, data in events]
 
 
+# -- cache diagnostics (docs/provider_cache_rules.md#anthropic-cache-diagnostics) ----------------------------------
+
+#: The beta header value that enabled cache diagnostics while they were a beta; the GA API no longer needs it and
+#: still accepts it, so a request that opts in sends it for endpoints of either era.
+DIAGNOSTICS_BETA = "cache-diagnosis-2026-04-07"
+#: The provider's ``cache_miss_reason.type`` values (the SDK's ``CacheMissReason`` union).
+PROVIDER_MISS_REASONS = ("model_changed", "system_changed", "tools_changed", "messages_changed",
+                         "previous_message_not_found", "unavailable")
+#: Stored when the request named a previous message and the response reported no divergence (``diagnostics``
+#: null), and when the diagnosis was still running as the response was serialised (``cache_miss_reason`` null).
+NO_DIVERGENCE, PENDING = "none", "pending"
+
+
+@dataclass(frozen=True)
+class ProviderDiagnosis:
+    """The provider's own word on one request's cache prefix, from its response's ``diagnostics``.
+
+    Attributes:
+        reason: a :data:`PROVIDER_MISS_REASONS` value, :data:`NO_DIVERGENCE` (compared, nothing diverged) or
+            :data:`PENDING` (the comparison had not finished).
+        missed_tokens: the provider's estimate of the input tokens after the divergence point
+            (``cache_missed_input_tokens``, the ``*_changed`` reasons only), else None.
+    """
+
+    reason: str
+    missed_tokens: int | None = None
+
+
+def with_diagnostics(body: Mapping[str, Any], previous_message_id: str | None) -> dict[str, Any]:
+    """``body`` asking for the provider's cache diagnosis against ``previous_message_id`` (None on a
+    conversation's first request: it opts in, so the provider keeps this request's fingerprint for the next).
+    A body that already asks keeps its own ``diagnostics``."""
+    if isinstance(body.get("diagnostics"), Mapping):
+        return dict(body)
+    return {**body, "diagnostics": {"previous_message_id": previous_message_id}}
+
+
+def read_diagnosis(request: Mapping[str, Any] | None, diagnostics: Any) -> ProviderDiagnosis | None:
+    """The provider's diagnosis of a request, from the request body and its response's ``diagnostics`` value
+    (None when the response had none or null); None when there is nothing to read.
+
+    A response ``diagnostics`` object is read whatever the request holds (a log may keep only the response);
+    a null one means "no divergence" only when the request named a previous message (on a first request it
+    means nothing was compared).
+    """
+    if isinstance(diagnostics, Mapping):
+        reason = diagnostics.get("cache_miss_reason")
+        if reason is None:
+            return ProviderDiagnosis(PENDING)
+        kind = reason.get("type") if isinstance(reason, Mapping) else None
+        if not isinstance(kind, str) or not kind:
+            return None
+        missed = reason.get("cache_missed_input_tokens")
+        return ProviderDiagnosis(kind, missed if _is_int(missed) and missed >= 0 else None)
+    asked = request.get("diagnostics") if isinstance(request, Mapping) else None
+    if isinstance(asked, Mapping) and isinstance(asked.get("previous_message_id"), str):
+        return ProviderDiagnosis(NO_DIVERGENCE)
+    return None
+
+
 def error_body(status: int, message: str, request_id: str) -> bytes:
     """``{"type": "error", "error": {"type", "message"}, "request_id"}``."""
     error = {"type": ERROR_TYPES.get(status, "api_error"), "message": message}
@@ -557,6 +624,7 @@ class AnthropicMessages(DialectBase):
     fast_path = True
     whole_units = False
     scalar_keys: Mapping[str, str] = {}
+    cache_diagnostics = True
 
 
     def segment(self, sink: SegmentSink) -> Sequence[str]:
@@ -598,6 +666,9 @@ class AnthropicMessages(DialectBase):
 
     def error_body(self, status: int, message: str, request_id: str) -> bytes:
         return error_body(status, message, request_id)
+
+    def diagnosis(self, request: Mapping[str, Any] | None, diagnostics: Any) -> ProviderDiagnosis | None:
+        return read_diagnosis(request, diagnostics)
 
 
 ANTHROPIC = AnthropicMessages()

@@ -623,6 +623,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
     fallback_native: Any = ex.usage
     response_id: str | None = None
     response_model: str | None = None
+    diagnostics: Any = None  # the response's cache diagnostics (Dialect.diagnosis reads them)
     if bedrock is not None and bedrock.streamed and decoded is not None:
         # a recorder that stored the stream as text decoded it as UTF-8 (vcrpy does when the bytes allow it)
         data = decoded if isinstance(decoded, bytes) else decoded.encode("utf-8", errors="surrogateescape")
@@ -644,6 +645,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         if native is None:
             raise _Skip("streamed without usage")
         reply, response_id, response_model = summary.content or None, summary.response_id, summary.model
+        diagnostics = summary.diagnostics
         if fmt.stream_placeholder_usage and summary.usage is not None and not summary.complete:
             cut_short = True  # no message_delta: output_tokens is message_start's placeholder
     else:
@@ -655,6 +657,7 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
             native = response.get("usage")
             response_id = response.get("id")
             response_model = response.get("model")
+            diagnostics = response.get("diagnostics")
             reply = fmt.reply(response)
             if bedrock is not None and bedrock.converse:
                 message = (response.get("output") or {}).get("message") or {}
@@ -693,6 +696,8 @@ def _convert(ex: HttpExchange, *, file: str, source_ref: str, fallback_at: datet
         request_id=request_id,
         reply=reply,
         provider=provider,
+        provider_diagnosis=fmt.diagnosis(body, diagnostics),
+        response_id=response_id if isinstance(response_id, str) else None,
     )
 
 

@@ -868,7 +868,7 @@ def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedR
                 t = s.record(req.body, at=req.at, usage=req.usage, request_id=req.request_id, events=req.events,
                              reply=req.reply, source_ref=req.source_ref, dedupe_key=req.dedupe_key,
                              prepared=prepared, usage_source=req.usage.source, body_problems=problems,
-                             latency_ms=req.latency_ms,
+                             latency_ms=req.latency_ms, provider_diagnosis=req.provider_diagnosis,
                              agent_observation=req.agent_observation)
                 todo.append((req, problems))
                 if t.cost_usd is None:
@@ -985,7 +985,8 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
             session_id=sid, idx=idx, at=current.at, model=req.model, usage=usage, prices=prices,
             events=req.events, cause=cause, request_id=req.request_id, source_ref=req.source_ref,
             dedupe_key=req.dedupe_key, latency_ms=req.latency_ms, source_span=req.source_span,
-            openclaw_broke=usage_break(baseline, usage.cache_read_input_tokens), previous_cache_read=baseline))
+            openclaw_broke=usage_break(baseline, usage.cache_read_input_tokens), previous_cache_read=baseline,
+            provider_diagnosis=req.provider_diagnosis))
         if usage.cache_read_input_tokens is not None:  # the baseline: the last reported read
             baseline = usage.cache_read_input_tokens
         idx += 1

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 from orjson import dumps as _orjson_dumps
 
 from ..dialects import DialectName as Dialect  # one vocabulary: the wire formats' names
+from ..dialects.anthropic import ProviderDiagnosis
 from ..usage import Usage
 
 SessionKind = Literal["main", "subagent", "compaction"]
@@ -57,6 +58,10 @@ class ImportedRequest:
             Stored as the event :data:`promptcache_nb._types.HISTORY_MISSING`.
         source_span: (byte offset, length, digest) of the log line that opened the request, when the reader
             tracks them (``turns.source_offset`` / ``source_length`` / ``source_digest``).
+        provider_diagnosis: the provider's own cache diagnosis of this request when the log holds the response's
+            ``diagnostics`` (``turns.provider_cache_miss_reason`` / ``provider_cache_missed_tokens``).
+        response_id: the response's own id (``msg_…``) when logged: what a next request names as its previous
+            message for the provider's diagnosis.
     """
 
     session_key: str
@@ -83,6 +88,8 @@ class ImportedRequest:
     #: where the request's bytes live in ``source_ref``'s file: (byte offset, length, digest) of the line that
     #: opened it, in the decompressed file; None when the reader does not say
     source_span: tuple[int, int, str] | None = field(default=None, compare=False)
+    provider_diagnosis: ProviderDiagnosis | None = field(default=None, compare=False)
+    response_id: str | None = field(default=None, compare=False)
 
     def unstorable_keys(self) -> str | None:
         """Why a key this record is grouped into a session by cannot be stored (a lone surrogate, e.g. a

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from ..cache import CacheModel, CacheResult
+from ..dialects.anthropic import ProviderDiagnosis
 from ..request import PreparedRequest
 from ..usage import Usage
 
@@ -26,6 +27,8 @@ class BackendResponse:
 
     ``content`` is the assistant's content blocks when the endpoint produced them (live API), else None
     and the session uses the scripted reply. ``cache_result`` is set when a local cache model decided.
+    ``provider_diagnosis`` is the endpoint's own diagnosis of the request's cache prefix, when it was asked for
+    and answered (``AnthropicBackend(diagnostics=True)``).
     """
 
     usage: Usage
@@ -33,6 +36,7 @@ class BackendResponse:
     request_id: str | None = None
     cache_result: CacheResult | None = None
     stop_reason: str | None = None
+    provider_diagnosis: ProviderDiagnosis | None = None
 
 
 class Backend(ABC):

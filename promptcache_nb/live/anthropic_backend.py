@@ -21,6 +21,7 @@ import anthropic
 
 from .._util import is_loopback
 from ..cache import CacheModel, CacheResult
+from ..dialects.anthropic import read_diagnosis
 from ..errors import (
     APIConnectionError,
     APIError,
@@ -32,6 +33,7 @@ from ..errors import (
 from ..request import PreparedRequest
 from ..usage import Usage
 from ._base import AT_HEADER, SIMULATOR_HEADER, Backend, BackendResponse
+from ._diagnostics import DiagnosticsChain, with_beta
 
 #: Messages fields that shape the output, not the input: left out of a ``count_tokens`` call.
 _NOT_INPUT = frozenset({"max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences", "metadata",
@@ -58,6 +60,12 @@ class AnthropicBackend(Backend):
         virtual_clock: send the scenario's time in the ``x-promptcache-at`` header so a
             :class:`~promptcache_nb.live.SimulatorServer` reproduces TTLs. Default: only when the client's
             ``base_url`` is a loopback address (the real API has no use for it).
+        diagnostics: ask the endpoint why each request missed its cache: every request carries
+            ``diagnostics.previous_message_id`` (the previous response's id; null on the first) and the
+            ``cache-diagnosis-2026-04-07`` beta header, and the answer is stored as
+            ``turns.provider_cache_miss_reason`` (docs/provider_cache_rules.md#anthropic-cache-diagnostics). The
+            stored body stays the one the strategy built. One backend per session: its requests are one
+            conversation.
 
     Example:
         >>> import anthropic, promptcache_nb as pc
@@ -80,6 +88,7 @@ class AnthropicBackend(Backend):
         predict: bool = True,
         stream: bool = False,
         virtual_clock: bool | None = None,
+        diagnostics: bool = False,
     ) -> None:
         if isinstance(client, anthropic.AsyncAnthropic):
             raise TypeError(
@@ -93,6 +102,8 @@ class AnthropicBackend(Backend):
         if virtual_clock is None:
             virtual_clock = is_loopback(self._client.base_url.host)
         self.virtual_clock = virtual_clock
+        self.diagnostics = diagnostics
+        self._chain = DiagnosticsChain() if diagnostics else None
         self._known = frozenset(inspect.signature(self._client.messages.create).parameters) - {"stream"}
 
     @property
@@ -102,7 +113,8 @@ class AnthropicBackend(Backend):
         return str(url.copy_with(username=None, password=None)).rstrip("/")
 
     def __repr__(self) -> str:
-        return f"AnthropicBackend(base_url={self.base_url!r}, predict={self.predict}, stream={self.stream})"
+        more = ", diagnostics=True" if self.diagnostics else ""
+        return f"AnthropicBackend(base_url={self.base_url!r}, predict={self.predict}, stream={self.stream}{more})"
 
     def close(self) -> None:
         """Close the HTTP client if this backend created it (a client you passed stays yours)."""
@@ -117,13 +129,19 @@ class AnthropicBackend(Backend):
 
     # -- sending ------------------------------------------------------------------------------
     def send(self, request: PreparedRequest, *, at: datetime, cache: CacheModel) -> BackendResponse:
-        body = request.body
+        body = request.body if self._chain is None else self._chain.ask(request.body)
         kwargs = {k: v for k, v in body.items() if k in self._known}
         extra = {k: v for k, v in body.items() if k not in self._known and k != "stream"}
         if extra:
             kwargs["extra_body"] = extra
+        headers_out: dict[str, str] = {}
         if self.virtual_clock:
-            kwargs["extra_headers"] = {AT_HEADER: at.isoformat()}
+            headers_out[AT_HEADER] = at.isoformat()
+        if self._chain is not None:
+            given = self._client.default_headers.get("anthropic-beta")
+            headers_out["anthropic-beta"] = with_beta(given if isinstance(given, str) else None)
+        if headers_out:
+            kwargs["extra_headers"] = headers_out
         try:
             message, headers = self._call(kwargs)
         except anthropic.APIStatusError as exc:
@@ -141,12 +159,20 @@ class AnthropicBackend(Backend):
         simulated = headers.get(SIMULATOR_HEADER) is not None
         usage = Usage.from_anthropic(message.usage, source="simulated" if simulated else "live")
         content = [block.model_dump(mode="json", exclude_none=True) for block in message.content]
+        diagnosis = None
+        if self._chain is not None:
+            self._chain.answered(body, message.id)
+            found: Any = getattr(message, "diagnostics", None)  # an SDK older than 2.14 keeps it as an extra field
+            if hasattr(found, "model_dump"):
+                found = found.model_dump(mode="json")
+            diagnosis = read_diagnosis(body, found)
         # Predict only after the endpoint accepted the request: the local cache model then holds exactly
         # the requests the store holds, even when a send fails.
         prediction = self._predict(request, at, cache)
         return BackendResponse(
             usage=usage, content=content, request_id=headers.get("request-id") or message._request_id,
             cache_result=prediction if self.predict else None, stop_reason=message.stop_reason,
+            provider_diagnosis=diagnosis,
         )
 
     def _call(self, kwargs: dict[str, Any]) -> tuple[Any, Any]:

@@ -24,6 +24,12 @@ What is stored, and when:
   never stored, so keys never reach the store. Latency (start to the last byte) is kept per call in
   :attr:`Capture.calls`, not in the store.
 
+Cache diagnostics (``diagnostics=True``, off by default): the one change the capture then makes to a call. Each
+Messages request gets a ``diagnostics`` object naming the previous stored response's id (null on the first) and the
+``cache-diagnosis-2026-04-07`` beta header (docs/provider_cache_rules.md#anthropic-cache-diagnostics); the body is
+otherwise sent, and stored, as the SDK built it. The provider's answer is stored as
+``turns.provider_cache_miss_reason``. A request that carries its own ``diagnostics`` is left as it is.
+
 A body the endpoint accepted but our validator would refuse is stored as sent and flagged
 (``turns.body_problems``), as an import stores it: the call happened.
 
@@ -34,6 +40,7 @@ updates without polling the store.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
@@ -47,8 +54,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._protocols import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
 from .._util import SIMULATOR_HEADER
+from ..dialects import get as get_format
 from ..errors import PromptCacheError
 from ..usage import UsageSource
+from ._diagnostics import DiagnosticsChain, with_beta
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -102,9 +111,11 @@ class Capture:
         calls: every HTTP attempt seen, stored or not (:class:`CapturedCall`), in the order they finished.
     """
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, *, diagnostics: bool = False) -> None:
         self.session = session
         self.calls: list[CapturedCall] = []
+        #: asks the provider for its cache diagnosis (``capture(diagnostics=True)``), else None
+        self.diagnostics = DiagnosticsChain() if diagnostics else None
         last = session.last_turn
         self._last_at: datetime | None = None if last is None else last.at
 
@@ -181,8 +192,11 @@ class Capture:
             at = attempt.at if self._last_at is None else max(attempt.at, self._last_at)
             turn = s.record(converted.body, at=at, usage=converted.usage, request_id=converted.request_id,
                             reply=converted.reply, prepared=prepared, usage_source=source,
-                            body_problems=problems, latency_ms=latency_ms)
+                            body_problems=problems, latency_ms=latency_ms,
+                            provider_diagnosis=converted.provider_diagnosis)
             self._last_at = at
+            if self.diagnostics is not None and get_format(converted.dialect).cache_diagnostics:
+                self.diagnostics.answered(converted.body, converted.response_id)
         return turn
 
 
@@ -197,6 +211,31 @@ class _Attempt:
     body: bytes | None
     at: datetime
     t0: float
+
+
+def _asking(request: Any, capture: Capture, module: ModuleType) -> Any:
+    """``request`` asking for the provider's cache diagnosis when the capture does and it is a Messages call whose
+    JSON body does not ask already; else ``request`` itself."""
+    chain = capture.diagnostics
+    if chain is None:
+        return request
+    from ..importers._http import endpoint_dialect
+
+    dialect = endpoint_dialect(str(request.method), str(request.url))
+    if dialect is None or not get_format(dialect).cache_diagnostics:
+        return request
+    try:
+        body = json.loads(bytes(request.content))
+    except Exception:  # a streamed upload, or not JSON: not ours to change
+        return request
+    if not isinstance(body, dict) or "diagnostics" in body:
+        return request
+    content = json.dumps(chain.ask(body)).encode()
+    headers = module.Headers(request.headers)
+    headers["content-length"] = str(len(content))
+    headers["anthropic-beta"] = with_beta(headers.get("anthropic-beta"))
+    return module.Request(request.method, request.url, headers=headers, content=content,
+                          extensions=request.extensions)
 
 
 def _attempt(request: Any) -> _Attempt | None:
@@ -307,6 +346,7 @@ class _SyncTransport:
     def handle_request(self, request: Any) -> Any:
         if _claimed_by_another(request, self):
             return self.inner.handle_request(request)
+        request = _asking(request, self._capture, self._module)
         attempt = _attempt(request)
         try:
             response = self.inner.handle_request(request)
@@ -327,6 +367,7 @@ class _AsyncTransport:
     async def handle_async_request(self, request: Any) -> Any:
         if _claimed_by_another(request, self):
             return await self.inner.handle_async_request(request)
+        request = _asking(request, self._capture, self._module)
         attempt = _attempt(request)
         try:
             response = await self.inner.handle_async_request(request)
@@ -407,7 +448,7 @@ def _new_session(lab: Lab, *, project: str | None, cache: str, model: str, clien
 
 @contextmanager
 def capture(client: Any, *, lab: Lab, session: Session | None = None, project: str | None = None,
-            cache: str | None = None) -> Iterator[Capture]:
+            cache: str | None = None, diagnostics: bool = False) -> Iterator[Capture]:
     """Store every call ``client`` completes inside the ``with`` block into a session of ``lab``.
 
     Args:
@@ -419,6 +460,9 @@ def capture(client: Any, *, lab: Lab, session: Session | None = None, project: s
         project: the new session's project (default ``capture``).
         cache: the new session's cache model, which predicts each measured request (default: ``openai`` for the
             OpenAI SDK, else ``anthropic``).
+        diagnostics: ask the provider why each Messages request missed its cache (``diagnostics`` naming the
+            previous response, and the beta header); stored as ``turns.provider_cache_miss_reason``. Off by default:
+            the capture then changes nothing it forwards.
 
     Example:
         >>> import anthropic, promptcache_nb as pc
@@ -436,7 +480,7 @@ def capture(client: Any, *, lab: Lab, session: Session | None = None, project: s
         session = _new_session(lab, project=project, cache=cache or default_cache, model=model, client=client)
     elif session.lab is not lab:
         raise ValueError(f"capture(session={session.id!r}): that session belongs to another Lab")
-    cap = Capture(session)
+    cap = Capture(session, diagnostics=diagnostics)
     sync_cls, async_cls, sync_tee, async_tee = _classes(module)
     wrapper, tee = (async_cls, async_tee) if is_async else (sync_cls, sync_tee)
     original = http._transport

@@ -44,6 +44,13 @@ lists, token counting) are forwarded and logged too; importers skip them by path
 refused or could not forward has ``"status": null`` and an ``error``: the upstream unreachable (the client got
 502), timed out (504), a body over the size limit (413) or too slow (408).
 
+Cache diagnostics (``diagnostics=True``, ``--diagnostics``; off by default): the one change the proxy then makes.
+Each ``POST …/v1/messages`` JSON body without a ``diagnostics`` object gets one naming the previous response of
+its conversation (null on the first; a conversation is what the import makes a session: the request's
+``metadata.user_id``), and the ``anthropic-beta`` header gains ``cache-diagnosis-2026-04-07``
+(docs/provider_cache_rules.md#anthropic-cache-diagnostics). The line logs the body as forwarded, so the import
+reads what was asked beside the response's answer (``turns.provider_cache_miss_reason``).
+
 Keys: request headers are forwarded and never written — the format has no header field — and are never logged
 by this module; credentials in the upstream URL (``https://user:pass@host``) are sent as HTTP Basic auth when
 the client sent no ``Authorization`` of its own, and shown nowhere (``repr``, log lines, error bodies). httpx
@@ -74,9 +81,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount
 
 from .._util import SIMULATOR_HEADER
+from ..importers._http import session_key_for
 from ..importers._sse import SseEvent, SseParser, usage_from_sse
 from ..importers.exchanges import EXCHANGES_FORMAT_VERSION
 from ._asgi import MAX_BODY_BYTES, REQUEST_TIMEOUT, BodyError, ServerThread, is_loopback, read_body, url_host
+from ._diagnostics import DiagnosticsChain, with_beta
 
 log = logging.getLogger("promptcache_nb.proxy")
 
@@ -122,6 +131,7 @@ class RecordingProxy:
         request_timeout: seconds a client has to send the request headers, and then the body (408).
         redact_bodies: replace every :data:`KEY_PATTERNS` match inside the logged request, response and events
             by ``[redacted]`` (off by default: it changes the logged prompt, see the module docstring).
+        diagnostics: ask Anthropic why each Messages request missed its cache (see the module docstring).
 
     Example:
         >>> import anthropic, promptcache_nb as pc
@@ -144,6 +154,7 @@ class RecordingProxy:
         max_body_bytes: int = MAX_BODY_BYTES,
         request_timeout: float = REQUEST_TIMEOUT,
         redact_bodies: bool = False,
+        diagnostics: bool = False,
     ) -> None:
         url = httpx.URL(upstream)
         if url.scheme not in ("http", "https") or not url.host:
@@ -162,6 +173,10 @@ class RecordingProxy:
         self.max_body_bytes = max_body_bytes
         self.request_timeout = request_timeout
         self.redact_bodies = redact_bodies
+        self.diagnostics = diagnostics
+        # the import's session of a request is its conversation: the previous response it names is the one our
+        # analysis compares it with
+        self._chain = DiagnosticsChain(lambda body: session_key_for("", "anthropic", body)) if diagnostics else None
         #: Lines written since :meth:`start`.
         self.recorded = 0
         self._lock = threading.Lock()
@@ -238,6 +253,11 @@ class RecordingProxy:
                 call.finish(error=f"refused by the proxy: {exc.message}")
             return _error_response(exc.status, exc.message)
         call.body = body
+        if self._chain is not None and request.method == "POST" and call.raw_path.rstrip("/").endswith("/v1/messages"):
+            asked = _json_or_none(body)
+            if isinstance(asked, dict) and "diagnostics" not in asked:
+                call.asked = self._chain.ask(asked)
+                call.body = json.dumps(call.asked, ensure_ascii=False).encode("utf-8")
         return call
 
     def _write(self, entry: dict[str, Any]) -> None:
@@ -271,6 +291,8 @@ class _Exchange:
         self.headers: httpx.Headers | None = None
         self.recorder: _Recorder | None = None
         self.error: str | None = None
+        #: the body as forwarded when the proxy asked for the provider's cache diagnosis, else None
+        self.asked: dict[str, Any] | None = None
         self.done = False
         self._finished = False
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
@@ -367,10 +389,15 @@ class _Exchange:
                 continue
             if lname == "accept-encoding":
                 value = _decodable_encodings(value)
+            if lname == "anthropic-beta" and self.asked is not None:
+                continue  # sent once below, naming the diagnostics beta too
             has_auth = has_auth or lname == "authorization"
             out.append((name, value))
         if self.proxy._basic_auth is not None and not has_auth:
             out.append((b"authorization", self.proxy._basic_auth))
+        if self.asked is not None:
+            given = ",".join(v.decode("latin-1") for k, v in raw if k.lower() == b"anthropic-beta")
+            out.append((b"anthropic-beta", with_beta(given).encode("latin-1")))
         return out
 
     def _scrub(self, text: str) -> str:
@@ -421,6 +448,8 @@ class _Exchange:
         headers: Mapping[str, str] = self.headers or {}
         entry["usage"] = usage
         entry["request_id"] = headers.get("request-id") or headers.get("x-request-id") or response_id
+        if self.asked is not None and self.proxy._chain is not None and self.status == 200:
+            self.proxy._chain.answered(self.asked, response_id)
         entry["latency_ms"] = latency
         if provider:
             entry["provider"] = provider

@@ -28,6 +28,12 @@ docs/provider_cache_rules.md#openai-automatic-caching onwards; "§1.9" below is 
 Serving: uvicorn on a daemon thread (:mod:`promptcache_nb.live._asgi`); requests are answered on worker threads,
 and only requests of one workspace wait for each other, so a slow request never stalls other clients.
 
+Cache diagnostics (docs/provider_cache_rules.md#anthropic-cache-diagnostics): a Messages request that carries a
+``diagnostics`` object has its prepared request kept under its response's ``id`` (per workspace, the last
+:data:`MAX_FINGERPRINTS`); one that names ``diagnostics.previous_message_id`` gets the response's ``diagnostics``:
+null when nothing diverged, else ``cache_miss_reason`` from comparing the two requests in the prefix order
+(:func:`diagnose`). A request without ``diagnostics`` is answered exactly as before.
+
 Time: a cache replays a *scenario's* clock, not the wall clock, so a request may carry
 ``x-promptcache-at: <ISO-8601 UTC>`` (sent by :class:`~promptcache_nb.live.AnthropicBackend` only to
 loopback endpoints); without it the wall clock is used.
@@ -51,7 +57,7 @@ from ..cache import CacheModel, cache_model_names, get_cache_model
 from ..dialects import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Dialect
 from ..dialects.anthropic import ERROR_TYPES
 from ..errors import InvalidRequestError, UnknownModelError
-from ..request import PreparedRequest, SegmentMemo, prepare
+from ..request import PreparedRequest, SegmentMemo, compute_diff, prepare
 from ..request.validate import MAX_DEPTH, validate_request
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 from ..usage import Usage
@@ -83,6 +89,12 @@ _FORMATS: dict[str, Dialect] = {MESSAGES: ANTHROPIC, COUNT_TOKENS: ANTHROPIC, CH
                                 RESPONSES: OPENAI_RESPONSES}
 #: How many answered requests :attr:`SimulatorServer.requests` keeps (oldest dropped first).
 MAX_SERVED = 100_000
+#: How many opted-in requests the server remembers for cache diagnostics (oldest forgotten first: a later request
+#: naming one gets ``previous_message_not_found``, as from the API once its fingerprint expired).
+MAX_FINGERPRINTS = 10_000
+#: Top-level fields that change the prompt beyond model, system, tools and messages: a difference in one of them
+#: alone is diagnosed ``unavailable`` (the API's documented case: ``thinking``, ``tool_choice``).
+_OTHER_PROMPT_FIELDS = ("tool_choice", "thinking", "output_config")
 
 Reply = str | Callable[[dict[str, Any]], str]
 
@@ -252,6 +264,8 @@ class SimulatorServer:
             self._served: deque[ServedRequest] = deque(maxlen=MAX_SERVED)
             self._injected: deque[_Injected] = deque()
             self._seq = 0
+            # opted-in requests by (workspace, response id), for cache diagnostics
+            self._fingerprints: OrderedDict[tuple[str, str], PreparedRequest] = OrderedDict()
 
     @property
     def requests(self) -> list[ServedRequest]:
@@ -443,13 +457,33 @@ class SimulatorServer:
             stop_reason = "end_turn"
         tokenizer = self._memo.tokenizer
         usage["output_tokens"] = sum(segment_tokens("msg", block, tokenizer) for block in content)
+        message_id = f"msg_sim_{seq:06d}"
         message = {
-            "id": f"msg_sim_{seq:06d}", "type": "message", "role": "assistant", "model": prepared.model,
+            "id": message_id, "type": "message", "role": "assistant", "model": prepared.model,
             "content": content, "stop_reason": stop_reason, "stop_sequence": None, "usage": usage,
         }
+        asked = payload.get("diagnostics")
+        if isinstance(asked, dict):
+            message["diagnostics"] = self._diagnostics(asked, prepared, workspace, message_id)
         if stream:
             return 200, _SSE_HEADERS, ANTHROPIC.sse_write(message)
         return 200, {"content-type": "application/json"}, json.dumps(message).encode()
+
+    def _diagnostics(self, asked: dict[str, Any], prepared: PreparedRequest, workspace: str, message_id: str
+                     ) -> dict[str, Any] | None:
+        """The response's ``diagnostics`` for a request that opted in, after remembering it under ``message_id``."""
+        previous_id = asked.get("previous_message_id")
+        with self._lock:
+            previous = None if not isinstance(previous_id, str) else self._fingerprints.get((workspace, previous_id))
+            self._fingerprints[(workspace, message_id)] = prepared
+            while len(self._fingerprints) > MAX_FINGERPRINTS:
+                self._fingerprints.popitem(last=False)
+        if not isinstance(previous_id, str):
+            return None  # a first request: opted in, nothing to compare
+        if previous is None:
+            return {"cache_miss_reason": {"type": "previous_message_not_found"}}
+        reason = diagnose(previous, prepared)
+        return None if reason is None else {"cache_miss_reason": reason}
 
     # -- OpenAI -------------------------------------------------------------------------------
     def _openai(self, path: str, payload: dict[str, Any], workspace: str, at: datetime, seq: int,
@@ -547,6 +581,37 @@ class SimulatorServer:
 
 
 _SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+
+def diagnose(previous: PreparedRequest, current: PreparedRequest) -> dict[str, Any] | None:
+    """Anthropic's ``cache_miss_reason`` for ``current`` against ``previous``, or None when nothing diverged.
+
+    The first divergence in the prefix order (docs/provider_cache_rules.md#anthropic-cache-diagnostics): the model
+    (or ``speed``), then the tools, the system prompt, the messages (an earlier entry differs, rather than entries
+    only being appended); with all of those equal, another prompt field (``tool_choice``, ``thinking``,
+    ``output_config``) is ``unavailable``. ``cache_missed_input_tokens``: the previous request's estimated tokens
+    after the prefix the two share.
+    """
+    def level(r: PreparedRequest, name: str) -> list[str]:
+        return [s.block_hash for s in r.segments if s.level == name]
+
+    kind: str | None = None
+    if previous.model != current.model or previous.rest.get("speed") != current.rest.get("speed"):
+        kind = "model_changed"
+    elif level(previous, "tools") != level(current, "tools"):
+        kind = "tools_changed"
+    elif level(previous, "system") != level(current, "system"):
+        kind = "system_changed"
+    else:
+        before, now = level(previous, "messages"), level(current, "messages")
+        if now[:len(before)] != before:
+            kind = "messages_changed"
+        elif any(previous.rest.get(k) != current.rest.get(k) for k in _OTHER_PROMPT_FIELDS):
+            return {"type": "unavailable"}
+    if kind is None:
+        return None
+    shared = 0 if kind == "model_changed" else compute_diff(previous, current).shared_prefix_tokens
+    return {"type": kind, "cache_missed_input_tokens": max(previous.total_tokens - shared, 0)}
 
 
 def _validate(payload: Any, path: str) -> None:

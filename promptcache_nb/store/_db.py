@@ -1499,6 +1499,14 @@ class Store:
         return self.sql(f"SELECT {self._turn_columns(columns)} FROM turns WHERE session_id = ? ORDER BY idx",
                         [session_id])
 
+    def provider_diagnosed_turns(self, columns: Sequence[str], session_id: str | None = None) -> pd.DataFrame:
+        """``columns`` (and ``session_id``) of the requests the provider diagnosed (``provider_cache_miss_reason``
+        not NULL), of one session or of all, by session and index."""
+        where, params = ("AND session_id = ?", [session_id]) if session_id is not None else ("", [])
+        cols = self._turn_columns(["session_id", *(c for c in columns if c != "session_id")])
+        return self.sql(f"SELECT {cols} FROM turns WHERE provider_cache_miss_reason IS NOT NULL {where} "
+                        "ORDER BY session_id, idx", params)
+
     def usage_marks(self, session_id: str, upto: int | None = None) -> UsageMarks | None:
         """Where a session's usage stands after request ``upto`` (default: the last): see :class:`UsageMarks`.
         None when it has no request yet."""

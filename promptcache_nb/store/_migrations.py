@@ -342,6 +342,16 @@ def m014_one_verdict(con: duckdb.DuckDBPyConnection) -> None:
                 [not_rebuild, 256, None])
 
 
+@migration
+def m015_provider_cache_miss_reason(con: duckdb.DuckDBPyConnection) -> None:
+    # The provider's own diagnosis of a request's cache prefix (Anthropic's response ``diagnostics``, asked for
+    # with ``diagnostics.previous_message_id``; docs/provider_cache_rules.md#anthropic-cache-diagnostics): the
+    # ``cache_miss_reason.type`` (``none`` when nothing diverged, ``pending`` when not yet diagnosed) and its
+    # estimate of the tokens after the divergence. NULL when nobody asked: a measurement beside our simulation.
+    con.execute("ALTER TABLE turns ADD COLUMN provider_cache_miss_reason TEXT")
+    con.execute("ALTER TABLE turns ADD COLUMN provider_cache_missed_tokens BIGINT")
+
+
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [r[0] for r in con.execute("SELECT name FROM _migrations ORDER BY applied_order").fetchall()]
 
