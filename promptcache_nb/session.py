@@ -90,6 +90,7 @@ TURN_COLUMNS = (
     "usage_source", "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
     "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "openclaw_broke", "previous_cache_read", "changes",
     "explanation", "request_id", "body_problems", "cost_source", "notes", "latency_ms",
+    "provider_cache_miss_reason", "provider_cache_missed_tokens",
 )
 
 

@@ -17,7 +17,8 @@ from promptcache_nb.analysis.gate import check_cache, check_conversations
 from promptcache_nb.widgets._controllers import StepperController
 from promptcache_nb.widgets._views import _column_label
 
-pytestmark = pytest.mark.filterwarnings("ignore::promptcache_nb.errors.UnpricedModelWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::promptcache_nb.errors.UnpricedModelWarning"),
+              pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")]
 
 SCENARIOS = sorted(p.stem for p in data_path("scenarios").glob("*.yaml"))
 LOGS = sorted(p.name for p in data_path("logs").iterdir() if p.is_dir())
@@ -147,3 +148,28 @@ def test_openclaw_crosscheck_names_the_verdict_and_the_rule_apart(tmp_path: Path
         assert list(cc.broke) == [None if pd.isna(b) else bool(b) for b in df.broke]
         assert list(cc.openclaw_broke) == [None if pd.isna(b) else bool(b) for b in df.openclaw_broke]
         assert {"agent_broke", "agent_changes", "agree"} <= set(cc.columns)
+
+
+def test_the_gate_shows_the_providers_word_beside_ours(tmp_path: Path) -> None:
+    anthropic = pytest.importorskip("anthropic")
+    host = "You answer from the ledger and cite invoice ids. " * 150
+    with pc.SimulatorServer(cache_params={"ttft_seconds": 0}) as server, \
+            pc.Lab(tmp_path / "lab.duckdb", progress=False) as lab, \
+            anthropic.Anthropic(base_url=server.base_url, api_key="sk-fake-verdict", max_retries=0) as client:
+        with lab.capture(client, diagnostics=True) as cap:
+            history: list[dict[str, str]] = []
+            for i in range(3):  # a clock in the system prompt, one conversation
+                history.append({"role": "user", "content": f"question {i}"})
+                msg = client.messages.create(
+                    model="claude-sonnet-4-5", max_tokens=32, messages=history,
+                    system=[{"type": "text", "text": f"Now: 09:00:{10 * i:02d}\n" + host,
+                             "cache_control": {"type": "ephemeral"}}])
+                history.append({"role": "assistant", "content": msg.content[0].text})
+        s = cap.session
+        check = check_cache(s)
+        assert [b.index for b in check.breaks] == [1, 2]
+        message = check.message()
+        assert message.count("The provider's cache diagnostics (measured): the system prompt changed") == 2, message
+        assert "Ours agrees" in message
+        html = StepperController(s).view(1).observation_html()
+        assert "cache break" in html and "provider&#x27;s cache diagnostics" in html.replace("'", "&#x27;")

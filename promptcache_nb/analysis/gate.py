@@ -48,7 +48,8 @@ class CacheBreak:
         explanation: the observation's plain words.
         session_id: the session (conversation) it belongs to.
         against: for a break between conversations, the earlier conversation whose cached prefix it lost.
-        provider_reason: the provider's own cache-miss reason, when it was asked for one (None otherwise).
+        provider_reason: the provider's own diagnosis in one sentence (``provider_note``), when it was asked for
+            one (None otherwise).
     """
 
     index: int
@@ -79,7 +80,7 @@ class CacheBreak:
         if self.excerpt:
             lines.append(f"  excerpt: {self.excerpt}")
         if self.provider_reason:
-            lines.append(f"  the provider says: {self.provider_reason}")
+            lines.append(f"  {self.provider_reason}")
         if self.explanation:
             lines.append(f"  {self.explanation}")
         return "\n".join(lines)
@@ -137,9 +138,15 @@ def _n(value: int | None) -> str:
     return "—" if value is None else f"{value:,}"
 
 
-def _provider_reason(detail: dict[str, object]) -> str | None:
-    value = detail.get("provider_cache_miss_reason")
-    return value if isinstance(value, str) else None
+_PROVIDER_COLUMNS = ("provider_cache_miss_reason", "provider_cache_missed_tokens", "diverge_path", "pure_append")
+
+
+def _provider_reason(session: Session, index: int) -> str | None:
+    """The provider's own diagnosis of a request, as one sentence beside ours (None when it was not asked)."""
+    from .crosscheck import provider_note
+
+    row = session.lab.store.turn_row(session.id, index, _PROVIDER_COLUMNS)
+    return None if row is None else provider_note(row)
 
 
 def check_cache(session: Session, *, min_read_pct: float | None = None, max_breaks: int | None = 0) -> CacheCheck:
@@ -165,7 +172,7 @@ def check_cache(session: Session, *, min_read_pct: float | None = None, max_brea
             excerpt=None if excerpt is None else str(excerpt),
             explanation="" if obs is None else obs.explanation,
             lost_tokens=0 if obs is None else obs.lost_tokens, cause=t.cache_reason, session_id=session.id,
-            provider_reason=_provider_reason(t.cache_detail)))
+            provider_reason=_provider_reason(session, index)))
     failures = []
     if max_breaks is not None and len(breaks) > max_breaks:
         failures.append(f"{len(breaks)} request{'s' if len(breaks) != 1 else ''} broke the cache "
@@ -237,7 +244,7 @@ def check_conversations(sessions: Sequence[Session]) -> tuple[CacheBreak, ...]:
             path=d.path, byte_offset=d.byte_offset, excerpt=None if excerpt is None else str(excerpt),
             explanation="", lost_tokens=max(0, min(held, int(t.usage.total_input_tokens or 0)) - int(read or 0)),
             cause="tools_changed" if d.tools_reordered or (d.path or "").startswith("tools") else "system_changed",
-            session_id=now.id, against=before.id, provider_reason=_provider_reason(t.cache_detail)))
+            session_id=now.id, against=before.id, provider_reason=_provider_reason(now, 0)))
     return tuple(out)
 
 

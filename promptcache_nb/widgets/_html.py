@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..analysis.crosscheck import provider_note
 from ..request import PreparedRequest, Segment, canonical_json
 from ..request.diff import visible as visible  # re-exported: plain-text markers (dropdown labels, status)
 from ..request.diff import visible_html
@@ -416,6 +417,9 @@ def observation_html(
         parts.append(f"<div>changes: {listed}</div>")
     if explanation is not None and not _isna(explanation) and str(explanation):
         parts.append(f'<div data-field="explanation">{text_html(explanation)}</div>')  # may quote content
+    provider = provider_note(row) if row else None  # the provider's own diagnosis beside ours (a measurement)
+    if provider:
+        parts.append(f'<div data-field="provider">{text_html(provider)}</div>')
     if not parts and cache_reason:
         where = (cache_detail or {}).get("divergence_path")
         text = f"cache model reason <code>{esc(cache_reason)}</code>"
