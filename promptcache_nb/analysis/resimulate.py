@@ -81,6 +81,7 @@ _TURN_FIELDS = (
     "cache_read_input_tokens",
     "cache_creation_input_tokens", "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens",
     "usage_source", "total_tokens", "ideal_cache_read", "cost_usd", "cache_reason", "cache_detail", "events",
+    "broke", "provider_cache_miss_reason",
 )
 
 

@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..session import Session
 
 WHATIF_COLUMNS = ["idx", "sent_at", "measured_cost_usd", "simulated_cost_usd", "counterfactual_cost_usd",
-                  "measured_read_pct", "simulated_read_pct", "counterfactual_read_pct", "pings_before"]
+                  "measured_read_pct", "simulated_read_pct", "counterfactual_read_pct", "pings_before", "broke",
+                  "cache_reason", "provider_cache_miss_reason"]
 
 
 def _read_pct(read: Any, total: Any) -> float | None:
@@ -81,7 +82,9 @@ class WhatIfController(_Observable):
 
     def frame(self) -> pd.DataFrame:
         """One row per original request: measured, simulated-original and counterfactual cost and read %
-        (``pings_before``: keep-warm pings sent in the gap before it; their cost is in its counterfactual)."""
+        (``pings_before``: keep-warm pings sent in the gap before it; their cost is in its counterfactual), and the
+        original's verdict: ``broke``, our ``cache_reason`` and, where the provider was asked, its own
+        ``provider_cache_miss_reason`` beside it."""
         import pandas as pd
 
         anchored = self._anchored.requests
@@ -105,7 +108,8 @@ class WhatIfController(_Observable):
                          _read_pct(st.get("cache_read_input_tokens"), total) if measured else None,
                          _read_pct(b.cache_read_input_tokens, b.total_tokens),
                          _read_pct(c.usage.cache_read_input_tokens, c.usage.total_input_tokens),
-                         ping_count.get(t.idx, 0)))
+                         ping_count.get(t.idx, 0), st.get("broke"), st.get("cache_reason"),
+                         st.get("provider_cache_miss_reason")))
         return pd.DataFrame(rows, columns=WHATIF_COLUMNS)
 
     def totals(self) -> dict[str, float | None]:
