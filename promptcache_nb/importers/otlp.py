@@ -1,8 +1,11 @@
-"""Reader for OpenTelemetry GenAI spans in the OTLP JSON encoding (format ``otlp``).
+"""Reader for OpenTelemetry GenAI spans and agents' API log events in the OTLP JSON encoding (format ``otlp``).
 
-Files: one ``ExportTraceServiceRequest`` document (``{"resourceSpans": [{"scopeSpans": [{"spans": [...]}]}]}``,
-as SDK file exporters write it, possibly pretty-printed), or JSON Lines of such documents, one per line (the
-collector's ``file`` exporter); the JSON Lines rules of :mod:`._jsonl` then apply. Attributes are
+Files: one ``ExportTraceServiceRequest`` or ``ExportLogsServiceRequest`` document
+(``{"resourceSpans": [{"scopeSpans": [{"spans": [...]}]}]}`` / ``{"resourceLogs": [{"scopeLogs":
+[{"logRecords": [...]}]}]}``, as SDK file exporters write it, possibly pretty-printed), or JSON Lines of such
+documents, one per line (the collector's ``file`` exporter, and the spool of the live receiver,
+:class:`promptcache_nb.live.OtlpReceiver`, which maps what it receives with :meth:`OtlpReader.export`: one
+mapping for files and the wire); the JSON Lines rules of :mod:`._jsonl` then apply. Attributes are
 ``{"key", "value": {"stringValue" | "intValue" | "doubleValue" | "boolValue" | "arrayValue" | "kvlistValue"}}``,
 and ``intValue`` may be a string (64-bit integers are strings in OTLP JSON).
 
@@ -27,28 +30,53 @@ and ``intValue`` may be a string (64-bit integers are strings in OTLP JSON).
   Completions body (the semconv message shape is the chat shape, and the OpenAI-compatible providers speak it).
   Without captured content the body is ``{"model": m, "messages": []}``; a body lacking any of instructions,
   messages or tool definitions is ``partial``. ``gen_ai.request.max_tokens`` becomes the body's ``max_tokens``.
+
+**Log records** (``resourceLogs``): the event is the record's ``event.name`` attribute, or its body when that is
+a string (Claude Code: body ``claude_code.api_request``, ``event.name`` ``api_request``). Attribute values may
+be strings (Claude Code sends every value as one). No body is ever logged: each request is usage-only, its body
+``{"model": m, "messages": []}`` (``"input": []`` for Codex's Responses API), ``partial``. Sessions group by the
+agent's session id. The re-import identity is a digest of the record (an exporter's retry of a batch is the same
+record again, never a second request).
+
+* ``claude_code.api_request`` (Claude Code's monitoring docs): ``model``, ``input_tokens`` (Anthropic's: uncached
+  only), ``cache_read_tokens``, ``cache_creation_tokens``, ``output_tokens``, ``cost_usd`` (kept as the reported
+  cost), ``duration_ms``, ``session.id``, ``event.timestamp`` (the response end: sent at = end − duration).
+* ``codex.sse_event`` with ``event.kind`` ``response.completed`` (``codex-rs/otel``): ``input_token_count``
+  (the Responses API's: cached included), ``cached_token_count``, ``output_token_count`` (reasoning included),
+  ``reasoning_token_count``, ``model``, ``conversation.id``. Its ``codex.api_request`` carries no tokens (one
+  per HTTP attempt, retries included) and is not a request here.
+* ``gemini_cli.api_response`` (Gemini CLI's ``telemetry.md``): ``input_token_count`` (cached included),
+  ``cached_content_token_count``, ``output_token_count`` and ``thoughts_token_count`` (billed as output; also
+  ``reasoning_tokens``), ``model``, ``duration_ms``, ``session.id``, ``event.timestamp`` (response end).
+* a GenAI semantic-conventions event (``gen_ai.client.inference.operation.details``, or any record with
+  ``gen_ai.usage.input_tokens``): the span rules above, by its attributes. Gemini CLI emits one beside each
+  ``gemini_cli.api_response`` without the cache figure; from a ``gemini-cli`` service it is not counted again.
+
+Other records (prompts, tool results, errors) are not requests and are passed over.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from .._util import digest
 from ..dialects import DialectName as Dialect
+from ..errors import PromptCacheError
 from ..usage import TTL_SPLIT_UNKNOWN_NOTE, Usage
-from ._jsonl import JsonLine, iter_json_lines
+from ._counts import imported_usage
+from ._jsonl import JsonLine, iter_json_lines, parse_timestamp
 from ._messages import append_message
 from ._types import ImportedRequest, Record, SkippedLine
 
 __all__ = ["OtlpReader"]
 
-_HEAD = re.compile(r'^\s*\{\s*"resourceSpans"\s*:')
+_HEAD = re.compile(r'^\s*\{\s*"resource(?:Spans|Logs)"\s*:')
 _NOT_MODEL_CALLS = frozenset({"invoke_agent", "create_agent", "execute_tool", "invoke_workflow", "embeddings"})
 _READ_KEYS = ("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens",
               "gen_ai.usage.input_tokens.cached")
@@ -76,7 +104,7 @@ class OtlpReader:
         if _is_object(first):  # one document per line (or a one-line document)
             for rec in iter_json_lines(path):
                 if isinstance(rec, JsonLine):
-                    yield from self._document(rec.obj, file, lambda k, n=rec.line: f"{file}:{n}", ids_seen)
+                    yield from self.export(rec.obj, file, lambda k, n=rec.line: f"{file}:{n}", ids_seen)
                 else:
                     yield rec
             return
@@ -89,12 +117,22 @@ class OtlpReader:
         if not isinstance(doc, dict):
             yield SkippedLine(file, 0, "not an OTLP JSON document (the top level is not an object)")
             return
-        yield from self._document(doc, file, lambda k: f"{file}#{k}", ids_seen)
+        yield from self.export(doc, file, lambda k: f"{file}#{k}", ids_seen)
 
-    def _document(self, doc: dict[str, Any], file: str, ref: Any, ids_seen: set[str]) -> Iterator[Record]:
+    def export(self, doc: dict[str, Any], file: str, ref: Callable[[int], str],
+               ids_seen: set[str]) -> Iterator[Record]:
+        """The requests (and skipped records) of one OTLP JSON export document: its spans or its log records.
+
+        ``ref(k)`` is the source reference of the document's ``k``-th span or record (``file:line`` for a JSON
+        Lines document); ``ids_seen`` the span ids keyed so far in the file (:func:`_span_key`). The live receiver
+        calls this on each export it receives, as the reader does on each line of a file."""
+        if isinstance(doc.get("resourceLogs"), list):
+            yield from self._logs(doc["resourceLogs"], file, ref)
+            return
         if not isinstance(doc.get("resourceSpans"), list):
             # a line of another format in a collector's file: listed, never dropped without a word
-            yield SkippedLine(file, _line_of(ref(0)), "not an OTLP trace export (no resourceSpans list)")
+            yield SkippedLine(file, _line_of(ref(0)), "not an OTLP trace or log export (no resourceSpans or "
+                                                      "resourceLogs list)")
             return
         k = 0
         for rs in _list(doc.get("resourceSpans")):
@@ -106,6 +144,21 @@ class OtlpReader:
                         if isinstance(rec, ImportedRequest):
                             rec = replace(rec, dedupe_key=_span_key(span, rec.source_ref, k, ids_seen))
                         yield rec
+
+    def _logs(self, resource_logs: list[Any], file: str, ref: Callable[[int], str]) -> Iterator[Record]:
+        k = 0
+        for rl in resource_logs:
+            if not isinstance(rl, dict):
+                continue
+            try:
+                service = _attributes(_object(rl.get("resource")).get("attributes")).get("service.name")
+            except (ValueError, TypeError, OverflowError):
+                service = None
+            scopes = _list(rl.get("scopeLogs")) or _list(rl.get("instrumentationLibraryLogs"))
+            for sl in scopes:
+                for record in _list(_object(sl).get("logRecords")):
+                    k += 1
+                    yield from _log_request(record, file, ref(k), service)
 
     def _span(self, span: Any, file: str, source_ref: str) -> Iterator[Record]:
         line = _line_of(source_ref)
@@ -184,6 +237,135 @@ def _span_key(span: dict[str, Any], source_ref: str, k: int, ids_seen: set[str])
             return pair
     content = json.dumps(span, sort_keys=True, default=repr).encode("utf-8", errors="surrogatepass")
     return f"{source_ref}/spans[{k}]|{digest(content, tag='otlp-span')}"
+
+
+# ---- agents' log events ---------------------------------------------------------------------------------
+
+#: The API events that are requests, by the agent that emits them (see the module docstring).
+CLAUDE_CODE_EVENT = "claude_code.api_request"
+CODEX_EVENT = "codex.sse_event"
+GEMINI_CLI_EVENT = "gemini_cli.api_response"
+GENAI_EVENT = "gen_ai.client.inference.operation.details"
+#: services that log each call twice, once in their own event (with the cache figure) and once as a GenAI event
+_OWN_EVENT_SERVICES = frozenset({"gemini-cli"})
+
+
+def _event_name(record: dict[str, Any], attrs: dict[str, Any]) -> str | None:
+    body = _value(record.get("body"))
+    name = attrs.get("event.name")
+    if isinstance(body, str) and "." in body and (not isinstance(name, str) or body.endswith(name)):
+        return body  # Claude Code: body "claude_code.api_request", event.name "api_request"
+    return name if isinstance(name, str) else None
+
+
+def _log_request(record: Any, file: str, source_ref: str, service: Any) -> Iterator[Record]:
+    """The request one log record is, if it is one (see the module docstring), or why it could not be read."""
+    line = _line_of(source_ref)
+    if not isinstance(record, dict):
+        yield SkippedLine(file, line, f"log record {source_ref.rsplit('#', 1)[-1]} is not an object")
+        return
+    try:
+        attrs = _attributes(record.get("attributes"))
+        name = _event_name(record, attrs)
+    except (ValueError, TypeError, OverflowError) as exc:
+        yield SkippedLine(file, line, f"log record: bad attribute ({exc})")
+        return
+    genai = name == GENAI_EVENT or "gen_ai.usage.input_tokens" in attrs
+    if name == CODEX_EVENT and attrs.get("event.kind") != "response.completed":
+        return  # a streamed event without usage
+    if name not in (CLAUDE_CODE_EVENT, CODEX_EVENT, GEMINI_CLI_EVENT) and not genai:
+        return  # a prompt, a tool result, an error...
+    if genai and name not in (CLAUDE_CODE_EVENT, CODEX_EVENT, GEMINI_CLI_EVENT) and service in _OWN_EVENT_SERVICES:
+        return  # counted by the service's own event, which has the cache figure
+    try:
+        if genai and name not in (CLAUDE_CODE_EVENT, CODEX_EVENT, GEMINI_CLI_EVENT):
+            yield from _genai_event(record, attrs, file, source_ref)
+            return
+        model = attrs.get("model")
+        if not isinstance(model, str) or not model:
+            raise ValueError("no model attribute")
+        end = _event_time(record, attrs)
+        duration = _count(attrs, ("duration_ms",))
+        session = attrs.get("conversation.id") if name == CODEX_EVENT else attrs.get("session.id")
+        raw = {k: v for k, v in sorted(attrs.items()) if k.endswith(("tokens", "token_count", "cost_usd"))}
+        if name == CLAUDE_CODE_EVENT:  # Anthropic's figures: input_tokens is the uncached part
+            usage = imported_usage(uncached=_required(attrs, "input_tokens"),
+                                   read=_count(attrs, ("cache_read_tokens",)) or 0,
+                                   write=_count(attrs, ("cache_creation_tokens",)) or 0,
+                                   output=_count(attrs, ("output_tokens",)), raw=_with_cost(raw, attrs))
+            dialect: Dialect = "anthropic"
+            provider, body = "anthropic", {"model": model, "messages": []}
+        elif name == CODEX_EVENT:  # the Responses API's: cached included in input, reasoning in output
+            total, read = _required(attrs, "input_token_count"), _count(attrs, ("cached_token_count",)) or 0
+            output = _count(attrs, ("output_token_count",))
+            reasoning = _count(attrs, ("reasoning_token_count",))
+            usage = imported_usage(uncached=_part(total, read, "cached_token_count", "input_token_count"),
+                                   read=read, write=0, output=output, raw=raw,
+                                   reasoning=reasoning if output is None or (reasoning or 0) <= output else None)
+            provider, dialect, body = "openai", "openai-responses", {"model": model, "input": []}
+        else:  # Gemini: cached included in input; thoughts billed as output beside it
+            total = _required(attrs, "input_token_count")
+            read = _count(attrs, ("cached_content_token_count",)) or 0
+            output, thoughts = _count(attrs, ("output_token_count",)), _count(attrs, ("thoughts_token_count",))
+            usage = imported_usage(uncached=_part(total, read, "cached_content_token_count", "input_token_count"),
+                                   read=read, write=0,
+                                   output=None if output is None else output + (thoughts or 0),
+                                   reasoning=thoughts, raw=raw)
+            provider, dialect, body = "gemini", "openai-chat", {"model": model, "messages": []}
+    except (ValueError, TypeError, OverflowError, PromptCacheError) as exc:
+        yield SkippedLine(file, line, f"{name} log record: {exc}")
+        return
+    yield ImportedRequest(
+        session_key=str(session) if session else str(record.get("traceId") or file),
+        dedupe_key=_record_key(record), at=end - timedelta(milliseconds=duration or 0), body=body, usage=usage,
+        model=model, source_ref=source_ref, dialect=dialect, partial=True, provider=provider,
+        latency_ms=None if duration is None else float(duration))
+
+
+def _genai_event(record: dict[str, Any], attrs: dict[str, Any], file: str, source_ref: str) -> Iterator[Record]:
+    """A GenAI semantic-conventions log event: the span rules, by its attributes (a span's shape around them)."""
+    span = {"name": GENAI_EVENT, "attributes": record.get("attributes"), "traceId": record.get("traceId"),
+            "startTimeUnixNano": record.get("timeUnixNano") or record.get("observedTimeUnixNano")}
+    for rec in OtlpReader()._span(span, file, source_ref):
+        yield replace(rec, dedupe_key=_record_key(record)) if isinstance(rec, ImportedRequest) else rec
+
+
+def _record_key(record: dict[str, Any]) -> str:
+    content = json.dumps(record, sort_keys=True, default=repr).encode("utf-8", errors="surrogatepass")
+    return f"otlp-log|{digest(content, tag='otlp-log')}"
+
+
+def _event_time(record: dict[str, Any], attrs: dict[str, Any]) -> datetime:
+    stamp = attrs.get("event.timestamp")
+    if isinstance(stamp, str) and stamp:
+        return parse_timestamp(stamp)
+    return _nanos(record.get("timeUnixNano") or record.get("observedTimeUnixNano"))
+
+
+def _required(attrs: dict[str, Any], key: str) -> int:
+    value = _count(attrs, (key,))
+    if value is None:
+        raise ValueError(f"no {key} attribute")
+    return value
+
+
+def _part(total: int, part: int, part_key: str, total_key: str) -> int:
+    if part > total:
+        raise ValueError(f"{part_key} ({part}) exceeds {total_key} ({total})")
+    return total - part
+
+
+def _with_cost(raw: dict[str, Any], attrs: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with Claude Code's ``cost_usd`` as the reported ``cost`` (:attr:`Usage.reported_cost`)."""
+    try:
+        cost = float(attrs["cost_usd"])
+    except (KeyError, TypeError, ValueError):
+        return raw
+    return {**raw, "cost": cost}
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 # ---- OTLP values -----------------------------------------------------------------------------------------
