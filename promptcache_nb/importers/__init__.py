@@ -15,13 +15,13 @@ from ._types import ImportedRequest, Reader, ReadProgress, SkippedLine
 
 if TYPE_CHECKING:
     from ._analyze import analyze
-    from ._ingest import ImportResult, SessionList, import_log
+    from ._ingest import ImportResult, SessionList, StoredRecords, import_log, store_records
 
 
 def __getattr__(name: str) -> Any:
     # The ingest stores requests through a Lab's sessions (analysis, cache models, session): it is loaded on
     # first use, so the readers — and the recording proxy, which reuses the SSE parser — stay below the store.
-    if name in ("ImportResult", "SessionList", "import_log"):
+    if name in ("ImportResult", "SessionList", "StoredRecords", "import_log", "store_records"):
         from . import _ingest
 
         return getattr(_ingest, name)
@@ -38,4 +38,4 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["READERS", "ImportResult", "ImportedRequest", "ReadProgress", "Reader", "SessionList", "SkippedLine",
-           "agent_log_places", "analyze", "detect", "import_log"]
+           "StoredRecords", "agent_log_places", "analyze", "detect", "import_log", "store_records"]

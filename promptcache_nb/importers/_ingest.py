@@ -428,6 +428,41 @@ def import_log(
                        deep=deep)
 
 
+@dataclass(frozen=True)
+class StoredRecords:
+    """What :func:`store_records` stored: requests new and already stored, records skipped (``file``, ``line``,
+    ``reason``), and the ids of the sessions it touched."""
+
+    new: int
+    duplicates: int
+    skipped: list[dict[str, Any]]
+    session_ids: list[str]
+
+
+def store_records(lab: Lab, records: Sequence[ImportedRequest], *, format: str, file: str,  # noqa: A002
+                  project: str | None = None, account: str | None = None) -> StoredRecords:
+    """Store requests a reader produced from ``file`` as a usage-first import of that file does, all of them in
+    one transaction (nothing on failure): the live receiver's path (``live.OtlpReceiver``), where ``file`` is the
+    spool it appended the export to, so analysing a session later reads the same records from it."""
+    if not records:
+        return StoredRecords(0, 0, [], [])
+    shown = display_path(file)
+    by_key: dict[str, list[ImportedRequest]] = {}
+    for rec in records:
+        by_key.setdefault(rec.session_key, []).append(rec)
+    owners = _Owners(account or DEFAULT_ACCOUNT)
+    pending = sorted((_Pending(key, format, shown, sorted(_richest(reqs), key=lambda r: r.at), again=False,
+                               account=owners.account(reqs, Path(file)), project=project, files=[shown],
+                               group=shown) for key, reqs in by_key.items()), key=lambda p: p.rank)
+    run = _Run(lab, project, owners, deep=False, next_seq=lab.store.next_import_seq(),
+               waiting=lab.store.unanalysed_ids())
+    with lab.batch():  # the sessions' own transactions nest in this one: the whole export or nothing
+        _store_group(run, pending)
+    done = sorted(run.stored.values(), key=lambda x: x.rank)
+    return StoredRecords(sum(x.new for x in done), sum(x.dup for x in done),
+                         [row for x in done for row in x.skipped], [x.sid for x in done])
+
+
 #: New sessions of a file group are stored in transactions of up to this many sessions or requests: a COMMIT
 #: and the bulk writes cost a few ms each, which 1,000 one-request log files would otherwise pay 1,000 times.
 #: A kill loses at most one such transaction; a session is never split across two.

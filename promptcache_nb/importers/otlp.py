@@ -35,19 +35,21 @@ and ``intValue`` may be a string (64-bit integers are strings in OTLP JSON).
 a string (Claude Code: body ``claude_code.api_request``, ``event.name`` ``api_request``). Attribute values may
 be strings (Claude Code sends every value as one). No body is ever logged: each request is usage-only, its body
 ``{"model": m, "messages": []}`` (``"input": []`` for Codex's Responses API), ``partial``. Sessions group by the
-agent's session id. The re-import identity is a digest of the record (an exporter's retry of a batch is the same
-record again, never a second request).
+agent's session id. ``at`` is the record's ``event.timestamp`` (else its time), which the agents take when the
+response ended: records arrive in that order, so a session received live only ever appends (a start computed as
+end − duration would put a short call that overlapped a long one before it). The re-import identity is a digest
+of the record (an exporter's retry of a batch is the same record again, never a second request).
 
 * ``claude_code.api_request`` (Claude Code's monitoring docs): ``model``, ``input_tokens`` (Anthropic's: uncached
   only), ``cache_read_tokens``, ``cache_creation_tokens``, ``output_tokens``, ``cost_usd`` (kept as the reported
-  cost), ``duration_ms``, ``session.id``, ``event.timestamp`` (the response end: sent at = end − duration).
+  cost), ``duration_ms`` (the latency), ``session.id``, ``event.timestamp``.
 * ``codex.sse_event`` with ``event.kind`` ``response.completed`` (``codex-rs/otel``): ``input_token_count``
   (the Responses API's: cached included), ``cached_token_count``, ``output_token_count`` (reasoning included),
   ``reasoning_token_count``, ``model``, ``conversation.id``. Its ``codex.api_request`` carries no tokens (one
   per HTTP attempt, retries included) and is not a request here.
 * ``gemini_cli.api_response`` (Gemini CLI's ``telemetry.md``): ``input_token_count`` (cached included),
   ``cached_content_token_count``, ``output_token_count`` and ``thoughts_token_count`` (billed as output; also
-  ``reasoning_tokens``), ``model``, ``duration_ms``, ``session.id``, ``event.timestamp`` (response end).
+  ``reasoning_tokens``), ``model``, ``duration_ms``, ``session.id``, ``event.timestamp``.
 * a GenAI semantic-conventions event (``gen_ai.client.inference.operation.details``, or any record with
   ``gen_ai.usage.input_tokens``): the span rules above, by its attributes. Gemini CLI emits one beside each
   ``gemini_cli.api_response`` without the cache figure; from a ``gemini-cli`` service it is not counted again.
@@ -61,7 +63,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -317,7 +319,7 @@ def _log_request(record: Any, file: str, source_ref: str, service: Any) -> Itera
         return
     yield ImportedRequest(
         session_key=str(session) if session else str(record.get("traceId") or file),
-        dedupe_key=_record_key(record), at=end - timedelta(milliseconds=duration or 0), body=body, usage=usage,
+        dedupe_key=_record_key(record), at=end, body=body, usage=usage,
         model=model, source_ref=source_ref, dialect=dialect, partial=True, provider=provider,
         latency_ms=None if duration is None else float(duration))
 

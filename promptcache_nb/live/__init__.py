@@ -1,4 +1,5 @@
-"""Backends: the in-process simulator, the live Anthropic API, a simulator endpoint, and a recording proxy."""
+"""Backends: the in-process simulator, the live Anthropic API, a simulator endpoint, a recording proxy, and an
+OpenTelemetry receiver."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ def __getattr__(name: str) -> object:
         from .proxy import RecordingProxy
 
         return RecordingProxy
+    if name in ("OtlpBatch", "OtlpReceiver"):  # starlette, uvicorn and the ingest: only when a receiver is asked for
+        from . import otel
+
+        return getattr(otel, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -26,6 +31,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "RecordingProxy", "ServedRequest",
+    "AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "OtlpBatch", "OtlpReceiver", "RecordingProxy",
+    "ServedRequest",
     "SimulatorServer", "TokenCount", "count_tokens",
 ]

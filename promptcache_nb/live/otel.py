@@ -1,0 +1,451 @@
+"""A live OpenTelemetry receiver: agents export their telemetry to it, their API calls land in a Lab as they happen.
+
+OTLP/HTTP (the OpenTelemetry protocol over HTTP, ``http/json`` and ``http/protobuf``) on loopback, one endpoint
+per signal: ``POST /v1/logs`` (Claude Code, Codex and Gemini CLI events, GenAI semantic-conventions events),
+``/v1/traces`` (GenAI spans) and ``/v1/metrics`` (answered, counted, not stored: agents' token metrics are sums over
+a window, never one request, and the same calls arrive as log events). Bodies are JSON (``Content-Type:
+application/json``) or protobuf (``application/x-protobuf``, decoded with the ``opentelemetry-proto`` package:
+``pip install 'promptcache-nb[otel]'``), ``Content-Encoding: gzip`` or none.
+
+Each export is mapped by the OTLP importer's own mapping (:meth:`~promptcache_nb.importers.otlp.OtlpReader.export`,
+the rules in :mod:`promptcache_nb.importers.otlp`) and its requests stored as a usage-first import stores them
+(measured usage, cost, the cause usage alone shows; one session per agent session id), **in one transaction per
+POST**: all of an export's requests or none. The export is also appended, as one line of OTLP JSON, to a spool file
+(``<store>.otel/<start time>-<pid>.jsonl`` beside a store file; a temporary folder for an in-memory Lab;
+``spool=`` to choose): that line is the log the stored requests were read from, so analysing a session later
+(``lab.analyze``, opening it) reads them again from it, and ``lab.import_log`` of the spool stores the same rows. A
+POST whose store transaction fails has its spool line removed.
+
+Answers: 200 with an empty ``Export*ServiceResponse`` (JSON or protobuf, as asked); a record the mapping could not
+read (a token count that is not one) is left out and reported in ``partialSuccess`` (OTLP's way to say so; the
+export's other records are stored). A payload that is not an OTLP export (malformed JSON or protobuf, the wrong
+top-level shape, an unsupported encoding) gets **400** with one line (``{"code": 3, "message": ...}``) and stores
+nothing; a body over :data:`MAX_OTLP_BODY_BYTES` (compressed, or once decompressed) gets **413**; an unsupported
+``Content-Type`` 415.
+
+Keys: agents may send credentials in headers (``OTEL_EXPORTER_OTLP_HEADERS``). Only ``Content-Type`` and
+``Content-Encoding`` are read; no header is logged, stored or echoed. The spool holds the export bodies as the
+agent sent them (resource attributes such as ``user.email`` included): it is your telemetry, on your disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import tempfile
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..importers import ImportedRequest, SkippedLine, store_records
+from ..importers.otlp import OtlpReader
+from ._asgi import REQUEST_TIMEOUT, BodyError, ServerThread, is_loopback, read_body, url_host
+
+if TYPE_CHECKING:  # annotations only (absolute: the runtime import graph has no live -> lab edge)
+    from promptcache_nb.lab import Lab
+
+log = logging.getLogger("promptcache_nb.otel")
+
+__all__ = ["MAX_OTLP_BODY_BYTES", "OtlpBatch", "OtlpReceiver"]
+
+#: The largest export body accepted, compressed or decompressed (16 MiB; an agent's batch of a few hundred events is
+#: well under 1 MiB). Larger bodies get 413 and are not read further.
+MAX_OTLP_BODY_BYTES = 16 * 1024 * 1024
+#: The top-level list of each signal's export request, in its OTLP JSON encoding.
+_EXPORT_LISTS = {"logs": "resourceLogs", "traces": "resourceSpans", "metrics": "resourceMetrics"}
+#: The turns columns a batch hands its listeners (what the live monitor shows).
+BATCH_COLUMNS = ("session_id", "idx", "sent_at", "model", "request_id", "usage_source", "input_tokens",
+                 "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens", "cost_usd",
+                 "cost_no_cache_usd", "broke", "dedupe_key")
+
+
+class _Refused(Exception):
+    """An export this receiver will not take: the HTTP status and one line saying why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class OtlpBatch:
+    """One export the receiver took (one POST).
+
+    Attributes:
+        signal: ``logs``, ``traces`` or ``metrics``.
+        received_at: when it arrived (UTC).
+        items: log records, spans or metric data points in it.
+        requests: API requests found among them.
+        stored: requests stored now (the others were stored already: an exporter's retry).
+        rejected: records the mapping could not read (reported to the agent in ``partialSuccess``).
+        reasons: why, one line each.
+        session_ids: the sessions it stored requests into.
+        rows: the stored requests' ``turns`` rows (:data:`BATCH_COLUMNS`), oldest first.
+    """
+
+    signal: str
+    received_at: datetime
+    items: int
+    requests: int = 0
+    stored: int = 0
+    rejected: int = 0
+    reasons: tuple[str, ...] = ()
+    session_ids: tuple[str, ...] = ()
+    rows: tuple[dict[str, Any], ...] = field(default=(), repr=False)
+
+    def line(self) -> str:
+        """One line for a terminal: what arrived and what was stored."""
+        what = {"logs": "log records", "traces": "spans", "metrics": "metric points"}[self.signal]
+        text = f"{self.received_at:%H:%M:%S} {self.signal}: {self.items} {what}"
+        if self.signal != "metrics":
+            dup = self.requests - self.stored - self.rejected
+            text += (f", {self.requests} API requests, {self.stored} stored in {len(self.session_ids)} session(s)"
+                     + (f", {dup} already stored" if dup > 0 else ""))
+        else:
+            text += " (not stored: requests come from the log events)"
+        if self.rejected:
+            text += f", {self.rejected} rejected ({self.reasons[0]})"
+        return text
+
+
+class OtlpReceiver:
+    """Receive OTLP/HTTP exports from agents and store their API calls in ``lab`` as they arrive.
+
+    Args:
+        lab: the Lab to store into (its store must be writable).
+        host: interface to bind; loopback by default. Binding anything else logs a warning: anyone who can reach
+            the port can write into your store.
+        port: TCP port; 0 picks a free one (read :attr:`url`). Agents' OTLP/HTTP default is 4318.
+        spool: the folder of the spool files (see the module docstring); default beside the store.
+        max_body_bytes: larger bodies (compressed or not) get 413.
+        request_timeout: seconds a client has to send the request headers, and then the body.
+
+    Example:
+        >>> with pc.live.OtlpReceiver(lab) as otel:  # doctest: +SKIP
+        ...     print(otel.env["claude"])  # the variables that point Claude Code at it
+        ...     monitor = pc.widgets.Monitor(otel); display(monitor)
+    """
+
+    def __init__(self, lab: Lab, *, host: str = "127.0.0.1", port: int = 0, spool: str | Path | None = None,
+                 max_body_bytes: int = MAX_OTLP_BODY_BYTES, request_timeout: float = REQUEST_TIMEOUT) -> None:
+        self.lab = lab
+        self.host = host
+        self.port = port
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout = request_timeout
+        self._spool_dir = Path(spool) if spool is not None else None
+        #: the spool file of this run (created on start)
+        self.spool_path: Path | None = None
+        #: exports taken since start, and requests stored from them
+        self.batches = 0
+        self.stored = 0
+        self._lines = 0
+        self._ids_seen: set[str] = set()
+        self._reader = OtlpReader()
+        self._lock = threading.Lock()  # one export stored at a time, in arrival order
+        self._listeners: list[Callable[[OtlpBatch], None]] = []
+        self._server: ServerThread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> OtlpReceiver:
+        """Create the spool file, bind, and serve on a daemon thread; returns self. Idempotent."""
+        if self._server is not None:
+            return self
+        if self.lab.store.read_only:
+            raise PermissionError(f"the receiver stores into the Lab, whose store is read-only "
+                                  f"({self.lab.store.read_only_why})")
+        if not is_loopback(self.host):
+            log.warning("the OTLP receiver listens on %s: anyone who can reach it can write into %s; bind "
+                        "127.0.0.1 unless you mean it", self.host, self.lab.path)
+        folder = self._spool_dir or _default_spool_dir(self.lab.path)
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        self.spool_path = (folder / f"{stamp}-{os.getpid()}.jsonl").resolve()
+        self.spool_path.touch()  # fail here, not at the first export, when it cannot be written
+        self._lines, self._ids_seen = 0, set()
+        routes = [Route(f"/v1/{signal}", self._endpoint, methods=["POST"]) for signal in _EXPORT_LISTS]
+        server = ServerThread(Starlette(routes=routes), host=self.host, port=self.port,
+                              name=f"promptcache-otel:{self.port}", header_timeout=self.request_timeout)
+        self.port = server.port
+        server.start()
+        self._server = server
+        return self
+
+    def close(self) -> None:
+        """Stop serving (an export being stored finishes first). Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    def __enter__(self) -> OtlpReceiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``: the OTLP/HTTP endpoint base (agents append ``/v1/logs``...)."""
+        if self._server is None:
+            raise RuntimeError("the receiver is not running; call .start() or use `with OtlpReceiver(lab)`")
+        return f"http://{url_host(self.host)}:{self.port}"
+
+    @property
+    def env(self) -> dict[str, dict[str, str]]:
+        """The environment variables that point each agent at :attr:`url`, by agent (``claude``, ``gemini``;
+        Codex reads its ``[otel]`` table in ``~/.codex/config.toml`` instead: see docs/otel.md)."""
+        url = self.url
+        return {
+            "claude": {"CLAUDE_CODE_ENABLE_TELEMETRY": "1", "OTEL_LOGS_EXPORTER": "otlp",
+                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_EXPORTER_OTLP_ENDPOINT": url},
+            "gemini": {"GEMINI_TELEMETRY_ENABLED": "true", "GEMINI_TELEMETRY_TARGET": "local",
+                       "GEMINI_TELEMETRY_OTLP_PROTOCOL": "http", "GEMINI_TELEMETRY_OTLP_ENDPOINT": url},
+        }
+
+    def subscribe(self, fn: Callable[[OtlpBatch], None]) -> Callable[[], None]:
+        """Call ``fn(batch)`` after each export is stored (in the receiver's thread); returns the unsubscribe
+        function. An exception in ``fn`` is logged, never returned to the agent."""
+        self._listeners.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+        return unsubscribe
+
+    def __repr__(self) -> str:
+        where = self.url if self.running else "stopped"
+        return f"OtlpReceiver({where}, store={self.lab.path!r}, batches={self.batches}, stored={self.stored})"
+
+    # -- one export ---------------------------------------------------------------------------
+    async def _endpoint(self, request: Request) -> Response:
+        signal = request.url.path.rsplit("/", 1)[-1]
+        protobuf = request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/x-protobuf"
+        try:
+            body = await read_body(request, limit=self.max_body_bytes, timeout=self.request_timeout)
+            doc = self._decode(signal, body, request.headers.get("content-type", ""),
+                               request.headers.get("content-encoding", ""))
+            # stored on the server's thread: exports are taken one at a time, in the order they arrive
+            batch = self._take(signal, doc)
+        except BodyError as exc:
+            return _error(exc.status, exc.message)
+        except _Refused as exc:
+            return _error(exc.status, exc.message)
+        except Exception as exc:  # noqa: BLE001 - one line to the agent and the log; the server keeps serving
+            message = f"the export could not be stored ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+            log.error("%s", message)
+            return _error(500, message)
+        for fn in list(self._listeners):
+            try:
+                fn(batch)
+            except Exception:
+                log.exception("a listener of the OTLP receiver failed")
+        return _answer(signal, batch, protobuf=protobuf)
+
+    def _decode(self, signal: str, body: bytes, content_type: str, encoding: str) -> dict[str, Any]:
+        """The export as an OTLP JSON document, or :class:`_Refused`."""
+        coding = encoding.strip().lower()
+        if coding == "gzip":
+            body = _gunzip(body, self.max_body_bytes)
+        elif coding not in ("", "identity"):
+            raise _Refused(400, f"Content-Encoding {coding!r} is not supported (send gzip or none)")
+        kind = content_type.split(";")[0].strip().lower()
+        if kind == "application/json":
+            try:
+                doc = json.loads(body)
+            except (ValueError, RecursionError) as exc:
+                where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+                raise _Refused(400, f"the body is not valid JSON{where}: {str(exc).split(':')[0][:120]}") from None
+        elif kind == "application/x-protobuf":
+            doc = _from_protobuf(signal, body)
+        else:
+            raise _Refused(415, f"Content-Type {kind or '(none)'!r} is not an OTLP encoding: send application/json "
+                                "or application/x-protobuf")
+        key = _EXPORT_LISTS[signal]
+        if not isinstance(doc, dict) or not isinstance(doc.get(key, []), list):
+            raise _Refused(400, f"not an OTLP {signal} export: expected an object with a {key!r} list")
+        for i, resource in enumerate(doc.get(key, [])):
+            if not isinstance(resource, dict):
+                raise _Refused(400, f"{key}[{i}] is not an object")
+        return doc
+
+    def _take(self, signal: str, doc: dict[str, Any]) -> OtlpBatch:
+        now = datetime.now(UTC)
+        if signal == "metrics":
+            return OtlpBatch(signal, now, _metric_points(doc))
+        with self._lock:
+            assert self.spool_path is not None  # started
+            spool = str(self.spool_path)
+            line = self._lines + 1
+            ids_before = set(self._ids_seen)
+            records = list(self._reader.export(doc, spool, lambda k: f"{spool}:{line}", self._ids_seen))
+            requests = [r for r in records if isinstance(r, ImportedRequest)]
+            reasons = tuple(r.reason for r in records if isinstance(r, SkippedLine))
+            items = _items(doc, signal)
+            if not requests:
+                self._ids_seen = ids_before
+                self.batches += 1
+                return OtlpBatch(signal, now, items, rejected=len(reasons), reasons=reasons)
+            text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n"
+            with open(spool, "ab") as fh:
+                offset = fh.tell()
+                fh.write(text.encode("utf-8", errors="surrogatepass"))
+            try:
+                result = store_records(self.lab, requests, format="otlp", file=spool)
+            except BaseException:
+                # nothing of the export is stored: its spool line goes too (analysis would read it again)
+                with open(spool, "r+b") as fh:
+                    fh.truncate(offset)
+                self._ids_seen = ids_before
+                raise
+            self._lines = line
+            self.batches += 1
+            self.stored += result.new
+            reasons += tuple(r["reason"] for r in result.skipped)
+            rows = self._rows(result.session_ids, {r.dedupe_key for r in requests}, min(r.at for r in requests))
+        return OtlpBatch(signal, now, items, len(requests), result.new, len(reasons), reasons,
+                         tuple(result.session_ids), rows)
+
+    def _rows(self, session_ids: list[str], keys: set[str], since: datetime) -> tuple[dict[str, Any], ...]:
+        store = self.lab.store
+        rows = [r for sid in session_ids for r in store.turn_rows(sid, BATCH_COLUMNS, since=since)
+                if r["dedupe_key"] in keys]
+        return tuple(sorted(rows, key=lambda r: (r["sent_at"], r["session_id"], r["idx"])))
+
+
+def _default_spool_dir(store_path: str) -> Path:
+    if store_path.startswith(":memory:"):
+        return Path(tempfile.mkdtemp(prefix="promptcache-otel-"))
+    return Path(store_path).expanduser().resolve().with_name(Path(store_path).name + ".otel")
+
+
+def _gunzip(body: bytes, limit: int) -> bytes:
+    """``body`` decompressed, refusing more than ``limit`` bytes out (a small bomb stays small)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit + 1)
+        if len(out) > limit:
+            raise _Refused(413, f"the body decompresses to more than the limit of {limit} bytes")
+        if not inflater.eof:
+            raise _Refused(400, "the gzip body is truncated")
+    except zlib.error as exc:
+        raise _Refused(400, f"the body is not valid gzip ({exc})") from None
+    return out
+
+
+def _from_protobuf(signal: str, body: bytes) -> dict[str, Any]:
+    """A protobuf export request as its OTLP JSON document (camelCase names, int64 as strings, ids in hex)."""
+    try:  # loaded on first use: JSON exports need no protobuf
+        from google.protobuf import json_format
+        from google.protobuf.message import DecodeError
+    except ImportError:
+        raise _Refused(415, "protobuf exports need the opentelemetry-proto package (pip install "
+                            "'promptcache-nb[otel]'), or set the agent's protocol to http/json") from None
+    message = _request_class(signal)()
+    try:
+        message.ParseFromString(body)
+    except (DecodeError, ValueError, RecursionError) as exc:
+        raise _Refused(400, f"the body is not a protobuf Export{signal.title()}ServiceRequest "
+                            f"({str(exc)[:120]})") from None
+    doc: dict[str, Any] = json_format.MessageToDict(message)
+    _hex_ids(doc)
+    return doc
+
+
+def _request_class(signal: str) -> Any:
+    return _messages(signal)[0]
+
+
+def _response_class(signal: str) -> Any:
+    return _messages(signal)[1]
+
+
+def _messages(signal: str) -> tuple[Any, Any]:
+    """The signal's protobuf export request and response classes."""
+    try:
+        if signal == "logs":
+            from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs
+
+            return logs.ExportLogsServiceRequest, logs.ExportLogsServiceResponse
+        if signal == "traces":
+            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as traces
+
+            return traces.ExportTraceServiceRequest, traces.ExportTraceServiceResponse
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics
+
+        return metrics.ExportMetricsServiceRequest, metrics.ExportMetricsServiceResponse
+    except ImportError:
+        raise _Refused(415, "protobuf exports need the opentelemetry-proto package (pip install "
+                            "'promptcache-nb[otel]'), or set the agent's protocol to http/json") from None
+
+
+def _hex_ids(doc: dict[str, Any]) -> None:
+    """Trace and span ids as OTLP JSON writes them (hex), not as protobuf's JSON mapping does (base64)."""
+    def fix(obj: dict[str, Any]) -> None:
+        for key in ("traceId", "spanId", "parentSpanId"):
+            if isinstance(obj.get(key), str):
+                obj[key] = base64.b64decode(obj[key]).hex()
+
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                fix(span)
+    for rl in doc.get("resourceLogs", []):
+        for sl in rl.get("scopeLogs", []):
+            for rec in sl.get("logRecords", []):
+                fix(rec)
+
+
+def _items(doc: dict[str, Any], signal: str) -> int:
+    scopes, items = {"logs": ("scopeLogs", "logRecords"), "traces": ("scopeSpans", "spans")}[signal]
+    return sum(len(s.get(items) or []) for r in doc.get(_EXPORT_LISTS[signal], []) for s in r.get(scopes) or []
+               if isinstance(s, dict))
+
+
+def _metric_points(doc: dict[str, Any]) -> int:
+    n = 0
+    for rm in doc.get("resourceMetrics", []):
+        for sm in rm.get("scopeMetrics") or []:
+            for metric in (sm.get("metrics") or []) if isinstance(sm, dict) else []:
+                for kind in ("sum", "gauge", "histogram", "exponentialHistogram", "summary"):
+                    data = metric.get(kind) if isinstance(metric, dict) else None
+                    if isinstance(data, dict):
+                        n += len(data.get("dataPoints") or [])
+    return n
+
+
+def _answer(signal: str, batch: OtlpBatch, *, protobuf: bool) -> Response:
+    """The export's OTLP response: empty, or a ``partialSuccess`` naming what was rejected."""
+    answer: dict[str, Any] = {}
+    if batch.rejected:
+        count = {"logs": "rejectedLogRecords", "traces": "rejectedSpans", "metrics": "rejectedDataPoints"}[signal]
+        answer["partialSuccess"] = {count: str(batch.rejected), "errorMessage": batch.reasons[0][:500]}
+    if protobuf:
+        from google.protobuf import json_format  # present: the request was protobuf
+
+        message = json_format.ParseDict(answer, _response_class(signal)())
+        return Response(message.SerializeToString(), media_type="application/x-protobuf")
+    return Response(json.dumps(answer), media_type="application/json")
+
+
+def _error(status: int, message: str) -> Response:
+    line = " ".join(message.split())  # one line, whatever the cause held
+    return Response(json.dumps({"code": 3 if status == 400 else status, "message": line}), status_code=status,
+                    media_type="application/json")
+
