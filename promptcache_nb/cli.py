@@ -1,5 +1,5 @@
-"""The ``promptcache-nb`` command: demo, replay, sql, import, advise, proxy, and serve (a local Messages-compatible
-endpoint)."""
+"""The ``promptcache-nb`` command: demo, replay, sql, import, advise, proxy, otel (an OpenTelemetry receiver), and
+serve (a local Messages-compatible endpoint)."""
 
 from __future__ import annotations
 
@@ -914,6 +914,28 @@ def cmd_proxy(args: argparse.Namespace) -> int:
             time.sleep(3600)  # until Ctrl-C / SIGTERM
 
 
+def cmd_otel(args: argparse.Namespace) -> int:
+    import signal
+
+    import promptcache_nb as pc
+
+    from .live.otel import OtlpReceiver
+
+    if hasattr(signal, "SIGTERM"):  # `kill PID` stops the receiver like Ctrl-C does (each export is committed whole)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with _new_store_or_none(args.store), pc.Lab(args.store, progress=False) as lab, \
+            OtlpReceiver(lab, host=args.host, port=args.port) as otel:
+        otel.subscribe(lambda batch: print(batch.line(), flush=True))
+        print(f"promptcache-nb otel receiving OTLP/HTTP (json, protobuf) on {otel.url}, storing into {args.store}",
+              flush=True)
+        print("  Claude Code:", " ".join(f"{k}={v}" for k, v in otel.env["claude"].items()), flush=True)
+        print("  Gemini CLI: ", " ".join(f"{k}={v}" for k, v in otel.env["gemini"].items()), flush=True)
+        print(f'  Codex (~/.codex/config.toml): [otel] exporter = {{ otlp-http = {{ endpoint = "{otel.url}/v1/logs", '
+              'protocol = "json" }}', flush=True)
+        while True:
+            time.sleep(3600)  # until Ctrl-C / SIGTERM
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .cache import cache_model_names
     from .importers import READERS
@@ -1083,6 +1105,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "previous_message_id (the conversation's previous response) and the beta header; the "
                         "import stores the answer as turns.provider_cache_miss_reason")
     x.set_defaults(fn=cmd_proxy)
+    o = sub.add_parser("otel", help="receive agents' OpenTelemetry exports (OTLP/HTTP) and store their API calls "
+                                    "into STORE as they happen",
+                       description="An OTLP/HTTP receiver on loopback (/v1/logs, /v1/traces, /v1/metrics; JSON or "
+                                   "protobuf, gzip or not): Claude Code, Codex and Gemini CLI events and GenAI spans "
+                                   "become requests with measured usage in STORE, one transaction per export. "
+                                   "Prints the environment that points each agent at it, then one line per export; "
+                                   "Ctrl-C stops it. See docs/otel.md.")
+    o.add_argument("store", metavar="STORE", help="the DuckDB store to write (created if missing)")
+    o.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    o.add_argument("--port", type=int, default=4318, help="TCP port (0: any free port; default 4318, OTLP/HTTP's)")
+    o.set_defaults(fn=cmd_otel, interrupted="every export received was stored whole before the interrupt")
     from .live.server import add_serve_arguments, run_serve
 
     v = sub.add_parser("serve", help="run a local Messages-compatible endpoint backed by a cache model",

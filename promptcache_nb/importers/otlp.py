@@ -106,7 +106,7 @@ class OtlpReader:
         if _is_object(first):  # one document per line (or a one-line document)
             for rec in iter_json_lines(path):
                 if isinstance(rec, JsonLine):
-                    yield from self.export(rec.obj, file, lambda k, n=rec.line: f"{file}:{n}", ids_seen)
+                    yield from self.export(rec.obj, file, _line_ref(f"{file}:{rec.line}"), ids_seen)
                 else:
                     yield rec
             return
@@ -224,6 +224,11 @@ class OtlpReader:
             reply=reply,
             provider=provider,
         )
+
+
+def _line_ref(ref: str) -> Callable[[int], str]:
+    """The source reference of every span or record of one JSON Lines document: its line."""
+    return lambda k: ref
 
 
 def _span_key(span: dict[str, Any], source_ref: str, k: int, ids_seen: set[str]) -> str:

@@ -3,9 +3,10 @@
 OTLP/HTTP (the OpenTelemetry protocol over HTTP, ``http/json`` and ``http/protobuf``) on loopback, one endpoint
 per signal: ``POST /v1/logs`` (Claude Code, Codex and Gemini CLI events, GenAI semantic-conventions events),
 ``/v1/traces`` (GenAI spans) and ``/v1/metrics`` (answered, counted, not stored: agents' token metrics are sums over
-a window, never one request, and the same calls arrive as log events). Bodies are JSON (``Content-Type:
-application/json``) or protobuf (``application/x-protobuf``, decoded with the ``opentelemetry-proto`` package:
-``pip install 'promptcache-nb[otel]'``), ``Content-Encoding: gzip`` or none.
+a window, never one request, and the same calls arrive as log events); ``POST /`` takes a JSON export of any signal
+(its top-level list names it), for exporters that post every signal to the endpoint as configured. Bodies are JSON
+(``Content-Type: application/json``) or protobuf (``application/x-protobuf``, decoded with the
+``opentelemetry-proto`` package: ``pip install 'promptcache-nb[otel]'``), ``Content-Encoding: gzip`` or none.
 
 Each export is mapped by the OTLP importer's own mapping (:meth:`~promptcache_nb.importers.otlp.OtlpReader.export`,
 the rules in :mod:`promptcache_nb.importers.otlp`) and its requests stored as a usage-first import stores them
@@ -175,7 +176,9 @@ class OtlpReceiver:
         self.spool_path = (folder / f"{stamp}-{os.getpid()}.jsonl").resolve()
         self.spool_path.touch()  # fail here, not at the first export, when it cannot be written
         self._lines, self._ids_seen = 0, set()
-        routes = [Route(f"/v1/{signal}", self._endpoint, methods=["POST"]) for signal in _EXPORT_LISTS]
+        # "/" too: some exporters post every signal to the endpoint as configured (Gemini CLI's http exporters in
+        # versions that do not append /v1/<signal>); a JSON export says which signal it is
+        routes = [Route(path, self._endpoint, methods=["POST"]) for path in ("/", *(f"/v1/{s}" for s in _EXPORT_LISTS))]
         server = ServerThread(Starlette(routes=routes), host=self.host, port=self.port,
                               name=f"promptcache-otel:{self.port}", header_timeout=self.request_timeout)
         self.port = server.port
@@ -235,12 +238,12 @@ class OtlpReceiver:
 
     # -- one export ---------------------------------------------------------------------------
     async def _endpoint(self, request: Request) -> Response:
-        signal = request.url.path.rsplit("/", 1)[-1]
+        path_signal = request.url.path.rsplit("/", 1)[-1] or None  # None: posted to "/"
         protobuf = request.headers.get("content-type", "").split(";")[0].strip().lower() == "application/x-protobuf"
         try:
             body = await read_body(request, limit=self.max_body_bytes, timeout=self.request_timeout)
-            doc = self._decode(signal, body, request.headers.get("content-type", ""),
-                               request.headers.get("content-encoding", ""))
+            signal, doc = self._decode(path_signal, body, request.headers.get("content-type", ""),
+                                       request.headers.get("content-encoding", ""))
             # stored on the server's thread: exports are taken one at a time, in the order they arrive
             batch = self._take(signal, doc)
         except BodyError as exc:
@@ -258,8 +261,10 @@ class OtlpReceiver:
                 log.exception("a listener of the OTLP receiver failed")
         return _answer(signal, batch, protobuf=protobuf)
 
-    def _decode(self, signal: str, body: bytes, content_type: str, encoding: str) -> dict[str, Any]:
-        """The export as an OTLP JSON document, or :class:`_Refused`."""
+    def _decode(self, signal: str | None, body: bytes, content_type: str, encoding: str
+                ) -> tuple[str, dict[str, Any]]:
+        """The export's signal and the export as an OTLP JSON document, or :class:`_Refused`. ``signal`` None (a
+        POST to ``/``): the JSON document's top-level list says which."""
         coding = encoding.strip().lower()
         if coding == "gzip":
             body = _gunzip(body, self.max_body_bytes)
@@ -273,17 +278,25 @@ class OtlpReceiver:
                 where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
                 raise _Refused(400, f"the body is not valid JSON{where}: {str(exc).split(':')[0][:120]}") from None
         elif kind == "application/x-protobuf":
+            if signal is None:
+                raise _Refused(400, "post a protobuf export to /v1/logs, /v1/traces or /v1/metrics (its bytes do "
+                                    "not say which signal they are)")
             doc = _from_protobuf(signal, body)
         else:
             raise _Refused(415, f"Content-Type {kind or '(none)'!r} is not an OTLP encoding: send application/json "
                                 "or application/x-protobuf")
+        if signal is None:
+            signal = next((s for s, key in _EXPORT_LISTS.items() if isinstance(doc, dict) and key in doc), None)
+            if signal is None:
+                raise _Refused(400, "not an OTLP export: expected an object with a 'resourceLogs', 'resourceSpans' "
+                                    "or 'resourceMetrics' list")
         key = _EXPORT_LISTS[signal]
         if not isinstance(doc, dict) or not isinstance(doc.get(key, []), list):
             raise _Refused(400, f"not an OTLP {signal} export: expected an object with a {key!r} list")
         for i, resource in enumerate(doc.get(key, [])):
             if not isinstance(resource, dict):
                 raise _Refused(400, f"{key}[{i}] is not an object")
-        return doc
+        return signal, doc
 
     def _take(self, signal: str, doc: dict[str, Any]) -> OtlpBatch:
         now = datetime.now(UTC)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from ..lab import Lab
+    from ..live.otel import OtlpBatch, OtlpReceiver
     from ..session import Session, Turn
     from ..store import KnowledgeEntry
 
@@ -853,26 +854,47 @@ class MonitorController(_Observable):
 
     Fed by the session's :func:`~promptcache_nb._protocols.on_record` (each request stored, a capture's call as it
     finishes), so a view over it updates without polling the store; requests stored before it was made are read
-    once from the store. Works without a kernel; :meth:`html` is what the widget shows.
+    once from the store. Over an :class:`~promptcache_nb.live.OtlpReceiver` it follows every request the receiver
+    stores, whatever its session (each export's rows, once committed: :meth:`add_batch`), from when it was made.
+    Works without a kernel; :meth:`html` is what the widget shows.
     """
 
-    def __init__(self, session: Session, *, follow: bool = True) -> None:
+    def __init__(self, source: Session | OtlpReceiver, *, follow: bool = True) -> None:
         super().__init__()
         import threading
 
-        from .._protocols import on_record
+        from .._protocols import StoredSession, on_record
 
-        self.session = session
-        self._lock = threading.Lock()  # a capture adds from the thread that finished the call
+        self._lock = threading.Lock()  # a capture (or the receiver) adds from the thread that stored the request
         self.rows: list[dict[str, Any]] = []
         self.latest: Turn | None = None
+        self._latest_row: dict[str, Any] | None = None  # a receiver's latest request (usage only: no body)
         self._totals = {"read": 0, "prompt": 0, "saved": 0.0, "priced": 0}
+        self.session: Session | None = None
+        self.receiver: OtlpReceiver | None = None
+        if not isinstance(source, StoredSession):  # an OTLP receiver: its batches, as they are stored
+            self.receiver = source
+            self._unsubscribe = source.subscribe(self.add_batch) if follow else None
+            return
+        session = source
+        self.session = session
         df = session.turns()
         for row in df.to_dict("records"):
             self._add_row(_monitor_row(row))
         if len(df):
             self.latest = session.last_turn
         self._unsubscribe = on_record(session, self.add) if follow else None
+
+    def add_batch(self, batch: OtlpBatch) -> None:
+        """Take the requests one receiver export stored (what the receiver calls)."""
+        if not batch.rows:
+            return
+        with self._lock:
+            for row in batch.rows:
+                self._add_row({**_monitor_row(row), "session_id": row["session_id"]})
+            self._latest_row = self.rows[-1]
+        self.status = f"{batch.stored} request(s) stored from {batch.signal}"
+        self._notify("turn")
 
     def _add_row(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -919,10 +941,25 @@ class MonitorController(_Observable):
         """Σ (cost without caching − cost) over the priced requests (None when none is priced)."""
         return self._totals["saved"] if self._totals["priced"] else None
 
+    @property
+    def following(self) -> str:
+        """What it follows: ``session <id>`` or ``OTLP receiver <url>``."""
+        if self.session is not None:
+            return f"session {self.session.id}"
+        assert self.receiver is not None
+        return f"OTLP receiver {self.receiver.url if self.receiver.running else '(stopped)'}"
+
+    @property
+    def followed_repr(self) -> str:
+        """``session='<id>'`` or ``receiver='<url>'``: what a repr names."""
+        kind, _, name = self.following.rpartition(" ")
+        return f"{'session' if self.session is not None else 'receiver'}={name!r}"
+
     def header_html(self) -> str:
         read = "—" if self.read_pct is None else f"{self.read_pct:.1f} %"
         breaks = sum(1 for r in self.rows if r["broke"])
-        return (f'<div style="font-size:13px"><b>live monitor</b> · session <code>{_html.esc(self.session.id)}'
+        kind, _, name = self.following.rpartition(" ")
+        return (f'<div style="font-size:13px"><b>live monitor</b> · {kind} <code>{_html.esc(name)}'
                 f'</code> · <span data-field="requests">{self.n_requests:,}</span> requests · read '
                 f'<span data-field="read_pct">{read}</span> of prompt tokens from the cache · '
                 f'<span data-field="saved">{_html.fmt_usd(self.saved_usd)}</span> saved · '
@@ -945,6 +982,12 @@ class MonitorController(_Observable):
     def latest_html(self) -> str:
         """The latest request's usage, prefix diff and observation ("" before any)."""
         t = self.latest
+        r = self._latest_row
+        if t is None and r is not None:  # a receiver's: measured usage, no body to diff
+            usage = Usage(input_tokens=r["uncached"], cache_read_input_tokens=r["read"],
+                          cache_creation_input_tokens=r["write"], output_tokens=r["output"], source="imported")
+            return (f"<div><b>session <code>{_html.esc(r['session_id'])}</code> request {r['index']}</b></div>"
+                    + _html.usage_html(usage, cost_usd=r["cost_usd"], cost_no_cache_usd=r["cost_no_cache_usd"]))
         if t is None:
             return '<div style="color:#777">no request yet: calls appear here as they finish</div>'
         previous = getattr(t.diff, "previous", None) if t.diff is not None else None
@@ -960,7 +1003,7 @@ class MonitorController(_Observable):
 
     def __repr__(self) -> str:
         read = "—" if self.read_pct is None else f"{self.read_pct:.1f}%"
-        return f"MonitorController(session={self.session.id!r}, requests={self.n_requests}, read={read})"
+        return f"MonitorController({self.followed_repr}, requests={self.n_requests}, read={read})"
 
 
 def _monitor_row(row: dict[str, Any]) -> dict[str, Any]:

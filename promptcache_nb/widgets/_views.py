@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
     from ..lab import Lab
+    from ..live.otel import OtlpReceiver
     from ..request import PreparedRequest
     from ..session import Session, Turn
 
@@ -1110,7 +1111,9 @@ def _compare_label(c: CompareController) -> str:
 class Monitor(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
     """A session's requests as they arrive: rows, running read %, $ saved, the latest request's diff and
     observation. Fed by the capture (``lab.capture(client, session=s)`` or the session a capture made): each
-    stored call updates it from the thread that finished the call, so the browser never polls the store.
+    stored call updates it from the thread that finished the call, so the browser never polls the store. Given an
+    :class:`~promptcache_nb.live.OtlpReceiver`, it follows every request the receiver stores, in any session
+    (measured usage only: agents' telemetry carries no body to diff).
 
     Example:
         >>> with lab.capture(client) as cap:  # doctest: +SKIP
@@ -1120,8 +1123,8 @@ class Monitor(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type informa
 
     requests = T.Int(0, help="requests shown so far").tag(sync=True)
 
-    def __init__(self, session: Session, *, follow: bool = True) -> None:
-        self.controller = MonitorController(session, follow=follow)
+    def __init__(self, source: Session | OtlpReceiver, *, follow: bool = True) -> None:
+        self.controller = MonitorController(source, follow=follow)
         self._html = W.HTML(self.controller.html())
         super().__init__([self._html])
         self.add_class("pcnb-monitor")
@@ -1129,7 +1132,8 @@ class Monitor(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type informa
         self.controller.subscribe(self._on_change)
 
     @property
-    def session(self) -> Session:
+    def session(self) -> Session | None:
+        """The session it follows (None when it follows an OTLP receiver)."""
         return self.controller.session
 
     def _on_change(self, what: str) -> None:
@@ -1153,7 +1157,7 @@ class Monitor(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type informa
         return cast("dict[str, Any] | None", bundle)
 
     def __repr__(self) -> str:
-        return f"Monitor(session={self.session.id!r}, requests={self.requests})"
+        return f"Monitor({self.controller.followed_repr}, requests={self.requests})"
 
 
 class WhatIf(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type information
