@@ -444,12 +444,17 @@ def store_records(lab: Lab, records: Sequence[ImportedRequest], *, format: str, 
     """Store requests a reader produced from ``file`` as a usage-first import of that file does, all of them in
     one transaction (nothing on failure): the live receiver's path (``live.OtlpReceiver``), where ``file`` is the
     spool it appended the export to, so analysing a session later reads the same records from it."""
-    if not records:
-        return StoredRecords(0, 0, [], [])
     shown = display_path(file)
     by_key: dict[str, list[ImportedRequest]] = {}
+    refused: list[dict[str, Any]] = []
     for rec in records:
-        by_key.setdefault(rec.session_key, []).append(rec)
+        if (problem := rec.unstorable_keys()) is not None:  # as _read: its session cannot be formed
+            ref_file, line = _split_ref(rec.source_ref)
+            refused.append({"file": ref_file, "line": line, "reason": problem})
+        else:
+            by_key.setdefault(rec.session_key, []).append(rec)
+    if not by_key:
+        return StoredRecords(0, 0, refused, [])
     owners = _Owners(account or DEFAULT_ACCOUNT)
     pending = sorted((_Pending(key, format, shown, sorted(_richest(reqs), key=lambda r: r.at), again=False,
                                account=owners.account(reqs, Path(file)), project=project, files=[shown],
@@ -460,7 +465,7 @@ def store_records(lab: Lab, records: Sequence[ImportedRequest], *, format: str, 
         _store_group(run, pending)
     done = sorted(run.stored.values(), key=lambda x: x.rank)
     return StoredRecords(sum(x.new for x in done), sum(x.dup for x in done),
-                         [row for x in done for row in x.skipped], [x.sid for x in done])
+                         refused + [row for x in done for row in x.skipped], [x.sid for x in done])
 
 
 #: New sessions of a file group are stored in transactions of up to this many sessions or requests: a COMMIT

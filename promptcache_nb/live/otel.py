@@ -89,7 +89,8 @@ class OtlpBatch:
         received_at: when it arrived (UTC).
         items: log records, spans or metric data points in it.
         requests: API requests found among them.
-        stored: requests stored now (the others were stored already: an exporter's retry).
+        stored: requests stored now.
+        duplicates: requests stored already (an exporter's retry of an export).
         rejected: records the mapping could not read (reported to the agent in ``partialSuccess``).
         reasons: why, one line each.
         session_ids: the sessions it stored requests into.
@@ -101,6 +102,7 @@ class OtlpBatch:
     items: int
     requests: int = 0
     stored: int = 0
+    duplicates: int = 0
     rejected: int = 0
     reasons: tuple[str, ...] = ()
     session_ids: tuple[str, ...] = ()
@@ -111,9 +113,8 @@ class OtlpBatch:
         what = {"logs": "log records", "traces": "spans", "metrics": "metric points"}[self.signal]
         text = f"{self.received_at:%H:%M:%S} {self.signal}: {self.items} {what}"
         if self.signal != "metrics":
-            dup = self.requests - self.stored - self.rejected
             text += (f", {self.requests} API requests, {self.stored} stored in {len(self.session_ids)} session(s)"
-                     + (f", {dup} already stored" if dup > 0 else ""))
+                     + (f", {self.duplicates} already stored" if self.duplicates else ""))
         else:
             text += " (not stored: requests come from the log events)"
         if self.rejected:
@@ -332,7 +333,7 @@ class OtlpReceiver:
             self.stored += result.new
             reasons += tuple(r["reason"] for r in result.skipped)
             rows = self._rows(result.session_ids, {r.dedupe_key for r in requests}, min(r.at for r in requests))
-        return OtlpBatch(signal, now, items, len(requests), result.new, len(reasons), reasons,
+        return OtlpBatch(signal, now, items, len(requests), result.new, result.duplicates, len(reasons), reasons,
                          tuple(result.session_ids), rows)
 
     def _rows(self, session_ids: list[str], keys: set[str], since: datetime) -> tuple[dict[str, Any], ...]:
