@@ -562,9 +562,10 @@ def test_otlp_spans_without_trustworthy_ids_are_each_their_own_request(tmp_path:
         + line(otlp_span("00f067aa0ba902b7", trace, 12, 2600), otlp_span("00f067aa0ba902b7", trace, 15, 2700)),
         encoding="utf-8")
     with path.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"resourceLogs": []}) + "\n")  # a log export line in the traces file
+        fh.write(json.dumps({"resourceMetrics": []}) + "\n")  # a metrics export line in the traces file
     records = list(OtlpReader().read(path))
-    assert skipped_of(records) == [SkippedLine(str(path), 4, "not an OTLP trace export (no resourceSpans list)")]
+    assert skipped_of(records) == [SkippedLine(str(path), 4, "not an OTLP trace or log export (no resourceSpans or "
+                                                             "resourceLogs list)")]
     keys = [r.dedupe_key for r in requests_of(records)]
     assert len(keys) == 5 and len(set(keys)) == 5, keys
     assert keys[3] == f"{trace}/00f067aa0ba902b7"  # a real id, the first time the file names it
