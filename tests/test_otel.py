@@ -368,3 +368,13 @@ def test_cli_otel_receives_until_interrupted_and_the_store_holds_the_requests(tm
     assert SECRET not in out + err
     with pc.Lab(store, read_only=True, progress=False) as lab:
         assert stored_usage(lab) == [(*row, "imported") for row in EXPECTED["claude_code_logs.json"][1]]
+
+
+def test_a_port_in_use_is_one_error_and_leaves_no_spool(lab, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        receiver = pc.live.OtlpReceiver(lab, port=busy.getsockname()[1], spool=tmp_path / "spool")
+        with pytest.raises(pc.errors.PromptCacheError, match=r"cannot listen on 127\.0\.0\.1:\d+ .*--port N"):
+            receiver.start()
+    assert not (tmp_path / "spool").exists() and not receiver.running

@@ -49,6 +49,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..errors import PromptCacheError
 from ..importers import ImportedRequest, SkippedLine, store_records
 from ..importers.otlp import OtlpReader
 from ._asgi import REQUEST_TIMEOUT, BodyError, ServerThread, is_loopback, read_body, url_host
@@ -166,22 +167,35 @@ class OtlpReceiver:
         if self._server is not None:
             return self
         if self.lab.store.read_only:
-            raise PermissionError(f"the receiver stores into the Lab, whose store is read-only "
-                                  f"({self.lab.store.read_only_why})")
+            raise PromptCacheError(f"the receiver stores into the Lab, whose store is read-only "
+                                   f"({self.lab.store.read_only_why})")
         if not is_loopback(self.host):
             log.warning("the OTLP receiver listens on %s: anyone who can reach it can write into %s; bind "
                         "127.0.0.1 unless you mean it", self.host, self.lab.path)
-        folder = self._spool_dir or _default_spool_dir(self.lab.path)
-        folder.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        self.spool_path = (folder / f"{stamp}-{os.getpid()}.jsonl").resolve()
-        self.spool_path.touch()  # fail here, not at the first export, when it cannot be written
-        self._lines, self._ids_seen = 0, set()
         # "/" too: some exporters post every signal to the endpoint as configured (Gemini CLI's http exporters in
         # versions that do not append /v1/<signal>); a JSON export says which signal it is
         routes = [Route(path, self._endpoint, methods=["POST"]) for path in ("/", *(f"/v1/{s}" for s in _EXPORT_LISTS))]
-        server = ServerThread(Starlette(routes=routes), host=self.host, port=self.port,
-                              name=f"promptcache-otel:{self.port}", header_timeout=self.request_timeout)
+        folder = self._spool_dir or _default_spool_dir(self.lab.path)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        spool = (folder / f"{stamp}-{os.getpid()}.jsonl").resolve()
+        made = not folder.exists()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            spool.touch()  # fail here, not at the first export, when it cannot be written
+        except OSError as exc:
+            raise PromptCacheError(f"cannot create the receiver's spool in {folder} ({exc.strerror or exc}): "
+                                   "pass spool= a writable folder") from None
+        try:
+            server = ServerThread(Starlette(routes=routes), host=self.host, port=self.port,
+                                  name=f"promptcache-otel:{self.port}", header_timeout=self.request_timeout)
+        except OSError as exc:
+            spool.unlink(missing_ok=True)
+            if made:
+                folder.rmdir()
+            raise PromptCacheError(f"cannot listen on {self.host}:{self.port} ({exc.strerror or exc}): choose "
+                                   "another port (--port N; 0 picks a free one)") from None
+        self.spool_path = spool
+        self._lines, self._ids_seen = 0, set()
         self.port = server.port
         server.start()
         self._server = server
