@@ -378,3 +378,36 @@ def test_a_port_in_use_is_one_error_and_leaves_no_spool(lab, tmp_path):
         with pytest.raises(pc.errors.PromptCacheError, match=r"cannot listen on 127\.0\.0\.1:\d+ .*--port N"):
             receiver.start()
     assert not (tmp_path / "spool").exists() and not receiver.running
+
+
+def test_an_export_that_finds_the_labs_connection_busy_gets_503_and_stores_nothing(otel, lab):
+    import threading
+    import time
+
+    assert post(f"{otel.url}/v1/logs", fixture("codex_logs.json"))[0] == 200
+    before, spool = counts(lab), otel.spool_path.read_bytes()
+    con = lab.store.con
+    started = threading.Event()
+    failures: list[str] = []
+
+    def long_query() -> None:  # the notebook's thread, running a long query on the same Lab
+        started.set()
+        try:
+            con.execute("SELECT sum(i * i) FROM range(4000000000) t(i)").fetchall()
+        except Exception as exc:  # noqa: BLE001 - interrupted below
+            failures.append(type(exc).__name__)
+
+    worker = threading.Thread(target=long_query)
+    worker.start()
+    started.wait()
+    time.sleep(0.3)
+    try:
+        status, reply, _ = post(f"{otel.url}/v1/logs", fixture("claude_code_logs.json"))
+    finally:
+        con.interrupt()
+        worker.join()
+    assert failures, "the long query ended before the export arrived: the test proves nothing"
+    assert status == 503 and "busy" in json.loads(reply)["message"]
+    assert counts(lab) == before and otel.spool_path.read_bytes() == spool
+    assert post(f"{otel.url}/v1/logs", fixture("claude_code_logs.json"))[0] == 200  # the exporter's retry
+    assert counts(lab) == (before[0] + 4, before[1] + 2)

@@ -24,6 +24,12 @@ top-level shape, an unsupported encoding) gets **400** with one line (``{"code":
 nothing; a body over :data:`MAX_OTLP_BODY_BYTES` (compressed, or once decompressed) gets **413**; an unsupported
 ``Content-Type`` 415.
 
+One Lab, one connection: the receiver stores through the Lab it is given, from its server thread. DuckDB runs one
+call at a time on a connection and refuses a second instead of waiting, so a notebook query on the same Lab at the
+instant an export is being stored can fail with "connection is busy" (run it again); an export refused that way
+gets **503** with ``Retry-After``, which OTLP exporters retry. Heavy notebook work on a Lab that receives is best
+kept between exports, or done on another store; ``promptcache-nb otel`` holds its store alone.
+
 Keys: agents may send credentials in headers (``OTEL_EXPORTER_OTLP_HEADERS``). Only ``Content-Type`` and
 ``Content-Encoding`` are read; no header is logged, stored or echoed. The spool holds the export bodies as the
 agent sent them (resource attributes such as ``user.email`` included): it is your telemetry, on your disk.
@@ -266,6 +272,8 @@ class OtlpReceiver:
         except _Refused as exc:
             return _error(exc.status, exc.message)
         except Exception as exc:  # noqa: BLE001 - one line to the agent and the log; the server keeps serving
+            if _busy(exc):  # the Lab's connection was running another call (the notebook's): 503, which exporters retry
+                return _error(503, "the store is busy with another call; retry", retry_after=1)
             message = f"the export could not be stored ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
             log.error("%s", message)
             return _error(500, message)
@@ -472,8 +480,20 @@ def _answer(signal: str, batch: OtlpBatch, *, protobuf: bool) -> Response:
     return Response(json.dumps(answer), media_type="application/json")
 
 
-def _error(status: int, message: str) -> Response:
+def _error(status: int, message: str, *, retry_after: int | None = None) -> Response:
     line = " ".join(message.split())  # one line, whatever the cause held
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return Response(json.dumps({"code": 3 if status == 400 else status, "message": line}), status_code=status,
-                    media_type="application/json")
+                    media_type="application/json", headers=headers)
+
+
+def _busy(exc: BaseException) -> bool:
+    """True when DuckDB refused a call because the connection was running another one (DuckDB 2 refuses instead
+    of waiting), here or in the exception's causes."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if "connection is busy" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
