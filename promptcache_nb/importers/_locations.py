@@ -28,7 +28,8 @@ OTHER_SOURCES = (
                                          "point at a URL; picoclaw and Lore keep no per-request usage: use this)"),
     ("vcr", "vcrpy / pytest-recording", "your tests' `cassettes/` folders"),
     ("har", "a browser", "a network tab's HAR export"),
-    ("otlp", "OpenTelemetry GenAI", "an SDK or collector file exporter's output"),
+    ("otlp", "OpenTelemetry (GenAI spans; Claude Code, Codex, Gemini CLI events)",
+     "an SDK or collector file exporter's output, or `promptcache-nb otel` live (its spool)"),
 )
 
 # VS Code and its forks keep extension storage under <config>/<product>/User/globalStorage/<extension id>.
