@@ -411,3 +411,15 @@ def test_an_export_that_finds_the_labs_connection_busy_gets_503_and_stores_nothi
     assert counts(lab) == before and otel.spool_path.read_bytes() == spool
     assert post(f"{otel.url}/v1/logs", fixture("claude_code_logs.json"))[0] == 200  # the exporter's retry
     assert counts(lab) == (before[0] + 4, before[1] + 2)
+
+
+def test_a_js_exporters_split_timestamp_reads_as_the_same_time(otel, lab):
+    doc = json.loads(fixture("genai_logs.json"))
+    record = doc["resourceLogs"][0]["scopeLogs"][0]["logRecords"][0]
+    ns = int(record["timeUnixNano"])
+    low = ns & 0xFFFFFFFF
+    record["timeUnixNano"] = {"low": low - (1 << 32) if low >= 1 << 31 else low, "high": ns >> 32}  # signed halves
+    assert post(f"{otel.url}/v1/logs", json.dumps(doc).encode())[0] == 200
+    sent = lab.sql("SELECT sent_at FROM turns").sent_at.iloc[0]
+    assert sent.to_pydatetime().replace(tzinfo=UTC) == datetime.fromtimestamp(ns // 10**9, UTC).replace(
+        microsecond=ns % 10**9 // 1000)

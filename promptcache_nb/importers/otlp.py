@@ -426,7 +426,11 @@ def _value(v: Any) -> Any:
 def _nanos(value: Any) -> datetime:
     if value is None:
         raise ValueError("no startTimeUnixNano")
-    ns = int(value)
+    if isinstance(value, dict) and {"low", "high"} <= value.keys():
+        # older OpenTelemetry JS JSON exporters write a fixed64 as its two 32-bit halves
+        ns = (int(value["high"]) & 0xFFFFFFFF) << 32 | (int(value["low"]) & 0xFFFFFFFF)
+    else:
+        ns = int(value)
     if ns <= 0:
         raise ValueError(f"startTimeUnixNano {value!r} is not a time")
     return datetime.fromtimestamp(ns // 1_000_000_000, UTC).replace(microsecond=(ns % 1_000_000_000) // 1000)
