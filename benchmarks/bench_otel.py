@@ -8,6 +8,12 @@ the wall time of a POST is the whole ingest. Prints the median per event (µs) a
 encoding, and of a batch of one event (an agent exporting each call by itself). Asserts nothing.
 
     .venv/bin/python benchmarks/bench_otel.py [--events 200] [--batches 20] [--sessions 4]
+
+Measured 2026-11-28 on the shared 2-core build machine under load (load average ~9), defaults: http/json
+1,765 µs/event (566 events/s), http/protobuf 2,057 µs/event (486 events/s), one event per export 127 ms per
+export. A POST costs a fixed ~0.1 s under that load (a dozen store statements and the commit of one file-store
+transaction) plus ~1.5 ms per event (mapping, pricing, the usage-first row); agents batch their events (Claude Code
+exports every 5 s by default), so an export usually carries several.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ class OtlpBatch:
         rejected: records the mapping could not read (reported to the agent in ``partialSuccess``).
         reasons: why, one line each.
         session_ids: the sessions it stored requests into.
-        rows: the stored requests' ``turns`` rows (:data:`BATCH_COLUMNS`), oldest first.
+        rows: the stored requests' ``turns`` rows (:data:`BATCH_COLUMNS`), oldest first (read when the receiver
+            has a listener: :meth:`OtlpReceiver.subscribe`).
     """
 
     signal: str
@@ -354,7 +355,8 @@ class OtlpReceiver:
             self.batches += 1
             self.stored += result.new
             reasons += tuple(r["reason"] for r in result.skipped)
-            rows = self._rows(result.session_ids, {r.dedupe_key for r in requests}, min(r.at for r in requests))
+            rows = self._rows(result.session_ids, {r.dedupe_key for r in requests}, min(r.at for r in requests)) \
+                if self._listeners and result.new else ()  # one read per session: only for someone to hear it
         return OtlpBatch(signal, now, items, len(requests), result.new, result.duplicates, len(reasons), reasons,
                          tuple(result.session_ids), rows)
 
