@@ -423,3 +423,20 @@ def test_a_js_exporters_split_timestamp_reads_as_the_same_time(otel, lab):
     sent = lab.sql("SELECT sent_at FROM turns").sent_at.iloc[0]
     assert sent.to_pydatetime().replace(tzinfo=UTC) == datetime.fromtimestamp(ns // 10**9, UTC).replace(
         microsecond=ns % 10**9 // 1000)
+
+
+def test_odd_shapes_inside_a_valid_export_never_break_the_receiver(otel, lab):
+    deep = '{"arrayValue": {"values": [' * 3000 + '{"stringValue": "x"}' + "]}}" * 3000
+    odd = [
+        b'{"resourceLogs": [{"scopeLogs": 5}]}',
+        b'{"resourceLogs": [{"scopeLogs": [{"logRecords": "abc"}]}]}',
+        b'{"resourceLogs": [{"scopeLogs": [{"logRecords": [7, null]}]}]}',
+        b'{"resourceMetrics": [{"scopeMetrics": [{"metrics": [{"sum": {"dataPoints": 3}}]}]}]}',
+        ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"attributes": [{"key": "gen_ai.request.model", "value": '
+         + deep + "}]}]}]}]}").encode(),
+    ]
+    for doc in odd:
+        sig = "metrics" if b"resourceMetrics" in doc else "traces" if b"resourceSpans" in doc else "logs"
+        status = post(f"{otel.url}/v1/{sig}", doc)[0]
+        assert status in (200, 400), (doc[:80], status)
+    assert counts(lab) == (0, 0) and post(f"{otel.url}/v1/logs", fixture("codex_logs.json"))[0] == 200

@@ -331,7 +331,11 @@ class OtlpReceiver:
             spool = str(self.spool_path)
             line = self._lines + 1
             ids_before = set(self._ids_seen)
-            records = list(self._reader.export(doc, spool, lambda k: f"{spool}:{line}", self._ids_seen))
+            try:
+                records = list(self._reader.export(doc, spool, lambda k: f"{spool}:{line}", self._ids_seen))
+            except RecursionError:  # an attribute value nested thousands deep
+                self._ids_seen = ids_before
+                raise _Refused(400, "an attribute value is nested too deeply to read") from None
             requests = [r for r in records if isinstance(r, ImportedRequest)]
             reasons = tuple(r.reason for r in records if isinstance(r, SkippedLine))
             items = _items(doc, signal)
@@ -452,19 +456,23 @@ def _hex_ids(doc: dict[str, Any]) -> None:
 
 def _items(doc: dict[str, Any], signal: str) -> int:
     scopes, items = {"logs": ("scopeLogs", "logRecords"), "traces": ("scopeSpans", "spans")}[signal]
-    return sum(len(s.get(items) or []) for r in doc.get(_EXPORT_LISTS[signal], []) for s in r.get(scopes) or []
-               if isinstance(s, dict))
+    return sum(len(s[items]) for r in doc.get(_EXPORT_LISTS[signal], []) for s in _as_list(r.get(scopes))
+               if isinstance(s, dict) and isinstance(s.get(items), list))
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _metric_points(doc: dict[str, Any]) -> int:
     n = 0
     for rm in doc.get("resourceMetrics", []):
-        for sm in rm.get("scopeMetrics") or []:
-            for metric in (sm.get("metrics") or []) if isinstance(sm, dict) else []:
+        for sm in _as_list(rm.get("scopeMetrics")):
+            for metric in _as_list(sm.get("metrics")) if isinstance(sm, dict) else []:
                 for kind in ("sum", "gauge", "histogram", "exponentialHistogram", "summary"):
                     data = metric.get(kind) if isinstance(metric, dict) else None
                     if isinstance(data, dict):
-                        n += len(data.get("dataPoints") or [])
+                        n += len(_as_list(data.get("dataPoints")))
     return n
 
 
