@@ -64,6 +64,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "prompt_cache(min_read_pct=None, max_breaks=0): thresholds for the prompt_cache fixture's check")
+    baseline = config.getoption("--prompt-cache-baseline", None)
+    if config.getoption("--prompt-cache-update", False) and not baseline:
+        raise pytest.UsageError("--prompt-cache-update needs --prompt-cache-baseline FILE (where to write)")
+    if baseline:  # one usage error at start-up, never a traceback in every test
+        path = Path(baseline)
+        if path.is_dir():
+            raise pytest.UsageError(f"--prompt-cache-baseline {path}: a directory, not a baseline file")
+        _read_baseline(path)  # --prompt-cache-update rewrites it: a damaged file is refused, never overwritten
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # a bad marker is one usage error before any test runs
+        if "prompt_cache" in getattr(item, "fixturenames", ()) or item.get_closest_marker("prompt_cache"):
+            _thresholds(item)
 
 
 class PromptCache:
@@ -142,11 +156,19 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 def _thresholds(item: pytest.Item) -> dict[str, Any]:
     marker = item.get_closest_marker("prompt_cache")
     kwargs = dict(marker.kwargs) if marker is not None else {}
+    where = f"{item.nodeid}: @pytest.mark.prompt_cache"
+    if marker is not None and marker.args:
+        raise pytest.UsageError(f"{where}: takes keyword arguments only (min_read_pct=, max_breaks=)")
     unknown = set(kwargs) - {"min_read_pct", "max_breaks"}
     if unknown:
-        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.prompt_cache: unknown argument "
+        raise pytest.UsageError(f"{where}: unknown argument "
                                 f"{', '.join(sorted(unknown))} (use min_read_pct=, max_breaks=)")
-    return {"min_read_pct": kwargs.get("min_read_pct"), "max_breaks": kwargs.get("max_breaks", 0)}
+    pct, breaks = kwargs.get("min_read_pct"), kwargs.get("max_breaks", 0)
+    if pct is not None and (isinstance(pct, bool) or not isinstance(pct, int | float) or not 0 <= pct <= 100):
+        raise pytest.UsageError(f"{where}: min_read_pct must be a number from 0 to 100 or None, got {pct!r}")
+    if breaks is not None and (isinstance(breaks, bool) or not isinstance(breaks, int) or breaks < 0):
+        raise pytest.UsageError(f"{where}: max_breaks must be a whole number >= 0 or None, got {breaks!r}")
+    return {"min_read_pct": pct, "max_breaks": breaks}
 
 
 def _check(item: pytest.Item, fixture: PromptCache) -> None:
@@ -175,7 +197,11 @@ def _check(item: pytest.Item, fixture: PromptCache) -> None:
             messages += _against_baseline(Path(baseline), item.nodeid, checks)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        _append_summary(Path(summary), item.nodeid, checks)
+        try:
+            _append_summary(Path(summary), item.nodeid, checks)
+        except OSError as exc:  # the job summary is a report: it never fails a test
+            item.warn(pytest.PytestWarning(f"prompt cache: could not write GITHUB_STEP_SUMMARY {summary}: "
+                                           f"{exc.strerror or exc}"))
     if messages:  # the message alone: the plugin's own frames would say nothing about the test
         pytest.fail("\n\n".join(messages), pytrace=False)
 
@@ -204,14 +230,31 @@ def _figures(checks: list[CacheCheck]) -> dict[str, Any]:
 
 
 def _read_baseline(path: Path) -> dict[str, Any]:
+    """The baseline file's figures by test id ({} when it does not exist yet); a file that is not one is a usage
+    error naming the file and, for a bad entry, the test id and field."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
+    except UnicodeDecodeError:
+        raise pytest.UsageError(f"{path}: not a prompt cache baseline (not UTF-8 text)") from None
+    except IsADirectoryError:
+        raise pytest.UsageError(f"{path}: a directory, not a prompt cache baseline file") from None
     except (OSError, ValueError) as exc:
-        raise pytest.UsageError(f"{path}: not a prompt cache baseline (JSON object of test ids): {exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        raise pytest.UsageError(f"{path}: not a prompt cache baseline (JSON object of test ids): {reason}") from None
     if not isinstance(data, dict):
-        raise pytest.UsageError(f"{path}: not a prompt cache baseline (JSON object of test ids)")
+        raise pytest.UsageError(f"{path}: not a prompt cache baseline (a JSON object of test ids, got "
+                                f"{type(data).__name__})")
+    for nodeid, entry in data.items():
+        if not isinstance(entry, dict):
+            raise pytest.UsageError(f"{path}: entry {nodeid!r} must be an object of figures, got "
+                                    f"{type(entry).__name__}")
+        for field, kinds in (("requests", (int,)), ("breaks", (int,)), ("read_pct", (int, float))):
+            value = entry.get(field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+                raise pytest.UsageError(f"{path}: entry {nodeid!r}, field {field!r} must be a number, got "
+                                        f"{value!r}")
     return data
 
 
