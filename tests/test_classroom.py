@@ -165,7 +165,7 @@ def test_import_summary_key_columns_first_relative_sources_no_nan(lab):
     assert all(root in s for s in full["source_path"])
     html = res._repr_html_()
     assert "NaN" not in html and f'title="claude-code:{root}' in html
-    assert "uncached input (input_tokens)" in html and "a compaction is a break without a rebuild" in html
+    assert "uncached input (input_tokens)" in html and "it misses an agent that never reads its cache" in html
     one = lab.import_log(next((LOGS / "codex").rglob("*.jsonl")), progress=False)  # a single file: its name
     assert all(s.endswith(".jsonl") and "/" not in s.split(":", 1)[1] for s in one.summary()["source"])
 

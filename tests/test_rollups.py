@@ -77,7 +77,8 @@ def test_summary_one_row_per_session_key_columns_first(fleet):
         totals = summarize(turns)  # the per-session vocabulary, from the session's own frame
         assert row.requests == totals["requests"] == len(turns)
         assert row.rebuilds == rebuilds.get(row.session, 0) == totals["rebuilds"], row.session
-        assert row.openclaw_breaks == totals["breaks"]
+        assert row.rebuilds == totals["breaks"]  # one verdict: a break is a rebuild
+        assert row.openclaw_breaks == int(turns.openclaw_broke.fillna(False).astype(bool).sum())
         assert (row.total_input, row.cache_read, row.cache_write, row.uncached) == (
             totals["total_input"], totals["cache_read"], totals["cache_write"], totals["uncached"])
         assert row.cache_read_pct == totals["cache_read_pct"]

@@ -100,8 +100,9 @@ def analyse_turn(
     )
     state = replace(state, last_sent=next_sent[0], last_sent_points=next_sent[1])
     if cause is None and detail is not None and obs.broke is not None:
-        # a simulated request's loss, stored as a measured one's is: the SQL rule reads it (store/_rollups.py)
-        detail = {**detail, "lost_tokens": obs.lost_tokens}
+        # a simulated request's loss, beside the cache model's evidence: the SQL rule reads it (store/_rollups.py);
+        # not ``lost_tokens``, which marks a measured cause's evidence
+        detail = {**detail, "simulated_lost_tokens": obs.lost_tokens}
     columns = {
         "diverge_path": d.path if d else None,
         "diverge_byte": d.byte_offset if d else None,

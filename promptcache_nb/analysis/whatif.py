@@ -376,7 +376,7 @@ def rebuild_rows(lab: LabLike, session_ids: list[str] | None = None, *, noise_fl
 def _simulated_row(idx: int, at: Any, gap: float | None, expected: int, read: int, reason: str | None,
                    detail: dict[str, Any]) -> dict[str, Any]:
     cause = _cause(reason, detail, gap)
-    lost = detail.get("lost_tokens")  # stored since one verdict (issue #38); before, what was not carried over
+    lost = detail.get("simulated_lost_tokens")  # stored since one verdict (#38); before, what was not carried over
     return {"idx": idx, "sent_at": at, "gap_seconds": gap, "expected_read": expected, "read": read,
             "lost_tokens": int(lost) if isinstance(lost, int) else expected - read, "reason": reason, "cause": cause,
             "changed_path": detail.get("divergence_path") if reason == "prefix_changed" else None,

@@ -9,7 +9,7 @@ analysis binds its parameters (the noise floor, the reason codes that are no reb
   (``cache_detail.lost_tokens``, written by ``analysis.cause.measured_cause``) lost more than the noise floor and
   it names a cause: its ``cache_reason``, or the ``rebuild_reason`` found for a loss under the stored floor;
 * a **simulated** request (idx > 0) is a rebuild when its cache model did not call it a hit and it sent again some
-  of what the previous request held (``cache_detail.lost_tokens`` above 0, written by
+  of what the previous request held (``cache_detail.simulated_lost_tokens`` above 0, written by
   ``analysis._ideal.simulated_lost``); a request stored before that figure was stored, when it read less than the
   previous request carried over (``min(previous total, total)``).
 
@@ -40,8 +40,10 @@ WITH c AS (
            cache_creation_input_tokens, cache_creation_1h_input_tokens, output_tokens, usage_source, cache_reason,
            cache_detail, usage_source IN ('live', 'imported') AS measured,
            input_tokens + cache_read_input_tokens + cache_creation_input_tokens AS known_total,
-           coalesce(TRY_CAST(j[1] AS BIGINT), 0) AS lost, j[1] IS NOT NULL AS has_lost, j[2] AS found_reason
-    FROM (SELECT *, json_extract_string(cache_detail, ['$.lost_tokens', '$.rebuild_reason']) AS j  -- one parse
+           coalesce(TRY_CAST(coalesce(j[1], j[3]) AS BIGINT), 0) AS lost, coalesce(j[1], j[3]) IS NOT NULL AS has_lost,
+           j[2] AS found_reason
+    FROM (SELECT *, json_extract_string(cache_detail,  -- one parse
+                                        ['$.lost_tokens', '$.rebuild_reason', '$.simulated_lost_tokens']) AS j
           FROM turns WHERE {where})),
 f AS (
     SELECT * EXCLUDE (cache_detail, candidate), candidate, CASE WHEN candidate THEN cache_detail END AS cache_detail
