@@ -29,7 +29,7 @@ from .._types import (  # noqa: F401 - fnv1a re-exported (store.fnv1a)
     RequestWrite,
     fnv1a,
 )
-from .._util import common_prefix_length, digest
+from .._util import common_prefix_length, digest, file_kind
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import SegmentMemo, prefix_record
@@ -277,14 +277,6 @@ def _describe_header(head: bytes) -> str:
     return "a text file"
 
 
-def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "not a regular file"
-
-
 def _check_file(path: str, *, read_only: bool) -> None:
     """Refuse what is not a DuckDB file before DuckDB sees it: DuckDB would try to load an extension for an
     SQLite file (a download), and its own errors are several lines long."""
@@ -300,7 +292,7 @@ def _check_file(path: str, *, read_only: bool) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise StoreError(f"cannot open store {path!r}: it is a directory; pass a file path such as runs.duckdb")
     if not stat.S_ISREG(st.st_mode):  # opening a FIFO blocks until a writer comes; a device reads forever
-        raise StoreError(f"cannot open store {path!r}: it is {_file_kind(st.st_mode)}, not a regular file; "
+        raise StoreError(f"cannot open store {path!r}: it is {file_kind(st.st_mode)}, not a regular file; "
                          "pass the path of a .duckdb file")
     try:
         with open(path, "rb") as fh:
