@@ -96,6 +96,8 @@ class DoctorReport:
     #: a DuckDB file with no table or view at all: what ``pc.Lab(path)`` starts from (a store whose creation was
     #: interrupted is left so); opening it read-write creates the tables
     blank: bool = False
+    #: the first line, when not a store's (a fleet dataset's: ``pc.fleet.check_dataset``)
+    head: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -103,7 +105,8 @@ class DoctorReport:
 
     def lines(self) -> list[str]:
         counts = ", ".join(f"{n} {t}" for t, n in self.counts.items())
-        head = f"{self.path}: {len(self.migrations)} migrations applied" + (f"; {counts}" if counts else "")
+        head = self.head or (f"{self.path}: {len(self.migrations)} migrations applied"
+                             + (f"; {counts}" if counts else ""))
         if self.blank:
             return [f"{self.path}: a blank DuckDB file (no tables yet: opening it read-write creates them)",
                     "ok: no problem found"]
