@@ -111,20 +111,20 @@ def fleet_kill_trials(n: int, rng: random.Random, work: Path) -> bool:
     find it sound, and no temporary folder be left."""
     t0 = time.perf_counter()
     dirs = h.fleet_logs(work / "fleet-logs", folders=4, sessions=2, requests=10)
-    start = time.perf_counter()
-    pc.fleet.import_logs(dirs, out=work / "fleet-reference", progress=False)
-    span = time.perf_counter() - start + 1.5  # the CLI's start-up too
-    reference = h.fleet_rows(work / "fleet-reference")
+    reference, span = h.fleet_reference(work / "fleet-reference", dirs)
     signals = ("SIGKILL",) * 6 + ("SIGTERM", "SIGINT")
+    # from the first file group's start to the run's end (the span the uninterrupted run took)
     trials = [h.fleet_kill_trial(work / f"fleet-{i}", dirs, reference, sig=rng.choice(signals),
-                                 delay=rng.uniform(0.5, span)) for i in range(n)]
+                                 delay=rng.uniform(0.0, span)) for i in range(n)]
     interrupted = [t for t in trials if t.interrupted]
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(Counter(t.sig for t in trials).items()))
+    exits = sorted(round(t.to_exit * 1000) for t in interrupted if t.sig != "SIGKILL" and t.to_exit is not None)
     survived = sum(t.survived for t in trials)
     print(f"fleet import kill trials: {len(trials)} trials ({kinds}; {len(interrupted)} interrupted before the end), "
           f"{survived} survived; temporary folders left by the killed run: {sum(t.left_behind for t in trials)} "
           f"(all removed by the next run: {all(t.survived for t in trials)}); file groups recorded before the "
-          f"kill: {sorted(t.groups_kept for t in interrupted)}")
+          f"kill: {sorted(t.groups_kept for t in interrupted)} of 4; SIGTERM/SIGINT to exit (ms): {exits}; the "
+          f"uninterrupted run's work span {span:.1f} s")
     for t in trials:
         if not t.survived:
             print(f"   FAILED {t}")

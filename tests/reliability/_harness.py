@@ -885,18 +885,44 @@ def fleet_rows(out: Path) -> list[str]:
     return rows
 
 
+def _fleet_cli(dirs: list[Path], out: Path, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return ([sys.executable, "-W", "ignore", "-m", "promptcache_nb.cli", "import", *map(str, dirs), "--out", str(out),
+             "--quiet"], {**_cli_env(), "TMPDIR": str(tmp)})
+
+
+def _wait_for_work(proc: subprocess.Popen[str], tmp: Path, timeout: float) -> float:
+    """Wait until the import's first temporary folder appears (its first file group begins); that moment."""
+    t0 = time.perf_counter()
+    while proc.poll() is None and not any(tmp.glob("pcnb-fleet-*")) and time.perf_counter() - t0 < timeout:
+        time.sleep(0.002)
+    return time.perf_counter()
+
+
+def fleet_reference(workdir: Path, dirs: list[Path], *, timeout: float = 300) -> tuple[list[str], float]:
+    """An uninterrupted ``promptcache-nb import DIRS --out OUT``: its dataset's rows (:func:`fleet_rows`) and the
+    seconds from its first file group's start to its exit (the span to draw kill delays from)."""
+    args, env = _fleet_cli(dirs, workdir / "fleet", workdir / "tmp")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    began = _wait_for_work(proc, workdir / "tmp", timeout)
+    _, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the reference fleet import failed: {err}")
+    return fleet_rows(workdir / "fleet"), time.perf_counter() - began
+
+
 def fleet_kill_trial(workdir: Path, dirs: list[Path], reference: list[str], *, sig: str, delay: float,
                      timeout: float = 300) -> FleetTrial:
-    """:class:`FleetTrial`: the killed run and the run after it share ``workdir/tmp`` as their TMPDIR."""
+    """:class:`FleetTrial`, the signal sent ``delay`` seconds after the first file group began (its temporary folder
+    appeared); the killed run and the run after it share ``workdir/tmp`` as their TMPDIR."""
     trial = FleetTrial(sig, delay)
     out, tmp = workdir / "fleet", workdir / "tmp"
-    tmp.mkdir(parents=True, exist_ok=True)
-    env = {**_cli_env(), "TMPDIR": str(tmp)}
-    args = [sys.executable, "-W", "ignore", "-m", "promptcache_nb.cli", "import", *map(str, dirs), "--out", str(out),
-            "--quiet"]
+    args, env = _fleet_cli(dirs, out, tmp)
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     try:
-        time.sleep(delay)
+        began = _wait_for_work(proc, tmp, timeout)
+        while proc.poll() is None and time.perf_counter() - began < delay:
+            time.sleep(0.002)
         if proc.poll() is None:
             sent = time.perf_counter()
             proc.send_signal(getattr(signal, sig))

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _harness import REPO, cli, fleet_kill_trial, fleet_logs, fleet_rows
+from _harness import REPO, cli, fleet_kill_trial, fleet_logs, fleet_reference, fleet_rows
 
 import promptcache_nb as pc
 from promptcache_nb import fleet
@@ -154,10 +154,9 @@ def test_stale_temp_folders_of_dead_processes_are_removed(tmp_path: Path, monkey
 @pytest.mark.slow
 def test_kill_9_during_a_fleet_import_leaves_nothing_the_next_run_does_not_repair(tmp_path: Path) -> None:
     dirs = fleet_logs(tmp_path / "logs", folders=4, sessions=2, requests=8)
-    fleet.import_logs(dirs, out=tmp_path / "reference", progress=False)
-    reference = fleet_rows(tmp_path / "reference")
+    reference, span = fleet_reference(tmp_path / "reference", dirs)
     rng = random.Random(41)
-    trials = [fleet_kill_trial(tmp_path / f"t{k}", dirs, reference, sig=sig, delay=rng.uniform(1.0, 6.0))
+    trials = [fleet_kill_trial(tmp_path / f"t{k}", dirs, reference, sig=sig, delay=rng.uniform(0.0, span * 0.8))
               for k, sig in enumerate(["SIGKILL", "SIGKILL", "SIGINT"])]
     assert [t.problems for t in trials] == [[], [], []]
     assert any(t.interrupted for t in trials)
