@@ -27,6 +27,7 @@ folder stores them: the dataset's simulated columns equal that import's, for the
 from __future__ import annotations
 
 import fcntl
+import functools
 import glob
 import json
 import os
@@ -42,7 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._util import progress_bar
+from .._util import not_a_regular_file, progress_bar
 from ..errors import PromptCacheError
 from ..importers._groups import FileGroup, plan_groups
 from ..importers._ingest import expand_paths
@@ -377,6 +378,11 @@ def _unchanged(group: FileGroup, manifest: dict[str, Any], out: str) -> bool:
     return outputs is None or group_outputs(out, group.id) == outputs
 
 
+def _drop_groups(ids: Sequence[str], manifest: dict[str, Any]) -> None:
+    for gid in ids:
+        manifest["groups"].pop(gid, None)
+
+
 def _record(rep: GroupReport, group: FileGroup) -> dict[str, Any]:
     """A group's manifest entry."""
     return {"key": rep.key, "files": [list(f) for f in rep.files], "sessions": rep.sessions,
@@ -411,6 +417,9 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
     fs, root = dataset_fs(out)
     if fs is None:
         out = os.path.abspath(out)
+        if os.path.lexists(out) and not os.path.isdir(out):  # a file, a FIFO, a symlink loop: one line, not makedirs'
+            raise PromptCacheError(f"import_logs(out={out!r}): it is {not_a_regular_file(out) or 'a file'}, not a "
+                                   "folder; pass the dataset's folder (created when missing)")
         os.makedirs(out, exist_ok=True)
     else:
         fs.makedirs(root, exist_ok=True)
@@ -461,7 +470,7 @@ def _import_logs(paths: str | Path | Iterable[str | Path], out: str, executor: E
                 remove_group(out, gid)
                 reports.pop(gid, None)
                 manifest["groups"].pop(gid, None)
-            _update_manifest(out, lambda m, ids=merged_ids: [m["groups"].pop(gid, None) for gid in ids])
+            _update_manifest(out, functools.partial(_drop_groups, merged_ids))
             groups = sorted([g for g in groups if g.id not in merged_ids] + [merged], key=lambda g: g.key)
             for report in _run([merged], out, project, None, bar):
                 done(report)

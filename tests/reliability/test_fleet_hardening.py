@@ -192,3 +192,20 @@ def test_ctrl_c_during_a_fleet_import_is_a_keyboard_interrupt(tmp_path: Path) ->
         seen.append(out.strip())
         assert "Query interrupted" not in out + err and "Traceback" not in err, (out, err)
     assert set(seen) <= {"KeyboardInterrupt", "finished"} and "KeyboardInterrupt" in seen
+
+
+@pytest.mark.parametrize(("make", "words"), [("file", "it is a file, not a folder"),
+                                              ("fifo", "it is a FIFO (named pipe), not a folder"),
+                                              ("loop", "it is a symlink loop")])
+def test_a_dataset_path_that_is_not_a_folder_is_refused_in_one_line(make: str, words: str, two_folders,
+                                                                     tmp_path: Path) -> None:
+    out = tmp_path / "fleet"
+    if make == "file":
+        out.write_text("notes")
+    elif make == "fifo":
+        os.mkfifo(out)
+    else:
+        out.symlink_to(out)
+    done = cli(["import", str(two_folders[0]), "--out", str(out)])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert words in done.stderr and str(out) in done.stderr
