@@ -273,8 +273,8 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile
     for item in items:
         p = Path(item).expanduser()
         if kernel_root(p) is not None:  # /proc/<pid>/...: refused, file or folder, named or through a link
-            raise ImportFormatError(display_path(p), f"{not_a_regular_file(p)}, not a log: copy the file elsewhere "
-                                                     "to import it")
+            raise ImportFormatError(display_path(p), f"{not_a_regular_file(p)}, not a regular file: copy it "
+                                                     "elsewhere to import it")
         if p.is_dir():
             for f in sorted(p.rglob("*")):
                 if f.is_dir():

@@ -120,6 +120,23 @@ def group_outputs(out: str, group: str) -> list[list[Any]]:
     return [[f[len(base) + 1:].replace(os.sep, "/"), *file_digest(f, fs)] for f in group_files(out, group)]
 
 
+def unreadable_parquet(paths: Sequence[str]) -> dict[str, str]:
+    """path -> DuckDB's first error line, for each local file of ``paths`` that cannot be read as Parquet."""
+    import duckdb
+
+    bad: dict[str, str] = {}
+    con = duckdb.connect()
+    try:
+        for path in paths:
+            try:
+                con.execute("SELECT count(*) FROM read_parquet(?)", [path]).fetchall()
+            except duckdb.Error as exc:
+                bad[path] = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    finally:
+        con.close()
+    return bad
+
+
 def file_digest(path: str, fs: Any = None) -> tuple[int, str]:
     """(size, sha256 hex) of a file, read a megabyte at a time (``fs``: its fsspec filesystem, None: local)."""
     h = hashlib.sha256()

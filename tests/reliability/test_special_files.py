@@ -95,7 +95,7 @@ def test_a_path_under_proc_is_refused_in_one_line(spelled: str, tmp_path: Path) 
         lab.import_log(spelled)
     text = str(exc.value)
     assert "\n" not in text and text.startswith(spelled)
-    assert "under /proc" in text and "a kernel file" in text and "copy the file elsewhere" in text
+    assert "under /proc" in text and "a kernel file" in text and "copy it elsewhere" in text
 
 
 def test_cli_refuses_a_proc_path_in_one_line(tmp_path: Path) -> None:
