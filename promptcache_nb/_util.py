@@ -158,8 +158,8 @@ def kernel_root(path: str | os.PathLike[str]) -> str | None:
 
 def not_a_regular_file(path: str | os.PathLike[str]) -> str | None:
     """Why ``path`` cannot be read as a file (None when it is a regular file, through its links): a symlink loop,
-    a broken link, a FIFO, a socket, a device, a folder, a file of the kernel's (:data:`KERNEL_ROOTS`). A link
-    is named as one ("a link to a character device"). Nothing is opened."""
+    a broken link, a FIFO, a socket, a device, a folder, a file of the kernel's (:data:`KERNEL_ROOTS`: spelled under
+    one, or reached through a link). A link is named as one ("a link to a character device"). Nothing is opened."""
     link = os.path.islink(path)
     try:
         st = os.stat(path)
@@ -169,7 +169,9 @@ def not_a_regular_file(path: str | os.PathLike[str]) -> str | None:
         if link:
             return f"a broken link (its target {os.readlink(path)!r} does not exist)"
         return "no such file or directory" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
-    root = kernel_root(path)
+    # only a link, an odd file or a path spelled under a root can lead there (a walk's folders are not followed)
+    spelled = os.fspath(path)
+    root = kernel_root(path) if link or not stat.S_ISREG(st.st_mode) or spelled.startswith(KERNEL_ROOTS) else None
     if root is not None:
         target = os.path.realpath(path)
         return f"a link to {target} (under {root}: a kernel file)" if link else f"under {root} (a kernel file)"

@@ -272,9 +272,10 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile
     passed: list[dict[str, Any]] = []
     for item in items:
         p = Path(item).expanduser()
-        if kernel_root(p) is not None:  # /proc/<pid>/...: refused, file or folder, named or through a link
-            raise ImportFormatError(display_path(p), f"{not_a_regular_file(p)}, not a regular file: copy it "
-                                                     "elsewhere to import it")
+        root = kernel_root(p)
+        if root is not None:  # /proc/<pid>/...: refused, file or folder, named or through a link
+            why = not_a_regular_file(p) or f"under {root} (a kernel file)"
+            raise ImportFormatError(display_path(p), f"{why}, not a regular file: copy it elsewhere to import it")
         if p.is_dir():
             for f in sorted(p.rglob("*")):
                 if f.is_dir():
