@@ -11,6 +11,10 @@
 - **import**: as many trials of ``lab.import_log`` on 4 generated exchanges logs (``bench_import``'s generator,
   10 requests each, ~20k-token bodies): every stored request must equal the logged body, every session be
   whole or absent, and importing again must give exactly an uninterrupted import's rows.
+- **fleet import**: as many trials of ``promptcache-nb import DIRS --out OUT`` (4 folders of generated logs, one
+  file group each) killed at a random moment (SIGKILL mostly, SIGTERM and SIGINT mixed in), then run again to its
+  end: the dataset must hold exactly an uninterrupted run's ``turns`` and ``sessions`` rows, ``doctor OUT`` find it
+  sound, and no ``pcnb-fleet-*`` temporary folder be left.
 - **load**: the simulator endpoint and the recording proxy (in front of one), each with 8 threads ×
   ``--requests`` (default 200) mixed requests (SDK calls and streams, malformed JSON, wrong methods and paths,
   bodies over the limit) while 4 clients hold requests that never finish; then a 50 MB body to each at its
@@ -98,7 +102,34 @@ def kill_trials(n: int, seed: int, work: Path) -> bool:
                                                        signals=signals))]
     ok = _summary("import kill trials", imports) and ok
     print(f"   ({time.perf_counter() - t0:.0f} s)")
-    return ok
+    return fleet_kill_trials(n, rng, work) and ok
+
+
+def fleet_kill_trials(n: int, rng: random.Random, work: Path) -> bool:
+    """``promptcache-nb import DIRS --out OUT`` (4 folders, one file group each) killed at a random moment (SIGKILL
+    mostly, SIGTERM and SIGINT mixed in), then run again: the dataset must equal an uninterrupted run's, ``doctor``
+    find it sound, and no temporary folder be left."""
+    t0 = time.perf_counter()
+    dirs = h.fleet_logs(work / "fleet-logs", folders=4, sessions=2, requests=10)
+    reference, span = h.fleet_reference(work / "fleet-reference", dirs)
+    signals = ("SIGKILL",) * 6 + ("SIGTERM", "SIGINT")
+    # from the first file group's start to the run's end (the span the uninterrupted run took)
+    trials = [h.fleet_kill_trial(work / f"fleet-{i}", dirs, reference, sig=rng.choice(signals),
+                                 delay=rng.uniform(0.0, span)) for i in range(n)]
+    interrupted = [t for t in trials if t.interrupted]
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(Counter(t.sig for t in trials).items()))
+    exits = sorted(round(t.to_exit * 1000) for t in interrupted if t.sig != "SIGKILL" and t.to_exit is not None)
+    survived = sum(t.survived for t in trials)
+    print(f"fleet import kill trials: {len(trials)} trials ({kinds}; {len(interrupted)} interrupted before the end), "
+          f"{survived} survived; temporary folders left by the killed run: {sum(t.left_behind for t in trials)} "
+          f"(all removed by the next run: {all(t.survived for t in trials)}); file groups recorded before the "
+          f"kill: {sorted(t.groups_kept for t in interrupted)} of 4; SIGTERM/SIGINT to exit (ms): {exits}; the "
+          f"uninterrupted run's work span {span:.1f} s")
+    for t in trials:
+        if not t.survived:
+            print(f"   FAILED {t}")
+    print(f"   ({time.perf_counter() - t0:.0f} s)")
+    return survived == len(trials)
 
 
 def _peak_rss_mb() -> float:

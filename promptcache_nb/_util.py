@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import hashlib
 import ipaddress
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -132,6 +134,50 @@ def model_base_id(model: str) -> str:
     while (shorter := _SNAPSHOT_SUFFIX.sub("", base)) != base:
         base = shorter
     return base
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is (``os.stat``'s ``st_mode``), as a phrase: "a FIFO (named pipe)"."""
+    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+#: Kernel file systems: their files describe processes and devices (``/proc/<pid>/mem``), they are no logs, and
+#: reading one can block or never end.
+KERNEL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def kernel_root(path: str | os.PathLike[str]) -> str | None:
+    """The :data:`KERNEL_ROOTS` entry ``path`` lies under once its links are followed, else None."""
+    target = os.path.realpath(path)
+    return next((r for r in KERNEL_ROOTS if target == r or target.startswith(r + os.sep)), None)
+
+
+def not_a_regular_file(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot be read as a file (None when it is a regular file, through its links): a symlink loop,
+    a broken link, a FIFO, a socket, a device, a folder, a file of the kernel's (:data:`KERNEL_ROOTS`: spelled under
+    one, or reached through a link). A link is named as one ("a link to a character device"). Nothing is opened."""
+    link = os.path.islink(path)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop (a link that leads back to itself)"
+        if link:
+            return f"a broken link (its target {os.readlink(path)!r} does not exist)"
+        return "no such file or directory" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
+    # only a link, an odd file or a path spelled under a root can lead there (a walk's folders are not followed)
+    spelled = os.fspath(path)
+    root = kernel_root(path) if link or not stat.S_ISREG(st.st_mode) or spelled.startswith(KERNEL_ROOTS) else None
+    if root is not None:
+        target = os.path.realpath(path)
+        return f"a link to {target} (under {root}: a kernel file)" if link else f"under {root} (a kernel file)"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return f"a link to {file_kind(st.st_mode)}" if link else file_kind(st.st_mode)
 
 
 # Response header our simulator endpoint sets: usage behind it is simulated (estimated tokens), never measured.

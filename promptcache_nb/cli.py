@@ -153,10 +153,12 @@ SQL_ROWS = 500
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from .fleet._import import MANIFEST, check_dataset
     from .store import check_store
 
     _resolve_store(args, "doctor")
-    report = check_store(args.store)
+    fleet_dataset = os.path.isdir(args.store) and os.path.exists(os.path.join(args.store, MANIFEST))
+    report = check_dataset(args.store) if fleet_dataset else check_store(args.store)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1
 
@@ -316,6 +318,8 @@ def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
         executor = client.get_executor()
     elif args.workers > 1:
         executor = ProcessPoolExecutor(args.workers)
+    args.interrupted = ("each file group written whole is recorded in the dataset's manifest; run the same command "
+                        "again to import the rest")
     try:
         res = fleet.import_logs(paths, out=args.out, executor=executor, project=args.project,
                                 progress=not args.quiet,
@@ -992,9 +996,11 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="check a store: schema, migrations, NULLs and references; report problems",
                         description="Check a store without changing it (read-only): every table and column this "
                                     "version expects, applied migrations, NULLs where a value is required, and "
-                                    "every block, prefix node and session a row refers to. Exit 0 when sound, 1 "
-                                    "when problems are listed, 2 when the file cannot be opened.")
-    _add_store(dr, "an existing store")
+                                    "every block, prefix node and session a row refers to, prefix chains without "
+                                    "cycles, block bodies that parse. A fleet dataset's directory (import --out): "
+                                    "its manifest against its Parquet files. Exit 0 when sound, 1 when problems are "
+                                    "listed, 2 when the file cannot be opened.")
+    _add_store(dr, "an existing store, or a fleet dataset's directory (import --out)")
     dr.set_defaults(fn=cmd_doctor)
     i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, pi, OpenClaw, Gemini CLI, OpenCode, "
                                       "Cline/Roo Code, vcr, HAR, proxy exchanges, OTLP JSON)",

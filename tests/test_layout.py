@@ -24,8 +24,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "promptcache_nb"
 
 #: ``dialects`` (the wire formats) is a leaf: what an API's bodies, usage and streams look like depends on nothing
 #: of ours but the usage record and the errors, and every stage reads it.
-LEAVES = {"errors", "_util", "_data", "_options", "_registry", "_types", "_config", "_protocols", "tokens", "usage",
-          "dialects"}
+LEAVES = {"errors", "_util", "_data", "_options", "_registry", "_types", "_config", "_protocols", "_redact", "tokens",
+          "usage", "dialects"}
 
 #: A module may import (at module level or inside a function) only leaves and stages of a lower rank.
 RANKS = {

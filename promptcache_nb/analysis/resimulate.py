@@ -134,7 +134,8 @@ class _Loader:
         self.ttl = ttl
         self.rows = store.turn_rows(session_id, _TURN_FIELDS, since=since)
         rests, nodes = store.session_blocks(session_id, since=since, nodes=bool(self.rows))
-        self.rests = {h: json.loads(b) for h, b in rests.items()}
+        self.rests = {h: store.parse_block(h, b, "turns.rest_hash") for h, b in rests.items()}
+        self._store = store
         self.nodes: dict[str, StoredNode] = nodes
         # the session's own tokenizer (its opted-in calibration included): a request re-simulates as it was stored
         self.memo = memo or SegmentMemo(session_tokenizer(lab.tokenizer,
@@ -177,7 +178,7 @@ class _Loader:
         if got is None:
             n = self.nodes[node]
             bhash, body = n.block_hash, n.body
-            element = json.loads(body)
+            element = self._store.parse_block(bhash, body, "prefix_nodes.block_hash")
             cc = element.get("cache_control") if isinstance(element, dict) else None
             nbytes = len(body.encode())
             if cc is not None and self.ttl is not None:
@@ -232,7 +233,7 @@ class _Loader:
             kind, role, body = n.kind, n.role, n.body
             el = elements.get(node)
             if el is None:
-                el = elements[node] = json.loads(body)
+                el = elements[node] = self._store.parse_block(n.block_hash, body, "prefix_nodes.block_hash")
                 cc = el.get("cache_control") if isinstance(el, dict) else None
                 if isinstance(cc, dict) and self.ttl is not None:
                     el = elements[node] = {**el, "cache_control": {**cc, "ttl": self.ttl}}

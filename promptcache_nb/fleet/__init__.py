@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 from ..importers._groups import FileGroup, plan_groups
 from ._example import example_fleet
-from ._import import FleetImport, GroupReport, import_group, import_logs
+from ._import import FleetImport, GroupReport, check_dataset, import_group, import_logs
 
 if TYPE_CHECKING:
     from ..lab import Lab
 
-__all__ = ["FileGroup", "FleetImport", "GroupReport", "example_fleet", "import_group", "import_logs", "open",
-           "plan_groups"]
+__all__ = ["FileGroup", "FleetImport", "GroupReport", "check_dataset", "example_fleet", "import_group",
+           "import_logs", "open", "plan_groups"]
 
 
 def open(out: str | Path, *, progress: bool = True) -> Lab:  # noqa: A001 - pc.fleet.open mirrors the builtin's role

@@ -9,8 +9,15 @@ none (this process), a ``ProcessPoolExecutor``, or a ``dask.distributed`` Client
 
 A session found in two groups (a resumed session whose files sit in two folders) is imported again with both
 groups' files as one group, so every session is stored whole by one task. A manifest (``OUT/_fleet.json``)
-records each group's files with their size and modification time: running again imports only groups with a new,
-grown or changed file, and drops the groups whose files are gone.
+records each group's log files (size and modification time) and the Parquet files it wrote (size and sha256), as
+soon as the group is written: running again imports only groups with a new, grown or changed log file, or whose
+Parquet files were deleted, truncated or changed since. An import appends: it removes a group only when that
+group's own log files are all gone (or this run imported them under another group), never because it was not
+asked to import it — importing ``logs/pi`` into the dataset ``logs/exchanges`` went to adds to it. Writers
+into one dataset at once (processes or machines sharing the folder) merge their manifest entries under a lock
+(``OUT/_fleet.lock``); an object-store URL has no lock, so one writer at a time there. A killed import leaves its
+temporary folder (``<tmp>/pcnb-fleet-<pid>-…``); the next import on that machine removes it. ``promptcache-nb
+doctor OUT`` checks a dataset against its manifest.
 
 The sessions of one provider account share one simulated cache (``account=``: by default one account per path you
 pass), so the file groups of one account are imported by one task, in the order one ``lab.import_log`` of their
@@ -19,6 +26,8 @@ folder stores them: the dataset's simulated columns equal that import's, for the
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import glob
 import json
 import os
@@ -27,23 +36,30 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._util import progress_bar
+from .._util import not_a_regular_file, progress_bar
 from ..errors import PromptCacheError
 from ..importers._groups import FileGroup, plan_groups
 from ..importers._ingest import expand_paths
-from ..store._parquet import dataset_fs, remove_group
+from ..store import caused_by_ctrl_c
+from ..store._parquet import TEMP_PREFIX, dataset_fs, group_outputs, remove_group
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ..store import DoctorReport
+
 MANIFEST = "_fleet.json"
 MANIFEST_VERSION = 1
+#: Held (``flock``) while a writer reads, changes and rewrites the manifest: two imports into one dataset at once
+#: merge their records instead of the last one's replacing the other's.
+MANIFEST_LOCK = "_fleet.lock"
 #: How ``import_logs`` maps the paths you pass to provider accounts: a function of the path (resolved), or a
 #: mapping from the paths (as passed or resolved) to account names.
 AccountMap = Callable[[Path], str] | Mapping[str | Path, str]
@@ -65,6 +81,8 @@ class GroupReport:
     peak_rss_mb: float
     warnings: int = 0
     members: list[str] = field(default_factory=list)
+    #: [path in the dataset, size, sha256] of each Parquet file it wrote
+    outputs: list[list[Any]] = field(default_factory=list)
 
 
 def _stat(path: str) -> tuple[str, int, int]:
@@ -80,7 +98,8 @@ def import_group(group: FileGroup, out: str, project: str | None = None) -> Grou
 
     cpu, wall = time.process_time(), time.perf_counter()
     stats = [_stat(f) for f in group.files]
-    tmp = tempfile.mkdtemp(prefix="pcnb-fleet-")
+    clean_stale_temp()  # on a worker machine too
+    tmp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -94,6 +113,7 @@ def import_group(group: FileGroup, out: str, project: str | None = None) -> Grou
                     groups=[p.files for p in parts], deep=True)  # a fleet dataset is analysed as it is written
                 lab.store.export_parquet(out, group.id)
                 sessions = lab.store.session_ids()
+                outputs = group_outputs(out, group.id)
             finally:
                 lab.close()
     finally:
@@ -103,7 +123,29 @@ def import_group(group: FileGroup, out: str, project: str | None = None) -> Grou
         skipped=result.skipped.to_dict("records"), cpu_s=time.process_time() - cpu,
         wall_s=time.perf_counter() - wall,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, warnings=len(caught),
-        members=list(group.members))
+        members=list(group.members), outputs=outputs)
+
+
+def clean_stale_temp() -> list[str]:
+    """Remove the temporary folders (``<tmp>/pcnb-fleet-<pid>-…``) of fleet imports whose process is gone — a
+    ``kill -9`` leaves its folder behind; returns the folders removed."""
+    removed = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), TEMP_PREFIX + "*")):
+        pid = os.path.basename(path)[len(TEMP_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 @dataclass
@@ -140,6 +182,83 @@ def _load_manifest(out: str) -> dict[str, Any]:
             data.get("groups"), dict):
         raise PromptCacheError(f"{path}: not a version-{MANIFEST_VERSION} fleet manifest")
     return data
+
+
+@contextmanager
+def _manifest_locked(out: str) -> Iterator[None]:
+    """Hold :data:`MANIFEST_LOCK` (a local dataset; an object store has no lock: one writer at a time there)."""
+    fs, _ = dataset_fs(out)
+    if fs is not None:
+        yield
+        return
+    with open(os.path.join(out, MANIFEST_LOCK), "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # released when the file closes, a killed holder's too
+        yield
+
+
+def check_dataset(out: str | Path) -> DoctorReport:
+    """Check a fleet dataset without changing it (``promptcache-nb doctor OUT``): its manifest, each file group's
+    Parquet files against what the manifest recorded (present, same size and sha256), files no recorded group
+    wrote (an import killed before it recorded them, or one still running), and every Parquet file readable.
+
+    A damaged group is repaired by running the same import again: it imports that group anew.
+    """
+    from ..store import DoctorReport
+    from ..store._parquet import group_of_file, unreadable_parquet
+
+    path = os.fspath(out)
+    report = DoctorReport(path)
+    if not os.path.exists(os.path.join(path, MANIFEST)):
+        report.problems.append(f"no {MANIFEST}: not a fleet dataset (made by `promptcache-nb import PATH --out DIR`)")
+        return report
+    try:
+        manifest = _load_manifest(path)
+    except PromptCacheError as exc:
+        report.problems.append(str(exc))
+        return report
+    groups: dict[str, Any] = manifest["groups"]
+    rerun = "run the import again to re-import it"
+    for gid, rec in sorted(groups.items()):
+        outputs = rec.get("outputs")
+        if outputs is None:
+            continue  # recorded before outputs were
+        have = {o[0]: o for o in group_outputs(path, gid)}
+        name = f"group {gid} ({Path(str(rec.get('key', ''))).name})"
+        for rel, size, sha in outputs:
+            got = have.get(rel)
+            if got is None:
+                report.problems.append(f"{name}: {rel} is missing; {rerun}")
+            elif got[1] != size:
+                report.problems.append(f"{name}: {rel} holds {got[1]} bytes, {size} when written (truncated or "
+                                       f"rewritten); {rerun}")
+            elif got[2] != sha:
+                report.problems.append(f"{name}: {rel} changed since it was written (sha256 differs); {rerun}")
+        for rel in sorted(set(have) - {o[0] for o in outputs}):
+            report.problems.append(f"{name}: {rel} is not in the manifest; {rerun}")
+    files = sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True))
+    orphans: dict[str, int] = {}
+    for f in files:
+        gid = group_of_file(f)
+        if gid not in groups and gid != "dataset":
+            orphans[gid] = orphans.get(gid, 0) + 1
+    report.problems.extend(f"group {gid}: {n} Parquet file{'s' if n != 1 else ''} no manifest entry records (an "
+                           "import killed before it recorded them, or one still running); run the import again"
+                           for gid, n in sorted(orphans.items()))
+    report.problems.extend(f"{os.path.relpath(f, path)}: not readable as Parquet ({why})"
+                           for f, why in unreadable_parquet(files).items())
+    report.counts = {"file groups": len(groups), "Parquet files": len(files),
+                     "requests": sum(int(r.get("requests", 0)) for r in groups.values())}
+    report.head = f"{path}: a fleet dataset; " + ", ".join(f"{n} {what}" for what, n in report.counts.items())
+    return report
+
+
+def _update_manifest(out: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Read the manifest as it is on disk now, ``change`` it, write it back, under the lock; returns it."""
+    with _manifest_locked(out):
+        manifest = _load_manifest(out)
+        change(manifest)
+        _save_manifest(out, manifest)
+    return manifest
 
 
 def _save_manifest(out: str, manifest: dict[str, Any]) -> None:
@@ -237,11 +356,28 @@ def _spelled(path: str | Path) -> str:
     return text if any(ch in text for ch in "*?[") else str(Path(text).expanduser().resolve())
 
 
-def _unchanged(group: FileGroup, manifest: dict[str, Any]) -> bool:
+def _unchanged(group: FileGroup, manifest: dict[str, Any], out: str) -> bool:
+    """The group's logs are as the manifest recorded them, and so are the Parquet files it wrote (a file deleted,
+    truncated or rewritten since makes the group import again)."""
     rec = manifest["groups"].get(group.id)
     if rec is None or sorted(rec["files"]) != sorted(list(_stat(f)) for f in group.files):
         return False
-    return bool(rec.get("accounts") == _accounts_record(group))
+    if rec.get("accounts") != _accounts_record(group):
+        return False
+    outputs = rec.get("outputs")  # None: a manifest written before outputs were recorded
+    return outputs is None or group_outputs(out, group.id) == outputs
+
+
+def _drop_groups(ids: Sequence[str], manifest: dict[str, Any]) -> None:
+    for gid in ids:
+        manifest["groups"].pop(gid, None)
+
+
+def _record(rep: GroupReport, group: FileGroup) -> dict[str, Any]:
+    """A group's manifest entry."""
+    return {"key": rep.key, "files": [list(f) for f in rep.files], "sessions": rep.sessions,
+            "requests": rep.requests, "members": rep.members, "accounts": _accounts_record(group),
+            "outputs": rep.outputs}
 
 
 def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
@@ -271,21 +407,42 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
     fs, root = dataset_fs(out)
     if fs is None:
         out = os.path.abspath(out)
+        if os.path.lexists(out) and not os.path.isdir(out):  # a file, a FIFO, a symlink loop: one line, not makedirs'
+            raise PromptCacheError(f"import_logs(out={out!r}): it is {not_a_regular_file(out) or 'a file'}, not a "
+                                   "folder; pass the dataset's folder (created when missing)")
         os.makedirs(out, exist_ok=True)
     else:
         fs.makedirs(root, exist_ok=True)
+    clean_stale_temp()
+    try:
+        return _import_logs(paths, out, executor, project, progress, account, start)
+    except Exception as exc:
+        if caused_by_ctrl_c(exc):  # DuckDB's "Query interrupted" (or what a worker made of it) is the Ctrl-C
+            raise KeyboardInterrupt from None
+        raise
+
+
+def _import_logs(paths: str | Path | Iterable[str | Path], out: str, executor: Executor | None,
+                 project: str | None, progress: bool, account: AccountMap | None, start: float) -> FleetImport:
     manifest = _load_manifest(out)
     planned, passed = plan_groups(paths)
     walk = {str(log.path): i for i, log in enumerate(expand_paths(paths)[0])}  # the order an import stores them
     planned = [replace(g, files=tuple(sorted(g.files, key=walk.__getitem__)))
                for g in _with_accounts(planned, paths, account)]
     groups = _by_account(_apply_merges(planned, manifest, walk), walk)
-    todo = [g for g in groups if not _unchanged(g, manifest)]
+    todo = [g for g in groups if not _unchanged(g, manifest, out)]
     reports: dict[str, GroupReport] = {}
+    by_gid = {g.id: g for g in groups}
+
+    def done(report: GroupReport) -> None:
+        # recorded as soon as its files are written: a run killed later keeps it, and writers at once merge
+        reports[report.group] = report
+        _update_manifest(out, lambda m: m["groups"].__setitem__(report.group, _record(report, by_gid[report.group])))
+
     bar = progress_bar(total=len(todo), desc="importing file groups", enabled=progress, unit="group")
     try:
         for report in _run(todo, out, project, executor, bar):
-            reports[report.group] = report
+            done(report)
         # a session in two groups: import those groups again as one, until every session has one group
         while True:
             owner: dict[str, list[str]] = {}
@@ -296,31 +453,39 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
             split = {tuple(sorted(ids)) for ids in owner.values() if len(ids) > 1}
             if not split:
                 break
-            by_id = {g.id: g for g in groups}
             merged_ids = sorted({i for ids in split for i in ids})
-            merged = _merged([by_id[i] for i in merged_ids], walk)
+            merged = _merged([by_gid[i] for i in merged_ids], walk)
+            by_gid[merged.id] = merged
             for gid in merged_ids:
                 remove_group(out, gid)
                 reports.pop(gid, None)
                 manifest["groups"].pop(gid, None)
+            _update_manifest(out, functools.partial(_drop_groups, merged_ids))
             groups = sorted([g for g in groups if g.id not in merged_ids] + [merged], key=lambda g: g.key)
             for report in _run([merged], out, project, None, bar):
-                reports[report.group] = report
+                done(report)
     finally:
         bar.close()
     live = {g.id for g in groups}
-    by_gid = {g.id: g for g in groups}
-    for gid in [g for g in manifest["groups"] if g not in live]:  # files gone since the last run
-        remove_group(out, gid)
-        del manifest["groups"][gid]
-    for gid, rep in reports.items():
-        manifest["groups"][gid] = {"key": rep.key, "files": [list(f) for f in rep.files], "sessions": rep.sessions,
-                                   "requests": rep.requests, "members": rep.members,
-                                   "accounts": _accounts_record(by_gid[gid])}
-    if reports:
-        _fit_calibrations(out)
-    _save_manifest(out, manifest)
-    return _result(out, groups, reports, manifest, passed, time.perf_counter() - start)
+    planned_files = {f for g in groups for f in g.files}
+
+    def prune(m: dict[str, Any]) -> None:
+        # Only groups whose own files vanished, or whose files this run imported under another group (the same
+        # folder passed another way): a group this run did not plan — another folder imported before, another
+        # writer's — stays.
+        for gid, rec in list(m["groups"].items()):
+            files = [f[0] for f in rec["files"]]
+            if gid not in live and (any(f in planned_files for f in files) or not any(map(os.path.exists, files))):
+                remove_group(out, gid)
+                del m["groups"][gid]
+
+    with _manifest_locked(out):
+        final = _load_manifest(out)
+        prune(final)
+        _save_manifest(out, final)
+        if reports:
+            _fit_calibrations(out)  # over every group in the dataset, writers at once taking turns
+    return _result(out, groups, reports, final, passed, time.perf_counter() - start)
 
 
 def _run(todo: Sequence[FileGroup], out: str, project: str | None, executor: Executor | None,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, overload
 from .._config import DEFAULT_ACCOUNT, SessionConfig
 from .._shared import ScopeKey, scope_key
 from .._types import HISTORY_FROM_PARENT, HISTORY_MISSING
-from .._util import digest, gc_paused, progress_bar, user_stacklevel
+from .._util import digest, gc_paused, kernel_root, not_a_regular_file, progress_bar, user_stacklevel
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
 from ..analysis.frames import html_table
 from ..cache.anthropic import client_ttls_from_usage
@@ -272,9 +272,19 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile
     passed: list[dict[str, Any]] = []
     for item in items:
         p = Path(item).expanduser()
+        root = kernel_root(p)
+        if root is not None:  # /proc/<pid>/...: refused, file or folder, named or through a link
+            why = not_a_regular_file(p) or f"under {root} (a kernel file)"
+            raise ImportFormatError(display_path(p), f"{why}, not a regular file: copy it elsewhere to import it")
         if p.is_dir():
             for f in sorted(p.rglob("*")):
-                if not f.is_file():
+                if f.is_dir():
+                    if f.is_symlink():  # rglob does not follow it (a link up the tree would loop): say so
+                        passed.append(_passed(f, "a link to a folder, not followed: name the folder to import it"))
+                    continue
+                special = not_a_regular_file(f)
+                if special is not None:  # never opened: a FIFO blocks, a device or a kernel file never ends
+                    passed.append(_passed(f, f"{special}: not read"))
                     continue
                 rel = f.relative_to(p).parts
                 if any(part.startswith(".") for part in rel):
@@ -287,13 +297,17 @@ def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile
                     out.append(LogFile(f, False))
         elif p.is_file():
             out.append(LogFile(p, True))
-        elif any(ch in str(item) for ch in "*?["):
-            matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(str(item)), recursive=True))
-            out.extend(LogFile(m, False) for m in matches if m.is_file())
-        elif p.exists():
-            raise ImportFormatError(display_path(p), "not a regular file (a FIFO, a device or a socket)")
+        elif any(ch in str(item) for ch in "*?[") and not p.exists():
+            for m in sorted(Path(m) for m in glob.glob(os.path.expanduser(str(item)), recursive=True)):
+                special = None if m.is_dir() else not_a_regular_file(m)
+                if special is not None:
+                    passed.append(_passed(m, f"{special}: not read"))
+                elif not m.is_dir():
+                    out.append(LogFile(m, False))
         else:
-            raise ImportFormatError(display_path(p), "no such file or directory")
+            special = not_a_regular_file(p) or "no such file or directory"
+            raise ImportFormatError(display_path(p), special if special.startswith("no such") else
+                                    f"{special}, not a regular file")
     seen: set[tuple[int, int]] = set()
     unique: list[LogFile] = []
     for log in out:

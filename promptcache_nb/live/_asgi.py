@@ -25,6 +25,7 @@ import uvicorn
 from starlette.requests import ClientDisconnect, Request
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .._redact import redact_url_logs
 from .._util import is_loopback as is_loopback  # re-exported for the server and the proxy
 
 log = logging.getLogger("promptcache_nb.http")
@@ -144,6 +145,7 @@ class ServerThread:
     def __init__(self, app: Any, *, host: str, port: int, name: str,
                  header_timeout: float = REQUEST_TIMEOUT, graceful_seconds: int = 2) -> None:
         self._sock = _bind(host, port)
+        redact_url_logs("uvicorn.access", "uvicorn.error")  # they name request paths: a key in one stays there
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
             app, http=_protocol_with_header_deadline(header_timeout), lifespan="on", log_config=None,

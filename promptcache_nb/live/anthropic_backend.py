@@ -19,6 +19,7 @@ from typing import Any
 
 import anthropic
 
+from .._redact import redact_url, scrub, url_secrets
 from .._util import is_loopback
 from ..cache import CacheModel, CacheResult
 from ..dialects.anthropic import read_diagnosis
@@ -108,9 +109,8 @@ class AnthropicBackend(Backend):
 
     @property
     def base_url(self) -> str:
-        """The endpoint (without any credentials in the URL)."""
-        url = self._client.base_url
-        return str(url.copy_with(username=None, password=None)).rstrip("/")
+        """The endpoint as shown: no credentials, a key in its path or query redacted."""
+        return redact_url(str(self._client.base_url)).rstrip("/")
 
     def __repr__(self) -> str:
         more = ", diagnostics=True" if self.diagnostics else ""
@@ -245,10 +245,9 @@ class AnthropicBackend(Backend):
 
     def _redact(self, text: str) -> str:
         # Endpoints do not echo keys, but a proxy or a misconfigured base_url might: never pass one on.
-        for secret in (getattr(self._client, "api_key", None), getattr(self._client, "auth_token", None)):
-            if secret:
-                text = text.replace(secret, "[redacted]")
-        return text
+        secrets = [s for s in (getattr(self._client, "api_key", None), getattr(self._client, "auth_token", None))
+                   if s]
+        return scrub(text, [*secrets, *url_secrets(str(self._client.base_url))])
 
 
 def _retry_after(headers: Any) -> float | None:

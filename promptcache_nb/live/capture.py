@@ -53,6 +53,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .._protocols import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
+from .._redact import redact_url, redact_url_logs
 from .._util import SIMULATOR_HEADER
 from ..dialects import get as get_format
 from ..errors import PromptCacheError
@@ -244,7 +245,9 @@ def _attempt(request: Any) -> _Attempt | None:
         body = bytes(request.content)
     except Exception:  # a streamed upload (RequestNotRead): not one of the analysed JSON calls
         body = None
-    return _Attempt(str(request.method), str(request.url.path), body, datetime.now(UTC), time.perf_counter())
+    # the path as shown (calls, df, log records): a key in the client's base_url path is redacted
+    return _Attempt(str(request.method), redact_url(str(request.url.path)), body,
+                    datetime.now(UTC), time.perf_counter())
 
 
 #: ``request.extensions`` key of the capture wrapper that records a request
@@ -481,6 +484,8 @@ def capture(client: Any, *, lab: Lab, session: Session | None = None, project: s
     elif session.lab is not lab:
         raise ValueError(f"capture(session={session.id!r}): that session belongs to another Lab")
     cap = Capture(session, diagnostics=diagnostics)
+    # the SDK and its httpx log each request's URL: a key in the client's base_url path is shown redacted there
+    redact_url_logs(module.__name__, f"{type(client).__module__.split('.')[0]}._base_client")
     sync_cls, async_cls, sync_tee, async_tee = _classes(module)
     wrapper, tee = (async_cls, async_tee) if is_async else (sync_cls, sync_tee)
     original = http._transport

@@ -30,19 +30,21 @@ Keys in this order::
      "provider": "anthropic",                                           # when the path says it
      "error": "..."}                                                    # only when no complete response
 
-``path`` excludes the query string (Claude Code calls ``/v1/messages?beta=true``); ``url`` keeps it, minus any
-parameter whose name looks like a credential (``key``, ``token``, ``secret``...), whatever separates the
-parameters (``&``, ``;``, a repeated ``?``, ``#``). Credentials are also recognised by value (:data:`KEY_PATTERNS`:
+``path`` excludes the query string (Claude Code calls ``/v1/messages?beta=true``); ``url`` keeps it. Both pass
+through :func:`promptcache_nb._redact.redact_url`: a parameter whose name looks like a credential (``key``,
+``token``, ``secret``...) is dropped from the query and the fragment whatever separates the parameters (``&``,
+``;``, a repeated ``?``, ``#``) and blanked in the path (``;key=…``); a value that is a key (:data:`KEY_PATTERNS`:
 Anthropic ``sk-ant-…``, OpenAI ``sk-…`` / ``sk-proj-…``, Google ``AIza…``, ``Bearer …`` tokens and JSON Web
-Tokens, percent-encoded or not): wherever one appears in ``url`` or ``path`` — a path segment, a bare query
-component, a fragment — it is replaced by ``[redacted]``. Bodies are logged as sent: a key inside a request body
-(``metadata.user_id``) is kept unless the proxy runs with ``redact_bodies=True`` (``--redact-bodies``), which
-replaces every key-pattern match in every string (and object key) of the logged request, response and events —
-opt-in, because it changes the logged prompt: an imported request whose text held such a string no longer
-hashes as the one sent. Calls to other paths (model
-lists, token counting) are forwarded and logged too; importers skip them by path. A call the proxy itself
-refused or could not forward has ``"status": null`` and an ``error``: the upstream unreachable (the client got
-502), timed out (504), a body over the size limit (413) or too slow (408).
+Tokens, percent-encoded or not) is replaced by ``[redacted]`` wherever it appears — a path segment, a bare query
+component, a fragment, the upstream's own path prefix (a gateway URL ``https://gw/sk-ant-…``: :attr:`upstream`
+and ``repr`` show it redacted), and the answer or error text that echoes the URL. Bodies are logged as sent: a
+key inside a request body (``metadata.user_id``) is kept unless the proxy runs with ``redact_bodies=True``
+(``--redact-bodies``), which replaces every key-pattern match in every string (and object key) of the logged
+request, response and events — opt-in, because it changes the logged prompt: an imported request whose text held
+such a string no longer hashes as the one sent. Calls to other paths (model lists, token counting) are forwarded
+and logged too; importers skip them by path. A call the proxy itself refused or could not forward has
+``"status": null`` and an ``error``: the upstream unreachable (the client got 502), timed out (504), a body over
+the size limit (413) or too slow (408).
 
 Cache diagnostics (``diagnostics=True``, ``--diagnostics``; off by default): the one change the proxy then makes.
 Each ``POST …/v1/messages`` JSON body without a ``diagnostics`` object gets one naming the previous response of
@@ -62,7 +64,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 import threading
 import time
 import zlib
@@ -71,7 +72,6 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote_plus
 
 import anyio
 import httpx
@@ -80,6 +80,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount
 
+from .._redact import (
+    KEY_PATTERNS,
+    SECRET_NAME,
+    redact_json,
+    redact_keys,
+    redact_url,
+    redact_url_logs,
+    scrub,
+    url_secrets,
+)
 from .._util import SIMULATOR_HEADER
 from ..importers._http import session_key_for
 from ..importers._sse import SseEvent, SseParser, usage_from_sse
@@ -96,23 +106,6 @@ HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
     "trailer", "trailers", "transfer-encoding", "upgrade",
 })
-#: A header or query parameter whose name matches this carries a credential.
-SECRET_NAME = re.compile(r"key|token|secret|auth|cookie|password|passwd|session|signature|credential|sig$",
-                         re.IGNORECASE)
-#: What replaces a credential in the log.
-REDACTED = "[redacted]"
-#: Credentials recognised by their value (what, regular expression), in logged URLs always and in logged bodies
-#: with ``redact_bodies``. A match must not follow a letter or digit (``task-…`` holds no ``sk-`` key).
-KEY_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("Anthropic API key (sk-ant-api03-…, sk-ant-admin01-…)", r"sk-ant-[A-Za-z0-9_\-]{8,}"),
-    ("OpenAI API key (sk-…, sk-proj-…, sk-svcacct-…, sk-admin-…)", r"sk-[A-Za-z0-9_\-]{16,}"),
-    ("Google API key (AIza…)", r"AIza[0-9A-Za-z_\-]{30,}"),
-    ("bearer token (Bearer …)", r"[Bb]earer[ +]+[A-Za-z0-9._~+/=\-]{8,}"),
-    ("JSON Web Token (eyJ….eyJ….…)", r"eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*"),
-)
-KEY_VALUE = re.compile("(?<![A-Za-z0-9])(?:" + "|".join(f"(?:{p})" for _, p in KEY_PATTERNS) + ")")
-#: What separates the components of a URL whose values are checked one by one.
-_URL_SEPARATORS = re.compile(r"([/?&;#=,:])")
 #: Upstream timeouts: a model can think for minutes between two streamed events.
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=30.0, read=900.0, write=120.0, pool=60.0)
 
@@ -165,8 +158,9 @@ class RecordingProxy:
             pair = f"{url.username}:{url.password or ''}".encode()
             self._basic_auth = b"Basic " + base64.b64encode(pair)
         self._upstream = url.copy_with(username=None, password=None, query=None, fragment=None)
-        #: The upstream origin (and path prefix), without credentials.
-        self.upstream: str = str(self._upstream).rstrip("/")
+        #: The upstream origin (and path prefix) as shown: without credentials, a key in its path redacted
+        #: (a gateway that takes the key in the path, ``https://gw/sk-ant-…``, still receives it).
+        self.upstream: str = redact_url(str(self._upstream).rstrip("/"))
         self.log_path = Path(log)
         self.host = host
         self.port = port
@@ -191,7 +185,7 @@ class RecordingProxy:
         if not is_loopback(self.host):
             log.warning("the recording proxy listens on %s: anyone who can reach it can use the API keys "
                         "sent through it; bind 127.0.0.1 unless you mean it", self.host)
-        _install_httpx_log_filter()
+        redact_url_logs("httpx")  # httpx logs each upstream URL at INFO
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.touch()  # fail here, not at the first call, when the log cannot be written
         app = Starlette(routes=[Mount("/", app=self._asgi)], lifespan=self._lifespan)
@@ -298,6 +292,13 @@ class _Exchange:
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
         self.raw_path = raw_path.decode("latin-1")
         self.query = request.scope.get("query_string", b"").decode("latin-1")
+        # what the upstream URL of this call holds (in the upstream's path prefix, the client's path, the query):
+        # the upstream may echo it (a 404 naming the path), and nothing we write or raise may keep it
+        self.url_secrets = url_secrets(self._upstream_url())
+
+    def _upstream_url(self) -> str:
+        base = str(self.proxy._upstream).rstrip("/") + self.raw_path
+        return f"{base}?{self.query}" if self.query else base
 
     # the ASGI interface: Starlette awaits the endpoint's return value with these arguments
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
@@ -320,9 +321,8 @@ class _Exchange:
     async def _relay(self, send: Any) -> None:
         proxy = self.proxy
         assert proxy._client is not None
-        upstream_url = str(proxy._upstream).rstrip("/") + self.raw_path + (f"?{self.query}" if self.query else "")
         try:
-            request = httpx.Request(self.request.method, upstream_url, headers=self._forward_headers(),
+            request = httpx.Request(self.request.method, self._upstream_url(), headers=self._forward_headers(),
                                     content=self.body)
             try:
                 response = await proxy._client.send(request, stream=True)
@@ -406,11 +406,8 @@ class _Exchange:
                    if SECRET_NAME.search(k.decode("latin-1"))]
         if self.proxy._basic_auth:
             secrets.append(base64.b64decode(self.proxy._basic_auth[6:]).decode().partition(":")[2])
-        for secret in secrets:
-            for part in (secret, *secret.split()):  # "Bearer sk-..." and the bare "sk-..."
-                if len(part) >= 6:
-                    text = text.replace(part, REDACTED)
-        return redact_keys(text)
+        parts = [p for s in secrets for p in (s, *s.split()) if len(p) >= 6]  # "Bearer sk-..." and "sk-..."
+        return scrub(text, [*parts, *self.url_secrets])
 
     def finish(self, *, error: str | None = None) -> None:
         """Write this call's line (once)."""
@@ -457,20 +454,19 @@ class _Exchange:
             entry["simulated"] = True  # our own simulator answered: its usage is an estimate, never measured
         if error:
             entry["error"] = self._scrub(error)
-        url_secrets = _url_secrets(self.raw_path + "?" + self.query)
+        secrets = self.url_secrets
         for name in ("request", "response", "sse", "error"):
             if entry.get(name) is None:
                 continue
-            if url_secrets:  # the URL's keys, wherever the upstream echoed them
-                entry[name] = redact_json(entry[name], lambda text: _scrub_values(text, url_secrets))
+            if secrets:  # the URL's keys, wherever the upstream echoed them
+                entry[name] = redact_json(entry[name], lambda text: scrub(text, secrets))
             if self.proxy.redact_bodies:
                 entry[name] = redact_json(entry[name])
         log.debug("%s %s -> %s in %.0f ms", entry["method"], path, self.status, latency)
         self.proxy._write(entry)
 
     def _logged_url(self) -> str:
-        base = str(self.proxy._upstream).rstrip("/") + self.raw_path
-        return redact_url(f"{base}?{self.query}" if self.query else base)
+        return redact_url(self._upstream_url())
 
 
 async def _no_receive() -> dict[str, Any]:
@@ -511,101 +507,6 @@ def _json_or_text(data: str) -> Any:
 
 def _without_credentials(url: httpx.URL) -> str:
     return str(url.copy_with(username=None, password=None))
-
-
-def redact_keys(text: str) -> str:
-    """``text`` with every :data:`KEY_PATTERNS` match replaced by ``[redacted]``."""
-    return KEY_VALUE.sub(REDACTED, text)
-
-
-def redact_url(url: str) -> str:
-    """A URL (or a path) as the log shows it: query components whose name looks like a credential dropped, and
-    every component whose value is a key — in the path, the query or a fragment, percent-encoded or not —
-    replaced by ``[redacted]``.
-
-    Example:
-        >>> redact_url("https://api.example.com/v1/messages?beta=true;key=abc#sk-ant-api03-0123456789")
-        'https://api.example.com/v1/messages?beta=true#[redacted]'
-    """
-    head, sep, rest = url.partition("?")
-    if sep:
-        rest = _drop_secret_parameters(rest)
-        url = f"{head}?{rest}" if rest else head
-    parts = _URL_SEPARATORS.split(url)
-    for i in range(0, len(parts), 2):
-        part = parts[i]
-        if KEY_VALUE.search(part):
-            parts[i] = redact_keys(part)
-        elif ("%" in part or "+" in part) and KEY_VALUE.search(unquote_plus(part)):
-            parts[i] = REDACTED  # a key percent-encoded, or "Bearer%20…"
-    return "".join(parts)
-
-
-def _drop_secret_parameters(query: str) -> str:
-    """A query string without the ``name=value`` components whose name looks like a credential, whatever
-    separates them (``&``, ``;``, another ``?``, ``#``); what is kept stays byte for byte."""
-    tokens = re.split(r"([&;?#])", query)
-    kept: list[str] = []
-    for i in range(0, len(tokens), 2):
-        sep, part = (tokens[i - 1] if i else ""), tokens[i]
-        name, eq, _ = part.partition("=")
-        if eq and SECRET_NAME.search(unquote_plus(name)):
-            continue
-        kept.append(sep + part)
-    return "".join(kept).lstrip("&;")
-
-
-def _url_secrets(url: str) -> list[str]:
-    """The credentials :func:`redact_url` removes from ``url`` (as sent and percent-decoded), longest first: the
-    upstream may echo the URL in its answer (a 404 naming the path), and the line must not keep them there."""
-    found: set[str] = set()
-    for text in (url, unquote_plus(url)):
-        found.update(m.group(0) for m in KEY_VALUE.finditer(text))
-        for part in re.split(r"[&;?#]", text.partition("?")[2]):
-            name, eq, value = part.partition("=")
-            if eq and len(value) >= 6 and SECRET_NAME.search(name):
-                found.add(value)
-    return sorted(found, key=len, reverse=True)
-
-
-def _scrub_values(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def redact_json(value: Any, redact: Any = redact_keys) -> Any:
-    """A parsed JSON value with ``redact`` (default :func:`redact_keys`) applied to every string and object key
-    (in place for objects and arrays; iterative, so any nesting depth ``json`` parsed is fine)."""
-    if isinstance(value, str):
-        return redact(value)
-    stack = [value] if isinstance(value, dict | list) else []
-    while stack:
-        node = stack.pop()
-        for k, v in list(node.items()) if isinstance(node, dict) else enumerate(node):
-            if isinstance(v, str):
-                node[k] = redact(v)
-            elif isinstance(v, dict | list):
-                stack.append(v)
-        if isinstance(node, dict):
-            for k in [k for k in node if redact(k) != k]:
-                node[redact(k)] = node.pop(k)
-    return value
-
-
-class _RedactUrlFilter(logging.Filter):
-    """httpx logs each request's URL at INFO; a credential in it (``?key=``, ``/sk-ant-…``) must not follow it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and any(isinstance(a, httpx.URL) for a in record.args):
-            record.args = tuple(redact_url(str(a)) if isinstance(a, httpx.URL) else a for a in record.args)
-        return True
-
-
-def _install_httpx_log_filter() -> None:
-    logger = logging.getLogger("httpx")
-    if not any(isinstance(f, _RedactUrlFilter) for f in logger.filters):
-        logger.addFilter(_RedactUrlFilter())
 
 
 # -- content encodings: relay the bytes as sent, decode a copy for the log -----------------------------

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .._redact import redact_url
 from .._util import digest
 from ..cache import CacheModel, cache_model_names, get_cache_model
 from ..dialects import ANTHROPIC, OPENAI_CHAT, OPENAI_RESPONSES, Dialect
@@ -306,7 +307,8 @@ class SimulatorServer:
             self._seq += 1
             seq = self._seq
         request_id = f"req_sim_{seq:06d}"
-        path = path.split("?", 1)[0].rstrip("/")
+        # as every text, record and 404 body shows it: a key in a client's base_url path must not come back
+        path = redact_url(path.split("?", 1)[0]).rstrip("/")
         openai = path in _OPENAI_PATHS
         fmt = _FORMATS.get(path, ANTHROPIC)  # an unknown path is answered in the Messages shape
         workspace = at = None

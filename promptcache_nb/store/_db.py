@@ -29,13 +29,13 @@ from .._types import (  # noqa: F401 - fnv1a re-exported (store.fnv1a)
     RequestWrite,
     fnv1a,
 )
-from .._util import common_prefix_length, digest
+from .._util import common_prefix_length, digest, file_kind
 from ..errors import StoreError, StoreLockedError
 from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import SegmentMemo, prefix_record
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 from . import _rollups
-from ._doctor import CORE_TABLES, damaged, schema_problems
+from ._doctor import CORE_TABLES, damaged, node_on_cycle, schema_problems
 from ._migrations import MIGRATIONS, applied, migrate, rollback_if_active
 
 if TYPE_CHECKING:  # pandas loads on the first DataFrame (duckdb's .df() imports it): not with the package
@@ -277,14 +277,6 @@ def _describe_header(head: bytes) -> str:
     return "a text file"
 
 
-def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "not a regular file"
-
-
 def _check_file(path: str, *, read_only: bool) -> None:
     """Refuse what is not a DuckDB file before DuckDB sees it: DuckDB would try to load an extension for an
     SQLite file (a download), and its own errors are several lines long."""
@@ -300,7 +292,7 @@ def _check_file(path: str, *, read_only: bool) -> None:
     if stat.S_ISDIR(st.st_mode):
         raise StoreError(f"cannot open store {path!r}: it is a directory; pass a file path such as runs.duckdb")
     if not stat.S_ISREG(st.st_mode):  # opening a FIFO blocks until a writer comes; a device reads forever
-        raise StoreError(f"cannot open store {path!r}: it is {_file_kind(st.st_mode)}, not a regular file; "
+        raise StoreError(f"cannot open store {path!r}: it is {file_kind(st.st_mode)}, not a regular file; "
                          "pass the path of a .duckdb file")
     try:
         with open(path, "rb") as fh:
@@ -1244,10 +1236,21 @@ class Store:
         out = []
         for r in refs:
             if "str" in r:
-                out.append({"role": r["role"], "content": json.loads(bodies[r["str"]])})
+                out.append({"role": r["role"], "content": self.parse_block(r["str"], bodies[r["str"]],
+                                                                           "session_messages")})
             else:
-                out.append({"role": r["role"], "content": [json.loads(bodies[h]) for h in r["blocks"]]})
+                out.append({"role": r["role"], "content": [self.parse_block(h, bodies[h], "session_messages")
+                                                           for h in r["blocks"]]})
         return out
+
+    def parse_block(self, block_hash: str, body: str, used_by: str) -> Any:
+        """A block's body (from :meth:`block_bodies`) parsed; a body that is not JSON (a tampered or damaged store)
+        raises a one-line :class:`StoreError` naming the block and ``used_by``, the column that references it."""
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise StoreError(damaged(self.path, f"block {block_hash!r} (referenced by {used_by}) is not JSON "
+                                                f"(blocks.body: {_one_line(exc)})")) from None
 
     def block_bodies(self, uses: dict[str, Sequence[str]], *, session_id: str | None = None) -> dict[str, str]:
         """hash -> body of the ``blocks`` rows named, in one query: ``uses`` maps the column that references them
@@ -1454,9 +1457,10 @@ class Store:
             node = tail
             while node is not None:
                 parent, kind, role, block_hash = nodes[node]
-                chain.append((kind, role, json.loads(bodies[block_hash])))  # parsed per body: never shared
+                # parsed per body: never shared
+                chain.append((kind, role, self.parse_block(block_hash, bodies[block_hash], "prefix_nodes.block_hash")))
                 node = parent
-            rest = json.loads(bodies[rest_hash])
+            rest = self.parse_block(rest_hash, bodies[rest_hash], "turns.rest_hash")
             out[idx] = rebuild_body(rest["shape"], rest["rest"], chain[::-1])
         return out
 
@@ -1585,6 +1589,11 @@ class Store:
                     cur = rows[cur][0]
             todo = missing
             lookup = ("SELECT unnest($1)", [missing])
+        looping = node_on_cycle(out)
+        if looping is not None:  # a walk up the chain would never reach a root
+            raise StoreError(damaged(self.path, f"prefix_nodes row {looping!r} (on a request of session "
+                                                f"{session_id!r}) is its own ancestor: prefix_nodes.parent "
+                                                "runs in a cycle"))
         return out
 
     def _nodes_before(self, ids_sql: str, params: list[Any]) -> dict[str, tuple[Any, ...]]:

@@ -3,20 +3,24 @@
 The expected schema is derived, never listed by hand: the migrations are applied once to an in-memory database
 and its tables, columns and NOT NULL constraints are what every store at this version must have. Opening a store
 checks tables and columns (one catalog query); the row-level checks (a NULL where the code expects a value, a
-block or prefix node referenced but gone, a session config that is not a JSON object) run here in full, and the
-readers that would trip over them raise a one-line :class:`~promptcache_nb.errors.StoreError` at first use.
+block or prefix node referenced but gone, a ``prefix_nodes`` chain that runs in a cycle, a block body that is not
+JSON, a session config that is not a JSON object) run here in full, and the readers that would trip over them
+raise a one-line :class:`~promptcache_nb.errors.StoreError` at first use.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 
 from ._migrations import MIGRATIONS, migrate
 
-__all__ = ["DoctorReport", "check_store", "damaged", "expected_schema", "schema_problems"]
+__all__ = ["DoctorReport", "check_store", "damaged", "expected_schema", "node_on_cycle", "schema_problems"]
 
 #: Our own tables: a store holding these but no ``m001_initial`` row in ``_migrations`` was tampered with, not
 #: made by another application.
@@ -26,6 +30,24 @@ CORE_TABLES = frozenset({"sessions", "turns", "blocks", "prefix_nodes"})
 def damaged(path: str, what: str) -> str:
     """The one-line message of a damaged store: what is wrong, and the command that checks the rest."""
     return f"store {path!r} is damaged: {what}; run `promptcache-nb doctor {path}` for a full check"
+
+
+def node_on_cycle(nodes: Mapping[str, Sequence[Any]]) -> str | None:
+    """A node whose parent links (``nodes``: id -> (parent, ...), a parent outside ``nodes`` ends a walk) lead back
+    to itself, or None when every walk ends. Each node is walked once."""
+    ends: set[str] = set()  # nodes whose walk is known to end
+    for start in nodes:
+        walk: list[str] = []
+        on_walk: set[str] = set()
+        cur: str | None = start
+        while cur is not None and cur in nodes and cur not in ends:
+            if cur in on_walk:
+                return cur
+            walk.append(cur)
+            on_walk.add(cur)
+            cur = nodes[cur][0]
+        ends.update(walk)
+    return None
 
 
 @functools.cache
@@ -74,6 +96,8 @@ class DoctorReport:
     #: a DuckDB file with no table or view at all: what ``pc.Lab(path)`` starts from (a store whose creation was
     #: interrupted is left so); opening it read-write creates the tables
     blank: bool = False
+    #: the first line, when not a store's (a fleet dataset's: ``pc.fleet.check_dataset``)
+    head: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -81,7 +105,8 @@ class DoctorReport:
 
     def lines(self) -> list[str]:
         counts = ", ".join(f"{n} {t}" for t, n in self.counts.items())
-        head = f"{self.path}: {len(self.migrations)} migrations applied" + (f"; {counts}" if counts else "")
+        head = self.head or (f"{self.path}: {len(self.migrations)} migrations applied"
+                             + (f"; {counts}" if counts else ""))
         if self.blank:
             return [f"{self.path}: a blank DuckDB file (no tables yet: opening it read-write creates them)",
                     "ok: no problem found"]
@@ -198,3 +223,28 @@ def _check(con: duckdb.DuckDBPyConnection, report: DoctorReport) -> None:
                                        f"{', '.join(repr(e) for e in examples)})")
         except duckdb.Error:
             continue  # a table or column the schema check already reported missing
+    if {"id", "parent"} <= set(have.get("prefix_nodes", {})):
+        parents = dict(con.execute("SELECT id, parent FROM prefix_nodes").fetchall())
+        looping = node_on_cycle({node: (parent,) for node, parent in parents.items()})
+        if looping is not None:
+            report.problems.append(f"prefix_nodes.parent runs in a cycle (e.g. row {looping!r}): the requests "
+                                   "through it cannot be rebuilt")
+    if {"hash", "body"} <= set(have.get("blocks", {})):
+        bad = _unparsable_blocks(con)
+        if bad:
+            report.problems.append(f"blocks.body not JSON: {len(bad)} row{'s' if len(bad) != 1 else ''} (e.g. "
+                                   f"{', '.join(repr(h) for h in sorted(bad)[:3])})")
+
+
+def _unparsable_blocks(con: duckdb.DuckDBPyConnection, batch: int = 4096) -> list[str]:
+    """The hashes of the blocks whose body Python's ``json`` cannot parse (DuckDB's ``json_valid`` differs: it
+    refuses the lone-surrogate escapes a stored message may hold), read a batch at a time."""
+    bad: list[str] = []
+    cur = con.execute("SELECT hash, body FROM blocks WHERE body IS NOT NULL")
+    while rows := cur.fetchmany(batch):
+        for block_hash, body in rows:
+            try:
+                json.loads(body)
+            except (ValueError, RecursionError):
+                bad.append(block_hash)
+    return bad

@@ -18,6 +18,7 @@ are installed: files are written locally, then put there, and DuckDB reads them 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
 import tempfile
@@ -43,6 +44,9 @@ DATASET_TABLES = ("calibrations",)
 #: versions holds both (``union_by_name``); its views read either.
 RENAMED_COLUMNS: dict[str, dict[str, str]] = {"turns": {"sent_at": "at"}}  # m011_sent_at
 _SKIP = {"_migrations", *DATASET_TABLES}
+#: Temporary folders of a fleet import are named ``<prefix><pid>-…``: a later import removes those whose process
+#: is gone (``kill -9`` leaves them behind).
+TEMP_PREFIX = "pcnb-fleet-"
 
 
 def dataset_fs(out: str) -> tuple[Any, str]:
@@ -67,7 +71,7 @@ def _local(out: str) -> Iterator[str]:
     if fs is None:
         yield out
         return
-    tmp = tempfile.mkdtemp(prefix="pcnb-parquet-")
+    tmp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
     try:
         yield tmp
         for dirpath, _, names in os.walk(tmp):
@@ -88,20 +92,60 @@ def _quote(path: str) -> str:
     return "'" + path.replace("'", "''") + "'"
 
 
-def remove_group(out: str, group: str, tables: Sequence[str] | None = None) -> int:
-    """Delete the files ``group`` wrote under ``out`` (of ``tables``, default all); returns how many."""
-    removed = 0
+def group_files(out: str, group: str, tables: Sequence[str] | None = None) -> list[str]:
+    """The files ``group`` wrote under ``out`` (of ``tables``, default all), as paths in its filesystem, sorted."""
     fs, root = dataset_fs(out)
+    found: set[str] = set()
     for pattern in ([f"{t}/**/{group}_*.parquet" for t in tables] + [f"{t}/{group}.parquet" for t in tables]
                     if tables else [f"**/{group}_*.parquet", f"**/{group}.parquet"]):
-        if fs is None:
-            found = glob.glob(os.path.join(out, pattern), recursive=True)
-        else:
-            found = fs.glob(root + "/" + pattern)
-        for f in found:
-            os.remove(f) if fs is None else fs.rm(f)
-            removed += 1
-    return removed
+        found.update(glob.glob(os.path.join(out, pattern), recursive=True) if fs is None
+                     else fs.glob(root + "/" + pattern))
+    return sorted(found)
+
+
+def remove_group(out: str, group: str, tables: Sequence[str] | None = None) -> int:
+    """Delete the files ``group`` wrote under ``out`` (of ``tables``, default all); returns how many."""
+    fs, _ = dataset_fs(out)
+    found = group_files(out, group, tables)
+    for f in found:
+        os.remove(f) if fs is None else fs.rm(f)
+    return len(found)
+
+
+def group_outputs(out: str, group: str) -> list[list[Any]]:
+    """``[path relative to out, size, sha256]`` of each file ``group`` wrote: what a fleet manifest records, and
+    checks before it calls a group unchanged (a file deleted, truncated or rewritten since is imported again)."""
+    fs, root = dataset_fs(out)
+    base = (out if fs is None else root).rstrip("/")
+    return [[f[len(base) + 1:].replace(os.sep, "/"), *file_digest(f, fs)] for f in group_files(out, group)]
+
+
+def unreadable_parquet(paths: Sequence[str]) -> dict[str, str]:
+    """path -> DuckDB's first error line, for each local file of ``paths`` that cannot be read as Parquet."""
+    import duckdb
+
+    bad: dict[str, str] = {}
+    con = duckdb.connect()
+    try:
+        for path in paths:
+            try:
+                con.execute("SELECT count(*) FROM read_parquet(?)", [path]).fetchall()
+            except duckdb.Error as exc:
+                bad[path] = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    finally:
+        con.close()
+    return bad
+
+
+def file_digest(path: str, fs: Any = None) -> tuple[int, str]:
+    """(size, sha256 hex) of a file, read a megabyte at a time (``fs``: its fsspec filesystem, None: local)."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") if fs is None else fs.open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
 
 
 def export_group(store: Store, out: str, group: str) -> None:

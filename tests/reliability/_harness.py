@@ -844,3 +844,114 @@ def partial_problems(store: Path, reference: dict[str, list[tuple[Any, ...]]], *
         elif whole and len(rows) != len(want):
             problems.append(f"session {sid} half-written: {len(rows)} of {len(want)} requests")
     return problems
+
+
+# -- fleet imports killed --------------------------------------------------------------------------------------
+@dataclass
+class FleetTrial:
+    """One ``promptcache-nb import DIRS --out OUT`` killed (``sig``) ``delay`` seconds after it started, then run
+    again to its end: the dataset must hold exactly an uninterrupted run's rows, ``doctor OUT`` find it sound,
+    and no temporary folder of the killed run be left."""
+
+    sig: str
+    delay: float
+    interrupted: bool = False
+    left_behind: int = 0  # temporary folders the killed run left (the next run removes them)
+    groups_kept: int = 0  # file groups the killed run had recorded (the next run leaves them unchanged)
+    problems: list[str] = field(default_factory=list)
+    to_exit: float | None = None
+
+    @property
+    def survived(self) -> bool:
+        return not self.problems
+
+
+def fleet_logs(folder: Path, *, folders: int = 4, sessions: int = 2, requests: int = 8) -> list[Path]:
+    """``folders`` folders of generated exchanges logs (each passed on its own: one file group, one task)."""
+    out = []
+    for k in range(folders):
+        write_logs(folder / f"dev-{k}", sessions=sessions, requests=requests)
+        out.append(folder / f"dev-{k}")
+    return out
+
+
+def fleet_rows(out: Path) -> list[str]:
+    """Every ``turns`` and ``sessions`` row of a fleet dataset, canonically ordered."""
+    with pc.fleet.open(out, progress=False) as lab:
+        rows = []
+        for table in ("turns", "sessions"):
+            df = lab.sql(f"SELECT * FROM {table}")
+            rows += sorted(table + "\x1f" + "\x1f".join(map(repr, r)) for r in df.itertuples(index=False))
+    return rows
+
+
+def _fleet_cli(dirs: list[Path], out: Path, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    return ([sys.executable, "-W", "ignore", "-m", "promptcache_nb.cli", "import", *map(str, dirs), "--out", str(out),
+             "--quiet"], {**_cli_env(), "TMPDIR": str(tmp)})
+
+
+def _wait_for_work(proc: subprocess.Popen[str], tmp: Path, timeout: float) -> float:
+    """Wait until the import's first temporary folder appears (its first file group begins); that moment."""
+    t0 = time.perf_counter()
+    while proc.poll() is None and not any(tmp.glob("pcnb-fleet-*")) and time.perf_counter() - t0 < timeout:
+        time.sleep(0.002)
+    return time.perf_counter()
+
+
+def fleet_reference(workdir: Path, dirs: list[Path], *, timeout: float = 300) -> tuple[list[str], float]:
+    """An uninterrupted ``promptcache-nb import DIRS --out OUT``: its dataset's rows (:func:`fleet_rows`) and the
+    seconds from its first file group's start to its exit (the span to draw kill delays from)."""
+    args, env = _fleet_cli(dirs, workdir / "fleet", workdir / "tmp")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    began = _wait_for_work(proc, workdir / "tmp", timeout)
+    _, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the reference fleet import failed: {err}")
+    return fleet_rows(workdir / "fleet"), time.perf_counter() - began
+
+
+def fleet_kill_trial(workdir: Path, dirs: list[Path], reference: list[str], *, sig: str, delay: float,
+                     timeout: float = 300) -> FleetTrial:
+    """:class:`FleetTrial`, the signal sent ``delay`` seconds after the first file group began (its temporary folder
+    appeared); the killed run and the run after it share ``workdir/tmp`` as their TMPDIR."""
+    trial = FleetTrial(sig, delay)
+    out, tmp = workdir / "fleet", workdir / "tmp"
+    args, env = _fleet_cli(dirs, out, tmp)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        began = _wait_for_work(proc, tmp, timeout)
+        while proc.poll() is None and time.perf_counter() - began < delay:
+            time.sleep(0.002)
+        if proc.poll() is None:
+            sent = time.perf_counter()
+            proc.send_signal(getattr(signal, sig))
+            proc.wait(timeout)
+            trial.to_exit = time.perf_counter() - sent
+            trial.interrupted = True
+        _, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    if trial.interrupted and sig == "SIGINT":
+        lines = stderr.strip().splitlines()
+        if proc.returncode != 130 or len(lines) != 1 or not lines[0].startswith("promptcache-nb: interrupted"):
+            trial.problems.append(f"Ctrl-C: exit {proc.returncode}, stderr {stderr.strip()[-300:]!r}")
+    trial.left_behind = len(list(tmp.glob("pcnb-fleet-*")))
+    manifest = _read_json(out / "_fleet.json")
+    trial.groups_kept = len(manifest["groups"]) if manifest else 0
+    again = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+    if again.returncode != 0:
+        trial.problems.append(f"the run after the kill failed: {again.stderr.strip()[-300:]}")
+        return trial
+    if list(tmp.glob("pcnb-fleet-*")):
+        trial.problems.append(f"temporary folders left after the next run: {sorted(p.name for p in tmp.iterdir())}")
+    report = pc.fleet.check_dataset(out)
+    if not report.ok:
+        trial.problems.append(f"doctor: {report.problems}")
+    got = fleet_rows(out)
+    if got != reference:
+        trial.problems.append(f"the dataset differs from an uninterrupted run's: {len(got)} rows, "
+                              f"{len(reference)} expected, {len(set(got) ^ set(reference))} differ")
+    return trial

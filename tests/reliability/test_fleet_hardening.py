@@ -1,0 +1,211 @@
+"""Issue 41: fleet datasets never lose a group. A second import into one dataset adds to it (it dropped every
+group it did not plan); a deleted or truncated Parquet file is re-imported (the manifest said "unchanged");
+two imports at once keep both manifests' groups; ``doctor DIR`` checks a dataset (it refused a directory); a
+killed import's temporary folder is removed by the next; Ctrl-C is one line (no ``RuntimeError: Query
+interrupted``). Real processes, real signals, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _harness import REPO, cli, fleet_kill_trial, fleet_logs, fleet_reference, fleet_rows
+
+import promptcache_nb as pc
+from promptcache_nb import fleet
+from promptcache_nb.cli import main
+
+LOGS = REPO / "tests" / "fixtures" / "logs"
+
+
+def _count(out: Path) -> int:
+    with fleet.open(out, progress=False) as lab:
+        return int(lab.sql("SELECT count(*) AS n FROM turns").n[0])
+
+
+def _single(paths: list[Path], tmp: Path) -> int:
+    with pc.Lab(tmp / f"single-{len(list(tmp.iterdir()))}.duckdb", progress=False) as lab:
+        for p in paths:
+            lab.import_log(p)
+        return int(lab.sql("SELECT count(*) AS n FROM turns").n[0])
+
+
+@pytest.fixture
+def two_folders(tmp_path: Path) -> tuple[Path, Path]:
+    shutil.copytree(LOGS / "exchanges", tmp_path / "logs" / "exchanges")
+    shutil.copytree(LOGS / "pi", tmp_path / "logs" / "pi")
+    return tmp_path / "logs" / "exchanges", tmp_path / "logs" / "pi"
+
+
+# -- append-safety ----------------------------------------------------------------------------------------------
+def test_a_second_import_into_a_dataset_adds_to_it(two_folders, tmp_path: Path) -> None:
+    exchanges, pi = two_folders
+    out = tmp_path / "fleet"
+    cli(["import", str(exchanges), "--out", str(out), "--quiet"]).check_returncode()
+    first = _count(out)
+    cli(["import", str(pi), "--out", str(out), "--quiet"]).check_returncode()
+    both = _count(out)
+    assert first == _single([exchanges], tmp_path) and first > 0
+    assert both == _single([exchanges, pi], tmp_path) > first  # 21 instead of 27 before the fix
+    again = fleet.import_logs(exchanges, out=out, progress=False)  # and through the API: nothing to do, nothing lost
+    assert (again.groups["status"] == "unchanged").all()
+    assert _count(out) == both
+
+
+def test_a_group_whose_logs_are_gone_is_removed_and_only_it(two_folders, tmp_path: Path) -> None:
+    exchanges, pi = two_folders
+    out = tmp_path / "fleet"
+    fleet.import_logs(exchanges, out=out, progress=False)
+    fleet.import_logs(pi, out=out, progress=False)
+    shutil.rmtree(pi)
+    fleet.import_logs(exchanges, out=out, progress=False)  # pi's files vanished: its group leaves
+    assert _count(out) == _single([exchanges], tmp_path)
+    manifest = json.loads((out / "_fleet.json").read_text())
+    keys = [r["key"] for r in manifest["groups"].values()]
+    assert keys and all(k.startswith(str(exchanges)) for k in keys), keys
+
+
+# -- a damaged dataset: doctor says so, the next import repairs it ------------------------------------------------
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_a_damaged_parquet_file_is_reported_and_reimported(damage: str, two_folders, tmp_path: Path,
+                                                           capsys) -> None:
+    exchanges, pi = two_folders
+    out = tmp_path / "fleet"
+    fleet.import_logs([exchanges, pi], out=out, progress=False)
+    expected = fleet_rows(out)
+    assert main(["doctor", str(out)]) == 0  # "it is a directory" before
+    assert "a fleet dataset; 2 file groups" in capsys.readouterr().out
+    victim = sorted((out / "turns").rglob("*.parquet"))[0]
+    if damage == "delete":
+        victim.unlink()
+    else:
+        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    assert main(["doctor", str(out)]) == 1
+    text = capsys.readouterr().out
+    rel = victim.relative_to(out).as_posix()
+    assert f"{rel} is missing" in text if damage == "delete" else f"{rel} holds" in text
+    assert "run the import again" in text and text.rstrip().endswith("found")
+    again = fleet.import_logs([exchanges, pi], out=out, progress=False)
+    assert sorted(again.groups["status"]) == ["imported", "unchanged"]  # that group, only it
+    assert fleet_rows(out) == expected
+    assert fleet.check_dataset(out).ok
+
+
+def test_doctor_reports_files_no_manifest_entry_records(two_folders, tmp_path: Path) -> None:
+    exchanges, _ = two_folders
+    out = tmp_path / "fleet"
+    fleet.import_logs(exchanges, out=out, progress=False)
+    stray = out / "blocks" / "gdeadbeef0000.parquet"
+    shutil.copy(next((out / "blocks").glob("*.parquet")), stray)
+    problems = fleet.check_dataset(out).problems
+    assert problems == ["group gdeadbeef0000: 1 Parquet file no manifest entry records (an import killed before "
+                        "it recorded them, or one still running); run the import again"]
+    (out / "_fleet.json").write_text("{not json")
+    (problem,) = fleet.check_dataset(out).problems
+    assert "not a fleet manifest" in problem
+
+
+# -- two writers at once -------------------------------------------------------------------------------------------
+def test_two_imports_at_once_keep_both_manifests_groups(tmp_path: Path) -> None:
+    dirs = fleet_logs(tmp_path / "logs", folders=4, sessions=2, requests=6)
+    out = tmp_path / "fleet"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", "-m", "promptcache_nb.cli", "import", *map(str, half),
+                               "--out", str(out), "--quiet"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for half in (dirs[:2], dirs[2:])]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    manifest = json.loads((out / "_fleet.json").read_text())
+    assert sorted(Path(r["key"]).parent.name for r in manifest["groups"].values()) == [d.name for d in dirs]
+    assert fleet.check_dataset(out).ok
+    reference = tmp_path / "reference"
+    fleet.import_logs(dirs, out=reference, progress=False)
+    assert fleet_rows(out) == fleet_rows(reference)
+    again = fleet.import_logs(dirs, out=out, progress=False)
+    assert (again.groups["status"] == "unchanged").all()
+
+
+# -- temporary folders of a killed import --------------------------------------------------------------------------
+def test_stale_temp_folders_of_dead_processes_are_removed(tmp_path: Path, monkeypatch) -> None:
+    import tempfile
+
+    from promptcache_nb.fleet._import import clean_stale_temp
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"pcnb-fleet-{dead.pid}-abc123" / "group.duckdb").parent.mkdir()
+    (tmp_path / f"pcnb-fleet-{dead.pid}-abc123" / "group.duckdb").write_bytes(b"x" * 100)
+    (tmp_path / f"pcnb-fleet-{os.getpid()}-live").mkdir()  # this process's: in use
+    (tmp_path / "pcnb-other").mkdir()
+    assert clean_stale_temp() == [str(tmp_path / f"pcnb-fleet-{dead.pid}-abc123")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pcnb-fleet-" + f"{os.getpid()}-live", "pcnb-other"]
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_fleet_import_leaves_nothing_the_next_run_does_not_repair(tmp_path: Path) -> None:
+    dirs = fleet_logs(tmp_path / "logs", folders=4, sessions=2, requests=8)
+    reference, span = fleet_reference(tmp_path / "reference", dirs)
+    rng = random.Random(41)
+    trials = [fleet_kill_trial(tmp_path / f"t{k}", dirs, reference, sig=sig, delay=rng.uniform(0.0, span * 0.8))
+              for k, sig in enumerate(["SIGKILL", "SIGKILL", "SIGINT"])]
+    assert [t.problems for t in trials] == [[], [], []]
+    assert any(t.interrupted for t in trials)
+
+
+# -- Ctrl-C in a notebook: a KeyboardInterrupt, never DuckDB's RuntimeError -----------------------------------------
+_CHILD = """
+import sys, promptcache_nb as pc
+print("ready", flush=True)
+try:
+    pc.fleet.import_logs(sys.argv[1:-1], out=sys.argv[-1], progress=False)
+    print("finished")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+except BaseException as exc:
+    print(f"{type(exc).__name__}: {exc}")
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_fleet_import_is_a_keyboard_interrupt(tmp_path: Path) -> None:
+    dirs = fleet_logs(tmp_path / "logs", folders=3, sessions=2, requests=8)
+    rng = random.Random(7)
+    seen = []
+    for k in range(3):
+        proc = subprocess.Popen([sys.executable, "-W", "ignore", "-c", _CHILD, *map(str, dirs),
+                                 str(tmp_path / f"out{k}")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(rng.uniform(0.3, 2.5))
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        seen.append(out.strip())
+        assert "Query interrupted" not in out + err and "Traceback" not in err, (out, err)
+    assert set(seen) <= {"KeyboardInterrupt", "finished"} and "KeyboardInterrupt" in seen
+
+
+@pytest.mark.parametrize(("make", "words"), [("file", "it is a file, not a folder"),
+                                              ("fifo", "it is a FIFO (named pipe), not a folder"),
+                                              ("loop", "it is a symlink loop")])
+def test_a_dataset_path_that_is_not_a_folder_is_refused_in_one_line(make: str, words: str, two_folders,
+                                                                     tmp_path: Path) -> None:
+    out = tmp_path / "fleet"
+    if make == "file":
+        out.write_text("notes")
+    elif make == "fifo":
+        os.mkfifo(out)
+    else:
+        out.symlink_to(out)
+    done = cli(["import", str(two_folders[0]), "--out", str(out)])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert words in done.stderr and str(out) in done.stderr
