@@ -190,7 +190,7 @@ def test_exchanges_reader_reads_the_same_usage(api, proxy, log_path):
     records = [r for r in exchanges.ExchangesReader().read(log_path) if isinstance(r, ImportedRequest)]
     assert len(records) == 3
     for record, sdk in zip(records[:2], (plain, streamed), strict=True):
-        assert record.usage == pc.Usage.from_anthropic(sdk, source=record.usage.source)
+        assert record.usage == pc.dialects.usage_from_anthropic(sdk, source=record.usage.source)
         assert record.usage.source == "simulated"  # the simulator's x-promptcache-simulator header, logged
     assert records[2].usage.cache_read_input_tokens == chat.prompt_tokens_details.cached_tokens
     assert records[2].usage.total_input_tokens == chat.prompt_tokens

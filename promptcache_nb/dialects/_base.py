@@ -88,10 +88,6 @@ class Dialect(Protocol):
     whole_units: bool
     scalar_keys: Mapping[str, str]
 
-    def detect(self, body: Mapping[str, Any]) -> bool:
-        """Whether ``body`` reads as this format (the registry's one rule, :func:`~promptcache_nb.dialects.detect`)."""
-        ...
-
     def segment(self, sink: SegmentSink) -> Sequence[str]:
         """Split ``sink.body`` into segments in cache-prefix order, recording its shape; the top-level keys
         segmented. Raises ValueError, one line naming the field, on a shape it cannot segment."""
@@ -144,16 +140,10 @@ class Dialect(Protocol):
 
 
 class DialectBase:
-    """What every built-in :class:`Dialect` does the same way: its repr, and ``detect`` through the registry (whose
-    evidence order needs every dialect at once)."""
+    """What every built-in :class:`Dialect` does the same way: its repr. (Which format a body is written in is the
+    registry's question, :func:`~promptcache_nb.dialects.detect`: its evidence order needs every dialect at once.)"""
 
     name: DialectName
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
-
-    def detect(self, body: Mapping[str, Any]) -> bool:
-        from ._registry import detect
-
-        found: object = detect(body)
-        return found is self

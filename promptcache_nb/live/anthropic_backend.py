@@ -21,6 +21,7 @@ import anthropic
 
 from .._util import is_loopback
 from ..cache import CacheModel, CacheResult
+from ..dialects import usage_from_anthropic
 from ..errors import (
     APIConnectionError,
     APIError,
@@ -30,7 +31,6 @@ from ..errors import (
     RateLimitError,
 )
 from ..request import PreparedRequest
-from ..usage import Usage
 from ._base import AT_HEADER, SIMULATOR_HEADER, Backend, BackendResponse
 
 #: Messages fields that shape the output, not the input: left out of a ``count_tokens`` call.
@@ -139,7 +139,7 @@ class AnthropicBackend(Backend):
             raise AuthenticationError(
                 "no API key: ANTHROPIC_API_KEY is not set and the client was given no api_key") from None
         simulated = headers.get(SIMULATOR_HEADER) is not None
-        usage = Usage.from_anthropic(message.usage, source="simulated" if simulated else "live")
+        usage = usage_from_anthropic(message.usage, source="simulated" if simulated else "live")
         content = [block.model_dump(mode="json", exclude_none=True) for block in message.content]
         # Predict only after the endpoint accepted the request: the local cache model then holds exactly
         # the requests the store holds, even when a send fails.
