@@ -37,9 +37,10 @@ from .live.capture import capture
 from .request import PrefixDiff
 from .request.diff import diff
 from .scenario import Scenario, load_scenario
-from .session import Session, Turn
+from .session import Session
 from .strategies import Strategy
 from .strategies import strategy_names as _strategy_names
+from .turn import Turn
 from .usage import Usage
 
 __version__ = "0.1.0"

@@ -237,6 +237,15 @@ class Lab:
             return _analysis.session_summary(self)
         return _analysis.group_summary(self, by)
 
+    @staticmethod
+    def of(session: Session) -> Lab:
+        """The Lab that opened ``session`` (``session.lab``, which a Session knows only as its
+        :class:`~promptcache_nb.session.SessionHost`: only a Lab opens sessions)."""
+        lab = session.lab
+        if not isinstance(lab, Lab):
+            raise TypeError(f"session {session.id!r} was opened by {type(lab).__name__}, not a Lab")
+        return lab
+
     def open_session(self, session_id: str, *, backend: Backend | None = None) -> Session:
         """A stored session, to continue it. Opening a session that is already open returns that same object
         (with ``backend``, when given, as its backend), so the object a notebook holds keeps working. What

@@ -34,6 +34,7 @@ RANKS = {
     "strategies": 2,  # assemble a body from the session's state
     "request": 3,  # canonical JSON, segments, hashes, prefix diff
     "cache": 4,  # provider cache models
+    "turn": 4.5,  # a stored request as a session hands it back; who hears of each one stored (on_record)
     "live": 5,  # backends and servers that apply a cache model or call the API
     "store": 6,  # DuckDB: every SQL statement
     "analysis": 7,  # pandas views, observation, prices, what-ifs
@@ -41,7 +42,7 @@ RANKS = {
     "pipeline": 9,  # one request: build → (send) → ideal read → price → analyse → typed record; no SQL
     "_shared": 9,  # what a Lab's sessions share: simulated caches per scope (rebuilt from the store), knowledge
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
-    "advice": 11,  # counterfactual sessions and ranked advice over stored sessions (never imports lab)
+    "advice": 11.5,  # counterfactual sessions and ranked advice over a Lab's stored sessions
     "lab": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
     "ingest": 12,  # importers/_ingest.py (+ _groups, _parallel, _analyze): stores imported requests through Lab
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)

@@ -45,9 +45,9 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .._protocols import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
 from .._util import SIMULATOR_HEADER
 from ..errors import PromptCacheError
+from ..turn import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
 from ..usage import UsageSource
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,7 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     # annotations only (absolute: the runtime import graph has no live -> session edge)
     from promptcache_nb.lab import Lab
-    from promptcache_nb.session import Session, Turn
+    from promptcache_nb.session import Session
+    from promptcache_nb.turn import Turn
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..analysis import compare_df
 from ..errors import KnowledgeError, SessionError
+from ..lab import Lab
 from ..request import PreparedRequest, canonical_bytes
 from ..request.diff import diff as _request_diff  # the function (``request.diff`` is the module)
 from ..scenario import Event, KnowledgeRemove, KnowledgeUpdate, Scenario, load_scenario
@@ -26,9 +27,9 @@ from . import _html
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ..lab import Lab
-    from ..session import Session, Turn
+    from ..session import Session
     from ..store import KnowledgeEntry
+    from ..turn import Turn
 
 Listener = Callable[[str], None]
 #: ``progress(done, total)``: called after each unit of a multi-request action (the views' progress bars).
@@ -47,7 +48,7 @@ def live_session(session: Session) -> Session:
     ``Session.restart()`` (a button, or a scenario ``restart`` event) closes the old object and opens a
     new one; views holding the old one follow it here instead of failing with "session was restarted".
     """
-    lab = session.lab
+    lab = Lab.of(session)
     if lab.store.closed:
         return session
     return lab.active_session(session.id) or session
@@ -287,7 +288,7 @@ class StepperController(_Observable):
 
         get_strategy(strategy)  # an unknown name fails here, naming the registered ones
         old = self.session
-        s = old.lab.replay(sc, strategy=strategy, cache=old.cache, stop_after=self.position, progress=False)
+        s = Lab.of(old).replay(sc, strategy=strategy, cache=old.cache, stop_after=self.position, progress=False)
         return StepperController(s, sc)
 
     def switch_strategy(self, strategy: str) -> Session:
@@ -391,7 +392,7 @@ class StepperController(_Observable):
         at = sc.start if last_at is None else last_at + turn.after
         number = f"scenario turn {self.position + 1} of {len(sc.turns)}"
         skipped: list[str] = []
-        lab = s.lab
+        lab = Lab.of(s)
         try:
             # its events and its requests are one transaction: a failure leaves nothing half-applied
             with lab.atomic():
@@ -738,7 +739,6 @@ class CompareController(_Observable):
     def __init__(self, scenario: Scenario | str | Path, *, strategies: Iterable[str] | None = None,
                  cache: str = "anthropic", lab: Lab | None = None) -> None:
         super().__init__()
-        from ..lab import Lab
         from ..strategies import strategy_names
 
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -846,7 +846,7 @@ class MonitorController(_Observable):
         super().__init__()
         import threading
 
-        from .._protocols import on_record
+        from ..turn import on_record
 
         self.session = session
         self._lock = threading.Lock()  # a capture adds from the thread that finished the call
