@@ -30,10 +30,10 @@ from .cache import (
 )
 from .cache import cache_model_names as _cache_model_names
 from .errors import InvalidOptionError, PromptCacheError, StoreLockedError
-from .importers import ImportResult
+from .ingest import ImportResult
+from .ingest.capture import capture
 from .lab import Lab
 from .live import SimulatorServer, count_tokens
-from .live.capture import capture
 from .request import PrefixDiff
 from .request.diff import diff
 from .scenario import Scenario, load_scenario

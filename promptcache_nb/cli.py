@@ -166,7 +166,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     import promptcache_nb as pc
 
-    from .importers._ingest import BREAKS_VS_REBUILDS, UNCACHED_NOTE, expand_paths
+    from .ingest._import import BREAKS_VS_REBUILDS, UNCACHED_NOTE, expand_paths
 
     paths = _import_store(args)
     if args.agent and not paths:
@@ -681,7 +681,7 @@ def _print_table(df: pd.DataFrame, args: argparse.Namespace, *, head: Sequence[s
 def _sources(sources: list[str]) -> tuple[list[str], str]:
     """Sessions' sources (``format:path``) shortened as the import shortens them (relative to the folder they share,
     a single file's name) and that folder (``~`` for the home folder; "" when nothing is shared)."""
-    from .importers._ingest import ImportResult
+    from .ingest._import import ImportResult
 
     paths = [s.partition(":")[2] if ":" in s and len(s.partition(":")[0]) > 1 else s for s in sources]
     paths = [p for p in paths if p]

@@ -48,8 +48,8 @@ from .tokens import DEFAULT_TOKENIZER, Tokenizer
 if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first DataFrame, not with the package
     import pandas as pd
 
-    from .importers import ImportResult
-    from .live.capture import Capture
+    from .ingest import ImportResult
+    from .ingest.capture import Capture
 
 # a scenario's models are checked when it loads, against the table Lab.session validates with
 set_model_check(get_cache_model("anthropic").validate_model)
@@ -479,7 +479,7 @@ class Lab:
             >>> res = lab.import_log("~/.claude/projects/-home-me-billing")  # doctest: +SKIP
             >>> res.summary()  # doctest: +SKIP
         """
-        from .importers import import_log
+        from .ingest import import_log
 
         show = self.progress if progress is None else progress
         return import_log(self, paths, format=format, project=project, progress=show, workers=workers,
@@ -498,7 +498,7 @@ class Lab:
             >>> lab.import_log("~/.claude/projects")  # doctest: +SKIP
             >>> lab.analyze(workers=2)  # doctest: +SKIP
         """
-        from .importers import analyze
+        from .ingest import analyze
 
         show = self.progress if progress is None else progress
         return analyze(self, None if sessions is None else list(sessions), workers=workers, progress=show)
@@ -507,7 +507,7 @@ class Lab:
                 cache: str | None = None) -> AbstractContextManager[Capture]:
         """Store every call ``client`` completes in the ``with`` block (``pc.capture``; README "In your notebook
         and in CI")."""
-        from .live.capture import capture
+        from .ingest.capture import capture
 
         return capture(client, lab=self, session=session, project=project, cache=cache)
 

@@ -17,7 +17,7 @@ import pytest
 
 import promptcache_nb as pc
 from promptcache_nb.dialects import usage_from_anthropic, usage_from_openai
-from promptcache_nb.live.capture import on_record
+from promptcache_nb.ingest.capture import on_record
 from promptcache_nb.usage import Usage
 
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")

@@ -44,7 +44,7 @@ RANKS = {
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
     "advice": 11.5,  # counterfactual sessions and ranked advice over a Lab's stored sessions
     "lab": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
-    "ingest": 12,  # importers/_ingest.py (+ _groups, _parallel, _analyze): stores imported requests through Lab
+    "ingest": 12,  # logs and calls into sessions through a Lab: import_log (serial or parallel), analyze, capture
     "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
     "report": 13,
     "fleet": 12.5,  # after ingest (file groups), before __init__ (pc.fleet): many logs on many processes or machines into a Parquet dataset; a read-only Lab over it
@@ -55,15 +55,12 @@ RANKS = {
 
 #: Upward imports that are allowed, each inside a function (loaded on first use), with the reason.
 LAZY_UPWARD = {
-    ("importers", "ingest"): "importers/__init__ re-exports import_log and ImportResult on first use",
+    ("lab", "ingest"): "Lab.import_log / analyze / capture call the writers above it",
 }
 
 
 def node(module: str) -> str:
     """The layout node of a module name (``promptcache_nb.cache.openai`` -> ``cache``)."""
-    if module in ("promptcache_nb.importers._ingest", "promptcache_nb.importers._parallel",
-                  "promptcache_nb.importers._groups", "promptcache_nb.importers._analyze"):
-        return "ingest"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -183,8 +180,8 @@ def test_the_pipeline_writes_nothing_and_the_session_never_imports_the_lab() -> 
 def test_checker_catches_a_downstream_import() -> None:
     down = Import("promptcache_nb.strategies.naive", "promptcache_nb.store._db", 1, lazy=False)
     leaf = Import("promptcache_nb.usage", "promptcache_nb.request", 1, lazy=False)
-    lazy_ok = Import("promptcache_nb.importers", "promptcache_nb.importers._ingest", 1, lazy=True)
-    eager = Import("promptcache_nb.importers", "promptcache_nb.importers._ingest", 1, lazy=False)
+    lazy_ok = Import("promptcache_nb.lab", "promptcache_nb.ingest._import", 1, lazy=True)
+    eager = Import("promptcache_nb.lab", "promptcache_nb.ingest._import", 1, lazy=False)
     assert len(violations([down, leaf, lazy_ok, eager])) == 3
 
 
@@ -215,7 +212,7 @@ def test_lab_and_session_use_only_each_others_public_names() -> None:
     what they share lives in ``_shared`` (caches, knowledge), handed over through ``_protocols.SessionHost``."""
     assert _private_reach_ins("lab.py", {"s", "session", "open_", "old", "sess"}) == []
     assert _private_reach_ins("session.py", {"lab", "_lab", "host"}) == []
-    assert _private_reach_ins("importers/_ingest.py", {"lab", "s", "session"}) == []
+    assert _private_reach_ins("ingest/_import.py", {"lab", "s", "session"}) == []
 
 
 #: The wire formats' names: a comparison with one of them (or with anything named ``dialect``) asks which format a

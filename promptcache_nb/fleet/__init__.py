@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..importers._groups import FileGroup, plan_groups
+from ..ingest._groups import FileGroup, plan_groups
 from ._example import example_fleet
 from ._import import FleetImport, GroupReport, import_group, import_logs
 

@@ -124,7 +124,7 @@ def analyze(lab: Lab, session_ids: Iterable[str] | None = None, *, workers: int 
     if workers > 1 and len(plan.groups) > 1:
         _analyze_parallel(lab, plan, workers=workers, progress=progress)
     else:
-        from ._ingest import _import, _Owners
+        from ._import import _import, _Owners
 
         with gc_paused():
             _import(lab, [f for g in plan.groups for f in g], plan.format, None, progress, True,
@@ -137,8 +137,8 @@ def _check_unchanged(lab: Lab, plan: AnalysisPlan) -> None:
     """Refuse to analyse from log files that changed since they were imported: each request's line (where the
     reader located it: ``turns.source_offset`` / ``source_length`` / ``source_digest``) must still hold the same
     bytes. A file that only grew passes (its new lines are imported as new requests)."""
-    from ._ingest import _split_ref
-    from ._jsonl import open_log
+    from ..importers._jsonl import open_log
+    from ._import import _split_ref
 
     spans = lab.store.source_spans(sorted(plan.ids))
     by_file: dict[str, list[tuple[str, int, int, str]]] = {}
@@ -188,7 +188,7 @@ def _analyze_group(files: Sequence[str], folder: str, index: int, fmt: str, acco
                    projects: dict[str, str]) -> tuple[int, str, list[tuple[str, type[Warning]]]]:
     """Analyse one group into a new store file under ``folder`` (runs in a worker process)."""
     from ..lab import Lab
-    from ._ingest import _import, _Owners
+    from ._import import _import, _Owners
 
     path = os.path.join(folder, f"a{index}.duckdb")
     with warnings.catch_warnings(record=True) as caught:
@@ -238,7 +238,7 @@ def _analyze_parallel(lab: Lab, plan: AnalysisPlan, *, workers: int, progress: b
         shutil.rmtree(folder, ignore_errors=True)
     lab.caches.drop_all()  # the simulated caches did not see the merged requests: rebuilt when next used
     if serial:
-        from ._ingest import _import, _Owners
+        from ._import import _import, _Owners
 
         _import(lab, [f for g in serial for f in g], plan.format, None, progress, False,
                 _Owners(DEFAULT_ACCOUNT, plan.accounts, plan.projects), serial, deep=True, replace=plan.ids)

@@ -29,13 +29,13 @@ from ..analysis.frames import html_table
 from ..cache.anthropic import client_ttls_from_usage
 from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
+from ..importers._jsonl import COMPRESSED_SUFFIXES, UnreadableLog
+from ..importers._messages import append_message
+from ..importers._prefixes import UnloggedPrefix, agreed_prefix, covers
+from ..importers._registry import READERS, detect
+from ..importers._types import ImportedRequest, SkippedLine
 from ..request import BodyProblem, PreparedRequest, check_request
 from ..request.diff import visible
-from ._jsonl import COMPRESSED_SUFFIXES, UnreadableLog
-from ._messages import append_message
-from ._prefixes import UnloggedPrefix, agreed_prefix, covers
-from ._registry import READERS, detect
-from ._types import ImportedRequest, SkippedLine
 
 if TYPE_CHECKING:
     import pandas as pd

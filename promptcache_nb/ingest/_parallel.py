@@ -37,7 +37,7 @@ from ._groups import FileGroup, plan_groups
 
 if TYPE_CHECKING:
     from ..lab import Lab
-    from ._ingest import ImportResult
+    from ._import import ImportResult
 
 
 @dataclass
@@ -53,7 +53,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
                        deep: bool = True) -> _Done:
     """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
     from ..lab import Lab
-    from ._ingest import SessionList, import_log
+    from ._import import SessionList, import_log
 
     path = os.path.join(folder, group.id + ".duckdb")
     with warnings.catch_warnings(record=True) as caught:
@@ -75,7 +75,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
                     project: str | None, progress: bool, account: str | None = None, deep: bool = True
                     ) -> ImportResult:
     from ..analysis.calibrate import calibrate_families
-    from ._ingest import ImportResult, SessionList, _uncalibrated, import_log
+    from ._import import ImportResult, SessionList, _uncalibrated, import_log
 
     groups, passed = plan_groups(paths)  # in key order: the order workers=1 imports them, and merges follow
     folder = tempfile.mkdtemp(prefix="pcnb-import-")

@@ -41,7 +41,7 @@ class FileGroup:
 
 def plan_groups(paths: str | Path | Iterable[str | Path]) -> tuple[list[FileGroup], list[dict[str, Any]]]:
     """The file groups of ``paths``, and the files a walk passed over (with why), as ``Lab.import_log`` walks."""
-    from ._ingest import expand_paths
+    from ._import import expand_paths
 
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     roots = [Path(p).expanduser().resolve() for p in items if Path(p).expanduser().is_dir()]
@@ -65,8 +65,8 @@ def _group_key(path: Path, roots: Sequence[Path]) -> str:
 def _without_log_suffixes(name: str) -> str:
     """``name`` without the suffixes that make it a log (``.jsonl``, ``.json.gz``...): ``s.messages.json`` ->
     ``s.messages``, ``v1.2.jsonl`` -> ``v1.2``."""
-    from ._ingest import LOG_SUFFIXES
-    from ._jsonl import COMPRESSED_SUFFIXES
+    from ..importers._jsonl import COMPRESSED_SUFFIXES
+    from ._import import LOG_SUFFIXES
 
     stem = name
     for suffixes in (COMPRESSED_SUFFIXES, LOG_SUFFIXES):
