@@ -166,7 +166,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     import promptcache_nb as pc
 
-    from .ingest._import import BREAKS_VS_REBUILDS, UNCACHED_NOTE, expand_paths
+    from .ingest._groups import expand_paths
+    from .ingest._import import BREAKS_VS_REBUILDS, UNCACHED_NOTE
 
     paths = _import_store(args)
     if args.agent and not paths:

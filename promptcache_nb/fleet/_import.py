@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._util import progress_bar
 from ..errors import PromptCacheError
-from ..ingest._groups import FileGroup, plan_groups
-from ..ingest._import import expand_paths
+from ..ingest._groups import FileGroup, expand_paths, plan_groups
 from ..store._parquet import dataset_fs, remove_group
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ def _stat(path: str) -> tuple[str, int, int]:
 def import_group(group: FileGroup, out: str, project: str | None = None) -> GroupReport:
     """Import ``group`` into a private store and write it as Parquet under ``out`` (runs in a worker). A merged
     group's parts are stored in their order, each under its own project and account."""
-    from ..ingest._import import import_log
+    from ..ingest import import_log
     from ..lab import Lab
 
     cpu, wall = time.process_time(), time.perf_counter()

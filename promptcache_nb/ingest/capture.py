@@ -53,10 +53,11 @@ from ..usage import UsageSource
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    # annotations only (absolute: the runtime import graph has no live -> session edge)
-    from promptcache_nb.lab import Lab
     from promptcache_nb.session import Session
     from promptcache_nb.turn import Turn
+
+    # annotations only (absolute: the runtime import graph has no live -> session edge)
+    from promptcache_nb.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +393,7 @@ def _default_cache(client: Any) -> tuple[str, str]:
     return "anthropic", "claude-sonnet-4-5"
 
 
-def _new_session(lab: Lab, *, project: str | None, cache: str, model: str, client: Any) -> Session:
+def _new_session(lab: Workspace, *, project: str | None, cache: str, model: str, client: Any) -> Session:
     """A session for captured traffic: no strategy (the user's own code built the requests), like an import."""
     from .._config import SessionConfig
     from ..cache import get_cache_model
@@ -407,7 +408,7 @@ def _new_session(lab: Lab, *, project: str | None, cache: str, model: str, clien
 
 
 @contextmanager
-def capture(client: Any, *, lab: Lab, session: Session | None = None, project: str | None = None,
+def capture(client: Any, *, lab: Workspace, session: Session | None = None, project: str | None = None,
             cache: str | None = None) -> Iterator[Capture]:
     """Store every call ``client`` completes inside the ``with`` block into a session of ``lab``.
 

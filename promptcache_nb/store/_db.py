@@ -26,7 +26,6 @@ from .._types import (  # noqa: F401 - fnv1a re-exported (store.fnv1a)
     KnowledgeEntry,
     MessageBlock,
     RequestRecord,
-    RequestWrite,
     fnv1a,
 )
 from .._util import common_prefix_length, digest
@@ -46,6 +45,7 @@ from ._parquet import (
     parquet_source,
 )
 from ._schema import CORE_TABLES, damaged, schema_problems
+from ._write import RequestWrite
 
 if TYPE_CHECKING:  # pandas loads on the first DataFrame (duckdb's .df() imports it): not with the package
     import pandas as pd
