@@ -498,7 +498,7 @@ class Session:
         """Store the size of the prefix (system prompt and tools) a partial log leaves out, measured once from its
         first request (measured total minus the logged part, or the size agreed for its identity): later requests,
         and later imports of the same log, are sized with it. ``of``: the prefix's identity and variant
-        (``importers/_prefixes.py``); ``read``: the first request's measured cache read, the evidence a shared
+        (``ingest/_prefixes.py``); ``read``: the first request's measured cache read, the evidence a shared
         prefix rests on. Written in the caller's transaction when there is one."""
         config = self._config.replace(unlogged_prefix_tokens=tokens, unlogged_prefix_of=of, unlogged_prefix_read=read)
         with self._lab.store.transaction():

@@ -29,12 +29,12 @@ from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
 from ..importers._jsonl import UnreadableLog
 from ..importers._messages import append_message
-from ..importers._prefixes import UnloggedPrefix, agreed_prefix, covers
 from ..importers._registry import READERS, detect
 from ..importers._types import ImportedRequest, SkippedLine
 from ..request import BodyProblem, PreparedRequest, check_request
 from ..request.diff import visible
 from ._groups import LogFile, display_path, expand_paths, plan_groups
+from ._prefixes import UnloggedPrefix, agreed_prefix, covers
 
 if TYPE_CHECKING:
     import pandas as pd
