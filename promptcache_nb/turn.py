@@ -11,13 +11,12 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .request import PreparedRequest, canonical_bytes, prepare
 from .usage import Usage
 
 if TYPE_CHECKING:
-    from ._protocols import StoredSession
     from .cache import CacheResult
 
 # Columns of s.turns(): everything a notebook user wants, JSON blobs left in SQL.
@@ -148,13 +147,20 @@ class Turn:
         )
 
 
+class HasId(Protocol):
+    """A session object, as far as its listeners are concerned: its id."""
+
+    @property
+    def id(self) -> str: ...
+
+
 # Listeners by session id (a restarted Session object keeps its id, so they follow it); a capture stores from the
 # thread that finished its call, hence the lock.
 _LISTENERS_LOCK = threading.RLock()
 _LISTENERS: dict[str, list[Callable[[Turn], None]]] = {}
 
 
-def on_record(session: StoredSession | str, fn: Callable[[Turn], None]) -> Callable[[], None]:
+def on_record(session: HasId | str, fn: Callable[[Turn], None]) -> Callable[[], None]:
     """Call ``fn(turn)`` after each request stored into ``session`` (once committed, in order); returns the
     unsubscribe function.
 
