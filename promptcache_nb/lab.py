@@ -51,7 +51,8 @@ class Lab(Workspace):
         """A stored session, to continue it (:meth:`Workspace.open_session
         <promptcache_nb.workspace.Workspace.open_session>`); a usage-first import's session has its bodies analysed
         first (:meth:`analyze`)."""
-        if self.active_session(session_id) is None and session_id in self.store.unanalysed_ids():
+        if (self.active_session(session_id) is None and self.store.session_row(session_id) is not None
+                and session_id in self.store.unanalysed_ids()):  # session_row: a closed store says so
             self.analyze([session_id], progress=False)
         return super().open_session(session_id, backend=backend)
 
