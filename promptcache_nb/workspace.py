@@ -16,6 +16,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -74,6 +75,36 @@ def _replay_chunks(turns: Sequence[ScenarioTurn], size: int) -> Iterator[tuple[i
                 stop += 1
         yield first, stop
         first = stop
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionOptions:
+    """What a new session is made of: the arguments of :meth:`Workspace.new_session` (and :meth:`Workspace.session`),
+    their defaults written here once. Checked when the session is created, not here.
+
+    Example:
+        >>> SessionOptions(strategy="durable_delta", system="You are terse.").model
+        'claude-sonnet-4-5'
+    """
+
+    strategy: str = "naive"  #: one of ``pc.STRATEGIES``
+    cache: str = "anthropic"  #: one of ``pc.CACHE_MODELS``
+    model: str = "claude-sonnet-4-5"  #: the model id (validated against the cache model's table)
+    project: str = "default"  #: knowledge is scoped to a project
+    system: str = ""  #: the host prompt
+    tools: list[dict[str, Any]] | None = None  #: tool JSON
+    start: datetime | None = None  #: the session clock's first timestamp (UTC); None: the scenario default
+    step: str | timedelta = "30s"  #: the default gap between turns
+    backend: Backend | None = None  #: where requests go (None: the in-process simulator)
+    cache_params: dict[str, Any] | None = None  #: the cache model's options
+    strategy_params: dict[str, Any] | None = None  #: the strategy's options
+    prices: Prices | None = None  #: explicit prices for a model genai-prices does not know
+    calibration: Calibration | str | None = None  #: a ``Calibration``, or ``"stored"`` (the latest saved)
+    cache_scope: str | None = None  #: who shares the simulated provider cache (None: ``"session"``)
+
+
+#: The arguments a stored session is compared on when ``Workspace.session(id=...)`` is given others too.
+_STORED_OPTIONS = ("strategy", "cache", "model", "project")
 
 
 class Workspace:
@@ -272,20 +303,17 @@ class Workspace:
             >>> lab.session(id=s.id) is s  # doctest: +SKIP
             True
         """
+        # the arguments given (None: omitted), by SessionOptions field
+        given: dict[str, Any] = {k: v for k, v in (
+            ("strategy", strategy), ("cache", cache), ("model", model), ("project", project), ("system", system),
+            ("tools", tools), ("start", start), ("step", step), ("cache_params", cache_params),
+            ("strategy_params", strategy_params), ("prices", prices), ("calibration", calibration),
+            ("cache_scope", cache_scope)) if v is not None}
         if id is None:
-            return self.new_session(
-                "naive" if strategy is None else strategy, "anthropic" if cache is None else cache,
-                "claude-sonnet-4-5" if model is None else model, project="default" if project is None else project,
-                system="" if system is None else system, tools=tools, start=start,
-                step="30s" if step is None else step, backend=backend, cache_params=cache_params,
-                strategy_params=strategy_params, prices=prices, calibration=calibration, cache_scope=cache_scope)
+            return self._new_session(SessionOptions(backend=backend, **given))
         s = self.open_session(id, backend=backend)
-        stored = {"strategy": s.strategy, "cache": s.cache, "model": s.model, "project": s.project}
-        given = {"strategy": strategy, "cache": cache, "model": model, "project": project, "system": system,
-                 "tools": tools, "start": start, "step": step, "cache_params": cache_params,
-                 "strategy_params": strategy_params, "prices": prices, "calibration": calibration,
-                 "cache_scope": cache_scope}
-        clash = [f"{k}={v!r}" for k, v in given.items() if v is not None and (k not in stored or v != stored[k])]
+        stored = {k: getattr(s, k) for k in _STORED_OPTIONS}
+        clash = [f"{k}={v!r}" for k, v in given.items() if k not in stored or v != stored[k]]
         if clash:
             raise SessionError(f"lab.session(id={id!r}, {', '.join(clash)}): a stored session keeps its own "
                                "settings; use lab.open_session(id) to continue it, lab.new_session(...) for a new one")
@@ -293,15 +321,15 @@ class Workspace:
 
     def new_session(
         self,
-        strategy: str = "naive",
-        cache: str = "anthropic",
-        model: str = "claude-sonnet-4-5",
+        strategy: str = SessionOptions.strategy,
+        cache: str = SessionOptions.cache,
+        model: str = SessionOptions.model,
         *,
-        project: str = "default",
-        system: str = "",
+        project: str = SessionOptions.project,
+        system: str = SessionOptions.system,
         tools: list[dict[str, Any]] | None = None,
         start: datetime | None = None,
-        step: str | timedelta = "30s",
+        step: str | timedelta = SessionOptions.step,
         backend: Backend | None = None,
         cache_params: dict[str, Any] | None = None,
         strategy_params: dict[str, Any] | None = None,
@@ -310,6 +338,8 @@ class Workspace:
         cache_scope: str | None = None,
     ) -> Session:
         """Create a session.
+
+        The arguments are the fields of :class:`SessionOptions` (their defaults live there).
 
         Args:
             strategy: one of ``pc.STRATEGIES``.
@@ -333,50 +363,48 @@ class Workspace:
         Example:
             >>> s = lab.new_session("durable_delta", system="You are terse.", project="demo")  # doctest: +SKIP
         """
-        return self._new_session(strategy, cache, model, project=project, system=system, tools=tools, start=start,
-                                 step=step, backend=backend, cache_params=cache_params,
-                                 strategy_params=strategy_params, prices=prices, calibration=calibration,
-                                 cache_scope=cache_scope)
+        return self._new_session(SessionOptions(
+            strategy=strategy, cache=cache, model=model, project=project, system=system, tools=tools, start=start,
+            step=step, backend=backend, cache_params=cache_params, strategy_params=strategy_params, prices=prices,
+            calibration=calibration, cache_scope=cache_scope))
 
-    def _new_session(self, strategy: str, cache: str, model: str, *, project: str, system: str,
-                     tools: list[dict[str, Any]] | None, start: datetime | None, step: str | timedelta,
-                     backend: Backend | None, cache_params: dict[str, Any] | None,
-                     strategy_params: dict[str, Any] | None, prices: Prices | None,
-                     calibration: Calibration | str | None, cache_scope: str | None,
-                     extra: dict[str, Any] | None = None) -> Session:
+    def _new_session(self, options: SessionOptions, *, extra: dict[str, Any] | None = None) -> Session:
         """:meth:`new_session`; ``extra`` starts its state's ``extra`` (``replay``'s id namespace)."""
-        check_texts(SessionError, "lab.session", system=system, tools=tools)
-        if cache_scope is not None and cache_scope not in CACHE_SCOPES:
-            raise SessionError(f"cache_scope={cache_scope!r}: use one of {', '.join(map(repr, CACHE_SCOPES))}")
-        strat = get_strategy(strategy)
-        strategy_params = strat.check_params(strategy_params)  # a misspelt option fails here, naming the valid ones
-        cache_model = get_cache_model(cache, **(cache_params or {}))
-        model = cache_model.validate_model(model)
-        if prices is None:
+        o = options
+        check_texts(SessionError, "lab.session", system=o.system, tools=o.tools)
+        if o.cache_scope is not None and o.cache_scope not in CACHE_SCOPES:
+            raise SessionError(f"cache_scope={o.cache_scope!r}: use one of {', '.join(map(repr, CACHE_SCOPES))}")
+        strat = get_strategy(o.strategy)
+        strategy_params = strat.check_params(o.strategy_params)  # a misspelt option fails here, naming the valid ones
+        cache_params = o.cache_params or {}
+        cache_model = get_cache_model(o.cache, **cache_params)
+        model = cache_model.validate_model(o.model)
+        if o.prices is None:
             _analysis.default_prices(cache_model.name, model)  # fail now, not at turn 1
-        start = utc(start) if start is not None else DEFAULT_START
+        start = utc(o.start) if o.start is not None else DEFAULT_START
         n = self.store.session_count() + 1
         session_id = f"s{n:03d}-{strat.name}"
         while self.store.session_row(session_id) is not None:
             n += 1
             session_id = f"s{n:03d}-{strat.name}"
+        calibration = o.calibration
         if isinstance(calibration, str):
             if calibration != "stored":
                 raise SessionError(f"calibration={calibration!r}: pass a pc.analysis.Calibration or 'stored'")
             calibration = _analysis.load_calibration(self, model)
         config = SessionConfig(
-            start=start, step_seconds=parse_duration(step).total_seconds(), cache_params=cache_params or {},
-            strategy_params=strategy_params, cache_scope=cache_scope or "session",
-            prices=None if prices is None else {k: getattr(prices, k) for k in
-                                                ("input", "output", "cache_read", "cache_write_5m",
-                                                 "cache_write_1h", "source")},
+            start=start, step_seconds=parse_duration(o.step).total_seconds(), cache_params=cache_params,
+            strategy_params=strategy_params, cache_scope=o.cache_scope or "session",
+            prices=None if o.prices is None else {k: getattr(o.prices, k) for k in
+                                                  ("input", "output", "cache_read", "cache_write_5m",
+                                                   "cache_write_1h", "source")},
             calibration=None if calibration is None else {
                 "model": calibration.model, "ratio": float(calibration.ratio),
                 "overhead": float(calibration.overhead)},
         )
-        return self.create_session(config, session_id=session_id, project=project, strategy=strat.name,
-                                   cache=cache_model.name, model=model, system=system, tools=tools, extra=extra,
-                                   backend=backend)
+        return self.create_session(config, session_id=session_id, project=o.project, strategy=strat.name,
+                                   cache=cache_model.name, model=model, system=o.system, tools=o.tools, extra=extra,
+                                   backend=o.backend)
 
     def create_session(self, config: SessionConfig, *, session_id: str, project: str, model: str,
                        strategy: str | None = None, cache: str = "anthropic", system: str = "",
@@ -490,10 +518,10 @@ class Workspace:
         # the session row and its starting knowledge commit together: a kill between them would leave a session
         # that resumes with no knowledge and sends other requests than an uninterrupted replay
         with self.atomic():
-            s = self._new_session(strat.name, cache, sc.model, project=project_id, system=sc.host_prompt,
-                                  tools=list(sc.tools), start=sc.start, step="30s", backend=backend,
-                                  cache_params=cache_params, strategy_params=strategy_params, prices=None,
-                                  calibration=None, cache_scope=None, extra=extra)
+            s = self._new_session(SessionOptions(
+                strategy=strat.name, cache=cache, model=sc.model, project=project_id, system=sc.host_prompt,
+                tools=list(sc.tools), start=sc.start, backend=backend, cache_params=cache_params,
+                strategy_params=strategy_params), extra=extra)
             s.knowledge.add_many(sc.knowledge, at=sc.start)
             s.clear_pending_events()
         show = self.progress if progress is None else progress
