@@ -396,12 +396,12 @@ def test_binds_loopback_by_default_and_warns_otherwise(api, log_path, caplog, mo
         assert proxy.host == "127.0.0.1" and proxy.url.startswith("http://127.0.0.1:")
         assert proxy._server._sock.getsockname()[0] == "127.0.0.1"
     assert "stopped" in repr(proxy) and not caplog.records
-    monkeypatch.setattr("promptcache_nb.live.proxy.is_loopback", lambda host: False)
+    monkeypatch.setattr("promptcache_nb.live._serving.is_loopback", lambda host: False)
     with RecordingProxy(api.base_url, log_path):
         pass
     assert "anyone who can reach it" in caplog.text
     caplog.clear()
-    monkeypatch.setattr("promptcache_nb.live._asgi.is_loopback", lambda host: False)
+    monkeypatch.setattr("promptcache_nb.live._serving.is_loopback", lambda host: False)
     with pc.SimulatorServer():
         pass
     assert "accepts any API key" in caplog.text
