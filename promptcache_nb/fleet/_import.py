@@ -34,8 +34,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._util import progress_bar
+from ..analysis.calibrate import calibrate_families
 from ..errors import PromptCacheError
+from ..ingest import import_log
 from ..ingest._groups import FileGroup, expand_paths, plan_groups
+from ..lab import Lab
+from ..store import Store
 from ..store._parquet import dataset_fs, remove_group
 
 if TYPE_CHECKING:
@@ -74,9 +78,6 @@ def _stat(path: str) -> tuple[str, int, int]:
 def import_group(group: FileGroup, out: str, project: str | None = None) -> GroupReport:
     """Import ``group`` into a private store and write it as Parquet under ``out`` (runs in a worker). A merged
     group's parts are stored in their order, each under its own project and account."""
-    from ..ingest import import_log
-    from ..lab import Lab
-
     cpu, wall = time.process_time(), time.perf_counter()
     stats = [_stat(f) for f in group.files]
     tmp = tempfile.mkdtemp(prefix="pcnb-fleet-")
@@ -340,10 +341,6 @@ def _run(todo: Sequence[FileGroup], out: str, project: str | None, executor: Exe
 def _fit_calibrations(out: str) -> None:
     """One calibration per tokenizer family over the whole dataset's measured requests, as a single-process
     import fits over its store (never per group)."""
-    from ..analysis.calibrate import calibrate_families
-    from ..lab import Lab
-    from ..store import Store
-
     store = Store.open_dataset(out, writable_dataset_tables=True)
     try:
         store.clear_calibrations()

@@ -18,19 +18,25 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
+from .. import analysis as _analysis
 from .._config import DEFAULT_ACCOUNT, SessionConfig
 from .._shared import ScopeKey, scope_key
 from .._types import HISTORY_FROM_PARENT, HISTORY_MISSING
 from .._util import digest, gc_paused, progress_bar, user_stacklevel
 from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families, needs_calibration
+from ..analysis.cause import UsageOnly, usage_cause
 from ..analysis.frames import html_table
-from ..cache.anthropic import client_ttls_from_usage
+from ..analysis.observe import usage_break
+from ..analysis.rollups import session_summary
+from ..cache import get_cache_model
+from ..cache.anthropic import TTL_SECONDS, client_ttls_from_usage
 from ..dialects import get as get_format
-from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
+from ..errors import ImportFormatError, PromptCacheError, SessionError, UnpricedModelWarning, UsageError
 from ..importers._jsonl import UnreadableLog
 from ..importers._messages import append_message
 from ..importers._registry import READERS, detect
 from ..importers._types import ImportedRequest, SkippedLine
+from ..pipeline import reply_output_tokens, usage_record
 from ..request import BodyProblem, PreparedRequest, check_request
 from ..request.diff import visible
 from ._groups import LogFile, display_path, expand_paths, plan_groups
@@ -193,8 +199,6 @@ class ImportResult:
         a small loss, or one after an earlier partial read, is a rebuild without a break; a read that fell
         because the prompt got shorter (a compaction) is a break without a rebuild.
         """
-        from ..analysis.rollups import session_summary
-
         columns = ["session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd", "model",
                    "parent", "source"]
         if not self.sessions or self.sessions.lab is None:
@@ -525,8 +529,6 @@ def _file_groups(paths: str | Path | Sequence[str | Path], files: list[LogFile])
     """``files`` (indices) by file group (``_groups.plan_groups``), each in walk order, groups in the order of
     their first file. The files you name (not found by a walk) are one group: files named together often log one
     session between them (an OpenClaw transcript and its payload log)."""
-
-
     group_of = {f: g.key for g in plan_groups(paths)[0] for f in g.files}
     groups: dict[str | None, list[int]] = {}
     for i, log in enumerate(files):
@@ -807,12 +809,6 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
     alone shows, per request (``pipeline.usage_record``); its bodies are analysed when first needed
     (``lab.analyze``), which stores the session again as a deep import would have. Returns (stored now, already
     stored). Inside the caller's transaction (``_store_batch``)."""
-    from .. import analysis as _analysis
-    from ..analysis.cause import UsageOnly, usage_cause
-    from ..analysis.observe import usage_break
-    from ..cache import get_cache_model
-    from ..errors import UnpricedModelWarning
-    from ..pipeline import reply_output_tokens, usage_record
 
     lab, store, sid = run.lab, run.lab.store, p.sid
     reqs = p.reqs
@@ -896,7 +892,6 @@ def _longest_ttl(model: Any, cache_name: str, cache_params: Mapping[str, Any], r
     """The longest an entry of this session could live, from what its usage says: the TTLs its client gave the
     breakpoints a partial log dropped (the measured 5m/1h split), else 1h on Anthropic when the session wrote 1h
     entries (5m otherwise), else the cache model's horizon (None: nothing bounds an entry's life)."""
-    from ..cache.anthropic import TTL_SECONDS
 
     client_ttls = cache_params.get("client_ttls")
     if client_ttls:

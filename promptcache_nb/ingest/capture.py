@@ -45,8 +45,14 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from .._config import SessionConfig
 from .._util import SIMULATOR_HEADER
+from ..cache import get_cache_model
+from ..dialects import parse_sse, usage_from_sse
 from ..errors import PromptCacheError
+from ..importers._http import HttpExchange, convert_exchange
+from ..importers._types import SkippedLine
+from ..request import check_request
 from ..turn import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
 from ..usage import UsageSource
 
@@ -156,9 +162,6 @@ class Capture:
 
     def _record(self, attempt: _Attempt, status: int | None, headers: dict[str, str], body: bytes | None,
                 latency_ms: float) -> Turn:
-        from ..importers._http import HttpExchange, convert_exchange
-        from ..importers._types import SkippedLine
-        from ..request import check_request
 
         ex = HttpExchange(method=attempt.method, url=attempt.path, status=status, request_body=attempt.body,
                           response_body=body, request_headers={"content-type": "application/json"},
@@ -261,7 +264,6 @@ def _stream_complete(headers: Any, body: bytes | None) -> bool:
     """True when an event stream closed early by its reader had already sent its final usage event."""
     if body is None or "text/event-stream" not in headers.get("content-type", ""):
         return False
-    from ..dialects import parse_sse, usage_from_sse
 
     return usage_from_sse(parse_sse(body)).complete
 
@@ -395,9 +397,6 @@ def _default_cache(client: Any) -> tuple[str, str]:
 
 def _new_session(lab: Workspace, *, project: str | None, cache: str, model: str, client: Any) -> Session:
     """A session for captured traffic: no strategy (the user's own code built the requests), like an import."""
-    from .._config import SessionConfig
-    from ..cache import get_cache_model
-
     get_cache_model(cache)  # a misspelt name fails here, naming the valid ones
     n = lab.store.session_count() + 1
     while lab.store.session_row(sid := f"capture-{n:03d}") is not None:

@@ -21,6 +21,9 @@ from ..lab import Lab
 from ..request import PreparedRequest, canonical_bytes
 from ..request.diff import diff as _request_diff  # the function (``request.diff`` is the module)
 from ..scenario import Event, KnowledgeRemove, KnowledgeUpdate, Scenario, load_scenario
+from ..strategies import get_strategy, strategy_names
+from ..strategies._base import KNOWLEDGE_CATEGORIES
+from ..turn import on_record
 from ..usage import Usage
 from . import _html
 
@@ -284,7 +287,6 @@ class StepperController(_Observable):
         sc = self.scenario
         if sc is None:
             raise SessionError("switching strategy needs a scenario: pass scenario= to the stepper")
-        from ..strategies import get_strategy
 
         get_strategy(strategy)  # an unknown name fails here, naming the registered ones
         old = self.session
@@ -633,8 +635,6 @@ class KnowledgeController(_Observable):
 
     def categories(self) -> tuple[str, ...]:
         """The categories an entry may have: the known set plus those already in this book (sorted)."""
-        from ..strategies._base import KNOWLEDGE_CATEGORIES
-
         return tuple(sorted({*KNOWLEDGE_CATEGORIES, *(e.category for e in self.entries())}))
 
     def check_category(self, category: str) -> str:
@@ -739,7 +739,6 @@ class CompareController(_Observable):
     def __init__(self, scenario: Scenario | str | Path, *, strategies: Iterable[str] | None = None,
                  cache: str = "anthropic", lab: Lab | None = None) -> None:
         super().__init__()
-        from ..strategies import strategy_names
 
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         self.strategies: tuple[str, ...] = tuple(strategies) if strategies is not None else strategy_names()
@@ -845,8 +844,6 @@ class MonitorController(_Observable):
     def __init__(self, session: Session, *, follow: bool = True) -> None:
         super().__init__()
         import threading
-
-        from ..turn import on_record
 
         self.session = session
         self._lock = threading.Lock()  # a capture adds from the thread that finished the call
