@@ -49,7 +49,7 @@ from typing import Any
 
 import promptcache_nb as pc
 from promptcache_nb.analysis import summarize
-from promptcache_nb.session import TURN_COLUMNS
+from promptcache_nb.turn import TURN_COLUMNS
 
 HERE = Path(__file__).resolve().parent
 TARGET_LAB_S = 3.0

@@ -31,16 +31,17 @@ from .cache import (
 )
 from .cache import cache_model_names as _cache_model_names
 from .errors import InvalidOptionError, PromptCacheError, StoreLockedError
-from .importers import ImportResult
+from .ingest import ImportResult
+from .ingest.capture import capture
 from .lab import Lab
 from .live import SimulatorServer, count_tokens
-from .live.capture import capture
 from .request import PrefixDiff
 from .request.diff import diff
 from .scenario import Scenario, load_scenario
-from .session import Session, Turn
+from .session import Session
 from .strategies import Strategy
 from .strategies import strategy_names as _strategy_names
+from .turn import Turn
 from .usage import Usage
 
 __version__ = "0.1.0"

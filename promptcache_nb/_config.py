@@ -55,7 +55,7 @@ class SessionConfig:
     #: a partial log's measured unlogged prefix (system + tools), once known
     unlogged_prefix_tokens: int | None = None
     #: whose unlogged prefix it is: the identity the importer read from the log (client, version, model, working
-    #: directory) and the variant of it (``importers/_prefixes.py``); equal for sessions that shared that prefix
+    #: directory) and the variant of it (``ingest/_prefixes.py``); equal for sessions that shared that prefix
     unlogged_prefix_of: str | None = None
     #: the measured cache read of the session's first request (the evidence a shared unlogged prefix rests on)
     unlogged_prefix_read: int | None = None

@@ -15,8 +15,30 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import promptcache_nb as pc
+from promptcache_nb.fleet._import import MANIFEST
+
+from . import fleet
 from ._data import data_path
-from .errors import PromptCacheError, PromptCacheWarning
+from .analysis.frames import derived_totals
+from .analysis.rollups import (
+    BILLING_WINDOW,
+    SESSION_SUMMARY_COLUMNS,
+    group_summary,
+    request_table,
+    roll_up_subagents,
+    session_summary,
+)
+from .cache import cache_model_names
+from .errors import ImportFormatError, PromptCacheError, PromptCacheWarning, ScenarioError
+from .importers import READERS
+from .importers._locations import AGENTS, agent_log_files
+from .ingest._groups import expand_paths
+from .ingest._import import BREAKS_VS_REBUILDS, UNCACHED_NOTE, ImportResult
+from .live.server import add_serve_arguments, run_serve
+from .report import write_report
+from .store import caused_by_ctrl_c, check_store
+from .strategies import strategy_names
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -50,8 +72,6 @@ def _new_store_or_none(db: str | Path) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        from .store import caused_by_ctrl_c
-
         if path in created and not caused_by_ctrl_c(exc):  # an error made of a Ctrl-C is the Ctrl-C (main)
             for p in created:
                 p.unlink(missing_ok=True)
@@ -64,8 +84,6 @@ def _scenario_path(name: str) -> Path:
     if not path.exists() and (SCENARIOS / f"{name}.yaml").exists():
         return SCENARIOS / f"{name}.yaml"
     if not path.exists():
-        from .errors import ScenarioError
-
         bundled = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
         raise ScenarioError(name, None, "scenario", f"no such file and no bundled scenario of that name; "
                                                     f"bundled: {bundled}")
@@ -74,10 +92,6 @@ def _scenario_path(name: str) -> Path:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     import pandas as pd
-
-    import promptcache_nb as pc
-
-    from .report import write_report
 
     scenario = pc.load_scenario(_scenario_path(args.scenario))
     strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] or list(pc.STRATEGIES)
@@ -113,8 +127,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    import promptcache_nb as pc
-
     _resolve_store(args, "replay", rest=("scenario",))
     # everything is checked before the store exists: a bad option leaves no empty .duckdb behind
     scenario = pc.load_scenario(_scenario_path(args.scenario))
@@ -154,7 +166,6 @@ SQL_ROWS = 500
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .fleet._import import MANIFEST, check_dataset
-    from .store import check_store
 
     _resolve_store(args, "doctor")
     fleet_dataset = os.path.isdir(args.store) and os.path.exists(os.path.join(args.store, MANIFEST))
@@ -166,14 +177,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    import promptcache_nb as pc
-
-    from .importers._ingest import BREAKS_VS_REBUILDS, UNCACHED_NOTE, expand_paths
-
     paths = _import_store(args)
     if args.agent and not paths:
-        from .importers._locations import agent_log_files
-
         # a one-line error naming where it looked when there is none
         paths = [str(f) for f in agent_log_files(args.agent)]
     elif not paths:
@@ -195,8 +200,6 @@ def cmd_import(args: argparse.Namespace) -> int:
         rebuilds = pc.rebuilds(lab) if args.details and ids else None
     if args.json or args.csv:  # the imported sessions' table alone, every column, costliest first
         import pandas as pd
-
-        from .analysis.rollups import SESSION_SUMMARY_COLUMNS
 
         table = full if full is not None else pd.DataFrame(columns=SESSION_SUMMARY_COLUMNS)
         _print_machine(table.sort_values(["cost_usd", "session"], ascending=[False, True], kind="stable",
@@ -303,8 +306,6 @@ def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
     """``import PATH --out DIR``: file groups imported on --workers processes or a Dask --scheduler."""
     from concurrent.futures import Executor, ProcessPoolExecutor
 
-    from . import fleet
-
     if args.format != "auto":
         raise PromptCacheError("import --out: formats are detected per file (drop --format)")
     client: Any = None
@@ -345,8 +346,6 @@ TOP_SESSIONS = 10
 
 def _totals_line(full: pd.DataFrame) -> str:
     """One line of totals over a :func:`~promptcache_nb.analysis.session_summary` frame."""
-    from .analysis.frames import derived_totals
-
     sums = {k: full[k].sum() for k in ("requests", "cache_read", "cache_write", "uncached", "cost_usd",
                                        "cost_no_cache_usd")}
     totals = derived_totals(sums)
@@ -433,8 +432,6 @@ def _wrap(text: str, *, width: int = TABLE_WIDTH) -> str:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    import promptcache_nb as pc
-
     # read-only: advice replays what is stored and writes nothing (apply() in Python stores a counterfactual),
     # unless a usage-first import left sessions to analyse: their analysis is stored first (what advice reads);
     # every session of a heavy user's store takes minutes: a bar on a terminal (stderr), none in a pipe or log
@@ -455,9 +452,6 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 def _read_only_lab(path: str, *, progress: bool) -> Lab:
     """A store file opened read-only, or a fleet dataset (a directory ``import --out`` wrote) as its read-only Lab."""
-    import promptcache_nb as pc
-    from promptcache_nb.fleet._import import MANIFEST
-
     if "://" in path or os.path.isdir(path) and os.path.exists(os.path.join(path, MANIFEST)):
         return pc.fleet.open(path, progress=progress)
     return pc.Lab(path, progress=progress, read_only=True)
@@ -685,8 +679,6 @@ def _print_table(df: pd.DataFrame, args: argparse.Namespace, *, head: Sequence[s
 def _sources(sources: list[str]) -> tuple[list[str], str]:
     """Sessions' sources (``format:path``) shortened as the import shortens them (relative to the folder they share,
     a single file's name) and that folder (``~`` for the home folder; "" when nothing is shared)."""
-    from .importers._ingest import ImportResult
-
     paths = [s.partition(":")[2] if ":" in s and len(s.partition(":")[0]) > 1 else s for s in sources]
     paths = [p for p in paths if p]
     if not paths:
@@ -723,8 +715,6 @@ def _by_cost(df: pd.DataFrame, *, key: str) -> pd.DataFrame:
 
 
 def cmd_sessions(args: argparse.Namespace) -> int:
-    from .analysis.rollups import roll_up_subagents, session_summary
-
     _resolve_store(args, "sessions", required=False)
     args.store = args.store or _existing_default_store("sessions")
     with _read_only_lab(args.store, progress=False) as lab:
@@ -768,8 +758,6 @@ def _session_id(lab: Lab, given: str, store: str) -> str:
 
 
 def cmd_requests(args: argparse.Namespace) -> int:
-    from .analysis.rollups import request_table
-
     if args.db is None and args.session is None and args.store is not None and not os.path.exists(args.store):
         args.store, args.session = _existing_default_store("requests"), args.store  # `requests SESSION`
     _resolve_store(args, "requests", rest=("session",))
@@ -789,8 +777,6 @@ def cmd_requests(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .analysis.rollups import BILLING_WINDOW, group_summary
-
     _resolve_store(args, "report", required=False)
     if args.store is None:
         lab_cm, imported = _default_store_with_logs(args)
@@ -822,8 +808,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _report_totals(groups: pd.DataFrame) -> str:
     """One line: the report's totals (its groups add up to every measured request)."""
-    from .analysis.frames import derived_totals
-
     sums = {k: groups[k].sum() for k in ("requests", "cache_read", "cache_write", "uncached")}
     t = derived_totals({**sums, "cost_usd": None, "cost_no_cache_usd": None})
     line = f"total: {t['requests']:,} requests, read share {t['cache_read_pct']:.1f} %, "
@@ -870,11 +854,6 @@ def _existing_default_store(command: str) -> str:
 def _default_store_with_logs(args: argparse.Namespace) -> tuple[Lab, str]:
     """The default store, with whatever the agents wrote in their usual places since the last run imported into it
     (the import stores only requests it does not hold), and one line saying what was added."""
-    import promptcache_nb as pc
-
-    from .errors import ImportFormatError
-    from .importers._locations import AGENTS, agent_log_files
-
     found: dict[str, list[Path]] = {}
     for agent in AGENTS:
         try:
@@ -941,11 +920,6 @@ def cmd_otel(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cache import cache_model_names
-    from .importers import READERS
-    from .importers._locations import AGENTS
-    from .strategies import strategy_names
-
     # the registries list the plugins installed (entry points) as well as the built-ins
     strategies, caches, formats = strategy_names(), cache_model_names(), tuple(READERS)
     bundled = ", ".join(sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
@@ -1122,7 +1096,6 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     o.add_argument("--port", type=int, default=4318, help="TCP port (0: any free port; default 4318, OTLP/HTTP's)")
     o.set_defaults(fn=cmd_otel, interrupted="every export received was stored whole before the interrupt")
-    from .live.server import add_serve_arguments, run_serve
 
     v = sub.add_parser("serve", help="run a local Messages-compatible endpoint backed by a cache model",
                        description="Serve POST /v1/messages on loopback: answers come from a cache model "
@@ -1157,8 +1130,6 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(SIGPIPE_STATUS)
         return SIGPIPE_STATUS
     except Exception as exc:
-        from .store import caused_by_ctrl_c
-
         if not caused_by_ctrl_c(exc):
             if isinstance(exc, PromptCacheError):
                 print(f"promptcache-nb: error: {exc}", file=sys.stderr)

@@ -21,7 +21,7 @@ from orjson import OPT_SORT_KEYS as _SORTED
 from orjson import dumps as _orjson_dumps
 
 from . import analysis as _analysis
-from ._types import Delta, KnowledgeEntry, RequestRecord, RequestWrite, encode_segment_map
+from ._types import Delta, KnowledgeEntry, RequestRecord, encode_segment_map
 from ._util import digest
 from .analysis.prices import Prices
 from .cache import CacheResult
@@ -29,6 +29,7 @@ from .dialects.anthropic import ProviderDiagnosis
 from .errors import PromptCacheError, SessionError
 from .request import BodyProblem, PreparedRequest, SegmentMemo, canonical_json, prepare
 from .store._db import encode_message, prefix_chain, state_columns
+from .store._write import RequestWrite
 from .strategies import DeltaTable, Strategy, StrategyContext
 from .usage import Usage
 

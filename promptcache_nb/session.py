@@ -7,7 +7,7 @@ one :class:`~promptcache_nb.pipeline.SessionState` value, swapped only once the 
 
 :class:`~promptcache_nb.Lab` (``lab.py``) opens sessions and holds what they share (the store, the simulated
 provider caches and the knowledge cache: ``_shared.py``). A Session is handed its Lab as a
-:class:`~promptcache_nb._protocols.SessionHost` (the store, those two shared objects, and ``open_session`` for a
+:class:`SessionHost` (the store, those two shared objects, and ``open_session`` for a
 restart) and never imports it; the Lab uses only a Session's public methods (``close``, ``reload``,
 ``clear_pending_events``).
 """
@@ -20,12 +20,12 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import analysis as _analysis
 from . import pipeline
 from ._config import DEFAULT_ACCOUNT, SessionConfig
-from ._protocols import has_record_listeners, notify_recorded
+from ._protocols import LabLike
 from ._shared import (  # noqa: F401 - CACHE_SCOPES, cache_scope_of: re-exported from their old home
     CACHE_SCOPES,
     CacheWindow,
@@ -54,7 +54,7 @@ from .errors import (
 from .live import Backend, DirectSimulator
 from .live._base import SIMULATED_REPLY
 from .pipeline import SessionState
-from .request import BodyProblem, PreparedRequest, SegmentMemo, canonical_bytes, check_request, prepare, visible
+from .request import BodyProblem, PreparedRequest, SegmentMemo, check_request, prepare, visible
 from .scenario import (
     Compaction,
     Event,
@@ -70,146 +70,17 @@ from .store import KnowledgeEntry, Store
 from .store._db import prefix_chain, state_columns
 from .strategies import Strategy, strategy_class
 from .tokens import Tokenizer, session_tokenizer
+from .turn import TURN_COLUMNS, Turn, has_record_listeners, notify_recorded  # noqa: F401 - TURN_COLUMNS re-exported
 from .usage import Usage, UsageSource
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ._protocols import SessionHost
+    from ._shared import KnowledgeCache, ScopeCaches
     from .analysis.resimulate import StoredTurn
-    from .lab import Lab
 
 COMPACTION_HEADER = "Summary of the conversation so far:\n\n"
 COMPACTION_ACK = "Understood. I have the summary and will continue from it."
-
-# Columns of s.turns(): everything a notebook user wants, JSON blobs left in SQL.
-TURN_COLUMNS = (
-    "idx", "sent_at", "model", "user_text", "events", "n_segments", "total_tokens",
-    "input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
-    "cache_creation_5m_input_tokens", "cache_creation_1h_input_tokens", "output_tokens", "reasoning_tokens",
-    "usage_source", "ideal_cache_read", "cost_usd", "cost_no_cache_usd", "cache_reason", "diverge_path", "diverge_byte",
-    "diverge_token", "shared_prefix_tokens", "pure_append", "broke", "openclaw_broke", "previous_cache_read", "changes",
-    "explanation", "request_id", "body_problems", "cost_source", "notes", "latency_ms",
-    "provider_cache_miss_reason", "provider_cache_missed_tokens",
-)
-
-
-class Turn:
-    """One request of a session and what it cost.
-
-    Attributes:
-        index: 0-based request index in the session (a tool loop makes several requests per user turn).
-        at: UTC time the request was sent.
-        request: the exact Messages body (dict).
-        usage: :class:`~promptcache_nb.Usage` — ``usage.label`` says measured or simulated.
-        ideal_cache_read: what a perfectly cache-stable design could have read, in the usage's own
-            tokens (measured when the usage is measured; never below the request's own read).
-        diff: :class:`~promptcache_nb.PrefixDiff` against the previous request (None on the first).
-        observation: :class:`~promptcache_nb.Observation` (OpenClaw semantics) or None.
-        cost_source: where ``cost_usd`` came from (``turns.cost_source``): a price source, or ``reported by
-            provider`` (the response's own ``usage.cost``); None when unpriced. ``usage.notes`` says what the
-            figures assumed.
-    """
-
-    def __init__(
-        self,
-        *,
-        session_id: str,
-        index: int,
-        at: datetime,
-        request: dict[str, Any],
-        usage: Usage,
-        ideal_cache_read: int,
-        total_tokens: int,
-        cost_usd: float | None,
-        cost_no_cache_usd: float | None,
-        cache_reason: str | None,
-        cache_detail: dict[str, Any] | None,
-        events: list[str],
-        reply: list[dict[str, Any]] | None,
-        request_id: str | None = None,
-        prepared: PreparedRequest | None = None,
-        cache_result: CacheResult | None = None,
-        diff: Any = None,
-        observation: Any = None,
-        prompt_cache_info: dict[str, Any] | None = None,
-        segment_states: tuple[str, ...] = (),
-        cost_source: str | None = None,
-    ) -> None:
-        self.cost_source = cost_source
-        self.session_id = session_id
-        self.index = index
-        self.at = at
-        self._request = request
-        self.usage = usage
-        self.ideal_cache_read = ideal_cache_read
-        self.total_tokens = total_tokens
-        self.cost_usd = cost_usd
-        self.cost_no_cache_usd = cost_no_cache_usd
-        self.cache_reason = cache_reason
-        self.cache_detail = cache_detail or {}
-        self.events = events
-        self._reply = reply
-        self.request_id = request_id
-        self.cache_result = cache_result
-        self.diff = diff
-        self.observation = observation
-        self._prepared = prepared
-        self._body: bytes | None = None
-        self._prompt_cache_info = prompt_cache_info
-        self._segment_states = segment_states
-
-    @property
-    def reply(self) -> list[dict[str, Any]] | None:
-        """The answer's content blocks (a private copy, made on first use: never the history's own objects;
-        an import makes thousands of Turns and reads none of them)."""
-        if "_reply_copy" not in self.__dict__:
-            self.__dict__["_reply_copy"] = copy.deepcopy(self._reply)
-        return cast("list[dict[str, Any]] | None", self.__dict__["_reply_copy"])
-
-    @reply.setter
-    def reply(self, value: list[dict[str, Any]] | None) -> None:
-        self.__dict__["_reply_copy"] = value
-
-    @property
-    def request(self) -> dict[str, Any]:
-        """The exact Messages body (a private copy: editing it changes neither the store nor history)."""
-        copy_ = self.__dict__.get("_request_copy")
-        if copy_ is None:
-            copy_ = self.__dict__["_request_copy"] = copy.deepcopy(self._request)
-        return copy_
-
-    @property
-    def body(self) -> bytes:
-        """The canonical bytes of the request (sorted keys, compact, UTF-8)."""
-        if self._body is None:
-            self._body = canonical_bytes(self._request)
-        return self._body
-
-    @property
-    def prepared(self) -> PreparedRequest:
-        if self._prepared is None:
-            self._prepared = prepare(self._request)
-        return self._prepared
-
-    @property
-    def segment_states(self) -> tuple[str, ...]:
-        """read / write / uncached per segment, when a local cache model decided this turn."""
-        if self.cache_result is not None:
-            return self.cache_result.segment_states
-        return self._segment_states
-
-    def prompt_cache_info(self) -> dict[str, Any] | None:
-        """OpenClaw's context-engine payload for this turn (retention, last-call usage, observation)."""
-        return self._prompt_cache_info
-
-    def __repr__(self) -> str:
-        u = self.usage
-        return (
-            f"Turn({self.index}, at={self.at:%Y-%m-%d %H:%M:%S}, read={u.cache_read_input_tokens}, "
-            f"write={u.cache_creation_input_tokens}, uncached={u.input_tokens}, {u.label})"
-        )
-
 
 #: A new knowledge entry's title, content, category and key (``KnowledgeBook`` has a method named ``list``).
 _EntrySpec = tuple[str, str, str, "str | None"]
@@ -332,6 +203,18 @@ class KnowledgeBook:
 
     def __repr__(self) -> str:
         return f"KnowledgeBook(project={self._s.project!r}, entries={len(self)})"
+
+
+class SessionHost(LabLike, Protocol):
+    """What a Session is handed by its Lab: the store, what sessions share, and reopening."""
+
+    @property
+    def caches(self) -> ScopeCaches: ...
+
+    @property
+    def knowledge_cache(self) -> KnowledgeCache: ...
+
+    def open_session(self, session_id: str, *, backend: Backend | None = None) -> Session: ...
 
 
 class Session:
@@ -501,9 +384,9 @@ class Session:
             self._caches.detach(self.id, self._memo)
 
     @property
-    def lab(self) -> Lab:
+    def lab(self) -> SessionHost:
         """The Lab this session belongs to (its store, tokenizer and path)."""
-        return cast("Lab", self._lab)  # only a Lab opens sessions; the session itself uses it as a SessionHost
+        return self._lab
 
     @property
     def closed(self) -> bool:
@@ -616,7 +499,7 @@ class Session:
         """Store the size of the prefix (system prompt and tools) a partial log leaves out, measured once from its
         first request (measured total minus the logged part, or the size agreed for its identity): later requests,
         and later imports of the same log, are sized with it. ``of``: the prefix's identity and variant
-        (``importers/_prefixes.py``); ``read``: the first request's measured cache read, the evidence a shared
+        (``ingest/_prefixes.py``); ``read``: the first request's measured cache read, the evidence a shared
         prefix rests on. Written in the caller's transaction when there is one."""
         config = self._config.replace(unlogged_prefix_tokens=tokens, unlogged_prefix_of=of, unlogged_prefix_read=read)
         with self._lab.store.transaction():
@@ -865,7 +748,7 @@ class Session:
         return turns[-1]
 
     def _announce(self, store: Store, turns: list[Turn]) -> None:
-        """Tell :func:`~promptcache_nb._protocols.on_record` listeners of ``turns`` once they are committed
+        """Tell :func:`~promptcache_nb.turn.on_record` listeners of ``turns`` once they are committed
         (inside ``Lab.atomic``: when the block commits; never when it rolls back)."""
         if has_record_listeners(self.id):
             sid = self.id

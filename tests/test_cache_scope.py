@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import promptcache_nb as pc
+from promptcache_nb._shared import cache_scope_of
 from promptcache_nb.errors import SessionError
-from promptcache_nb.lab import cache_scope_of
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 SYSTEM = "\n".join(f"Rule {i}: quote the ledger entry of every refund you mention ({i})." for i in range(150))

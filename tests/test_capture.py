@@ -16,7 +16,8 @@ import openai
 import pytest
 
 import promptcache_nb as pc
-from promptcache_nb.live.capture import on_record
+from promptcache_nb.dialects import usage_from_anthropic, usage_from_openai
+from promptcache_nb.ingest.capture import on_record
 from promptcache_nb.usage import Usage
 
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
@@ -107,7 +108,7 @@ def test_anthropic_sync_create_and_stream_are_stored_with_the_usage_the_sdk_retu
     assert client._client._transport is before  # unwrapped on exit
     s = cap.session
     assert s.strategy is None and s.source == "capture:anthropic"
-    expected = [as_row(Usage.from_anthropic(m.usage.model_dump())) for m in got]
+    expected = [as_row(usage_from_anthropic(m.usage.model_dump())) for m in got]
     assert stored(s) == expected
     assert expected[1]["cache_read_input_tokens"] > 1000  # the second call read the first one's prefix
     df = s.turns()
@@ -140,15 +141,15 @@ def test_anthropic_async_create_and_stream(server, lab):
 
     cap, first, start, delta = asyncio.run(run())
     rows = stored(cap.session)
-    assert rows[0] == as_row(Usage.from_anthropic(first.usage.model_dump()))
-    assert rows[1] == as_row(Usage.from_anthropic({**start, "output_tokens": delta}))
+    assert rows[0] == as_row(usage_from_anthropic(first.usage.model_dump()))
+    assert rows[1] == as_row(usage_from_anthropic({**start, "output_tokens": delta}))
     assert rows[1]["cache_read_input_tokens"] > 1000
     key_absent(lab)
 
 
 # -- openai -------------------------------------------------------------------------------------------------
 def _openai_row(usage: dict, api: str) -> dict:
-    return as_row(Usage.from_openai(usage, api=api))
+    return as_row(usage_from_openai(usage, api=api))
 
 
 def test_openai_sync_chat_responses_and_streams(server, lab):
@@ -285,7 +286,7 @@ def test_a_real_endpoint_is_live_and_the_transport_is_restored_after_an_error(la
     assert http._transport is original
     t = cap.session.last_turn
     assert t.usage.source == "live" and t.request_id == "req_live_1"
-    assert as_row(t.usage) == as_row(Usage.from_anthropic(answer["usage"]))
+    assert as_row(t.usage) == as_row(usage_from_anthropic(answer["usage"]))
 
 
 def test_a_plain_httpx_client_and_a_listener(server, lab):

@@ -148,7 +148,7 @@ def test_savings_chart_follows_a_plain_step_and_a_failed_turn_is_never_announced
         raise RuntimeError("boom")
     assert chart.requests == 1 and s.n_turns == 1
     seen = []
-    unsubscribe = pc.live.capture.on_record(s, seen.append)
+    unsubscribe = pc.turn.on_record(s, seen.append)
     with lab.atomic():
         s.step("a tool loop", reply="done",
                tool_calls=[{"name": "search", "input": {"q": "x"}, "result": "y"}])

@@ -20,7 +20,7 @@ import promptcache_nb as pc
 from promptcache_nb import fleet
 from promptcache_nb.analysis.calibrate import calibrate_families
 from promptcache_nb.errors import PromptCacheError, StoreError
-from promptcache_nb.importers import import_log
+from promptcache_nb.ingest import import_log
 
 #: Columns holding the wall clock of the run (when a calibration was fitted), not what was stored.
 WALL_CLOCK = {"calibrations": {"fitted_at"}}
@@ -291,7 +291,7 @@ def test_a_group_merged_before_a_later_one_shows_a_shared_session_is_stored_seri
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # groups are merged while the workers still run: "a" is merged before "b" (finished later, as forced here)
     # turns out to hold the same session, so "a"'s merge is taken back and both go through the serial path
-    from promptcache_nb.importers import _parallel
+    from promptcache_nb.ingest import _parallel
 
     codex = next((pc.data_path("logs") / "codex").rglob("rollout-2026-03-03T14*.jsonl"))
     logs = tmp_path / "logs"

@@ -16,8 +16,8 @@ from test_golden_tables import table_digests
 
 import promptcache_nb as pc
 from promptcache_nb.errors import SessionError
-from promptcache_nb.importers import _ingest
-from promptcache_nb.importers._groups import plan_groups
+from promptcache_nb.ingest import _import as _ingest
+from promptcache_nb.ingest._groups import plan_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 

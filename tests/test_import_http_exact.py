@@ -376,7 +376,7 @@ def test_compaction_iterations_cache_write_is_stored_end_to_end(tmp_path: Path) 
     """Server-side compaction reports the summarising iteration only inside ``usage.iterations`` (the
     compaction docs: top-level usage is the final iteration's; the iterations together are what is billed).
 
-    Depends on ``Usage.from_anthropic`` counting the iterations (another branch): fails until that is merged.
+    Depends on ``dialects.usage_from_anthropic`` counting the iterations (another branch): fails until that is merged.
     """
     path = compaction_cassette(tmp_path / "test_postmortem_long_session.yaml")
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import promptcache_nb as pc
-from promptcache_nb.importers import SessionList
+from promptcache_nb.ingest import SessionList
 
 LOGS = Path(pc.__file__).parent / "data" / "logs" / "claude_code"
 

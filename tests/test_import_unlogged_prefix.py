@@ -13,7 +13,7 @@ import pytest
 import promptcache_nb as pc
 from promptcache_nb.advice._counterfactual import Original
 from promptcache_nb.analysis import history_missing, load_turns
-from promptcache_nb.importers._prefixes import SHARE_COVER
+from promptcache_nb.ingest._prefixes import SHARE_COVER
 from promptcache_nb.request import SegmentMemo, prepare
 
 #: written by tests/fixtures/make_claude_code_unlogged.py (kept out of the shipped example logs, whose figures other

@@ -1,12 +1,15 @@
-"""The package layout follows the data flow: imports point upstream, never downstream (checked with ``ast``).
+"""The package layout follows the data flow: imports point upstream, never downstream, and no module reaches
+itself through its imports (checked with ``ast``; imports under ``TYPE_CHECKING`` and inside functions count as any
+other).
 
 One turn travels scenario → strategy → request → cache model / live API → store → analysis → plots, and a
-stored log travels importer → request → store → analysis. ``pipeline`` turns one request into its typed
-record (no SQL), ``_shared`` holds what a Lab's sessions share (simulated caches, knowledge), ``session``
-composes a request from the stages through it, ``lab`` opens sessions and hands them its shared objects through
-the ``_protocols.SessionHost`` protocol (the importers' ingest creates sessions with ``Lab.create_session``); widgets are views over sessions; the CLI, the report
-and the package's public namespace sit on top. Leaves (errors, helpers, typed options, domain values, the tokenizer,
-usage) import only leaves.
+stored log travels reader (``importers/``) → request → store → analysis. ``pipeline`` turns one request into its
+typed record (no SQL), ``_shared`` holds what a workspace's sessions share (simulated caches, knowledge), ``turn``
+is a stored request as a session hands it back, ``session`` composes a request from the stages through it,
+``workspace`` opens sessions and hands them its shared objects through ``session.SessionHost``; the writers
+(``ingest/``: import_log, analyze, capture) store sessions through a Workspace, and ``lab`` is the Workspace with
+those writers. Widgets and advice are views over a Lab; the CLI, the report and the public namespace sit on top.
+Leaves (errors, helpers, typed options, domain values, the tokenizer, usage, the wire formats) import only leaves.
 """
 
 from __future__ import annotations
@@ -24,27 +27,29 @@ PACKAGE = Path(__file__).resolve().parent.parent / "promptcache_nb"
 
 #: ``dialects`` (the wire formats) is a leaf: what an API's bodies, usage and streams look like depends on nothing
 #: of ours but the usage record and the errors, and every stage reads it.
-LEAVES = {"errors", "_util", "_data", "_options", "_registry", "_types", "_config", "_protocols", "_redact", "tokens",
-          "usage", "dialects"}
+LEAVES = {"errors", "_util", "_data", "_options", "_registry", "_types", "_config", "_redact", "tokens", "usage", "dialects"}
 
 #: A module may import (at module level or inside a function) only leaves and stages of a lower rank.
 RANKS = {
     "scenario": 1,  # events as frozen values; the model check is injected by lab (set_model_check)
-    "importers": 1,  # the log readers: a file in, requests and their measured usage out
+    "importers": 1,  # the log readers: bytes in, requests and their measured usage out (no store, no session)
     "strategies": 2,  # assemble a body from the session's state
     "request": 3,  # canonical JSON, segments, hashes, prefix diff
     "cache": 4,  # provider cache models
+    "turn": 4.5,  # a stored request as a session hands it back; who hears of each one stored (on_record)
     "live": 5,  # backends and servers that apply a cache model or call the API
     "store": 6,  # DuckDB: every SQL statement
+    "_protocols": 6.5,  # what reading a stored session needs (LabLike, StoredSession): over the store
     "analysis": 7,  # pandas views, observation, prices, what-ifs
     "plots": 8,
     "pipeline": 9,  # one request: build → (send) → ideal read → price → analyse → typed record; no SQL
     "_shared": 9,  # what a Lab's sessions share: simulated caches per scope (rebuilt from the store), knowledge
     "session": 10,  # composes a request from the stages through the pipeline, writes it to the store
-    "advice": 11,  # counterfactual sessions and ranked advice over stored sessions (never imports lab)
-    "lab": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
-    "ingest": 12,  # importers/_ingest.py (+ _groups, _parallel, _analyze): stores imported requests through Lab
-    "widgets": 12,  # views over sessions (a Compare view opens its own Lab)
+    "lab": 12.1,  # the Workspace with the writers above it (import_log, analyze, capture): the public Lab
+    "advice": 12.2,  # counterfactual sessions and ranked advice over a Lab's stored sessions
+    "workspace": 11,  # opens sessions, owns what they share (store, caches, knowledge); replays scenarios
+    "ingest": 12,  # logs and calls into sessions through a Lab: import_log (serial or parallel), analyze, capture
+    "widgets": 12.3,  # views over sessions (a Compare view opens its own Lab)
     "report": 13,
     "fleet": 12.5,  # after ingest (file groups), before __init__ (pc.fleet): many logs on many processes or machines into a Parquet dataset; a read-only Lab over it
     "__init__": 13,  # the curated public namespace
@@ -52,17 +57,12 @@ RANKS = {
     "pytest_plugin": 14,  # the prompt_cache fixture: a Lab, a proxy and a simulator per test
 }
 
-#: Upward imports that are allowed, each inside a function (loaded on first use), with the reason.
-LAZY_UPWARD = {
-    ("importers", "ingest"): "importers/__init__ re-exports import_log and ImportResult on first use",
-}
+#: Imports running up the stage order (each is a place where the layout is not yet what the data flow says).
+MAX_UPWARD_IMPORTS = 3
 
 
 def node(module: str) -> str:
     """The layout node of a module name (``promptcache_nb.cache.openai`` -> ``cache``)."""
-    if module in ("promptcache_nb.importers._ingest", "promptcache_nb.importers._parallel",
-                  "promptcache_nb.importers._groups", "promptcache_nb.importers._analyze"):
-        return "ingest"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -85,8 +85,8 @@ def _module_name(path: Path) -> tuple[str, str]:
 
 
 class _Imports(ast.NodeVisitor):
-    """Collects a module's imports of the package, noting those inside a function; imports under
-    ``if TYPE_CHECKING:`` are left out (annotations only: no runtime dependency)."""
+    """Collects a module's imports of the package, noting those inside a function. Imports under
+    ``if TYPE_CHECKING:`` count as any other: an annotation that names a module above is a dependency on it."""
 
     def __init__(self, module: str, package: str) -> None:
         self.module, self.package = module, package
@@ -99,13 +99,6 @@ class _Imports(ast.NodeVisitor):
         self.depth -= 1
 
     visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_If(self, n: ast.If) -> None:
-        if "TYPE_CHECKING" in ast.unparse(n.test):
-            for child in n.orelse:
-                self.visit(child)
-            return
-        self.generic_visit(n)
 
     def visit_ImportFrom(self, n: ast.ImportFrom) -> None:
         targets: list[str] = []
@@ -129,7 +122,7 @@ class _Imports(ast.NodeVisitor):
 
 @functools.cache
 def package_imports() -> tuple[Import, ...]:
-    """Every import of a ``promptcache_nb`` module by a ``promptcache_nb`` module (not type-checking ones)."""
+    """Every import of a ``promptcache_nb`` module by a ``promptcache_nb`` module (type-checking ones too)."""
     out: list[Import] = []
     for path in sorted(PACKAGE.rglob("*.py")):
         visitor = _Imports(*_module_name(path))
@@ -139,6 +132,8 @@ def package_imports() -> tuple[Import, ...]:
 
 
 def violations(imports: Iterable[Import]) -> list[str]:
+    """Imports against the layout: a leaf importing a stage, a module with no place, a stage importing one that is
+    not upstream of it (the last kind: ``running up``)."""
     bad = []
     for imp in imports:
         src, dst = node(imp.source), node(imp.target)
@@ -149,15 +144,96 @@ def violations(imports: Iterable[Import]) -> list[str]:
             bad.append(f"{where} (a leaf imports only leaves)")
         elif dst not in RANKS or src not in RANKS:
             bad.append(f"{where} ({src if src not in RANKS else dst} has no place in the layout: add it to RANKS)")
-        elif RANKS[dst] >= RANKS[src] and not (imp.lazy and (src, dst) in LAZY_UPWARD):
-            bad.append(f"{where} ({dst} is not upstream of {src})")
+        elif RANKS[dst] >= RANKS[src]:
+            bad.append(f"{where} ({dst} is not upstream of {src}: running up)")
     return bad
 
 
 def test_imports_point_upstream() -> None:
     imports = package_imports()
     assert len(imports) > 100  # the walk found the package's imports
-    assert violations(imports) == []
+    bad = violations(imports)
+    assert [b for b in bad if not b.endswith(": running up)")] == []
+    assert len(bad) <= MAX_UPWARD_IMPORTS, bad
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (a name imported from a package that is a submodule counts as that
+    submodule; a missing module as its nearest existing parent)."""
+    modules = {_module_name(p)[0] for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for imp in package_imports():
+        target = imp.target
+        while target not in modules and "." in target:
+            target = target.rsplit(".", 1)[0]
+        if target != imp.source and target in modules:
+            graph[imp.source].add(target)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycle() -> None:
+    """No module reaches itself through imports, counting those under ``TYPE_CHECKING`` and inside functions: a
+    cycle dodged with a late import is still a cycle (STYLE rule 24)."""
+    assert import_cycles(_module_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_readers_below_the_store_and_ingest_above_the_workspace() -> None:
+    """Readers read (bytes in, records out) and sit below the store; the ingest writes sessions through a
+    Workspace and sits above it, below the public Lab (STYLE rule 23)."""
+    assert RANKS["importers"] < RANKS["store"] < RANKS["workspace"] < RANKS["ingest"] < RANKS["lab"]
+    imports = package_imports()
+    assert [i for i in imports if node(i.source) == "importers" and node(i.target) not in LEAVES | {
+        "importers", "request", "scenario"}] == []
+    assert [i for i in imports if node(i.target) == "ingest" and RANKS.get(node(i.source), 0) <= RANKS["ingest"]
+            and node(i.source) != "ingest"] == []
 
 
 def test_every_module_has_a_place() -> None:
@@ -166,25 +242,25 @@ def test_every_module_has_a_place() -> None:
 
 
 def test_the_pipeline_writes_nothing_and_the_session_never_imports_the_lab() -> None:
-    """The request pipeline is pure (its record goes to the store through the session), and Lab sits above
-    Session: a session gets its Lab passed in (a ``SessionHost``), never imports it."""
+    """The request pipeline is pure (its record goes to the store through the session), and the Workspace sits
+    above Session: a session gets its Workspace passed in (a ``SessionHost``), never imports it."""
     tree = ast.parse((PACKAGE / "pipeline.py").read_text(encoding="utf-8"))
     from_store = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and "store" in (n.module or "")
                   for a in n.names}
-    assert from_store and from_store <= {"prefix_chain", "encode_message", "state_columns"}  # pure row codecs
+    assert from_store and from_store <= {"prefix_chain", "encode_message", "state_columns", "RequestWrite"}  # row codecs
     calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
     assert not calls & {"execute", "sql", "query", "rows", "one", "scalar", "write_request", "transaction"}
     imports = package_imports()
-    assert [i for i in imports if node(i.source) == "session" and node(i.target) == "lab"] == []
-    assert any(node(i.source) == "lab" and node(i.target) == "session" for i in imports)
+    assert [i for i in imports if node(i.source) == "session" and node(i.target) in ("workspace", "lab")] == []
+    assert any(node(i.source) == "workspace" and node(i.target) == "session" for i in imports)
 
 
 def test_checker_catches_a_downstream_import() -> None:
     down = Import("promptcache_nb.strategies.naive", "promptcache_nb.store._db", 1, lazy=False)
     leaf = Import("promptcache_nb.usage", "promptcache_nb.request", 1, lazy=False)
-    lazy_ok = Import("promptcache_nb.importers", "promptcache_nb.importers._ingest", 1, lazy=True)
-    eager = Import("promptcache_nb.importers", "promptcache_nb.importers._ingest", 1, lazy=False)
-    assert len(violations([down, leaf, lazy_ok, eager])) == 3
+    lazy = Import("promptcache_nb.workspace", "promptcache_nb.ingest._import", 1, lazy=True)
+    fine = Import("promptcache_nb.lab", "promptcache_nb.ingest._import", 1, lazy=False)
+    assert len(violations([down, leaf, lazy, fine])) == 3
 
 
 @pytest.mark.parametrize("unit", ["scenario", "importers", "strategies", "request", "cache"])
@@ -211,10 +287,11 @@ def _private_reach_ins(module: str, owners: set[str]) -> list[str]:
 
 def test_lab_and_session_use_only_each_others_public_names() -> None:
     """Lab and Session were one object in two files (issue 25): each now uses the other's public names only;
-    what they share lives in ``_shared`` (caches, knowledge), handed over through ``_protocols.SessionHost``."""
+    what they share lives in ``_shared`` (caches, knowledge), handed over through ``session.SessionHost``."""
+    assert _private_reach_ins("workspace.py", {"s", "session", "open_", "old", "sess"}) == []
     assert _private_reach_ins("lab.py", {"s", "session", "open_", "old", "sess"}) == []
     assert _private_reach_ins("session.py", {"lab", "_lab", "host"}) == []
-    assert _private_reach_ins("importers/_ingest.py", {"lab", "s", "session"}) == []
+    assert _private_reach_ins("ingest/_import.py", {"lab", "s", "session"}) == []
 
 
 #: The wire formats' names: a comparison with one of them (or with anything named ``dialect``) asks which format a

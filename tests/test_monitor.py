@@ -9,7 +9,7 @@ import anthropic
 import pytest
 
 import promptcache_nb as pc
-from promptcache_nb._protocols import has_record_listeners
+from promptcache_nb.turn import has_record_listeners
 from promptcache_nb.widgets import MonitorController
 
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")

@@ -190,7 +190,7 @@ def test_exchanges_reader_reads_the_same_usage(api, proxy, log_path):
     records = [r for r in exchanges.ExchangesReader().read(log_path) if isinstance(r, ImportedRequest)]
     assert len(records) == 3
     for record, sdk in zip(records[:2], (plain, streamed), strict=True):
-        assert record.usage == pc.Usage.from_anthropic(sdk, source=record.usage.source)
+        assert record.usage == pc.dialects.usage_from_anthropic(sdk, source=record.usage.source)
         assert record.usage.source == "simulated"  # the simulator's x-promptcache-simulator header, logged
     assert records[2].usage.cache_read_input_tokens == chat.prompt_tokens_details.cached_tokens
     assert records[2].usage.total_input_tokens == chat.prompt_tokens
@@ -396,12 +396,12 @@ def test_binds_loopback_by_default_and_warns_otherwise(api, log_path, caplog, mo
         assert proxy.host == "127.0.0.1" and proxy.url.startswith("http://127.0.0.1:")
         assert proxy._server._sock.getsockname()[0] == "127.0.0.1"
     assert "stopped" in repr(proxy) and not caplog.records
-    monkeypatch.setattr("promptcache_nb.live.proxy.is_loopback", lambda host: False)
+    monkeypatch.setattr("promptcache_nb.live._serving.is_loopback", lambda host: False)
     with RecordingProxy(api.base_url, log_path):
         pass
     assert "anyone who can reach it" in caplog.text
     caplog.clear()
-    monkeypatch.setattr("promptcache_nb.live._asgi.is_loopback", lambda host: False)
+    monkeypatch.setattr("promptcache_nb.live._serving.is_loopback", lambda host: False)
     with pc.SimulatorServer():
         pass
     assert "accepts any API key" in caplog.text

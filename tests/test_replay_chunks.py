@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 import promptcache_nb as pc
-from promptcache_nb.lab import _replay_chunks
 from promptcache_nb.live import DirectSimulator
 from promptcache_nb.request import canonical_bytes
 from promptcache_nb.widgets import StepperController
+from promptcache_nb.workspace import _replay_chunks
 
 TESTS = Path(__file__).resolve().parent
 SCENARIOS = {

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import promptcache_nb as pc
+from promptcache_nb.dialects import usage_from_openai
 from promptcache_nb.request import (
     UNLOGGED_PATH,
     LoggedBody,
@@ -298,7 +299,7 @@ def test_openai_chat_usage_converts_exactly():
     raw = {"prompt_tokens": 2006, "completion_tokens": 300, "total_tokens": 2306,
            "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0},
            "completion_tokens_details": {"reasoning_tokens": 128}}
-    u = Usage.from_openai(raw)
+    u = usage_from_openai(raw)
     assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens,
             u.reasoning_tokens, u.source) == (86, 1920, 0, 300, 128, "imported")
     assert u.total_input_tokens == 2006 and u.raw == raw and u.raw is not raw
@@ -309,17 +310,17 @@ def test_openai_responses_usage_with_cache_writes_converts_exactly():
     raw = {"input_tokens": 50_000, "output_tokens": 900,
            "input_tokens_details": {"cached_tokens": 40_960, "cache_write_tokens": 8_000},
            "output_tokens_details": {"reasoning_tokens": 512}}
-    u = Usage.from_openai(raw, api="responses", source="live")
+    u = usage_from_openai(raw, api="responses", source="live")
     assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens) == (1_040, 40_960, 8_000)
     assert u.total_input_tokens == 50_000 and u.source == "live" and u.reasoning_tokens == 512
     assert u.cache_creation_5m_input_tokens is None  # OpenAI writes have no 5m/1h TTL
 
 
 def test_openai_usage_without_a_cached_figure_is_unknown_not_zero():
-    u = Usage.from_openai({"prompt_tokens": 900, "completion_tokens": 5})
+    u = usage_from_openai({"prompt_tokens": 900, "completion_tokens": 5})
     assert u.input_tokens is None and u.cache_read_input_tokens is None and u.total_input_tokens is None
     assert u.output_tokens == 5 and u.raw["prompt_tokens"] == 900
-    d = Usage.from_openai({"prompt_tokens": 900, "completion_tokens": 5, "prompt_cache_hit_tokens": 640,
+    d = usage_from_openai({"prompt_tokens": 900, "completion_tokens": 5, "prompt_cache_hit_tokens": 640,
                            "prompt_cache_miss_tokens": 260})  # DeepSeek
     assert (d.input_tokens, d.cache_read_input_tokens) == (260, 640)
 
@@ -345,12 +346,12 @@ class _SDKUsage:
 ])
 def test_openai_usage_shapes_it_does_not_understand_are_refused(raw, api, message):
     with pytest.raises(ValueError) as info:
-        Usage.from_openai(raw, api=api)
+        usage_from_openai(raw, api=api)
     assert str(info.value).startswith(message)
 
 
 def test_openai_usage_from_an_sdk_object_and_the_positional_constructor_still_works():
-    assert Usage.from_openai(_SDKUsage(), api="responses").input_tokens == 10
+    assert usage_from_openai(_SDKUsage(), api="responses").input_tokens == 10
     u = Usage(1, 2, 3, 3, 0, 4, "live", {"x": 1})
     assert u.reasoning_tokens is None and u.total_input_tokens == 6
 

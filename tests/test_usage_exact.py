@@ -14,6 +14,7 @@ import pytest
 import promptcache_nb as pc
 from promptcache_nb.analysis import request_prices, resimulate
 from promptcache_nb.analysis.prices import price_model_id, prices_for
+from promptcache_nb.dialects import usage_from_anthropic, usage_from_openai
 from promptcache_nb.errors import ContextWindowWarning, PromptCacheError, UnpricedModelWarning, UsageError
 from promptcache_nb.pipeline import REPORTED_COST_SOURCE
 from promptcache_nb.store import _migrations
@@ -58,9 +59,9 @@ def test_compaction_iterations_are_counted_as_the_docs_define():
     docs = {"input_tokens": 23000, "output_tokens": 1000,
             "iterations": [{"type": "compaction", "input_tokens": 180000, "output_tokens": 3500},
                            {"type": "message", "input_tokens": 23000, "output_tokens": 1000}]}
-    u = Usage.from_anthropic(docs, source="imported")
+    u = usage_from_anthropic(docs, source="imported")
     assert (u.input_tokens, u.output_tokens) == (203000, 4500)  # the sum across all iterations
-    u = Usage.from_anthropic(COMPACTION_USAGE, source="imported")
+    u = usage_from_anthropic(COMPACTION_USAGE, source="imported")
     assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens) == (
         280, 0, 55096, 90)
     assert (u.cache_creation_5m_input_tokens, u.cache_creation_1h_input_tokens) == (55096, 0)
@@ -72,7 +73,7 @@ def test_iterations_without_a_compaction_leave_the_top_level_as_reported():
     plain = {"input_tokens": 40, "output_tokens": 5, "cache_read_input_tokens": 1200, "cache_creation_input_tokens": 0,
              "iterations": [{"type": "message", "input_tokens": 40, "output_tokens": 5,
                              "cache_read_input_tokens": 1200, "cache_creation_input_tokens": 0}]}
-    u = Usage.from_anthropic(plain)
+    u = usage_from_anthropic(plain)
     assert (u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.output_tokens) == (
         40, 1200, 0, 5)
 
@@ -89,25 +90,25 @@ def test_a_compaction_call_costs_what_the_api_billed(tmp_path):
 
 def test_a_malformed_iteration_is_refused_by_name():
     with pytest.raises(UsageError, match=r"^usage\.iterations\[0\]: must be an object, got str$"):
-        Usage.from_anthropic({"input_tokens": 1, "output_tokens": 1, "iterations": ["compaction"]})
+        usage_from_anthropic({"input_tokens": 1, "output_tokens": 1, "iterations": ["compaction"]})
     with pytest.raises(UsageError, match=r"^usage\.iterations\[1\]\.cache_creation_input_tokens: must be a "):
-        Usage.from_anthropic({"input_tokens": 1, "output_tokens": 1, "iterations": [
+        usage_from_anthropic({"input_tokens": 1, "output_tokens": 1, "iterations": [
             {"type": "message"}, {"type": "compaction", "cache_creation_input_tokens": -3}]})
 
 
 # -- a write without its 5m/1h split -----------------------------------------------------------------------
 def test_an_unreported_ttl_split_stays_unknown_and_is_named():
-    u = Usage.from_anthropic({"input_tokens": 12, "output_tokens": 30, "cache_read_input_tokens": 0,
+    u = usage_from_anthropic({"input_tokens": 12, "output_tokens": 30, "cache_read_input_tokens": 0,
                               "cache_creation_input_tokens": 4000}, source="imported")
     assert u.cache_creation_input_tokens == 4000
     assert (u.cache_creation_5m_input_tokens, u.cache_creation_1h_input_tokens) == (None, None)
     assert not u.ttl_split_known and u.notes == (TTL_SPLIT_UNKNOWN_NOTE,)
     assert "cache_creation" not in u.to_anthropic()  # never re-emitted as a 5m write
-    split = Usage.from_anthropic({"input_tokens": 12, "output_tokens": 30, "cache_creation_input_tokens": 4000,
+    split = usage_from_anthropic({"input_tokens": 12, "output_tokens": 30, "cache_creation_input_tokens": 4000,
                                   "cache_creation": {"ephemeral_5m_input_tokens": 0,
                                                      "ephemeral_1h_input_tokens": 4000}})
     assert split.ttl_split_known and split.notes == ()
-    nothing = Usage.from_anthropic({"input_tokens": 12, "output_tokens": 30, "cache_creation_input_tokens": 0})
+    nothing = usage_from_anthropic({"input_tokens": 12, "output_tokens": 30, "cache_creation_input_tokens": 0})
     assert nothing.ttl_split_known and (nothing.cache_creation_5m_input_tokens, nothing.notes) == (0, ())
 
 
@@ -178,11 +179,11 @@ BAD_COUNTS = [(-1, "must be a non-negative int, got -1"), ("12", "must be a non-
 @pytest.mark.parametrize(("value", "problem"), BAD_COUNTS)
 def test_bad_counts_are_one_line_errors_naming_the_field(value, problem):
     with pytest.raises(UsageError) as err:
-        Usage.from_anthropic({"input_tokens": 3, "output_tokens": 1, "cache_read_input_tokens": value})
+        usage_from_anthropic({"input_tokens": 3, "output_tokens": 1, "cache_read_input_tokens": value})
     assert str(err.value).startswith(f"usage.cache_read_input_tokens: {problem}") and "\n" not in str(err.value)
     assert isinstance(err.value, ValueError | PromptCacheError)
     with pytest.raises(UsageError, match=r"^usage\.prompt_tokens_details\.cached_tokens: "):
-        Usage.from_openai({"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": value}})
+        usage_from_openai({"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": value}})
 
 
 @pytest.mark.parametrize(("value", "problem"), BAD_COUNTS)
@@ -202,7 +203,7 @@ def test_a_split_larger_than_its_total_is_refused_not_a_price_library_error():
             "cache_creation": {"ephemeral_5m_input_tokens": 80, "ephemeral_1h_input_tokens": 70}}
     with pytest.raises(UsageError, match=r"^usage\.cache_creation: ephemeral_5m_input_tokens \(80\) \+ "
                                          r"ephemeral_1h_input_tokens \(70\) exceeds usage\.cache_creation_input_tokens"):
-        Usage.from_anthropic(over)
+        usage_from_anthropic(over)
     with pc.Lab(progress=False) as lab:
         s = lab.session(model="claude-sonnet-4-6")
         with pytest.raises(pc.errors.SessionError, match=r"^request 0: usage\.cache_creation: .* exceeds "):
@@ -240,9 +241,9 @@ def test_recorded_openrouter_traffic_costs_its_own_model_or_the_reported_cost(tm
     with pc.Lab(tmp_path / "o.duckdb", progress=False) as lab:
         s = lab.session(cache="openai", model="gpt-5")
         mistral = s.record(chat_body("mistral-large-latest"), at=T0, usage=usage, dialect="openai-chat")
-        want = prices_for("mistral-large-latest").cost(Usage.from_openai(usage), T0)
+        want = prices_for("mistral-large-latest").cost(usage_from_openai(usage), T0)
         assert mistral.cost_usd == pytest.approx(want) and mistral.cost_source == "genai-prices mistral/mistral-large"
-        assert mistral.cost_usd != pytest.approx(prices_for("gpt-5").cost(Usage.from_openai(usage), T0))
+        assert mistral.cost_usd != pytest.approx(prices_for("gpt-5").cost(usage_from_openai(usage), T0))
         sonnet = s.record(chat_body("anthropic/claude-sonnet-4.6"), at=T0, usage=usage, dialect="openai-chat")
         assert sonnet.cost_source == "genai-prices openrouter/anthropic/claude-sonnet-4.6"
         # unknown to the price table: the cost OpenRouter reported, labelled as such

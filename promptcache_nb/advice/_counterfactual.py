@@ -31,6 +31,7 @@ from ..analysis.resimulate import (
 )
 from ..cache import get_cache_model
 from ..errors import PromptCacheError, SessionError
+from ..lab import Lab
 from ..request import PreparedRequest, SegmentMemo, prepare
 from ..session import Session
 from ..tokens import session_tokenizer
@@ -42,7 +43,6 @@ from ._fixes import Plan, Request
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ..lab import Lab
 
 #: The label of every counterfactual figure.
 COUNTERFACTUAL = "simulated (counterfactual)"
@@ -76,7 +76,7 @@ class Original:
     @classmethod
     def load(cls, session: Session, *, cache: str | None = None) -> Original:
         """Read ``session`` back (``cache``: another cache model's name; default the session's)."""
-        lab = session.lab
+        lab = Lab.of(session)
         row = lab.store.session_row(session.id)
         if row is None:
             raise SessionError(f"no session {session.id!r} in {lab.path!r}")
@@ -334,7 +334,7 @@ def originals(session_or_lab: Session | Lab, *, desc: str) -> Iterator[Original]
     left out, one session's bodies held at a time, a progress bar by request named ``desc``); sessions with no
     request are skipped."""
     if isinstance(session_or_lab, Session):
-        lab, todo = session_or_lab.lab, [(session_or_lab.id, 0)]
+        lab, todo = Lab.of(session_or_lab), [(session_or_lab.id, 0)]
     else:
         lab = session_or_lab
         todo = [(r["id"], int(r["requests"])) for r in lab.store.original_sessions()]

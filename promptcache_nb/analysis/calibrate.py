@@ -511,3 +511,11 @@ def calibration_for(lab: LabLike, session_row: dict[str, Any]) -> CalibrationCho
             f"{cal_err:.1f} %")
     return CalibrationChoice(None, f"uncalibrated: the calibration of {cal.model} (ratio {cal.ratio:.3f}) raises the "
                                    f"error {raw_err:.1f} % → {cal_err:.1f} % on {n}")
+
+
+def needs_calibration(lab: LabLike, models: set[str]) -> bool:
+    """True when a tokenizer family of ``models`` has measured requests stored but no calibration fitted on
+    them (:func:`calibrate_families` would fit one): an import fits them at its end, also when it stored nothing
+    new (an import stopped after its sessions committed gets them back)."""
+    fitted = {family for family, _ in lab.store.saved_calibrations()}
+    return any(tokenizer_family(m) not in fitted for m in models)

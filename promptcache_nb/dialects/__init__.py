@@ -28,10 +28,13 @@ from ._registry import (
     DIALECTS,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
+    OpenAIApi,
     all_dialects,
     detect,
     detect_stream,
     get,
+    usage_from_anthropic,
+    usage_from_openai,
     usage_from_sse,
 )
 from ._sse import SseEvent, SseParser, StreamSummary, parse_sse
@@ -41,6 +44,7 @@ __all__ = [
     "DIALECTS",
     "OPENAI_CHAT",
     "OPENAI_RESPONSES",
+    "OpenAIApi",
     "BodyProblem",
     "Dialect",
     "DialectName",
@@ -55,5 +59,7 @@ __all__ = [
     "detect_stream",
     "get",
     "parse_sse",
+    "usage_from_anthropic",
+    "usage_from_openai",
     "usage_from_sse",
 ]

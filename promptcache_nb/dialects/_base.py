@@ -92,10 +92,6 @@ class Dialect(Protocol):
     scalar_keys: Mapping[str, str]
     cache_diagnostics: bool
 
-    def detect(self, body: Mapping[str, Any]) -> bool:
-        """Whether ``body`` reads as this format (the registry's one rule, :func:`~promptcache_nb.dialects.detect`)."""
-        ...
-
     def segment(self, sink: SegmentSink) -> Sequence[str]:
         """Split ``sink.body`` into segments in cache-prefix order, recording its shape; the top-level keys
         segmented. Raises ValueError, one line naming the field, on a shape it cannot segment."""
@@ -153,8 +149,8 @@ class Dialect(Protocol):
 
 
 class DialectBase:
-    """What every built-in :class:`Dialect` does the same way: its repr, and ``detect`` through the registry (whose
-    evidence order needs every dialect at once)."""
+    """What every built-in :class:`Dialect` does the same way: its repr. (Which format a body is written in is the
+    registry's question, :func:`~promptcache_nb.dialects.detect`: its evidence order needs every dialect at once.)"""
 
     name: DialectName
     cache_diagnostics = False
@@ -164,9 +160,3 @@ class DialectBase:
 
     def diagnosis(self, request: Mapping[str, Any] | None, diagnostics: Any) -> ProviderDiagnosis | None:
         return None
-
-    def detect(self, body: Mapping[str, Any]) -> bool:
-        from ._registry import detect
-
-        found: object = detect(body)
-        return found is self

@@ -92,7 +92,7 @@ def check_tools(tools: Any, allowed: frozenset[str], needs_name: bool, out: Prob
 
 # -- usage -------------------------------------------------------------------------------------------------------
 def usage_from_payload(usage: Any, *, prompt_key: str, output_key: str, source: UsageSource) -> Usage:
-    """:meth:`Usage.from_openai <promptcache_nb.usage.Usage.from_openai>` (documented there) for one format's keys:
+    """:func:`~promptcache_nb.dialects.usage_from_openai` (documented there) for one format's keys:
     Chat's ``prompt_tokens`` / ``completion_tokens``, Responses' ``input_tokens`` / ``output_tokens``."""
     raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else usage
     if not isinstance(raw, dict):

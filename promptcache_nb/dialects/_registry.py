@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
+from ..usage import Usage, UsageSource
 from . import anthropic, openai_chat, openai_responses
 from ._base import Dialect
 from ._sse import SseEvent, StreamSummary, as_pairs
@@ -127,3 +128,76 @@ def usage_from_sse(events: Iterable[SseEvent | Mapping[str, Any]], provider: str
         if provider == "openai" and d.provider != "openai":
             d = OPENAI_CHAT
     return d.sse_parse(pairs)
+
+
+#: The ``api`` of :func:`usage_from_openai`: a dialect name (``chat`` and ``responses``: their short forms).
+OpenAIApi = Literal["openai-chat", "openai-responses", "chat", "responses"]
+_OPENAI_APIS = {"openai-chat": "openai-chat", "openai-responses": "openai-responses", "chat": "openai-chat",
+                "responses": "openai-responses"}
+
+
+def usage_from_anthropic(usage: Any, *, source: UsageSource = "live") -> Usage:
+    """Build from an Anthropic ``usage`` object or dict (SDK model or JSON).
+
+    A write with no ``cache_creation`` object (Bedrock, older API versions) keeps its total with an unknown
+    split (both parts None, :attr:`~promptcache_nb.usage.Usage.ttl_split_known` False) and the note
+    :data:`~promptcache_nb.usage.TTL_SPLIT_UNKNOWN_NOTE`: it is priced at the 5-minute rate, never silently called 5m.
+
+    Server-side compaction (docs/provider_cache_rules.md#anthropic-compaction-usage): the top-level counts
+    leave out the ``compaction`` entries of ``usage.iterations``, so each count is the top-level one plus
+    those entries' (the documented "sum across all iterations", as the top level is the sum of the others).
+
+    Raises:
+        UsageError: a count that is not an int in ``0..MAX_TOKENS``, a ``cache_creation`` or iteration that is
+            not an object, or a 5m/1h split above its total, naming the field. Absent counts are None
+            (unknown), never 0.
+
+    Example:
+        >>> u = usage_from_anthropic({"input_tokens": 180, "output_tokens": 8, "cache_creation_input_tokens": 0,
+        ...     "iterations": [{"type": "compaction", "input_tokens": 100, "output_tokens": 82,
+        ...                     "cache_creation_input_tokens": 55096}]})
+        >>> u.input_tokens, u.cache_creation_input_tokens, u.output_tokens
+        (280, 55096, 90)
+    """
+    return ANTHROPIC.usage(usage, source=source)
+
+def usage_from_openai(usage: Any, *, api: OpenAIApi = "openai-chat", source: UsageSource = "imported") -> Usage:
+    """Build from an OpenAI ``usage`` object or dict (Chat Completions or Responses), exactly.
+
+    Chat: ``prompt_tokens``, ``prompt_tokens_details.cached_tokens``, ``completion_tokens``,
+    ``completion_tokens_details.reasoning_tokens``. Responses: ``input_tokens``,
+    ``input_tokens_details.cached_tokens``, ``output_tokens``, ``output_tokens_details.reasoning_tokens``.
+    The prompt figure *includes* the cached tokens (docs/provider_cache_rules.md#openai-usage) and, on models that
+    charge for cache writes, the written ones (``*_details.cache_write_tokens``, §2.2), so::
+
+        cache_read_input_tokens     = cached_tokens
+        cache_creation_input_tokens = cache_write_tokens, or 0 when not reported
+        input_tokens                = prompt - cached - written
+
+    and ``total_input_tokens`` is the prompt figure again. OpenAI writes have no 5m/1h TTLs: the split
+    is 0/0 when nothing was written and None (not applicable) when something was. Without any cached
+    figure (``*_details`` absent, as some OpenAI-compatible servers send) the split is unknown: input,
+    read and write are None. DeepSeek's ``prompt_cache_hit_tokens`` stands in
+    for a missing ``cached_tokens`` (the two are equal, §4). Figures are never adjusted.
+
+    Args:
+        usage: the ``usage`` object (an SDK model or its JSON dict).
+        api: the dialect, ``openai-chat`` (Chat Completions) or ``openai-responses``; ``chat`` and ``responses``
+            are accepted too.
+        source: ``imported`` (a log) or ``live`` (a response just received).
+
+    Raises:
+        UsageError: a shape it does not understand, naming the field (missing prompt figure, a count
+            that is not an int in ``0..MAX_TOKENS``, cached + written above the prompt).
+
+    Example:
+        >>> u = usage_from_openai({"prompt_tokens": 2006, "completion_tokens": 300,
+        ...                        "prompt_tokens_details": {"cached_tokens": 1920}})
+        >>> u.input_tokens, u.cache_read_input_tokens, u.cache_creation_input_tokens, u.total_input_tokens
+        (86, 1920, 0, 2006)
+    """
+    name = _OPENAI_APIS.get(api)
+    if name is None:
+        raise ValueError(f"api: must be 'chat' or 'responses' (the dialects openai-chat, openai-responses), "
+                         f"got {api!r}")
+    return _BY_NAME[name].usage(usage, source=source)

@@ -363,7 +363,7 @@ def _anthropic_tools(tools: Any, out: Problems) -> None:
 
 # -- usage -------------------------------------------------------------------------------------------------------
 def usage_from_payload(usage: Any, *, source: UsageSource = "live") -> Usage:
-    """:meth:`Usage.from_anthropic <promptcache_nb.usage.Usage.from_anthropic>` (documented there)."""
+    """:func:`~promptcache_nb.dialects.usage_from_anthropic` (documented there)."""
     raw = usage.model_dump(exclude_none=True) if hasattr(usage, "model_dump") else usage
     if not isinstance(raw, dict):
         raise UsageError(f"usage: must be an object, got {type(raw).__name__}")

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..importers._groups import FileGroup, plan_groups
+from ..ingest._groups import FileGroup, plan_groups
+from ..lab import Lab
+from ..store import Store
 from ._example import example_fleet
 from ._import import FleetImport, GroupReport, check_dataset, import_group, import_logs
-
-if TYPE_CHECKING:
-    from ..lab import Lab
 
 __all__ = ["FileGroup", "FleetImport", "GroupReport", "check_dataset", "example_fleet", "import_group",
            "import_logs", "open", "plan_groups"]
@@ -33,8 +31,6 @@ def open(out: str | Path, *, progress: bool = True) -> Lab:  # noqa: A001 - pc.f
     """A read-only Lab over the Parquet dataset ``out`` wrote by :func:`import_logs`: its tables are DuckDB views
     over the files, so every read API works (``lab.sql``, sessions, turns, ``pc.rebuilds``, ``pc.advise``...)
     and every write raises StoreError."""
-    from ..lab import Lab
-    from ..store import Store
 
     path = os.fspath(out)
     return Lab.over_store(Store.open_dataset(path if "://" in path else os.path.abspath(path)), progress=progress)

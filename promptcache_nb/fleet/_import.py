@@ -44,10 +44,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._util import not_a_regular_file, progress_bar
+from ..analysis.calibrate import calibrate_families
 from ..errors import PromptCacheError
-from ..importers._groups import FileGroup, plan_groups
-from ..importers._ingest import expand_paths
-from ..store import caused_by_ctrl_c
+from ..ingest import import_log
+from ..ingest._groups import FileGroup, expand_paths, plan_groups
+from ..lab import Lab
+from ..store import Store, caused_by_ctrl_c
 from ..store._parquet import TEMP_PREFIX, dataset_fs, group_outputs, remove_group
 
 if TYPE_CHECKING:
@@ -93,9 +95,6 @@ def _stat(path: str) -> tuple[str, int, int]:
 def import_group(group: FileGroup, out: str, project: str | None = None) -> GroupReport:
     """Import ``group`` into a private store and write it as Parquet under ``out`` (runs in a worker). A merged
     group's parts are stored in their order, each under its own project and account."""
-    from ..importers._ingest import import_log
-    from ..lab import Lab
-
     cpu, wall = time.process_time(), time.perf_counter()
     stats = [_stat(f) for f in group.files]
     clean_stale_temp()  # on a worker machine too
@@ -506,10 +505,6 @@ def _run(todo: Sequence[FileGroup], out: str, project: str | None, executor: Exe
 def _fit_calibrations(out: str) -> None:
     """One calibration per tokenizer family over the whole dataset's measured requests, as a single-process
     import fits over its store (never per group)."""
-    from ..analysis.calibrate import calibrate_families
-    from ..lab import Lab
-    from ..store import Store
-
     store = Store.open_dataset(out, writable_dataset_tables=True)
     try:
         store.clear_calibrations()

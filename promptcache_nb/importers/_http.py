@@ -23,9 +23,9 @@ reports an error is skipped as ``stream ended with an error: …``. ``gzip`` and
 
 Usage conversion (``source="imported"``, the native payload kept in ``Usage.raw``):
 
-- Anthropic: :meth:`Usage.from_anthropic` after checking the shape (``input_tokens``/``output_tokens``
+- Anthropic: ``dialects.usage_from_anthropic`` after checking the shape (``input_tokens``/``output_tokens``
   integers, cache figures integers when present).
-- OpenAI: :meth:`Usage.from_openai` (cached and written tokens are *included* in ``prompt_tokens`` /
+- OpenAI: ``dialects.usage_from_openai`` (cached and written tokens are *included* in ``prompt_tokens`` /
   ``input_tokens``: ``uncached = prompt - cached - written``, write 0 unless reported; no cached figure at all
   means the split is unknown, not 0).
 - A usage object whose shape is not understood is skipped as ``unknown usage shape: <field>: <problem>``.
@@ -473,7 +473,7 @@ def _json_body(body: bytes | str | dict[str, Any] | None, what: str,
 
 
 def anthropic_usage(raw: Any) -> Usage:
-    """Convert an Anthropic ``usage`` object with :meth:`Usage.from_anthropic` (``source="imported"``); a log's
+    """Convert an Anthropic ``usage`` object with ``dialects.usage_from_anthropic`` (``source="imported"``); a log's
     usage must carry both ``input_tokens`` and ``output_tokens``. Refusals become skip reasons naming the field."""
     return convert_usage(raw, "anthropic")
 

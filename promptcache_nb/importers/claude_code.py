@@ -35,7 +35,7 @@ turn one into API requests:
   that is not a Claude Code entry at all (a proxy record, some other JSON) is skipped with a reason; entry kinds
   the client writes without a request (``summary``, ``file-history-snapshot``, newer ones carrying the
   transcript's ids) are passed over silently.
-* **Bad values cost one request:** usage that :meth:`Usage.from_anthropic` refuses (not a non-negative int, above
+* **Bad values cost one request:** usage that ``dialects.usage_from_anthropic`` refuses (not a non-negative int, above
   ``usage.MAX_TOKENS``, a 5m/1h split larger than its write) skips that response (``usage.<field>: <problem>``);
   the response stays in the history.
 * Entries whose model is ``<synthetic>`` (messages the client made up: errors, interruptions) or not a model id
@@ -51,8 +51,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..dialects import usage_from_anthropic
 from ..errors import PromptCacheError
-from ..usage import Usage
 from ._jsonl import JsonLine, iter_json_lines, json_objects_in_head, parse_timestamp
 from ._messages import append_message
 from ._types import ImportedRequest, ReadProgress, Record, SessionKind, SkippedLine
@@ -241,7 +241,7 @@ class ClaudeCodeReader:
     def _request(self, resp: _Response, file: str, chain: _Chain) -> ImportedRequest | SkippedLine:
         """The finished response as a request, or the line that opened it when its usage cannot be stored."""
         try:
-            usage = Usage.from_anthropic(resp.usage, source="imported")
+            usage = usage_from_anthropic(resp.usage, source="imported")
         except (ValueError, PromptCacheError) as exc:
             return SkippedLine(file, resp.line, str(exc))
         return ImportedRequest(

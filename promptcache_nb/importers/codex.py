@@ -10,7 +10,7 @@ Each line is ``{"timestamp", "type", "payload"}`` with ``type`` one of ``session
   cumulative ``total_token_usage`` equals the previous one is the duplicate and is dropped. ``token_count``
   events with ``info: null`` (rate-limit updates) are not requests.
 * **Usage** is ``last_token_usage`` (this request alone; when absent, the difference of the cumulative totals),
-  converted by :meth:`Usage.from_openai`: OpenAI counts cached tokens inside ``input_tokens``, so uncached
+  converted by ``dialects.usage_from_openai``: OpenAI counts cached tokens inside ``input_tokens``, so uncached
   input = input − cached; a cache write is 0 unless the log reports one; ``reasoning_output_tokens`` (part of
   ``output_tokens``) becomes ``reasoning_tokens``; ``raw`` is Codex's payload.
 * **Bodies** are Responses-shaped: ``{"model", "instructions", "input"}``. ``input`` is every response item
@@ -41,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..dialects import usage_from_openai
 from ..errors import PromptCacheError
 from ..usage import MAX_TOKENS, Usage
 from ._jsonl import iter_json_lines, json_objects_in_head, parse_timestamp
@@ -284,7 +285,7 @@ def _delta(totals: Any, previous: dict[str, Any] | None) -> dict[str, Any] | Non
 
 
 def _usage(raw: dict[str, Any]) -> Usage:
-    """Codex's ``TokenUsage`` → :class:`Usage`, through :meth:`Usage.from_openai` (one OpenAI arithmetic).
+    """Codex's ``TokenUsage`` → :class:`Usage`, through ``dialects.usage_from_openai`` (one OpenAI arithmetic).
 
     Codex flattens the Responses usage (``cached_input_tokens``, ``reasoning_output_tokens``); it is put back in
     the API's shape for the conversion, and ``raw`` keeps Codex's own payload.
@@ -300,4 +301,4 @@ def _usage(raw: dict[str, Any]) -> Usage:
         shaped["input_tokens_details"] = details
     if "reasoning_output_tokens" in raw:
         shaped["output_tokens_details"] = {"reasoning_tokens": raw["reasoning_output_tokens"]}
-    return replace(Usage.from_openai(shaped, api="responses", source="imported"), raw=dict(raw))
+    return replace(usage_from_openai(shaped, api="responses", source="imported"), raw=dict(raw))

@@ -22,6 +22,7 @@ import anthropic
 from .._redact import redact_url, scrub, url_secrets
 from .._util import is_loopback
 from ..cache import CacheModel, CacheResult
+from ..dialects import usage_from_anthropic
 from ..dialects.anthropic import read_diagnosis
 from ..errors import (
     APIConnectionError,
@@ -32,7 +33,6 @@ from ..errors import (
     RateLimitError,
 )
 from ..request import PreparedRequest
-from ..usage import Usage
 from ._base import AT_HEADER, SIMULATOR_HEADER, Backend, BackendResponse
 from ._diagnostics import DiagnosticsChain, with_beta
 
@@ -157,7 +157,7 @@ class AnthropicBackend(Backend):
             raise AuthenticationError(
                 "no API key: ANTHROPIC_API_KEY is not set and the client was given no api_key") from None
         simulated = headers.get(SIMULATOR_HEADER) is not None
-        usage = Usage.from_anthropic(message.usage, source="simulated" if simulated else "live")
+        usage = usage_from_anthropic(message.usage, source="simulated" if simulated else "live")
         content = [block.model_dump(mode="json", exclude_none=True) for block in message.content]
         diagnosis = None
         if self._chain is not None:

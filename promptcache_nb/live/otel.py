@@ -44,11 +44,11 @@ import os
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -56,12 +56,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import PromptCacheError
-from ..importers import ImportedRequest, SkippedLine, store_records
+from ..importers import ImportedRequest, SkippedLine
 from ..importers.otlp import OtlpReader
 from ._asgi import REQUEST_TIMEOUT, BodyError, ServerThread, is_loopback, read_body, url_host
 
-if TYPE_CHECKING:  # annotations only (absolute: the runtime import graph has no live -> lab edge)
-    from promptcache_nb.lab import Lab
+
+class ReceivingLab(Protocol):
+    """What the receiver needs of the Lab it stores into (a :class:`~promptcache_nb.Lab`, which sits above the
+    live stage: named by what it does, never imported)."""
+
+    path: str
+    store: Any
+
+    def store_records(self, records: Sequence[ImportedRequest], *, format: str, file: str) -> Any:  # noqa: A002
+        ...
 
 log = logging.getLogger("promptcache_nb.otel")
 
@@ -148,7 +156,7 @@ class OtlpReceiver:
         ...     monitor = pc.widgets.Monitor(otel); display(monitor)
     """
 
-    def __init__(self, lab: Lab, *, host: str = "127.0.0.1", port: int = 0, spool: str | Path | None = None,
+    def __init__(self, lab: ReceivingLab, *, host: str = "127.0.0.1", port: int = 0, spool: str | Path | None = None,
                  max_body_bytes: int = MAX_OTLP_BODY_BYTES, request_timeout: float = REQUEST_TIMEOUT) -> None:
         self.lab = lab
         self.host = host
@@ -348,7 +356,7 @@ class OtlpReceiver:
                 offset = fh.tell()
                 fh.write(text.encode("utf-8", errors="surrogatepass"))
             try:
-                result = store_records(self.lab, requests, format="otlp", file=spool)
+                result = self.lab.store_records(requests, format="otlp", file=spool)
             except BaseException:
                 # nothing of the export is stored: its spool line goes too (analysis would read it again)
                 with open(spool, "r+b") as fh:

@@ -94,8 +94,9 @@ from .._util import SIMULATOR_HEADER
 from ..importers._http import session_key_for
 from ..importers._sse import SseEvent, SseParser, usage_from_sse
 from ..importers.exchanges import EXCHANGES_FORMAT_VERSION
-from ._asgi import MAX_BODY_BYTES, REQUEST_TIMEOUT, BodyError, ServerThread, is_loopback, read_body, url_host
+from ._asgi import MAX_BODY_BYTES, REQUEST_TIMEOUT, BodyError, read_body
 from ._diagnostics import DiagnosticsChain, with_beta
+from ._serving import LoopbackServer
 
 log = logging.getLogger("promptcache_nb.proxy")
 
@@ -110,7 +111,7 @@ HOP_BY_HOP = frozenset({
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=30.0, read=900.0, write=120.0, pool=60.0)
 
 
-class RecordingProxy:
+class RecordingProxy(LoopbackServer):
     """Forward an agent's API calls to ``upstream`` and append one ``exchanges`` line per call to ``log``.
 
     Args:
@@ -174,50 +175,25 @@ class RecordingProxy:
         #: Lines written since :meth:`start`.
         self.recorded = 0
         self._lock = threading.Lock()
-        self._server: ServerThread | None = None
         self._client: httpx.AsyncClient | None = None
 
-    # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> RecordingProxy:
-        """Create the log (and its directory), bind, and serve on a daemon thread; returns self. Idempotent."""
-        if self._server is not None:
-            return self
-        if not is_loopback(self.host):
-            log.warning("the recording proxy listens on %s: anyone who can reach it can use the API keys "
-                        "sent through it; bind 127.0.0.1 unless you mean it", self.host)
+    # -- lifecycle (start, close, stop, with: live/_serving.py) -----------------------------------
+    _thread_name = "promptcache-proxy"
+    _network_warning = ("the recording proxy listens on %s: anyone who can reach it can use the API keys sent "
+                        "through it; bind 127.0.0.1 unless you mean it")
+
+    def _serve_app(self) -> Any:
+        """Create the log (and its directory) before serving: fail at start, not at the first call, when it cannot
+        be written."""
         redact_url_logs("httpx")  # httpx logs each upstream URL at INFO
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path.touch()  # fail here, not at the first call, when the log cannot be written
-        app = Starlette(routes=[Mount("/", app=self._asgi)], lifespan=self._lifespan)
-        server = ServerThread(app, host=self.host, port=self.port, name=f"promptcache-proxy:{self.port}",
-                              header_timeout=self.request_timeout)
-        self.port = server.port
-        server.start()
-        self._server = server
-        return self
-
-    def close(self) -> None:
-        """Stop serving (calls in flight get a few seconds to finish, and are recorded). Idempotent."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
-
-    def __enter__(self) -> RecordingProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def running(self) -> bool:
-        return self._server is not None
+        self.log_path.touch()
+        return Starlette(routes=[Mount("/", app=self._asgi)], lifespan=self._lifespan)
 
     @property
     def url(self) -> str:
         """``http://host:port``: set ``ANTHROPIC_BASE_URL`` to it (``OPENAI_BASE_URL`` to it plus ``/v1``)."""
-        if self._server is None:
-            raise RuntimeError("the proxy is not running; call .start() or use `with RecordingProxy(...)`")
-        return f"http://{url_host(self.host)}:{self.port}"
+        return self._url("proxy")
 
     def __repr__(self) -> str:
         where = self.url if self.running else "stopped"

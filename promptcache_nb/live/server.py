@@ -50,7 +50,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._redact import redact_url
 from .._util import digest
@@ -63,9 +63,7 @@ from ..request.validate import MAX_DEPTH, validate_request
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 from ..usage import Usage
 from ._base import AT_HEADER, SIMULATED_REPLY, SIMULATOR_HEADER
-
-if TYPE_CHECKING:
-    from ._asgi import ServerThread
+from ._serving import LoopbackServer
 
 log = logging.getLogger("promptcache_nb.server")
 
@@ -136,7 +134,7 @@ class _Injected:
 _Answer = tuple[int, dict[str, str], bytes | list[bytes]]
 
 
-class SimulatorServer:
+class SimulatorServer(LoopbackServer):
     """A local ``/v1/messages``, ``/v1/chat/completions`` and ``/v1/responses`` endpoint backed by cache models.
 
     Args:
@@ -208,49 +206,20 @@ class SimulatorServer:
         # Guards the bookkeeping below, held for microseconds; a cache model has a lock of its own, so only
         # requests to one workspace's cache wait for each other.
         self._lock = threading.RLock()
-        self._server: ServerThread | None = None
         self.reset()
 
-    # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> SimulatorServer:
-        """Bind and serve on a daemon thread; returns self. Idempotent."""
-        if self._server is not None:
-            return self
-        from ._asgi import ServerThread, is_loopback
+    # -- lifecycle (start, close, stop, with: live/_serving.py); cache state is kept until reset() ----------
+    _thread_name = "promptcache-sim"
+    _network_warning = ("the simulator listens on %s and accepts any API key; bind 127.0.0.1 unless you mean to "
+                        "serve a network")
 
-        if not is_loopback(self.host):
-            log.warning("the simulator listens on %s and accepts any API key; bind 127.0.0.1 unless you mean "
-                        "to serve a network", self.host)
-        server = ServerThread(self._app(), host=self.host, port=self.port, name=f"promptcache-sim:{self.port}",
-                              header_timeout=self.request_timeout)
-        self.port = server.port
-        server.start()
-        self._server = server
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and close the socket. Idempotent; cache state is kept until :meth:`reset`."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
-
-    def __enter__(self) -> SimulatorServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def running(self) -> bool:
-        return self._server is not None
+    def _serve_app(self) -> Any:
+        return self._app()
 
     @property
     def base_url(self) -> str:
         """``http://host:port`` — pass it as ``anthropic.Anthropic(base_url=...)`` (``openai.OpenAI``: add ``/v1``)."""
-        if self._server is None:
-            raise RuntimeError("the simulator is not running; call .start() or use `with SimulatorServer()`")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return self._url("simulator")
 
     def __repr__(self) -> str:
         where = self.base_url if self.running else "stopped"

@@ -26,7 +26,6 @@ from .._types import (  # noqa: F401 - fnv1a re-exported (store.fnv1a)
     KnowledgeEntry,
     MessageBlock,
     RequestRecord,
-    RequestWrite,
     fnv1a,
 )
 from .._util import common_prefix_length, digest, file_kind
@@ -35,8 +34,18 @@ from ..request import PreparedRequest, canonical_json, rebuild_body
 from ..request._canonical import SegmentMemo, prefix_record
 from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 from . import _rollups
-from ._doctor import CORE_TABLES, damaged, node_on_cycle, schema_problems
 from ._migrations import MIGRATIONS, applied, migrate, rollback_if_active
+from ._parquet import (
+    CONTENT_KEYS,
+    DATASET_TABLES,
+    attach_dataset,
+    export_dataset_tables,
+    export_group,
+    group_of_file,
+    parquet_source,
+)
+from ._schema import CORE_TABLES, damaged, node_on_cycle, schema_problems
+from ._write import RequestWrite
 
 if TYPE_CHECKING:  # pandas loads on the first DataFrame (duckdb's .df() imports it): not with the package
     import pandas as pd
@@ -676,8 +685,6 @@ class Store:
         never (they are fitted over the whole store afterwards). Returns the session ids copied. The caller
         makes sure none of them is stored here already."""
         con = self._live()
-        from ._parquet import CONTENT_KEYS, DATASET_TABLES
-
         tables = [r[0] for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() AND NOT temporary "
             "ORDER BY table_name").fetchall() if r[0] != "_migrations" and r[0] not in DATASET_TABLES]
@@ -710,26 +717,20 @@ class Store:
     def export_parquet(self, out: str, group: str) -> None:
         """Write every table as Parquet files of file group ``group`` under the dataset directory ``out``,
         replacing that group's earlier files (:mod:`._parquet`)."""
-        from ._parquet import export_group
-
-        export_group(self, out, group)
+        export_group(self._live(), out, group)
 
     def export_dataset_tables(self, out: str) -> None:
         """Write the tables fitted over a whole dataset (calibrations) under ``out``."""
-        from ._parquet import export_dataset_tables
-
-        export_dataset_tables(self, out)
+        export_dataset_tables(self._live(), out)
 
     @classmethod
     def open_dataset(cls, out: str, *, writable_dataset_tables: bool = False) -> Store:
         """A store whose tables are views over the Parquet dataset at ``out``: every read works, every write
         raises StoreError (``writable_dataset_tables``: the calibrations table, an in-memory copy, may be
         written, so a calibration can be fitted over the whole dataset)."""
-        from ._parquet import attach_dataset
-
         store = cls(":memory:")
         try:
-            attach_dataset(store, out)
+            attach_dataset(store._live(), out)
         except duckdb.Error as exc:
             store.close()
             raise StoreError(f"cannot read fleet dataset {out!r}: {_one_line(exc)}") from None
@@ -1639,15 +1640,11 @@ class Store:
         it), then every file. Never the table's view: it keeps one row per key across all the files (``DISTINCT
         ON``), a pass over all of them per lookup (7 s for 1,500 blocks of a 200-session dataset, 0.1 s in the
         session's group's file)."""
-        from ._parquet import parquet_source
-
         groups = self._dataset_groups(session_id) if session_id is not None else []
         return [*(parquet_source(self.path, table, g) for g in groups), parquet_source(self.path, table)]
 
     def _dataset_groups(self, session_id: str) -> list[str]:
         """The file groups whose ``sessions`` files hold ``session_id`` (usually one)."""
-        from ._parquet import group_of_file, parquet_source
-
         got = self._session_groups.get(session_id)
         if got is None:
             files = self.rows(f"SELECT DISTINCT filename FROM {parquet_source(self.path, 'sessions', filename=True)} "

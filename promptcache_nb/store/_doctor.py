@@ -1,88 +1,24 @@
-"""What a store must hold for the code to read it, and ``promptcache-nb doctor FILE``, which checks all of it.
+"""``promptcache-nb doctor FILE``: checks all that a store must hold for the code to read it (``_schema.py``).
 
-The expected schema is derived, never listed by hand: the migrations are applied once to an in-memory database
-and its tables, columns and NOT NULL constraints are what every store at this version must have. Opening a store
-checks tables and columns (one catalog query); the row-level checks (a NULL where the code expects a value, a
-block or prefix node referenced but gone, a ``prefix_nodes`` chain that runs in a cycle, a block body that is not
-JSON, a session config that is not a JSON object) run here in full, and the readers that would trip over them
-raise a one-line :class:`~promptcache_nb.errors.StoreError` at first use.
+Opening a store checks tables and columns (one catalog query, :func:`~._schema.schema_problems`); the row-level
+checks (a NULL where the code expects a value, a block or prefix node referenced but gone, a ``prefix_nodes`` chain
+that runs in a cycle, a block body that is not JSON, a session config that is not a JSON object) run here in full,
+and the readers that would trip over them raise a one-line :class:`~promptcache_nb.errors.StoreError` at first use.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import duckdb
 
-from ._migrations import MIGRATIONS, migrate
+from ..errors import StoreError
+from ._db import Store, _check_file, _one_line
+from ._migrations import MIGRATIONS
+from ._schema import CORE_TABLES, expected_schema, node_on_cycle, schema_of, schema_problems
 
-__all__ = ["DoctorReport", "check_store", "damaged", "expected_schema", "node_on_cycle", "schema_problems"]
-
-#: Our own tables: a store holding these but no ``m001_initial`` row in ``_migrations`` was tampered with, not
-#: made by another application.
-CORE_TABLES = frozenset({"sessions", "turns", "blocks", "prefix_nodes"})
-
-
-def damaged(path: str, what: str) -> str:
-    """The one-line message of a damaged store: what is wrong, and the command that checks the rest."""
-    return f"store {path!r} is damaged: {what}; run `promptcache-nb doctor {path}` for a full check"
-
-
-def node_on_cycle(nodes: Mapping[str, Sequence[Any]]) -> str | None:
-    """A node whose parent links (``nodes``: id -> (parent, ...), a parent outside ``nodes`` ends a walk) lead back
-    to itself, or None when every walk ends. Each node is walked once."""
-    ends: set[str] = set()  # nodes whose walk is known to end
-    for start in nodes:
-        walk: list[str] = []
-        on_walk: set[str] = set()
-        cur: str | None = start
-        while cur is not None and cur in nodes and cur not in ends:
-            if cur in on_walk:
-                return cur
-            walk.append(cur)
-            on_walk.add(cur)
-            cur = nodes[cur][0]
-        ends.update(walk)
-    return None
-
-
-@functools.cache
-def expected_schema() -> dict[str, dict[str, bool]]:
-    """table -> column -> NOT NULL, as the migrations of this version create them."""
-    con = duckdb.connect(":memory:")
-    try:
-        migrate(con)
-        return _schema(con)
-    finally:
-        con.close()
-
-
-def _schema(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, bool]]:
-    rows = con.execute(
-        "SELECT table_name, column_name, is_nullable FROM duckdb_columns() "
-        "WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal "
-        "ORDER BY table_name, column_index").fetchall()
-    out: dict[str, dict[str, bool]] = {}
-    for table, column, nullable in rows:
-        out.setdefault(table, {})[column] = not nullable
-    return out
-
-
-def schema_problems(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Tables and columns of :func:`expected_schema` the database lacks, one phrase each (empty: none)."""
-    have = _schema(con)
-    problems = []
-    for table, columns in expected_schema().items():
-        if table not in have:
-            problems.append(f"table {table!r} is missing")
-            continue
-        problems.extend(f"column {table}.{c} is missing" for c in columns if c not in have[table])
-    return problems
-
+__all__ = ["DoctorReport", "check_store"]
 
 @dataclass
 class DoctorReport:
@@ -155,12 +91,8 @@ def check_store(path: str) -> DoctorReport:
     """Check a store file without changing it: schema, migrations, NOT NULL columns and the references the
     readers follow. Raises :class:`~promptcache_nb.errors.StoreError` only when the file cannot be opened at
     all (not a regular file, not DuckDB, locked by a writer)."""
-    from ..errors import StoreError
-
     # Store's own file checks (FIFO, device, foreign header) and lock messages; it refuses a damaged store,
     # so the rows are read over a plain read-only connection after those checks
-    from ._db import Store, _check_file, _one_line
-
     _check_file(path, read_only=True)
     report = DoctorReport(path)
     try:
@@ -179,7 +111,7 @@ def check_store(path: str) -> DoctorReport:
 
 
 def _check(con: duckdb.DuckDBPyConnection, report: DoctorReport) -> None:
-    have = _schema(con)
+    have = schema_of(con)
     if not have and not con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchall()[0][0]:
         report.blank = True
         return

@@ -32,8 +32,6 @@ from ..errors import StoreError
 if TYPE_CHECKING:
     import duckdb
 
-    from ._db import Store
-
 #: Tables written per group, and their Hive partitioning (turns by project and day, sessions by project).
 PARTITIONS: dict[str, tuple[str, ...]] = {"turns": ("project", "day"), "sessions": ("project",)}
 #: Tables whose rows are keyed by content: several groups may write the same row.
@@ -148,10 +146,9 @@ def file_digest(path: str, fs: Any = None) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def export_group(store: Store, out: str, group: str) -> None:
-    """Write every table of ``store`` (one file group's import) as Parquet files named after ``group``, replacing
-    the files that group wrote before."""
-    con = store._live()
+def export_group(con: duckdb.DuckDBPyConnection, out: str, group: str) -> None:
+    """Write every table of a store's connection ``con`` (one file group's import) as Parquet files named after
+    ``group``, replacing the files that group wrote before."""
     remove_group(out, group)
     with _local(out) as local:
         _export_group(con, local, group)
@@ -180,9 +177,8 @@ def _export_group(con: duckdb.DuckDBPyConnection, out: str, group: str) -> None:
                         "(FORMAT parquet, COMPRESSION zstd)")
 
 
-def export_dataset_tables(store: Store, out: str) -> None:
+def export_dataset_tables(con: duckdb.DuckDBPyConnection, out: str) -> None:
     """Write the tables fitted over the whole dataset (:data:`DATASET_TABLES`) as ``OUT/<table>/dataset.parquet``."""
-    con = store._live()
     with _local(out) as local:
         for table in DATASET_TABLES:
             target = os.path.join(local, table)
@@ -219,10 +215,9 @@ def group_of_file(path: str) -> str:
     return head if sep and tail.isdigit() else name
 
 
-def attach_dataset(store: Store, out: str) -> list[str]:
-    """Turn the (empty, migrated, in-memory) ``store``'s tables into views over the dataset at ``out``; the
-    dataset tables (:data:`DATASET_TABLES`) are loaded as tables. Returns the tables that have files."""
-    con = store._live()
+def attach_dataset(con: duckdb.DuckDBPyConnection, out: str) -> list[str]:
+    """Turn the tables of an (empty, migrated, in-memory) store's connection ``con`` into views over the dataset at
+    ``out``; the dataset tables (:data:`DATASET_TABLES`) are loaded as tables. Returns the tables that have files."""
     fs, root = dataset_fs(out)
     if fs is None and not Path(out).is_dir() or fs is not None and not fs.isdir(root):
         raise StoreError(f"no fleet dataset at {out!r}: the directory does not exist")

@@ -15,21 +15,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .._protocols import StoredSession
 from ..analysis import compare_df
 from ..errors import KnowledgeError, SessionError
+from ..lab import Lab
 from ..request import PreparedRequest, canonical_bytes
 from ..request.diff import diff as _request_diff  # the function (``request.diff`` is the module)
 from ..scenario import Event, KnowledgeRemove, KnowledgeUpdate, Scenario, load_scenario
+from ..strategies import get_strategy, strategy_names
+from ..strategies._base import KNOWLEDGE_CATEGORIES
+from ..turn import on_record
 from ..usage import Usage
 from . import _html
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from ..lab import Lab
     from ..live.otel import OtlpBatch, OtlpReceiver
-    from ..session import Session, Turn
+    from ..session import Session
     from ..store import KnowledgeEntry
+    from ..turn import Turn
 
 Listener = Callable[[str], None]
 #: ``progress(done, total)``: called after each unit of a multi-request action (the views' progress bars).
@@ -48,7 +53,7 @@ def live_session(session: Session) -> Session:
     ``Session.restart()`` (a button, or a scenario ``restart`` event) closes the old object and opens a
     new one; views holding the old one follow it here instead of failing with "session was restarted".
     """
-    lab = session.lab
+    lab = Lab.of(session)
     if lab.store.closed:
         return session
     return lab.active_session(session.id) or session
@@ -298,11 +303,10 @@ class StepperController(_Observable):
         sc = self.scenario
         if sc is None:
             raise SessionError("switching strategy needs a scenario: pass scenario= to the stepper")
-        from ..strategies import get_strategy
 
         get_strategy(strategy)  # an unknown name fails here, naming the registered ones
         old = self.session
-        s = old.lab.replay(sc, strategy=strategy, cache=old.cache, stop_after=self.position, progress=False)
+        s = Lab.of(old).replay(sc, strategy=strategy, cache=old.cache, stop_after=self.position, progress=False)
         return StepperController(s, sc)
 
     def switch_strategy(self, strategy: str) -> Session:
@@ -406,7 +410,7 @@ class StepperController(_Observable):
         at = sc.start if last_at is None else last_at + turn.after
         number = f"scenario turn {self.position + 1} of {len(sc.turns)}"
         skipped: list[str] = []
-        lab = s.lab
+        lab = Lab.of(s)
         try:
             # its events and its requests are one transaction: a failure leaves nothing half-applied
             with lab.atomic():
@@ -647,8 +651,6 @@ class KnowledgeController(_Observable):
 
     def categories(self) -> tuple[str, ...]:
         """The categories an entry may have: the known set plus those already in this book (sorted)."""
-        from ..strategies._base import KNOWLEDGE_CATEGORIES
-
         return tuple(sorted({*KNOWLEDGE_CATEGORIES, *(e.category for e in self.entries())}))
 
     def check_category(self, category: str) -> str:
@@ -753,8 +755,6 @@ class CompareController(_Observable):
     def __init__(self, scenario: Scenario | str | Path, *, strategies: Iterable[str] | None = None,
                  cache: str = "anthropic", lab: Lab | None = None) -> None:
         super().__init__()
-        from ..lab import Lab
-        from ..strategies import strategy_names
 
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         self.strategies: tuple[str, ...] = tuple(strategies) if strategies is not None else strategy_names()
@@ -852,7 +852,7 @@ MONITOR_ROWS = 20
 class MonitorController(_Observable):
     """The live monitor's state: one row per stored request of a session, the running totals, the latest request.
 
-    Fed by the session's :func:`~promptcache_nb._protocols.on_record` (each request stored, a capture's call as it
+    Fed by the session's :func:`~promptcache_nb.turn.on_record` (each request stored, a capture's call as it
     finishes), so a view over it updates without polling the store; requests stored before it was made are read
     once from the store. Over an :class:`~promptcache_nb.live.OtlpReceiver` it follows every request the receiver
     stores, whatever its session (each export's rows, once committed: :meth:`add_batch`), from when it was made.
@@ -862,8 +862,6 @@ class MonitorController(_Observable):
     def __init__(self, source: Session | OtlpReceiver, *, follow: bool = True) -> None:
         super().__init__()
         import threading
-
-        from .._protocols import StoredSession, on_record
 
         self._lock = threading.Lock()  # a capture (or the receiver) adds from the thread that stored the request
         self.rows: list[dict[str, Any]] = []

@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..lab import Lab
     from ..live.otel import OtlpReceiver
     from ..request import PreparedRequest
-    from ..session import Session, Turn
+    from ..session import Session
+    from ..turn import Turn
 
 PNG_DPI = 90
 # full button labels: as wide as their text and never shrunk by a crowded row (descriptions truncate otherwise)
@@ -333,7 +334,7 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
 
         import pandas as pd
 
-        from .._protocols import on_record
+        from ..turn import on_record
 
         if self._unsubscribe is not None:
             self._unsubscribe()

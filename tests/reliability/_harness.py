@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import promptcache_nb as pc
-from promptcache_nb.importers import _ingest
+from promptcache_nb.ingest import _import as _ingest
 from promptcache_nb.live import DirectSimulator
 from promptcache_nb.request import canonical_bytes
 from promptcache_nb.widgets import StepperController

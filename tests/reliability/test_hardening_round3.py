@@ -166,7 +166,7 @@ def test_a_lab_on_a_looping_path_raises_store_error(looping_store: Path) -> None
 
 # -- group keys keep the whole folder name ---------------------------------------------------------------------
 def test_folders_that_share_a_name_up_to_a_dot_are_two_groups(tmp_path: Path) -> None:
-    from promptcache_nb.importers._groups import plan_groups
+    from promptcache_nb.ingest._groups import plan_groups
 
     logs = tmp_path / "projects"
     shutil.copytree(LOGS / "claude_code" / "growing", logs / "alice.smith")

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import promptcache_nb as pc
-from promptcache_nb.importers import ImportResult
+from promptcache_nb.ingest import ImportResult
 from promptcache_nb.report import write_report
 from promptcache_nb.request import prepare
 from promptcache_nb.scenario import KnowledgeSpec, KnowledgeUpdate, Scenario, ScenarioTurn, ToolCall

@@ -9,9 +9,7 @@ re-imported as it grows.
 
 from __future__ import annotations
 
-import glob
 import html
-import os
 import re
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,30 +18,36 @@ from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
+from .. import analysis as _analysis
 from .._config import DEFAULT_ACCOUNT, SessionConfig
 from .._shared import ScopeKey, scope_key
 from .._types import HISTORY_FROM_PARENT, HISTORY_MISSING
-from .._util import digest, gc_paused, kernel_root, not_a_regular_file, progress_bar, user_stacklevel
-from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families
+from .._util import digest, gc_paused, progress_bar, user_stacklevel
+from ..analysis.calibrate import FAMILY_COLUMNS, calibrate_families, needs_calibration
+from ..analysis.cause import UsageOnly, usage_cause
 from ..analysis.frames import html_table
-from ..cache.anthropic import client_ttls_from_usage
+from ..analysis.observe import usage_break
+from ..analysis.rollups import session_summary
+from ..cache import get_cache_model
+from ..cache.anthropic import TTL_SECONDS, client_ttls_from_usage
 from ..dialects import get as get_format
-from ..errors import ImportFormatError, PromptCacheError, SessionError, UsageError
+from ..errors import ImportFormatError, PromptCacheError, SessionError, UnpricedModelWarning, UsageError
+from ..importers._jsonl import UnreadableLog
+from ..importers._messages import append_message
+from ..importers._registry import READERS, detect
+from ..importers._types import ImportedRequest, SkippedLine
+from ..pipeline import reply_output_tokens, usage_record
 from ..request import BodyProblem, PreparedRequest, check_request
 from ..request.diff import visible
-from ._jsonl import COMPRESSED_SUFFIXES, UnreadableLog
-from ._messages import append_message
+from ._groups import LogFile, display_path, expand_paths, plan_groups
 from ._prefixes import UnloggedPrefix, agreed_prefix, covers
-from ._registry import READERS, detect
-from ._types import ImportedRequest, SkippedLine
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..lab import Lab
     from ..session import Session
+    from ..workspace import Workspace
 
-LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson", ".sqlite")
 SKIPPED_COLUMNS = ["file", "line", "reason"]
 NOTES_COLUMNS = ["file", "line", "note"]
 FLAGGED_COLUMNS = ["file", "line", "path", "problem"]
@@ -65,7 +69,7 @@ class SessionList(Sequence["Session"]):
     token counts): memory would grow with the folder, not with its largest session. ``ids`` never opens one.
     """
 
-    def __init__(self, lab: Lab | None = None, ids: Iterable[str] = ()) -> None:
+    def __init__(self, lab: Workspace | None = None, ids: Iterable[str] = ()) -> None:
         #: the Lab the sessions are opened in
         self.lab = lab
         self.ids: list[str] = list(ids)
@@ -195,8 +199,6 @@ class ImportResult:
         a small loss, or one after an earlier partial read, is a rebuild without a break; a read that fell
         because the prompt got shorter (a compaction) is a break without a rebuild.
         """
-        from ..analysis.rollups import session_summary
-
         columns = ["session", "requests", "cache_read_pct", "openclaw_breaks", "rebuilds", "cost_usd", "model",
                    "parent", "source"]
         if not self.sessions or self.sessions.lab is None:
@@ -248,104 +250,6 @@ class ImportResult:
             parts.append(f"<details><summary>{len(self.flagged)} body problems the API would refuse (stored as "
                          "logged)</summary>" + shown(self._relative_files(self.flagged)) + "</details>")
         return "".join(parts) + "</div>"
-
-
-@dataclass(frozen=True)
-class LogFile:
-    """One file to read: its resolved path (one source however it was spelled: relative, ``..``, a symlink),
-    and whether the user named it (a named file must be a known format)."""
-
-    path: Path
-    named: bool
-
-
-def expand_paths(paths: str | Path | Iterable[str | Path]) -> tuple[list[LogFile], list[dict[str, Any]]]:
-    """The files to read, and the files a directory walk passed over with why (``file``, ``line`` 0, ``reason``).
-
-    A directory is walked whole: a file with a log suffix (``.jsonl``, ``.json``, ``.yaml``…, optionally
-    compressed: ``.jsonl.gz``) is read; any other file, and anything hidden (a name starting with ``.``), is
-    listed as skipped, never passed over in silence. Paths resolve (symlinks, ``..``), and a file reached twice
-    (two spellings, a hard link: same device and inode) is read once.
-    """
-    items = [paths] if isinstance(paths, str | Path) else list(paths)
-    out: list[LogFile] = []
-    passed: list[dict[str, Any]] = []
-    for item in items:
-        p = Path(item).expanduser()
-        root = kernel_root(p)
-        if root is not None:  # /proc/<pid>/...: refused, file or folder, named or through a link
-            why = not_a_regular_file(p) or f"under {root} (a kernel file)"
-            raise ImportFormatError(display_path(p), f"{why}, not a regular file: copy it elsewhere to import it")
-        if p.is_dir():
-            for f in sorted(p.rglob("*")):
-                if f.is_dir():
-                    if f.is_symlink():  # rglob does not follow it (a link up the tree would loop): say so
-                        passed.append(_passed(f, "a link to a folder, not followed: name the folder to import it"))
-                    continue
-                special = not_a_regular_file(f)
-                if special is not None:  # never opened: a FIFO blocks, a device or a kernel file never ends
-                    passed.append(_passed(f, f"{special}: not read"))
-                    continue
-                rel = f.relative_to(p).parts
-                if any(part.startswith(".") for part in rel):
-                    passed.append(_passed(f, "hidden file (name or folder starts with '.'): name it to import it"))
-                elif _log_suffix(f) is None:
-                    passed.append(_passed(f, f"not a log file name (suffix {f.suffix or 'none'!r}; logs end "
-                                             f"in {', '.join(LOG_SUFFIXES)}, optionally compressed): name it to "
-                                             "import it"))
-                else:
-                    out.append(LogFile(f, False))
-        elif p.is_file():
-            out.append(LogFile(p, True))
-        elif any(ch in str(item) for ch in "*?[") and not p.exists():
-            for m in sorted(Path(m) for m in glob.glob(os.path.expanduser(str(item)), recursive=True)):
-                special = None if m.is_dir() else not_a_regular_file(m)
-                if special is not None:
-                    passed.append(_passed(m, f"{special}: not read"))
-                elif not m.is_dir():
-                    out.append(LogFile(m, False))
-        else:
-            special = not_a_regular_file(p) or "no such file or directory"
-            raise ImportFormatError(display_path(p), special if special.startswith("no such") else
-                                    f"{special}, not a regular file")
-    seen: set[tuple[int, int]] = set()
-    unique: list[LogFile] = []
-    for log in out:
-        st = log.path.stat()
-        if (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
-            unique.append(LogFile(log.path.resolve(), log.named))
-    return unique, passed
-
-
-def _log_suffix(path: Path) -> str | None:
-    """The log suffix of ``path`` (``.jsonl`` for ``x.jsonl`` and ``x.jsonl.gz``), else None."""
-    suffixes = [x.lower() for x in path.suffixes]
-    if ".jsonl" in suffixes and suffixes[-1] not in COMPRESSED_SUFFIXES and re.search(
-            r"\.jsonl\.(reset|deleted)\.", path.name):
-        return ".jsonl"  # OpenClaw's rotated transcripts: <id>.jsonl.reset.<ISO>, earlier windows of a session
-    if suffixes and suffixes[-1] in COMPRESSED_SUFFIXES:
-        suffixes.pop()
-    return suffixes[-1] if suffixes and suffixes[-1] in LOG_SUFFIXES else None
-
-
-def _passed(path: Path, reason: str) -> dict[str, Any]:
-    return {"file": display_path(path), "line": 0, "reason": reason}
-
-
-def display_path(path: Path | str) -> str:
-    """``path`` as text that can be stored and printed: bytes of a file name that are not UTF-8 become
-    ``\\xNN`` escapes (the name itself is still used to open the file)."""
-    text = str(path)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # a surrogate that did not come from a file name's bytes
-            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
 
 
 def session_id_for(fmt: str, session_key: str) -> str:
@@ -403,14 +307,13 @@ def _cache_model_for(req: ImportedRequest) -> str:
 _BEDROCK_MODEL = re.compile(r"(?:[a-z]{2,6}\.)?anthropic\.claude-[a-z0-9.-]+-v\d+(?::\d+)?")
 
 
-def import_log(
-    lab: Lab,
+def import_serial(
+    lab: Workspace,
     paths: str | Path | Sequence[str | Path],
     *,
     format: str = "auto",  # noqa: A002 - the public name users type
     project: str | None = None,
     progress: bool = True,
-    workers: int = 1,
     calibrate: bool = True,
     account: str | None = None,
     accounts: Mapping[str, str] | None = None,
@@ -418,24 +321,13 @@ def import_log(
     groups: Sequence[Sequence[str]] | None = None,
     deep: bool = False,
 ) -> ImportResult:
-    """Import agent logs into ``lab``; see :meth:`Lab.import_log`. ``deep``: analyse every body as it is stored
-    (else a usage-first import: measured columns now, bodies when first needed). ``calibrate=False``: fit no
-    calibration at the end (a caller that fits once over several imports). ``accounts`` and ``projects``: the
+    """Import agent logs into ``lab`` in this process, file group by file group (``ingest.import_log`` checks the
+    arguments and chooses this or ``_parallel.import_parallel``). ``deep``: analyse every body as it is stored (else
+    a usage-first import: measured columns now, bodies when first needed). ``calibrate=False``: fit no calibration
+    at the end (a caller that fits once over several imports). ``accounts`` and ``projects``: the
     account and project of the sessions whose first file is a key (a resolved path), before ``account`` and
     ``project``; ``groups``: the file groups, in the order to store them, instead of the walk's (``pc.fleet``: a
     task stores an account's groups as one import of their folder would)."""
-    if format != "auto" and format not in READERS:
-        raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise PromptCacheError(f"import_log(workers=...): a number of processes >= 1, got {workers!r}")
-    if account is not None and (not isinstance(account, str) or not account.strip()):
-        raise PromptCacheError(f"import_log(account=...): the provider account's name or id, got {account!r}")
-    if workers > 1:
-        from ._parallel import import_parallel
-
-        expand_paths(paths)  # a missing path fails here, in this process, before any worker starts
-        return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress,
-                               account=account, deep=deep)
     with gc_paused():
         return _import(lab, paths, format, project, progress, calibrate,
                        _Owners(account or DEFAULT_ACCOUNT, dict(accounts or {}), dict(projects or {})), groups,
@@ -453,7 +345,7 @@ class StoredRecords:
     session_ids: list[str]
 
 
-def store_records(lab: Lab, records: Sequence[ImportedRequest], *, format: str, file: str,  # noqa: A002
+def store_records(lab: Workspace, records: Sequence[ImportedRequest], *, format: str, file: str,  # noqa: A002
                   project: str | None = None, account: str | None = None) -> StoredRecords:
     """Store requests a reader produced from ``file`` as a usage-first import of that file does, all of them in
     one transaction (nothing on failure): the live receiver's path (``live.OtlpReceiver``), where ``file`` is the
@@ -548,7 +440,7 @@ class _Pending:
 class _Run:
     """What one import stores, session by session."""
 
-    lab: Lab
+    lab: Workspace
     project: str | None
     owners: _Owners = field(default_factory=lambda: _Owners(DEFAULT_ACCOUNT))
     unknown: set[str] = field(default_factory=set)
@@ -567,7 +459,7 @@ class _Run:
     next_seq: int = 0  #: the import order number of the next usage-first session
 
 
-def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
+def _import(lab: Workspace, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
             progress: bool, calibrate: bool = True, owners: _Owners | None = None,
             planned: Sequence[Sequence[str]] | None = None, *, deep: bool = True,
             replace: set[str] | frozenset[str] = frozenset()) -> ImportResult:
@@ -628,7 +520,7 @@ def _import(lab: Lab, paths: str | Path | Sequence[str | Path], format: str, pro
     # each measured request is an exact prompt total: calibrate the estimator per family. Also when nothing was
     # new but a family has no calibration yet: an import stopped after its sessions committed gets it back. A
     # usage-first import has no estimates to fit yet: its sessions' analysis fits them.
-    if deep and calibrate and (result.requests or (models and _uncalibrated(lab, models))):
+    if deep and calibrate and (result.requests or (models and needs_calibration(lab, models))):
         result.calibrations = calibrate_families(lab, models)
     return result
 
@@ -677,8 +569,6 @@ def _file_groups(paths: str | Path | Sequence[str | Path], files: list[LogFile])
     """``files`` (indices) by file group (``_groups.plan_groups``), each in walk order, groups in the order of
     their first file. The files you name (not found by a walk) are one group: files named together often log one
     session between them (an OpenClaw transcript and its payload log)."""
-    from ._groups import plan_groups
-
     group_of = {f: g.key for g in plan_groups(paths)[0] for f in g.files}
     groups: dict[str | None, list[int]] = {}
     for i, log in enumerate(files):
@@ -864,15 +754,6 @@ def _richness(req: ImportedRequest) -> tuple[bool, bool]:
     return (not req.partial, req.agent_observation is not None)
 
 
-def _uncalibrated(lab: Lab, models: set[str]) -> bool:
-    """True when a tokenizer family of ``models`` has measured requests stored but no calibration fitted on
-    them (:func:`calibrate_families` would fit one)."""
-    from ..tokens import tokenizer_family
-
-    fitted = {family for family, _ in lab.store.saved_calibrations()}
-    return any(tokenizer_family(m) not in fitted for m in models)
-
-
 def _unreadable(exc: OSError, path: Path) -> str:
     return str(exc).removeprefix(f"{path}: ")
 
@@ -884,7 +765,7 @@ def _printable(req: ImportedRequest) -> ImportedRequest:
                    parent_key=None if req.parent_key is None else display_path(req.parent_key))
 
 
-def _store_session(lab: Lab, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
+def _store_session(lab: Workspace, key: str, fmt: str, file: str, reqs: list[ImportedRequest], *,
                    project: str | None, skipped: list[dict[str, Any]], unknown: set[str],
                    bar: Any, flagged: list[dict[str, Any]], notes: list[dict[str, Any]], fresh: bool = False,
                    account: str = DEFAULT_ACCOUNT) -> tuple[Session, int, int]:
@@ -968,12 +849,6 @@ def _store_usage_first(run: _Run, p: _Pending, *, fresh: bool, skipped: list[dic
     alone shows, per request (``pipeline.usage_record``); its bodies are analysed when first needed
     (``lab.analyze``), which stores the session again as a deep import would have. Returns (stored now, already
     stored). Inside the caller's transaction (``_store_batch``)."""
-    from .. import analysis as _analysis
-    from ..analysis.cause import UsageOnly, usage_cause
-    from ..analysis.observe import usage_break
-    from ..cache import get_cache_model
-    from ..errors import UnpricedModelWarning
-    from ..pipeline import reply_output_tokens, usage_record
 
     lab, store, sid = run.lab, run.lab.store, p.sid
     reqs = p.reqs
@@ -1058,7 +933,6 @@ def _longest_ttl(model: Any, cache_name: str, cache_params: Mapping[str, Any], r
     """The longest an entry of this session could live, from what its usage says: the TTLs its client gave the
     breakpoints a partial log dropped (the measured 5m/1h split), else 1h on Anthropic when the session wrote 1h
     entries (5m otherwise), else the cache model's horizon (None: nothing bounds an entry's life)."""
-    from ..cache.anthropic import TTL_SECONDS
 
     client_ttls = cache_params.get("client_ttls")
     if client_ttls:

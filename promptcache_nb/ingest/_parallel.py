@@ -30,15 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
-
 from .._util import gc_paused, progress_bar
+from ..analysis.calibrate import calibrate_families, needs_calibration
+from ..workspace import Workspace
 from ._groups import FileGroup, plan_groups
+from ._import import ImportResult, SessionList, import_serial
 
 if TYPE_CHECKING:
-    from ..lab import Lab
-    from ._ingest import ImportResult
-
+    import pandas as pd
 
 @dataclass
 class _Done:
@@ -52,17 +51,14 @@ class _Done:
 def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None, account: str | None,
                        deep: bool = True) -> _Done:
     """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
-    from ..lab import Lab
-    from ._ingest import SessionList, import_log
-
     path = os.path.join(folder, group.id + ".duckdb")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        lab = Lab(path, progress=False)
+        lab = Workspace(path, progress=False)
         try:
             lab.store.set_threads(1)  # one core per worker: the other workers and the merges have the rest
             # no calibration: the writer fits them once over the whole store (a group's are never merged)
-            result = import_log(lab, list(group.files), format=fmt, project=project, progress=False,
+            result = import_serial(lab, list(group.files), format=fmt, project=project, progress=False,
                                 calibrate=False, account=account, deep=deep)
             sessions = lab.store.session_ids()
             result.sessions = SessionList()  # the writer opens its own, when read
@@ -71,11 +67,10 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
     return _Done(group, path, sessions, result, [(str(w.message), w.category) for w in caught])
 
 
-def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, workers: int, format: str,  # noqa: A002
+def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *, workers: int, format: str,  # noqa: A002
                     project: str | None, progress: bool, account: str | None = None, deep: bool = True
                     ) -> ImportResult:
-    from ..analysis.calibrate import calibrate_families
-    from ._ingest import ImportResult, SessionList, _uncalibrated, import_log
+    import pandas as pd  # pandas loads with the first import, not with the package
 
     groups, passed = plan_groups(paths)  # in key order: the order workers=1 imports them, and merges follow
     folder = tempfile.mkdtemp(prefix="pcnb-import-")
@@ -127,7 +122,7 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
                 warnings.warn(message, category, stacklevel=3)
         parts = [d.result for d in merged]
         if serial:
-            parts.append(import_log(lab, [f for g in serial for f in g.files], format=format, project=project,
+            parts.append(import_serial(lab, [f for g in serial for f in g.files], format=format, project=project,
                                     progress=progress, calibrate=False, account=account, deep=deep))
     finally:
         bar.close()
@@ -146,13 +141,13 @@ def import_parallel(lab: Lab, paths: str | Path | Sequence[str | Path], *, worke
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items if not any(ch in str(item) for ch in "*?[")]
     models = set(lab.store.models_of(result.sessions.ids))
-    if deep and (result.requests or (models and _uncalibrated(lab, models))):  # as one process decides
+    if deep and (result.requests or (models and needs_calibration(lab, models))):  # as one process decides
         result.calibrations = calibrate_families(lab, models)
     return result
 
 
 @contextmanager
-def _threads_after(lab: Lab, threads: int) -> Iterator[None]:
+def _threads_after(lab: Workspace, threads: int) -> Iterator[None]:
     """The writer's DuckDB threads put back to ``threads`` when the workers are done (or failed)."""
     try:
         yield
@@ -167,5 +162,7 @@ def _shared(d: _Done, owners: Counter[str], stored: set[str]) -> bool:
 
 
 def _concat(frames: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd  # pandas loads with the first import, not with the package
+
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else empty

@@ -52,20 +52,28 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .._protocols import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
+from .._config import SessionConfig
 from .._redact import redact_url, redact_url_logs
 from .._util import SIMULATOR_HEADER
+from ..cache import get_cache_model
 from ..dialects import get as get_format
+from ..dialects import parse_sse, usage_from_sse
 from ..errors import PromptCacheError
+from ..importers._http import HttpExchange, convert_exchange
+from ..importers._types import SkippedLine
+from ..live._diagnostics import DiagnosticsChain, with_beta
+from ..request import check_request
+from ..turn import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
 from ..usage import UsageSource
-from ._diagnostics import DiagnosticsChain, with_beta
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
+    from promptcache_nb.session import Session
+    from promptcache_nb.turn import Turn
+
     # annotations only (absolute: the runtime import graph has no live -> session edge)
-    from promptcache_nb.lab import Lab
-    from promptcache_nb.session import Session, Turn
+    from promptcache_nb.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +174,6 @@ class Capture:
 
     def _record(self, attempt: _Attempt, status: int | None, headers: dict[str, str], body: bytes | None,
                 latency_ms: float) -> Turn:
-        from ..importers._http import HttpExchange, convert_exchange
-        from ..importers._types import SkippedLine
-        from ..request import check_request
 
         ex = HttpExchange(method=attempt.method, url=attempt.path, status=status, request_body=attempt.body,
                           response_body=body, request_headers={"content-type": "application/json"},
@@ -301,7 +306,6 @@ def _stream_complete(headers: Any, body: bytes | None) -> bool:
     """True when an event stream closed early by its reader had already sent its final usage event."""
     if body is None or "text/event-stream" not in headers.get("content-type", ""):
         return False
-    from ..dialects import parse_sse, usage_from_sse
 
     return usage_from_sse(parse_sse(body)).complete
 
@@ -435,11 +439,8 @@ def _default_cache(client: Any) -> tuple[str, str]:
     return "anthropic", "claude-sonnet-4-5"
 
 
-def _new_session(lab: Lab, *, project: str | None, cache: str, model: str, client: Any) -> Session:
+def _new_session(lab: Workspace, *, project: str | None, cache: str, model: str, client: Any) -> Session:
     """A session for captured traffic: no strategy (the user's own code built the requests), like an import."""
-    from .._config import SessionConfig
-    from ..cache import get_cache_model
-
     get_cache_model(cache)  # a misspelt name fails here, naming the valid ones
     n = lab.store.session_count() + 1
     while lab.store.session_row(sid := f"capture-{n:03d}") is not None:
@@ -450,7 +451,7 @@ def _new_session(lab: Lab, *, project: str | None, cache: str, model: str, clien
 
 
 @contextmanager
-def capture(client: Any, *, lab: Lab, session: Session | None = None, project: str | None = None,
+def capture(client: Any, *, lab: Workspace, session: Session | None = None, project: str | None = None,
             cache: str | None = None, diagnostics: bool = False) -> Iterator[Capture]:
     """Store every call ``client`` completes inside the ``with`` block into a session of ``lab``.
 

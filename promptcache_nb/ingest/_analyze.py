@@ -23,14 +23,16 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._config import DEFAULT_ACCOUNT
 from .._util import digest, gc_paused, progress_bar
+from ..analysis.calibrate import calibrate_families
 from ..errors import PromptCacheError
-
-if TYPE_CHECKING:
-    from ..lab import Lab
+from ..importers._jsonl import open_log
+from ..store import Store
+from ..workspace import Workspace
+from ._import import _import, _Owners, _split_ref
 
 __all__ = ["AnalysisPlan", "analyze", "plan_analysis"]
 
@@ -51,7 +53,7 @@ class AnalysisPlan:
         return {r["session_id"] for r in self.sessions}
 
 
-def plan_analysis(lab: Lab, session_ids: Iterable[str] | None = None) -> AnalysisPlan:
+def plan_analysis(lab: Workspace, session_ids: Iterable[str] | None = None) -> AnalysisPlan:
     """The analysis of ``session_ids`` (None: every session awaiting analysis). A session is analysed with the
     sessions it cannot be told apart from — those sharing one of its files, its parent and sub-agents (a
     compaction call's history is rebuilt from its parent's log) — and after the sessions of its account imported
@@ -101,7 +103,7 @@ def plan_analysis(lab: Lab, session_ids: Iterable[str] | None = None) -> Analysi
     return plan
 
 
-def analyze(lab: Lab, session_ids: Iterable[str] | None = None, *, workers: int = 1,
+def analyze(lab: Workspace, session_ids: Iterable[str] | None = None, *, workers: int = 1,
             progress: bool = True) -> int:
     """Analyse usage-first sessions (see the module docstring); returns how many sessions were analysed."""
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -124,8 +126,6 @@ def analyze(lab: Lab, session_ids: Iterable[str] | None = None, *, workers: int 
     if workers > 1 and len(plan.groups) > 1:
         _analyze_parallel(lab, plan, workers=workers, progress=progress)
     else:
-        from ._ingest import _import, _Owners
-
         with gc_paused():
             _import(lab, [f for g in plan.groups for f in g], plan.format, None, progress, True,
                     _Owners(DEFAULT_ACCOUNT, plan.accounts, plan.projects), plan.groups, deep=True,
@@ -133,13 +133,10 @@ def analyze(lab: Lab, session_ids: Iterable[str] | None = None, *, workers: int 
     return len(plan.sessions)
 
 
-def _check_unchanged(lab: Lab, plan: AnalysisPlan) -> None:
+def _check_unchanged(lab: Workspace, plan: AnalysisPlan) -> None:
     """Refuse to analyse from log files that changed since they were imported: each request's line (where the
     reader located it: ``turns.source_offset`` / ``source_length`` / ``source_digest``) must still hold the same
     bytes. A file that only grew passes (its new lines are imported as new requests)."""
-    from ._ingest import _split_ref
-    from ._jsonl import open_log
-
     spans = lab.store.source_spans(sorted(plan.ids))
     by_file: dict[str, list[tuple[str, int, int, str]]] = {}
     for sid, ref, offset, length, want in spans:
@@ -187,13 +184,11 @@ def _merged_groups(plan: AnalysisPlan) -> list[list[str]]:
 def _analyze_group(files: Sequence[str], folder: str, index: int, fmt: str, accounts: dict[str, str],
                    projects: dict[str, str]) -> tuple[int, str, list[tuple[str, type[Warning]]]]:
     """Analyse one group into a new store file under ``folder`` (runs in a worker process)."""
-    from ..lab import Lab
-    from ._ingest import _import, _Owners
 
     path = os.path.join(folder, f"a{index}.duckdb")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        lab = Lab(path, progress=False)
+        lab = Workspace(path, progress=False)
         try:
             lab.store.set_threads(1)
             with gc_paused():
@@ -204,12 +199,10 @@ def _analyze_group(files: Sequence[str], folder: str, index: int, fmt: str, acco
     return index, path, [(str(w.message), w.category) for w in caught]
 
 
-def _analyze_parallel(lab: Lab, plan: AnalysisPlan, *, workers: int, progress: bool) -> None:
+def _analyze_parallel(lab: Workspace, plan: AnalysisPlan, *, workers: int, progress: bool) -> None:
     """Each group analysed in a worker's own store, merged here in group order: a group's usage-first sessions
     are deleted in the transaction that copies its analysed ones in. Sessions of different groups do not see each
     other's simulated cache entries (as ``import_log(workers=N)``)."""
-    from ..analysis.calibrate import calibrate_families
-
     groups = _merged_groups(plan)
     folder = tempfile.mkdtemp(prefix="pcnb-analyze-")
     bar = progress_bar(total=len(groups), desc="analysing sessions", enabled=progress, unit="group")
@@ -238,8 +231,6 @@ def _analyze_parallel(lab: Lab, plan: AnalysisPlan, *, workers: int, progress: b
         shutil.rmtree(folder, ignore_errors=True)
     lab.caches.drop_all()  # the simulated caches did not see the merged requests: rebuilt when next used
     if serial:
-        from ._ingest import _import, _Owners
-
         _import(lab, [f for g in serial for f in g], plan.format, None, progress, False,
                 _Owners(DEFAULT_ACCOUNT, plan.accounts, plan.projects), serial, deep=True, replace=plan.ids)
     for _, caught in done.values():
@@ -250,12 +241,10 @@ def _analyze_parallel(lab: Lab, plan: AnalysisPlan, *, workers: int, progress: b
         calibrate_families(lab, models)
 
 
-def _merge_group(lab: Lab, path: str, group_sessions: set[str], replacing: set[str]) -> bool:
+def _merge_group(lab: Workspace, path: str, group_sessions: set[str], replacing: set[str]) -> bool:
     """Replace a group's usage-first sessions by a worker's analysed store, in one transaction. False (nothing
     done) when the worker also stored a session that is stored analysed already (a log file holding both): that
     group is analysed here instead, which adds only what is new."""
-    from ..store import Store
-
     store = lab.store
     worker_store = Store(path, read_only=True)
     try:

@@ -1,0 +1,55 @@
+"""Logs and calls → stored sessions: the writers above the workspace.
+
+:func:`import_log` is the one entry: it reads logs with the readers (``importers/``) and stores them as sessions,
+in this process (``_import.py``) or in worker processes by file group (``_parallel.py``, groups: ``_groups.py``),
+calibrating the tokenizer at the end; :func:`analyze` analyses the bodies of usage-first sessions; :func:`capture`
+stores what an SDK client sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..errors import ImportFormatError, PromptCacheError
+from ..importers import READERS
+from ..workspace import Workspace
+from ._analyze import analyze
+from ._groups import expand_paths
+from ._import import ImportResult, SessionList, StoredRecords, import_serial, store_records
+from ._parallel import import_parallel
+from .capture import capture
+
+__all__ = ["ImportResult", "SessionList", "StoredRecords", "analyze", "capture", "import_log", "store_records"]
+
+
+def import_log(
+    lab: Workspace,
+    paths: str | Path | Sequence[str | Path],
+    *,
+    format: str = "auto",  # noqa: A002 - the public name users type
+    project: str | None = None,
+    progress: bool = True,
+    workers: int = 1,
+    calibrate: bool = True,
+    account: str | None = None,
+    accounts: Mapping[str, str] | None = None,
+    projects: Mapping[str, str] | None = None,
+    groups: Sequence[Sequence[str]] | None = None,
+    deep: bool = False,
+) -> ImportResult:
+    """Import agent logs into ``lab``; see :meth:`Lab.import_log <promptcache_nb.Lab.import_log>`. Checks the
+    arguments, then imports in this process (``workers=1``: :func:`~._import.import_serial`, whose other arguments
+    it passes on) or in ``workers`` processes (:func:`~._parallel.import_parallel`)."""
+    if format != "auto" and format not in READERS:
+        raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise PromptCacheError(f"import_log(workers=...): a number of processes >= 1, got {workers!r}")
+    if account is not None and (not isinstance(account, str) or not account.strip()):
+        raise PromptCacheError(f"import_log(account=...): the provider account's name or id, got {account!r}")
+    if workers > 1:
+        expand_paths(paths)  # a missing path fails here, in this process, before any worker starts
+        return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress,
+                               account=account, deep=deep)
+    return import_serial(lab, paths, format=format, project=project, progress=progress, calibrate=calibrate,
+                         account=account, accounts=accounts, projects=projects, groups=groups, deep=deep)
