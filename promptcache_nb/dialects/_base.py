@@ -10,13 +10,13 @@ asks the body's dialect object (``dialects.get(name)``, ``dialects.detect(body)`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..usage import Usage, UsageSource
     from ._problems import Problems
     from ._sse import Pairs, StreamSummary
-    from .anthropic import ProviderDiagnosis
 
 #: The names of the wire formats (``PreparedRequest.dialect``, ``ImportedRequest.dialect``, the stored shape).
 DialectName = Literal["anthropic", "openai-chat", "openai-responses"]
@@ -47,6 +47,22 @@ class SegmentSink(Protocol):
         """One top-level field's units (tools, system blocks, messages...), each turned into segments by ``emit``
         (units equal to the previous request's reuse its segments instead)."""
         ...
+
+
+
+@dataclass(frozen=True)
+class ProviderDiagnosis:
+    """The provider's own word on one request's cache prefix, from its response's ``diagnostics``.
+
+    Attributes:
+        reason: a ``PROVIDER_MISS_REASONS`` value (``dialects.anthropic``), ``NO_DIVERGENCE`` (compared,
+            nothing diverged) or ``PENDING`` (the comparison had not finished).
+        missed_tokens: the provider's estimate of the input tokens after the divergence point
+            (``cache_missed_input_tokens``, the ``*_changed`` reasons only), else None.
+    """
+
+    reason: str
+    missed_tokens: int | None = None
 
 
 @runtime_checkable

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from itertools import starmap
 from operator import itemgetter
 from typing import Any
@@ -36,7 +35,7 @@ from ..usage import (
     _count,
     _details,
 )
-from ._base import DialectBase, DialectName, SegmentSink, Unit
+from ._base import DialectBase, DialectName, ProviderDiagnosis, SegmentSink, Unit
 from ._problems import Problems, type_name, well_formed
 from ._sse import Pairs, StreamSummary, encode_event, halves
 
@@ -551,21 +550,6 @@ PROVIDER_MISS_REASONS = ("model_changed", "system_changed", "tools_changed", "me
 #: Stored when the request named a previous message and the response reported no divergence (``diagnostics``
 #: null), and when the diagnosis was still running as the response was serialised (``cache_miss_reason`` null).
 NO_DIVERGENCE, PENDING = "none", "pending"
-
-
-@dataclass(frozen=True)
-class ProviderDiagnosis:
-    """The provider's own word on one request's cache prefix, from its response's ``diagnostics``.
-
-    Attributes:
-        reason: a :data:`PROVIDER_MISS_REASONS` value, :data:`NO_DIVERGENCE` (compared, nothing diverged) or
-            :data:`PENDING` (the comparison had not finished).
-        missed_tokens: the provider's estimate of the input tokens after the divergence point
-            (``cache_missed_input_tokens``, the ``*_changed`` reasons only), else None.
-    """
-
-    reason: str
-    missed_tokens: int | None = None
 
 
 def with_diagnostics(body: Mapping[str, Any], previous_message_id: str | None) -> dict[str, Any]:
