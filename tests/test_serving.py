@@ -36,3 +36,17 @@ def test_with_closes_on_exit(tmp_path, which: int) -> None:
     with _servers(tmp_path)[which] as server:
         assert server.running
     assert not server.running
+
+
+def test_every_server_refuses_a_busy_port_in_one_line(tmp_path):
+    import pytest
+
+    import promptcache_nb as pc
+
+    with pc.SimulatorServer() as first:
+        with pytest.raises(pc.errors.PromptCacheError, match=rf"cannot listen on 127\.0\.0\.1:{first.port} "):
+            pc.SimulatorServer(port=first.port).start()
+        proxy = pc.RecordingProxy(first.base_url, tmp_path / "log.jsonl", port=first.port)
+        with pytest.raises(pc.errors.PromptCacheError, match=r"cannot listen on .*--port N"):
+            proxy.start()
+        assert not proxy.running

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Self
 
 from .._util import is_loopback
+from ..errors import PromptCacheError
 
 if TYPE_CHECKING:
     from ._asgi import ServerThread
@@ -32,6 +33,9 @@ class LoopbackServer:
         """The ASGI app to serve (called once per :meth:`start`)."""
         raise NotImplementedError
 
+    def _not_served(self) -> None:
+        """Undo what :meth:`_serve_app` made when the port could not be bound (nothing by default)."""
+
     def start(self) -> Self:
         """Bind and serve on a daemon thread; returns self. Idempotent."""
         if self._server is not None:
@@ -41,8 +45,13 @@ class LoopbackServer:
         if not is_loopback(self.host):
             log.warning(self._network_warning, self.host)
         app = self._serve_app()
-        server = ServerThread(app, host=self.host, port=self.port, name=f"{self._thread_name}:{self.port}",
-                              header_timeout=self.request_timeout)
+        try:
+            server = ServerThread(app, host=self.host, port=self.port, name=f"{self._thread_name}:{self.port}",
+                                  header_timeout=self.request_timeout)
+        except OSError as exc:  # a port in use, an address not on this machine: one line, nothing left behind
+            self._not_served()
+            raise PromptCacheError(f"cannot listen on {self.host}:{self.port} ({exc.strerror or exc}): choose "
+                                   "another port (--port N; 0 picks a free one)") from None
         self.port = server.port
         server.start()
         self._server = server

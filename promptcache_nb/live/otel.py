@@ -58,7 +58,8 @@ from starlette.routing import Route
 from ..errors import PromptCacheError
 from ..importers import ImportedRequest, SkippedLine
 from ..importers.otlp import OtlpReader
-from ._asgi import REQUEST_TIMEOUT, BodyError, ServerThread, is_loopback, read_body, url_host
+from ._asgi import REQUEST_TIMEOUT, BodyError, read_body
+from ._serving import LoopbackServer
 
 
 class ReceivingLab(Protocol):
@@ -138,7 +139,7 @@ class OtlpBatch:
         return text
 
 
-class OtlpReceiver:
+class OtlpReceiver(LoopbackServer):
     """Receive OTLP/HTTP exports from agents and store their API calls in ``lab`` as they arrive.
 
     Args:
@@ -174,70 +175,50 @@ class OtlpReceiver:
         self._reader = OtlpReader()
         self._lock = threading.Lock()  # one export stored at a time, in arrival order
         self._listeners: list[Callable[[OtlpBatch], None]] = []
-        self._server: ServerThread | None = None
+        self._server = None
+        self._made_spool: tuple[Path, Path | None] = (Path(), None)
 
-    # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> OtlpReceiver:
-        """Create the spool file, bind, and serve on a daemon thread; returns self. Idempotent."""
-        if self._server is not None:
-            return self
+    # -- lifecycle (start, close, stop, with: live/_serving.py) -----------------------------------
+    _thread_name = "promptcache-otel"
+    _network_warning = ("the OTLP receiver listens on %s: anyone who can reach it can write into its Lab's store; "
+                        "bind 127.0.0.1 unless you mean it")
+
+    def _serve_app(self) -> Any:
+        """Create this run's spool file before serving: fail at start, not at the first export, when the store is
+        read-only or the spool cannot be written."""
         if self.lab.store.read_only:
             raise PromptCacheError(f"the receiver stores into the Lab, whose store is read-only "
                                    f"({self.lab.store.read_only_why})")
-        if not is_loopback(self.host):
-            log.warning("the OTLP receiver listens on %s: anyone who can reach it can write into %s; bind "
-                        "127.0.0.1 unless you mean it", self.host, self.lab.path)
-        # "/" too: some exporters post every signal to the endpoint as configured (Gemini CLI's http exporters in
-        # versions that do not append /v1/<signal>); a JSON export says which signal it is
-        routes = [Route(path, self._endpoint, methods=["POST"]) for path in ("/", *(f"/v1/{s}" for s in _EXPORT_LISTS))]
         folder = self._spool_dir or _default_spool_dir(self.lab.path)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         spool = (folder / f"{stamp}-{os.getpid()}.jsonl").resolve()
         made = not folder.exists()
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            spool.touch()  # fail here, not at the first export, when it cannot be written
+            spool.touch()
         except OSError as exc:
             raise PromptCacheError(f"cannot create the receiver's spool in {folder} ({exc.strerror or exc}): "
                                    "pass spool= a writable folder") from None
-        try:
-            server = ServerThread(Starlette(routes=routes), host=self.host, port=self.port,
-                                  name=f"promptcache-otel:{self.port}", header_timeout=self.request_timeout)
-        except OSError as exc:
-            spool.unlink(missing_ok=True)
-            if made:
-                folder.rmdir()
-            raise PromptCacheError(f"cannot listen on {self.host}:{self.port} ({exc.strerror or exc}): choose "
-                                   "another port (--port N; 0 picks a free one)") from None
+        self._made_spool = (spool, folder if made else None)
         self.spool_path = spool
         self._lines, self._ids_seen = 0, set()
-        self.port = server.port
-        server.start()
-        self._server = server
-        return self
+        # "/" too: some exporters post every signal to the endpoint as configured (Gemini CLI's http exporters in
+        # versions that do not append /v1/<signal>); a JSON export says which signal it is
+        routes = [Route(path, self._endpoint, methods=["POST"]) for path in ("/", *(f"/v1/{s}" for s in _EXPORT_LISTS))]
+        return Starlette(routes=routes)
 
-    def close(self) -> None:
-        """Stop serving (an export being stored finishes first). Idempotent."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop()
-
-    def __enter__(self) -> OtlpReceiver:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def running(self) -> bool:
-        return self._server is not None
+    def _not_served(self) -> None:
+        """The port could not be bound: the spool made for this run goes too."""
+        spool, folder = self._made_spool
+        spool.unlink(missing_ok=True)
+        if folder is not None:
+            folder.rmdir()
+        self.spool_path = None
 
     @property
     def url(self) -> str:
         """``http://host:port``: the OTLP/HTTP endpoint base (agents append ``/v1/logs``...)."""
-        if self._server is None:
-            raise RuntimeError("the receiver is not running; call .start() or use `with OtlpReceiver(lab)`")
-        return f"http://{url_host(self.host)}:{self.port}"
+        return self._url("receiver")
 
     @property
     def env(self) -> dict[str, dict[str, str]]:
