@@ -8,6 +8,7 @@ arithmetic of :class:`~promptcache_nb.usage.Usage`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UsageError
@@ -134,3 +135,22 @@ def error_body(status: int, message: str, request_id: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
 
 
+
+
+def rebuild_from_chain(body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]], *,
+                       list_key: str, appended: Mapping[str, str], placed: Mapping[str, str], dialect: str
+                       ) -> dict[str, Any]:
+    """A body from its stored shape and segment chain, for a format whose segments either join a list
+    (``appended``: kind -> key) or are a top-level value (``placed``: kind -> key); ``list_key`` starts empty
+    when the shape says it was a list. An unlogged prefix has no place in the body; another kind is refused."""
+    if shape.get(list_key) == "list":
+        body[list_key] = []
+    for kind, _role, element in chain:
+        key = appended.get(kind)
+        if key is not None:
+            body[key].append(element)
+        elif (key := placed.get(kind)) is not None:
+            body[key] = element
+        elif kind != "unlogged":
+            raise ValueError(f"unknown segment kind {kind!r} for {dialect}")
+    return body

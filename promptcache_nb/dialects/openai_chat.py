@@ -19,6 +19,7 @@ from ._openai import (
     VOLATILE_FIELDS,
     check_tools,
     error_body,
+    rebuild_from_chain,
     segment_schema,
     segment_tools,
     usage_from_payload,
@@ -82,18 +83,8 @@ def _segment(sink: SegmentSink) -> Sequence[str]:
 
 def _rebuild(body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
              ) -> dict[str, Any]:
-    if shape.get("messages") == "list":
-        body["messages"] = []
-    for kind, _role, element in chain:
-        if kind == "tool":
-            body["tools"].append(element)
-        elif kind == "msg-whole":
-            body["messages"].append(element)
-        elif kind == "schema":
-            body["response_format"] = element
-        elif kind != "unlogged":
-            raise ValueError(f"unknown segment kind {kind!r} for openai-chat")
-    return body
+    return rebuild_from_chain(body, shape, chain, list_key="messages", dialect="openai-chat",
+                              appended={"tool": "tools", "msg-whole": "messages"}, placed={"schema": "response_format"})
 
 
 def check_message(i: int, m: Any) -> None:

@@ -18,6 +18,7 @@ from ._openai import (
     VOLATILE_FIELDS,
     check_tools,
     error_body,
+    rebuild_from_chain,
     segment_schema,
     segment_tools,
     usage_from_payload,
@@ -91,22 +92,9 @@ def _segment(sink: SegmentSink) -> Sequence[str]:
 
 def _rebuild(body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
              ) -> dict[str, Any]:
-    if shape.get("input") == "list":
-        body["input"] = []
-    for kind, _role, element in chain:
-        if kind == "tool":
-            body["tools"].append(element)
-        elif kind == "item":
-            body["input"].append(element)
-        elif kind == "schema":
-            body["text"] = element
-        elif kind == "system":
-            body["instructions"] = element
-        elif kind == "msg-str":
-            body["input"] = element
-        elif kind != "unlogged":
-            raise ValueError(f"unknown segment kind {kind!r} for openai-responses")
-    return body
+    return rebuild_from_chain(body, shape, chain, list_key="input", dialect="openai-responses",
+                              appended={"tool": "tools", "item": "input"},
+                              placed={"schema": "text", "system": "instructions", "msg-str": "input"})
 
 
 def check_item(i: int, item: Any) -> None:
