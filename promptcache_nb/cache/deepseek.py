@@ -19,9 +19,8 @@ persisted at ends of input/output, at detected common prefixes and at unpublishe
 unpublished interval makes V4 unsimulable exactly, so we implement the 2024 rule (``unit=64``).
 Caching is best-effort with "no 100% guarantee" [D1]; the model is deterministic (always hits).
 
-Token stream: see :mod:`promptcache_nb.cache._prefix` — the LCP of two requests is the tokens of their
-shared leading segments (0 tokens shared inside a segment that differs), and tool/system rendering
-differences between Anthropic and DeepSeek are ignored (same segments, same estimated counts).
+Token stream: the prefix models' one rule (:mod:`promptcache_nb.cache._prefix`), DeepSeek's own rendering of tools
+and system ignored.
 """
 
 from __future__ import annotations
@@ -36,14 +35,7 @@ from .._options import Duration
 from .._util import parse_duration
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
-from ._prefix import (
-    ChainInterner,
-    common_prefix_len,
-    cumulative_tokens,
-    read_only_usage,
-    segment_path,
-    states_for,
-)
+from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, read_only_usage, segment_path, states_for
 from ._reasons import Reason, first_request_reason
 
 UNIT_TOKENS = 64

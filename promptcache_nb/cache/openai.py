@@ -30,9 +30,8 @@ described qualitatively), GPT-5.6+ explicit breakpoints and 1.25× writes (§2.2
 isolation (one simulator = one organisation). Whether a full repeat is capped at n−1 is undocumented;
 we do not cap.
 
-Token stream: see :mod:`promptcache_nb.cache._prefix` — the LCP of two requests is the tokens of their
-shared leading segments (0 tokens shared inside a segment that differs), and tool/system rendering
-differences between Anthropic and OpenAI are ignored (same segments, same estimated counts).
+Token stream: the prefix models' one rule (:mod:`promptcache_nb.cache._prefix`), OpenAI's own rendering of tools
+and system ignored.
 """
 
 from __future__ import annotations
@@ -48,14 +47,7 @@ from .._options import Duration
 from .._util import parse_duration
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
-from ._prefix import (
-    ChainInterner,
-    common_prefix_len,
-    cumulative_tokens,
-    read_only_usage,
-    segment_path,
-    states_for,
-)
+from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, read_only_usage, segment_path, states_for
 from ._reasons import Reason, first_request_reason
 
 MIN_TOKENS = 1024

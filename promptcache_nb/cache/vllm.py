@@ -43,14 +43,7 @@ from pydantic import Field
 
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
-from ._prefix import (
-    ChainInterner,
-    common_prefix_len,
-    cumulative_tokens,
-    read_only_usage,
-    segment_path,
-    states_for,
-)
+from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, read_only_usage, segment_path, states_for
 from ._reasons import Reason, first_request_reason
 
 BLOCK_SIZE = 16
