@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._util import escape_dollars
+
 if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
     import pandas as pd
 
@@ -139,4 +141,4 @@ def html_table(df: pd.DataFrame) -> str:
     from ..request.diff import visible
 
     shown = df.map(lambda v: visible(v) if isinstance(v, str) else v)
-    return str(shown.to_html(index=False, escape=True))
+    return escape_dollars(str(shown.to_html(index=False, escape=True)))
