@@ -63,6 +63,9 @@ def _unit(column: str, values: pd.Series, fractions: set[str]) -> str:
 def _cell(value: Any, unit: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
+    if hasattr(value, "isoformat"):  # a day stored as midnight reads as the day
+        text = value.isoformat(sep=" ") if hasattr(value, "hour") else value.isoformat()
+        return text.removesuffix(" 00:00:00").removesuffix("T00:00:00")
     try:
         if unit == "usd":
             return f"${float(value):,.4f}"
