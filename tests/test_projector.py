@@ -152,3 +152,18 @@ def test_committed_notebook_outputs_have_no_math_in_money(path):
         if model.get("model_name") == "HTMLModel" and isinstance(value, str):
             found += [("widget", "HTMLModel", m) for m in math_pairs(value)]
     assert not found, f"{path.name}: outputs a math renderer would typeset: {found[:5]}"
+
+
+def test_the_stepper_editor_shows_five_entries_and_clears_its_status_once_the_edit_applies():
+    from promptcache_nb.widgets._views import KNOWLEDGE_ROWS_SHOWN
+
+    scenario = pc.load_scenario(ROOT / "data" / "scenarios" / "knowledge_churn.yaml")
+    with pc.Lab(progress=False) as lab:
+        stepper = pc.widgets.Stepper(lab.replay(scenario, stop_after=0), scenario)
+        editor = stepper.editor()
+        assert KNOWLEDGE_ROWS_SHOWN >= 5 and editor._list.layout.max_height == f"{KNOWLEDGE_ROWS_SHOWN * 24 + 44}px"
+        entry = str(stepper.session.knowledge.df().key.iloc[0])
+        editor.edit(entry, content="a changed note for the next request")
+        assert "updated" in editor._status.value  # said while the edit waits for the next request
+        stepper.next()
+        assert "updated" not in editor._status.value and editor.controller.status == ""

@@ -63,9 +63,9 @@ def _unit(column: str, values: pd.Series, fractions: set[str]) -> str:
 def _cell(value: Any, unit: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    if hasattr(value, "isoformat"):  # a day stored as midnight reads as the day
-        text = value.isoformat(sep=" ") if hasattr(value, "hour") else value.isoformat()
-        return text.removesuffix(" 00:00:00").removesuffix("T00:00:00")
+    if hasattr(value, "strftime"):  # to the second (UTC, as stored); a day stored as midnight reads as the day
+        midnight = not any(getattr(value, f, 0) for f in ("hour", "minute", "second", "microsecond"))
+        return str(value.strftime("%Y-%m-%d" if midnight else "%Y-%m-%d %H:%M:%S"))
     try:
         if unit == "usd":
             return f"${float(value):,.4f}"

@@ -43,6 +43,8 @@ PNG_DPI = 90
 _AUTO = W.Layout(width="max-content", flex="0 0 auto")
 
 
+#: Knowledge entries the stepper's compact editor shows without scrolling.
+KNOWLEDGE_ROWS_SHOWN = 6
 #: What a widget says when its Lab was closed under it (``lab.close()`` ran after the cell that made it).
 LAB_CLOSED = "the Lab of this widget is closed (lab.close() ran): run the notebook again to use it"
 
@@ -818,7 +820,9 @@ class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships 
         self._shown: dict[str, dict[str, Any]] = {}  # rows in the picker, by id
         self._last_page = _html.knowledge_page([])
         self._syncing = False
-        self._list: W.Widget = (W.Box([self._table], layout=W.Layout(max_height="110px", overflow="auto"))
+        # compact: five or more entries in view (a row is ~24 px), the rest scroll
+        self._list: W.Widget = (W.Box([self._table], layout=W.Layout(max_height=f"{KNOWLEDGE_ROWS_SHOWN * 24 + 44}px",
+                                                                    overflow="auto"))
                                 if compact else self._table)
         super().__init__([self._list, *self._form])
         self.add_class("pcnb-knowledge-editor")
@@ -934,6 +938,8 @@ class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships 
                     f"hold the raw text. Title: {_html.visible(row['title'])}", kind="warn")
 
     def _on_change(self, what: str) -> None:
+        if what != "knowledge" and not self.controller.pending:
+            self.controller.status = ""  # the edit it reported has applied: "updated …" would now mislead
         self._refresh()  # the same page, the same entry picked (unless it was removed)
 
     def _on_filter(self, change: dict[str, Any]) -> None:
