@@ -167,3 +167,25 @@ def test_the_stepper_editor_shows_five_entries_and_clears_its_status_once_the_ed
         assert "updated" in editor._status.value  # said while the edit waits for the next request
         stepper.next()
         assert "updated" not in editor._status.value and editor.controller.status == ""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_code_lines_fit_a_notebook_beside_the_file_browser(path):
+    """846 px of notebook at 1280×720 with the file browser open hold 88 characters of code."""
+    nb = nbformat.read(path, as_version=4)
+    long = [(n, line) for n, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for line in cell.source.split("\n") if len(line) > 88]
+    assert long == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_checks_are_cell_tags_and_hidden_cells_never_comments_in_view(path):
+    nb = nbformat.read(path, as_version=4)
+    for n, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        assert "NBVAL_" not in cell.source, f"cell {n}: an nbval marker as a comment (use the cell's tags)"
+        asserts = [line for line in cell.source.split("\n") if line.lstrip().startswith("assert ")]
+        if asserts:
+            assert cell.metadata.get("jupyter", {}).get("source_hidden"), f"cell {n}: assertions in view"
+            assert "hide-input" in cell.metadata.get("tags", [])
