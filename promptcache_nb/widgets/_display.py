@@ -105,7 +105,7 @@ class Table:
         caption = (f'<caption style="caption-side:top;text-align:left;font-size:12px;color:#555">'
                    f"{html.escape(self.caption)}</caption>") if self.caption else ""
         return escape_dollars(
-            f'<div class="pcnb-table" style="max-width:{NOTEBOOK_WIDTH_PX - 120}px;overflow-x:auto">'
+            f'<div class="pcnb-table" style="max-width:{NOTEBOOK_WIDTH_PX}px">'
             f'<table style="border-collapse:collapse;font-size:12.5px">{caption}<thead><tr>{th}</tr></thead>'
             f"<tbody>{body}</tbody></table></div>")
 

@@ -603,7 +603,7 @@ def knowledge_table_html(rows: Sequence[dict[str, Any]] | KnowledgePage, *, pend
         body = "".join(
             f'<tr data-id="{esc(r["short_id"])}">'
             f'<td style="{_MONO};padding:2px 6px">{esc(r["short_id"])}</td>'
-            f'<td style="padding:2px 6px;min-width:12em;overflow-wrap:normal">{text_html(r["title"])}</td>'
+            f'<td style="padding:2px 6px;overflow-wrap:normal">{text_html(r["title"])}</td>'
             f'<td style="padding:2px 6px;white-space:nowrap">{text_html(r["category"])}</td>'
             f'<td style="padding:2px 6px;text-align:right">v{int(r["version"])}</td>'
             f'<td style="padding:2px 6px;color:#555;font-size:11.5px">{_excerpt(r["content"], 90)}</td></tr>'
