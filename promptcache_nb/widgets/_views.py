@@ -821,8 +821,9 @@ class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships 
         self._last_page = _html.knowledge_page([])
         self._syncing = False
         # compact: five or more entries in view (a row is ~24 px), the rest scroll
+        # (scrolled up and down only: the table wraps to the panel's width)
         self._list: W.Widget = (W.Box([self._table], layout=W.Layout(max_height=f"{KNOWLEDGE_ROWS_SHOWN * 24 + 44}px",
-                                                                    overflow="auto"))
+                                                                    overflow="hidden auto"))
                                 if compact else self._table)
         super().__init__([self._list, *self._form])
         self.add_class("pcnb-knowledge-editor")
