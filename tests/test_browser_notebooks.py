@@ -57,7 +57,8 @@ _OVERFLOW_JS = """() => {
       if (scrolls && el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1) {
         const what = el.classList.contains('cm-scroller') ? 'code' : 'output';
         const text = (el.innerText || '').split('\\n').find(l => l.length > 0) || '';
-        wide.push(`cell ${n} ${what}: ${el.scrollWidth} px in ${el.clientWidth} px: ${text.slice(0, 80)}`);
+        const where = [...el.classList].join('.') || el.tagName.toLowerCase();
+        wide.push(`cell ${n} ${what} (${where}): ${el.scrollWidth} px in ${el.clientWidth} px: ${text.slice(0, 60)}`);
         break;
       }
     }

@@ -792,7 +792,8 @@ class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships 
         self.controller = KnowledgeController(source)
         self._table = _HTML()
         # compact: the stepper's panel (fields as wide as the panel, the list scrolls in a short box)
-        field, wide = ("100%", "100%") if compact else ("480px", "640px")
+        # (less each widget's 2 px margins: a field as wide as the panel would push it 4 px sideways)
+        field, wide = ("calc(100% - 6px)", "calc(100% - 6px)") if compact else ("480px", "640px")
         self._pick = W.Dropdown(description="entry", options=[("(new entry)", "")], value="",
                                 layout=W.Layout(width=field))
         self._title = W.Text(description="title", layout=W.Layout(width=field))
