@@ -239,3 +239,30 @@ def user_stacklevel() -> int:
         frame = frame.f_back
         level += 1
     return level
+
+
+#: Elements of these classes are never typeset as math: ``tex2jax_ignore`` by MathJax 2 (nbconvert's HTML, classic
+#: Notebook), ``mathjax_ignore`` by MathJax 3 (JupyterLab 4, Notebook 7).
+NO_MATH_CLASSES = "tex2jax_ignore mathjax_ignore"
+_DOLLAR_AS_TEXT = f'<span class="{NO_MATH_CLASSES}">&#36;</span>'
+# a tag (its attributes keep their text) or, in Markdown, a code span (shown verbatim); else one dollar sign
+_TAG_OR_DOLLAR = re.compile(r"(<[^<>]*>)|\$")
+_TAG_CODE_OR_DOLLAR = re.compile(r"(<[^<>]*>|`[^`\n]*`)|\$")
+
+
+def escape_dollars(markup: str, *, markdown: bool = False) -> str:
+    """Markdown or HTML whose dollar signs render as dollar signs, never as math.
+
+    Two ``$`` in one output ("saves $0.19 of $0.30") are a TeX formula to MathJax (JupyterLab, Notebook 7,
+    nbconvert) and KaTeX (VS Code), and a backslash escape does not survive JupyterLab's Markdown renderer.
+    Each ``$`` outside tags (and, with ``markdown``, outside code spans) becomes an HTML entity inside an
+    element the math renderers skip, which every renderer shows as a plain ``$``.
+
+    Example:
+        >>> escape_dollars("$0.19").replace(NO_MATH_CLASSES, "…")
+        '<span class="…">&#36;</span>0.19'
+    """
+    if "$" not in markup:
+        return markup
+    pattern = _TAG_CODE_OR_DOLLAR if markdown else _TAG_OR_DOLLAR
+    return pattern.sub(lambda m: m.group(1) or _DOLLAR_AS_TEXT, markup)

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._util import escape_dollars
 from .plots import plot_compare, plot_cumulative_cost
 from .request.diff import visible
 
@@ -73,8 +74,9 @@ def write_report(path: str | Path, summary: pd.DataFrame, frames: dict[str, pd.D
         summary = summary.assign(strategy=[visible(str(v)) for v in summary["strategy"]])
     frames = {visible(str(name)): df for name, df in frames.items()}
     title = visible(title)
-    table = _format(summary).to_html(index=False, escape=True)
-    notes_html = "".join(f"<li>{html.escape(visible(n))}</li>" for n in (notes or []))
+    # money as money wherever the page is shown beside math (a notebook's output, a docs site with MathJax)
+    table = escape_dollars(_format(summary).to_html(index=False, escape=True))
+    notes_html = escape_dollars("".join(f"<li>{html.escape(visible(n))}</li>" for n in (notes or [])))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}

@@ -14,6 +14,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._util import escape_dollars
 from ..analysis.frames import html_table
 from ..request.diff import visible
 from ..session import Session
@@ -406,7 +407,7 @@ class Advice:
         if len(self.not_possible):
             parts += [f"<details><summary>{len(self.not_possible)} fixes not possible</summary>",
                       table(self.not_possible), "</details>"]
-        return "".join(parts) + "</div>"
+        return escape_dollars("".join(parts) + "</div>")
 
 
 def _unpriced_models(why: str) -> list[str]:

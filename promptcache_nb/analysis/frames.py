@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._util import escape_dollars
+
 if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
     import pandas as pd
 
@@ -139,4 +141,7 @@ def html_table(df: pd.DataFrame) -> str:
     from ..request.diff import visible
 
     shown = df.map(lambda v: visible(v) if isinstance(v, str) else v)
-    return str(shown.to_html(index=False, escape=True))
+    # long text wraps between words (inside one only when it must): the table fits the notebook's width
+    style = ("<style>.pcnb-frame td, .pcnb-frame th {white-space: normal; overflow-wrap: anywhere; "
+             "max-width: 28em}</style>")
+    return escape_dollars(f'<div class="pcnb-frame">{style}{shown.to_html(index=False, escape=True)}</div>')

@@ -55,7 +55,7 @@ from itertools import compress, count
 from operator import attrgetter, is_not, itemgetter, ne
 from typing import Any
 
-from .._util import common_prefix_length
+from .._util import common_prefix_length, escape_dollars
 from ..dialects._openai import FIELD_LEVELS as OPENAI_FIELD_LEVELS  # noqa: F401  (their old home)
 from ..dialects._openai import VOLATILE_FIELDS as OPENAI_VOLATILE_FIELDS  # noqa: F401
 from ..dialects.anthropic import FIELD_LEVELS as FIELD_LEVELS
@@ -868,6 +868,9 @@ class PrefixDiff:
                 f"shared_prefix_tokens={self.shared_prefix_tokens}, pure_append=False)")
 
     def _repr_html_(self) -> str:
+        return escape_dollars(self._html())
+
+    def _html(self) -> str:
         esc = html.escape
         rows = [
             ("path", esc(self.path or "—")),

@@ -7,6 +7,7 @@
 - :class:`SavingsChart` — :func:`promptcache_nb.plots.plot_savings` as a widget.
 - :class:`Compare` — one scenario under several strategies in lockstep.
 - :class:`WhatIf` — tick fixes and see what they would have saved on a session's own requests.
+- :func:`markdown` and :func:`table` — computed prose whose ``$`` stays money, and DataFrames that fit a notebook.
 - :class:`Monitor` — a captured session's calls as they arrive (``lab.capture(client)``): rows, running read %,
   $ saved, the latest request's diff and observation.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._controllers import CompareController, KnowledgeController, MonitorController, StepperController, TurnView
+from ._display import Table, markdown, table
 from ._whatif import WhatIfController
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,5 +48,6 @@ def __dir__() -> list[str]:
 
 __all__ = [  # sorted; a literal so linters see the re-exports
     "Compare", "CompareController", "DiffView", "KnowledgeController", "KnowledgeEditor", "Monitor",
-    "MonitorController", "SavingsChart", "Stepper", "StepperController", "TurnView", "WhatIf", "WhatIfController",
+    "MonitorController", "SavingsChart", "Stepper", "StepperController", "Table", "TurnView", "WhatIf",
+    "WhatIfController", "markdown", "table",
 ]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._util import escape_dollars
 from ..analysis.crosscheck import provider_note
 from ..request import PreparedRequest, Segment, canonical_json
 from ..request.diff import visible as visible  # re-exported: plain-text markers (dropdown labels, status)
@@ -515,11 +516,12 @@ def snapshot_html(kind: str, body: str) -> str:
     The live widget view is preferred wherever ipywidgets runs; this HTML is the fallback beside it in the
     same output, so an unrun notebook still shows the widget's state when its cell last ran.
     """
-    return (f'<div class="pcnb-snapshot pcnb-snapshot-{esc(kind)}" style="{_BOX}text-align:left">'
-            f"<style>{SNAPSHOT_CSS}</style>"
-            '<div style="font-size:11px;color:#777;margin-bottom:2px">static snapshot of the '
-            f"{esc(kind)} widget as its cell last ran (run the notebook for the live widget)</div>"
-            f"{body}</div>")
+    return escape_dollars(
+        f'<div class="pcnb-snapshot pcnb-snapshot-{esc(kind)}" style="{_BOX}text-align:left">'
+        f"<style>{SNAPSHOT_CSS}</style>"
+        '<div style="font-size:11px;color:#777;margin-bottom:2px">static snapshot of the '
+        f"{esc(kind)} widget as its cell last ran (run the notebook for the live widget)</div>"
+        f"{body}</div>")
 
 
 @dataclass(frozen=True)
@@ -609,8 +611,8 @@ def knowledge_table_html(rows: Sequence[dict[str, Any]] | KnowledgePage, *, pend
         body = "".join(
             f'<tr data-id="{esc(r["short_id"])}">'
             f'<td style="{_MONO};padding:2px 6px">{esc(r["short_id"])}</td>'
-            f'<td style="padding:2px 6px">{text_html(r["title"])}</td>'
-            f'<td style="padding:2px 6px">{text_html(r["category"])}</td>'
+            f'<td style="padding:2px 6px;overflow-wrap:normal">{text_html(r["title"])}</td>'
+            f'<td style="padding:2px 6px;white-space:nowrap">{text_html(r["category"])}</td>'
             f'<td style="padding:2px 6px;text-align:right">v{int(r["version"])}</td>'
             f'<td style="padding:2px 6px;color:#555;font-size:11.5px">{_excerpt(r["content"], 90)}</td></tr>'
             for r in view.rows

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import ipywidgets as W
 import traitlets as T
 
+from .._util import escape_dollars
 from ..plots import plot_compare, plot_savings
 from ..scenario import Scenario
 from . import _html
@@ -42,6 +43,20 @@ if TYPE_CHECKING:  # pragma: no cover
 PNG_DPI = 90
 # full button labels: as wide as their text and never shrunk by a crowded row (descriptions truncate otherwise)
 _AUTO = W.Layout(width="max-content", flex="0 0 auto")
+
+
+#: Knowledge entries the stepper's compact editor shows without scrolling.
+KNOWLEDGE_ROWS_SHOWN = 6
+#: What a widget says when its Lab was closed under it (``lab.close()`` ran after the cell that made it).
+LAB_CLOSED = "the Lab of this widget is closed (lab.close() ran): run the notebook again to use it"
+
+
+class _HTML(W.HTML):  # type: ignore[misc]  # ipywidgets ships no type information
+    """An HTML widget whose dollar signs show as money: ipywidgets typesets an HTML value's ``$…$`` as math."""
+
+    @T.validate("value")
+    def _dollars_as_text(self, proposal: dict[str, Any]) -> str:
+        return escape_dollars(proposal["value"])
 
 
 @contextmanager
@@ -79,6 +94,7 @@ class _View:
     _progress: W.IntProgress
     controller: Any
     _busy = False  # a click is working (its controls are disabled)
+    _shown_error: BaseException | None = None  # the last error the error box shows
 
     def _controls(self) -> list[W.Widget]:
         """Widgets to disable while a click works."""
@@ -142,22 +158,42 @@ class _View:
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:
-            self._error.value = _html.error_html(exc)
-            self._error.layout.display = None
-            status = getattr(self.controller, "status", "")
-            self._show_status(status or f"failed: {type(exc).__name__}", kind="warn")
+            self._show_error(exc)
             raise
         if self._error.value:
             self._error.value = ""
             self._error.layout.display = "none"
         return result
 
+    def _lab_closed(self) -> bool:
+        session = getattr(self.controller, "session", None)
+        return session is not None and session.lab.store.closed
+
+    def _show_error(self, exc: BaseException) -> None:
+        """Show ``exc`` in the error box and the status line: a closed Lab in one line, anything else by name."""
+        if self._lab_closed():
+            self._error.value = _html.status_html(LAB_CLOSED, kind="warn")
+            self._show_status(LAB_CLOSED, kind="warn")
+        else:
+            self._error.value = _html.error_html(exc)
+            status = getattr(self.controller, "status", "")
+            self._show_status(status or f"failed: {type(exc).__name__}", kind="warn")
+        self._error.layout.display = None
+        self._shown_error = exc
+
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run what a click or a changed control does. A browser event has no cell to raise into, so an error
+        is shown in the widget: ``_action`` has shown most already; any other (a refresh after it) is shown
+        here."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            if exc is not self._shown_error:
+                self._show_error(exc)
+
     def _clicked(self, method: Callable[[], Any]) -> Callable[[Any], None]:
         def handler(_button: Any) -> None:
-            try:
-                method()
-            except Exception:  # noqa: BLE001 - already shown in the widget's error box by _action
-                pass
+            self._guarded(method)
 
         return handler
 
@@ -211,7 +247,7 @@ def _cell_progress(progress: Callable[[int, int], None], *, enabled: bool, total
 
 
 def _error_widget() -> W.HTML:
-    return W.HTML("", layout=W.Layout(display="none"))
+    return _HTML("", layout=W.Layout(display="none"))
 
 
 def _progress_widget() -> W.IntProgress:
@@ -241,8 +277,8 @@ class DiffView(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type inform
     def __init__(self, diff: Any = None, *, previous: PreparedRequest | None = None,
                  current: PreparedRequest | None = None, states: tuple[str, ...] | list[str] = (),
                  why: str | None = None) -> None:
-        self._map = W.HTML()
-        self._diff = W.HTML()
+        self._map = _HTML()
+        self._diff = _HTML()
         super().__init__([self._map, self._diff])
         self.add_class("pcnb-diffview")
         self.update(diff, previous=previous, current=current, states=states, why=why)
@@ -320,7 +356,7 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
 
         self._source = source
         self._image = _image()
-        self._caption = W.HTML()
+        self._caption = _HTML()
         super().__init__([self._image, self._caption])
         self.add_class("pcnb-savings")
         self._df = pd.DataFrame()
@@ -476,12 +512,12 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
                              layout=W.Layout(width="220px", flex="0 1 auto", min_width="110px"))
         self._slider = W.IntSlider(value=0, min=0, max=0, description="request", continuous_update=False,
                                    disabled=True, layout=W.Layout(width="320px", flex="0 1 auto"))
-        self._status = W.HTML()
+        self._status = _HTML()
         self._progress = _progress_widget()
-        self._header = W.HTML()
+        self._header = _HTML()
         self._error = _error_widget()
-        self._usage = W.HTML(layout=W.Layout(width="38%"))
-        self._observation = W.HTML(layout=W.Layout(width="62%"))
+        self._usage = _HTML(layout=W.Layout(width="38%"))
+        self._observation = _HTML(layout=W.Layout(width="62%"))
         self.diff_view = DiffView()
         self.chart = SavingsChart(self.controller.turns())
         self._syncing = False
@@ -502,12 +538,12 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
         diff_box = W.Box([self.diff_view], layout=W.Layout(min_width="0", max_height="360px", overflow="auto"))
         diff_box.add_class("pcnb-stepper-diff")
         # the side-by-side partner: its usage line and diff (hidden until the mode is on)
-        self._partner_usage = W.HTML()
+        self._partner_usage = _HTML()
         self.partner_diff = DiffView()
         self._partner_box = W.VBox([self._partner_usage, W.Box([self.partner_diff], layout=W.Layout(
             max_height="400px", overflow="auto"))], layout=W.Layout(flex="1 1 480px", min_width="0", display="none"))
         self._partner_box.add_class("pcnb-stepper-partner")
-        self._left_label = W.HTML()
+        self._left_label = _HTML()
         # the header sits over the diff, so the editor beside them starts right under the status line
         self._left = W.VBox([self._left_label, self._header, diff_box],
                             layout=W.Layout(flex="1 1 520px", min_width="0"))
@@ -578,18 +614,12 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
     def _on_strategy(self, change: dict[str, Any]) -> None:
         if self._syncing or change["new"] is None or change["new"] == self.controller.strategy:
             return
-        try:
-            self.switch_strategy(change["new"])
-        except Exception:  # noqa: BLE001 - shown in the error box by _action
-            pass
+        self._guarded(self.switch_strategy, change["new"])
 
     def _on_pair(self, change: dict[str, Any]) -> None:
         if self._syncing or bool(change["new"]) == (self.controller.partner is not None):
             return
-        try:
-            self.side_by_side(bool(change["new"]))
-        except Exception:  # noqa: BLE001 - shown in the error box by _action
-            pass
+        self._guarded(self.side_by_side, bool(change["new"]))
 
     # -- the buttons' kernel-side twins ----------------------------------------------------
     def next(self, user: str | None = None, reply: str | None = None) -> Turn:
@@ -657,10 +687,7 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
     def _on_slider(self, change: dict[str, Any]) -> None:
         if self._syncing:
             return
-        try:
-            self.show(int(change["new"]))
-        except Exception:  # noqa: BLE001 - shown in the error box by _action
-            pass
+        self._guarded(self.show, int(change["new"]))
 
     def _on_change(self, what: str) -> None:
         if what == "knowledge":  # an editor changed knowledge: show it as pending for the next request
@@ -767,9 +794,10 @@ class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships 
 
     def __init__(self, source: Session | Stepper | StepperController, *, compact: bool = False) -> None:
         self.controller = KnowledgeController(source)
-        self._table = W.HTML()
+        self._table = _HTML()
         # compact: the stepper's panel (fields as wide as the panel, the list scrolls in a short box)
-        field, wide = ("100%", "100%") if compact else ("480px", "640px")
+        # (less each widget's 2 px margins: a field as wide as the panel would push it 4 px sideways)
+        field, wide = ("calc(100% - 6px)", "calc(100% - 6px)") if compact else ("480px", "640px")
         self._pick = W.Dropdown(description="entry", options=[("(new entry)", "")], value="",
                                 layout=W.Layout(width=field))
         self._title = W.Text(description="title", layout=W.Layout(width=field))
@@ -782,7 +810,7 @@ class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships 
                                   layout=_AUTO)
         self._remove_btn = W.Button(description="Remove entry", icon="trash", button_style="danger",
                                     layout=_AUTO)
-        self._status = W.HTML()
+        self._status = _HTML()
         self._progress = _progress_widget()
         self._error = _error_widget()
         # the pager: part of the editor only once there is more than one page (or a filter is set)
@@ -797,7 +825,10 @@ class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships 
         self._shown: dict[str, dict[str, Any]] = {}  # rows in the picker, by id
         self._last_page = _html.knowledge_page([])
         self._syncing = False
-        self._list: W.Widget = (W.Box([self._table], layout=W.Layout(max_height="110px", overflow="auto"))
+        # compact: five or more entries in view (a row is ~24 px), the rest scroll
+        # (scrolled up and down only: the table wraps to the panel's width)
+        self._list: W.Widget = (W.Box([self._table], layout=W.Layout(max_height=f"{KNOWLEDGE_ROWS_SHOWN * 24 + 44}px",
+                                                                    overflow="hidden auto"))
                                 if compact else self._table)
         super().__init__([self._list, *self._form])
         self.add_class("pcnb-knowledge-editor")
@@ -913,15 +944,14 @@ class KnowledgeEditor(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships 
                     f"hold the raw text. Title: {_html.visible(row['title'])}", kind="warn")
 
     def _on_change(self, what: str) -> None:
+        if what != "knowledge" and not self.controller.pending:
+            self.controller.status = ""  # the edit it reported has applied: "updated …" would now mislead
         self._refresh()  # the same page, the same entry picked (unless it was removed)
 
     def _on_filter(self, change: dict[str, Any]) -> None:
         if self._syncing:
             return
-        try:
-            self._action(self._refresh, page=0)
-        except Exception:  # noqa: BLE001 - shown in the error box by _action
-            pass
+        self._guarded(lambda: self._action(self._refresh, page=0))
 
     def _refresh(self, *, select: str | None = None, page: int | None = None) -> _html.KnowledgePage:
         """Show a page of the list: ``page``, or with ``select`` (an entry id) the page holding that entry
@@ -1009,11 +1039,11 @@ class Compare(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
         self._next_btn = W.Button(description="Next turn (all)", button_style="primary", icon="step-forward",
                                   layout=_AUTO)
         self._run_btn = W.Button(description="Run to end", icon="fast-forward", layout=_AUTO)
-        self._status = W.HTML()
+        self._status = _HTML()
         self._progress = _progress_widget()
-        self._header = W.HTML()
+        self._header = _HTML()
         self._error = _error_widget()
-        self._table = W.HTML()
+        self._table = _HTML()
         self._image = _image()
         super().__init__([W.HBox([self._next_btn, self._run_btn]), self._status, self._progress, self._header,
                           self._error, self._table, self._image])
@@ -1126,7 +1156,7 @@ class Monitor(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type informa
 
     def __init__(self, source: Session | OtlpReceiver, *, follow: bool = True) -> None:
         self.controller = MonitorController(source, follow=follow)
-        self._html = W.HTML(self.controller.html())
+        self._html = _HTML(self.controller.html())
         super().__init__([self._html])
         self.add_class("pcnb-monitor")
         self.requests = self.controller.n_requests
@@ -1183,10 +1213,10 @@ class WhatIf(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type i
         c = self.controller
         self._boxes = {f: W.Checkbox(value=False, description=f, indent=False, layout=_AUTO) for f in c.available}
         self._rank = W.Button(description="Rank every fix", layout=_AUTO)
-        self._header, self._table, self._diff, self._findings = W.HTML(), W.HTML(), W.HTML(), W.HTML()
-        self._missing = W.HTML(_html.text_html("; ".join(f"{f}: not possible ({why})"
+        self._header, self._table, self._diff, self._findings = _HTML(), _HTML(), _HTML(), _HTML()
+        self._missing = _HTML(_html.text_html("; ".join(f"{f}: not possible ({why})"
                                                          for f, why in c.not_possible.items())))
-        self._error, self._status, self._progress = _error_widget(), W.HTML(), _progress_widget()
+        self._error, self._status, self._progress = _error_widget(), _HTML(), _progress_widget()
         table = W.Box([self._table], layout=W.Layout(max_height="320px", overflow="auto"))
         super().__init__([self._header, W.HBox([*self._boxes.values(), self._rank]), self._missing, self._status,
                           self._progress, self._error, table, self._diff, self._findings])
@@ -1202,12 +1232,7 @@ class WhatIf(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type i
     def _on_box(self, fix: str) -> Callable[[dict[str, Any]], None]:
         def handler(change: dict[str, Any]) -> None:
             if change["new"] != (fix in self.controller.fixes):
-                try:
-                    with self._working(f"replaying with {fix} {'on' if change['new'] else 'off'}"):
-                        self._action(self.controller.toggle, fix, bool(change["new"]))
-                except Exception:  # noqa: BLE001 - shown in the widget's error box by _action
-                    pass
-                self._refresh()
+                self._guarded(self._set, fix, bool(change["new"]))
 
         return handler
 
@@ -1223,9 +1248,12 @@ class WhatIf(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type i
         if fix not in self._boxes:
             why = self.controller.not_possible.get(fix, f"unknown fix; known: {', '.join(self._boxes)}")
             raise ValueError(f"{fix}: {why}")
-        with self._working(f"replaying with {fix} {'on' if on else 'off'}"):
-            self._action(self.controller.toggle, fix, on)
-        self._refresh()
+        try:
+            with self._working(f"replaying with {fix} {'on' if on else 'off'}"):
+                self._action(self.controller.toggle, fix, on)
+        finally:
+            if not self._lab_closed():
+                self._refresh()  # the boxes show the fixes in effect, also after a failed toggle
 
     def rank(self) -> None:
         """What "Rank every fix" does: the findings of ``pc.advise(session)``."""
