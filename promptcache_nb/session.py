@@ -67,7 +67,7 @@ from .scenario import (
     ToolsChange,
 )
 from .store import KnowledgeEntry, Store
-from .store._db import prefix_chain, state_columns
+from .store._codecs import prefix_chain, state_columns
 from .strategies import Strategy, strategy_class
 from .tokens import Tokenizer, session_tokenizer
 from .turn import TURN_COLUMNS, Turn, has_record_listeners, notify_recorded  # noqa: F401 - TURN_COLUMNS re-exported
