@@ -28,7 +28,7 @@ from .cache import CacheResult
 from .dialects.anthropic import ProviderDiagnosis
 from .errors import PromptCacheError, SessionError
 from .request import BodyProblem, PreparedRequest, SegmentMemo, canonical_json, prepare
-from .store._db import encode_message, prefix_chain, state_columns
+from .store._codecs import encode_message, prefix_chain, state_columns
 from .store._write import RequestWrite
 from .strategies import DeltaTable, Strategy, StrategyContext
 from .usage import Usage

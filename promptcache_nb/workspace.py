@@ -43,7 +43,7 @@ from .request import canonical_json
 from .scenario import DEFAULT_START, Restart, Scenario, ScenarioTurn, set_model_check, set_prompt_check
 from .session import Session, check_texts
 from .store import Store, sigint_deferred
-from .store._db import state_columns
+from .store._codecs import state_columns
 from .strategies import get_strategy
 from .tokens import DEFAULT_TOKENIZER, Tokenizer
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import duckdb
 
 from ..errors import StoreError
-from ._db import Store, _check_file, _one_line
+from ._connection import _check_file, _one_line
+from ._db import Store
 from ._migrations import MIGRATIONS
 from ._schema import CORE_TABLES, expected_schema, node_on_cycle, schema_of, schema_problems
 

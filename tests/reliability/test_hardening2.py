@@ -189,7 +189,7 @@ def test_interruptible_restores_the_previous_wakeup_fd_and_forwards_to_it():
     """asyncio (a notebook kernel) reads signals from the wakeup fd: it must see the Ctrl-C and get its fd back."""
     import socket
 
-    from promptcache_nb.store._db import interruptible
+    from promptcache_nb.store._interrupts import interruptible
 
     r, w = socket.socketpair()
     w.setblocking(False)
@@ -211,7 +211,7 @@ def test_interruptible_restores_the_previous_wakeup_fd_and_forwards_to_it():
 
 
 def test_interruptible_leaves_a_custom_sigint_handler_alone():
-    from promptcache_nb.store._db import interruptible
+    from promptcache_nb.store._interrupts import interruptible
 
     seen: list[int] = []
     handler = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
