@@ -70,8 +70,9 @@ def simulated_lost(previous_total: int | None, read: int | None, write: int | No
     (:func:`rebuilt_tokens`) on the simulator's figures — what it wrote again (everything it did not read, on a
     provider that caches implicitly) of what the previous request held — with no noise floor (estimated figures),
     and nothing for a hit. A tail the previous request never wrote (a conversation with its only breakpoint on the
-    system prompt) is no loss: nothing is written again."""
-    if reason == "hit" or write is None or uncached is None:
+    system prompt) is no loss: nothing is written again; nor is a prefix the cache model says no entry covered
+    (``not_written``: the previous request's write was not readable yet, or never made)."""
+    if reason in ("hit", "not_written") or write is None or uncached is None:
         return 0
     return rebuilt_tokens(previous_total, read, uncached + write if implicit else write)
 
