@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
-    import pandas as pd
+from .._lazy import pandas as pd
+from ..cache._reasons import NOT_REBUILD
+from ..request.diff import visible
 
 SUMMARY_COLUMNS = [
     "session", "strategy", "cache", "requests", "total_input", "cache_read", "cache_write", "uncached",
@@ -103,10 +104,6 @@ def count_rebuilds(df: pd.DataFrame) -> int:
     a measured request whose stored ``cache_reason`` names a rebuild (``analysis.cause`` stores one exactly
     then); a simulated one the verdict says broke (``broke``: it sent again some of what the previous request
     held, :func:`~promptcache_nb.analysis._ideal.simulated_lost`)."""
-    import pandas as pd
-
-    from ..cache._reasons import NOT_REBUILD
-
     if "cache_reason" not in df or "usage_source" not in df:
         return 0
     n = 0
@@ -125,8 +122,6 @@ def count_rebuilds(df: pd.DataFrame) -> int:
 
 def compare_df(sessions: Iterable[Any]) -> pd.DataFrame:
     """One row per session: cache read %, efficiency vs ideal, writes, breaks and cost."""
-    import pandas as pd
-
     rows = []
     for s in sessions:
         rows.append({"session": s.id, "strategy": s.strategy, "cache": s.cache, **summarize(s.turns())})
@@ -136,7 +131,5 @@ def compare_df(sessions: Iterable[Any]) -> pd.DataFrame:
 def html_table(df: pd.DataFrame) -> str:
     """``df`` as an HTML table for a notebook: cells are data, so escaped, with invisible characters (and lone
     surrogates) shown as markers (:func:`~promptcache_nb.request.diff.visible`)."""
-    from ..request.diff import visible
-
     shown = df.map(lambda v: visible(v) if isinstance(v, str) else v)
     return str(shown.to_html(index=False, escape=True))
