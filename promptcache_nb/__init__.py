@@ -86,14 +86,8 @@ def __getattr__(name: str) -> Any:
         return _strategy_names()
     if name == "CACHE_MODELS":
         return _cache_model_names()
-    if name == "AnthropicBackend":  # imports the anthropic SDK (~1.5 s): only when asked for
-        from .live.anthropic_backend import AnthropicBackend
-
-        return AnthropicBackend
-    if name == "RecordingProxy":  # imports starlette, uvicorn and httpx: only when a proxy is asked for
-        from .live.proxy import RecordingProxy
-
-        return RecordingProxy
+    if name in ("AnthropicBackend", "RecordingProxy"):  # pc.live loads them when first asked for (heavy imports)
+        return getattr(importlib.import_module(f"{__name__}.live"), name)
     new = _MOVED.get(name)
     if new is not None:
         module, _, attr = new.rpartition(".")

@@ -208,7 +208,7 @@ def progress_bar(*, total: int, desc: str, enabled: bool, unit: str = "it") -> A
     (a CI log or a redirected file would get a bar's carriage returns as one long line)."""
     if not enabled or total <= 0 or not _watched():
         return _NoBar()
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # picks the notebook bar through ipywidgets: loaded when a bar is drawn
 
     return tqdm(total=total, desc=desc, unit=unit, leave=False)
 
@@ -219,7 +219,7 @@ def _watched() -> bool:
     if stream is not None and hasattr(stream, "isatty") and stream.isatty():
         return True
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # heavy, and absent outside notebooks
     except ImportError:  # pragma: no cover - IPython comes with ipywidgets
         return False
     shell = get_ipython()

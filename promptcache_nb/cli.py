@@ -5,21 +5,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
+import datetime as dt
+import json
 import os
 import re
+import shutil
+import signal
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import platformdirs
+
 import promptcache_nb as pc
-from promptcache_nb.fleet._import import MANIFEST
 
 from . import fleet
 from ._data import data_path
+from ._lazy import pandas as pd
 from .analysis.frames import derived_totals
 from .analysis.rollups import (
     BILLING_WINDOW,
@@ -31,6 +40,7 @@ from .analysis.rollups import (
 )
 from .cache import cache_model_names
 from .errors import ImportFormatError, PromptCacheError, PromptCacheWarning, ScenarioError
+from .fleet._import import MANIFEST, check_dataset
 from .importers import READERS
 from .importers._locations import AGENTS, agent_log_files
 from .ingest._groups import expand_paths
@@ -41,7 +51,6 @@ from .store import caused_by_ctrl_c, check_store
 from .strategies import strategy_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
     from .lab import Lab
 
@@ -91,8 +100,6 @@ def _scenario_path(name: str) -> Path:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     scenario = pc.load_scenario(_scenario_path(args.scenario))
     strategies = [n.strip() for n in args.strategies.split(",") if n.strip()] or list(pc.STRATEGIES)
     for name in strategies:  # before the old demo store is deleted: a typo must not cost it
@@ -141,8 +148,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     _resolve_store(args, "sql", rest=("query",))
     # read-only: never creates, migrates or changes the file (a typo'd path, another application's database)
     with _read_only_lab(args.store, progress=False) as lab:
@@ -165,8 +170,6 @@ SQL_ROWS = 500
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .fleet._import import MANIFEST, check_dataset
-
     _resolve_store(args, "doctor")
     fleet_dataset = os.path.isdir(args.store) and os.path.exists(os.path.join(args.store, MANIFEST))
     report = check_dataset(args.store) if fleet_dataset else check_store(args.store)
@@ -175,8 +178,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     paths = _import_store(args)
     if args.agent and not paths:
         # a one-line error naming where it looked when there is none
@@ -199,8 +200,6 @@ def cmd_import(args: argparse.Namespace) -> int:
         summary = res.summary(full_paths=args.full_paths)
         rebuilds = pc.rebuilds(lab) if args.details and ids else None
     if args.json or args.csv:  # the imported sessions' table alone, every column, costliest first
-        import pandas as pd
-
         table = full if full is not None else pd.DataFrame(columns=SESSION_SUMMARY_COLUMNS)
         _print_machine(table.sort_values(["cost_usd", "session"], ascending=[False, True], kind="stable",
                                          na_position="last"), args)
@@ -304,15 +303,13 @@ def _home_short(path: str) -> str:
 
 def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
     """``import PATH --out DIR``: file groups imported on --workers processes or a Dask --scheduler."""
-    from concurrent.futures import Executor, ProcessPoolExecutor
-
     if args.format != "auto":
         raise PromptCacheError("import --out: formats are detected per file (drop --format)")
     client: Any = None
     executor: Executor | None = None
     if args.scheduler:
         try:
-            from distributed import Client
+            from distributed import Client  # optional (the dask extra), and heavy
         except ImportError:
             raise PromptCacheError("import --scheduler: needs Dask (pip install 'promptcache_nb[dask]')") from None
         client = Client(args.scheduler)  # type: ignore[no-untyped-call]  # distributed ships partial types
@@ -386,8 +383,6 @@ def _fit(df: pd.DataFrame, *, width: int | None = None, max_rows: int | None = N
     output gets that): the widest text column is cut (ending in "…"; a path in the middle) until it fits; missing
     values print empty, never ``NaN``/``None``."""
     if width is None:
-        import shutil
-
         width = max(TABLE_WIDTH, shutil.get_terminal_size((TABLE_WIDTH, 24)).columns)
     df = df.astype(object).where(df.notna(), "")
     df = df.map(lambda v: " ".join(v.split()) if isinstance(v, str) else v)  # one line per row
@@ -425,8 +420,6 @@ def _cut_path(text: str, keep: int) -> str:
 
 
 def _wrap(text: str, *, width: int = TABLE_WIDTH) -> str:
-    import textwrap
-
     # never inside a word at its hyphens: paths and model ids (claude-opus-4-5) stay whole on their line
     return textwrap.fill(text, width=width, break_on_hyphens=False, break_long_words=False)
 
@@ -517,16 +510,10 @@ _BREAK_AFTER = re.compile(r"(?<=[ /])")
 
 def _terminal_width() -> int:
     """The terminal's width (``COLUMNS`` when set), :data:`TABLE_WIDTH` when there is none (piped output)."""
-    import shutil
-
     return max(40, shutil.get_terminal_size((TABLE_WIDTH, 24)).columns)
 
 
 def _text(value: Any, column: str) -> str:
-    import datetime as dt
-
-    import pandas as pd
-
     if value is None or (not isinstance(value, str) and pd.api.types.is_scalar(value) and pd.isna(value)):
         return ""
     if column in MONEY:
@@ -632,10 +619,6 @@ def render_table(df: pd.DataFrame, *, width: int | None = None, headers: Mapping
 
 def _machine_value(value: Any) -> Any:
     """A cell as JSON holds it: times in ISO 8601, numpy numbers as Python's, missing as None."""
-    import datetime as dt
-
-    import pandas as pd
-
     if value is None or (not isinstance(value, str) and pd.api.types.is_scalar(value) and pd.isna(value)):
         return None
     if isinstance(value, dt.date):  # datetimes and pandas' Timestamps too
@@ -647,9 +630,6 @@ def _machine_value(value: Any) -> Any:
 
 def _print_machine(df: pd.DataFrame, args: argparse.Namespace) -> None:
     """``df`` to stdout as JSON (``--json``: one array of objects) or CSV (``--csv``), with nothing around it."""
-    import csv
-    import json
-
     rows = [{c: _machine_value(v) for c, v in zip(df.columns, row, strict=True)}
             for row in df.itertuples(index=False)]
     if args.json:
@@ -837,8 +817,6 @@ def default_store_path() -> Path:
     home = os.environ.get(HOME_ENV)
     if home:
         return Path(home).expanduser() / DEFAULT_STORE_NAME
-    import platformdirs
-
     return platformdirs.user_data_path("promptcache-nb") / DEFAULT_STORE_NAME
 
 
@@ -880,9 +858,7 @@ def _default_store_with_logs(args: argparse.Namespace) -> tuple[Lab, str]:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    import signal
-
-    from .live.proxy import RecordingProxy
+    from .live.proxy import RecordingProxy  # starlette, uvicorn, httpx: only for this command
 
     if hasattr(signal, "SIGTERM"):  # `kill PID` closes the proxy like Ctrl-C does (lines are flushed either way)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -898,11 +874,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def cmd_otel(args: argparse.Namespace) -> int:
-    import signal
-
-    import promptcache_nb as pc
-
-    from .live.otel import OtlpReceiver
+    from .live.otel import OtlpReceiver  # starlette, uvicorn: only for this command
 
     if hasattr(signal, "SIGTERM"):  # `kill PID` stops the receiver like Ctrl-C does (each export is committed whole)
         signal.signal(signal.SIGTERM, signal.default_int_handler)

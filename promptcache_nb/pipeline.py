@@ -31,6 +31,7 @@ from .request import BodyProblem, PreparedRequest, SegmentMemo, canonical_json, 
 from .store._codecs import encode_message, prefix_chain, state_columns
 from .store._write import RequestWrite
 from .strategies import DeltaTable, Strategy, StrategyContext
+from .tokens import segment_tokens
 from .usage import Usage
 
 
@@ -246,8 +247,6 @@ def advance(
 
 def reply_output_tokens(content: list[dict[str, Any]], tokenizer: Any) -> int:
     """Estimated output tokens of a reply whose usage reports none: its content blocks counted as messages."""
-    from .tokens import segment_tokens
-
     return sum(segment_tokens("msg", b, tokenizer) for b in content)
 
 

@@ -125,7 +125,7 @@ class PromptCache:
 @pytest.fixture
 def prompt_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PromptCache]:
     """An endpoint for the test's agent (``.base_url``) whose calls are checked for cache breaks after the test."""
-    import promptcache_nb as pc
+    import promptcache_nb as pc  # pytest loads this plugin in every run: the package loads when a test asks
 
     upstream = request.config.getoption("--prompt-cache-upstream")
     server = None
@@ -172,7 +172,7 @@ def _thresholds(item: pytest.Item) -> dict[str, Any]:
 
 
 def _check(item: pytest.Item, fixture: PromptCache) -> None:
-    from .analysis.gate import check_cache, check_conversations
+    from .analysis.gate import check_cache, check_conversations  # as above: only after a test that used it
 
     fixture._stop()
     thresholds = _thresholds(item)
@@ -210,7 +210,7 @@ def _check(item: pytest.Item, fixture: PromptCache) -> None:
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     try:
-        import fcntl
+        import fcntl  # POSIX only
     except ImportError:  # Windows: no flock; xdist workers there may interleave their writes
         yield
         return

@@ -7,14 +7,12 @@ import html
 import io
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._lazy import pandas as pd
 from ._util import escape_dollars
 from .plots import plot_compare, plot_cumulative_cost
 from .request.diff import visible
-
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
 
 def _png(fig: Any) -> str:
@@ -35,8 +33,6 @@ REPORT_COLUMNS = {
 
 def _format(summary: pd.DataFrame) -> pd.DataFrame:
     """Readable strings: thousands separators, fixed decimals, friendly headers."""
-    import pandas as pd
-
     out = pd.DataFrame()
     for col, label in REPORT_COLUMNS.items():
         if col not in summary:
@@ -57,8 +53,6 @@ def _format(summary: pd.DataFrame) -> pd.DataFrame:
 
 def _usd(value: Any) -> str:
     """Dollars with four decimals: a small scenario's costs are fractions of a cent, never "0.01"."""
-    import pandas as pd
-
     if value is None or pd.isna(value):
         return "–"
     return f"{float(value):,.4f}"

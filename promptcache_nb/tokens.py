@@ -35,6 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol, runtime_checkable
 
+from ._lazy import numpy as np
 from ._util import model_base_id
 
 # Pieces: letters (with one leading space, like GPT/Claude pre-tokenizers), digit groups of up to 3,
@@ -168,8 +169,6 @@ _UNKNOWN = 255
 
 def _run_tables() -> dict[str, Any]:
     if "np" not in _RUNS:  # set last: another thread sees all the tables or none
-        import numpy as np  # lazily: `import promptcache_nb` stays free of numpy (tests/test_import_time.py)
-
         # bytes 0x80-0xff never occur in ASCII text: 0x80 is the sentinel put around it
         _RUNS["ascii"] = bytes([_char_class(chr(i)) for i in range(128)] + [_EDGE] * 128)
         # every code point's class, filled in as texts bring new characters
@@ -443,7 +442,7 @@ def _bpe_bindings() -> Any:
         return module
     except (ImportError, StopIteration, OSError, AttributeError):
         try:
-            from bpe_openai import _bindings
+            from bpe_openai import _bindings  # the fallback: the package __init__ parses its ranks (~1.5 s)
         except ImportError:
             raise ImportError(
                 "counting OpenAI tokens exactly needs the bpe-openai package (a dependency of promptcache_nb): "

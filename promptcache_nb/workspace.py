@@ -19,10 +19,11 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from . import analysis as _analysis
 from ._config import SessionConfig
+from ._lazy import pandas as pd
 from ._shared import (  # noqa: F401 - CacheWindow, ScopeKey, scope_key: re-exported from their old home
     CACHE_SCOPES,
     CacheWindow,
@@ -40,15 +41,12 @@ from .cache import CacheModel, get_cache_model
 from .errors import PromptCacheError, SessionError
 from .live import Backend
 from .request import canonical_json
-from .scenario import DEFAULT_START, Restart, Scenario, ScenarioTurn, set_model_check, set_prompt_check
+from .scenario import DEFAULT_START, Restart, Scenario, ScenarioTurn, load_scenario, set_model_check, set_prompt_check
 from .session import Session, check_texts
 from .store import Store, sigint_deferred
 from .store._codecs import state_columns
 from .strategies import get_strategy
 from .tokens import DEFAULT_TOKENIZER, Tokenizer
-
-if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first DataFrame, not with the package
-    import pandas as pd
 
 # a scenario's models are checked when it loads, against the table Lab.session validates with
 set_model_check(get_cache_model("anthropic").validate_model)
@@ -498,8 +496,6 @@ class Workspace:
         """
         if chunk_turns < 1:
             raise ValueError(f"chunk_turns must be at least 1, got {chunk_turns!r}")
-        from .scenario import load_scenario
-
         sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         strat = get_strategy(strategy)
         base = project or f"{sc.project}/{strat.name}"

@@ -26,7 +26,7 @@ CHILD = textwrap.dedent("""
     class Watch:
         def find_spec(self, name, path=None, target=None):
             if name in LAZY and name not in loaded_by:
-                ours = [f for f in traceback.extract_stack() if "promptcache_nb" in f.filename]
+                ours = [f for f in traceback.extract_stack() if "promptcache_nb" in f.filename and "_lazy" not in f.filename]
                 where = ours[-1] if ours else None
                 loaded_by[name] = (f"{where.filename.rsplit('promptcache_nb', 1)[-1].lstrip('/')}:{where.lineno}"
                                    if where else "outside the package")

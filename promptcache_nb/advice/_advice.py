@@ -14,6 +14,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import pandas as pd
 from .._util import escape_dollars
 from ..analysis.frames import html_table
 from ..request.diff import visible
@@ -27,7 +28,6 @@ from ._fixes import _n
 from ._howto import how_to_apply as _how_to_apply
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
     from ..lab import Lab
 
@@ -452,8 +452,6 @@ def advise(session_or_lab: Session | Lab, *, fixes: tuple[str, ...] | None = Non
         >>> advice.summary()                                    # doctest: +SKIP
         >>> cf = advice.apply(advice.findings.fix.iloc[0])      # doctest: +SKIP
     """
-    import pandas as pd
-
     names = _fixes.check_fixes(fixes if fixes is not None else _fixes.FIX_NAMES)
     one = isinstance(session_or_lab, Session)
     lab = session_or_lab.lab if isinstance(session_or_lab, Session) else session_or_lab

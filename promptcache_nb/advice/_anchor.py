@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._lazy import pandas as pd
 from ..usage import Usage
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
     from ..analysis import Prices
     from ..analysis.resimulate import StoredTurn

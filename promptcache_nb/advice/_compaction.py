@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import pandas as pd
 from ..usage import Usage
 from ._anchor import MEASURED, _int
 from ._counterfactual import Original, _fixes_ttls
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
     from ..session import Session
 
@@ -127,8 +127,6 @@ def compaction_timing(session: Session) -> pd.DataFrame:
     Example:
         >>> pc.advice.compaction_timing(s)  # doctest: +SKIP
     """
-    import pandas as pd
-
     orig = Original.load(session)
     df = pd.DataFrame(compaction_rows(orig), columns=COMPACTION_COLUMNS)
     df.attrs["not_simulated"] = NOT_SIMULATED

@@ -15,9 +15,10 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._config import SessionConfig
+from .._lazy import pandas as pd
 from .._shared import account_of, cache_scope_of
 from .._util import progress_bar
 from ..analysis import Prices, calibration_for
@@ -39,10 +40,6 @@ from ..usage import Usage
 from . import _fixes
 from ._anchor import MEASURED, AnchoredReplay, RequestFit, anchor, fit_requests
 from ._fixes import Plan, Request
-
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
 
 #: The label of every counterfactual figure.
 COUNTERFACTUAL = "simulated (counterfactual)"

@@ -22,12 +22,12 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import pandas as pd
 from ..session import Session
 from ._anchor import RequestFit
 from ._counterfactual import Original, originals
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
     from ..lab import Lab
 
@@ -105,8 +105,6 @@ def fidelity(session_or_lab: Session | Lab, *, per_request: bool = False) -> pd.
     Example:
         >>> pc.fidelity(lab)[["session", "cost_error", "agreement", "provider_miss"]]  # doctest: +SKIP
     """
-    import pandas as pd
-
     rows: list[dict[str, Any]] = []
     for orig in originals(session_or_lab, desc="fidelity"):
         sid = str(orig.row["id"])

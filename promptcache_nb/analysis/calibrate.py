@@ -31,13 +31,13 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import numpy as np
+from .._lazy import pandas as pd
 from .._util import model_base_id
 from ..errors import CalibrationWarning, PromptCacheError  # noqa: F401 - CalibrationWarning: its former home
 from ..tokens import FAMILIES, CalibratedTokenizer, Tokenizer, estimator_for, tokenizer_family
 
 if TYPE_CHECKING:  # pragma: no cover - numpy and pandas load when a calibration is fitted, not with the package
-    import numpy as np
-    import pandas as pd
 
     from .._protocols import LabLike
 
@@ -174,8 +174,6 @@ def _measured(lab: LabLike, model: str | None, family: str | None) -> tuple[list
     Partial bodies are left out (their unlogged prefix was sized from the measured total, so their estimate
     agrees with it by construction), and so are sessions with an opted-in calibration (already scaled).
     """
-    import numpy as np
-
     rows = [r for r in lab.store.measured_totals()
             if r["model"] is not None and not r.get("partial") and not r.get("calibrated")]
     if model is not None:  # one model, however its rows name it: dated snapshots and aliases included
@@ -197,8 +195,6 @@ def _lines_without_own_group(est: np.ndarray, meas: np.ndarray,
     measured twice) left in the fit predicts the held-out one exactly, which is how a 6-request fit on 2
     distinct sizes reported "leave-one-out 0.0 %". Closed form from per-group sums: one pass, any size.
     """
-    import numpy as np
-
     _, inv = np.unique(groups, return_inverse=True)
     x = est - est.mean()  # centred: the sums of squares then lose no precision to the mean
     sums = [np.bincount(inv, weights=w, minlength=inv.max() + 1) for w in (np.ones_like(x), x, meas, x * x, x * meas)]
@@ -241,8 +237,6 @@ def calibrate(lab: LabLike, model: str | None = None, *, family: str | None = No
         >>> cal.apply(12_000), cal.loo_mean_abs_error_pct          # doctest: +SKIP
         >>> cal.save(lab)                                          # doctest: +SKIP
     """
-    import numpy as np
-
     if model is not None and family is not None:
         raise TypeError("calibrate(): pass model= or family=, not both")
     models, est, meas = _measured(lab, model, family)
@@ -406,8 +400,6 @@ def calibrate_families(lab: LabLike, models: Iterable[str], *, save: bool = True
         One row per family: ``family, models, n, ratio, overhead, raw_mean_abs_error_pct,
         loo_mean_abs_error_pct, saved, note`` (``note``: the one-line :class:`CalibrationFit`).
     """
-    import pandas as pd
-
     rows = []
     for family in sorted({tokenizer_family(m) for m in models if m}):
         fit = fit_family(lab, family, save=save)
@@ -464,8 +456,6 @@ def calibration_for(lab: LabLike, session_row: dict[str, Any]) -> CalibrationCho
         >>> choice = pc.analysis.calibration_for(lab, lab.store.session_row(s.id))   # doctest: +SKIP
         >>> choice.why                                                              # doctest: +SKIP
     """
-    import numpy as np
-
     own = session_row["config"].get("calibration")
     if own:
         return CalibrationChoice(dict(own), f"calibrated: the session's own calibration (ratio {own['ratio']:.3f}), "

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .._util import fmt_duration
 from ..cache._reasons import (
     PREDICTION_NOISE_TOKENS,
     Reason,
@@ -396,8 +397,6 @@ def _in_history(path: str | None) -> bool:
 
 
 def _ttl_name(seconds: float) -> str:
-    from .._util import fmt_duration
-
     if seconds % 3600 == 0:
         return f"{int(seconds // 3600)}h"
     if seconds % 60 == 0:

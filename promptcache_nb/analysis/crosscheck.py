@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._lazy import pandas as pd
 from .._protocols import LabLike, StoredSession, ensure_analysed, resolve_session
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 CROSSCHECK_COLUMNS = ["idx", "sent_at", "cache_read", "broke", "openclaw_broke", "previous_cache_read", "changes",
                       "agent_broke", "agent_previous_cache_read", "agent_cache_read", "agent_changes", "agent_note",
@@ -56,8 +54,6 @@ def openclaw_crosscheck(session: StoredSession | LabLike, *, session_id: str | N
     Example:
         >>> pc.analysis.openclaw_crosscheck(s).query("agree == False")      # doctest: +SKIP
     """
-    import pandas as pd
-
     lab, sid = resolve_session(session, session_id)
     df = lab.store.turns_frame(sid, _COLUMNS)
     rows: list[dict[str, Any]] = []
@@ -87,8 +83,6 @@ def openclaw_crosscheck(session: StoredSession | LabLike, *, session_id: str | N
 
 
 def _missing(value: Any) -> bool:
-    import pandas as pd
-
     return value is None or bool(pd.isna(value))
 
 
@@ -211,8 +205,6 @@ def provider_crosscheck(session: StoredSession | LabLike, *, session_id: str | N
     Example:
         >>> pc.provider_crosscheck(lab).query("agrees == False")      # doctest: +SKIP
     """
-    import pandas as pd
-
     if isinstance(session, StoredSession) or session_id is not None:
         lab, sid = resolve_session(session, session_id)
         ensure_analysed(lab, sid)

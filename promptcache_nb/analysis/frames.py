@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._lazy import pandas as pd
 from .._util import escape_dollars
-
-if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
-    import pandas as pd
+from ..cache._reasons import NOT_REBUILD
+from ..request.diff import visible
 
 SUMMARY_COLUMNS = [
     "session", "strategy", "cache", "requests", "total_input", "cache_read", "cache_write", "uncached",
@@ -105,10 +105,6 @@ def count_rebuilds(df: pd.DataFrame) -> int:
     a measured request whose stored ``cache_reason`` names a rebuild (``analysis.cause`` stores one exactly
     then); a simulated one the verdict says broke (``broke``: it sent again some of what the previous request
     held, :func:`~promptcache_nb.analysis._ideal.simulated_lost`)."""
-    import pandas as pd
-
-    from ..cache._reasons import NOT_REBUILD
-
     if "cache_reason" not in df or "usage_source" not in df:
         return 0
     n = 0
@@ -127,8 +123,6 @@ def count_rebuilds(df: pd.DataFrame) -> int:
 
 def compare_df(sessions: Iterable[Any]) -> pd.DataFrame:
     """One row per session: cache read %, efficiency vs ideal, writes, breaks and cost."""
-    import pandas as pd
-
     rows = []
     for s in sessions:
         rows.append({"session": s.id, "strategy": s.strategy, "cache": s.cache, **summarize(s.turns())})
@@ -138,8 +132,6 @@ def compare_df(sessions: Iterable[Any]) -> pd.DataFrame:
 def html_table(df: pd.DataFrame) -> str:
     """``df`` as an HTML table for a notebook: cells are data, so escaped, with invisible characters (and lone
     surrogates) shown as markers (:func:`~promptcache_nb.request.diff.visible`)."""
-    from ..request.diff import visible
-
     shown = df.map(lambda v: visible(v) if isinstance(v, str) else v)
     # long text wraps between words (inside one only when it must): the table fits the notebook's width
     style = ("<style>.pcnb-frame td, .pcnb-frame th {white-space: normal; overflow-wrap: anywhere; "

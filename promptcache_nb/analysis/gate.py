@@ -25,6 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._lazy import pandas as pd
+from ..request.diff import compute_diff
+from .crosscheck import provider_note
+from .observe import cache_retention
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..session import Session
 
@@ -143,8 +148,6 @@ _PROVIDER_COLUMNS = ("provider_cache_miss_reason", "provider_cache_missed_tokens
 
 def _provider_reason(session: Session, index: int) -> str | None:
     """The provider's own diagnosis of a request, as one sentence beside ours (None when it was not asked)."""
-    from .crosscheck import provider_note
-
     row = session.lab.store.turn_row(session.id, index, _PROVIDER_COLUMNS)
     return None if row is None else provider_note(row)
 
@@ -188,8 +191,6 @@ def check_cache(session: Session, *, min_read_pct: float | None = None, max_brea
 
 def _below_minimum_notes(session: Session, df: object) -> tuple[str, ...]:
     """A note when the model's minimum cacheable length kept every request out of the cache."""
-    import pandas as pd
-
     assert isinstance(df, pd.DataFrame)
     with_usage = df[df.cache_read_input_tokens.notna()]
     if with_usage.empty or (with_usage.cache_read_input_tokens.fillna(0) > 0).any() or (
@@ -211,9 +212,6 @@ def check_conversations(sessions: Sequence[Session]) -> tuple[CacheBreak, ...]:
     conversation had cached, while that entry was alive (sent within its TTL: 5 minutes, 1 hour where a breakpoint
     asked for it), broke the prefix they share. A change in the messages is a new conversation, not a break; an
     earlier conversation that cached nothing (below the minimum, no breakpoint) leaves nothing to break."""
-    from ..request.diff import compute_diff
-    from .observe import cache_retention
-
     firsts = []
     for s in sessions:
         df = s.turns()

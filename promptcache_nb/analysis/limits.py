@@ -27,7 +27,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import genai_prices
 from ..errors import ContextWindowWarning
+from ..tokens import DEFAULT_TOKENIZER, estimator_for
 from .prices import price_model_id
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,13 +49,12 @@ def context_window(model: str) -> int | None:
         >>> context_window("gpt-4.1"), context_window("claude-opus-4-6")
         (1000000, 1000000)
     """
-    from genai_prices import data_snapshot
 
     resolved = price_model_id(model)
     if resolved is None:
         return None
     provider_id, model_id = resolved
-    for provider in data_snapshot.get_snapshot().providers:
+    for provider in genai_prices.data_snapshot.get_snapshot().providers:
         if provider.id == provider_id:
             for found in provider.models:
                 if found.id == model_id:
@@ -131,8 +132,6 @@ def estimated_tokens(text: str, model: str, *, stop_past: int | None = None) -> 
         >>> estimated_tokens("Refunds take five business days.", "claude-sonnet-4-5")
         7
     """
-    from ..tokens import DEFAULT_TOKENIZER, estimator_for
-
     count = estimator_for(DEFAULT_TOKENIZER, model).count
     if stop_past is None or len(text) <= COUNT_CHUNK:
         return count(text)

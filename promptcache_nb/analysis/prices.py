@@ -23,9 +23,10 @@ from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
+from .._lazy import genai_prices
 from .._util import model_base_id
 from ..errors import PriceError
-from ..usage import Usage
+from ..usage import MAX_TOKENS, Usage
 
 
 @dataclass(frozen=True)
@@ -168,10 +169,9 @@ def _library_cost(model_ref: str, provider_id: str | None, at: datetime | None, 
     if 0 < reasoning <= output:
         fields["output_reasoning_tokens"] = reasoning  # a part of the output: priced apart only if the model is
     when = at or REFERENCE_TIME
-    from genai_prices import data_snapshot
 
     # the library's own resolution (once per snapshot and model) and price period: the table outlives neither
-    snapshot = data_snapshot.get_snapshot()
+    snapshot = genai_prices.data_snapshot.get_snapshot()
     key = (id(snapshot), model_ref, provider_id)
     held = _RESOLVED.get(key)
     if held is None or held[0] is not snapshot:
@@ -184,11 +184,8 @@ def _library_cost(model_ref: str, provider_id: str | None, at: datetime | None, 
         cost = table.cost(fields) if table is not None else None
         if cost is not None:
             return cost
-    from genai_prices import Usage as GUsage
-    from genai_prices import calc_price
-
-    calc = calc_price(GUsage(**fields), model_ref=model_ref, provider_id=provider_id,
-                      genai_request_timestamp=when)
+    calc = genai_prices.calc_price(genai_prices.Usage(**fields), model_ref=model_ref, provider_id=provider_id,
+                                   genai_request_timestamp=when)
     return float(calc.total_price)
 
 
@@ -265,18 +262,15 @@ def _rate_table(model_price: Any) -> _RateTable | None:
 
 def _compile_rate_table(model_price: Any) -> _RateTable | None:
     """The table of ``model_price``, or None when it cannot be proven to give the library's result."""
-    from genai_prices import Usage as GUsage
-    from genai_prices.types import ModelPrice, TieredPrices
-    from genai_prices.units import _get_registry
 
-    registry = _get_registry()
-    if type(model_price) is not ModelPrice:
+    registry = genai_prices.units._get_registry()
+    if type(model_price) is not genai_prices.types.ModelPrice:
         return None
     items = [(k, v) for k, v in model_price.__dict__.items() if not k.startswith("_") and v is not None]
     try:
         units = [registry.unit_for_price_key(k) for k, _ in items]
         # the library's own validation of these prices (ancestors, joins, values) depends on no usage
-        model_price.calc_price(GUsage(input_tokens=10, cache_read_tokens=1, cache_write_tokens=2,
+        model_price.calc_price(genai_prices.Usage(input_tokens=10, cache_read_tokens=1, cache_write_tokens=2,
                                       cache_write_1h_tokens=1, output_tokens=2, output_reasoning_tokens=1))
     except (KeyError, ValueError):
         return None  # an unknown key (the library warns and skips it) or invalid prices: the library decides
@@ -287,7 +281,7 @@ def _compile_rate_table(model_price: Any) -> _RateTable | None:
     for key in priced:
         if key in _ALWAYS_REPORTED:
             continue
-        probe = GUsage(**{k: 1 for k in (*_ALWAYS_REPORTED, *_SOMETIMES_REPORTED) if k != key})
+        probe = genai_prices.Usage(**{k: 1 for k in (*_ALWAYS_REPORTED, *_SOMETIMES_REPORTED) if k != key})
         try:
             if getattr(probe, key) != 0:
                 return None
@@ -300,10 +294,10 @@ def _compile_rate_table(model_price: Any) -> _RateTable | None:
         for u in ordered)
     lines = tuple(
         (u.usage_key, v.base, tuple((t.start, t.price) for t in reversed(v.tiers)), u.per)
-        if isinstance(v, TieredPrices) else (u.usage_key, v, (), u.per)
+        if isinstance(v, genai_prices.types.TieredPrices) else (u.usage_key, v, (), u.per)
         for u, (_, v) in zip(units, items, strict=True))
-    return _RateTable(lines=lines, leaves=leaves, tiered=any(isinstance(v, TieredPrices) for _, v in items),
-                      scaled=_integer_lines(lines))
+    tiered = any(isinstance(v, genai_prices.types.TieredPrices) for _, v in items)
+    return _RateTable(lines=lines, leaves=leaves, tiered=tiered, scaled=_integer_lines(lines))
 
 
 #: The most digits the Decimal sum may need for :func:`_integer_lines` to hold (the context's 28, with room)
@@ -319,8 +313,6 @@ def _integer_lines(lines: tuple[tuple[str, Decimal, tuple[tuple[int, Decimal], .
     rational ``Σ R × n / D`` with integer ``R = rate × D / per``, whose float (``int / int``) is correctly
     rounded exactly as ``float(Decimal)`` is. The integer sum skips Decimal's per-term work (a usage-first
     import prices every request twice)."""
-    from ..usage import MAX_TOKENS
-
     rates = [r for _, base, tiers, _ in lines for r in (base, *(t for _, t in tiers))]
     pers = [per for *_, per in lines]
     if not rates or any(not r.is_finite() or r < 0 for r in rates):
@@ -377,10 +369,9 @@ _VENDOR_PROVIDERS = {"mistralai": "mistral", "meta-llama": "meta", "z-ai": "zai"
 def _exact_match(model: str, provider_id: str | None) -> tuple[str, str] | None:
     """``(provider id, model id)`` of ``model`` among ``provider_id``'s models (all providers' when None), when
     genai-prices' match names it exactly (:func:`_is_exact`); None otherwise."""
-    from genai_prices import data_snapshot
 
     try:
-        provider, found = data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
+        provider, found = genai_prices.data_snapshot.get_snapshot().find_provider_model(model, None, provider_id, None)
     except LookupError:
         return None
     return (provider.id, found.id) if _is_exact(model, found) else None
@@ -394,10 +385,9 @@ _BEDROCK_ID = re.compile(r"(?P<base>(?:[a-z-]+\.)?anthropic\.[a-z0-9.-]+?)-v\d+(
 def _bedrock_match(model: str, base: str) -> tuple[str, str] | None:
     """genai-prices' ``aws`` entry for a Bedrock id, when its match clause names the id without its version suffix
     outright (``us.anthropic.claude-sonnet-4-5-20250929``); None otherwise (never a look-alike)."""
-    from genai_prices import data_snapshot
 
     try:
-        provider, found = data_snapshot.get_snapshot().find_provider_model(model, None, "aws", None)
+        provider, found = genai_prices.data_snapshot.get_snapshot().find_provider_model(model, None, "aws", None)
     except LookupError:
         return None
     # the id itself is the reference genai-prices matches (its entry's own id is not in its clause)
@@ -468,10 +458,9 @@ def price_model_id(model: str) -> tuple[str, str] | None:
 @lru_cache(maxsize=512)
 def price_provider(model: str) -> str | None:
     """The genai-prices provider whose ids ``model`` looks like (``gpt-…`` → ``openai``), known model or not."""
-    from genai_prices import data_snapshot
 
     try:
-        return data_snapshot.get_snapshot().find_provider(model.lower(), None, None).id
+        return genai_prices.data_snapshot.get_snapshot().find_provider(model.lower(), None, None).id
     except LookupError:
         return None
 
@@ -503,8 +492,6 @@ def prices_for(model: str) -> Prices:
         >>> prices_for("claude-sonnet-4-5").cache_read
         0.3
     """
-    from genai_prices import Usage as GUsage
-    from genai_prices import calc_price
 
     resolved = price_model_id(model)
     if resolved is None:
@@ -514,8 +501,8 @@ def prices_for(model: str) -> Prices:
             "cache_write_5m=..., cache_write_1h=...)"
         )
     provider_id, model_id = resolved
-    calc = calc_price(GUsage(input_tokens=1, output_tokens=1), model_ref=model_id, provider_id=provider_id,
-                      genai_request_timestamp=REFERENCE_TIME)
+    calc = genai_prices.calc_price(genai_prices.Usage(input_tokens=1, output_tokens=1), model_ref=model_id,
+                                   provider_id=provider_id, genai_request_timestamp=REFERENCE_TIME)
     mp = calc.model_price
     inp = _num(mp.input_mtok)
     write_5m = _num(mp.cache_write_mtok) if mp.cache_write_mtok is not None else inp

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from .._config import SessionConfig
+from .._lazy import pandas as pd
 from .._protocols import LabLike, StoredSession, ensure_analysed, resolve_session
 from .._types import HISTORY_MISSING
 from .._util import digest
@@ -34,7 +35,6 @@ from .frames import SUMMARY_ALIASES, usage_totals
 from .prices import Prices, price_provider, prices_for
 
 if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
-    import pandas as pd
 
     from ..dialects import SegmentKind
 
@@ -404,8 +404,6 @@ def _interleaved(turns: Sequence[StoredTurn], cache: CacheModel, own_key: str,
 
 def _replay(turns: Sequence[StoredTurn], cache: CacheModel, price: Callable[[str], Prices | None], *,
             shared: Sequence[SharedStream] = (), own_key: str = "") -> pd.DataFrame:
-    import pandas as pd
-
     cache.reset()
     cache.forget_streams()
     rows: list[tuple[Any, ...]] = []  # RESIM_COLUMNS
@@ -530,8 +528,6 @@ def compare_caches(
     Example:
         >>> pc.compare_caches(s)  # doctest: +SKIP
     """
-    import pandas as pd
-
     lab, sid = _resolve(session, session_id)
     row = stored_session_row(lab, sid)
     turns = load_turns(lab, sid)  # read and built once, replayed under every model

@@ -22,18 +22,16 @@ import json
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._config import DEFAULT_ACCOUNT
+from .._lazy import pandas as pd
 from .._protocols import LabLike
 from ..usage import Usage
 from .frames import derived_totals
 from .prices import Prices
 from .resimulate import request_prices
 from .whatif import rebuild_rows
-
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
 #: ``Lab.summary()``'s columns, the key ones first (``ImportResult.summary`` shows the first nine).
 SESSION_SUMMARY_COLUMNS = [
@@ -81,8 +79,6 @@ def session_summary(lab: LabLike, session_ids: Iterable[str] | None = None, *,
     Example:
         >>> lab.summary().head()                                   # doctest: +SKIP
     """
-    import pandas as pd
-
     ids = None if session_ids is None else list(session_ids)
     sums = lab.store.session_totals(ids)
     if ids is not None:  # the caller's order (an import's order), not the store's
@@ -127,8 +123,6 @@ def group_summary(lab: LabLike, by: str, *, rebuilds: bool = True) -> pd.DataFra
     Example:
         >>> lab.summary(by="day")[["day", "requests", "measured_cache_read_pct", "rebuild_lost_usd"]]  # doctest: +SKIP
     """
-    import pandas as pd
-
     if by not in GROUP_BY:
         raise ValueError(f"cannot summarise by {by!r}; choose one of: {', '.join(GROUP_BY)} (or nothing: per session)")
     starts = billing_windows(lab.store.measured_times()) if by == "window" else []
@@ -198,8 +192,6 @@ def roll_up_subagents(summary: pd.DataFrame) -> pd.DataFrame:
     Example:
         >>> roll_up_subagents(lab.summary())[["session", "subagents", "cost_usd"]]  # doctest: +SKIP
     """
-    import pandas as pd
-
     present = set(summary["session"])
     parent_of = {s: p for s, p in zip(summary["session"], summary["parent"], strict=True) if p and p in present}
 
@@ -245,8 +237,6 @@ def request_table(lab: LabLike, session_id: str) -> pd.DataFrame:
     Example:
         >>> request_table(lab, "s001-naive")[["idx", "cost_usd", "running_cost_usd"]]  # doctest: +SKIP
     """
-    import pandas as pd
-
     rows = lab.store.session_requests(session_id)
     df = pd.DataFrame(rows, columns=[c for c in REQUEST_COLUMNS if c != "running_cost_usd"])
     cost = pd.to_numeric(df["cost_usd"], errors="coerce")
@@ -257,32 +247,24 @@ def request_table(lab: LabLike, session_id: str) -> pd.DataFrame:
 
 def _hour(at: Any) -> Any:
     """The UTC hour (a naive UTC timestamp at the hour) of a time."""
-    import pandas as pd
-
     t = pd.Timestamp(at)
     return (t.tz_convert("UTC").tz_localize(None) if t.tzinfo is not None else t).floor("h")
 
 
 def _utc(at: Any) -> Any:
     """A time as a UTC pandas timestamp (window starts as one key, whichever way they were read)."""
-    import pandas as pd
-
     t = pd.Timestamp(at)
     return t.tz_convert("UTC") if t.tzinfo is not None else t.tz_localize("UTC")
 
 
 def _day(at: Any) -> Any:
     """The UTC day of a time (a stored timestamp, or SQL's DATE as pandas reads it)."""
-    import pandas as pd
-
     t = pd.Timestamp(at)
     return (t.tz_convert("UTC") if t.tzinfo is not None else t).date()
 
 
 def _lost_usd(rows: list[dict[str, Any]]) -> list[float | None]:
     """Each rebuild row's dollars lost (see the module docstring), None when its request has no price."""
-    import pandas as pd
-
     pricers: dict[tuple[str, str | None], Callable[[str, bool], Prices | None]] = {}
     out: list[float | None] = []
     for r in rows:
@@ -347,8 +329,6 @@ def shared_reads(lab: LabLike) -> pd.DataFrame:
     Example:
         >>> pc.analysis.shared_reads(lab)[["session", "read", "explained_by"]]  # doctest: +SKIP
     """
-    import pandas as pd
-
     rows = []
     for r in lab.store.first_reads(DEFAULT_ACCOUNT):
         detail = json.loads(r["cache_detail"]) if isinstance(r["cache_detail"], str) else {}

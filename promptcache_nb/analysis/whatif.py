@@ -22,9 +22,10 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._config import SessionConfig
+from .._lazy import pandas as pd
 from .._protocols import LabLike, StoredSession, resolve_session
 from .._util import fmt_duration, parse_duration
 from ..cache import AnthropicCache, CacheModel, Reason, explain_reason, get_cache_model
@@ -37,9 +38,6 @@ from ._ideal import carried_over, simulated_lost
 from .cause import NOISE_FLOOR, MeasuredCause, MeasuredRequest, measured_cause
 from .prices import Prices
 from .resimulate import StoredTurn, load_turns, request_prices, simulate, stored_session_row
-
-if TYPE_CHECKING:  # pragma: no cover - pandas loads with the first frame, not with the package
-    import pandas as pd
 
 WHATIF_COLUMNS = [
     "ttl", "idx", "sent_at", "gap_seconds", "total_tokens", "input_tokens", "cache_read_input_tokens",
@@ -104,8 +102,6 @@ def ttl_whatif(
         >>> df = pc.ttl_whatif(s)                                  # doctest: +SKIP
         >>> df.groupby("ttl").cost_usd.sum()                       # doctest: +SKIP
     """
-    import pandas as pd
-
     lab, sid = resolve_session(lab_or_session, session_id)
     row = stored_session_row(lab, sid)
     price = _session_prices(row)
@@ -169,8 +165,6 @@ def keep_warm(
     Example:
         >>> pc.keep_warm(s, every="4m").rebuilds_avoided       # doctest: +SKIP
     """
-    import pandas as pd
-
     lab, sid = resolve_session(session, session_id)
     row = stored_session_row(lab, sid)
     price = _session_prices(row)
@@ -327,8 +321,6 @@ def rebuilds(session: StoredSession | LabLike, *, session_id: str | None = None,
         >>> pc.rebuilds(s)[["idx", "cause", "lost_tokens"]]        # doctest: +SKIP
         >>> pc.rebuilds(lab).groupby("session").lost_tokens.sum()  # doctest: +SKIP
     """
-    import pandas as pd
-
     if session_id is None and not isinstance(session, StoredSession):
         return pd.DataFrame(rebuild_rows(session, None, noise_floor=noise_floor), columns=["session", *REBUILD_COLUMNS])
     lab, sid = resolve_session(session, session_id)
@@ -387,8 +379,6 @@ def _simulated_row(idx: int, at: Any, gap: float | None, expected: int, read: in
 def _recomputed_rows(lab: LabLike, sid: str, noise_floor: int) -> list[dict[str, Any]]:
     """One session's rebuild rows with the causes a store written before they were stored lacks computed again
     (simulated requests re-simulated under the Anthropic model, measured ones by ``measured_cause``)."""
-    import pandas as pd
-
     df = lab.store.turns_frame(sid, _REBUILD_COLUMNS)
     reasons = list(df.cache_reason)
     details = [json.loads(d) if isinstance(d, str) else {} for d in df.cache_detail]
@@ -447,8 +437,6 @@ def _measured_row(reason: str | None, detail: dict[str, Any], noise_floor: int) 
 
 
 def _int(value: Any) -> int | None:
-    import pandas as pd
-
     return None if value is None or pd.isna(value) else int(value)
 
 
@@ -507,7 +495,5 @@ class _Evidence:
 
 
 def _total(row: dict[str, Any]) -> int | None:
-    import pandas as pd
-
     parts = (row["input_tokens"], row["cache_read_input_tokens"], row["cache_creation_input_tokens"])
     return None if any(pd.isna(p) for p in parts) else int(sum(parts))

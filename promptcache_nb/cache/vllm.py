@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import heapq
 import sys
+from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -292,8 +293,6 @@ class VLLMCache(CacheModel):
 
 def _segment_of(cum: list[int], tokens: int) -> int:
     """Index of the segment holding token ``tokens - 1``."""
-    from bisect import bisect_left
-
     return bisect_left(cum, tokens)
 
 

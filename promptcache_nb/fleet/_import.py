@@ -37,23 +37,23 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import pandas as pd
 from .._util import not_a_regular_file, progress_bar
 from ..analysis.calibrate import calibrate_families
 from ..errors import PromptCacheError
 from ..ingest import import_log
 from ..ingest._groups import FileGroup, expand_paths, plan_groups
 from ..lab import Lab
-from ..store import Store, caused_by_ctrl_c
-from ..store._parquet import TEMP_PREFIX, dataset_fs, group_outputs, remove_group
+from ..store import DoctorReport, Store, caused_by_ctrl_c
+from ..store._parquet import TEMP_PREFIX, dataset_fs, group_of_file, group_outputs, remove_group, unreadable_parquet
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from ..store import DoctorReport
 
@@ -202,9 +202,6 @@ def check_dataset(out: str | Path) -> DoctorReport:
 
     A damaged group is repaired by running the same import again: it imports that group anew.
     """
-    from ..store import DoctorReport
-    from ..store._parquet import group_of_file, unreadable_parquet
-
     path = os.fspath(out)
     report = DoctorReport(path)
     if not os.path.exists(os.path.join(path, MANIFEST)):
@@ -494,8 +491,6 @@ def _run(todo: Sequence[FileGroup], out: str, project: str | None, executor: Exe
             yield import_group(g, out, project)
             bar.update(1)
         return
-    from concurrent.futures import as_completed
-
     futures: list[Future[GroupReport]] = [executor.submit(import_group, g, out, project) for g in todo]
     for fut in as_completed(futures):
         yield fut.result()
@@ -517,8 +512,6 @@ def _fit_calibrations(out: str) -> None:
 
 def _result(out: str, groups: Sequence[FileGroup], reports: dict[str, GroupReport], manifest: dict[str, Any],
             passed: list[dict[str, Any]], wall: float) -> FleetImport:
-    import pandas as pd
-
     rows, skipped = [], list(passed)
     for g in groups:
         rep = reports.get(g.id)

@@ -14,6 +14,7 @@ import gzip
 import io
 import json
 import lzma
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -64,7 +65,7 @@ def open_log(path: Path) -> IO[bytes]:
     if kind == "xz":
         return lzma.open(path, "rb")
     try:
-        import zstandard
+        import zstandard  # optional (the zstd extra): only .zst logs need it
     except ImportError:
         raise UnreadableLog(f"{path}: a zstd-compressed log needs the zstandard package (pip install zstandard)"
                             ) from None
@@ -98,8 +99,6 @@ def _read_upto(fh: IO[bytes], limit: int) -> bytes:
 
 
 def zlib_error() -> type[Exception]:
-    import zlib
-
     return zlib.error
 
 

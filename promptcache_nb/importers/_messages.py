@@ -20,3 +20,12 @@ def append_message(messages: list[dict[str, Any]], role: str, blocks: list[dict[
         messages[-1]["content"].extend(blocks)
     else:
         messages.append({"role": role, "content": list(blocks)})
+
+
+def content_blocks(content: Any) -> list[dict[str, Any]]:
+    """Message content as a list of content blocks (a plain string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [b if isinstance(b, dict) else {"type": "text", "text": str(b)} for b in content]
+    return []

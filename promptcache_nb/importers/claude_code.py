@@ -54,8 +54,9 @@ from typing import Any
 from ..dialects import usage_from_anthropic
 from ..errors import PromptCacheError
 from ._jsonl import JsonLine, iter_json_lines, json_objects_in_head, parse_timestamp
-from ._messages import append_message
-from ._types import ImportedRequest, ReadProgress, Record, SessionKind, SkippedLine
+from ._messages import append_message, content_blocks
+from ._stream import ParsedLines
+from ._types import ImportedRequest, Record, SessionKind, SkippedLine
 
 __all__ = ["ClaudeCodeReader"]
 
@@ -131,6 +132,10 @@ class ClaudeCodeReader:
         """The requests of one transcript. ``bodies=False`` (a usage-first import): the conversation is not
         rebuilt, so every request's ``body`` is empty and its ``reply`` None; ids, times, usage, events, the
         session structure and each request's line span are the same."""
+        lines = ParsedLines(iter_json_lines(path))
+        return lines.around(self._read(path, lines, bodies))
+
+    def _read(self, path: Path, lines: ParsedLines, bodies: bool) -> Iterator[ImportedRequest | SkippedLine]:
         file = str(path)
         chains: dict[str, _Chain] = {}
         owner: dict[str, _Chain] = {}  # entry uuid -> its chain (also how an entry written twice is recognised)
@@ -143,15 +148,7 @@ class ClaudeCodeReader:
                 resp.emitted = True
                 yield self._request(resp, file, chain)
 
-        for rec in iter_json_lines(path):
-            if isinstance(rec, ReadProgress):
-                for chain in chains.values():
-                    yield from close(chain)
-                yield rec
-                continue
-            if isinstance(rec, SkippedLine):
-                yield rec
-                continue
+        for rec in lines:
             obj = rec.obj
             problem = None if obj.get("type") in _KNOWN_TYPES else _not_an_entry(obj)
             if problem:
@@ -197,7 +194,7 @@ class ClaudeCodeReader:
                         resp.usage = usage
                 if not bodies:
                     continue
-                blocks = _blocks(message.get("content"))
+                blocks = content_blocks(message.get("content"))
                 # a block of an already emitted response (out of order) still belongs in the history
                 resp.target["content"].extend(blocks)
                 if not resp.emitted:
@@ -209,13 +206,15 @@ class ClaudeCodeReader:
                 if not isinstance(message, dict):
                     yield SkippedLine(file, rec.line, "user line without a message object")
                     continue
-                append_message(chain.history, "user", _blocks(message.get("content")))
+                append_message(chain.history, "user", content_blocks(message.get("content")))
             elif entry == "system" and obj.get("subtype") == "compact_boundary":
                 yield from close(chain)
                 chain.history = []
                 chain.pending_events.append("compaction")
             # other entry types (progress, including ``agent_progress`` copies of a sub-agent's messages, and
             # new ones) hold no API traffic of their own
+        for chain in chains.values():  # the file's end: a response still open has all its lines
+            yield from close(chain)
 
     def _open(self, rec: JsonLine, message: dict[str, Any], key: tuple[str, str], at: datetime,
               chain: _Chain, events: tuple[str, ...], bodies: bool = True) -> _Response:
@@ -355,11 +354,4 @@ def _assistant_problem(obj: dict[str, Any]) -> str | None:
     return None
 
 
-def _blocks(content: Any) -> list[dict[str, Any]]:
-    """Message content as a list of content blocks (a plain string is one text block)."""
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if isinstance(content, list):
-        return [b if isinstance(b, dict) else {"type": "text", "text": str(b)} for b in content]
-    return []
 

@@ -50,6 +50,7 @@ from typing import Any
 from ..errors import PromptCacheError
 from ._counts import as_object, count_problem, imported_usage
 from ._jsonl import read_log_bytes
+from ._messages import content_blocks
 from ._types import ImportedRequest, Record, SessionKind, SkippedLine
 from .opencode import provider_of
 
@@ -250,19 +251,13 @@ def _body(history: list[Any] | None, m: dict[str, Any]) -> list[dict[str, Any]]:
     deleted = m.get("conversationHistoryDeletedRange")
     if isinstance(deleted, list) and len(deleted) == 2 and all(isinstance(x, int) for x in deleted):
         sent = sent[:deleted[0]] + sent[deleted[1] + 1:]
-    return [{"role": h.get("role"), "content": _blocks(h.get("content"))} for h in sent]
+    return [{"role": h.get("role"), "content": content_blocks(h.get("content"))} for h in sent]
 
 
 def _role(h: Any) -> Any:
     return h.get("role") if isinstance(h, dict) else None
 
 
-def _blocks(content: Any) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if isinstance(content, list):
-        return [b if isinstance(b, dict) else {"type": "text", "text": str(b)} for b in content]
-    return []
 
 
 def _sdk_messages(path: Path, doc: dict[str, Any]) -> Iterator[ImportedRequest | SkippedLine]:
@@ -316,4 +311,4 @@ def _sdk_messages(path: Path, doc: dict[str, Any]) -> Iterator[ImportedRequest |
                         provider=provider_of(info.get("provider") if isinstance(info.get("provider"), str)
                                              else None, model))
         if m.get("role") in ("user", "assistant"):
-            sent.append({"role": m["role"], "content": _blocks(m.get("content"))})
+            sent.append({"role": m["role"], "content": content_blocks(m.get("content"))})

@@ -45,7 +45,8 @@ from ..dialects import usage_from_openai
 from ..errors import PromptCacheError
 from ..usage import MAX_TOKENS, Usage
 from ._jsonl import iter_json_lines, json_objects_in_head, parse_timestamp
-from ._types import ImportedRequest, ReadProgress, Record, SessionKind, SkippedLine
+from ._stream import ParsedLines
+from ._types import ImportedRequest, Record, SessionKind, SkippedLine
 
 __all__ = ["CodexReader"]
 
@@ -74,6 +75,10 @@ class CodexReader:
         return False
 
     def read(self, path: Path) -> Iterator[Record]:
+        lines = ParsedLines(iter_json_lines(path))
+        return lines.around(self._read(path, lines))
+
+    def _read(self, path: Path, lines: ParsedLines) -> Iterator[Record]:
         file = str(path)
         match = _ROLLOUT_ID.search(path.stem)
         # the session_meta id replaces this; a rollout without one falls back on the id Codex puts in its name
@@ -92,16 +97,7 @@ class CodexReader:
         usage_seen = False
         setting: dict[str, str] = {}  # the client version and working directory, as the rollout last gave them
 
-        for rec in iter_json_lines(path):
-            if isinstance(rec, ReadProgress):
-                if not usage_seen:
-                    yield SkippedLine(file, 0, "no token_count usage in this rollout: no request to import (a "
-                                               "session that sent none yet, or a client that logs no usage)")
-                yield rec
-                continue
-            if isinstance(rec, SkippedLine):
-                yield rec
-                continue
+        for rec in lines:
             obj = rec.obj
             kind_of_line = obj.get("type")
             payload = obj.get("payload")
@@ -209,6 +205,9 @@ class CodexReader:
                 )
                 events.clear()
                 outputs_from, first_output_at = None, None
+        if not usage_seen:
+            yield SkippedLine(file, 0, "no token_count usage in this rollout: no request to import (a session that "
+                                       "sent none yet, or a client that logs no usage)")
 
 
 def _note_setting(setting: dict[str, str], payload: dict[str, Any]) -> None:

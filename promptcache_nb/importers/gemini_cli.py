@@ -73,7 +73,8 @@ from ..errors import PromptCacheError
 from ._counts import count_problem, imported_usage
 from ._history import HistoryDecoder
 from ._jsonl import iter_json_lines, json_objects_in_head, parse_timestamp, read_log_bytes
-from ._types import ImportedRequest, ReadProgress, Record, SessionKind, SkippedLine
+from ._stream import ParsedLines
+from ._types import ImportedRequest, Record, SessionKind, SkippedLine
 
 __all__ = ["GeminiCliReader"]
 
@@ -215,20 +216,14 @@ class GeminiCliReader:
         elif first_line in ("{", "{\r") or not json_objects_in_head(head, limit=1):
             yield from self._read_legacy(path)
         else:
-            yield from self._read_jsonl(path)
+            lines = ParsedLines(iter_json_lines(path))
+            yield from lines.around(self._read_jsonl(path, lines))
 
-    def _read_jsonl(self, path: Path) -> Iterator[Record]:
+    def _read_jsonl(self, path: Path, lines: ParsedLines) -> Iterator[Record]:
         file = str(path)
         meta: dict[str, Any] = {}
         replay = _Replay()
-        for rec in iter_json_lines(path):
-            if isinstance(rec, ReadProgress):
-                yield from self._requests(path, meta, replay, legacy=False)
-                yield rec
-                continue
-            if isinstance(rec, SkippedLine):
-                yield rec
-                continue
+        for rec in lines:
             obj = rec.obj
             if isinstance(obj.get("$rewindTo"), str):
                 replay.rewind(obj["$rewindTo"])
@@ -251,6 +246,7 @@ class GeminiCliReader:
             else:
                 keys = ", ".join(sorted(str(k)[:40] for k in obj)[:6])
                 yield SkippedLine(file, rec.line, f"not a Gemini CLI chat record (keys: {keys})")
+        yield from self._requests(path, meta, replay, legacy=False)
 
     def _read_legacy(self, path: Path) -> Iterator[Record]:
         file = str(path)

@@ -39,6 +39,7 @@ from ..errors import PromptCacheError
 from ._history import HistoryDecoder
 from ._jsonl import JsonLine, iter_json_lines, json_objects_in_head, parse_timestamp
 from ._messages import append_message
+from ._stream import ParsedLines
 from ._types import ImportedRequest, ReadProgress, Record, SkippedLine
 from .pi import is_openclaw, pi_blocks, pi_messages_to_anthropic, pi_usage, provider_of, read_transcript, sniff_pi
 
@@ -112,20 +113,18 @@ class _Run:
 def _runs(path: Path, kind: str, records: Iterable[JsonLine | SkippedLine | ReadProgress] | None = None
           ) -> Iterator[_Run | SkippedLine | ReadProgress]:
     """The runs of a diagnostics file, in order of their first line (yielded at the end), and bad lines."""
-    file = str(path)
-    runs: dict[str, _Run] = {}
-    tail: list[SkippedLine | ReadProgress] = []
     if records is None:
         # each event repeats the run's history: the items equal to the previous event's are not parsed again
         decoder = HistoryDecoder(("payload",) if kind == "payload" else (), keys=("messages",))
         records = iter_json_lines(path, decoder.loads)
-    for rec in records:
-        if isinstance(rec, ReadProgress):
-            tail.append(rec)
-            continue
-        if isinstance(rec, SkippedLine):
-            yield rec
-            continue
+    lines = ParsedLines(records)
+    return lines.around(_runs_of(path, kind, lines))
+
+
+def _runs_of(path: Path, kind: str, lines: ParsedLines) -> Iterator[_Run | SkippedLine]:
+    file = str(path)
+    runs: dict[str, _Run] = {}
+    for rec in lines:
         obj = rec.obj
         if _kind(obj) != kind:
             yield SkippedLine(file, rec.line, f"not an OpenClaw {'cache trace' if kind == 'trace' else 'payload log'} "
@@ -149,7 +148,6 @@ def _runs(path: Path, kind: str, records: Iterable[JsonLine | SkippedLine | Read
         elif stage == "usage":
             run.usage = rec
     yield from runs.values()
-    yield from tail
 
 
 def _answers(after: JsonLine | None, n: int) -> list[dict[str, Any]] | None:

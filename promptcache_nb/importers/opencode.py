@@ -50,6 +50,7 @@ from urllib.parse import quote
 from ..errors import PromptCacheError
 from ._counts import as_object, count_problem, imported_usage
 from ._jsonl import json_objects_in_head, read_log_bytes
+from ._messages import append_message
 from ._types import ImportedRequest, Record, SessionKind, SkippedLine
 
 __all__ = ["OpenCodeReader", "provider_of"]
@@ -363,8 +364,6 @@ def _copy(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _append(messages: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
-    from ._messages import append_message
-
     append_message(messages, role, blocks)
 
 

@@ -56,6 +56,7 @@ from ..errors import PromptCacheError
 from ..usage import MAX_TOKENS, TTL_SPLIT_UNKNOWN_NOTE, Usage
 from ._jsonl import JsonLine, iter_json_lines, json_objects_in_head, parse_timestamp
 from ._messages import append_message
+from ._stream import ParsedLines
 from ._types import ImportedRequest, ReadProgress, Record, SkippedLine
 
 __all__ = ["PiReader", "pi_blocks", "pi_messages_to_anthropic", "pi_usage"]
@@ -138,22 +139,19 @@ def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], 
     """The requests of one pi-format transcript (pi, oh-my-pi, OpenClaw); ``dedupe(session, entry id,
     message)`` makes the dedupe key (default ``<session>:<entry id>``); ``records``: its entries read elsewhere
     (OpenClaw's SQLite rows) instead of the file's lines."""
+    lines = ParsedLines(iter_json_lines(path) if records is None else records)
+    return lines.around(_transcript(path, lines, dedupe, from_file=records is None))
+
+
+def _transcript(path: Path, lines: ParsedLines, dedupe: Callable[[str, str, dict[str, Any]], str] | None, *,
+                from_file: bool) -> Iterator[ImportedRequest | SkippedLine]:
     file = str(path)
     st = _State(file)
     match = _FILE_ID.search(path.name.split(".jsonl")[0])
     fallback = match.group(1) if match else file
     requests = 0
-    st.subagent_of = _spawning_session(path) if records is None else None
-    for rec in iter_json_lines(path) if records is None else records:
-        if isinstance(rec, ReadProgress):
-            if requests == 0:
-                yield SkippedLine(file, 0, "no assistant message with usage in this session file: no request "
-                                           "to import")
-            yield rec
-            continue
-        if isinstance(rec, SkippedLine):
-            yield rec
-            continue
+    st.subagent_of = _spawning_session(path) if from_file else None
+    for rec in lines:
         obj = rec.obj
         kind = obj.get("type")
         if kind == "title":
@@ -192,6 +190,8 @@ def read_transcript(path: Path, *, dedupe: Callable[[str, str, dict[str, Any]], 
             if isinstance(out, ImportedRequest):
                 requests += 1
             yield out
+    if requests == 0:
+        yield SkippedLine(file, 0, "no assistant message with usage in this session file: no request to import")
 
 
 def _spawning_session(path: Path) -> str | None:

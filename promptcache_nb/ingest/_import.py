@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from .. import analysis as _analysis
 from .._config import DEFAULT_ACCOUNT, SessionConfig
+from .._lazy import pandas as pd
 from .._shared import ScopeKey, scope_key
 from .._types import HISTORY_FROM_PARENT, HISTORY_MISSING
 from .._util import digest, gc_paused, progress_bar, user_stacklevel
@@ -43,7 +44,6 @@ from ._groups import LogFile, display_path, expand_paths, plan_groups
 from ._prefixes import UnloggedPrefix, agreed_prefix, covers
 
 if TYPE_CHECKING:
-    import pandas as pd
 
     from ..session import Session
     from ..workspace import Workspace
@@ -183,8 +183,6 @@ class ImportResult:
     def _relative_files(self, df: pd.DataFrame) -> pd.DataFrame:
         if not len(df) or "file" not in df:
             return df
-        import pandas as pd
-
         # object dtype: pandas' pyarrow-backed default string dtype cannot hold a lone surrogate a name may carry
         return df.assign(file=pd.Series([self.relative_source(f) for f in df["file"]], index=df.index, dtype=object))
 
@@ -1062,8 +1060,6 @@ def _value_problem(req: ImportedRequest) -> str | None:
 
 
 def _frame(rows: list[dict[str, Any]], columns: Sequence[str]) -> pd.DataFrame:
-    import pandas as pd  # on first use: ``import promptcache_nb`` stays light
-
     return pd.DataFrame(rows, columns=list(columns))
 
 

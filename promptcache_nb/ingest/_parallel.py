@@ -28,16 +28,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from .._lazy import pandas as pd
 from .._util import gc_paused, progress_bar
 from ..analysis.calibrate import calibrate_families, needs_calibration
 from ..workspace import Workspace
 from ._groups import FileGroup, plan_groups
 from ._import import ImportResult, SessionList, import_serial
 
-if TYPE_CHECKING:
-    import pandas as pd
 
 @dataclass
 class _Done:
@@ -70,8 +68,6 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
 def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *, workers: int, format: str,  # noqa: A002
                     project: str | None, progress: bool, account: str | None = None, deep: bool = True
                     ) -> ImportResult:
-    import pandas as pd  # pandas loads with the first import, not with the package
-
     groups, passed = plan_groups(paths)  # in key order: the order workers=1 imports them, and merges follow
     folder = tempfile.mkdtemp(prefix="pcnb-import-")
     found: dict[int, _Done] = {}
@@ -162,7 +158,5 @@ def _shared(d: _Done, owners: Counter[str], stored: set[str]) -> bool:
 
 
 def _concat(frames: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFrame:
-    import pandas as pd  # pandas loads with the first import, not with the package
-
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else empty

@@ -53,13 +53,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .._config import SessionConfig
+from .._lazy import pandas as pd
 from .._redact import redact_url, redact_url_logs
 from .._util import SIMULATOR_HEADER
 from ..cache import get_cache_model
 from ..dialects import get as get_format
 from ..dialects import parse_sse, usage_from_sse
 from ..errors import PromptCacheError
-from ..importers._http import HttpExchange, convert_exchange
+from ..importers._http import HttpExchange, convert_exchange, endpoint_dialect
 from ..importers._types import SkippedLine
 from ..live._diagnostics import DiagnosticsChain, with_beta
 from ..request import check_request
@@ -67,7 +68,6 @@ from ..turn import on_record  # noqa: F401 - re-exported: where a capture's list
 from ..usage import UsageSource
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
 
     from promptcache_nb.session import Session
     from promptcache_nb.turn import Turn
@@ -136,8 +136,6 @@ class Capture:
     def df(self) -> pd.DataFrame:
         """One row per attempt seen: method, path, status, streamed, latency_ms, request_id, request_index,
         reason."""
-        import pandas as pd
-
         cols = ["method", "path", "status", "streamed", "latency_ms", "request_id", "request_index", "reason"]
         df = pd.DataFrame([[getattr(c, k) for k in cols] for c in self.calls], columns=cols)
         return df.astype({"status": "Int64", "request_index": "Int64"})  # None stays <NA>, never a float
@@ -225,8 +223,6 @@ def _asking(request: Any, capture: Capture, module: ModuleType) -> Any:
     chain = capture.diagnostics
     if chain is None:
         return request
-    from ..importers._http import endpoint_dialect
-
     dialect = endpoint_dialect(str(request.method), str(request.url))
     if dialect is None or not get_format(dialect).cache_diagnostics:
         return request

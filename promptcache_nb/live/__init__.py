@@ -9,17 +9,17 @@ from .server import ServedRequest, SimulatorServer
 
 
 def __getattr__(name: str) -> object:
-    # The anthropic SDK takes ~1.5 s to import: load it only when a live backend is asked for.
+    # Loaded when first asked for, not with the package (the module's own imports are heavy):
     if name == "AnthropicBackend":
-        from .anthropic_backend import AnthropicBackend
+        from .anthropic_backend import AnthropicBackend  # the anthropic SDK: ~1.5 s
 
         return AnthropicBackend
-    if name == "RecordingProxy":  # imports starlette, uvicorn and httpx: only when a proxy is asked for
-        from .proxy import RecordingProxy
+    if name == "RecordingProxy":
+        from .proxy import RecordingProxy  # starlette, uvicorn and httpx
 
         return RecordingProxy
-    if name in ("OtlpBatch", "OtlpReceiver"):  # starlette, uvicorn and the ingest: only when a receiver is asked for
-        from . import otel
+    if name in ("OtlpBatch", "OtlpReceiver"):
+        from . import otel  # starlette, uvicorn and the ingest
 
         return getattr(otel, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,11 +18,15 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import anyio
 import uvicorn
+from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Mount
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .._redact import redact_url_logs
@@ -72,6 +76,56 @@ async def read_body(request: Request, *, limit: int, timeout: float) -> bytes:
     except ClientDisconnect:
         raise BodyError(499, "client closed the connection while sending the body") from None
     return b"".join(chunks)
+
+
+#: What a responder answers: status, headers, and a body (bytes) or a stream's events, in order.
+Answer = tuple[int, dict[str, str], bytes | list[bytes]]
+
+
+class ResponderLimits(Protocol):
+    """The limits of a server that answers through :func:`responder_app`, read at each request (they may change
+    while it serves)."""
+
+    max_body_bytes: int
+    request_timeout: float
+    stream_delay: float  # seconds between two streamed events
+
+
+def responder_app(respond: Callable[[str, str, dict[str, str], bytes, tuple[int, str] | None], Answer],
+                  limits: ResponderLimits) -> Starlette:
+    """An ASGI app that reads each request's body within ``limits`` and answers with ``respond(method, path,
+    headers, body, refused)`` run on a worker thread (so the event loop keeps serving), where ``refused`` is the
+    (status, message) of a body that could not be read; a list body is streamed, one event at a time."""
+
+    async def drip(events: list[bytes]) -> Any:
+        for i, event in enumerate(events):
+            if i and limits.stream_delay:
+                await anyio.sleep(limits.stream_delay)
+            yield event
+
+    async def endpoint(scope: Any, receive: Any, send: Any) -> None:
+        request = Request(scope, receive)
+        path = scope.get("raw_path", b"").decode("latin-1") or request.url.path
+        headers = dict(request.headers.items())
+        refused = None
+        try:
+            body = await read_body(request, limit=limits.max_body_bytes, timeout=limits.request_timeout)
+        except BodyError as exc:
+            if exc.status == 499:
+                return  # the client left; nobody to answer
+            body, refused = b"", (exc.status, exc.message)
+        status, out_headers, payload = await anyio.to_thread.run_sync(
+            respond, request.method, path, headers, body, refused)
+        if refused is not None:
+            out_headers["connection"] = "close"  # the unread rest of the body is still on the wire
+        response: Response
+        if isinstance(payload, list):
+            response = StreamingResponse(drip(payload), status_code=status, headers=out_headers)
+        else:
+            response = Response(payload, status_code=status, headers=out_headers)
+        await response(scope, receive, send)
+
+    return Starlette(routes=[Mount("/", app=endpoint)])
 
 
 async def _discard(request: Request, timeout: float) -> None:

@@ -38,6 +38,7 @@ agent sent them (resource attributes such as ``user.email`` included): it is you
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import logging
 import os
@@ -382,13 +383,10 @@ def _gunzip(body: bytes, limit: int) -> bytes:
 
 def _from_protobuf(signal: str, body: bytes) -> dict[str, Any]:
     """A protobuf export request as its OTLP JSON document (camelCase names, int64 as strings, ids in hex)."""
-    try:  # loaded on first use: JSON exports need no protobuf
-        from google.protobuf import json_format
-        from google.protobuf.message import DecodeError
-    except ImportError:
-        raise _Refused(415, "protobuf exports need the opentelemetry-proto package (pip install "
-                            "'promptcache-nb[otel]'), or set the agent's protocol to http/json") from None
-    message = _request_class(signal)()
+    message = _request_class(signal)()  # refuses the export (415) when opentelemetry-proto is not installed
+    from google.protobuf import json_format  # an optional extra (otel), present with the classes
+    from google.protobuf.message import DecodeError  # the same optional package
+
     try:
         message.ParseFromString(body)
     except (DecodeError, ValueError, RecursionError) as exc:
@@ -409,21 +407,21 @@ def _response_class(signal: str) -> Any:
 
 def _messages(signal: str) -> tuple[Any, Any]:
     """The signal's protobuf export request and response classes."""
+    module, service = _SERVICES[signal]
     try:
-        if signal == "logs":
-            from opentelemetry.proto.collector.logs.v1 import logs_service_pb2 as logs
-
-            return logs.ExportLogsServiceRequest, logs.ExportLogsServiceResponse
-        if signal == "traces":
-            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as traces
-
-            return traces.ExportTraceServiceRequest, traces.ExportTraceServiceResponse
-        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics
-
-        return metrics.ExportMetricsServiceRequest, metrics.ExportMetricsServiceResponse
+        found = importlib.import_module(module)  # the optional opentelemetry-proto package: JSON exports need none
     except ImportError:
         raise _Refused(415, "protobuf exports need the opentelemetry-proto package (pip install "
                             "'promptcache-nb[otel]'), or set the agent's protocol to http/json") from None
+    return getattr(found, f"Export{service}ServiceRequest"), getattr(found, f"Export{service}ServiceResponse")
+
+
+#: signal -> (the module of its protobuf export service, the service's name)
+_SERVICES = {
+    "logs": ("opentelemetry.proto.collector.logs.v1.logs_service_pb2", "Logs"),
+    "traces": ("opentelemetry.proto.collector.trace.v1.trace_service_pb2", "Trace"),
+    "metrics": ("opentelemetry.proto.collector.metrics.v1.metrics_service_pb2", "Metrics"),
+}
 
 
 def _hex_ids(doc: dict[str, Any]) -> None:

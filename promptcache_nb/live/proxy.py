@@ -489,13 +489,14 @@ def _without_credentials(url: httpx.URL) -> str:
 def _optional_decoders() -> dict[str, Any]:
     found: dict[str, Any] = {}
     try:
+        # optional: only a brotli-encoded reply needs it
         import brotli  # type: ignore[import-not-found]
 
         found["br"] = lambda: brotli.Decompressor()
     except ImportError:
         pass
     try:
-        import zstandard
+        import zstandard  # optional: only a zstd-encoded reply needs it
 
         found["zstd"] = lambda: zstandard.ZstdDecompressor().decompressobj()
     except ImportError:

@@ -50,7 +50,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._redact import redact_url
 from .._util import digest
@@ -64,6 +64,9 @@ from ..tokens import DEFAULT_TOKENIZER, Tokenizer, segment_tokens
 from ..usage import Usage
 from ._base import AT_HEADER, SIMULATED_REPLY, SIMULATOR_HEADER
 from ._serving import LoopbackServer
+
+if TYPE_CHECKING:
+    from ._asgi import Answer
 
 log = logging.getLogger("promptcache_nb.server")
 
@@ -131,7 +134,6 @@ class _Injected:
 
 #: What :meth:`SimulatorServer._respond` produces: status, headers, and the body — bytes, or for a streamed
 #: response the list of SSE events in order (the HTTP layer sends them one by one).
-_Answer = tuple[int, dict[str, str], bytes | list[bytes]]
 
 
 class SimulatorServer(LoopbackServer):
@@ -214,7 +216,9 @@ class SimulatorServer(LoopbackServer):
                         "serve a network")
 
     def _serve_app(self) -> Any:
-        return self._app()
+        from ._asgi import responder_app  # starlette and uvicorn load when a server starts, not with the package
+
+        return responder_app(self._respond, self)
 
     @property
     def base_url(self) -> str:
@@ -271,7 +275,7 @@ class SimulatorServer(LoopbackServer):
         return status, out_headers, payload if isinstance(payload, bytes) else b"".join(payload)
 
     def _respond(self, method: str, path: str, headers: dict[str, str], body: bytes,
-                 refused: tuple[int, str] | None = None) -> _Answer:
+                 refused: tuple[int, str] | None = None) -> Answer:
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -412,12 +416,12 @@ class SimulatorServer(LoopbackServer):
     def _output_tokens(self, text: str) -> int:
         return segment_tokens("msg", {"type": "text", "text": text}, self._memo.tokenizer) if text else 0
 
-    def _count_tokens(self, payload: dict[str, Any]) -> _Answer:
+    def _count_tokens(self, payload: dict[str, Any]) -> Answer:
         prepared = self._prepare(payload)
         out = json.dumps({"input_tokens": prepared.total_tokens}).encode()
         return 200, {"content-type": "application/json"}, out
 
-    def _create(self, payload: dict[str, Any], workspace: str, at: datetime, seq: int, stream: bool) -> _Answer:
+    def _create(self, payload: dict[str, Any], workspace: str, at: datetime, seq: int, stream: bool) -> Answer:
         prepared = self._prepare(payload)
         usage = self._process(prepared, workspace, self.cache, at).to_anthropic()
         if payload["max_tokens"] == 0:  # pre-warming: prefill only, no output (§1.6)
@@ -458,7 +462,7 @@ class SimulatorServer(LoopbackServer):
 
     # -- OpenAI -------------------------------------------------------------------------------
     def _openai(self, path: str, payload: dict[str, Any], workspace: str, at: datetime, seq: int,
-                stream: bool) -> _Answer:
+                stream: bool) -> Answer:
         chat = path == CHAT
         prepared = self._prepare(payload, _FORMATS[path].name)
         assert self.openai_cache is not None
@@ -508,47 +512,6 @@ class SimulatorServer(LoopbackServer):
         if stream:
             return 200, _SSE_HEADERS, OPENAI_RESPONSES.sse_write(response)
         return 200, {"content-type": "application/json"}, json.dumps(response).encode()
-
-    # -- HTTP ---------------------------------------------------------------------------------
-    def _app(self) -> Any:
-        import anyio
-        from starlette.applications import Starlette
-        from starlette.requests import Request
-        from starlette.responses import Response, StreamingResponse
-        from starlette.routing import Mount
-
-        from ._asgi import BodyError, read_body
-
-        async def drip(events: list[bytes]) -> Any:
-            for i, event in enumerate(events):
-                if i and self.stream_delay:
-                    await anyio.sleep(self.stream_delay)
-                yield event
-
-        async def endpoint(scope: Any, receive: Any, send: Any) -> None:
-            request = Request(scope, receive)
-            path = scope.get("raw_path", b"").decode("latin-1") or request.url.path
-            headers = dict(request.headers.items())
-            refused = None
-            try:
-                body = await read_body(request, limit=self.max_body_bytes, timeout=self.request_timeout)
-            except BodyError as exc:
-                if exc.status == 499:
-                    return  # the client left; nobody to answer
-                body, refused = b"", (exc.status, exc.message)
-            # CPU work (prepare, the cache model) runs on a worker thread: the event loop keeps serving.
-            status, out_headers, payload = await anyio.to_thread.run_sync(
-                self._respond, request.method, path, headers, body, refused)
-            if refused is not None:
-                out_headers["connection"] = "close"  # the unread rest of the body is still on the wire
-            response: Response
-            if isinstance(payload, list):
-                response = StreamingResponse(drip(payload), status_code=status, headers=out_headers)
-            else:
-                response = Response(payload, status_code=status, headers=out_headers)
-            await response(scope, receive, send)
-
-        return Starlette(routes=[Mount("/", app=endpoint)])
 
 
 _SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}

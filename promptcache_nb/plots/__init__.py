@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._lazy import pandas as pd
+from ..usage import sources_label
+
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Sequence
 
-    import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -37,8 +39,6 @@ def _ylabel(ax: Axes, what: str, label: str) -> None:
 
 
 def _label_of(df: pd.DataFrame, label: str | None) -> str:
-    from ..usage import sources_label
-
     if label is not None:
         return label
     return sources_label(df["usage_source"].dropna().unique() if "usage_source" in df else ())
@@ -55,14 +55,14 @@ def _headroom(ax: Axes, top: float, *, room: float = 1.12) -> None:
 
 def _thousands(ax: Axes) -> None:
     """Whole numbers with separators on the y axis: never matplotlib's "1e6" offset above it."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter  # matplotlib loads with the first plot, not with the package
 
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
 
 
 def _dollars(ax: Axes) -> None:
     """Plain dollars on the y axis (no offset, no scientific notation): "0.08", not "8e-2" or "+1e-3"."""
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import ScalarFormatter  # matplotlib loads with the first plot
 
     fmt = ScalarFormatter(useOffset=False)
     fmt.set_scientific(False)
@@ -175,8 +175,6 @@ def plot_compare(summary: pd.DataFrame, *, ax: Axes | None = None,
         ax: draw on this axes instead of a new 9×3.4 in figure.
         label: what the figures are (the y label's second line); a comparison replays through the simulator.
     """
-    import pandas as pd
-
     fig, ax = _figure(ax, COMPARE_SIZE)
     names = [_literal(n) for n in summary["strategy"].astype(str)]
     x = list(range(len(names)))
@@ -204,8 +202,6 @@ def plot_cumulative_cost(frames: dict[str, pd.DataFrame], *, ax: Axes | None = N
                          label: str | None = None) -> Figure:
     """Cumulative cost per strategy over requests (one shared $ axis), labelled with what the figures are
     (``label``; default from the frames' ``usage_source``)."""
-    import pandas as pd
-
     fig, ax = _figure(ax, SAVINGS_SIZE)
     for name, df in frames.items():
         ax.plot(df["idx"], df["cost_usd"].cumsum(), label=_literal(str(name)))

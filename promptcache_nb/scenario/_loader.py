@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import stat
+import types
+import typing
 import warnings
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
 from .._util import user_stacklevel
 from ..errors import ScenarioError, UnknownNameError
@@ -35,6 +38,7 @@ from ._model import (
     ToolCall,
     ToolsChange,
 )
+from ._schema import EVENT_KINDS, EventM, ScenarioM, ToolM, duration
 
 DEFAULT_START = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 MAX_DEPTH = 64  # nesting levels; a tool's JSON schema needs a handful, a hostile file thousands (RecursionError)
@@ -207,8 +211,6 @@ def load_scenario(path: str | Path, *, allow_outside: bool = False) -> Scenario:
     if not isinstance(doc, _Map):
         raise ScenarioError(where, 1, "scenario", "the top level must be a mapping of name, model, turns...")
     ctx = _Ctx(where, doc)
-    from ._schema import ScenarioM  # pydantic loads only when a scenario is read
-
     _validate(ctx, ScenarioM, doc)
     _check_json(ctx, ("extra",), doc.get("extra", {}))
     model = doc["model"]
@@ -282,10 +284,6 @@ _MESSAGES = {
 
 def _validate(ctx: _Ctx, model: Any, value: Any, *, prefix: tuple[Any, ...] = ()) -> None:
     """Check ``value`` against a schema model; the first problem (in file order) raises ScenarioError."""
-    from pydantic import ValidationError
-
-    from ._schema import EVENT_KINDS, EventM
-
     try:
         model.model_validate(value)
     except ValidationError as exc:
@@ -319,10 +317,6 @@ def _validate(ctx: _Ctx, model: Any, value: Any, *, prefix: tuple[Any, ...] = ()
 
 def _model_at(model: Any, loc: tuple[Any, ...] | list[Any]) -> Any:
     """The schema model that validates the value at ``loc`` (None when ``loc`` leaves the models)."""
-    import typing
-
-    from pydantic import BaseModel
-
     tp: Any = model
     for part in loc:
         tp = _unwrap(tp)
@@ -340,9 +334,6 @@ def _model_at(model: Any, loc: tuple[Any, ...] | list[Any]) -> Any:
 
 
 def _unwrap(tp: Any) -> Any:
-    import types
-    import typing
-
     while True:
         origin = typing.get_origin(tp)
         if origin is typing.Annotated:
@@ -518,8 +509,6 @@ def _depth(value: Any) -> int:
 
 def _check_tools(ctx: _Ctx, loc: tuple[Any, ...], node: Any, names: set[str]) -> None:
     """Tool definitions: the schema, JSON values, valid Unicode, and names unique (the API refuses duplicates)."""
-    from ._schema import ToolM
-
     for i, t in enumerate(node):
         if not isinstance(t, dict):
             raise ctx.fail(loc + (i,), "each tool is a mapping with name (and description, input_schema)")
@@ -579,8 +568,6 @@ def _turn(ctx: _Ctx, node: _Map, i: int, keys: set[str], tools: list[str]) -> Sc
 
 
 def _gap(node: _Map, default: timedelta) -> timedelta:
-    from ._schema import duration
-
     return duration(node["after"]) if "after" in node else default  # the schema has checked it
 
 

@@ -11,6 +11,8 @@ from operator import attrgetter
 
 import duckdb
 
+from . import _rollups
+
 Migration = Callable[[duckdb.DuckDBPyConnection], None]
 MIGRATIONS: list[Migration] = []
 
@@ -330,8 +332,6 @@ def m014_one_verdict(con: duckdb.DuckDBPyConnection) -> None:
     # rule's parameters as they were when this migration was written (a migration is a snapshot: later changes to
     # the codes or the floor must not rewrite what it did). A legacy session (causes never stored) keeps its value
     # until it is analysed again.
-    from . import _rollups
-
     con.execute("ALTER TABLE turns ADD COLUMN openclaw_broke BOOLEAN")
     con.execute("UPDATE turns SET openclaw_broke = broke")
     not_rebuild = ["below_minimum", "cold", "hit", "no_breakpoint", "unsupported"]

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import duckdb
+
 from ..errors import StoreError
 
 if TYPE_CHECKING:
@@ -120,8 +122,6 @@ def group_outputs(out: str, group: str) -> list[list[Any]]:
 
 def unreadable_parquet(paths: Sequence[str]) -> dict[str, str]:
     """path -> DuckDB's first error line, for each local file of ``paths`` that cannot be read as Parquet."""
-    import duckdb
-
     bad: dict[str, str] = {}
     con = duckdb.connect()
     try:

@@ -27,6 +27,7 @@ import json
 from operator import is_
 from typing import Any, ClassVar
 
+from .._lazy import numpy as np
 from .._util import common_prefix_length
 from ._base import (
     DEFAULT_MAX_TOKENS,
@@ -50,8 +51,6 @@ _MASK = 0xFFFFFFFF
 def _powers() -> Any:
     """``[31**k modulo 2**64 for k in 0..CHUNK]``: uint64 arithmetic wraps, and 2**32 divides 2**64, so the low 32
     bits are exact. Built on first use (numpy is not imported with the package)."""
-    import numpy as np
-
     powers = np.ones(_CHUNK + 1, dtype=np.uint64)
     powers[1:] = np.cumprod(np.full(_CHUNK, 31, dtype=np.uint64), dtype=np.uint64)
     return powers
@@ -62,8 +61,6 @@ def hash31(text: str) -> str:
 
     The loop's closed form, ``sum(unit[i] * 31**(n-1-i)) mod 2**32``, computed with numpy a chunk at a time
     (a system prompt is ~100k units: a Python loop over them took ~25 ms a request)."""
-    import numpy as np
-
     powers = _powers()
     units = np.frombuffer(text.encode("utf-16-le"), dtype="<u2")
     h = 0
