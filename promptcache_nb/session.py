@@ -15,6 +15,7 @@ restart) and never imports it; the Lab uses only a Session's public methods (``c
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
 from datetime import datetime
 from typing import Any, Protocol
@@ -161,7 +162,6 @@ def __getattr__(name: str) -> Any:
     """``promptcache_nb.session.Lab``, the name's old home, still works (one DeprecationWarning): the Lab is read
     from the loaded package, never imported from here (a session never imports the Lab)."""
     if name == "Lab":
-        import sys
 
         if name not in _WARNED:
             _WARNED.add(name)

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._lazy import pandas as pd
 from ._util import digest, utc
 from .errors import KnowledgeError
 from .request import visible
 from .session_core import SessionCore, check_texts
 from .store import KnowledgeEntry, Store
-
-if TYPE_CHECKING:
-    import pandas as pd
-
 
 #: A new knowledge entry's title, content, category and key (``KnowledgeBook`` has a method named ``list``).
 _EntrySpec = tuple[str, str, str, "str | None"]
@@ -119,7 +116,6 @@ class KnowledgeBook:
         """The current entries as a frame for reading: bidi, zero-width and control characters in the text
         columns are shown (``⟨RLO⟩``, ``↵``: :func:`~promptcache_nb.request.visible`); ``list()`` keeps
         the raw text."""
-        import pandas as pd
 
         rows = [
             {"id": e.id, "short_id": e.short_id, "key": visible(e.key) if e.key else e.key,

@@ -29,6 +29,7 @@ from .live import DirectSimulator
 from .live._base import SIMULATED_REPLY
 from .pipeline import SessionState
 from .request import BodyProblem, PreparedRequest, check_request, prepare
+from .scenario import ToolCall
 from .session_core import SessionCore, check_texts
 from .store import Store
 from .turn import Turn, has_record_listeners, notify_recorded
@@ -387,7 +388,6 @@ class SessionRecording(SessionCore):
 
 
 def _as_call(c: Any) -> Any:
-    from .scenario import ToolCall
 
     if isinstance(c, ToolCall):
         return c

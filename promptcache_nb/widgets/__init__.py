@@ -35,7 +35,7 @@ _VIEWS = ("Compare", "DiffView", "KnowledgeEditor", "Monitor", "SavingsChart", "
 
 def __getattr__(name: str) -> Any:
     if name in _VIEWS:
-        from . import _views
+        from . import _views  # ipywidgets loads with the first view asked for, not with pc.widgets
 
         return getattr(_views, name)
     raise AttributeError(f"module 'promptcache_nb.widgets' has no attribute {name!r}")

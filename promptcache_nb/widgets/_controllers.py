@@ -9,12 +9,15 @@ scenario, which sends one request, or several with a tool loop ("scenario turn 4
 
 from __future__ import annotations
 
+import difflib
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .._lazy import pandas as pd
 from .._protocols import StoredSession
 from ..analysis import compare_df
 from ..errors import KnowledgeError, SessionError
@@ -29,8 +32,6 @@ from ..usage import Usage
 from . import _html
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
     from ..live.otel import OtlpBatch, OtlpReceiver
     from ..session import Session
     from ..store import KnowledgeEntry
@@ -103,7 +104,6 @@ def _row_dict(df: pd.DataFrame, index: int) -> dict[str, Any]:
 
 
 def _isna_scalar(v: Any) -> bool:
-    import pandas as pd
 
     if isinstance(v, list | tuple | dict | str):
         return False
@@ -655,7 +655,6 @@ class KnowledgeController(_Observable):
 
     def check_category(self, category: str) -> str:
         """``category`` stripped, or a :class:`KnowledgeError` naming the valid ones (a typo is refused)."""
-        import difflib
 
         name = category.strip()
         valid = self.categories()
@@ -861,7 +860,6 @@ class MonitorController(_Observable):
 
     def __init__(self, source: Session | OtlpReceiver, *, follow: bool = True) -> None:
         super().__init__()
-        import threading
 
         self._lock = threading.Lock()  # a capture (or the receiver) adds from the thread that stored the request
         self.rows: list[dict[str, Any]] = []

@@ -35,7 +35,7 @@ def markdown(text: str) -> Markdown:
     Example:
         >>> pc.widgets.markdown(f"saves ${0.19:.2f} of ${0.30:.2f}")  # doctest: +SKIP
     """
-    from IPython.display import Markdown
+    from IPython.display import Markdown  # IPython: present in a kernel, needed only there
 
     return Markdown(escape_dollars(text, markdown=True))  # type: ignore[no-untyped-call]  # IPython is untyped
 

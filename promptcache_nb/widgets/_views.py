@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -24,14 +25,26 @@ from typing import TYPE_CHECKING, Any, cast
 import ipywidgets as W
 import traitlets as T
 
+from .._lazy import pandas as pd
 from .._util import escape_dollars
 from ..plots import plot_compare, plot_savings
 from ..scenario import Scenario
+from ..strategies import strategy_names
+from ..turn import on_record
+from ..usage import sources_label
 from . import _html
-from ._controllers import PAIR, CompareController, KnowledgeController, MonitorController, StepperController, TurnView
+from ._controllers import (
+    PAIR,
+    CompareController,
+    KnowledgeController,
+    MonitorController,
+    StepperController,
+    TurnView,
+    live_session,
+)
+from ._whatif import WhatIfController
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
     from matplotlib.figure import Figure
 
     from ..lab import Lab
@@ -219,13 +232,13 @@ def _cell_progress(progress: Callable[[int, int], None], *, enabled: bool, total
     notebook shows "84 of 84 done", never a bar frozen at 0 %.
     """
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # IPython: present in a kernel, needed only there
     except ImportError:  # pragma: no cover - ipywidgets depends on IPython
         get_ipython = None
     if not enabled or total <= 0 or get_ipython is None or get_ipython() is None:
         yield progress
         return
-    from IPython.display import HTML, display
+    from IPython.display import HTML, display  # IPython: present in a kernel, needed only there
 
     bar = W.IntProgress(value=0, min=0, max=total, description=desc, bar_style="info",
                         style={"description_width": "initial"}, layout=W.Layout(width="640px"))
@@ -352,7 +365,6 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
     highlight = T.Int(None, allow_none=True, help="the request marked on the chart (None: none)")
 
     def __init__(self, source: Session | pd.DataFrame, *, highlight: int | None = None) -> None:
-        import pandas as pd
 
         self._source = source
         self._image = _image()
@@ -366,11 +378,8 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
 
     def _follow(self, source: Session | pd.DataFrame) -> None:
         """Subscribe to ``source`` when it is a session (a frame does not change)."""
-        import weakref
 
-        import pandas as pd
 
-        from ..turn import on_record
 
         if self._unsubscribe is not None:
             self._unsubscribe()
@@ -408,12 +417,10 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
         return bytes(self._image.value or b"")
 
     def _frame(self) -> pd.DataFrame:
-        import pandas as pd
 
         src = self._source
         if isinstance(src, pd.DataFrame):
             return src
-        from ._controllers import live_session
 
         self._source = live_session(src)
         return self._source.turns()
@@ -447,7 +454,6 @@ class SavingsChart(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type in
     @property
     def label(self) -> str:
         """What the chart's figures are: ``simulated (estimated tokens)``, ``measured`` (or both)."""
-        from ..usage import sources_label
 
         df = self._df
         return sources_label(df["usage_source"].dropna().unique() if "usage_source" in df else ())
@@ -521,7 +527,6 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
         self.diff_view = DiffView()
         self.chart = SavingsChart(self.controller.turns())
         self._syncing = False
-        from ..strategies import strategy_names
 
         names = list(strategy_names())
         current = self.controller.strategy
@@ -1207,7 +1212,6 @@ class WhatIf(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type i
     fixes = T.List(T.Unicode(), help="the fixes ticked now")
 
     def __init__(self, session: Session) -> None:
-        from ._whatif import WhatIfController
 
         self.controller = WhatIfController(session)
         c = self.controller

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._lazy import pandas as pd
 from ..advice import COUNTERFACTUAL, advise
 from ..advice._advice import _confidence, saved_text
 from ..advice._anchor import MEASURED
@@ -20,8 +21,6 @@ from . import _html
 from ._controllers import _Observable, live_session
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
     from ..session import Session
 
 WHATIF_COLUMNS = ["idx", "sent_at", "measured_cost_usd", "simulated_cost_usd", "counterfactual_cost_usd",
@@ -30,7 +29,6 @@ WHATIF_COLUMNS = ["idx", "sent_at", "measured_cost_usd", "simulated_cost_usd", "
 
 
 def _read_pct(read: Any, total: Any) -> float | None:
-    import pandas as pd
 
     if read is None or total is None or pd.isna(read) or pd.isna(total) or not total:
         return None
@@ -85,7 +83,6 @@ class WhatIfController(_Observable):
         (``pings_before``: keep-warm pings sent in the gap before it; their cost is in its counterfactual), and the
         original's verdict: ``broke``, our ``cache_reason`` and, where the provider was asked, its own
         ``provider_cache_miss_reason`` beside it."""
-        import pandas as pd
 
         anchored = self._anchored.requests
         ping_cost: dict[int, float] = {}
