@@ -7,7 +7,6 @@ from typing import Any
 
 from .._lazy import pandas as pd
 from .._util import escape_dollars
-from ..cache._reasons import NOT_REBUILD
 from ..request.diff import visible
 
 SUMMARY_COLUMNS = [
@@ -94,7 +93,7 @@ def summarize(df: pd.DataFrame) -> dict[str, Any]:
              "cache_read_pct", "efficiency", "breaks", "rebuilds", "cost_usd", "cost_no_cache_usd", "saved_usd")
     extra = {
         "ideal_cache_read": sums["ideal_cache_read"],
-        "breaks": int(df.broke.fillna(False).astype(bool).sum()) if "broke" in df else 0,
+        "breaks": count_rebuilds(df),  # one verdict: a break is a rebuild
         "rebuilds": count_rebuilds(df),
     }
     return {k: totals[k] if k in totals else extra[k] for k in order}
@@ -102,23 +101,8 @@ def summarize(df: pd.DataFrame) -> dict[str, Any]:
 
 def count_rebuilds(df: pd.DataFrame) -> int:
     """The rows of a ``turns()`` frame that :func:`~promptcache_nb.rebuilds` lists (at its default noise floor):
-    a measured request whose stored ``cache_reason`` names a rebuild (``analysis.cause`` stores one exactly
-    then); a simulated one the verdict says broke (``broke``: it sent again some of what the previous request
-    held, :func:`~promptcache_nb.analysis._ideal.simulated_lost`)."""
-    if "cache_reason" not in df or "usage_source" not in df:
-        return 0
-    n = 0
-    prev_total: int | None = None
-    for i, r in enumerate(df.itertuples(index=False)):
-        parts = (r.input_tokens, r.cache_read_input_tokens, r.cache_creation_input_tokens)
-        total = int(r.total_tokens) if any(pd.isna(p) for p in parts) else int(sum(parts))
-        reason = None if pd.isna(r.cache_reason) else r.cache_reason
-        if i and r.usage_source in ("live", "imported"):
-            n += reason is not None and reason not in NOT_REBUILD
-        elif prev_total is not None and not pd.isna(r.cache_read_input_tokens) and reason is not None:
-            n += (not pd.isna(r.broke)) and bool(r.broke)
-        prev_total = total
-    return n
+    those that broke the cache, the one verdict (``broke``: the rebuild rule, stored with each request)."""
+    return int(df.broke.fillna(False).astype(bool).sum()) if "broke" in df else 0
 
 
 def compare_df(sessions: Iterable[Any]) -> pd.DataFrame:
