@@ -370,46 +370,20 @@ def _savings_line(full: pd.DataFrame) -> str:
 STORE_TABLES = ("turns", "sessions", "knowledge", "projects", "blocks", "prefix_nodes", "session_messages",
                 "session_prompt_deltas", "session_pending_events", "session_state", "calibrations",
                 "unanalysed_sessions")
-#: Columns the CLI cuts first when a table is too wide.
+#: Columns of prose and paths: in a narrow table they wrap first.
 CUT_FIRST = ("source", "source_path", "file", "reason", "note", "cause", "problem", "path")
 #: Of those, the columns that hold paths: cut in the middle, not at the end.
 PATH_COLUMNS = frozenset({"source", "source_path", "file"})
-#: The width the CLI's import tables fit (longer text cells end in "…"; ``--full-paths`` for whole paths).
+#: The width of the CLI's tables when stdout is not a terminal (piped output, a log).
 TABLE_WIDTH = 120
 
 
 def _fit(df: pd.DataFrame, *, width: int | None = None, max_rows: int | None = None) -> str:
-    """``df.to_string`` no wider than ``width`` (default: the terminal's width, at least :data:`TABLE_WIDTH`; piped
-    output gets that): the widest text column is cut (ending in "…"; a path in the middle) until it fits; missing
-    values print empty, never ``NaN``/``None``."""
-    if width is None:
-        width = max(TABLE_WIDTH, shutil.get_terminal_size((TABLE_WIDTH, 24)).columns)
-    df = df.astype(object).where(df.notna(), "")
-    df = df.map(lambda v: " ".join(v.split()) if isinstance(v, str) else v)  # one line per row
-
-    def text() -> str:
-        return cast("str", df.to_string(index=False, max_rows=max_rows))
-
-    out = text()
-    while max(map(len, out.splitlines() or [""])) > width:
-        lengths = {c: df[c].map(lambda v: len(v) if isinstance(v, str) else 0).max() for c in df.columns}
-        # cut paths and prose before identifiers (a session id or a model id cut short is useless)
-        cuttable = [c for c in CUT_FIRST if c in lengths and lengths[c] > 12] or [
-            c for c in lengths if lengths[c] > 8]
-        if not cuttable:
-            break  # nothing left to cut: numbers only
-        col = max(cuttable, key=lambda c: lengths[c])
-        longest = lengths[col]
-        over = max(map(len, out.splitlines())) - width
-        keep = max(12 if col in CUT_FIRST else 8, longest - over - 1)
-        cut = _cut_path if col in PATH_COLUMNS else _cut_end
-        df[col] = df[col].map(lambda v, k=keep, c=cut: v if not isinstance(v, str) or len(v) <= k else c(v, k))
-        out = text()
-    return out
-
-
-def _cut_end(text: str, keep: int) -> str:
-    return text[:keep - 1] + "…"
+    """``df`` through :func:`render_table` (text wraps inside its cells, nothing is cut: a model id or a session id
+    cut short is useless), its first ``max_rows`` rows and a line saying how many more there are."""
+    more = 0 if max_rows is None else max(0, len(df) - max_rows)
+    out = render_table(df.head(max_rows) if more else df, width=width)
+    return out + (f"\n… {more} more rows" if more else "")
 
 
 def _cut_path(text: str, keep: int) -> str:
@@ -494,6 +468,7 @@ HEADERS = {
     "cache_read_pct": "read %", "measured_cache_read_pct": "read %", "cost_usd": "cost", "cost_no_cache_usd":
     "no cache", "saved_usd": "saved", "running_cost_usd": "running cost", "cache_read": "read",
     "cache_write": "write", "subagents": "sub agents", "models": "model(s)", "window_end": "until", "sent_at": "time",
+    "openclaw_breaks": "openclaw breaks", "gap_seconds": "gap (s)", "lost_tokens": "lost tokens",
 }
 #: Columns shown with four decimals (dollars) or one (percentages).
 MONEY = frozenset({"cost_usd", "cost_no_cache_usd", "saved_usd", "running_cost_usd", "rebuild_lost_usd"})

@@ -228,8 +228,8 @@ def test_import_lists_sessions_costliest_first_and_what_the_cache_saved(tmp_path
     with pc.Lab(db, progress=False, read_only=True) as lab:
         summary = lab.summary()
     assert code == 0 and len(summary) <= 10
-    lines = out.splitlines()
-    rows = [line.split()[0] for line in lines[3:3 + len(summary)]]
+    ids = set(summary.session)
+    rows = [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0] in ids]
     assert rows == list(summary.sort_values(["cost_usd", "session"], ascending=[False, True]).session)
     no_cache, cost = summary.cost_no_cache_usd.sum(), summary.cost_usd.sum()
     assert (f"without the cache these requests would have cost ${no_cache:,.2f}: it saved ${no_cache - cost:,.2f}"
