@@ -151,7 +151,14 @@ def cmd_sql(args: argparse.Namespace) -> int:
     _resolve_store(args, "sql", rest=("query",))
     # read-only: never creates, migrates or changes the file (a typo'd path, another application's database)
     with _read_only_lab(args.store, progress=False) as lab:
-        df = lab.sql(args.query)
+        try:
+            df = lab.sql(args.query)
+        except PromptCacheError as exc:
+            # stores before migration m011 called the request's time `at`, an SQL keyword: say its name now
+            if "syntax error" in str(exc) and re.search(r"\bat\b", args.query, re.IGNORECASE):
+                raise PromptCacheError(f"{exc} (a request's time is the column sent_at; `at` is an SQL "
+                                       "keyword)") from None
+            raise
     if args.json or args.csv:
         _print_machine(df, args)
         return 0

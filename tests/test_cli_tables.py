@@ -335,3 +335,8 @@ def test_report_without_logs_or_store_says_where_it_looked(tmp_path, capsys, mon
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "no agent logs in their usual places" in err and "name one (report STORE)" in err
     assert not (tmp_path / "data").exists()  # nothing created when there is nothing to read
+
+
+def test_a_query_naming_the_old_time_column_says_its_new_name(store, capsys):
+    code, _, err = run(capsys, "sql", store, "select session_id, idx, at from turns")
+    assert code == 2 and "sent_at" in err and len(err.strip().splitlines()) == 1
