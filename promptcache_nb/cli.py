@@ -869,6 +869,7 @@ def cmd_otel(args: argparse.Namespace) -> int:
         print("  Gemini CLI: ", " ".join(f"{k}={v}" for k, v in otel.env["gemini"].items()), flush=True)
         print(f'  Codex (~/.codex/config.toml): [otel] exporter = {{ otlp-http = {{ endpoint = "{otel.url}/v1/logs", '
               'protocol = "json" }}', flush=True)
+        print(f'  watch it from a notebook: pc.widgets.Monitor("{otel.url}")', flush=True)
         while True:
             time.sleep(3600)  # until Ctrl-C / SIGTERM
 

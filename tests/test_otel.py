@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -356,11 +357,23 @@ def test_cli_otel_receives_until_interrupted_and_the_store_holds_the_requests(tm
         assert "CLAUDE_CODE_ENABLE_TELEMETRY=1" in claude and "OTEL_LOGS_EXPORTER=otlp" in claude
         assert f"GEMINI_TELEMETRY_OTLP_ENDPOINT=http://127.0.0.1:{port}" in proc.stdout.readline()
         assert f'endpoint = "http://127.0.0.1:{port}/v1/logs"' in proc.stdout.readline()
+        assert f'pc.widgets.Monitor("http://127.0.0.1:{port}")' in proc.stdout.readline()
+        # the notebook's side: the receiver's process holds the store, the widget follows it over loopback
+        monitor = pc.widgets.Monitor(f"http://127.0.0.1:{port}")
+        monitor.controller.receiver.interval = 0.1
+        assert monitor.requests == 0 and "no request yet" in monitor.controller.html()
         status = post(f"http://127.0.0.1:{port}/v1/logs", fixture("claude_code_logs.json"),
                       headers={"Authorization": f"Bearer {SECRET}"})[0]
         assert status == 200
         line = proc.stdout.readline()
         assert "logs: 6 log records, 4 API requests, 4 stored in 2 session(s)" in line
+        deadline = time.monotonic() + 20
+        while monitor.requests < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert monitor.requests == 4 and monitor.controller.receiver.error is None
+        rows = monitor.controller.rows  # the receiver's rows, as it stored them
+        assert sorted(r["read"] for r in rows) == sorted(row[3] for row in EXPECTED["claude_code_logs.json"][1])
+        monitor.close()
     finally:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
@@ -440,3 +453,24 @@ def test_odd_shapes_inside_a_valid_export_never_break_the_receiver(otel, lab):
         status = post(f"{otel.url}/v1/{sig}", doc)[0]
         assert status in (200, 400), (doc[:80], status)
     assert counts(lab) == (0, 0) and post(f"{otel.url}/v1/logs", fixture("codex_logs.json"))[0] == 200
+
+
+def test_a_follower_reads_what_the_receiver_stored_since_it_started(otel):
+    assert post(f"{otel.url}/v1/logs", fixture("codex_logs.json"))[0] == 200  # before: not the follower's
+    follower = pc.live.OtlpFollower(otel.url)
+    assert follower.poll() == []
+    assert post(f"{otel.url}/v1/logs", fixture("claude_code_logs.json"))[0] == 200
+    (batch,) = follower.poll()
+    assert batch.signal == "logs" and batch.stored == 4 and len(batch.rows) == 4
+    assert all(isinstance(r["sent_at"], datetime) for r in batch.rows)
+    assert follower.poll() == []  # each export once
+    assert urllib.request.urlopen(f"{otel.url}/pcnb/v1/batches?after=0").status == 200
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(f"{otel.url}/pcnb/v1/batches?after=x")
+    assert bad.value.code == 400
+
+
+def test_a_follower_with_no_receiver_is_one_line():
+    with pytest.raises(pc.errors.PromptCacheError, match=r"no OTLP receiver answers at http://127\.0\.0\.1:\d+.*"
+                                                          r"promptcache-nb otel STORE"):
+        pc.live.OtlpFollower(f"http://127.0.0.1:{_free_port()}", timeout=2)

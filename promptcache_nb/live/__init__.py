@@ -18,7 +18,7 @@ def __getattr__(name: str) -> object:
         from .proxy import RecordingProxy  # starlette, uvicorn and httpx
 
         return RecordingProxy
-    if name in ("OtlpBatch", "OtlpReceiver"):
+    if name in ("OtlpBatch", "OtlpFollower", "OtlpReceiver"):
         from . import otel  # starlette, uvicorn and the ingest
 
         return getattr(otel, name)
@@ -31,7 +31,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "OtlpBatch", "OtlpReceiver", "RecordingProxy",
+    "AnthropicBackend", "Backend", "BackendResponse", "DirectSimulator", "OtlpBatch", "OtlpFollower", "OtlpReceiver",
+    "RecordingProxy",
     "ServedRequest",
     "SimulatorServer", "TokenCount", "count_tokens",
 ]

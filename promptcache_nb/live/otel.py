@@ -45,12 +45,14 @@ import os
 import tempfile
 import threading
 import zlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -83,6 +85,10 @@ MAX_OTLP_BODY_BYTES = 16 * 1024 * 1024
 #: The top-level list of each signal's export request, in its OTLP JSON encoding.
 _EXPORT_LISTS = {"logs": "resourceLogs", "traces": "resourceSpans", "metrics": "resourceMetrics"}
 #: The turns columns a batch hands its listeners (what the live monitor shows).
+#: Where a follower in another process reads what the receiver stored (:class:`OtlpFollower`).
+FOLLOW_PATH = "/pcnb/v1/batches"
+#: Exports a receiver keeps for its followers.
+RECENT_BATCHES = 1000
 BATCH_COLUMNS = ("session_id", "idx", "sent_at", "model", "request_id", "usage_source", "input_tokens",
                  "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens", "cost_usd",
                  "cost_no_cache_usd", "broke", "dedupe_key")
@@ -176,6 +182,11 @@ class OtlpReceiver(LoopbackServer):
         self._reader = OtlpReader()
         self._lock = threading.Lock()  # one export stored at a time, in arrival order
         self._listeners: list[Callable[[OtlpBatch], None]] = []
+        # what a follower in another process (OtlpFollower, GET /pcnb/v1/batches) has not read yet: numbered
+        # exports, kept (with their rows) only once someone follows, the last RECENT_BATCHES of them
+        self._recent: deque[tuple[int, OtlpBatch]] = deque(maxlen=RECENT_BATCHES)
+        self._recent_seq = 0
+        self._followed = False
         self._server = None
         self._made_spool: tuple[Path, Path | None] = (Path(), None)
 
@@ -206,6 +217,7 @@ class OtlpReceiver(LoopbackServer):
         # "/" too: some exporters post every signal to the endpoint as configured (Gemini CLI's http exporters in
         # versions that do not append /v1/<signal>); a JSON export says which signal it is
         routes = [Route(path, self._endpoint, methods=["POST"]) for path in ("/", *(f"/v1/{s}" for s in _EXPORT_LISTS))]
+        routes.append(Route(FOLLOW_PATH, self._follow_endpoint, methods=["GET"]))
         return Starlette(routes=routes)
 
     def _not_served(self) -> None:
@@ -268,12 +280,30 @@ class OtlpReceiver(LoopbackServer):
             message = f"the export could not be stored ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
             log.error("%s", message)
             return _error(500, message)
+        if self._followed:
+            with self._lock:
+                self._recent_seq += 1
+                self._recent.append((self._recent_seq, batch))
         for fn in list(self._listeners):
             try:
                 fn(batch)
             except Exception:
                 log.exception("a listener of the OTLP receiver failed")
         return _answer(signal, batch, protobuf=protobuf)
+
+    async def _follow_endpoint(self, request: Request) -> Response:
+        """``GET /pcnb/v1/batches?after=N``: the exports stored after number N, with their rows, as JSON; without
+        ``after``, none, and the number to ask after next (a follower sees what arrives from when it starts)."""
+        with self._lock:
+            self._followed = True
+            latest = self._recent_seq
+            after = request.query_params.get("after")
+            try:
+                since = latest if after is None else int(after)
+            except ValueError:
+                return _error(400, f"after={after!r} is not a whole number")
+            batches = [_batch_json(b) for seq, b in self._recent if seq > since]
+        return Response(json.dumps({"next": latest, "batches": batches}), media_type="application/json")
 
     def _decode(self, signal: str | None, body: bytes, content_type: str, encoding: str
                 ) -> tuple[str, dict[str, Any]]:
@@ -350,7 +380,7 @@ class OtlpReceiver(LoopbackServer):
             self.stored += result.new
             reasons += tuple(r["reason"] for r in result.skipped)
             rows = self._rows(result.session_ids, {r.dedupe_key for r in requests}, min(r.at for r in requests)) \
-                if self._listeners and result.new else ()  # one read per session: only for someone to hear it
+                if (self._listeners or self._followed) and result.new else ()  # a read only for someone to hear it
         return OtlpBatch(signal, now, items, len(requests), result.new, result.duplicates, len(reasons), reasons,
                          tuple(result.session_ids), rows)
 
@@ -359,6 +389,103 @@ class OtlpReceiver(LoopbackServer):
         rows = [r for sid in session_ids for r in store.turn_rows(sid, BATCH_COLUMNS, since=since)
                 if r["dedupe_key"] in keys]
         return tuple(sorted(rows, key=lambda r: (r["sent_at"], r["session_id"], r["idx"])))
+
+
+def _batch_json(batch: OtlpBatch) -> dict[str, Any]:
+    """A batch as the follow endpoint sends it (times in ISO 8601)."""
+    out = {k: getattr(batch, k) for k in OtlpBatch.__dataclass_fields__}
+    out["received_at"] = batch.received_at.isoformat()
+    out["rows"] = [{k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()} for row in batch.rows]
+    return out
+
+
+def _batch_from_json(doc: dict[str, Any]) -> OtlpBatch:
+    rows = tuple({k: datetime.fromisoformat(v) if k == "sent_at" and isinstance(v, str) else v for k, v in r.items()}
+                 for r in doc.get("rows", ()))
+    return OtlpBatch(doc["signal"], datetime.fromisoformat(doc["received_at"]), int(doc["items"]),
+                     int(doc.get("requests", 0)), int(doc.get("stored", 0)), int(doc.get("duplicates", 0)),
+                     int(doc.get("rejected", 0)), tuple(doc.get("reasons", ())), tuple(doc.get("session_ids", ())),
+                     rows)
+
+
+class OtlpFollower:
+    """Follow an :class:`OtlpReceiver` running in another process (``promptcache-nb otel STORE`` in a terminal)
+    from a notebook: the receiver holds the store's write lock, so the notebook cannot open the store, but it can
+    ask the receiver what it stored. Polls ``url`` every ``interval`` seconds on a background thread while someone
+    is subscribed; :class:`~promptcache_nb.widgets.Monitor` takes one (or the URL itself).
+
+    Example:
+        >>> monitor = pc.widgets.Monitor("http://127.0.0.1:4318")  # doctest: +SKIP
+    """
+
+    def __init__(self, url: str, *, interval: float = 1.0, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.interval = interval
+        self.timeout = timeout
+        self.error: str | None = None  # the last poll's failure, one line (None once a poll succeeds)
+        self._listeners: list[Callable[[OtlpBatch], None]] = []
+        self._next: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.poll()  # fail here, in one line, when nothing answers at url
+
+    def poll(self) -> list[OtlpBatch]:
+        """Ask once for what was stored since the last poll; hand each export to the subscribers."""
+        params = {} if self._next is None else {"after": str(self._next)}
+        try:
+            answer = httpx.get(self.url + FOLLOW_PATH, params=params, timeout=self.timeout)
+            answer.raise_for_status()
+            doc = answer.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            self.error = f"no OTLP receiver answers at {self.url} ({type(exc).__name__}: {exc})"
+            if self._next is None:
+                raise PromptCacheError(self.error + ": start one with `promptcache-nb otel STORE`") from None
+            return []
+        self.error = None
+        self._next = int(doc["next"])
+        batches = [_batch_from_json(b) for b in doc["batches"]]
+        for batch in batches:
+            for fn in list(self._listeners):
+                try:
+                    fn(batch)
+                except Exception:
+                    log.exception("a listener of the OTLP follower failed")
+        return batches
+
+    @property
+    def running(self) -> bool:
+        """Whether the receiver answered the last poll."""
+        return self.error is None
+
+    def subscribe(self, fn: Callable[[OtlpBatch], None]) -> Callable[[], None]:
+        """Call ``fn(batch)`` for each export the receiver stores from now on (on the polling thread); returns the
+        unsubscribe function. The thread runs while anyone is subscribed."""
+        self._listeners.append(fn)
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="promptcache-otel-follow", daemon=True)
+            self._thread.start()
+
+        def unsubscribe() -> None:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+            if not self._listeners:
+                self.close()
+
+        return unsubscribe
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def close(self) -> None:
+        """Stop polling."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.timeout + self.interval)
+
+    def __repr__(self) -> str:
+        return f"OtlpFollower({self.url!r}, {'following' if self._thread and self._thread.is_alive() else 'idle'})"
 
 
 def _default_spool_dir(store_path: str) -> Path:

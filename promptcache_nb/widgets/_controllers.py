@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .. import live
 from .._lazy import pandas as pd
 from .._protocols import StoredSession
 from ..analysis import compare_df
@@ -32,7 +33,7 @@ from ..usage import Usage
 from . import _html
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..live.otel import OtlpBatch, OtlpReceiver
+    from ..live.otel import OtlpBatch, OtlpFollower, OtlpReceiver
     from ..session import Session
     from ..store import KnowledgeEntry
     from ..turn import Turn
@@ -854,11 +855,12 @@ class MonitorController(_Observable):
     Fed by the session's :func:`~promptcache_nb.turn.on_record` (each request stored, a capture's call as it
     finishes), so a view over it updates without polling the store; requests stored before it was made are read
     once from the store. Over an :class:`~promptcache_nb.live.OtlpReceiver` it follows every request the receiver
-    stores, whatever its session (each export's rows, once committed: :meth:`add_batch`), from when it was made.
-    Works without a kernel; :meth:`html` is what the widget shows.
+    stores, whatever its session (each export's rows, once committed: :meth:`add_batch`), from when it was made;
+    over an :class:`~promptcache_nb.live.OtlpFollower` (or the URL of a receiver in another process, such as
+    ``promptcache-nb otel STORE``), the same, polled. Works without a kernel; :meth:`html` is what the widget shows.
     """
 
-    def __init__(self, source: Session | OtlpReceiver, *, follow: bool = True) -> None:
+    def __init__(self, source: Session | OtlpReceiver | OtlpFollower | str, *, follow: bool = True) -> None:
         super().__init__()
 
         self._lock = threading.Lock()  # a capture (or the receiver) adds from the thread that stored the request
@@ -867,7 +869,10 @@ class MonitorController(_Observable):
         self._latest_row: dict[str, Any] | None = None  # a receiver's latest request (usage only: no body)
         self._totals = {"read": 0, "prompt": 0, "saved": 0.0, "priced": 0}
         self.session: Session | None = None
-        self.receiver: OtlpReceiver | None = None
+        self.receiver: OtlpReceiver | OtlpFollower | None = None
+        if isinstance(source, str):  # a receiver's URL: it runs in another process, which holds the store
+            follower: Any = live.OtlpFollower  # loaded on first use (live/__init__): starlette, httpx
+            source = cast("OtlpFollower", follower(source))
         if not isinstance(source, StoredSession):  # an OTLP receiver: its batches, as they are stored
             self.receiver = source
             self._unsubscribe = source.subscribe(self.add_batch) if follow else None

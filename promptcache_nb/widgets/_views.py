@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
     from ..lab import Lab
-    from ..live.otel import OtlpReceiver
+    from ..live.otel import OtlpFollower, OtlpReceiver
     from ..request import PreparedRequest
     from ..session import Session
     from ..turn import Turn
@@ -1149,7 +1149,8 @@ class Monitor(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type informa
     observation. Fed by the capture (``lab.capture(client, session=s)`` or the session a capture made): each
     stored call updates it from the thread that finished the call, so the browser never polls the store. Given an
     :class:`~promptcache_nb.live.OtlpReceiver`, it follows every request the receiver stores, in any session
-    (measured usage only: agents' telemetry carries no body to diff).
+    (measured usage only: agents' telemetry carries no body to diff); given the URL of a receiver running in another
+    process (``promptcache-nb otel STORE`` prints it), it follows that one.
 
     Example:
         >>> with lab.capture(client) as cap:  # doctest: +SKIP
@@ -1159,7 +1160,7 @@ class Monitor(W.VBox):  # type: ignore[misc]  # ipywidgets ships no type informa
 
     requests = T.Int(0, help="requests shown so far").tag(sync=True)
 
-    def __init__(self, source: Session | OtlpReceiver, *, follow: bool = True) -> None:
+    def __init__(self, source: Session | OtlpReceiver | OtlpFollower | str, *, follow: bool = True) -> None:
         self.controller = MonitorController(source, follow=follow)
         self._html = _HTML(self.controller.html())
         super().__init__([self._html])
