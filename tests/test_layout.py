@@ -55,7 +55,7 @@ RANKS = {
     "ingest": 12,  # logs and calls into sessions through a Lab: import_log (serial or parallel), analyze, capture
     "widgets": 12.3,  # views over sessions (a Compare view opens its own Lab)
     "report": 13,
-    "fleet": 12.5,  # after ingest (file groups), before __init__ (pc.fleet): many logs on many processes or machines into a Parquet dataset; a read-only Lab over it
+    "fleet": 12.25,  # after ingest (file groups), below the widgets (as the house's drawing puts it) and __init__ (pc.fleet): many logs on many processes or machines into a Parquet dataset; a read-only Lab over it
     "__init__": 13,  # the curated public namespace
     "cli": 14,
     "pytest_plugin": 14,  # the prompt_cache fixture: a Lab, a proxy and a simulator per test
