@@ -1,10 +1,11 @@
 """Heavy dependencies bound at module level but loaded on first use, so ``import promptcache_nb`` stays light
-(``tests/test_import_time.py``): pandas and numpy (~0.5 s together) and genai_prices (~0.35 s, its price table).
+(``tests/test_import_time.py``): pandas and numpy (~0.5 s together), genai_prices (~0.35 s, its price table) and
+the two matplotlib modules the plots use (matplotlib loads with the first plot drawn).
 
 ``from .._lazy import pandas as pd`` at the top of a module binds a stand-in that imports pandas the first time
 one of its attributes is read (``pd.DataFrame``); from then on it hands out the real module's attributes. Type
-checkers see the real modules. Other heavy or optional imports (the anthropic SDK, starlette, matplotlib,
-ipywidgets, zstandard...) stay inside the one function that needs them, each with its reason.
+checkers see the real modules. Other heavy or optional imports (the anthropic SDK, starlette, ipywidgets,
+zstandard...) stay inside the one function that needs them, each with its reason.
 """
 
 from __future__ import annotations
@@ -30,9 +31,15 @@ class _OnFirstUse:
 
 if TYPE_CHECKING:
     import genai_prices as genai_prices
+    import matplotlib.figure as mpl_figure
+    import matplotlib.ticker as mpl_ticker
     import numpy as numpy
     import pandas as pandas
 else:
     genai_prices = _OnFirstUse("genai_prices")
+    mpl_figure = _OnFirstUse("matplotlib.figure")
+    mpl_ticker = _OnFirstUse("matplotlib.ticker")
     numpy = _OnFirstUse("numpy")
     pandas = _OnFirstUse("pandas")
+
+__all__ = ["genai_prices", "mpl_figure", "mpl_ticker", "numpy", "pandas"]

@@ -26,7 +26,7 @@ import platformdirs
 
 import promptcache_nb as pc
 
-from . import fleet
+from . import fleet, live
 from ._data import data_path
 from ._lazy import pandas as pd
 from .analysis.frames import derived_totals
@@ -840,11 +840,9 @@ def _default_store_with_logs(args: argparse.Namespace) -> tuple[Lab, str]:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    from .live.proxy import RecordingProxy  # starlette, uvicorn, httpx: only for this command
-
     if hasattr(signal, "SIGTERM"):  # `kill PID` closes the proxy like Ctrl-C does (lines are flushed either way)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with RecordingProxy(args.upstream, args.log, host=args.host, port=args.port,
+    with live.RecordingProxy(args.upstream, args.log, host=args.host, port=args.port,
                         redact_bodies=args.redact_bodies, diagnostics=args.diagnostics) as proxy:
         openai_suffix = "" if proxy.upstream.endswith("/v1") else "/v1"
         print(f"promptcache-nb proxy listening on {proxy.url} -> {proxy.upstream}, appending to {args.log}",
@@ -856,12 +854,10 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 
 
 def cmd_otel(args: argparse.Namespace) -> int:
-    from .live.otel import OtlpReceiver  # starlette, uvicorn: only for this command
-
     if hasattr(signal, "SIGTERM"):  # `kill PID` stops the receiver like Ctrl-C does (each export is committed whole)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     with _new_store_or_none(args.store), pc.Lab(args.store, progress=False) as lab, \
-            OtlpReceiver(lab, host=args.host, port=args.port) as otel:
+            live.OtlpReceiver(lab, host=args.host, port=args.port) as otel:
         otel.subscribe(lambda batch: print(batch.line(), flush=True))
         print(f"promptcache-nb otel receiving OTLP/HTTP (json, protobuf) on {otel.url}, storing into {args.store}",
               flush=True)

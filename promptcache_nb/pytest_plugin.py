@@ -34,12 +34,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if sys.platform != "win32":  # flock keeps the xdist workers' writes to one shared file apart (POSIX only)
+    import fcntl
 
 if TYPE_CHECKING:  # pragma: no cover
     from .analysis.gate import CacheCheck
@@ -209,9 +213,7 @@ def _check(item: pytest.Item, fixture: PromptCache) -> None:
 # -- shared files: written by several xdist workers --------------------------------------------------------
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    try:
-        import fcntl  # POSIX only
-    except ImportError:  # Windows: no flock; xdist workers there may interleave their writes
+    if sys.platform == "win32":  # no flock: xdist workers there may interleave their writes
         yield
         return
     lock = path.with_name(path.name + ".lock")

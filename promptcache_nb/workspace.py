@@ -11,6 +11,8 @@ sessions, so every request goes through the one pipeline (``pipeline.py``).
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import weakref
@@ -19,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypedDict, Unpack
 
 from . import analysis as _analysis
 from ._config import SessionConfig
@@ -101,8 +103,48 @@ class SessionOptions:
     cache_scope: str | None = None  #: who shares the simulated provider cache (None: ``"session"``)
 
 
+class SessionArgs(TypedDict, total=False):
+    """The keyword arguments of :meth:`Workspace.new_session` and :meth:`Workspace.session` after ``strategy``,
+    ``cache`` and ``model``: the other fields of :class:`SessionOptions` (their defaults and meaning there)."""
+
+    project: str
+    system: str
+    tools: list[dict[str, Any]] | None
+    start: datetime | None
+    step: str | timedelta
+    backend: Backend | None
+    cache_params: dict[str, Any] | None
+    strategy_params: dict[str, Any] | None
+    prices: Prices | None
+    calibration: Calibration | str | None
+    cache_scope: str | None
+
+
 #: The arguments a stored session is compared on when ``Workspace.session(id=...)`` is given others too.
 _STORED_OPTIONS = ("strategy", "cache", "model", "project")
+
+
+def _checked_args(method: str, args: dict[str, Any]) -> dict[str, Any]:
+    """``args``, refused as Python refuses an unknown keyword argument (``**`` takes any name at run time)."""
+    unknown = sorted(set(args) - SessionArgs.__optional_keys__)
+    if unknown:
+        raise TypeError(f"Workspace.{method}() got an unexpected keyword argument {unknown[0]!r}")
+    return args
+
+
+def _signature(*, given: bool) -> inspect.Signature:
+    """The signature ``help()`` and a notebook show for :meth:`Workspace.new_session` (each argument with its
+    :class:`SessionOptions` default) or, ``given``, :meth:`Workspace.session` (None: omitted; and ``id``)."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for f in dataclasses.fields(SessionOptions):
+        kind = (inspect.Parameter.POSITIONAL_OR_KEYWORD if f.name in ("strategy", "cache", "model")
+                else inspect.Parameter.KEYWORD_ONLY)
+        annotation = f"{f.type} | None" if given and "None" not in str(f.type) else f.type
+        params.append(inspect.Parameter(f.name, kind, default=None if given else f.default, annotation=annotation))
+        if given and f.name == "tools":
+            params.append(inspect.Parameter("id", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                            annotation="str | None"))
+    return inspect.Signature(params, return_annotation="Session")
 
 
 class Workspace:
@@ -274,25 +316,8 @@ class Workspace:
         self._open[session_id] = s
         return s
 
-    def session(
-        self,
-        strategy: str | None = None,
-        cache: str | None = None,
-        model: str | None = None,
-        *,
-        project: str | None = None,
-        system: str | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        id: str | None = None,  # noqa: A002 - the documented name
-        start: datetime | None = None,
-        step: str | timedelta | None = None,
-        backend: Backend | None = None,
-        cache_params: dict[str, Any] | None = None,
-        strategy_params: dict[str, Any] | None = None,
-        prices: Prices | None = None,
-        calibration: Calibration | str | None = None,
-        cache_scope: str | None = None,
-    ) -> Session:
+    def session(self, strategy: str | None = None, cache: str | None = None, model: str | None = None, *,
+                id: str | None = None, **options: Unpack[SessionArgs]) -> Session:  # noqa: A002 - the documented name
         """:meth:`new_session`, or :meth:`open_session` with ``id=`` (then every other argument but
         ``backend`` must be omitted or match the stored session: a stored session keeps its own settings).
 
@@ -303,10 +328,9 @@ class Workspace:
         """
         # the arguments given (None: omitted), by SessionOptions field
         given: dict[str, Any] = {k: v for k, v in (
-            ("strategy", strategy), ("cache", cache), ("model", model), ("project", project), ("system", system),
-            ("tools", tools), ("start", start), ("step", step), ("cache_params", cache_params),
-            ("strategy_params", strategy_params), ("prices", prices), ("calibration", calibration),
-            ("cache_scope", cache_scope)) if v is not None}
+            ("strategy", strategy), ("cache", cache), ("model", model), *_checked_args("session", dict(options)).items()
+        ) if v is not None}
+        backend = given.pop("backend", None)
         if id is None:
             return self._new_session(SessionOptions(backend=backend, **given))
         s = self.open_session(id, backend=backend)
@@ -317,24 +341,8 @@ class Workspace:
                                "settings; use lab.open_session(id) to continue it, lab.new_session(...) for a new one")
         return s
 
-    def new_session(
-        self,
-        strategy: str = SessionOptions.strategy,
-        cache: str = SessionOptions.cache,
-        model: str = SessionOptions.model,
-        *,
-        project: str = SessionOptions.project,
-        system: str = SessionOptions.system,
-        tools: list[dict[str, Any]] | None = None,
-        start: datetime | None = None,
-        step: str | timedelta = SessionOptions.step,
-        backend: Backend | None = None,
-        cache_params: dict[str, Any] | None = None,
-        strategy_params: dict[str, Any] | None = None,
-        prices: Prices | None = None,
-        calibration: Calibration | str | None = None,
-        cache_scope: str | None = None,
-    ) -> Session:
+    def new_session(self, strategy: str = SessionOptions.strategy, cache: str = SessionOptions.cache,
+                    model: str = SessionOptions.model, **options: Unpack[SessionArgs]) -> Session:
         """Create a session.
 
         The arguments are the fields of :class:`SessionOptions` (their defaults live there).
@@ -361,10 +369,8 @@ class Workspace:
         Example:
             >>> s = lab.new_session("durable_delta", system="You are terse.", project="demo")  # doctest: +SKIP
         """
-        return self._new_session(SessionOptions(
-            strategy=strategy, cache=cache, model=model, project=project, system=system, tools=tools, start=start,
-            step=step, backend=backend, cache_params=cache_params, strategy_params=strategy_params, prices=prices,
-            calibration=calibration, cache_scope=cache_scope))
+        return self._new_session(SessionOptions(strategy=strategy, cache=cache, model=model,
+                                                **_checked_args("new_session", dict(options))))
 
     def _new_session(self, options: SessionOptions, *, extra: dict[str, Any] | None = None) -> Session:
         """:meth:`new_session`; ``extra`` starts its state's ``extra`` (``replay``'s id namespace)."""
@@ -549,3 +555,9 @@ class Workspace:
         finally:
             bar.close()
         return s
+
+
+# what help() and a notebook's signature tip show: every argument by name, with its default (``**options`` at run
+# time, typed by SessionArgs for a type checker)
+Workspace.new_session.__signature__ = _signature(given=False)  # type: ignore[attr-defined]
+Workspace.session.__signature__ = _signature(given=True)  # type: ignore[attr-defined]

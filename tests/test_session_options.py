@@ -10,7 +10,7 @@ import pytest
 
 import promptcache_nb as pc
 from promptcache_nb.errors import SessionError
-from promptcache_nb.workspace import SessionOptions
+from promptcache_nb.workspace import SessionArgs, SessionOptions
 
 
 def test_new_session_defaults_are_the_options_defaults() -> None:
@@ -19,6 +19,30 @@ def test_new_session_defaults_are_the_options_defaults() -> None:
     assert set(params) - {"self"} == set(fields)  # the same arguments, none forgotten
     for name, f in fields.items():
         assert params[name].default == f.default, name
+
+
+def test_the_keyword_arguments_are_the_options_fields() -> None:
+    """``**options`` of session / new_session is typed by SessionArgs: the fields after strategy, cache, model."""
+    fields = [f.name for f in dataclasses.fields(SessionOptions)]
+    assert fields[:3] == ["strategy", "cache", "model"]
+    assert set(SessionArgs.__annotations__) == set(fields[3:]) == SessionArgs.__optional_keys__
+
+
+def test_session_signature_shows_every_argument_as_omittable() -> None:
+    params = inspect.signature(pc.Lab.session).parameters
+    fields = {f.name for f in dataclasses.fields(SessionOptions)}
+    assert set(params) - {"self"} == fields | {"id"}
+    assert all(params[name].default is None for name in fields | {"id"})
+
+
+@pytest.mark.parametrize("method", ["session", "new_session"])
+def test_a_misspelt_argument_is_refused_as_python_refuses_one(method: str) -> None:
+    with pc.Lab() as lab, pytest.raises(TypeError, match=rf"{method}\(\) got an unexpected keyword argument 'sytem'"):
+        getattr(lab, method)(sytem="You are terse.")
+    with pc.Lab() as lab:
+        s = lab.new_session(system="You are terse.")
+        with pytest.raises(TypeError, match="'sytem'"):
+            lab.session(id=s.id, sytem="You are terse.")  # with an id too: never mistaken for a stored setting
 
 
 def test_session_without_arguments_is_a_default_new_session() -> None:

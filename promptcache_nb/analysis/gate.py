@@ -23,15 +23,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .._lazy import pandas as pd
+from .._protocols import StoredSession
 from ..request.diff import compute_diff
 from .crosscheck import provider_note
 from .observe import cache_retention
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..session import Session
+    from ..turn import Turn
+
+
+class CheckedSession(StoredSession, Protocol):
+    """What the gate reads of a session (a :class:`~promptcache_nb.Session`): its turns frame and its stored
+    turns, declared here so the analysis never imports the session above it."""
+
+    def turns(self) -> pd.DataFrame: ...
+
+    def turn(self, index: int) -> Turn: ...
+
 
 #: How long an entry written by one conversation stays readable for the next when nothing says otherwise: the
 #: shortest TTL any provider we model keeps (Anthropic's 5 minutes; 1 hour where a breakpoint asks for it).
@@ -146,13 +157,14 @@ def _n(value: int | None) -> str:
 _PROVIDER_COLUMNS = ("provider_cache_miss_reason", "provider_cache_missed_tokens", "diverge_path", "pure_append")
 
 
-def _provider_reason(session: Session, index: int) -> str | None:
+def _provider_reason(session: CheckedSession, index: int) -> str | None:
     """The provider's own diagnosis of a request, as one sentence beside ours (None when it was not asked)."""
     row = session.lab.store.turn_row(session.id, index, _PROVIDER_COLUMNS)
     return None if row is None else provider_note(row)
 
 
-def check_cache(session: Session, *, min_read_pct: float | None = None, max_breaks: int | None = 0) -> CacheCheck:
+def check_cache(session: CheckedSession, *, min_read_pct: float | None = None,
+                max_breaks: int | None = 0) -> CacheCheck:
     """Check ``session`` against the thresholds: at most ``max_breaks`` requests that broke the cache (the
     ``broke`` verdict; None: any number) and at least ``min_read_pct`` % of prompt tokens read from the cache
     (None: no minimum). Never raises for a failed check: see :attr:`CacheCheck.failures`."""
@@ -189,7 +201,7 @@ def check_cache(session: Session, *, min_read_pct: float | None = None, max_brea
                       _below_minimum_notes(session, df))
 
 
-def _below_minimum_notes(session: Session, df: object) -> tuple[str, ...]:
+def _below_minimum_notes(session: CheckedSession, df: object) -> tuple[str, ...]:
     """A note when the model's minimum cacheable length kept every request out of the cache."""
     assert isinstance(df, pd.DataFrame)
     with_usage = df[df.cache_read_input_tokens.notna()]
@@ -206,7 +218,7 @@ def _below_minimum_notes(session: Session, df: object) -> tuple[str, ...]:
             f"length ({size}), so there was no cache to break",)
 
 
-def check_conversations(sessions: Sequence[Session]) -> tuple[CacheBreak, ...]:
+def check_conversations(sessions: Sequence[CheckedSession]) -> tuple[CacheBreak, ...]:
     """The breaks *between* the conversations of one cache scope (sessions of one account or one test endpoint,
     in any order): a conversation whose first request changed the tools or the system prompt the previous
     conversation had cached, while that entry was alive (sent within its TTL: 5 minutes, 1 hour where a breakpoint
@@ -246,7 +258,7 @@ def check_conversations(sessions: Sequence[Session]) -> tuple[CacheBreak, ...]:
     return tuple(out)
 
 
-def assert_cache_stable(session: Session, *, min_read_pct: float | None = None,
+def assert_cache_stable(session: CheckedSession, *, min_read_pct: float | None = None,
                         max_breaks: int | None = 0) -> CacheCheck:
     """Fail (``AssertionError``) when ``session`` broke the prompt cache: more than ``max_breaks`` requests broke
     it (the ``broke`` verdict: a request read less than it could have; default: none may), or it read less than

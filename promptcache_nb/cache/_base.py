@@ -66,6 +66,8 @@ class CacheModel(ABC):
         super().__init_subclass__(**kwargs)
         cls.__signature__ = cls.Options.signature()  # type: ignore[attr-defined] # read by inspect.signature
         cls.__doc__ = cls.Options.document(cls.__doc__)
+        if "Options" in cls.__dict__ and cls.Options.__doc__ is None:  # its own, undocumented: named after it
+            cls.Options.__doc__ = f"Parameters of :class:`{cls.__name__}`."
 
     @abstractmethod
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:

@@ -341,8 +341,6 @@ class AnthropicCache(CacheModel):
     min_table: ClassVar[Mapping[str, int]] = MIN_CACHEABLE_TOKENS
 
     class Options(CacheModel.Options):
-        """Parameters of :class:`AnthropicCache`."""
-
         ttft_seconds: float = Field(0.5, ge=0, description="seconds before an entry written by a request becomes "
                                     "readable (the response must have begun, §1.6)")
         min_tokens: dict[str, int] | None = Field(None, description="per-model overrides of the minimum "

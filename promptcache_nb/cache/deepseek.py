@@ -35,8 +35,7 @@ from .._options import Duration
 from .._util import parse_duration
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
-from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, read_only_usage, segment_path, states_for
-from ._reasons import Reason, first_request_reason
+from ._prefix import ChainInterner, common_prefix_len, compared, miss_reason, read_only_result, segment_path
 
 UNIT_TOKENS = 64
 
@@ -46,14 +45,13 @@ class DeepSeekCache(CacheModel):
 
     Example:
         >>> import promptcache_nb as pc
-        >>> cache = pc.get_cache_model("deepseek", lifetime="24h")
+        >>> pc.get_cache_model("deepseek").min_cacheable_tokens("deepseek-chat")  # hits come in 64-token units
+        64
     """
 
     name: ClassVar[str] = "deepseek"
 
     class Options(CacheModel.Options):
-        """Parameters of :class:`DeepSeekCache`."""
-
         unit: int = Field(UNIT_TOKENS, ge=1, description="storage unit in tokens (64)")
         construction_delay: Duration = Field(2.0, description="before a request's prompt is usable by later ones "
                                              "(a duration: '2s', seconds, or a timedelta)")
@@ -135,10 +133,7 @@ class DeepSeekCache(CacheModel):
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
         t = at.timestamp()
         model = request.model
-        root = self._chains.root("deepseek", model)
-        _keys, chain = self._chains.chain(root, request)
-        cum = cumulative_tokens(request)
-        n = cum[-1] if cum else 0
+        _root, chain, cum, n = self._chains.prompt(request, "deepseek", model)
         if self._prev is not None and self._prev["model"] != model:
             self._last_chain = []  # another model's chain shares no nodes with this one
         live, why = self._match(chain, t)
@@ -152,26 +147,20 @@ class DeepSeekCache(CacheModel):
             "prompt_tokens": n, "prompt_cache_hit_tokens": hit, "prompt_cache_miss_tokens": n - hit,
             "prompt_tokens_details": {"cached_tokens": hit},
         }
-        usage = read_only_usage(n, hit, native)
         detail: dict[str, Any] = {"model": model, "lcp_tokens": lcp, "unit": self.options.unit,
                                   "hit_path": segment_path(request, live - 1) if hit else None}
         if pending is not None:
             detail["construction_pending_seconds"] = round(pending, 3)
         reason = self._reason(request, model, chain, cum, n, hit, why, t, detail)
         self._prev = {"model": model, "n": n, "chain": chain, "t": t}
-        return CacheResult(usage, Reason(reason), detail, states_for(cum, hit), native)
+        return read_only_result(n, cum, hit, reason, detail, native)
 
     def _reason(self, request: PreparedRequest, model: str, chain: list[int], cum: list[int], n: int, hit: int,
                 why: str | None, t: float, detail: dict[str, Any]) -> str:
-        prev = self._prev
-        if prev is None:  # a read on a session's first request came from a session sharing the cache
-            return first_request_reason(hit, detail)
-        if prev["model"] != model:
-            detail["previous_model"] = prev["model"]
-            return "model_switch"
-        shared = common_prefix_len(chain, prev["chain"])
-        detail["divergence_index"] = shared
-        detail["divergence_path"] = segment_path(request, shared)
+        found = compared(self._prev, request, model, chain, hit, detail)
+        if isinstance(found, str):
+            return found
+        prev, shared = found
         if n < self.options.unit:
             return "below_minimum"
         possible = min(prev["n"], n) // self.options.unit * self.options.unit
@@ -185,9 +174,7 @@ class DeepSeekCache(CacheModel):
             return "ttl_expired"
         if why == "constructing":
             return "not_written"  # the previous prompt's cache is still being built
-        if shared < len(prev["chain"]) and (cum[shared - 1] if shared else 0) < min(prev["n"], n):
-            return "prefix_changed"
-        return "not_written"
+        return miss_reason(prev, shared, cum, n)
 
 
 DeepSeekOptions = DeepSeekCache.Options  # its former name

@@ -57,8 +57,8 @@ from ..errors import UnknownModelError
 from ..request import PreparedRequest
 from ..usage import Usage
 from ._base import CacheModel, CacheResult
-from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, read_only_usage, segment_path
-from ._reasons import Reason, first_request_reason
+from ._prefix import ChainInterner, common_prefix_len, compared, cumulative_tokens, read_only_usage, segment_path
+from ._reasons import Reason
 
 # Minimum input tokens for context caching per model: the Gemini API's table, copy of 2026-07-07 [G1'] (2.5 Flash
 # and Pro at 2,048; 3.x at 4,096), with the models only earlier copies list [G1] (3 Flash Preview 1,024, 3 Pro
@@ -129,8 +129,6 @@ class GeminiCache(CacheModel):
     known_models: ClassVar[tuple[str, ...]] = tuple(MIN_CACHEABLE_TOKENS)
 
     class Options(CacheModel.Options):
-        """Parameters of :class:`GeminiCache`."""
-
         lifetime: Duration = Field("1h", description="implicit caching: a prefix unused this long is gone "
                                    "(undocumented; a duration: '1h', seconds, or a timedelta)")
         min_tokens: dict[str, int] | None = Field(None, description="per-model overrides of the minimum input "
@@ -230,10 +228,7 @@ class GeminiCache(CacheModel):
         model = self.validate_model(request.model)  # before any state changes
         minimum = self.min_tokens[model]
         t = at.timestamp()
-        root = self._chains.root("gemini", model)
-        _keys, chain = self._chains.chain(root, request)
-        cum = cumulative_tokens(request)
-        n = cum[-1] if cum else 0
+        _root, chain, cum, n = self._chains.prompt(request, "gemini", model)
 
         live, expired = self._implicit(chain, t)
         lcp = cum[live - 1] if live else 0
@@ -294,16 +289,11 @@ class GeminiCache(CacheModel):
 
     def _reason(self, request: PreparedRequest, model: str, chain: list[int], cum: list[int], n: int, read: int,
                 write: int, minimum: int, expired: bool, t: float, detail: dict[str, Any]) -> str:
-        prev = self._prev
-        if prev is None:  # a read on a session's first request came from a session sharing the cache
-            return first_request_reason(read, detail)
+        found = compared(self._prev, request, model, chain, read, detail)
+        if isinstance(found, str):
+            return found
+        prev, shared = found
         got = read + write  # a fresh explicit cache holds what the request sent: no rebuild of what was cached
-        if prev["model"] != model:
-            detail["previous_model"] = prev["model"]
-            return "model_switch"
-        shared = common_prefix_len(chain, prev["chain"])
-        detail["divergence_index"] = shared
-        detail["divergence_path"] = segment_path(request, shared)
         if n < minimum:
             return "below_minimum"
         explicit = detail.get("explicit")

@@ -47,8 +47,8 @@ from .._options import Duration
 from .._util import parse_duration
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
-from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, read_only_usage, segment_path, states_for
-from ._reasons import Reason, first_request_reason
+from ._prefix import ChainInterner, common_prefix_len, divergence, miss_reason, read_only_result, segment_path
+from ._reasons import first_request_reason
 
 MIN_TOKENS = 1024
 INCREMENT = 128
@@ -78,14 +78,13 @@ class OpenAICache(CacheModel):
 
     Example:
         >>> import promptcache_nb as pc
-        >>> cache = pc.get_cache_model("openai", idle_ttl="10m")
+        >>> pc.get_cache_model("openai", idle_ttl="10m").idle_ttl  # seconds
+        600.0
     """
 
     name: ClassVar[str] = "openai"
 
     class Options(CacheModel.Options):
-        """Parameters of :class:`OpenAICache`."""
-
         retention: Literal["in_memory", "24h"] = Field("in_memory", description="'in_memory' or '24h' "
                                                        "(prompt_cache_retention)")
         idle_ttl: Duration = Field("5m", description="in_memory only: a prefix unused this long is gone "
@@ -195,10 +194,7 @@ class OpenAICache(CacheModel):
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
         t = at.timestamp()
         model = request.model
-        root = self._chains.root("openai", model)
-        _keys, chain = self._chains.chain(root, request)
-        cum = cumulative_tokens(request)
-        n = cum[-1] if cum else 0
+        root, chain, cum, n = self._chains.prompt(request, "openai", model)
         pkey = request.rest.get("prompt_cache_key", self.options.prompt_cache_key)
         route = chain[min(bisect_left(cum, self.options.routing_tokens), len(chain) - 1)] if chain else root
         shard_id = (route, pkey)
@@ -222,8 +218,6 @@ class OpenAICache(CacheModel):
                 shard.life.update(dict.fromkeys(chain, life))
                 shard.prev_life = life
 
-        native = {"prompt_tokens": n, "prompt_tokens_details": {"cached_tokens": cached}}
-        usage = read_only_usage(n, cached, native)
         asked = request.rest.get("prompt_cache_retention")
         detail: dict[str, Any] = {
             "model": model, "retention": asked if asked in RETENTIONS else self.options.retention, "lcp_tokens": lcp,
@@ -233,16 +227,15 @@ class OpenAICache(CacheModel):
         reason = self._reason(request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail)
         self._prev = {"model": model, "n": n, "chain": chain, "route": route, "key": pkey, "t": t,
                       "stored": stored}
-        return CacheResult(usage, Reason(reason), detail, states_for(cum, cached), native)
+        return read_only_result(n, cum, cached, reason, detail)
 
     def _reason(self, request: PreparedRequest, model: str, chain: list[int], cum: list[int], n: int, cached: int,
                 route: int, pkey: Any, dead_why: str | None, t: float, detail: dict[str, Any]) -> str:
         prev = self._prev
         if prev is None:  # a read on a session's first request came from a session sharing the cache
             return first_request_reason(cached, detail)
-        shared = common_prefix_len(chain, prev["chain"]) if prev["model"] == model else 0
-        detail["divergence_index"] = shared
-        detail["divergence_path"] = segment_path(request, shared)
+        # the divergence is noted on a model switch too (at 0: another model's chain shares nothing)
+        shared = divergence(request, chain, prev["chain"] if prev["model"] == model else [], detail)
         if prev["model"] != model:
             detail["previous_model"] = prev["model"]
             return "model_switch"
@@ -264,9 +257,7 @@ class OpenAICache(CacheModel):
             detail["expired"] = dead_why
             detail["idle_seconds"] = round(t - prev["t"], 3)
             return "ttl_expired"
-        if shared < len(prev["chain"]) and (cum[shared - 1] if shared else 0) < min(prev["n"], n):
-            return "prefix_changed"
-        return "not_written"
+        return miss_reason(prev, shared, cum, n)
 
 
 OpenAIOptions = OpenAICache.Options  # its former name

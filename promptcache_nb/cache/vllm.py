@@ -44,8 +44,8 @@ from pydantic import Field
 
 from ..request import PreparedRequest
 from ._base import CacheModel, CacheResult
-from ._prefix import ChainInterner, common_prefix_len, cumulative_tokens, read_only_usage, segment_path, states_for
-from ._reasons import Reason, first_request_reason
+from ._prefix import ChainInterner, common_prefix_len, divergence, miss_reason, read_only_result, segment_path
+from ._reasons import first_request_reason
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 32_768
@@ -75,8 +75,6 @@ class VLLMCache(CacheModel):
     name: ClassVar[str] = "vllm"
 
     class Options(CacheModel.Options):
-        """Parameters of :class:`VLLMCache`."""
-
         block_size: int = Field(BLOCK_SIZE, ge=1, description="tokens per KV block (16)")
         num_blocks: int | None = Field(NUM_BLOCKS, ge=1, description="KV blocks in the pool; None for an "
                                        "unbounded pool (no eviction)")
@@ -184,10 +182,7 @@ class VLLMCache(CacheModel):
     def process(self, request: PreparedRequest, at: datetime) -> CacheResult:
         model = request.model
         salt = request.rest.get("cache_salt", self.options.cache_salt)
-        root = self._chains.root("vllm", model, salt)
-        _keys, chain = self._chains.chain(root, request)
-        cum = cumulative_tokens(request)
-        n = cum[-1] if cum else 0
+        root, chain, cum, n = self._chains.prompt(request, "vllm", model, salt)
         size = self.options.block_size
         full, blocks = n // size, -(-n // size)
         cap = (n - 1) // size if n else 0  # hits stop at num_tokens - 1 [V2]
@@ -233,12 +228,10 @@ class VLLMCache(CacheModel):
             self._ever.update(chain)
             self._last_root, self._last_chain = root, chain
 
-        native = {"prompt_tokens": n, "prompt_tokens_details": {"cached_tokens": cached}}
-        usage = read_only_usage(n, cached, native)
         detail["hit_path"] = segment_path(request, _segment_of(cum, cached)) if cached else None
         reason = status or self._reason(request, chain, cum, n, cached, cap, once, detail)
         self._prev = {"root": root, "model": model, "salt": salt, "n": n, "chain": chain}
-        return CacheResult(usage, Reason(reason), detail, states_for(cum, cached), native)
+        return read_only_result(n, cum, cached, reason, detail)
 
     def _insert(self, chain: list[int], cum: list[int], start: int) -> None:
         """Cache every full block of the request; it ends as the most recently used."""
@@ -271,9 +264,7 @@ class VLLMCache(CacheModel):
         if prev["salt"] != detail["cache_salt"]:
             detail["previous_cache_salt"] = prev["salt"]
             return "not_written"  # another namespace: the salt is hashed into the first block [V1]
-        shared = common_prefix_len(chain, prev["chain"])
-        detail["divergence_index"] = shared
-        detail["divergence_path"] = segment_path(request, shared)
+        shared = divergence(request, chain, prev["chain"], detail)
         if cap == 0:
             return "below_minimum"  # no full block before the last token
         size = self.options.block_size
@@ -286,9 +277,7 @@ class VLLMCache(CacheModel):
         if possible == 0:
             detail["previous_tokens"] = prev["n"]
             return "not_written"
-        if shared < len(prev["chain"]) and (cum[shared - 1] if shared else 0) < min(prev["n"], n):
-            return "prefix_changed"
-        return "not_written"
+        return miss_reason(prev, shared, cum, n)
 
 
 def _segment_of(cum: list[int], tokens: int) -> int:

@@ -123,7 +123,7 @@ class Dialect(Protocol):
 
     def rebuild(self, body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
                 ) -> dict[str, Any]:
-        """Fill ``body`` (the other fields, ``tools`` already a list when it was one) from (kind, role, element)."""
+        """Fill ``body`` (the other top-level fields) from its shape and (kind, role, element) chain."""
         ...
 
     def required_fields(self, body: Mapping[str, Any], *, count_tokens: bool) -> list[str]:
@@ -164,15 +164,59 @@ class Dialect(Protocol):
         ...
 
 
+#: Where one segment goes back in its body: the top-level key, and as what. ``value``: the element itself, joining
+#: the key's list when the shape says it was one, else the key's value; ``message``: a message of its own
+#: (``{"role", "content": element}``); ``first block``: a message whose content list starts with it; ``next block``:
+#: the next block of the last message's content.
+Placement = tuple[str, Literal["value", "message", "first block", "next block"]]
+
+
+def rebuild_from_chain(body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]],
+                       placements: Mapping[str, Placement], dialect: str) -> dict[str, Any]:
+    """``body`` (the other top-level fields) filled from its stored shape and segment chain: every key the shape
+    says was a list starts empty, and each segment goes where ``placements`` puts its kind. An unlogged prefix has
+    no place in the body; another kind is refused (ValueError)."""
+    for key in {key for key, _ in placements.values()}:
+        if shape.get(key) == "list":
+            body[key] = []
+    for kind, role, element in chain:
+        where = placements.get(kind)
+        if where is None:
+            if kind != "unlogged":
+                raise ValueError(f"unknown segment kind {kind!r} for {dialect}")
+            continue
+        key, as_ = where
+        if as_ == "value":
+            joined = body.get(key)
+            if isinstance(joined, list):
+                joined.append(element)
+            else:
+                body[key] = element
+        elif as_ == "message":
+            body[key].append({"role": role, "content": element})
+        elif as_ == "first block":
+            body[key].append({"role": role, "content": [element]})
+        else:
+            body[key][-1]["content"].append(element)
+    return body
+
+
 class DialectBase:
-    """What every built-in :class:`Dialect` does the same way: its repr. (Which format a body is written in is the
-    registry's question, :func:`~promptcache_nb.dialects.detect`: its evidence order needs every dialect at once.)"""
+    """What every built-in :class:`Dialect` does the same way: its repr and its rebuild (from its
+    :attr:`placements`). (Which format a body is written in is the registry's question,
+    :func:`~promptcache_nb.dialects.detect`: its evidence order needs every dialect at once.)"""
 
     name: DialectName
     cache_diagnostics = False
+    #: segment kind -> where it goes back in the body (:data:`Placement`)
+    placements: Mapping[str, Placement]
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
+
+    def rebuild(self, body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
+                ) -> dict[str, Any]:
+        return rebuild_from_chain(body, shape, chain, self.placements, self.name)
 
     def diagnosis(self, request: Mapping[str, Any] | None, diagnostics: Any) -> ProviderDiagnosis | None:
         return None

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..usage import Usage, UsageSource, _count, _details
-from ._base import SegmentSink
+from ._base import DialectBase, SegmentSink
 from ._problems import Problems, add_line, structure, type_name
 
 #: OpenAI top-level fields that never affect what the prefix cache matches (output limits, sampling,
@@ -135,22 +135,30 @@ def error_body(status: int, message: str, request_id: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}}).encode()
 
 
+class OpenAIDialect(DialectBase):
+    """What the two OpenAI formats declare alike (:class:`~promptcache_nb.dialects.Dialect`): the provider, what
+    never changes the cached prefix, implicit caching, one segment per unit of the list, the usage arithmetic and
+    the error body."""
 
+    provider = "openai"
+    volatile_fields: tuple[str, ...] = VOLATILE_FIELDS
+    field_levels: Mapping[str, str] = FIELD_LEVELS
+    limits_nullable = True
+    implicit_caching = True
+    count_tokens_endpoint = False
+    stream_placeholder_usage = False
+    logged_usage_counts: tuple[str, ...] = ()
+    fast_path = False
+    whole_units = True
+    #: the usage object's (prompt, output) count keys
+    usage_keys: tuple[str, str]
 
-def rebuild_from_chain(body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]], *,
-                       list_key: str, appended: Mapping[str, str], placed: Mapping[str, str], dialect: str
-                       ) -> dict[str, Any]:
-    """A body from its stored shape and segment chain, for a format whose segments either join a list
-    (``appended``: kind -> key) or are a top-level value (``placed``: kind -> key); ``list_key`` starts empty
-    when the shape says it was a list. An unlogged prefix has no place in the body; another kind is refused."""
-    if shape.get(list_key) == "list":
-        body[list_key] = []
-    for kind, _role, element in chain:
-        key = appended.get(kind)
-        if key is not None:
-            body[key].append(element)
-        elif (key := placed.get(kind)) is not None:
-            body[key] = element
-        elif kind != "unlogged":
-            raise ValueError(f"unknown segment kind {kind!r} for {dialect}")
-    return body
+    def units_width(self, units: list[Any]) -> int:
+        return len(units)
+
+    def usage(self, payload: Any, *, source: UsageSource) -> Usage:
+        prompt_key, output_key = self.usage_keys
+        return usage_from_payload(payload, prompt_key=prompt_key, output_key=output_key, source=source)
+
+    def error_body(self, status: int, message: str, request_id: str) -> bytes:
+        return error_body(status, message, request_id)

@@ -35,7 +35,7 @@ from ..usage import (
     _count,
     _details,
 )
-from ._base import DialectBase, DialectName, ProviderDiagnosis, SegmentSink, Unit
+from ._base import DialectBase, DialectName, Placement, ProviderDiagnosis, SegmentSink, Unit
 from ._problems import Problems, type_name, well_formed
 from ._sse import Pairs, StreamSummary, encode_event, halves
 
@@ -163,31 +163,6 @@ def _segment(sink: SegmentSink) -> Sequence[str]:
     if messages is not None:
         sink.section("messages", messages, message)
     return SEGMENTED
-
-
-def _rebuild(body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
-             ) -> dict[str, Any]:
-    if shape.get("system") == "list":
-        body["system"] = []
-    if shape.get("messages") == "list":
-        body["messages"] = []
-    for kind, role, element in chain:
-        if kind == "tool":
-            body["tools"].append(element)
-        elif kind == "system":
-            if shape.get("system") == "str":
-                body["system"] = element
-            else:
-                body["system"].append(element)
-        elif kind in ("msg-str", "msg-empty"):
-            body["messages"].append({"role": role, "content": element})
-        elif kind == "msg-start":
-            body["messages"].append({"role": role, "content": [element]})
-        elif kind == "msg":
-            body["messages"][-1]["content"].append(element)
-        elif kind != "unlogged":
-            raise ValueError(f"unknown segment kind {kind!r}")
-    return body
 
 
 # -- structure checks (one-line ValueErrors naming the field; prepare and the validator share them) -----------
@@ -608,8 +583,11 @@ class AnthropicMessages(DialectBase):
     fast_path = True
     whole_units = False
     scalar_keys: Mapping[str, str] = {}
+    placements: Mapping[str, Placement] = {
+        "tool": ("tools", "value"), "system": ("system", "value"), "msg-str": ("messages", "message"),
+        "msg-empty": ("messages", "message"), "msg-start": ("messages", "first block"),
+        "msg": ("messages", "next block")}
     cache_diagnostics = True
-
 
     def segment(self, sink: SegmentSink) -> Sequence[str]:
         return _segment(sink)
@@ -620,10 +598,6 @@ class AnthropicMessages(DialectBase):
     def system_count(self, body: Mapping[str, Any], shape: Mapping[str, Any], rest: Mapping[str, Any]) -> int:
         system = body.get("system")
         return 0 if system is None else 1 if isinstance(system, str) else len(system)
-
-    def rebuild(self, body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
-                ) -> dict[str, Any]:
-        return _rebuild(body, shape, chain)
 
     def required_fields(self, body: Mapping[str, Any], *, count_tokens: bool) -> list[str]:
         return ["model", "messages"] if count_tokens else ["model", "max_tokens", "messages"]

@@ -12,17 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..usage import Usage, UsageSource
-from ._base import DialectBase, DialectName, SegmentSink
+from ._base import DialectName, Placement, SegmentSink
 from ._openai import (
-    FIELD_LEVELS,
-    VOLATILE_FIELDS,
+    OpenAIDialect,
     check_tools,
-    error_body,
-    rebuild_from_chain,
     segment_schema,
     segment_tools,
-    usage_from_payload,
 )
 from ._problems import Problems, type_name, well_formed
 from ._sse import Pairs, StreamSummary, encode_event, halves
@@ -79,12 +74,6 @@ def _segment(sink: SegmentSink) -> Sequence[str]:
 
     sink.section("messages", messages, message)
     return [*segmented, "messages"]
-
-
-def _rebuild(body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
-             ) -> dict[str, Any]:
-    return rebuild_from_chain(body, shape, chain, list_key="messages", dialect="openai-chat",
-                              appended={"tool": "tools", "msg-whole": "messages"}, placed={"schema": "response_format"})
 
 
 def check_message(i: int, m: Any) -> None:
@@ -233,47 +222,29 @@ def sse_write(completion: dict[str, Any], *, include_usage: bool) -> list[bytes]
     return [encode_event(None, c) for c in chunks] + [encode_event(None, "[DONE]")]
 
 
-class OpenAIChat(DialectBase):
+class OpenAIChat(OpenAIDialect):
     """The OpenAI Chat Completions format (:class:`~promptcache_nb.dialects.Dialect`)."""
 
     name: DialectName = "openai-chat"
-    provider = "openai"
     list_key = "messages"
     only_keys = ONLY_KEYS
-    volatile_fields: tuple[str, ...] = VOLATILE_FIELDS
-    field_levels: Mapping[str, str] = FIELD_LEVELS
     limit_fields: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
-    limits_nullable = True
-    implicit_caching = True
-    count_tokens_endpoint = False
-    stream_placeholder_usage = False
-    logged_usage_counts: tuple[str, ...] = ()
-    fast_path = False
-    whole_units = True
+    usage_keys = ("prompt_tokens", "completion_tokens")
     scalar_keys: Mapping[str, str] = {"schema": "response_format"}
-
+    placements: Mapping[str, Placement] = {
+        "tool": ("tools", "value"), "msg-whole": ("messages", "value"), "schema": ("response_format", "value")}
 
     def segment(self, sink: SegmentSink) -> Sequence[str]:
         return _segment(sink)
 
-    def units_width(self, units: list[Any]) -> int:
-        return len(units)
-
     def system_count(self, body: Mapping[str, Any], shape: Mapping[str, Any], rest: Mapping[str, Any]) -> int:
         return int("response_format" in body and "response_format" not in rest)
-
-    def rebuild(self, body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
-                ) -> dict[str, Any]:
-        return _rebuild(body, shape, chain)
 
     def required_fields(self, body: Mapping[str, Any], *, count_tokens: bool) -> list[str]:
         return ["model", "messages"]
 
     def validate(self, body: Mapping[str, Any], out: Problems, partial: bool, skip: int, prev_len: int) -> None:
         _validate(body, out, partial, skip, prev_len)
-
-    def usage(self, payload: Any, *, source: UsageSource) -> Usage:
-        return usage_from_payload(payload, prompt_key="prompt_tokens", output_key="completion_tokens", source=source)
 
     def reply(self, response: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         choices = response.get("choices") or []
@@ -288,9 +259,6 @@ class OpenAIChat(DialectBase):
 
     def sse_write(self, response: dict[str, Any], *, include_usage: bool = True) -> list[bytes]:
         return sse_write(response, include_usage=include_usage)
-
-    def error_body(self, status: int, message: str, request_id: str) -> bytes:
-        return error_body(status, message, request_id)
 
 
 OPENAI_CHAT = OpenAIChat()

@@ -11,17 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..usage import Usage, UsageSource
-from ._base import DialectBase, DialectName, SegmentSink
+from ._base import DialectName, Placement, SegmentSink
 from ._openai import (
-    FIELD_LEVELS,
-    VOLATILE_FIELDS,
+    OpenAIDialect,
     check_tools,
-    error_body,
-    rebuild_from_chain,
     segment_schema,
     segment_tools,
-    usage_from_payload,
 )
 from ._problems import Problems, type_name, well_formed
 from ._sse import Pairs, StreamSummary, encode_event, halves
@@ -88,13 +83,6 @@ def _segment(sink: SegmentSink) -> Sequence[str]:
     else:
         raise ValueError("input: must be a string or a list of input items")
     return segmented
-
-
-def _rebuild(body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
-             ) -> dict[str, Any]:
-    return rebuild_from_chain(body, shape, chain, list_key="input", dialect="openai-responses",
-                              appended={"tool": "tools", "item": "input"},
-                              placed={"schema": "text", "system": "instructions", "msg-str": "input"})
 
 
 def check_item(i: int, item: Any) -> None:
@@ -222,38 +210,24 @@ def sse_write(response: dict[str, Any]) -> list[bytes]:
     return [encode_event(e["type"], {**e, "sequence_number": n}) for n, e in enumerate(events)]
 
 
-class OpenAIResponses(DialectBase):
+class OpenAIResponses(OpenAIDialect):
     """The OpenAI Responses format (:class:`~promptcache_nb.dialects.Dialect`)."""
 
     name: DialectName = "openai-responses"
-    provider = "openai"
     list_key = "input"
     only_keys = ONLY_KEYS
-    volatile_fields: tuple[str, ...] = VOLATILE_FIELDS
-    field_levels: Mapping[str, str] = FIELD_LEVELS
     limit_fields: tuple[str, ...] = ("max_output_tokens",)
-    limits_nullable = True
-    implicit_caching = True
-    count_tokens_endpoint = False
-    stream_placeholder_usage = False
-    logged_usage_counts: tuple[str, ...] = ()
-    fast_path = False
-    whole_units = True
+    usage_keys = ("input_tokens", "output_tokens")
     scalar_keys: Mapping[str, str] = {"schema": "text", "system": "instructions", "msg-str": "input"}
-
+    placements: Mapping[str, Placement] = {
+        "tool": ("tools", "value"), "item": ("input", "value"), "msg-str": ("input", "value"),
+        "schema": ("text", "value"), "system": ("instructions", "value")}
 
     def segment(self, sink: SegmentSink) -> Sequence[str]:
         return _segment(sink)
 
-    def units_width(self, units: list[Any]) -> int:
-        return len(units)
-
     def system_count(self, body: Mapping[str, Any], shape: Mapping[str, Any], rest: Mapping[str, Any]) -> int:
         return int("text" in body and "text" not in rest) + int(shape.get("instructions") == "str")
-
-    def rebuild(self, body: dict[str, Any], shape: Mapping[str, Any], chain: list[tuple[str, str | None, Any]]
-                ) -> dict[str, Any]:
-        return _rebuild(body, shape, chain)
 
     def required_fields(self, body: Mapping[str, Any], *, count_tokens: bool) -> list[str]:
         if {"prompt", "conversation", "previous_response_id"} & body.keys():
@@ -262,9 +236,6 @@ class OpenAIResponses(DialectBase):
 
     def validate(self, body: Mapping[str, Any], out: Problems, partial: bool, skip: int, prev_len: int) -> None:
         _validate(body, out, partial, skip, prev_len)
-
-    def usage(self, payload: Any, *, source: UsageSource) -> Usage:
-        return usage_from_payload(payload, prompt_key="input_tokens", output_key="output_tokens", source=source)
 
     def reply(self, response: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         content = response.get("output")
@@ -279,9 +250,6 @@ class OpenAIResponses(DialectBase):
 
     def sse_write(self, response: dict[str, Any], *, include_usage: bool = True) -> list[bytes]:
         return sse_write(response)
-
-    def error_body(self, status: int, message: str, request_id: str) -> bytes:
-        return error_body(status, message, request_id)
 
 
 OPENAI_RESPONSES = OpenAIResponses()

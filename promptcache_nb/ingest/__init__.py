@@ -16,7 +16,7 @@ from ..importers import READERS
 from ..workspace import Workspace
 from ._analyze import analyze
 from ._groups import expand_paths
-from ._import import ImportResult, SessionList, StoredRecords, import_serial, store_records
+from ._import import ImportOptions, ImportResult, SessionList, StoredRecords, import_serial, store_records
 from ._parallel import import_parallel
 from .capture import capture
 
@@ -39,8 +39,9 @@ def import_log(
     deep: bool = False,
 ) -> ImportResult:
     """Import agent logs into ``lab``; see :meth:`Lab.import_log <promptcache_nb.Lab.import_log>`. Checks the
-    arguments, then imports in this process (``workers=1``: :func:`~._import.import_serial`, whose other arguments
-    it passes on) or in ``workers`` processes (:func:`~._parallel.import_parallel`)."""
+    arguments, then imports in this process (``workers=1``: :func:`~._import.import_serial`) or in ``workers``
+    processes (:func:`~._parallel.import_parallel`), the other arguments passed on as one
+    :class:`~._import.ImportOptions`."""
     if format != "auto" and format not in READERS:
         raise ImportFormatError(str(paths), f"unknown format {format!r}; known: {', '.join(sorted(READERS))}")
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -49,7 +50,9 @@ def import_log(
         raise PromptCacheError(f"import_log(account=...): the provider account's name or id, got {account!r}")
     if workers > 1:
         expand_paths(paths)  # a missing path fails here, in this process, before any worker starts
-        return import_parallel(lab, paths, workers=workers, format=format, project=project, progress=progress,
-                               account=account, deep=deep)
-    return import_serial(lab, paths, format=format, project=project, progress=progress, calibrate=calibrate,
-                         account=account, accounts=accounts, projects=projects, groups=groups, deep=deep)
+        # the workers find their own groups, accounts and projects; the writer calibrates (as one process does)
+        return import_parallel(lab, paths, ImportOptions(format=format, project=project, progress=progress,
+                                                         account=account, deep=deep), workers=workers)
+    return import_serial(lab, paths, ImportOptions(
+        format=format, project=project, progress=progress, calibrate=calibrate, account=account, accounts=accounts,
+        projects=projects, groups=groups, deep=deep))

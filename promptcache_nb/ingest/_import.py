@@ -305,31 +305,40 @@ def _cache_model_for(req: ImportedRequest) -> str:
 _BEDROCK_MODEL = re.compile(r"(?:[a-z]{2,6}\.)?anthropic\.claude-[a-z0-9.-]+-v\d+(?::\d+)?")
 
 
-def import_serial(
-    lab: Workspace,
-    paths: str | Path | Sequence[str | Path],
-    *,
-    format: str = "auto",  # noqa: A002 - the public name users type
-    project: str | None = None,
-    progress: bool = True,
-    calibrate: bool = True,
-    account: str | None = None,
-    accounts: Mapping[str, str] | None = None,
-    projects: Mapping[str, str] | None = None,
-    groups: Sequence[Sequence[str]] | None = None,
-    deep: bool = False,
-) -> ImportResult:
+@dataclass(frozen=True)
+class ImportOptions:
+    """How an import reads and stores its logs: ``import_log``'s arguments but the paths and the workers.
+
+    Attributes:
+        format: a reader's name, or ``auto`` (each file's own). project: the sessions' project (default: the
+            log's). progress: show a bar. calibrate: fit the tokenizer calibrations at the end (``False``: a
+            caller that fits once over several imports).
+        account: the provider account of the sessions whose log names none. accounts, projects: the account and
+            project of the sessions whose first file is a key (a resolved path), before ``account`` and
+            ``project``. groups: the file groups, in the order to store them, instead of the walk's (``pc.fleet``:
+            a task stores an account's groups as one import of their folder would).
+        deep: analyse every body as it is stored (else a usage-first import: measured columns now, bodies when
+            first needed).
+    """
+
+    format: str = "auto"
+    project: str | None = None
+    progress: bool = True
+    calibrate: bool = True
+    account: str | None = None
+    accounts: Mapping[str, str] | None = None
+    projects: Mapping[str, str] | None = None
+    groups: Sequence[Sequence[str]] | None = None
+    deep: bool = False
+
+
+def import_serial(lab: Workspace, paths: str | Path | Sequence[str | Path], options: ImportOptions) -> ImportResult:
     """Import agent logs into ``lab`` in this process, file group by file group (``ingest.import_log`` checks the
-    arguments and chooses this or ``_parallel.import_parallel``). ``deep``: analyse every body as it is stored (else
-    a usage-first import: measured columns now, bodies when first needed). ``calibrate=False``: fit no calibration
-    at the end (a caller that fits once over several imports). ``accounts`` and ``projects``: the
-    account and project of the sessions whose first file is a key (a resolved path), before ``account`` and
-    ``project``; ``groups``: the file groups, in the order to store them, instead of the walk's (``pc.fleet``: a
-    task stores an account's groups as one import of their folder would)."""
+    arguments and chooses this or ``_parallel.import_parallel``)."""
+    owners = _Owners(options.account or DEFAULT_ACCOUNT, dict(options.accounts or {}), dict(options.projects or {}))
     with gc_paused():
-        return _import(lab, paths, format, project, progress, calibrate,
-                       _Owners(account or DEFAULT_ACCOUNT, dict(accounts or {}), dict(projects or {})), groups,
-                       deep=deep)
+        return _import(lab, paths, options.format, options.project, options.progress, options.calibrate, owners,
+                       options.groups, deep=options.deep)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .._lazy import pandas as pd
@@ -34,7 +34,7 @@ from .._util import gc_paused, progress_bar
 from ..analysis.calibrate import calibrate_families, needs_calibration
 from ..workspace import Workspace
 from ._groups import FileGroup, plan_groups
-from ._import import ImportResult, SessionList, import_serial
+from ._import import ImportOptions, ImportResult, SessionList, import_serial
 
 
 @dataclass
@@ -46,8 +46,7 @@ class _Done:
     warnings: list[tuple[str, type[Warning]]]
 
 
-def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None, account: str | None,
-                       deep: bool = True) -> _Done:
+def _import_group_file(group: FileGroup, folder: str, options: ImportOptions) -> _Done:
     """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
     path = os.path.join(folder, group.id + ".duckdb")
     with warnings.catch_warnings(record=True) as caught:
@@ -56,8 +55,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
         try:
             lab.store.set_threads(1)  # one core per worker: the other workers and the merges have the rest
             # no calibration: the writer fits them once over the whole store (a group's are never merged)
-            result = import_serial(lab, list(group.files), format=fmt, project=project, progress=False,
-                                calibrate=False, account=account, deep=deep)
+            result = import_serial(lab, list(group.files), replace(options, progress=False, calibrate=False))
             sessions = lab.store.session_ids()
             result.sessions = SessionList()  # the writer opens its own, when read
         finally:
@@ -65,8 +63,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
     return _Done(group, path, sessions, result, [(str(w.message), w.category) for w in caught])
 
 
-def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *, workers: int, format: str,  # noqa: A002
-                    project: str | None, progress: bool, account: str | None = None, deep: bool = True
+def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], options: ImportOptions, *, workers: int
                     ) -> ImportResult:
     groups, passed = plan_groups(paths)  # in key order: the order workers=1 imports them, and merges follow
     folder = tempfile.mkdtemp(prefix="pcnb-import-")
@@ -74,12 +71,12 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
     owners: Counter[str] = Counter()
     stored = set(lab.store.session_ids())
     merged_at: set[int] = set()
-    bar = progress_bar(total=len(groups), desc="importing file groups", enabled=progress, unit="group")
+    bar = progress_bar(total=len(groups), desc="importing file groups", enabled=options.progress, unit="group")
     threads = lab.store.set_threads(1)  # the workers have the cores while the merges run beside them
     try:
         with gc_paused():
             with ProcessPoolExecutor(max_workers=workers) as pool, _threads_after(lab, threads):
-                futures = {pool.submit(_import_group_file, g, folder, format, project, account, deep): i
+                futures = {pool.submit(_import_group_file, g, folder, options): i
                            for i, g in enumerate(groups)}
                 nxt = 0
                 for fut in as_completed(futures):
@@ -118,8 +115,7 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
                 warnings.warn(message, category, stacklevel=3)
         parts = [d.result for d in merged]
         if serial:
-            parts.append(import_serial(lab, [f for g in serial for f in g.files], format=format, project=project,
-                                    progress=progress, calibrate=False, account=account, deep=deep))
+            parts.append(import_serial(lab, [f for g in serial for f in g.files], replace(options, calibrate=False)))
     finally:
         bar.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -137,7 +133,7 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items if not any(ch in str(item) for ch in "*?[")]
     models = set(lab.store.models_of(result.sessions.ids))
-    if deep and (result.requests or (models and needs_calibration(lab, models))):  # as one process decides
+    if options.deep and (result.requests or (models and needs_calibration(lab, models))):  # as one process decides
         result.calibrations = calibrate_families(lab, models)
     return result
 

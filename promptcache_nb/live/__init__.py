@@ -3,9 +3,16 @@ OpenTelemetry receiver."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._base import Backend, BackendResponse, DirectSimulator
 from ._count import TokenCount, count_tokens
 from .server import ServedRequest, SimulatorServer
+
+if TYPE_CHECKING:  # the names loaded on first use (__getattr__), as type checkers see them
+    from .anthropic_backend import AnthropicBackend
+    from .otel import OtlpBatch, OtlpReceiver
+    from .proxy import RecordingProxy
 
 
 def __getattr__(name: str) -> object:

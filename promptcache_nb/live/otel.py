@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 import httpx
@@ -511,17 +512,23 @@ def _gunzip(body: bytes, limit: int) -> bytes:
 def _from_protobuf(signal: str, body: bytes) -> dict[str, Any]:
     """A protobuf export request as its OTLP JSON document (camelCase names, int64 as strings, ids in hex)."""
     message = _request_class(signal)()  # refuses the export (415) when opentelemetry-proto is not installed
-    from google.protobuf import json_format  # an optional extra (otel), present with the classes
-    from google.protobuf.message import DecodeError  # the same optional package
-
+    json_format, pb_message = _protobuf()
     try:
         message.ParseFromString(body)
-    except (DecodeError, ValueError, RecursionError) as exc:
+    except (pb_message.DecodeError, ValueError, RecursionError) as exc:
         raise _Refused(400, f"the body is not a protobuf Export{signal.title()}ServiceRequest "
                             f"({str(exc)[:120]})") from None
     doc: dict[str, Any] = json_format.MessageToDict(message)
     _hex_ids(doc)
     return doc
+
+
+def _protobuf() -> tuple[ModuleType, ModuleType]:
+    """``google.protobuf``'s ``json_format`` and ``message`` modules: present with the export classes
+    (:func:`_messages`), which say what to install when they are not."""
+    from google.protobuf import json_format, message  # the optional otel extra: only protobuf exports need it
+
+    return json_format, message
 
 
 def _request_class(signal: str) -> Any:
@@ -597,8 +604,7 @@ def _answer(signal: str, batch: OtlpBatch, *, protobuf: bool) -> Response:
         count = {"logs": "rejectedLogRecords", "traces": "rejectedSpans", "metrics": "rejectedDataPoints"}[signal]
         answer["partialSuccess"] = {count: str(batch.rejected), "errorMessage": batch.reasons[0][:500]}
     if protobuf:
-        from google.protobuf import json_format  # present: the request was protobuf
-
+        json_format, _ = _protobuf()  # present: the request was protobuf
         message = json_format.ParseDict(answer, _response_class(signal)())
         return Response(message.SerializeToString(), media_type="application/x-protobuf")
     return Response(json.dumps(answer), media_type="application/json")

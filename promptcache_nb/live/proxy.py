@@ -67,7 +67,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Mapping, MutableMapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,6 +97,22 @@ from ..importers.exchanges import EXCHANGES_FORMAT_VERSION
 from ._asgi import MAX_BODY_BYTES, REQUEST_TIMEOUT, BodyError, read_body
 from ._diagnostics import DiagnosticsChain, with_beta
 from ._serving import LoopbackServer
+
+#: coding -> a new decompressor, for each optional coding whose package is installed (the others are kept out of
+#: the Accept-Encoding the proxy forwards: ``DECODABLE``)
+_OPTIONAL: dict[str, Callable[[], Any]] = {}
+try:
+    import brotli  # type: ignore[import-not-found]
+except ImportError:  # only a brotli-encoded reply needs it
+    pass
+else:
+    _OPTIONAL["br"] = lambda: brotli.Decompressor()
+try:
+    import zstandard
+except ImportError:  # only a zstd-encoded reply needs it
+    pass
+else:
+    _OPTIONAL["zstd"] = lambda: zstandard.ZstdDecompressor().decompressobj()
 
 log = logging.getLogger("promptcache_nb.proxy")
 
@@ -486,25 +502,6 @@ def _without_credentials(url: httpx.URL) -> str:
 
 
 # -- content encodings: relay the bytes as sent, decode a copy for the log -----------------------------
-def _optional_decoders() -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    try:
-        # optional: only a brotli-encoded reply needs it
-        import brotli  # type: ignore[import-not-found]
-
-        found["br"] = lambda: brotli.Decompressor()
-    except ImportError:
-        pass
-    try:
-        import zstandard  # optional: only a zstd-encoded reply needs it
-
-        found["zstd"] = lambda: zstandard.ZstdDecompressor().decompressobj()
-    except ImportError:
-        pass
-    return found
-
-
-_OPTIONAL = _optional_decoders()
 DECODABLE = frozenset({"gzip", "x-gzip", "deflate", "identity", *_OPTIONAL})
 
 

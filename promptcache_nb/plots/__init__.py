@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._lazy import mpl_figure, mpl_ticker
 from .._lazy import pandas as pd
 from ..usage import sources_label
 
@@ -55,27 +56,21 @@ def _headroom(ax: Axes, top: float, *, room: float = 1.12) -> None:
 
 def _thousands(ax: Axes) -> None:
     """Whole numbers with separators on the y axis: never matplotlib's "1e6" offset above it."""
-    from matplotlib.ticker import FuncFormatter  # matplotlib loads with the first plot, not with the package
-
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
+    ax.yaxis.set_major_formatter(mpl_ticker.FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
 
 
 def _dollars(ax: Axes) -> None:
     """Plain dollars on the y axis (no offset, no scientific notation): "0.08", not "8e-2" or "+1e-3"."""
-    from matplotlib.ticker import ScalarFormatter  # matplotlib loads with the first plot
-
-    fmt = ScalarFormatter(useOffset=False)
+    fmt = mpl_ticker.ScalarFormatter(useOffset=False)
     fmt.set_scientific(False)
     ax.yaxis.set_major_formatter(fmt)
 
 
 def _figure(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:
     # Figure() rather than plt.figure(): no pyplot state, so library calls never pop up or leak figures.
-    from matplotlib.figure import Figure
-
     if ax is not None:
         return ax.figure, ax  # type: ignore[return-value]
-    fig = Figure(figsize=size, layout="constrained")
+    fig = mpl_figure.Figure(figsize=size, layout="constrained")
     return fig, fig.add_subplot()
 
 

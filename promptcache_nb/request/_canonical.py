@@ -938,6 +938,4 @@ def rebuild_body(shape: dict[str, Any], rest: dict[str, Any], chain: list[tuple[
         body.dialect = fmt.name
         body.unlogged_prefix_tokens = unlogged
         body.unlogged_prefix_of = shape.get("unlogged_of")
-    if shape.get("tools") == "list":
-        body["tools"] = []
     return fmt.rebuild(body, shape, chain)

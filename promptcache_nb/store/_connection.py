@@ -4,6 +4,7 @@ batches, the statement tracer, and the plain reads every part of :class:`~prompt
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import re
 import stat
@@ -578,6 +579,4 @@ def _run_callback(fn: Callable[[], None]) -> None:
     try:
         fn()
     except Exception:  # a listener's bug must not turn a stored write into a failed one
-        import logging
-
         logging.getLogger(__name__).exception("store: an after-commit listener failed")

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import ipywidgets as W
 import traitlets as T
+from IPython import get_ipython  # loaded with ipywidgets, which depends on it
+from IPython.display import HTML, display
 
 from .._lazy import pandas as pd
 from .._util import escape_dollars
@@ -231,15 +233,9 @@ def _cell_progress(progress: Callable[[int, int], None], *, enabled: bool, total
     When the work ends the bar is replaced (same display id) by one line saying what was done, so a saved
     notebook shows "84 of 84 done", never a bar frozen at 0 %.
     """
-    try:
-        from IPython import get_ipython  # IPython: present in a kernel, needed only there
-    except ImportError:  # pragma: no cover - ipywidgets depends on IPython
-        get_ipython = None
-    if not enabled or total <= 0 or get_ipython is None or get_ipython() is None:
+    if not enabled or total <= 0 or get_ipython() is None:
         yield progress
         return
-    from IPython.display import HTML, display  # IPython: present in a kernel, needed only there
-
     bar = W.IntProgress(value=0, min=0, max=total, description=desc, bar_style="info",
                         style={"description_width": "initial"}, layout=W.Layout(width="640px"))
     handle = display(bar, display_id=True)  # type: ignore[no-untyped-call]  # IPython is untyped here
