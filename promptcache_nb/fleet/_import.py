@@ -26,7 +26,7 @@ folder stores them: the dataset's simulated columns equal that import's, for the
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import functools
 import glob
 import json
@@ -41,17 +41,23 @@ from concurrent.futures import Executor, Future, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .._lazy import pandas as pd
 from .._util import not_a_regular_file, progress_bar
 from ..analysis.calibrate import calibrate_families
-from ..errors import PromptCacheError
+from ..errors import PromptCacheError, PromptCacheWarning
 from ..ingest import import_log
 from ..ingest._groups import FileGroup, expand_paths, plan_groups
 from ..lab import Lab
 from ..store import DoctorReport, Store, caused_by_ctrl_c
+from ..store._doctor import check_dataset_rows
 from ..store._parquet import TEMP_PREFIX, dataset_fs, group_of_file, group_outputs, remove_group, unreadable_parquet
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (see _flock)
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
 
@@ -185,20 +191,51 @@ def _load_manifest(out: str) -> dict[str, Any]:
 
 @contextmanager
 def _manifest_locked(out: str) -> Iterator[None]:
-    """Hold :data:`MANIFEST_LOCK` (a local dataset; an object store has no lock: one writer at a time there)."""
+    """Hold :data:`MANIFEST_LOCK` (a local dataset; an object store has no lock: one writer at a time there). Where
+    the platform or the filesystem has no ``flock`` this goes on unlocked (:func:`_warn_without_lock` said so once)."""
     fs, _ = dataset_fs(out)
     if fs is not None:
         yield
         return
     with open(os.path.join(out, MANIFEST_LOCK), "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # released when the file closes, a killed holder's too
+        _flock(fh)  # released when the file closes, a killed holder's too
         yield
+
+
+#: What ``flock`` raises on a filesystem without locks (NFS without a lock daemon, some FUSE and SMB mounts).
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
+
+
+def _flock(fh: BinaryIO) -> str | None:
+    """Take :data:`MANIFEST_LOCK` on the open file ``fh``; why it cannot be taken (None once held)."""
+    if fcntl is None:
+        return "this platform has no flock"
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    except OSError as exc:
+        if exc.errno not in _NO_LOCKS:
+            raise
+        return f"its filesystem refuses flock ({exc.strerror or errno.errorcode.get(exc.errno or 0, exc)})"
+    return None
+
+
+def _warn_without_lock(out: str) -> None:
+    """One warning when the dataset ``out`` (local) cannot be locked: an import still works, but two at once may
+    lose each other's manifest entries."""
+    with open(os.path.join(out, MANIFEST_LOCK), "a+b") as fh:
+        why = _flock(fh)
+    if why is not None:
+        warnings.warn(f"{out}: no lock for {MANIFEST_LOCK} ({why}): run one import into this dataset at a time "
+                      "(two at once may lose each other's manifest entries; `promptcache-nb doctor` finds that, and "
+                      "the next import repairs it)", PromptCacheWarning, stacklevel=3)
 
 
 def check_dataset(out: str | Path) -> DoctorReport:
     """Check a fleet dataset without changing it (``promptcache-nb doctor OUT``): its manifest, each file group's
     Parquet files against what the manifest recorded (present, same size and sha256), files no recorded group
-    wrote (an import killed before it recorded them, or one still running), and every Parquet file readable.
+    wrote (an import killed before it recorded them, or one still running), every Parquet file readable, and the
+    rows of the recorded groups' files as ``doctor FILE`` checks a store's (each group's references within it, such
+    as requests whose session is missing; prefix chains that end; block bodies that parse). One line a problem.
 
     A damaged group is repaired by running the same import again: it imports that group anew.
     """
@@ -214,24 +251,29 @@ def check_dataset(out: str | Path) -> DoctorReport:
         return report
     groups: dict[str, Any] = manifest["groups"]
     rerun = "run the import again to re-import it"
+    files = _parquet_files(path)
+    unreadable = unreadable_parquet(files)
+    readable = [f for f in files if f not in unreadable]
     for gid, rec in sorted(groups.items()):
         outputs = rec.get("outputs")
         if outputs is None:
             continue  # recorded before outputs were
         have = {o[0]: o for o in group_outputs(path, gid)}
-        name = f"group {gid} ({Path(str(rec.get('key', ''))).name})"
+        name = _group_name(gid, rec)
         for rel, size, sha in outputs:
             got = have.get(rel)
+            why = unreadable.pop(os.path.join(path, rel), None)
+            also = f", not readable as Parquet ({why})" if why else ""
             if got is None:
                 report.problems.append(f"{name}: {rel} is missing; {rerun}")
             elif got[1] != size:
                 report.problems.append(f"{name}: {rel} holds {got[1]} bytes, {size} when written (truncated or "
-                                       f"rewritten); {rerun}")
+                                       f"rewritten){also}; {rerun}")
             elif got[2] != sha:
-                report.problems.append(f"{name}: {rel} changed since it was written (sha256 differs); {rerun}")
+                report.problems.append(f"{name}: {rel} changed since it was written (its sha256 differs from the "
+                                       f"manifest's){also}; {rerun}")
         for rel in sorted(set(have) - {o[0] for o in outputs}):
             report.problems.append(f"{name}: {rel} is not in the manifest; {rerun}")
-    files = sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True))
     orphans: dict[str, int] = {}
     for f in files:
         gid = group_of_file(f)
@@ -241,11 +283,46 @@ def check_dataset(out: str | Path) -> DoctorReport:
                            "import killed before it recorded them, or one still running); run the import again"
                            for gid, n in sorted(orphans.items()))
     report.problems.extend(f"{os.path.relpath(f, path)}: not readable as Parquet ({why})"
-                           for f, why in unreadable_parquet(files).items())
+                           for f, why in unreadable.items())
+    for problem in check_dataset_rows(_tables_of(path, readable, groups)):
+        named = ", ".join(_group_name(g, groups.get(g, {})) for g in problem.groups)
+        report.problems.append(f"{problem.line()} in {named}; {rerun}")
     report.counts = {"file groups": len(groups), "Parquet files": len(files),
                      "requests": sum(int(r.get("requests", 0)) for r in groups.values())}
     report.head = f"{path}: a fleet dataset; " + ", ".join(f"{n} {what}" for what, n in report.counts.items())
     return report
+
+
+def _group_name(gid: str, rec: Mapping[str, Any]) -> str:
+    return f"group {gid} ({Path(str(rec.get('key', ''))).name})"
+
+
+def _parquet_files(out: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(out, "**", "*.parquet"), recursive=True))
+
+
+def _tables_of(out: str, files: Sequence[str], groups: Mapping[str, Any]) -> dict[str, list[str]]:
+    """table -> the files of ``files`` a recorded group wrote (another's may be half written: a run still going)."""
+    tables: dict[str, list[str]] = {}
+    for f in files:
+        if group_of_file(f) in groups:
+            tables.setdefault(Path(os.path.relpath(f, out)).parts[0], []).append(f)
+    return tables
+
+
+def _damaged_groups(out: str, manifest: Mapping[str, Any]) -> set[str]:
+    """The recorded groups of a local dataset with a file that cannot be read or rows that are not sound (as
+    :func:`check_dataset` finds them, block bodies left out): imported again, whatever the manifest says of them
+    (a manifest written before outputs were recorded, or rewritten)."""
+    groups = manifest["groups"]
+    if not groups or dataset_fs(out)[0] is not None:
+        return set()
+    files = _parquet_files(out)
+    unreadable = unreadable_parquet(files)
+    damaged = {group_of_file(f) for f in unreadable}
+    readable = [f for f in files if f not in unreadable]
+    damaged.update(g for p in check_dataset_rows(_tables_of(out, readable, groups), deep=False) for g in p.groups)
+    return damaged & set(groups)
 
 
 def _update_manifest(out: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -407,6 +484,7 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
             raise PromptCacheError(f"import_logs(out={out!r}): it is {not_a_regular_file(out) or 'a file'}, not a "
                                    "folder; pass the dataset's folder (created when missing)")
         os.makedirs(out, exist_ok=True)
+        _warn_without_lock(out)
     else:
         fs.makedirs(root, exist_ok=True)
     clean_stale_temp()
@@ -426,7 +504,8 @@ def _import_logs(paths: str | Path | Iterable[str | Path], out: str, executor: E
     planned = [replace(g, files=tuple(sorted(g.files, key=walk.__getitem__)))
                for g in _with_accounts(planned, paths, account)]
     groups = _by_account(_apply_merges(planned, manifest, walk), walk)
-    todo = [g for g in groups if not _unchanged(g, manifest, out)]
+    damaged = _damaged_groups(out, manifest)
+    todo = [g for g in groups if g.id in damaged or not _unchanged(g, manifest, out)]
     reports: dict[str, GroupReport] = {}
     by_gid = {g.id: g for g in groups}
 
