@@ -74,7 +74,12 @@ def test_a_group_whose_logs_are_gone_is_removed_and_only_it(two_folders, tmp_pat
 
 
 # -- a damaged dataset: doctor says so, the next import repairs it ------------------------------------------------
-@pytest.mark.parametrize("damage", ["delete", "truncate"])
+#: what each damage makes ``doctor DIR`` say of the file, in its one line
+DAMAGE_WORDS = {"delete": "is missing", "truncate": "(truncated or rewritten), not readable as Parquet",
+                "corrupt": "changed since it was written", "manifest": "changed since it was written"}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE_WORDS))
 def test_a_damaged_parquet_file_is_reported_and_reimported(damage: str, two_folders, tmp_path: Path,
                                                            capsys) -> None:
     exchanges, pi = two_folders
@@ -84,19 +89,106 @@ def test_a_damaged_parquet_file_is_reported_and_reimported(damage: str, two_fold
     assert main(["doctor", str(out)]) == 0  # "it is a directory" before
     assert "a fleet dataset; 2 file groups" in capsys.readouterr().out
     victim = sorted((out / "turns").rglob("*.parquet"))[0]
+    rel = victim.relative_to(out).as_posix()
     if damage == "delete":
         victim.unlink()
-    else:
+    elif damage == "truncate":
         victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    elif damage == "corrupt":  # the same size, bytes flipped in its middle
+        data = bytearray(victim.read_bytes())
+        middle = len(data) // 2
+        data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+        victim.write_bytes(bytes(data))
+    else:  # the file as written, the manifest's digest of it changed
+        manifest = json.loads((out / "_fleet.json").read_text())
+        for rec in manifest["groups"].values():
+            rec["outputs"] = [[r, size, "0" * 64 if r == rel else sha] for r, size, sha in rec["outputs"]]
+        (out / "_fleet.json").write_text(json.dumps(manifest))
     assert main(["doctor", str(out)]) == 1
     text = capsys.readouterr().out
-    rel = victim.relative_to(out).as_posix()
-    assert f"{rel} is missing" in text if damage == "delete" else f"{rel} holds" in text
-    assert "run the import again" in text and text.rstrip().endswith("found")
+    (line,) = [x for x in text.splitlines() if rel in x]  # one line for the file, whatever is wrong with it
+    assert line.startswith("problem: group g") and DAMAGE_WORDS[damage] in line, line
+    assert line.endswith("run the import again to re-import it") and text.rstrip().endswith("found")
     again = fleet.import_logs([exchanges, pi], out=out, progress=False)
     assert sorted(again.groups["status"]) == ["imported", "unchanged"]  # that group, only it
     assert fleet_rows(out) == expected
     assert fleet.check_dataset(out).ok
+
+
+def _without_outputs(out: Path) -> None:
+    """The manifest as a version that recorded no Parquet files wrote it (no size or digest to check against)."""
+    manifest = json.loads((out / "_fleet.json").read_text())
+    for rec in manifest["groups"].values():
+        del rec["outputs"]
+    (out / "_fleet.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["outputs_recorded", "old_manifest"])
+def test_requests_whose_session_is_missing_are_reported_and_reimported(recorded: bool, two_folders,
+                                                                      tmp_path: Path) -> None:
+    exchanges, pi = two_folders
+    out = tmp_path / "fleet"
+    assert cli(["import", str(exchanges), str(pi), "--out", str(out), "--quiet"]).returncode == 0
+    expected = fleet_rows(out)
+    if not recorded:
+        _without_outputs(out)
+    sessions = sorted((out / "sessions").rglob("*.parquet"))
+    gid = sessions[0].name.split("_")[0]
+    for f in sessions:
+        if f.name.startswith(gid):
+            f.unlink()
+    done = cli(["doctor", str(out)])
+    assert done.returncode == 1
+    rows = [x for x in done.stdout.splitlines() if "turns.session_id not in sessions" in x]
+    assert len(rows) == 1 and f"in group {gid} (" in rows[0] and "run the import again" in rows[0], done.stdout
+    assert ("is missing" in done.stdout) is recorded  # an old manifest has only the rows to go by
+    assert cli(["import", str(exchanges), str(pi), "--out", str(out), "--quiet"]).returncode == 0
+    assert fleet_rows(out) == expected
+    assert cli(["doctor", str(out)]).stdout.rstrip().endswith("ok: no problem found")
+
+
+def _rewrite(path: Path, select: str) -> None:
+    """Write ``path`` again as ``select`` makes it from its own rows (``t``), Parquet as before."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        con.execute(f"CREATE TABLE t AS SELECT * FROM read_parquet('{path}')")
+        con.execute(f"COPY ({select}) TO '{path}' (FORMAT parquet)")
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize(("tamper", "recorded"), [("cycle", True), ("cycle", False), ("not_json", True)],
+                         ids=["cycle", "cycle-old_manifest", "not_json"])
+def test_rows_a_reader_would_trip_over_are_reported_in_one_line_each(tamper: str, recorded: bool, two_folders,
+                                                                    tmp_path: Path) -> None:
+    exchanges, pi = two_folders
+    out = tmp_path / "fleet"
+    fleet.import_logs([exchanges, pi], out=out, progress=False)
+    expected = fleet_rows(out)
+    if not recorded:
+        _without_outputs(out)  # the rows alone must tell
+    if tamper == "cycle":  # the first chain's root made the child of its own child
+        victim = sorted((out / "prefix_nodes").glob("*.parquet"))[0]
+        _rewrite(victim, "SELECT * REPLACE (CASE WHEN parent IS NULL THEN (SELECT min(id) FROM t c WHERE c.parent = "
+                         "(SELECT min(id) FROM t WHERE parent IS NULL)) ELSE parent END AS parent) FROM t")
+        words = "prefix_nodes.parent runs in a cycle: 1 row"
+    else:
+        victim = sorted((out / "blocks").glob("*.parquet"))[0]
+        _rewrite(victim, "SELECT * REPLACE (CASE WHEN hash = (SELECT min(hash) FROM t) THEN '{not json' ELSE body "
+                         "END AS body) FROM t")
+        words = "blocks.body not JSON: 1 row"
+    gid = victim.name.removesuffix(".parquet")
+    problems = fleet.check_dataset(out).problems
+    rows = [p for p in problems if p.startswith(words)]
+    assert len(rows) == 1 and f"in group {gid} (" in rows[0], problems
+    files = [p for p in problems if victim.relative_to(out).as_posix() in p]  # its size or digest differs
+    assert len(files) == recorded and len(problems) == 1 + recorded, problems
+    # the next import re-imports the group: its digest differs, or (an old manifest) its rows are not sound
+    again = fleet.import_logs([exchanges, pi], out=out, progress=False)
+    assert sorted(again.groups["status"]) == ["imported", "unchanged"]
+    assert fleet_rows(out) == expected and fleet.check_dataset(out).ok
 
 
 def test_doctor_reports_files_no_manifest_entry_records(two_folders, tmp_path: Path) -> None:
