@@ -6,6 +6,8 @@ interrupted``). Real processes, real signals, real files."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import random
@@ -301,3 +303,50 @@ def test_a_dataset_path_that_is_not_a_folder_is_refused_in_one_line(make: str, w
     done = cli(["import", str(two_folders[0]), "--out", str(out)])
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert words in done.stderr and str(out) in done.stderr
+
+
+# -- a dataset where flock is not to be had ------------------------------------------------------------------------
+def _no_locks(*_: object) -> None:
+    raise OSError(errno.ENOLCK, "No locks available")  # what NFS without a lock daemon answers
+
+
+@pytest.mark.parametrize("platform", ["no_flock", "refused"])
+def test_without_flock_an_import_goes_on_after_one_warning(platform: str, two_folders, tmp_path: Path,
+                                                           monkeypatch) -> None:
+    from promptcache_nb.errors import PromptCacheWarning
+    from promptcache_nb.fleet import _import
+
+    if platform == "no_flock":  # Windows: no fcntl module
+        monkeypatch.setattr(_import, "fcntl", None)
+        why = "this platform has no flock"
+    else:
+        monkeypatch.setattr(fcntl, "flock", _no_locks)
+        why = "its filesystem refuses flock (No locks available)"
+    out = tmp_path / "fleet"
+    with pytest.warns(PromptCacheWarning) as caught:
+        done = fleet.import_logs(list(two_folders), out=out, progress=False)
+    assert [str(w.message) for w in caught] == [
+        f"{out}: no lock for _fleet.lock ({why}): run one import into this dataset at a time (two at once may lose "
+        "each other's manifest entries; `promptcache-nb doctor` finds that, and the next import repairs it)"]
+    assert done.requests == _single(list(two_folders), tmp_path) and fleet.check_dataset(out).ok
+
+
+_REFUSING = """
+import errno, fcntl, sys
+def refuse(*_):
+    raise OSError(errno.ENOLCK, "No locks available")
+fcntl.flock = refuse
+from promptcache_nb.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_import_without_flock_says_so_in_one_line(two_folders, tmp_path: Path) -> None:
+    out = tmp_path / "fleet"
+    done = subprocess.run([sys.executable, "-c", _REFUSING, "import", *map(str, two_folders), "--out", str(out),
+                           "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "no lock for _fleet.lock (its filesystem refuses flock (No locks available))" in line, line
+    assert "Traceback" not in done.stderr and fleet.check_dataset(out).ok
