@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-from _harness import REPO, cli, fleet_kill_trial, fleet_logs, fleet_reference, fleet_rows
+from _harness import FLEET_DAMAGE, REPO, cli, damage_dataset, fleet_kill_trial, fleet_logs, fleet_reference, fleet_rows
 
 import promptcache_nb as pc
 from promptcache_nb import fleet
 from promptcache_nb.cli import main
+from promptcache_nb.store._parquet import group_of_file
 
 LOGS = REPO / "tests" / "fixtures" / "logs"
 
@@ -76,121 +77,40 @@ def test_a_group_whose_logs_are_gone_is_removed_and_only_it(two_folders, tmp_pat
 
 
 # -- a damaged dataset: doctor says so, the next import repairs it ------------------------------------------------
-#: what each damage makes ``doctor DIR`` say of the file, in its one line
-DAMAGE_WORDS = {"delete": "is missing", "truncate": "(truncated or rewritten), not readable as Parquet",
-                "corrupt": "changed since it was written", "manifest": "changed since it was written"}
-
-
-@pytest.mark.parametrize("damage", sorted(DAMAGE_WORDS))
-def test_a_damaged_parquet_file_is_reported_and_reimported(damage: str, two_folders, tmp_path: Path,
-                                                           capsys) -> None:
-    exchanges, pi = two_folders
+@pytest.mark.parametrize("how", sorted(FLEET_DAMAGE))
+def test_a_damaged_dataset_is_reported_in_one_line_and_repaired(how: str, two_folders, tmp_path: Path,
+                                                                capsys) -> None:
     out = tmp_path / "fleet"
-    fleet.import_logs([exchanges, pi], out=out, progress=False)
+    assert main(["import", *map(str, two_folders), "--out", str(out), "--quiet"]) == 0
     expected = fleet_rows(out)
     assert main(["doctor", str(out)]) == 0  # "it is a directory" before
     assert "a fleet dataset; 2 file groups" in capsys.readouterr().out
-    victim = sorted((out / "turns").rglob("*.parquet"))[0]
-    rel = victim.relative_to(out).as_posix()
-    if damage == "delete":
-        victim.unlink()
-    elif damage == "truncate":
-        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-    elif damage == "corrupt":  # the same size, bytes flipped in its middle
-        data = bytearray(victim.read_bytes())
-        middle = len(data) // 2
-        data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
-        victim.write_bytes(bytes(data))
-    else:  # the file as written, the manifest's digest of it changed
-        manifest = json.loads((out / "_fleet.json").read_text())
-        for rec in manifest["groups"].values():
-            rec["outputs"] = [[r, size, "0" * 64 if r == rel else sha] for r, size, sha in rec["outputs"]]
-        (out / "_fleet.json").write_text(json.dumps(manifest))
+    victim = damage_dataset(out, how)
+    rel, group = victim.relative_to(out).as_posix(), group_of_file(str(victim))
     assert main(["doctor", str(out)]) == 1
-    text = capsys.readouterr().out
-    (line,) = [x for x in text.splitlines() if rel in x]  # one line for the file, whatever is wrong with it
-    assert line.startswith("problem: group g") and DAMAGE_WORDS[damage] in line, line
-    assert line.endswith("run the import again to re-import it") and text.rstrip().endswith("found")
-    again = fleet.import_logs([exchanges, pi], out=out, progress=False)
-    assert sorted(again.groups["status"]) == ["imported", "unchanged"]  # that group, only it
+    problems = [x.removeprefix("problem: ") for x in capsys.readouterr().out.splitlines() if x.startswith("problem:")]
+    (line,) = [p for p in problems if FLEET_DAMAGE[how] in p]  # one line for it
+    assert line.endswith("run the import again to re-import it"), line
+    if how in ("no_sessions", "cycle", "not_json"):  # found in the rows, named by group
+        assert line.startswith(FLEET_DAMAGE[how]) and f" in group {group} (" in line, line
+    else:  # found in the files, named by file (delete, truncate: the size and the Parquet footer, still one line)
+        assert line.startswith(f"group {group} (") and rel in line, line
+    # not_json: the file's digest differs too; no_sessions and cycle: a manifest without digests, the rows alone tell
+    assert len(problems) == 1 + (how == "not_json"), problems
+    assert main(["import", *map(str, two_folders), "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    manifest = json.loads((out / "_fleet.json").read_text())
+    assert manifest["groups"][group].get("outputs")  # re-imported: recorded with its files' digests
     assert fleet_rows(out) == expected
     assert fleet.check_dataset(out).ok
 
 
-def _without_outputs(out: Path) -> None:
-    """The manifest as a version that recorded no Parquet files wrote it (no size or digest to check against)."""
-    manifest = json.loads((out / "_fleet.json").read_text())
-    for rec in manifest["groups"].values():
-        del rec["outputs"]
-    (out / "_fleet.json").write_text(json.dumps(manifest))
-
-
-@pytest.mark.parametrize("recorded", [True, False], ids=["outputs_recorded", "old_manifest"])
-def test_requests_whose_session_is_missing_are_reported_and_reimported(recorded: bool, two_folders,
-                                                                      tmp_path: Path) -> None:
-    exchanges, pi = two_folders
+def test_a_second_run_re_imports_only_the_damaged_group(two_folders, tmp_path: Path) -> None:
     out = tmp_path / "fleet"
-    assert cli(["import", str(exchanges), str(pi), "--out", str(out), "--quiet"]).returncode == 0
-    expected = fleet_rows(out)
-    if not recorded:
-        _without_outputs(out)
-    sessions = sorted((out / "sessions").rglob("*.parquet"))
-    gid = sessions[0].name.split("_")[0]
-    for f in sessions:
-        if f.name.startswith(gid):
-            f.unlink()
-    done = cli(["doctor", str(out)])
-    assert done.returncode == 1
-    rows = [x for x in done.stdout.splitlines() if "turns.session_id not in sessions" in x]
-    assert len(rows) == 1 and f"in group {gid} (" in rows[0] and "run the import again" in rows[0], done.stdout
-    assert ("is missing" in done.stdout) is recorded  # an old manifest has only the rows to go by
-    assert cli(["import", str(exchanges), str(pi), "--out", str(out), "--quiet"]).returncode == 0
-    assert fleet_rows(out) == expected
-    assert cli(["doctor", str(out)]).stdout.rstrip().endswith("ok: no problem found")
-
-
-def _rewrite(path: Path, select: str) -> None:
-    """Write ``path`` again as ``select`` makes it from its own rows (``t``), Parquet as before."""
-    import duckdb
-
-    con = duckdb.connect()
-    try:
-        con.execute(f"CREATE TABLE t AS SELECT * FROM read_parquet('{path}')")
-        con.execute(f"COPY ({select}) TO '{path}' (FORMAT parquet)")
-    finally:
-        con.close()
-
-
-@pytest.mark.parametrize(("tamper", "recorded"), [("cycle", True), ("cycle", False), ("not_json", True)],
-                         ids=["cycle", "cycle-old_manifest", "not_json"])
-def test_rows_a_reader_would_trip_over_are_reported_in_one_line_each(tamper: str, recorded: bool, two_folders,
-                                                                    tmp_path: Path) -> None:
-    exchanges, pi = two_folders
-    out = tmp_path / "fleet"
-    fleet.import_logs([exchanges, pi], out=out, progress=False)
-    expected = fleet_rows(out)
-    if not recorded:
-        _without_outputs(out)  # the rows alone must tell
-    if tamper == "cycle":  # the first chain's root made the child of its own child
-        victim = sorted((out / "prefix_nodes").glob("*.parquet"))[0]
-        _rewrite(victim, "SELECT * REPLACE (CASE WHEN parent IS NULL THEN (SELECT min(id) FROM t c WHERE c.parent = "
-                         "(SELECT min(id) FROM t WHERE parent IS NULL)) ELSE parent END AS parent) FROM t")
-        words = "prefix_nodes.parent runs in a cycle: 1 row"
-    else:
-        victim = sorted((out / "blocks").glob("*.parquet"))[0]
-        _rewrite(victim, "SELECT * REPLACE (CASE WHEN hash = (SELECT min(hash) FROM t) THEN '{not json' ELSE body "
-                         "END AS body) FROM t")
-        words = "blocks.body not JSON: 1 row"
-    gid = victim.name.removesuffix(".parquet")
-    problems = fleet.check_dataset(out).problems
-    rows = [p for p in problems if p.startswith(words)]
-    assert len(rows) == 1 and f"in group {gid} (" in rows[0], problems
-    files = [p for p in problems if victim.relative_to(out).as_posix() in p]  # its size or digest differs
-    assert len(files) == recorded and len(problems) == 1 + recorded, problems
-    # the next import re-imports the group: its digest differs, or (an old manifest) its rows are not sound
-    again = fleet.import_logs([exchanges, pi], out=out, progress=False)
-    assert sorted(again.groups["status"]) == ["imported", "unchanged"]
-    assert fleet_rows(out) == expected and fleet.check_dataset(out).ok
+    fleet.import_logs(list(two_folders), out=out, progress=False)
+    damage_dataset(out, "no_sessions")
+    again = fleet.import_logs(list(two_folders), out=out, progress=False)
+    assert sorted(again.groups["status"]) == ["imported", "unchanged"]  # that group, only it
 
 
 def test_doctor_reports_files_no_manifest_entry_records(two_folders, tmp_path: Path) -> None:
@@ -337,6 +257,7 @@ def refuse(*_):
     raise OSError(errno.ENOLCK, "No locks available")
 fcntl.flock = refuse
 from promptcache_nb.cli import main
+from promptcache_nb.store._parquet import group_of_file
 sys.exit(main(sys.argv[1:]))
 """
 
