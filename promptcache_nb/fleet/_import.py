@@ -11,13 +11,15 @@ A session found in two groups (a resumed session whose files sit in two folders)
 groups' files as one group, so every session is stored whole by one task. A manifest (``OUT/_fleet.json``)
 records each group's log files (size and modification time) and the Parquet files it wrote (size and sha256), as
 soon as the group is written: running again imports only groups with a new, grown or changed log file, or whose
-Parquet files were deleted, truncated or changed since. An import appends: it removes a group only when that
-group's own log files are all gone (or this run imported them under another group), never because it was not
-asked to import it — importing ``logs/pi`` into the dataset ``logs/exchanges`` went to adds to it. Writers
+Parquet files were deleted, truncated or changed since (a group recorded before digests were: whose files cannot be
+read or whose rows are not sound, by :func:`check_dataset`'s row checks). An import appends: it removes a group
+only when that group's own log files are all gone (or this run imported them under another group), never because
+it was not asked to import it — importing ``logs/pi`` into the dataset of ``logs/exchanges`` adds to it. Writers
 into one dataset at once (processes or machines sharing the folder) merge their manifest entries under a lock
-(``OUT/_fleet.lock``); an object-store URL has no lock, so one writer at a time there. A killed import leaves its
-temporary folder (``<tmp>/pcnb-fleet-<pid>-…``); the next import on that machine removes it. ``promptcache-nb
-doctor OUT`` checks a dataset against its manifest.
+(``OUT/_fleet.lock``, ``flock``); an object-store URL has no lock, nor has a platform or filesystem without
+``flock`` (the import warns once): one writer at a time there. A killed import leaves its temporary folder
+(``<tmp>/pcnb-fleet-<pid>-…``); the next import on that machine removes it. ``promptcache-nb doctor OUT`` checks a
+dataset against its manifest, and each group's rows as ``doctor`` checks a store's.
 
 The sessions of one provider account share one simulated cache (``account=``: by default one account per path you
 pass), so the file groups of one account are imported by one task, in the order one ``lab.import_log`` of their
@@ -311,18 +313,19 @@ def _tables_of(out: str, files: Sequence[str], groups: Mapping[str, Any]) -> dic
 
 
 def _damaged_groups(out: str, manifest: Mapping[str, Any]) -> set[str]:
-    """The recorded groups of a local dataset with a file that cannot be read or rows that are not sound (as
-    :func:`check_dataset` finds them, block bodies left out): imported again, whatever the manifest says of them
-    (a manifest written before outputs were recorded, or rewritten)."""
-    groups = manifest["groups"]
-    if not groups or dataset_fs(out)[0] is not None:
+    """The recorded groups of a local dataset whose manifest entry holds no digests of their files (written by a
+    version before outputs were recorded) and whose files cannot be read or hold rows that are not sound (as
+    :func:`check_dataset` finds them, block bodies left out): imported again. A group with digests is checked by
+    them (:func:`_unchanged`): its files are byte for byte what a sound import wrote."""
+    unverified = {gid: rec for gid, rec in manifest["groups"].items() if rec.get("outputs") is None}
+    if not unverified or dataset_fs(out)[0] is not None:
         return set()
-    files = _parquet_files(out)
+    files = [f for f in _parquet_files(out) if group_of_file(f) in unverified]
     unreadable = unreadable_parquet(files)
     damaged = {group_of_file(f) for f in unreadable}
     readable = [f for f in files if f not in unreadable]
-    damaged.update(g for p in check_dataset_rows(_tables_of(out, readable, groups), deep=False) for g in p.groups)
-    return damaged & set(groups)
+    damaged.update(g for p in check_dataset_rows(_tables_of(out, readable, unverified), deep=False) for g in p.groups)
+    return damaged
 
 
 def _update_manifest(out: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
