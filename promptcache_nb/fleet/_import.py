@@ -229,7 +229,7 @@ def _warn_without_lock(out: str) -> None:
     if why is not None:
         warnings.warn(f"{out}: no lock for {MANIFEST_LOCK} ({why}): run one import into this dataset at a time "
                       "(two at once may lose each other's manifest entries; `promptcache-nb doctor` finds that, and "
-                      "the next import repairs it)", PromptCacheWarning, stacklevel=3)
+                      "the next import repairs it)", PromptCacheWarning, stacklevel=4)
 
 
 def check_dataset(out: str | Path) -> DoctorReport:
@@ -487,7 +487,6 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
             raise PromptCacheError(f"import_logs(out={out!r}): it is {not_a_regular_file(out) or 'a file'}, not a "
                                    "folder; pass the dataset's folder (created when missing)")
         os.makedirs(out, exist_ok=True)
-        _warn_without_lock(out)
     else:
         fs.makedirs(root, exist_ok=True)
     clean_stale_temp()
@@ -503,6 +502,8 @@ def _import_logs(paths: str | Path | Iterable[str | Path], out: str, executor: E
                  project: str | None, progress: bool, account: AccountMap | None, start: float) -> FleetImport:
     manifest = _load_manifest(out)
     planned, passed = plan_groups(paths)
+    if dataset_fs(out)[0] is None:  # the paths are sound: the dataset is about to be written
+        _warn_without_lock(out)
     walk = {str(log.path): i for i, log in enumerate(expand_paths(paths)[0])}  # the order an import stores them
     planned = [replace(g, files=tuple(sorted(g.files, key=walk.__getitem__)))
                for g in _with_accounts(planned, paths, account)]
