@@ -558,9 +558,17 @@ def _import_logs(paths: str | Path | Iterable[str | Path], out: str, executor: E
                 remove_group(out, gid)
                 del m["groups"][gid]
 
+    # groups recorded without digests whose files and rows were found sound: recorded with them now, so the rows
+    # are read once, not on every import
+    verified = [g.id for g in groups if g.id not in reports and g.id not in damaged and
+                manifest["groups"].get(g.id, {"outputs": True}).get("outputs") is None]
+
     with _manifest_locked(out):
         final = _load_manifest(out)
         prune(final)
+        for gid in verified:
+            if gid in final["groups"] and final["groups"][gid].get("outputs") is None:
+                final["groups"][gid]["outputs"] = group_outputs(out, gid)
         _save_manifest(out, final)
         if reports:
             _fit_calibrations(out)  # over every group in the dataset, writers at once taking turns
