@@ -68,6 +68,7 @@ def test_a_group_whose_logs_are_gone_is_removed_and_only_it(two_folders, tmp_pat
     out = tmp_path / "fleet"
     fleet.import_logs(exchanges, out=out, progress=False)
     fleet.import_logs(pi, out=out, progress=False)
+    assert _count(out) == _single([exchanges, pi], tmp_path)  # through the API too (21 of 27 before)
     shutil.rmtree(pi)
     fleet.import_logs(exchanges, out=out, progress=False)  # pi's files vanished: its group leaves
     assert _count(out) == _single([exchanges], tmp_path)
