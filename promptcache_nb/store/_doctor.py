@@ -4,6 +4,8 @@ Opening a store checks tables and columns (one catalog query, :func:`~._schema.s
 checks (a NULL where the code expects a value, a block or prefix node referenced but gone, a ``prefix_nodes`` chain
 that runs in a cycle, a block body that is not JSON, a session config that is not a JSON object) run here in full,
 and the readers that would trip over them raise a one-line :class:`~promptcache_nb.errors.StoreError` at first use.
+The same row checks run over a fleet dataset's Parquet files, group by group (:func:`check_dataset_rows`, for
+``doctor DIR``).
 """
 
 from __future__ import annotations
