@@ -28,8 +28,11 @@
   whole up to a commit, the same command run again stores the uninterrupted run's tables);
   tampered stores (each refused in one line naming the table, column or hash, on open or at first use, and
   flagged by ``doctor``); keys of every documented kind in every URL position through the proxy (and in bodies
-  with ``redact_bodies``); bad ``Usage`` numbers, output limits and NUL bytes in scenarios; and ``visible()``
-  over every code point.
+  with ``redact_bodies``); bad ``Usage`` numbers, output limits and NUL bytes in scenarios; ``visible()``
+  over every code point; and each way a fleet dataset is damaged (``FLEET_DAMAGE`` in the harness: a Parquet file
+  deleted, truncated or corrupted, a manifest digest that differs, requests whose session is gone, a prefix cycle,
+  a body not JSON): named by ``doctor DIR`` in one line, repaired by the next import; ``doctor DIR`` and a re-import
+  with nothing to do timed.
 
 "lost" counts committed requests (a lower bound the child reported before the signal) that were not in the
 store after reopening. Prints the figures; exit status 1 when a trial did not survive or a request was
@@ -50,12 +53,14 @@ import tempfile
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "reliability"))
 import _harness as h  # noqa: E402 - the reliability suite's trial and load machinery
 
 import promptcache_nb as pc  # noqa: E402
+from promptcache_nb.fleet._import import _load_manifest  # noqa: E402
 
 LIMIT = 64 * 1024
 TIMEOUT = 1.0
@@ -503,6 +508,58 @@ def _ctrl_c_cli(n: int, rng: random.Random, work: Path) -> bool:
     return ok
 
 
+def _fleet_damage(work: Path) -> bool:
+    """Each way of :data:`h.FLEET_DAMAGE` on a dataset of 8 file groups: ``doctor DIR`` must name it in one line, and
+    ``import --out`` run again re-import that group alone and store the undamaged dataset's rows. Also timed, on the
+    sound dataset: ``doctor DIR``, a re-import that finds nothing to do, and the same over a manifest that recorded
+    no digests (the first reads the rows and records the digests; the next must cost what a re-import does)."""
+    dirs = h.fleet_logs(work / "damage-logs", folders=8, sessions=3, requests=10)
+    sound = work / "damage-sound"
+    pc.fleet.import_logs(dirs, out=sound, progress=False)
+    reference = h.fleet_rows(sound)
+    ok, found, repaired = True, [], 0
+    for how in sorted(h.FLEET_DAMAGE):
+        out = work / f"damage-{how}"
+        shutil.copytree(sound, out)
+        h.damage_dataset(out, how)
+        problems = pc.fleet.check_dataset(out).problems
+        named = [p for p in problems if h.FLEET_DAMAGE[how] in p]
+        found.append(len(problems))
+        again = pc.fleet.import_logs(dirs, out=out, progress=False)
+        fixed = (sorted(again.groups["status"]) == ["imported"] + ["unchanged"] * 7 and h.fleet_rows(out) == reference
+                 and pc.fleet.check_dataset(out).ok)
+        repaired += fixed
+        if len(named) != 1 or not fixed:
+            ok = False
+            print(f"   FAILED {how}: doctor said {problems}; repaired: {fixed}")
+    print(f"fleet dataset damage: {len(h.FLEET_DAMAGE)} kinds ({', '.join(sorted(h.FLEET_DAMAGE))}); "
+          f"{sum(1 for n in found if n)} named by doctor DIR ({min(found)}–{max(found)} lines each), {repaired} "
+          "repaired by the next import (that group alone re-imported, the rows the undamaged dataset's)")
+
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    files = len(list(sound.rglob("*.parquet")))
+    doctor = best(lambda: pc.fleet.check_dataset(sound))
+    unchanged = best(lambda: pc.fleet.import_logs(dirs, out=sound, progress=False))
+    h.without_outputs(sound)  # as a version before digests wrote it: the first import reads the rows
+    t0 = time.perf_counter()
+    pc.fleet.import_logs(dirs, out=sound, progress=False)
+    first = time.perf_counter() - t0
+    digests = all(rec.get("outputs") for rec in _load_manifest(str(sound))["groups"].values())
+    after = best(lambda: pc.fleet.import_logs(dirs, out=sound, progress=False))
+    print(f"   on the sound dataset (8 groups, {len(reference)} rows, {files} Parquet files), best of 3: doctor DIR "
+          f"{doctor * 1000:.0f} ms; an import with nothing to do {unchanged * 1000:.0f} ms; over a manifest without "
+          f"digests the first {first * 1000:.0f} ms (it reads the rows, then records the digests: {digests}), the "
+          f"next {after * 1000:.0f} ms")
+    return ok and digests
+
+
 def hardening(trials: int, seed: int, work: Path) -> bool:
     rng = random.Random(seed)
     t0 = time.perf_counter()
@@ -513,6 +570,7 @@ def hardening(trials: int, seed: int, work: Path) -> bool:
     ok = _redaction(work) and ok
     ok = _numbers(work) and ok
     ok = _visible() and ok
+    ok = _fleet_damage(work) and ok
     print(f"   ({time.perf_counter() - t0:.0f} s)")
     return ok
 

@@ -923,8 +923,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "version expects, applied migrations, NULLs where a value is required, and "
                                     "every block, prefix node and session a row refers to, prefix chains without "
                                     "cycles, block bodies that parse. A fleet dataset's directory (import --out): "
-                                    "its manifest against its Parquet files. Exit 0 when sound, 1 when problems are "
-                                    "listed, 2 when the file cannot be opened.")
+                                    "its manifest against its Parquet files, and each file group's rows as a store's "
+                                    "(import --out again re-imports a damaged group). Exit 0 when sound, 1 when "
+                                    "problems are listed, 2 when the file cannot be opened.")
     _add_store(dr, "an existing store, or a fleet dataset's directory (import --out)")
     dr.set_defaults(fn=cmd_doctor)
     i = sub.add_parser("import", help="import agent logs (Claude Code, Codex, pi, OpenClaw, Gemini CLI, OpenCode, "

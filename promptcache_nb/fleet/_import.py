@@ -11,13 +11,15 @@ A session found in two groups (a resumed session whose files sit in two folders)
 groups' files as one group, so every session is stored whole by one task. A manifest (``OUT/_fleet.json``)
 records each group's log files (size and modification time) and the Parquet files it wrote (size and sha256), as
 soon as the group is written: running again imports only groups with a new, grown or changed log file, or whose
-Parquet files were deleted, truncated or changed since. An import appends: it removes a group only when that
-group's own log files are all gone (or this run imported them under another group), never because it was not
-asked to import it — importing ``logs/pi`` into the dataset ``logs/exchanges`` went to adds to it. Writers
+Parquet files were deleted, truncated or changed since (a group recorded before digests were: whose files cannot be
+read or whose rows are not sound, by :func:`check_dataset`'s row checks). An import appends: it removes a group
+only when that group's own log files are all gone (or this run imported them under another group), never because
+it was not asked to import it — importing ``logs/pi`` into the dataset of ``logs/exchanges`` adds to it. Writers
 into one dataset at once (processes or machines sharing the folder) merge their manifest entries under a lock
-(``OUT/_fleet.lock``); an object-store URL has no lock, so one writer at a time there. A killed import leaves its
-temporary folder (``<tmp>/pcnb-fleet-<pid>-…``); the next import on that machine removes it. ``promptcache-nb
-doctor OUT`` checks a dataset against its manifest.
+(``OUT/_fleet.lock``, ``flock``); an object-store URL has no lock, nor has a platform or filesystem without
+``flock`` (the import warns once): one writer at a time there. A killed import leaves its temporary folder
+(``<tmp>/pcnb-fleet-<pid>-…``); the next import on that machine removes it. ``promptcache-nb doctor OUT`` checks a
+dataset against its manifest, and each group's rows as ``doctor`` checks a store's.
 
 The sessions of one provider account share one simulated cache (``account=``: by default one account per path you
 pass), so the file groups of one account are imported by one task, in the order one ``lab.import_log`` of their
@@ -26,7 +28,7 @@ folder stores them: the dataset's simulated columns equal that import's, for the
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import functools
 import glob
 import json
@@ -41,17 +43,23 @@ from concurrent.futures import Executor, Future, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .._lazy import pandas as pd
 from .._util import not_a_regular_file, progress_bar
 from ..analysis.calibrate import calibrate_families
-from ..errors import PromptCacheError
+from ..errors import PromptCacheError, PromptCacheWarning
 from ..ingest import import_log
 from ..ingest._groups import FileGroup, expand_paths, plan_groups
 from ..lab import Lab
 from ..store import DoctorReport, Store, caused_by_ctrl_c
+from ..store._doctor import check_dataset_rows
 from ..store._parquet import TEMP_PREFIX, dataset_fs, group_of_file, group_outputs, remove_group, unreadable_parquet
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (see _flock)
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
 
@@ -185,20 +193,51 @@ def _load_manifest(out: str) -> dict[str, Any]:
 
 @contextmanager
 def _manifest_locked(out: str) -> Iterator[None]:
-    """Hold :data:`MANIFEST_LOCK` (a local dataset; an object store has no lock: one writer at a time there)."""
+    """Hold :data:`MANIFEST_LOCK` (a local dataset; an object store has no lock: one writer at a time there). Where
+    the platform or the filesystem has no ``flock`` this goes on unlocked (:func:`_warn_without_lock` said so once)."""
     fs, _ = dataset_fs(out)
     if fs is not None:
         yield
         return
     with open(os.path.join(out, MANIFEST_LOCK), "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # released when the file closes, a killed holder's too
+        _flock(fh)  # released when the file closes, a killed holder's too
         yield
+
+
+#: What ``flock`` raises on a filesystem without locks (NFS without a lock daemon, some FUSE and SMB mounts).
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
+
+
+def _flock(fh: BinaryIO) -> str | None:
+    """Take :data:`MANIFEST_LOCK` on the open file ``fh``; why it cannot be taken (None once held)."""
+    if fcntl is None:
+        return "this platform has no flock"
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    except OSError as exc:
+        if exc.errno not in _NO_LOCKS:
+            raise
+        return f"its filesystem refuses flock ({exc.strerror or errno.errorcode.get(exc.errno or 0, exc)})"
+    return None
+
+
+def _warn_without_lock(out: str) -> None:
+    """One warning when the dataset ``out`` (local) cannot be locked: an import still works, but two at once may
+    lose each other's manifest entries."""
+    with open(os.path.join(out, MANIFEST_LOCK), "a+b") as fh:
+        why = _flock(fh)
+    if why is not None:
+        warnings.warn(f"{out}: no lock for {MANIFEST_LOCK} ({why}): run one import into this dataset at a time "
+                      "(two at once may lose each other's manifest entries; `promptcache-nb doctor` finds that, and "
+                      "the next import repairs it)", PromptCacheWarning, stacklevel=4)
 
 
 def check_dataset(out: str | Path) -> DoctorReport:
     """Check a fleet dataset without changing it (``promptcache-nb doctor OUT``): its manifest, each file group's
     Parquet files against what the manifest recorded (present, same size and sha256), files no recorded group
-    wrote (an import killed before it recorded them, or one still running), and every Parquet file readable.
+    wrote (an import killed before it recorded them, or one still running), every Parquet file readable, and the
+    rows of the recorded groups' files as ``doctor FILE`` checks a store's (each group's references within it, such
+    as requests whose session is missing; prefix chains that end; block bodies that parse). One line a problem.
 
     A damaged group is repaired by running the same import again: it imports that group anew.
     """
@@ -214,24 +253,29 @@ def check_dataset(out: str | Path) -> DoctorReport:
         return report
     groups: dict[str, Any] = manifest["groups"]
     rerun = "run the import again to re-import it"
+    files = _parquet_files(path)
+    unreadable = unreadable_parquet(files)
+    readable = [f for f in files if f not in unreadable]
     for gid, rec in sorted(groups.items()):
         outputs = rec.get("outputs")
         if outputs is None:
             continue  # recorded before outputs were
         have = {o[0]: o for o in group_outputs(path, gid)}
-        name = f"group {gid} ({Path(str(rec.get('key', ''))).name})"
+        name = _group_name(gid, rec)
         for rel, size, sha in outputs:
             got = have.get(rel)
+            why = unreadable.pop(os.path.join(path, rel), None)
+            also = f", not readable as Parquet ({why})" if why else ""
             if got is None:
                 report.problems.append(f"{name}: {rel} is missing; {rerun}")
             elif got[1] != size:
                 report.problems.append(f"{name}: {rel} holds {got[1]} bytes, {size} when written (truncated or "
-                                       f"rewritten); {rerun}")
+                                       f"rewritten){also}; {rerun}")
             elif got[2] != sha:
-                report.problems.append(f"{name}: {rel} changed since it was written (sha256 differs); {rerun}")
+                report.problems.append(f"{name}: {rel} changed since it was written (its sha256 differs from the "
+                                       f"manifest's){also}; {rerun}")
         for rel in sorted(set(have) - {o[0] for o in outputs}):
             report.problems.append(f"{name}: {rel} is not in the manifest; {rerun}")
-    files = sorted(glob.glob(os.path.join(path, "**", "*.parquet"), recursive=True))
     orphans: dict[str, int] = {}
     for f in files:
         gid = group_of_file(f)
@@ -241,11 +285,47 @@ def check_dataset(out: str | Path) -> DoctorReport:
                            "import killed before it recorded them, or one still running); run the import again"
                            for gid, n in sorted(orphans.items()))
     report.problems.extend(f"{os.path.relpath(f, path)}: not readable as Parquet ({why})"
-                           for f, why in unreadable_parquet(files).items())
+                           for f, why in unreadable.items())
+    for problem in check_dataset_rows(_tables_of(path, readable, groups)):
+        named = ", ".join(_group_name(g, groups.get(g, {})) for g in problem.groups)
+        report.problems.append(f"{problem.line()} in {named}; {rerun}")
     report.counts = {"file groups": len(groups), "Parquet files": len(files),
                      "requests": sum(int(r.get("requests", 0)) for r in groups.values())}
     report.head = f"{path}: a fleet dataset; " + ", ".join(f"{n} {what}" for what, n in report.counts.items())
     return report
+
+
+def _group_name(gid: str, rec: Mapping[str, Any]) -> str:
+    return f"group {gid} ({Path(str(rec.get('key', ''))).name})"
+
+
+def _parquet_files(out: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(out, "**", "*.parquet"), recursive=True))
+
+
+def _tables_of(out: str, files: Sequence[str], groups: Mapping[str, Any]) -> dict[str, list[str]]:
+    """table -> the files of ``files`` a recorded group wrote (another's may be half written: a run still going)."""
+    tables: dict[str, list[str]] = {}
+    for f in files:
+        if group_of_file(f) in groups:
+            tables.setdefault(Path(os.path.relpath(f, out)).parts[0], []).append(f)
+    return tables
+
+
+def _damaged_groups(out: str, manifest: Mapping[str, Any]) -> set[str]:
+    """The recorded groups of a local dataset whose manifest entry holds no digests of their files (written by a
+    version before outputs were recorded) and whose files cannot be read or hold rows that are not sound (as
+    :func:`check_dataset` finds them, block bodies left out): imported again. A group with digests is checked by
+    them (:func:`_unchanged`): its files are byte for byte what a sound import wrote."""
+    unverified = {gid: rec for gid, rec in manifest["groups"].items() if rec.get("outputs") is None}
+    if not unverified or dataset_fs(out)[0] is not None:
+        return set()
+    files = [f for f in _parquet_files(out) if group_of_file(f) in unverified]
+    unreadable = unreadable_parquet(files)
+    damaged = {group_of_file(f) for f in unreadable}
+    readable = [f for f in files if f not in unreadable]
+    damaged.update(g for p in check_dataset_rows(_tables_of(out, readable, unverified), deep=False) for g in p.groups)
+    return damaged
 
 
 def _update_manifest(out: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -422,11 +502,14 @@ def _import_logs(paths: str | Path | Iterable[str | Path], out: str, executor: E
                  project: str | None, progress: bool, account: AccountMap | None, start: float) -> FleetImport:
     manifest = _load_manifest(out)
     planned, passed = plan_groups(paths)
+    if dataset_fs(out)[0] is None:  # the paths are sound: the dataset is about to be written
+        _warn_without_lock(out)
     walk = {str(log.path): i for i, log in enumerate(expand_paths(paths)[0])}  # the order an import stores them
     planned = [replace(g, files=tuple(sorted(g.files, key=walk.__getitem__)))
                for g in _with_accounts(planned, paths, account)]
     groups = _by_account(_apply_merges(planned, manifest, walk), walk)
-    todo = [g for g in groups if not _unchanged(g, manifest, out)]
+    damaged = _damaged_groups(out, manifest)
+    todo = [g for g in groups if g.id in damaged or not _unchanged(g, manifest, out)]
     reports: dict[str, GroupReport] = {}
     by_gid = {g.id: g for g in groups}
 
@@ -475,9 +558,17 @@ def _import_logs(paths: str | Path | Iterable[str | Path], out: str, executor: E
                 remove_group(out, gid)
                 del m["groups"][gid]
 
+    # groups recorded without digests whose files and rows were found sound: recorded with them now, so the rows
+    # are read once, not on every import
+    verified = [g.id for g in groups if g.id not in reports and g.id not in damaged and
+                manifest["groups"].get(g.id, {"outputs": True}).get("outputs") is None]
+
     with _manifest_locked(out):
         final = _load_manifest(out)
         prune(final)
+        for gid in verified:
+            if gid in final["groups"] and final["groups"][gid].get("outputs") is None:
+                final["groups"][gid]["outputs"] = group_outputs(out, gid)
         _save_manifest(out, final)
         if reports:
             _fit_calibrations(out)  # over every group in the dataset, writers at once taking turns

@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -208,11 +209,15 @@ def _column(name: str, old: str | None, wrote: set[str]) -> str:
     return f'"{name}"' if name in wrote else "NULL"
 
 
+#: The file group that wrote a file, from its path: ``.../<group>.parquet`` or ``.../<group>_<i>.parquet`` (a regular
+#: expression both Python and DuckDB's ``regexp_extract`` read).
+GROUP_FILE_PATTERN = r"([^/\\]+?)(?:_[0-9]+)?\.parquet$"
+
+
 def group_of_file(path: str) -> str:
-    """The file group that wrote ``path`` (``.../<group>.parquet`` or ``.../<group>_<i>.parquet``)."""
-    name = path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".parquet")
-    head, sep, tail = name.rpartition("_")
-    return head if sep and tail.isdigit() else name
+    """The file group that wrote ``path`` (:data:`GROUP_FILE_PATTERN`)."""
+    found = re.search(GROUP_FILE_PATTERN, path)
+    return found.group(1) if found else path.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 def attach_dataset(con: duckdb.DuckDBPyConnection, out: str) -> list[str]:

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 import promptcache_nb as pc
 from promptcache_nb.ingest import _import as _ingest
 from promptcache_nb.live import DirectSimulator
@@ -955,3 +957,77 @@ def fleet_kill_trial(workdir: Path, dirs: list[Path], reference: list[str], *, s
         trial.problems.append(f"the dataset differs from an uninterrupted run's: {len(got)} rows, "
                               f"{len(reference)} expected, {len(set(got) ^ set(reference))} differ")
     return trial
+
+
+# -- a damaged fleet dataset ------------------------------------------------------------------------------------------
+#: Each way :func:`damage_dataset` damages a dataset, and what ``doctor DIR`` must say of it (in one line).
+FLEET_DAMAGE = {
+    "delete": "is missing",  # a turns file deleted
+    "truncate": "(truncated or rewritten), not readable as Parquet",  # a turns file cut in half
+    "corrupt": "changed since it was written",  # a turns file, the same size, 64 bytes flipped
+    "manifest": "changed since it was written",  # a turns file as written, the manifest's digest of it changed
+    "no_sessions": "turns.session_id not in sessions",  # a group's sessions files deleted, a manifest without digests
+    "cycle": "prefix_nodes.parent runs in a cycle",  # a group's first chain made a loop, a manifest without digests
+    "not_json": "blocks.body not JSON",  # a group's block body replaced with '{not json'
+}
+
+
+def damage_dataset(out: Path, how: str) -> Path:
+    """Damage the fleet dataset ``out`` as :data:`FLEET_DAMAGE` ``how`` says; the file damaged (or deleted)."""
+    turns = sorted((out / "turns").rglob("*.parquet"))[0]
+    if how == "delete":
+        turns.unlink()
+    elif how == "truncate":
+        turns.write_bytes(turns.read_bytes()[: turns.stat().st_size // 2])
+    elif how == "corrupt":
+        data = bytearray(turns.read_bytes())
+        middle = len(data) // 2
+        data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+        turns.write_bytes(bytes(data))
+    elif how == "manifest":
+        rel = turns.relative_to(out).as_posix()
+        manifest = json.loads((out / "_fleet.json").read_text())
+        for rec in manifest["groups"].values():
+            rec["outputs"] = [[r, size, "0" * 64 if r == rel else sha] for r, size, sha in rec["outputs"]]
+        (out / "_fleet.json").write_text(json.dumps(manifest))
+    elif how == "no_sessions":
+        without_outputs(out)
+        sessions = sorted((out / "sessions").rglob("*.parquet"))
+        group = sessions[0].name.split("_")[0]
+        for f in sessions:
+            if f.name.startswith(group + "_"):
+                f.unlink()
+        return sessions[0]
+    elif how == "cycle":  # the first chain's root made the child of its own child
+        without_outputs(out)
+        victim = sorted((out / "prefix_nodes").glob("*.parquet"))[0]
+        _rewrite_parquet(victim, "SELECT * REPLACE (CASE WHEN parent IS NULL THEN (SELECT min(id) FROM t c WHERE "
+                                 "c.parent = (SELECT min(id) FROM t WHERE parent IS NULL)) ELSE parent END AS parent) "
+                                 "FROM t")
+        return victim
+    elif how == "not_json":
+        victim = sorted((out / "blocks").glob("*.parquet"))[0]
+        _rewrite_parquet(victim, "SELECT * REPLACE (CASE WHEN hash = (SELECT min(hash) FROM t) THEN '{not json' "
+                                 "ELSE body END AS body) FROM t")
+        return victim
+    else:
+        raise ValueError(f"no damage {how!r}")
+    return turns
+
+
+def without_outputs(out: Path) -> None:
+    """The manifest as a version that recorded no Parquet files wrote it (no size or digest to check against)."""
+    manifest = json.loads((out / "_fleet.json").read_text())
+    for rec in manifest["groups"].values():
+        rec.pop("outputs", None)
+    (out / "_fleet.json").write_text(json.dumps(manifest))
+
+
+def _rewrite_parquet(path: Path, select: str) -> None:
+    """Write ``path`` again as ``select`` makes it from its own rows (``t``)."""
+    con = duckdb.connect()
+    try:
+        con.execute(f"CREATE TABLE t AS SELECT * FROM read_parquet('{path}')")
+        con.execute(f"COPY ({select}) TO '{path}' (FORMAT parquet)")
+    finally:
+        con.close()

@@ -6,6 +6,8 @@ interrupted``). Real processes, real signals, real files."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import random
@@ -17,11 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-from _harness import REPO, cli, fleet_kill_trial, fleet_logs, fleet_reference, fleet_rows
+from _harness import FLEET_DAMAGE, REPO, cli, damage_dataset, fleet_kill_trial, fleet_logs, fleet_reference, fleet_rows
 
 import promptcache_nb as pc
 from promptcache_nb import fleet
 from promptcache_nb.cli import main
+from promptcache_nb.store._parquet import group_of_file
 
 LOGS = REPO / "tests" / "fixtures" / "logs"
 
@@ -65,6 +68,7 @@ def test_a_group_whose_logs_are_gone_is_removed_and_only_it(two_folders, tmp_pat
     out = tmp_path / "fleet"
     fleet.import_logs(exchanges, out=out, progress=False)
     fleet.import_logs(pi, out=out, progress=False)
+    assert _count(out) == _single([exchanges, pi], tmp_path)  # through the API too (21 of 27 before)
     shutil.rmtree(pi)
     fleet.import_logs(exchanges, out=out, progress=False)  # pi's files vanished: its group leaves
     assert _count(out) == _single([exchanges], tmp_path)
@@ -74,29 +78,41 @@ def test_a_group_whose_logs_are_gone_is_removed_and_only_it(two_folders, tmp_pat
 
 
 # -- a damaged dataset: doctor says so, the next import repairs it ------------------------------------------------
-@pytest.mark.parametrize("damage", ["delete", "truncate"])
-def test_a_damaged_parquet_file_is_reported_and_reimported(damage: str, two_folders, tmp_path: Path,
-                                                           capsys) -> None:
-    exchanges, pi = two_folders
+@pytest.mark.parametrize("how", sorted(FLEET_DAMAGE))
+def test_a_damaged_dataset_is_reported_in_one_line_and_repaired(how: str, two_folders, tmp_path: Path,
+                                                                capsys) -> None:
     out = tmp_path / "fleet"
-    fleet.import_logs([exchanges, pi], out=out, progress=False)
+    assert main(["import", *map(str, two_folders), "--out", str(out), "--quiet"]) == 0
     expected = fleet_rows(out)
     assert main(["doctor", str(out)]) == 0  # "it is a directory" before
     assert "a fleet dataset; 2 file groups" in capsys.readouterr().out
-    victim = sorted((out / "turns").rglob("*.parquet"))[0]
-    if damage == "delete":
-        victim.unlink()
-    else:
-        victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    victim = damage_dataset(out, how)
+    rel, group = victim.relative_to(out).as_posix(), group_of_file(str(victim))
     assert main(["doctor", str(out)]) == 1
-    text = capsys.readouterr().out
-    rel = victim.relative_to(out).as_posix()
-    assert f"{rel} is missing" in text if damage == "delete" else f"{rel} holds" in text
-    assert "run the import again" in text and text.rstrip().endswith("found")
-    again = fleet.import_logs([exchanges, pi], out=out, progress=False)
-    assert sorted(again.groups["status"]) == ["imported", "unchanged"]  # that group, only it
+    problems = [x.removeprefix("problem: ") for x in capsys.readouterr().out.splitlines() if x.startswith("problem:")]
+    (line,) = [p for p in problems if FLEET_DAMAGE[how] in p]  # one line for it
+    assert line.endswith("run the import again to re-import it"), line
+    if how in ("no_sessions", "cycle", "not_json"):  # found in the rows, named by group
+        assert line.startswith(FLEET_DAMAGE[how]) and f" in group {group} (" in line, line
+    else:  # found in the files, named by file (delete, truncate: the size and the Parquet footer, still one line)
+        assert line.startswith(f"group {group} (") and rel in line, line
+    # not_json: the file's digest differs too; no_sessions and cycle: a manifest without digests, the rows alone tell
+    assert len(problems) == 1 + (how == "not_json"), problems
+    assert main(["import", *map(str, two_folders), "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    manifest = json.loads((out / "_fleet.json").read_text())
+    # every group recorded with its files' digests: the one re-imported, and one found sound by its rows
+    assert all(rec.get("outputs") for rec in manifest["groups"].values())
     assert fleet_rows(out) == expected
     assert fleet.check_dataset(out).ok
+
+
+def test_a_second_run_re_imports_only_the_damaged_group(two_folders, tmp_path: Path) -> None:
+    out = tmp_path / "fleet"
+    fleet.import_logs(list(two_folders), out=out, progress=False)
+    damage_dataset(out, "no_sessions")
+    again = fleet.import_logs(list(two_folders), out=out, progress=False)
+    assert sorted(again.groups["status"]) == ["imported", "unchanged"]  # that group, only it
 
 
 def test_doctor_reports_files_no_manifest_entry_records(two_folders, tmp_path: Path) -> None:
@@ -209,3 +225,51 @@ def test_a_dataset_path_that_is_not_a_folder_is_refused_in_one_line(make: str, w
     done = cli(["import", str(two_folders[0]), "--out", str(out)])
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert words in done.stderr and str(out) in done.stderr
+
+
+# -- a dataset where flock is not to be had ------------------------------------------------------------------------
+def _no_locks(*_: object) -> None:
+    raise OSError(errno.ENOLCK, "No locks available")  # what NFS without a lock daemon answers
+
+
+@pytest.mark.parametrize("platform", ["no_flock", "refused"])
+def test_without_flock_an_import_goes_on_after_one_warning(platform: str, two_folders, tmp_path: Path,
+                                                           monkeypatch) -> None:
+    from promptcache_nb.errors import PromptCacheWarning
+    from promptcache_nb.fleet import _import
+
+    if platform == "no_flock":  # Windows: no fcntl module
+        monkeypatch.setattr(_import, "fcntl", None)
+        why = "this platform has no flock"
+    else:
+        monkeypatch.setattr(fcntl, "flock", _no_locks)
+        why = "its filesystem refuses flock (No locks available)"
+    out = tmp_path / "fleet"
+    with pytest.warns(PromptCacheWarning) as caught:
+        done = fleet.import_logs(list(two_folders), out=out, progress=False)
+    assert [str(w.message) for w in caught] == [
+        f"{out}: no lock for _fleet.lock ({why}): run one import into this dataset at a time (two at once may lose "
+        "each other's manifest entries; `promptcache-nb doctor` finds that, and the next import repairs it)"]
+    assert done.requests == _single(list(two_folders), tmp_path) and fleet.check_dataset(out).ok
+
+
+_REFUSING = """
+import errno, fcntl, sys
+def refuse(*_):
+    raise OSError(errno.ENOLCK, "No locks available")
+fcntl.flock = refuse
+from promptcache_nb.cli import main
+from promptcache_nb.store._parquet import group_of_file
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_cli_import_without_flock_says_so_in_one_line(two_folders, tmp_path: Path) -> None:
+    out = tmp_path / "fleet"
+    done = subprocess.run([sys.executable, "-c", _REFUSING, "import", *map(str, two_folders), "--out", str(out),
+                           "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "no lock for _fleet.lock (its filesystem refuses flock (No locks available))" in line, line
+    assert "Traceback" not in done.stderr and fleet.check_dataset(out).ok

@@ -31,6 +31,7 @@ SURROGATE_LOGS = {
     "claude_code": ("claude_code/-home-dev-billing-service", "4b2f7c1e-9d3a-4e8b-a6f1-2c5d8e0b7a94.jsonl"),
     "exchanges": ("exchanges", "review_bot.jsonl"),
     "gemini_chat": ("gemini_cli", "chats/session-2026-06-02T09-12-3f0c6a41.jsonl"),  # usage as "tokens"
+    "oh_my_pi": ("pi/omp", "-work-shop-web/2026-03-14T16-02-00-120Z_7c2e41d0b9a3.jsonl"),
     "pi": ("pi/--home-ann-ledger-api--", "2026-02-03T10-11-12-345Z_0f3c9a2e-6b1d-4c8e-9f21-7a5d3e1b8c40.jsonl"),
 }
 
@@ -68,6 +69,28 @@ def test_a_lone_surrogate_in_usage_skips_that_record_only(fmt: str, deep: bool, 
                         "reason": "usage: holds a lone surrogate '\\ud800' (not Unicode text)"}]
     assert expected > 1
     assert stored == expected - 1  # the one request, and only it, is left out
+
+
+@pytest.mark.parametrize("deep", [False, True], ids=["usage_first", "deep"])
+def test_a_lone_surrogate_in_opencode_tokens_skips_that_step_only(deep: bool, tmp_path: Path) -> None:
+    """OpenCode JSON: one request per ``step-finish`` part, its usage in the part's ``tokens`` object."""
+    part = "storage/part/msg_e87d674c4001ykPTPly5kAA819/prt_e87d687e8001SnBc0np9B9Udk7.json"
+    clean, damaged = tmp_path / "clean", tmp_path / "damaged"
+    shutil.copytree(LOGS / "opencode", clean)
+    shutil.copytree(LOGS / "opencode", damaged)
+    text = (damaged / part).read_text(encoding="utf-8")
+    assert '"type": "step-finish"' in text
+    (damaged / part).write_text(text.replace('"tokens": {', '"tokens": {"note": "\\ud800", ', 1), encoding="utf-8")
+    with pc.Lab(tmp_path / "clean.duckdb", progress=False) as lab:
+        lab.import_log(clean, deep=deep)
+        expected = _turns(lab)
+    with pc.Lab(tmp_path / "damaged.duckdb", progress=False) as lab:
+        result = lab.import_log(damaged, deep=deep)  # "cannot encode str as UTF-8", nothing stored, before the fix
+        stored = _turns(lab)
+    skipped = [r for r in result.skipped.to_dict("records") if "surrogate" in r["reason"]]
+    assert [r["reason"] for r in skipped] == ["usage: holds a lone surrogate '\\ud800' (not Unicode text)"]
+    assert skipped[0]["file"].startswith(str(damaged / "storage"))
+    assert expected > 1 and stored == expected - 1
 
 
 # -- JSON nested past the parser's recursion limit inside a JSON-document log ----------------------------------
@@ -146,8 +169,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
 
 
-@pytest.mark.parametrize("command", [["sql", "{store}", "SELECT 1"],
-                                     ["import", "{store}", str(LOGS / "exchanges")]], ids=["sql", "import"])
+@pytest.mark.parametrize("command", [["sql", "{store}", "SELECT 1"], ["import", "{store}", str(LOGS / "exchanges")],
+                                     ["doctor", "{store}"]], ids=["sql", "import", "doctor"])
 def test_a_store_path_that_loops_is_refused_in_one_line(command: list[str], looping_store: Path) -> None:
     done = _cli(*(a.format(store=looping_store) for a in command))
     assert done.returncode == 2
