@@ -572,6 +572,18 @@ def status_html(text: str, *, kind: str = "info") -> str:
             f'margin:2px 0">{text_html(text)}</div>')
 
 
+#: The one line over the stepper's side-by-side columns where they are narrow, and the width below which it shows.
+PAIR_HINT = "narrow window: collapse the file browser (Ctrl+B) to see both side by side at full width"
+PAIR_HINT_BELOW_PX = 900
+#: The hint as HTML, shown only while its own full-width box (``pcnb-pair-hint-box``) is narrower than
+#: :data:`PAIR_HINT_BELOW_PX`: a CSS container query, so it needs no script and follows the file browser being
+#: opened or closed. Where container queries are unknown the line simply shows.
+PAIR_HINT_HTML = (
+    "<style>.pcnb-pair-hint-box { container-type: inline-size; } "
+    f"@container (min-width: {PAIR_HINT_BELOW_PX}px) {{ .pcnb-pair-hint {{ display: none; }} }}</style>"
+    f'<div class="pcnb-pair-hint" style="font-size:12.5px;color:#8a5a00;margin:2px 0">{esc(PAIR_HINT)}</div>')
+
+
 def png_html(png: bytes, *, alt: str) -> str:
     """A PNG inlined as a data URL (static snapshots: no kernel, no file next to the notebook)."""
     if not png:
