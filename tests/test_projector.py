@@ -5,6 +5,7 @@ typeset."""
 from __future__ import annotations
 
 import re
+import shutil
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
@@ -269,3 +270,20 @@ def test_prefix_diff_html_folds_long_path_lists_under_show_all():
     seen = _outside_details(html)
     assert "messages[11].content" in seen and "messages[39].content" not in seen
     assert "messages[39].content" in html
+
+
+def test_an_import_summary_shows_no_local_absolute_path(tmp_path):
+    """A notebook's outputs are shared: the import table's cells and hover titles name a file by the folder that
+    was passed and the path inside it, never /tmp/... or /home/<user>/...."""
+    logs = tmp_path / "logs"
+    shutil.copytree(pc.data_path("logs") / "claude_code" / "-home-dev-billing-service",
+                    logs / "-home-dev-billing-service")
+    (logs / "notes.txt").write_text("not a log")
+    with pc.Lab(tmp_path / "x.duckdb", progress=False) as lab:
+        res = lab.import_log(logs)
+        html = res._repr_html_()
+    titles = re.findall(r'title="([^"]*)"', html)
+    assert titles and all(t.startswith("claude-code:logs/-home-dev-billing-service/") for t in titles), titles
+    assert str(tmp_path) not in html and "/home/" not in html.replace("-home-", "")
+    assert res._shown_source(str(Path.home() / "x" / "s.jsonl")) == "~/x/s.jsonl"
+    assert res._shown_source("/srv/elsewhere/s.jsonl") == "s.jsonl"
