@@ -552,9 +552,10 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
         # the header sits over the diff, so the editor beside them starts right under the status line
         self._left = W.VBox([self._left_label, self._header, diff_box],
                             layout=W.Layout(flex=_ONE_COLUMN, min_width="0"))
+        self._left.add_class("pcnb-stepper-main")
         #: over the two columns in the side-by-side mode, said only where they are narrow (a CSS container query:
         #: no script, and it follows the sidebar being opened or closed)
-        self._pair_hint = _HTML(_html.PAIR_HINT_HTML, layout=W.Layout(width="100%", display="none"))
+        self._pair_hint = _HTML(_html.PAIR_HINT_HTML, layout=W.Layout(display="none"))  # the row's width
         self._pair_hint.add_class("pcnb-pair-hint-box")
         #: the embedded knowledge editor (``stepper.editor()`` returns it)
         self.knowledge = KnowledgeEditor(self, compact=True)
