@@ -3,7 +3,7 @@
 One JupyterLab on loopback serves copies of notebooks/0*.ipynb (outputs stripped); Debian's chromium opens each
 one, runs all cells, saves it, and checks what a class would see:
 
-- no error output (read from the saved notebook: an ``error`` output of any cell), no error box a widget shows
+- no error output and no stderr (red in JupyterLab; read from the saved notebook), no error box a widget shows
   (``.pcnb-error``: a callback that failed after Run All);
 - no horizontal scroll in a code editor or an output area, and no notebook that scrolls sideways (the notebook
   is 846 px wide beside the file browser); every cell is laid out (JupyterLab's windowing off), so the checks
@@ -16,8 +16,8 @@ one, runs all cells, saves it, and checks what a class would see:
 - 01's Stepper in "side by side" keeps both columns on one row with no sideways scroll and says "collapse the
   file browser (Ctrl+B)"; after Ctrl+B the line is gone and the columns are still side by side.
 
-A canary notebook with one of each fault (an error, a wide code line, a wide output, money as math, a figure with
-tiny text) runs through the same checks first: each check must fire on it, so a check that cannot fail fails.
+A canary notebook with one of each fault (an error, stderr, a wide code line, a wide output, money as math, a
+figure with tiny text) runs through the same checks first: each check must fire on it, so a check that cannot fail fails.
 
 Screenshots after Run All (and of the side-by-side and long-diff checks) are written to ``build/browser/``, with
 ``problems.json`` and ``timings.json``: ``make test`` (``.ci/run``) leaves them there, the CI artifacts. Every
@@ -257,6 +257,9 @@ def _problems(page, lab_root: Path, name: str, figures: list[dict]) -> list[str]
     found += [f"cell {n}: {out.get('ename')}: {out.get('evalue', '')[:120]}"
               for n, cell in enumerate(saved.cells) for out in cell.get("outputs", [])
               if out.get("output_type") == "error"]
+    found += [f"cell {n}: stderr (shown red): {''.join(out.get('text', ''))[:120]!r}"
+              for n, cell in enumerate(saved.cells) for out in cell.get("outputs", [])
+              if out.get("output_type") == "stream" and out.get("name") == "stderr"]
     return found
 
 
@@ -338,9 +341,10 @@ def _shut_down(page) -> None:
 #: The canary's faults and the words of the problem each must raise.
 CANARY_FAULTS = {"an error output": "ValueError: canary", "a code line too wide": " code (",
                  "an output too wide": "output (", "money as math": "math in an output",
-                 "a figure with tiny text": "figure text"}
+                 "a figure with tiny text": "figure text", "a warning on stderr": "stderr (shown red)"}
 CANARY = [
-    "import matplotlib.pyplot as plt\nfrom IPython.display import HTML, Markdown, display",
+    "import sys\n\nimport matplotlib.pyplot as plt\nfrom IPython.display import HTML, Markdown, display\n"
+    "print('a warning', file=sys.stderr)",
     "wide = '" + "a" * 200 + "'",
     "display(HTML('<div style=\"overflow-x:auto\"><div style=\"width:3000px\">a wide table</div></div>'))",
     "Markdown('it costs $1.00 and saves $2.00 a day')",

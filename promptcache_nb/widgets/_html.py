@@ -207,7 +207,9 @@ def _marked(text: str, j: int, mark_style: str) -> str:
 def side_by_side_html(
     previous: PreparedRequest | None, current: PreparedRequest | None, *, diff: Any = None
 ) -> str:
-    """The escaped side-by-side prefix diff: shared segments collapsed, the divergence highlighted."""
+    """The escaped side-by-side prefix diff: shared segments collapsed, the divergence highlighted with a few
+    lines around it, then the changed region (each run of unchanged segments as one line, the first
+    :data:`MAX_ROWS` changed segments); the rest under "show all N segments" (an HTML ``<details>``)."""
     if current is None:
         return f'<div style="{_BOX}color:#777">no request yet</div>'
     rows: list[str] = []
