@@ -39,7 +39,6 @@ def _rules() -> dict[str, str]:
     """Numbers the prose states as the package's rules, each from the package (a change there fails here)."""
     sonnet = prices_for("claude-sonnet-4-5")
     write_5m, read = round(sonnet.cache_write_5m / sonnet.input, 2), round(sonnet.cache_read / sonnet.input, 2)
-    write_1h = round(sonnet.cache_write_1h / sonnet.input, 2)
     minimum = pc.get_cache_model("anthropic").min_cacheable_tokens("claude-sonnet-4-5")
     return {
         f"{NOISE_FLOOR:,}": "the rebuild noise floor (analysis.cause.NOISE_FLOOR)",
@@ -49,13 +48,21 @@ def _rules() -> dict[str, str]:
         f"{INCREMENT}": "OpenAI's cache hit increment (cache.openai.INCREMENT)",
         f"{minimum:,}": "Sonnet's minimum cacheable prefix",
         f"{DELTA_BUDGET_TOKENS:,}": "Lore's delta budget (strategies._lore)",
-        f"{write_1h:g}": "the 1-hour write price over the input price",
-        f"{TTL_SECONDS['5m'] / 60:g}": "Anthropic's default cache lifetime in minutes (cache.anthropic)",
-        f"{TTL_SECONDS['1h'] / 3600:g}": "Anthropic's extended cache lifetime in hours (cache.anthropic)",
-        f"{UNIT_TOKENS}": "DeepSeek's cache unit in tokens (cache.deepseek)",
-        f"{BLOCK_SIZE}": "vLLM's KV block size in tokens (cache.vllm)",
-        f"{MAX_STABLE_CACHE_READ_RATIO * 100:g}": "OpenClaw's break ratio in % (analysis.observe)",
     }
+
+
+def _unit_rules() -> list[tuple[str, str, str]]:
+    """Small numbers the prose states as rules only with their unit (a bare "2" or "5" is no rule): (number,
+    the unit that must follow it, why), each from the package."""
+    sonnet = prices_for("claude-sonnet-4-5")
+    return [
+        (f"{round(sonnet.cache_write_1h / sonnet.input, 2):g}", r"\s*×", "the 1-hour write price over the input's"),
+        (f"{TTL_SECONDS['5m'] / 60:g}", r"(?:\s*min|-minute)", "Anthropic's default cache lifetime"),
+        (f"{TTL_SECONDS['1h'] / 3600:g}", r"(?:\s*h\b|-hour)", "Anthropic's extended cache lifetime"),
+        (f"{UNIT_TOKENS}", r"-token", "DeepSeek's cache unit (cache.deepseek)"),
+        (f"{BLOCK_SIZE}", r"-token", "vLLM's KV block size (cache.vllm)"),
+        (f"{MAX_STABLE_CACHE_READ_RATIO * 100:g}", r"\s*%", "OpenClaw's break ratio (analysis.observe)"),
+    ]
 
 
 #: Numbers that are neither data nor our rules, each with why the page can state it as it is.
@@ -65,6 +72,7 @@ CITED = {
     "01_quickstart": {"4": "the stepper's wording, quoted as an example (\"scenario turn 4 of 12\")",
                       "12": "the stepper's wording, quoted as an example (\"scenario turn 4 of 12\")"},
     "04_providers": {"0.5": "OpenAI's read price by model family (provider docs)",
+                     "5": "OpenAI's in-memory retention, 5–10 minutes idle (provider docs)",
                      "10": "OpenAI's in-memory retention, 5–10 minutes idle (provider docs)",
                      "0": "vLLM is self-hosted: no list price",
                      "4,000": "250 vLLM blocks of 16 tokens, the numbers the sentence gives"},
@@ -101,7 +109,7 @@ def _around(cells: list[dict], n: int) -> str:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_every_number_in_the_prose_is_on_the_page_or_a_rule(path):
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    rules, cited = _rules(), CITED.get(path.stem, {})
+    rules, unit_rules, cited = _rules(), _unit_rules(), CITED.get(path.stem, {})
     unexplained = []
     for n, cell in enumerate(cells):
         if cell["cell_type"] != "markdown":
@@ -109,6 +117,8 @@ def test_every_number_in_the_prose_is_on_the_page_or_a_rule(path):
         text, shown = _prose(cell), _around(cells, n)
         for m in NUMBER.finditer(text):
             number = m.group(1).rstrip(",")
+            if any(number == n and re.match(unit, text[m.end():]) for n, unit, _ in unit_rules):
+                continue
             if number in rules or number in cited or re.search(rf"(?<![\d,.]){re.escape(number)}(?!\d|,\d)",
                                                                 shown):
                 continue
@@ -141,7 +151,10 @@ def test_a_request_the_prose_names_is_one_an_output_above_it_shows(path):
 
 def test_the_rules_the_prose_states_are_the_package_rules():
     rules = _rules()
-    assert {"256", "1,000", "1.25", "0.1", "1,024", "400", "128", "2", "5", "1", "64", "16", "95"} <= set(rules)
+    assert {"256", "1,000", "1.25", "0.1", "1,024", "400", "128"} <= set(rules)
+    assert [(n, u) for n, u, _ in _unit_rules()] == [("2", r"\s*×"), ("5", r"(?:\s*min|-minute)"),
+                                                    ("1", r"(?:\s*h\b|-hour)"), ("64", "-token"),
+                                                    ("16", "-token"), ("95", r"\s*%")]
 
 
 def test_computed_prose_is_rendered_once_never_printed_and_shown_again():
