@@ -146,7 +146,7 @@ def test_a_request_the_prose_names_is_one_an_output_above_it_shows(path):
             if not re.search(rf"(?:scenario turns?|played\W+)\D{{0,12}}\b{turn}\b|\b{turn} of \d+\D{{0,20}}scenario "
                              "turns", around):
                 wrong.append(f"cell {n}: scenario turn {turn}")
-    assert wrong == []
+    assert wrong == [], f"{path.name}: {wrong}"
 
 
 def test_the_rules_the_prose_states_are_the_package_rules():
