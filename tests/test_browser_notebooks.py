@@ -17,10 +17,12 @@ one, runs all cells, saves it, and checks what a class would see:
   file browser (Ctrl+B)"; after Ctrl+B the line is gone and the columns are still side by side.
 
 A canary notebook with one of each fault (an error, stderr, a wide code line, a wide output, money as math, a
-figure with tiny text) runs through the same checks first: each check must fire on it, so a check that cannot fail fails.
+figure with tiny text) runs through the same checks first: each check must fire on it, so a check that cannot
+fail fails.
 
-Screenshots after Run All (and of the side-by-side and long-diff checks) are written to ``build/browser/``, with
-``problems.json`` and ``timings.json``: ``make test`` (``.ci/run``) leaves them there, the CI artifacts. Every
+Screenshots after Run All (and of the side-by-side and long-diff checks) go to ``build/browser/`` (``make test``
+passes ``$(OUT)/browser`` as ``PCNB_BROWSER_OUT``; ``.ci/run`` is ``make test``), with ``problems.json``,
+``timings.json`` and ``long_diffs.json`` (each long diff's height folded, then opened): the CI artifacts. Every
 non-loopback request is aborted. Needs /usr/bin/chromium; without it the test fails, it never skips.
 """
 
@@ -263,10 +265,12 @@ def _problems(page, lab_root: Path, name: str, figures: list[dict]) -> list[str]
     return found
 
 
-def _long_diffs(page, stem: str) -> list[str]:
-    """Each long diff fits one screen folded; "show all" opens it (taller), still without sideways scroll."""
+def _long_diffs(page, stem: str, measured: dict[str, list[float]]) -> list[str]:
+    """Each long diff fits one screen folded; "show all" opens it (taller), still without sideways scroll.
+    ``measured`` gets each notebook's heights (folded, then the first one opened)."""
     found = []
     heights = page.evaluate(_LONG_DIFFS_JS)
+    measured[stem] = [round(h) for h in heights]
     for n, height in enumerate(heights):
         if height > LONG_DIFF_MAX_PX:
             found.append(f"long diff {n}: {height:.0f} px before 'show all' (at most {LONG_DIFF_MAX_PX})")
@@ -277,6 +281,7 @@ def _long_diffs(page, stem: str) -> list[str]:
         summary.click()
         page.wait_for_timeout(300)
         opened = diff.bounding_box()["height"]
+        measured[stem].append(round(opened))
         if opened <= heights[0]:
             found.append(f"'show all' did not open the long diff ({heights[0]:.0f} → {opened:.0f} px)")
         found += [f"with 'show all' open: {w}" for w in page.evaluate(_OVERFLOW_JS)]
@@ -375,6 +380,7 @@ def test_every_notebook_runs_clean_and_fits_a_projector(lab_url, lab_root, tmp_p
 
     problems: dict[str, list[str]] = {}
     timings: dict[str, float] = {}
+    diff_heights: dict[str, list[float]] = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
@@ -394,7 +400,7 @@ def test_every_notebook_runs_clean_and_fits_a_projector(lab_url, lab_root, tmp_p
                 _run_all(page, lab_url, path.name)
                 found = _problems(page, lab_root, path.name, _figure_records(figure_log))
                 page.screenshot(path=str(SHOTS / f"{path.stem}.png"))
-                found += _long_diffs(page, path.stem)
+                found += _long_diffs(page, path.stem, diff_heights)
                 if path.stem.startswith("01_"):
                     found += _side_by_side(page)
                 _shut_down(page)
@@ -404,5 +410,6 @@ def test_every_notebook_runs_clean_and_fits_a_projector(lab_url, lab_root, tmp_p
         finally:
             browser.close()
     (SHOTS / "timings.json").write_text(json.dumps(timings, indent=1))
+    (SHOTS / "long_diffs.json").write_text(json.dumps(diff_heights, indent=1))
     (SHOTS / "problems.json").write_text(json.dumps(problems, indent=1))
     assert problems == {}, json.dumps(problems, indent=1)
