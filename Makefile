@@ -34,13 +34,16 @@ demo: $(BASE_STAMP)
 	$(VENV)/bin/promptcache-nb demo --out $(OUT)/demo
 
 ## make test: unit tests, notebooks under nbval, the real-browser test and the docs site (mkdocs --strict)
+# CI artifacts: $(OUT)/browser/ (every notebook after Run All at 1280x720 with the file browser open, as PNG,
+# with problems.json and timings.json, written by tests/test_browser_notebooks.py); kept until `make clean`.
 # Bytecode is cached even where the environment says PYTHONDONTWRITEBYTECODE: every pytest worker, kernel and
 # child process would otherwise compile the package and the tests again (~25 s of a run; __pycache__ is ignored).
 test: export PYTHONDONTWRITEBYTECODE =
 test: $(DEV_STAMP) chromium
 	$(VENV)/bin/ruff check promptcache_nb tests benchmarks scripts
 	$(VENV)/bin/mypy --strict  # [tool.mypy]'s packages, under every strict check (one run: strict includes the rest)
-	PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider -n 2 tests
+	PCNB_BROWSER_OUT=$(abspath $(OUT))/browser PYTHONHASHSEED=0 $(PY) -m pytest -q -p no:cacheprovider -n 2 tests
+	@echo "browser screenshots (CI artifacts): $(OUT)/browser/"
 	# notebooks: strict nbval for the deterministic quickstart, lax (+ NBVAL_CHECK_OUTPUT cells) for the rest
 	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg notebooks/01_quickstart.ipynb

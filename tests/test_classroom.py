@@ -94,11 +94,17 @@ def test_side_by_side_naive_vs_durable_delta(lab, scenario):
     assert 'data-broke="true"' in st._left_label.value and "naive" in st._left_label.value
     assert 'data-broke="false"' in st._partner_usage.value and "durable_delta" in st._partner_usage.value
     assert st.diff_view.path == "system[0]" and st.partner_diff.path is None  # a break; a pure append
+    # the two columns share one row at any width (bases 40 % each), the editor wraps below (100 %), and the
+    # narrow-window line is on (its container query hides it where the row is wide)
+    assert st._left.layout.flex == st._partner_box.layout.flex == "1 1 40%"
+    assert st._editor_panel.layout.flex == "1 1 100%" and st._pair_hint.layout.display is None
+    assert "collapse the file browser (Ctrl+B)" in st._pair_hint.value
     st._user.value = "typed while side by side"  # typing enables Next turn in the pair mode too
     assert not st._next_btn.disabled
     st._user.value = ""
     st._pair_btn.value = False
     assert c.partner is None and st._partner_box.layout.display == "none" and not st._strategy.disabled
+    assert st._pair_hint.layout.display == "none" and st._editor_panel.layout.flex == "0 1 430px"
 
 
 def test_editor_is_embedded_beside_the_diff(lab, scenario):
@@ -164,7 +170,9 @@ def test_import_summary_key_columns_first_relative_sources_no_nan(lab):
     full = res.summary(full_paths=True)
     assert all(root in s for s in full["source_path"])
     html = res._repr_html_()
-    assert "NaN" not in html and f'title="claude-code:{root}' in html
+    # on hover: the folder passed and the path inside it, never the absolute path (outputs are shared)
+    assert "NaN" not in html and 'title="claude-code:claude_code/-home-dev-billing-service/' in html
+    assert root not in html
     assert "uncached input (input_tokens)" in html and "it misses an agent that never reads its cache" in html
     one = lab.import_log(next((LOGS / "codex").rglob("*.jsonl")), progress=False)  # a single file: its name
     assert all(s.endswith(".jsonl") and "/" not in s.split(":", 1)[1] for s in one.summary()["source"])

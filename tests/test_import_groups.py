@@ -16,6 +16,7 @@ from test_golden_tables import table_digests
 
 import promptcache_nb as pc
 from promptcache_nb.errors import SessionError
+from promptcache_nb.ingest import _groups
 from promptcache_nb.ingest import _import as _ingest
 from promptcache_nb.ingest._groups import plan_groups
 
@@ -191,3 +192,24 @@ def test_stored_sessions_are_not_held(tmp_path: Path, monkeypatch: pytest.Monkey
     assert len(res.sessions) == 6 and len(committed) == 6
     assert len(checks) == 12  # six files read, six sessions stored
     assert held == []
+
+
+def test_a_claude_code_group_is_stored_under_its_project_never_a_session_id(tmp_path: Path) -> None:
+    """A project folder passed (its sessions are groups) or the projects folder passed (each project folder is a
+    group): either way the project is the folder read as a name, the same for every developer's copy."""
+    src = pc.data_path("logs") / "claude_code" / "-home-dev-billing-service"
+    projects = tmp_path / "projects"
+    for dev in ("ana", "ben"):
+        shutil.copytree(src, projects / f"-home-{dev}-billing-service")
+    proxy = tmp_path / "proxy"
+    proxy.mkdir()
+    (proxy / "ana-billing.jsonl").write_text("")
+    one_folder, _ = plan_groups(projects / "-home-ana-billing-service")
+    per_project, _ = plan_groups(projects)
+    named, _ = plan_groups([proxy / "ana-billing.jsonl"])
+    assert one_folder and {g.project for g in one_folder} == {"billing-service"}  # a session: not its id
+    assert [g.project for g in per_project] == ["billing-service", "billing-service"]
+    assert [g.project for g in named] == ["ana-billing"]  # not Claude Code's layout: the file's name
+    assert [_groups.readable_project(f) for f in ("-Users-ana-src-api", "-srv-agents-ci", "C--Users-bo-x",
+                                                  "-home-dev--config-app")] == ["src-api", "srv-agents-ci", "x",
+                                                                                 "config-app"]

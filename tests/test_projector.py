@@ -5,6 +5,7 @@ typeset."""
 from __future__ import annotations
 
 import re
+import shutil
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
@@ -189,3 +190,100 @@ def test_checks_are_cell_tags_and_hidden_cells_never_comments_in_view(path):
         if asserts:
             assert cell.metadata.get("jupyter", {}).get("source_hidden"), f"cell {n}: assertions in view"
             assert "hide-input" in cell.metadata.get("tags", [])
+
+
+# -- long diffs: the changed region, the rest behind "show all" -------------------------------------
+def _conversation(n: int, *, system: str) -> dict:
+    messages = [{"role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"message {i}: " + "the partner_sync job loaded the manifest twice. " * 6}
+                for i in range(n)]
+    return {"model": "claude-sonnet-4-5", "system": [{"type": "text", "text": system}], "messages": messages}
+
+
+def _outside_details(html: str) -> str:
+    """The markup a reader sees before opening any ``<details>`` (a fold's summary line stays)."""
+    out, depth, i = [], 0, 0
+    for m in re.finditer(r"<details\b[^>]*>|</details>|<summary\b[^>]*>.*?</summary>", html, re.S):
+        if depth == 0:
+            out.append(html[i:m.start()])
+        if m.group().startswith("<details"):
+            depth += 1
+        elif m.group() == "</details>":
+            depth -= 1
+        elif depth == 1:
+            out.append(m.group())  # the summary of an outer fold is on screen
+        i = m.end()
+    out.append(html[i:])
+    return "".join(out)
+
+
+def test_a_long_diff_shows_the_changed_region_and_folds_the_rest_under_show_all():
+    from promptcache_nb.widgets import _html
+
+    clock = "You are a coding agent.\n\n## Current Time\n{}\n\n## Knowledge\n" + "* a note\n" * 30
+    prev = pc.request.prepare(_conversation(40, system=clock.format("2026-11-02 13:00")))
+    cur = pc.request.prepare(_conversation(42, system=clock.format("2026-11-02 13:01")))
+    html = _html.side_by_side_html(prev, cur, diff=pc.diff(prev, cur))
+    seen = _outside_details(html)
+    # the divergence, marked, with a few lines of context: not the 30 knowledge lines after it
+    assert 'data-role="divergence"' in seen and re.search(r"13:0<mark[^>]*>1", seen)
+    assert seen.count("* a note") <= 2 * _html.CONTEXT_LINES_AFTER  # each side
+    # the 40 unchanged messages are one line; the two new ones are shown
+    assert "▸ 40 unchanged segments (messages[0].content … messages[39].content)" in seen
+    assert "messages[40].content ·" in seen and "messages[41].content ·" in seen
+    assert "messages[5].content ·" not in seen
+    # "show all" (HTML only, no script) lists every one of the 42 segments after the divergence
+    fold = re.search(r'<details class="pcnb-diff-all"[^>]*><summary[^>]*>show all 42 segments after the '
+                     r"divergence</summary>(.*?)</details>", html, re.S)
+    assert fold is not None and "<script" not in html
+    assert all(f"messages[{i}].content ·" in fold.group(1) for i in range(42))
+    assert len(seen) < len(html) / 3
+
+
+def test_a_diff_with_nothing_to_fold_has_no_show_all_and_a_huge_one_stays_bounded():
+    from promptcache_nb.widgets import _html
+
+    prev = pc.request.prepare(_conversation(4, system="pinned"))
+    cur = pc.request.prepare(_conversation(6, system="pinned"))  # a pure append of two messages
+    small = _html.side_by_side_html(prev, cur, diff=pc.diff(prev, cur))
+    assert "pure append" in small and "show all" not in small and "unchanged segment" not in small
+    # an insertion at the top shifts every later message: the first MAX_ROWS changed rows, then a count
+    prev = pc.request.prepare(_conversation(600, system="pinned"))
+    body = _conversation(600, system="pinned")
+    body["messages"].insert(0, {"role": "user", "content": "inserted"})
+    cur = pc.request.prepare(body)
+    html = _html.side_by_side_html(prev, cur, diff=pc.diff(prev, cur))
+    seen = _outside_details(html)
+    assert seen.count("<tr><td") <= _html.MAX_ROWS + 2
+    assert re.search(r"… \d+ more changed segments \(show all, below\)", seen)
+    assert f"show all {600:,} segments after the divergence" in html
+    assert html.count("<tr><td") <= _html.MAX_ALL_ROWS + _html.MAX_ROWS + 4  # bounded however long
+    assert "more segments (pc.diff(previous, current) lists every path)" in html
+
+
+def test_prefix_diff_html_folds_long_path_lists_under_show_all():
+    prev = pc.request.prepare(_conversation(2, system="pinned"))
+    cur = pc.request.prepare(_conversation(40, system="pinned"))
+    d = pc.diff(prev, cur)
+    html = d._repr_html_()
+    assert "added (38): " in html and "<details><summary" in html and "show all 38</summary>" in html
+    seen = _outside_details(html)
+    assert "messages[11].content" in seen and "messages[39].content" not in seen
+    assert "messages[39].content" in html
+
+
+def test_an_import_summary_shows_no_local_absolute_path(tmp_path):
+    """A notebook's outputs are shared: the import table's cells and hover titles name a file by the folder that
+    was passed and the path inside it, never /tmp/... or /home/<user>/...."""
+    logs = tmp_path / "logs"
+    shutil.copytree(pc.data_path("logs") / "claude_code" / "-home-dev-billing-service",
+                    logs / "-home-dev-billing-service")
+    (logs / "notes.txt").write_text("not a log")
+    with pc.Lab(tmp_path / "x.duckdb", progress=False) as lab:
+        res = lab.import_log(logs)
+        html = res._repr_html_()
+    titles = re.findall(r'title="([^"]*)"', html)
+    assert titles and all(t.startswith("claude-code:logs/-home-dev-billing-service/") for t in titles), titles
+    assert str(tmp_path) not in html and "/home/" not in html.replace("-home-", "")
+    assert res._shown_source(str(Path.home() / "x" / "s.jsonl")) == "~/x/s.jsonl"
+    assert res._shown_source("/srv/elsewhere/s.jsonl") == "s.jsonl"

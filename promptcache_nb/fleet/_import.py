@@ -466,8 +466,9 @@ def import_logs(paths: str | Path | Iterable[str | Path], *, out: str | Path,
     must see the log files and ``out`` at the same paths). Running again imports only groups with a new or
     changed file. Read the result with :func:`promptcache_nb.fleet.open`.
 
-    ``project``: the project every session is stored under; by default each group's own (its folder's name,
-    e.g. Claude Code's ``-home-dev-billing``), so a fleet can be read by project.
+    ``project``: the project every session is stored under; by default each group's own (its folder's or file's
+    name; for Claude Code the project folder read as a name, ``-home-dev-billing-service`` → ``billing-service``,
+    so every developer's copy of a project is one project), so a fleet can be read by project.
 
     ``account``: which provider account (organisation / workspace) each path you pass was served under: a
     function of the path (resolved) or a mapping from the paths to names; by default each path is its own

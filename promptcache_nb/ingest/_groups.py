@@ -137,12 +137,35 @@ class FileGroup:
 
     @property
     def project(self) -> str:
-        """The project its sessions are stored under unless one is given: the folder (or file) name."""
-        return Path(self.key.split(" + ")[0]).name
+        """The project its sessions are stored under unless one is given: the folder (or file) name, and for a
+        Claude Code session the project folder it sits in, read back as a name (:func:`readable_project`):
+        ``-home-dev-billing-service/<session id>`` is ``billing-service``, never the session id."""
+        key = Path(self.key.split(" + ")[0])
+        if _CLAUDE_PROJECT.match(key.name):  # the whole project folder was one group
+            return readable_project(key.name)
+        if _CLAUDE_PROJECT.match(key.parent.name):  # one session (and its sub-agents) of a project folder
+            return readable_project(key.parent.name)
+        return key.name
 
     @property
     def id(self) -> str:
         return "g" + digest(self.key.encode(), tag="fleet-group")[:12]
+
+
+#: A Claude Code project folder: the session's working directory with every character but letters and digits
+#: replaced by "-" (``/home/dev/billing-service`` → ``-home-dev-billing-service``; agent_log_formats.md).
+_CLAUDE_PROJECT = re.compile(r"^(?:-|[A-Za-z]--)[A-Za-z0-9-]*$")
+#: The home folders that lead such a name (Linux, macOS, Windows' C:\Users, root's): the user's name follows.
+_HOME = re.compile(r"^(?:-home-|-Users-|[A-Za-z]--Users-)[^-]+-(?=.)|^-root-(?=.)")
+
+
+def readable_project(folder: str) -> str:
+    """A Claude Code project folder's name as a project: the working directory past the home folder and the
+    user's name (``-home-dev-billing-service`` → ``billing-service``; ``-Users-ana-src-api`` → ``src-api``), so
+    every developer's copy of a project is one project; a folder outside a home keeps its path
+    (``-srv-agents-ci`` → ``srv-agents-ci``). The encoding is lossy ("/", "." and "-" all became "-"), so a user
+    name with a "-" in it leaves its tail in front."""
+    return _HOME.sub("", folder).lstrip("-") or folder
 
 
 def plan_groups(paths: str | Path | Iterable[str | Path]) -> tuple[list[FileGroup], list[dict[str, Any]]]:

@@ -180,6 +180,24 @@ class ImportResult:
                 return str(path.relative_to(root))
         return source
 
+    def _shown_source(self, source: str | None) -> str:
+        """``source`` for a page others read: under a folder you passed, that folder's name and the path inside it
+        (``claude_code/-home-dev-billing-service/<id>.jsonl``); else under your home folder, ``~/…``; else the
+        file's name. Never an absolute path."""
+        if not source:
+            return ""
+        prefix, sep, rest = source.partition(":")
+        if sep and "/" not in prefix and "\\" not in prefix and len(prefix) > 1:  # "vcr:/path" (not "C:\\")
+            return prefix + ":" + self._shown_source(rest)
+        path = Path(source)
+        for root in self.roots:
+            if path == root or path.is_relative_to(root):
+                return (Path(root.name) / path.relative_to(root)).as_posix()
+        home = Path.home()
+        if path.is_relative_to(home):
+            return "~/" + path.relative_to(home).as_posix()
+        return path.name
+
     def _relative_files(self, df: pd.DataFrame) -> pd.DataFrame:
         if not len(df) or "file" not in df:
             return df
@@ -225,13 +243,14 @@ class ImportResult:
 
         head = html.escape(repr(self))
         summary = self.summary(full_paths=True)
-        # the full path on hover; the cell shows it relative to what was passed
+        # on hover, which folder passed it; the cell shows the path inside it. Never the absolute path: a notebook's
+        # outputs are shared, and /home/<user> or /tmp/... says nothing to a reader on another machine
         table = shown(summary.drop(columns="source_path"))
         for rel, full in zip(summary["source"], summary["source_path"], strict=True):
             if rel and full:
                 cell = f"<td>{html.escape(visible(rel))}</td>"
-                table = table.replace(cell, f'<td title="{html.escape(visible(full), quote=True)}">'
-                                            f"{html.escape(visible(rel))}</td>", 1)
+                hover = html.escape(visible(self._shown_source(full)), quote=True)
+                table = table.replace(cell, f'<td title="{hover}">{html.escape(visible(rel))}</td>', 1)
         parts = [f"<div class='pcnb-import'><p><b>{head}</b> — token figures are <b>measured</b> "
                  "(usage reported by the endpoint)</p>", table, f"<p style='font-size:12px;color:#555'>"
                  f"{html.escape(BREAKS_VS_REBUILDS)} {html.escape(UNCACHED_NOTE)}</p>"]

@@ -541,6 +541,11 @@ def _text_of(element: Any) -> str | None:
     return None
 
 
+#: Paths listed per kind (added, removed, changed) in a diff's HTML, and under its "show all" (bounded however
+#: long the session).
+_PATHS_SHOWN = 12
+_PATHS_LISTED = 500
+
 # -- the diff ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -900,9 +905,13 @@ class PrefixDiff:
         items = []
         for label, paths in (("added", self.added), ("removed", self.removed), ("changed", self.changed)):
             if paths:
-                shown = ", ".join(esc(p) for p in paths[:12])
-                more = f" … and {len(paths) - 12} more" if len(paths) > 12 else ""
-                items.append(f"<li>{label} ({len(paths)}): {shown}{more}</li>")
+                shown = ", ".join(esc(p) for p in paths[:_PATHS_SHOWN])
+                if len(paths) > _PATHS_SHOWN:  # the rest behind a click: HTML only, no script
+                    listed = ", ".join(esc(p) for p in paths[:_PATHS_LISTED])
+                    cut = f" … and {len(paths) - _PATHS_LISTED:,} more" if len(paths) > _PATHS_LISTED else ""
+                    shown += (f' …<details><summary style="cursor:pointer;color:#1f3b73">show all '
+                              f"{len(paths):,}</summary>{listed}{cut}</details>")
+                items.append(f"<li>{label} ({len(paths):,}): {shown}</li>")
         if self.moved:
             items.append(f"<li>moved: {self.moved} segment(s) now at another path</li>")
         for label, changes in (("cache-relevant field", self.field_changes),

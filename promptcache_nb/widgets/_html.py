@@ -41,8 +41,14 @@ _MARK_NEW = "background:#8fd6a5;"
 #: Characters shown before / after the first differing character of the diverging segment.
 CONTEXT_BEFORE = 160
 CONTEXT_AFTER = 360
-#: Segments after the divergence listed in the side-by-side view before "… N more".
-MAX_ROWS = 8
+#: ... and at most these many lines of them (the lines holding the divergence included).
+CONTEXT_LINES_BEFORE = 3
+CONTEXT_LINES_AFTER = 8
+#: Changed segments after the divergence shown in the side-by-side view before "show all" (the changed region:
+#: a run of segments both requests hold unchanged shows as one line, however long).
+MAX_ROWS = 3
+#: Segments listed under "show all" before "… N more" (the HTML stays bounded on a 2,000-message session).
+MAX_ALL_ROWS = 200
 #: Characters of a segment shown in a row: one both requests share, and one only this request has
 #: (new segments are what a pure append adds, so they get more room).
 EXCERPT = 220
@@ -182,18 +188,28 @@ def diff_summary(diff: Any, previous: PreparedRequest | None, current: PreparedR
 
 def _marked(text: str, j: int, mark_style: str) -> str:
     start = max(0, j - CONTEXT_BEFORE)
-    head = ("… " if start else "") + text[start:j]
-    tail = text[j:]
-    cut = len(tail) > CONTEXT_AFTER
-    tail = tail[:CONTEXT_AFTER]
+    head = text[start:j]
+    lines = head.split("\n")
+    if len(lines) > CONTEXT_LINES_BEFORE:  # a prompt's blank lines would push the change off screen
+        head = "\n".join(lines[-CONTEXT_LINES_BEFORE:])
+        start = j - len(head)
+    if start:  # "…" says text was left out ("… " mid-line: a space ending a line would show as a marker)
+        head = ("…" if head.startswith("\n") else "… ") + head
+    tail = text[j:j + CONTEXT_AFTER]
+    lines = tail.split("\n")
+    if len(lines) > CONTEXT_LINES_AFTER:
+        tail = "\n".join(lines[:CONTEXT_LINES_AFTER])
     out = text_html(head) + f'<mark style="{mark_style}">{text_html(tail) or "∅"}</mark>'
-    return out + (f" … (+{len(text) - j - CONTEXT_AFTER:,} chars)" if cut else "")
+    left = len(text) - j - len(tail)
+    return out + (f" … (+{left:,} chars)" if left else "")
 
 
 def side_by_side_html(
     previous: PreparedRequest | None, current: PreparedRequest | None, *, diff: Any = None
 ) -> str:
-    """The escaped side-by-side prefix diff: shared segments collapsed, the divergence highlighted."""
+    """The escaped side-by-side prefix diff: shared segments collapsed, the divergence highlighted with a few
+    lines around it, then the changed region (each run of unchanged segments as one line, the first
+    :data:`MAX_ROWS` changed segments); the rest under "show all N segments" (an HTML ``<details>``)."""
     if current is None:
         return f'<div style="{_BOX}color:#777">no request yet</div>'
     rows: list[str] = []
@@ -236,46 +252,109 @@ def side_by_side_html(
         start = k + 1
     else:
         start = k
-    shown = 0
     n = max(len(p), len(c))
-    for i in range(start, n):
-        if shown >= MAX_ROWS:
-            rows.append(f'<tr><td colspan="2" style="{_CELL}color:#555">… {n - i} more segment'
-                        f"{'s' if n - i != 1 else ''}</td></tr>")
+    rest = [_row(p[i] if i < len(p) else None, c[i] if i < len(c) else None) for i in range(start, n)]
+    rows += _changed_region(rest)
+    if any(r.same for r in rest) or sum(not r.same for r in rest) > MAX_ROWS:  # something is folded
+        # the whole tail, row by row, behind a click: HTML-only, so it opens in JupyterLab, VS Code and a static
+        # export alike (no script)
+        listed = [r.html for r in rest[:MAX_ALL_ROWS]]
+        if len(rest) > MAX_ALL_ROWS:
+            listed.append(_note_row(f"… {len(rest) - MAX_ALL_ROWS:,} more segments (pc.diff(previous, current) "
+                                    "lists every path)"))
+        more = (f'<details class="pcnb-diff-all" style="margin-top:2px"><summary style="font-size:12px;'
+                f'cursor:pointer;color:#1f3b73">show all {len(rest):,} segment{"s" if len(rest) != 1 else ""} '
+                f"after the divergence</summary>{_rows_table(listed)}</details>")
+        return _table(head, rows, _folded_details(diff), more)
+    return _table(head, rows, _folded_details(diff))
+
+
+def _folded_details(diff: Any) -> str:
+    """The PrefixDiff's own table (path, offsets, lists of paths), folded under its summary line."""
+    if diff is None or not hasattr(diff, "_repr_html_"):
+        return ""
+    return ('<details style="margin:2px 0 4px 0"><summary style="font-size:12px;cursor:pointer">'
+            f"PrefixDiff details</summary>{diff._repr_html_()}</details>")
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One segment position after the divergence: its two cells as HTML, and whether both sides hold the same
+    content there (sent again uncached, but unchanged)."""
+
+    html: str
+    same: bool
+    path: str
+    tokens: int
+
+
+def _row(left: Segment | None, right: Segment | None) -> _Row:
+    same = left is not None and right is not None and left.content_hash == right.content_hash
+    lstyle = "" if same else _OLD
+    rstyle = "" if same else _NEW
+    left_html = _path(left) + _excerpt(segment_text(left)) if left else ""
+    limit = EXCERPT if same else EXCERPT_NEW
+    right_html = _path(right) + _excerpt(segment_text(right), limit) if right else ""
+    seg = right or left
+    assert seg is not None  # a row has a segment on one side at least
+    return _Row(f'<tr><td style="{_CELL}{lstyle if left else ""}">{left_html}</td>'
+                f'<td style="{_CELL}{rstyle if right else ""}">{right_html}</td></tr>',
+                same, seg.path, right.tokens if right else 0)
+
+
+def _note_row(text: str, *, shaded: bool = False) -> str:
+    return (f'<tr><td colspan="2" style="{_CELL}color:#555{";background:#f4f4f4" if shaded else ""}">'
+            f"{esc(text)}</td></tr>")
+
+
+def _changed_region(rest: Sequence[_Row]) -> list[str]:
+    """The rows after the divergence as the view shows them before "show all": each run of unchanged segments
+    as one line, the first :data:`MAX_ROWS` changed ones in full, then how many changed ones are left."""
+    out: list[str] = []
+    changed = 0
+    i = 0
+    while i < len(rest):
+        if rest[i].same:
+            j = i
+            while j < len(rest) and rest[j].same:
+                j += 1
+            run = rest[i:j]
+            span = run[0].path if len(run) == 1 else f"{run[0].path} … {run[-1].path}"
+            out.append(_note_row(f"▸ {len(run)} unchanged segment{'s' if len(run) != 1 else ''} ({span}), "
+                                 f"{sum(r.tokens for r in run):,} tokens: the same content, sent again after "
+                                 "the divergence", shaded=True))
+            i = j
+            continue
+        if changed == MAX_ROWS:
+            left = sum(not r.same for r in rest[i:])
+            out.append(_note_row(f"… {left} more changed segment{'s' if left != 1 else ''} (show all, below)"))
             break
-        left = p[i] if i < len(p) else None
-        right = c[i] if i < len(c) else None
-        same = left is not None and right is not None and left.content_hash == right.content_hash
-        lstyle = "" if same else _OLD
-        rstyle = "" if same else _NEW
-        left_html = _path(left) + _excerpt(segment_text(left)) if left else ""
-        limit = EXCERPT if same else EXCERPT_NEW
-        right_html = _path(right) + _excerpt(segment_text(right), limit) if right else ""
-        rows.append(
-            f'<tr><td style="{_CELL}{lstyle if left else ""}">{left_html}</td>'
-            f'<td style="{_CELL}{rstyle if right else ""}">{right_html}</td></tr>'
-        )
-        shown += 1
-    details = ""
-    if diff is not None and hasattr(diff, "_repr_html_"):
-        details = ('<details style="margin:2px 0 4px 0"><summary style="font-size:12px;cursor:pointer">'
-                   f"PrefixDiff details</summary>{diff._repr_html_()}</details>")
-    return _table(head, rows, details)
+        out.append(rest[i].html)
+        changed += 1
+        i += 1
+    return out
 
 
 def _path(seg: Segment) -> str:
     return f'<div style="{_PATH}">{esc(seg.path)} · {seg.tokens:,} tok</div>'
 
 
-def _table(head: str, rows: list[str], details: str = "") -> str:
+_COLUMNS = ('<table style="border-collapse:collapse;width:100%;table-layout:fixed">'
+            '<colgroup><col style="width:50%"><col style="width:50%"></colgroup>')
+
+
+def _rows_table(rows: list[str]) -> str:
+    return _COLUMNS + "".join(rows) + "</table>"
+
+
+def _table(head: str, rows: list[str], details: str = "", more: str = "") -> str:
     return (
         f'<div class="pcnb-diff" style="{_BOX}">{head}{details}'
-        '<table style="border-collapse:collapse;width:100%;table-layout:fixed">'
-        '<colgroup><col style="width:50%"><col style="width:50%"></colgroup>'
-        '<tr><th style="text-align:left;font-size:11px">previous request</th>'
+        + _COLUMNS
+        + '<tr><th style="text-align:left;font-size:11px">previous request</th>'
         '<th style="text-align:left;font-size:11px">this request</th></tr>'
         + "".join(rows)
-        + "</table></div>"
+        + f"</table>{more}</div>"
     )
 
 
@@ -493,6 +572,18 @@ def status_html(text: str, *, kind: str = "info") -> str:
     color = {"info": "#1f3b73", "busy": "#555", "warn": "#8a5a00"}.get(kind, "#1f3b73")
     return (f'<div class="pcnb-status" data-kind="{esc(kind)}" style="font-size:12.5px;color:{color};'
             f'margin:2px 0">{text_html(text)}</div>')
+
+
+#: The one line over the stepper's side-by-side columns where they are narrow, and the width below which it shows.
+PAIR_HINT = "narrow window: collapse the file browser (Ctrl+B) to see both side by side at full width"
+PAIR_HINT_BELOW_PX = 900
+#: The hint as HTML, shown only while its own full-width box (``pcnb-pair-hint-box``) is narrower than
+#: :data:`PAIR_HINT_BELOW_PX`: a CSS container query, so it needs no script and follows the file browser being
+#: opened or closed. Where container queries are unknown the line simply shows.
+PAIR_HINT_HTML = (
+    "<style>.pcnb-pair-hint-box { container-type: inline-size; } "
+    f"@container (min-width: {PAIR_HINT_BELOW_PX}px) {{ .pcnb-pair-hint {{ display: none; }} }}</style>"
+    f'<div class="pcnb-pair-hint" style="font-size:12.5px;color:#8a5a00;margin:2px 0">{esc(PAIR_HINT)}</div>')
 
 
 def png_html(png: bytes, *, alt: str) -> str:

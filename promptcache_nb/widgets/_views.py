@@ -542,22 +542,27 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
         self._partner_usage = _HTML()
         self.partner_diff = DiffView()
         self._partner_box = W.VBox([self._partner_usage, W.Box([self.partner_diff], layout=W.Layout(
-            max_height="400px", overflow="auto"))], layout=W.Layout(flex="1 1 480px", min_width="0", display="none"))
+            max_height="400px", overflow="auto"))], layout=W.Layout(flex=_PAIR_COLUMN, min_width="0", display="none"))
         self._partner_box.add_class("pcnb-stepper-partner")
         self._left_label = _HTML()
         # the header sits over the diff, so the editor beside them starts right under the status line
         self._left = W.VBox([self._left_label, self._header, diff_box],
-                            layout=W.Layout(flex="1 1 520px", min_width="0"))
+                            layout=W.Layout(flex=_ONE_COLUMN, min_width="0"))
+        self._left.add_class("pcnb-stepper-main")
+        #: over the two columns in the side-by-side mode, said only where they are narrow (a CSS container query:
+        #: no script, and it follows the sidebar being opened or closed)
+        self._pair_hint = _HTML(_html.PAIR_HINT_HTML, layout=W.Layout(display="none"))  # the row's width
+        self._pair_hint.add_class("pcnb-pair-hint-box")
         #: the embedded knowledge editor (``stepper.editor()`` returns it)
         self.knowledge = KnowledgeEditor(self, compact=True)
         self._editor_panel = W.Accordion(children=[self.knowledge], titles=("knowledge editor",), selected_index=0,
-                                         layout=W.Layout(flex="0 1 430px", min_width="320px"))
+                                         layout=W.Layout(flex=_EDITOR_BESIDE, min_width="320px"))
         self._editor_panel.add_class("pcnb-stepper-editor")
         super().__init__([
             W.HBox([self._next_btn, self._run_btn, self._restart_btn, self._strategy, self._pair_btn],
                    layout=W.Layout(flex_flow="row wrap")),
             W.HBox([self._user, self._reply, self._slider], layout=W.Layout(flex_flow="row wrap")),
-            self._status, self._progress, self._error,
+            self._status, self._progress, self._error, self._pair_hint,
             W.HBox([self._left, self._partner_box, self._editor_panel],
                    layout=W.Layout(flex_flow="row wrap", align_items="flex-start", width="100%")),
             W.HBox([self._usage, self._observation]),
@@ -730,6 +735,10 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
         p = c.partner
         pv = p.view() if p is not None else None
         with _batch(self._partner_box, self._partner_usage, self._left_label):
+            # two equal columns that always share a row (never stacked), the editor on the row below
+            self._left.layout.flex = _ONE_COLUMN if p is None else _PAIR_COLUMN
+            self._editor_panel.layout.flex = _EDITOR_BESIDE if p is None else _EDITOR_BELOW
+            self._pair_hint.layout.display = "none" if p is None else None
             if p is None:
                 self._partner_box.layout.display = "none"
                 self._left_label.value = ""
@@ -754,6 +763,15 @@ class Stepper(_View, W.VBox):  # type: ignore[misc]  # ipywidgets ships no type 
         tail = "" if sc is None else f", scenario={sc.name!r}, played='{self.controller.position} of {len(sc.turns)}'"
         return (f"Stepper(session={self.controller.session.id!r}, request={self.request}, "
                 f"requests={self.n_requests}{tail})")
+
+
+# The stepper's row of panels (flex: grow, shrink, basis). Alone, the diff column and the editor share the row when
+# it is wide enough. Side by side, the two columns' bases (40 % each) fit one row and the editor's 100 % does not, so
+# it wraps below and the columns grow to half the row each: side by side at any width, never stacked.
+_ONE_COLUMN = "1 1 520px"
+_PAIR_COLUMN = "1 1 40%"
+_EDITOR_BESIDE = "0 1 430px"
+_EDITOR_BELOW = "1 1 100%"
 
 
 def _column_label(strategy: str | None, view: TurnView | None) -> str:
