@@ -486,6 +486,8 @@ NO_WRAP = frozenset({"session", "parent"})
 #: other text columns keep their longest word whole (a model name, a date).
 MIN_PATH = 18
 MIN_PROSE = 20
+#: ... and how narrow they get when the table would not fit otherwise.
+MIN_SQUEEZED = 10
 #: Where a cell's text may break: after a space or a slash (paths).
 _BREAK_AFTER = re.compile(r"(?<=[ /])")
 
@@ -574,6 +576,9 @@ def render_table(df: pd.DataFrame, *, width: int | None = None, headers: Mapping
         return min(widths[i], word)  # a model name, a time's date: whole on its line
 
     floors = [floor(i) for i in range(n)]
+    if sum(floors) + n - 1 > width:  # still too wide: paths and prose wrap narrower before the table overflows
+        squeeze = [wraps[i] and (columns[i] in CUT_FIRST or columns[i] in PATH_COLUMNS) for i in range(n)]
+        floors = [min(f, max(MIN_SQUEEZED, head_word[i])) if squeeze[i] else f for i, f in enumerate(floors)]
     gap = 2 if sum(floors) + 2 * (n - 1) <= width else 1  # a narrow terminal gets one space between columns
     while sum(widths) + gap * (n - 1) > width:
         shrinkable = [i for i in range(n) if widths[i] > floors[i]]
