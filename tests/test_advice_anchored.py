@@ -352,3 +352,26 @@ def test_the_scaled_replay_scales_the_prompt_not_the_output(tmp_path) -> None:
         row = pc.fidelity(s).iloc[0]
     assert row.median_scale > 3
     assert abs(row.cost_error) < 0.05, row.cost_error
+
+
+def test_an_open_retention_outcome_without_a_measurement_widens_the_high_end() -> None:
+    """A simulated session replayed under OpenAI's cache, the clock moved out of its system prompt: after a 20- and a
+    25-minute gap the replay assumes the prefix expired (no saving there), but OpenAI may have kept it, and then the
+    fix reads more. Nothing measured says which: the saving and its low end are the assumed expiry's, the high end
+    carries the kept outcome (and a range collapsed to 5 minutes carries nothing)."""
+    t0 = datetime(2026, 11, 3, 9, 0, tzinfo=UTC)
+    rules = "Refund rule: a duplicate charge is refunded within five business days to the original card. " * 60
+    with pc.Lab(progress=False) as lab:
+        s = lab.session("clock_in_system", "anthropic", "claude-sonnet-4-5", system=rules)
+        at = t0
+        for i, gap in enumerate([0, 70, 70, 70, 1200, 70, 70, 1500, 70]):
+            at = at + timedelta(seconds=gap)
+            s.step(f"Why was invoice {i} charged twice?", reply="A retried webhook.", at=at)
+        reps = {}
+        for open_until in ("1h", "5m"):
+            orig = Original.load(s, cache="openai")
+            orig.cache_params = {"idle_ttl_max": open_until}
+            reps[open_until] = orig.anchored(orig.plan(("tail_volatile",)))
+    wide, point = reps["1h"], reps["5m"]
+    assert wide.saved == pytest.approx(point.saved) and wide.low == pytest.approx(point.low) and wide.saved > 0
+    assert wide.high > point.high + 0.5 * wide.saved

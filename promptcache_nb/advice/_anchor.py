@@ -20,7 +20,8 @@ The interval of a saving comes from how well the simulator reproduces this sessi
 * where the provider's documented rule leaves an outcome open (OpenAI's in-memory retention keeps an idle prefix
   somewhere between 5 minutes and an hour: ``detail["retention_open"]`` of :mod:`promptcache_nb.cache.openai`), the
   measured read says which happened, and the original's and every fix's replay of that request take the same
-  outcome; without a measurement, what a fix gains there may be the provider's anyway: the low end drops it.
+  outcome; without a measurement the replay assumes the expiry, and what the fix would save had the provider kept
+  the prefix goes in the high end.
 
 Every figure here is measured where no fix touches it, else ``simulated (counterfactual)``.
 """
@@ -219,10 +220,11 @@ def fit_requests(orig: Original, baseline: pd.DataFrame) -> list[RequestFit]:
                 elif abs(scale - 1.0) > 0.10:
                     cause = "token_drift"
         scaled_cost = sim_cost
-        if sim is not None and sim_cost is not None and scale != 1.0 and (p := orig.prices(t.model)) is not None:
-            scaled_cost = p.cost(_prompt_scaled(sim, scale), t.at)
-        elif sim_cost is not None:
-            scaled_cost = scale * sim_cost  # no price of our own to re-price it: the replay's, scaled
+        if sim is not None and sim_cost is not None and scale != 1.0:
+            p = orig.prices(t.model)
+            priced = p.cost(_prompt_scaled(sim, scale), t.at) if p is not None else None
+            # no price of our own to re-price it: the replay's cost, scaled
+            scaled_cost = priced if priced is not None else scale * sim_cost
         fits.append(RequestFit(t.idx, t.at, t.model, measured, m_cost, sim, sim_cost, scale, reproduced, cause, gap,
                                scaled_cost, retention_kept))
     return fits
@@ -436,15 +438,24 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
                 rendition += cost if body_fix else 0.0
         if not f.reproduced and moved:
             claimed_elsewhere += max(0.0, raw_delta - delta)
-        if f.retention_kept is False and f.measured is None and changed:
-            open_gains += max(0.0, delta)  # the provider may have kept the prefix anyway: no saving at the low end
+        unresolved = f.retention_kept is None or f.retention_kept is False and f.measured is None
+        if unresolved and (kf := open_read(r.cache_detail)) is not None:
+            # nothing measured says whether the provider kept the prefix across this gap: the replay assumed not;
+            # had it kept it, the fix saves what the kept outcomes differ by (the high end carries it)
+            ko = open_read(o.cache_detail)
+            kept_o = o_usage if ko is None else _kept(o_usage, ko)
+            kept_f = _kept(fixed_usage, kf)
+            kept_delta = [f.scale * (a - b) for a, b in zip(_parts(kept_f), _parts(kept_o), strict=True)]
+            kept_cost = p.cost(_shift(base, kept_delta), r.sent_at)
+            if kept_cost is not None and base_priced is not None:
+                open_gains += max(0.0, (base_priced - kept_cost) - delta)
         out.append(AnchoredRequest(f.idx, r.sent_at, str(r.model), False, usage, cost, f.base_cost, delta, raw_delta,
                                    changed, not f.reproduced))
     saved = sum(a.delta for a in out)
     _, miss_hi = miss_rate(fits)
     spread = error + RENDITION * rendition
-    low = saved - spread - miss_hi * gains - open_gains
-    high = saved + spread + claimed_elsewhere
+    low = saved - spread - miss_hi * gains
+    high = saved + spread + claimed_elsewhere + open_gains
     changed_cost = sum(a.base_cost or 0.0 for a in out if a.changed and not a.ping)
     high = max(saved, min(high, changed_cost))  # never more than what the requests it changes cost
     base_cost = sum(f.base_cost or 0.0 for f in fits)

@@ -69,6 +69,7 @@ class Original:
     _fits: list[RequestFit] | None = field(default=None, repr=False)
     #: the family as the plan's client would have sent it, by the body fixes applied (:meth:`_family_under`)
     _families: dict[Any, tuple[SharedStream, ...]] = field(default_factory=dict, repr=False)
+    _kin_streams: list[SharedStream] | None = field(default=None, repr=False)
     _kin_all: dict[str, list[Request]] | None = field(default=None, repr=False)
     #: how its requests are counted and why (:func:`~promptcache_nb.analysis.calibrate.calibration_for`)
     calibration_note: str = ""
@@ -239,15 +240,17 @@ class Original:
 
     def _kin(self) -> list[SharedStream]:
         """The sessions of the family the same client logged with full Anthropic bodies: what a body fix changes
-        with this one's."""
-        out = []
-        for stream in self.shared:
-            other = self.lab.store.session_row(stream.key)
-            if other is None or str(other["config"].get("format") or "api") != self.client:
-                continue
-            if all(t.request.dialect == "anthropic" and t.request.unlogged_prefix_tokens is None for t in stream.turns):
-                out.append(stream)
-        return out
+        with this one's (read once)."""
+        if self._kin_streams is None:
+            self._kin_streams = []
+            for stream in self.shared:
+                other = self.lab.store.session_row(stream.key)
+                if other is None or str(other["config"].get("format") or "api") != self.client:
+                    continue
+                if all(t.request.dialect == "anthropic" and t.request.unlogged_prefix_tokens is None
+                       for t in stream.turns):
+                    self._kin_streams.append(stream)
+        return self._kin_streams
 
     def _kin_requests(self) -> dict[str, list[Request]]:
         """Every request of each :meth:`_kin` session (not only those near this one's: a fix learns from all the
@@ -265,13 +268,12 @@ class Original:
         the body fixes ``plan`` applied, on its own requests (a fixed sub-agent reads a fixed parent's prefix, as
         the strategy's own replay of both does). Timing fixes (``ttl``, ``keep_warm``, ``stagger``) are this
         session's own; sessions of other clients stay as logged."""
-        body = [n for n in plan.applied if n in _fixes.BODY_FIXES]
-        kin = self._kin()
-        if not body or not kin:
+        key = tuple((n, a.detail.get("system_block")) for n, a in plan.applied.items() if n in _fixes.BODY_FIXES)
+        if not key or not self.shared:
             return self.shared
-        key = tuple((n, plan.applied[n].detail.get("system_block")) for n in body)
         if key in self._families:
             return self._families[key]
+        kin = self._kin()
         out = []
         mine = [Request(t.at, t.request.body, t.idx) for t in self.turns]
         learned = self._kin_requests()
