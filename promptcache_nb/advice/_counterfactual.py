@@ -247,8 +247,9 @@ class Original:
                 other = self.lab.store.session_row(stream.key)
                 if other is None or str(other["config"].get("format") or "api") != self.client:
                     continue
-                if all(t.request.dialect == "anthropic" and t.request.unlogged_prefix_tokens is None
-                       for t in stream.turns):
+                # the body fixes transform Anthropic Messages bodies only (as plan() checks for this session)
+                whole = all(t.request.unlogged_prefix_tokens is None for t in stream.turns)
+                if whole and {t.request.dialect for t in stream.turns} == {"anthropic"}:  # body fixes: Anthropic only
                     self._kin_streams.append(stream)
         return self._kin_streams
 
