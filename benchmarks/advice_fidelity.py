@@ -52,15 +52,16 @@ def report(title: str, lab: pc.Lab) -> int:
     cpu = time.process_time() - t0
     print(f"\n### {title}\n")
     print("| session | requests | measured | simulated (scaled) | error | reproduced | provider miss | ttl | "
-          "unexplained read | unpredicted write | history missing | first read explained |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "unexplained read | unpredicted write | history missing | retention open | first read explained |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in fid.itertuples(index=False):
         if not r.measured_requests:
             continue
         print(f"| {r.session} | {r.requests} | ${r.cost_measured_usd:.4f} | ${r.cost_scaled_usd:.4f} | "
               f"{_pct(r.cost_error)} | {r.agreement:.0%} | {r.provider_miss} | {r.ttl} | {r.unexplained_read} | "
-              f"{r.unpredicted_write} | {r.history_missing} | "
-              f"{'—' if r.first_read_explained is None else 'yes' if r.first_read_explained else 'no'} |")
+              f"{r.unpredicted_write} | {r.history_missing} | {r.retention_open} | "
+              f"{'—' if r.first_read_explained is None else 'yes' if r.first_read_explained else 'no'}"
+              f"{f' ({r.first_read_from})' if isinstance(r.first_read_from, str) else ''} |")
     measured = fid.cost_measured_usd.sum()
     scaled = fid.cost_scaled_usd.sum()
     print(f"\nTotal: measured ${measured:.2f}, replay scaled to the measured prompts ${scaled:.2f} "

@@ -12,11 +12,19 @@ Prints a Markdown table (scenario, source, target, counterfactual cost, strategy
 predicted saving with its interval, the real saving — the log's cost minus the strategy's replay — and whether it
 lies inside). The tests (``tests/test_advice_equivalence.py``) hold every gap within ±10 % and every real saving
 inside its interval.
+
+``subagents`` is a family of conversations: a parent (``subagents.yaml``) and the sub-agents it starts
+(``subagents_explore.yaml``, ``subagents_bench.yaml``), each its own scenario file with the parent's system prompt and
+tools. The scenario format describes one conversation and ``Lab.replay`` replays one, so the family is composed here:
+one session per file in one project's cache scope (as a provider's account shares it), their turns sent in time order.
+The log holds one file per session, imported as one account; each session is fixed on its own (the others beside it,
+as logged) and the row adds them up.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import tempfile
 from dataclasses import dataclass
@@ -26,7 +34,9 @@ import promptcache_nb as pc
 from promptcache_nb.advice._counterfactual import Original
 from promptcache_nb.analysis import load_turns
 
-SCENARIOS = ("support_agent", "knowledge_churn", "git_status", "tool_reorder", "idle_gaps")
+SCENARIOS = ("support_agent", "knowledge_churn", "git_status", "tool_reorder", "idle_gaps", "subagents")
+#: scenarios of several conversations sharing one cache: the parent's file, then its sub-agents'
+FAMILIES = {"subagents": ("subagents", "subagents_explore", "subagents_bench")}
 SOURCES = ("naive", "clock_in_system")
 TARGETS = ("clock_at_tail", "append_only", "durable_delta")
 
@@ -90,23 +100,65 @@ def scenario_path(name: str) -> Path:
     return pc.data_path("scenarios") / f"{name}.yaml"
 
 
-def replay_all(lab: pc.Lab, scenario: str) -> dict[str, pc.Session]:
-    """The scenario replayed under every source and target strategy."""
-    return {st: lab.replay(scenario_path(scenario), strategy=st) for st in (*SOURCES, *TARGETS)}
+def replay_family(lab: pc.Lab, names: tuple[str, ...], strategy: str) -> tuple[pc.Session, ...]:
+    """A parent scenario and its sub-agents' under ``strategy``: one session each, in one project's cache scope (the
+    parent's knowledge is the project's), every turn sent when its own clock says, all of them in time order."""
+    scs = [pc.load_scenario(scenario_path(n)) for n in names]
+    project = f"{names[0]}/{strategy}"
+    sessions = []
+    for k, sc in enumerate(scs):
+        s = lab.new_session(strategy, model=sc.model, project=project, system=sc.host_prompt, tools=list(sc.tools),
+                            start=sc.start, cache_scope="project")
+        if k == 0:
+            s.knowledge.add_many(sc.knowledge, at=sc.start)
+            s.clear_pending_events()
+        sessions.append(s)
+    due = [(sc.start, k, 0) for k, sc in enumerate(scs) if sc.turns]
+    heapq.heapify(due)
+    while due:
+        at, k, i = heapq.heappop(due)
+        turn = scs[k].turns[i]
+        for event in turn.events:
+            sessions[k] = sessions[k].apply(event, at=at)
+        done = sessions[k].step(turn.user, turn.reply, at=at, tool_calls=turn.tool_calls)
+        if i + 1 < len(scs[k].turns):
+            heapq.heappush(due, (done.at + scs[k].turns[i + 1].after, k, i + 1))
+    return tuple(sessions)
 
 
-def rows_for(lab: pc.Lab, scenario: str, replays: dict[str, pc.Session], source: str, workdir: Path) -> list[Row]:
-    """The three targets' rows for one (scenario, source): the source's replay logged, imported and fixed."""
-    log = write_proxy_log(replays[source], workdir / f"{scenario}-{source}.jsonl")
-    (imported,) = lab.import_log(log).sessions
-    orig = Original.load(imported)
-    measured = float(imported.turns().cost_usd.sum())
+def replay_all(lab: pc.Lab, scenario: str) -> dict[str, tuple[pc.Session, ...]]:
+    """The scenario replayed under every source and target strategy (a family: each of its sessions)."""
+    if scenario in FAMILIES:
+        return {st: replay_family(lab, FAMILIES[scenario], st) for st in (*SOURCES, *TARGETS)}
+    return {st: (lab.replay(scenario_path(scenario), strategy=st),) for st in (*SOURCES, *TARGETS)}
+
+
+def _cost(sessions: tuple[pc.Session, ...]) -> float:
+    return sum(float(s.turns().cost_usd.sum()) for s in sessions)
+
+
+def rows_for(lab: pc.Lab, scenario: str, replays: dict[str, tuple[pc.Session, ...]], source: str,
+             workdir: Path) -> list[Row]:
+    """The three targets' rows for one (scenario, source): the source's replay logged (a file per session, one
+    account), imported and fixed (each session beside the others)."""
+    folder = workdir / f"{scenario}-{source}"
+    folder.mkdir()
+    for k, s in enumerate(replays[source]):
+        write_proxy_log(s, folder / f"{k}.jsonl")
+    imported = lab.import_log(folder, account=f"{scenario}-{source}").sessions
+    measured = sum(float(s.turns().cost_usd.sum()) for s in imported)
     out = []
     for target in TARGETS:
-        cf = pc.counterfactual(imported, strategy=target)
-        rep = orig.anchored(orig.plan(pc.advice.STRATEGY_FIXES[target]))
-        out.append(Row(scenario, source, target, len(cf.turns()), float(cf.turns().cost_usd.sum()),
-                       float(replays[target].turns().cost_usd.sum()), measured, rep.saved, rep.low, rep.high))
+        cost = saved = low = high = 0.0
+        requests = 0
+        for s in imported:
+            cf = pc.counterfactual(s, strategy=target)
+            orig = Original.load(s)
+            rep = orig.anchored(orig.plan(pc.advice.STRATEGY_FIXES[target]))
+            requests += len(cf.turns())
+            cost += float(cf.turns().cost_usd.sum())
+            saved, low, high = saved + rep.saved, low + rep.low, high + rep.high
+        out.append(Row(scenario, source, target, requests, cost, _cost(replays[target]), measured, saved, low, high))
     return out
 
 

@@ -196,3 +196,50 @@ def test_sessions_whose_clients_keep_other_ttls_share_one_cache(tmp_path: Path) 
                           .config[0])["cache_params"]["client_ttls"] != json.loads(
             lab.sql("SELECT config FROM sessions WHERE id = ?", [row.name]).config[0])["cache_params"].get(
                 "client_ttls")
+
+
+def test_fidelity_says_which_session_wrote_what_a_first_request_read() -> None:
+    """A compaction call re-sends its parent's conversation and reads the parent's entry: the replay reproduces that
+    read (beside the parent, in the account's cache) though no saving is claimed on the call, so its first read is
+    explained and names the parent; a session's read no session of the set could have written is not explained."""
+    with pc.Lab(progress=False) as lab:
+        lab.import_log(pc.data_path("logs") / "claude_code", progress=False)
+        fid = pc.fidelity(lab).set_index("session")
+        kinds = {sid: lab.store.session_row(sid)["config"].get("session_kind") for sid in fid.index}
+    (compaction,) = [sid for sid, kind in kinds.items() if kind == "compaction"]
+    row = fid.loc[compaction]
+    assert row.history_missing == 1 and row.first_read_tokens > 10_000
+    assert row.first_read_explained is True
+    assert kinds[row.first_read_from] == "main" and row.first_read_from in row.shared_with
+    # a session that read nothing on its first request has nothing to explain
+    cold = fid[fid.first_read_tokens == 0]
+    assert len(cold) and cold.first_read_explained.isna().all() and cold.first_read_from.isna().all()
+
+
+REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (REALDATA / "claude-code-spotter").is_dir(), reason="../shared/realdata is not on this machine")
+def test_first_reads_on_real_claude_code_logs_are_explained_exactly_when_a_session_of_the_set_wrote_them() -> None:
+    """By hand, from the measured timestamps: a first request's read can come from the set only if another session
+    of it sent a request within the longest TTL (1 hour) before; every session the fidelity says "no" of has none,
+    and every "yes" names a session that did."""
+    with pc.Lab(progress=False) as lab:
+        lab.import_log(_benchmarks.load("advice_fidelity").plain(REALDATA / "claude-code-spotter"), progress=False)
+        fid = pc.fidelity(lab).set_index("session")
+        times = {sid: lab.session(id=sid).turns().sent_at for sid in fid.index}
+    hour = pd.Timedelta(hours=1)
+
+    def writers_before(sid: str) -> set[str]:
+        first = times[sid].min()
+        return {o for o, t in times.items() if o != sid and ((t < first) & (t >= first - hour)).any()}
+
+    said = fid[fid.first_read_explained.notna()]
+    assert len(said) == 4
+    for sid, row in said.iterrows():
+        if row.first_read_explained:
+            assert row.first_read_from in writers_before(str(sid)), sid
+        else:
+            assert not writers_before(str(sid)), (sid, writers_before(str(sid)))
+    assert said.first_read_explained.tolist().count(True) == 2  # the two compaction calls read their parents'

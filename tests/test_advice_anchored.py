@@ -3,6 +3,7 @@ them, and every ttl / keep_warm finding recomputed by hand arithmetic from the m
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -289,3 +290,88 @@ def test_a_write_logged_without_its_ttl_split_is_anchored_as_a_5m_write(tmp_path
         assert rep.cost == pytest.approx(simulated, rel=1e-6)
         assert pc.counterfactual(imported, fixes=[]).turns().cost_usd.sum() == pytest.approx(
             imported.turns().cost_usd.sum(), rel=1e-9)
+
+
+# -- OpenAI: what the documented retention leaves open, and the scale of a measured prompt ------------------------
+_RULES = " ".join(f"Refund rule {k}: a duplicate charge on invoice series {k} is refunded within {k % 9 + 2} "
+                  "business days, to the original card, with the ledger entry referencing the charge id." for k in
+                  range(60))
+
+
+def _openai_log(path: Path, gaps: list[float], kept: dict[int, bool], *, scale: float) -> Path:
+    """A recording-proxy log of a Chat Completions conversation on gpt-5: a long system prompt, one question and
+    answer more each request, sent ``gaps`` seconds apart. The measured prompt is ``scale`` times our estimate's
+    size (another tokenizer); each request reads the previous prompt (128-token steps), except after a gap
+    ``kept`` says the provider did not keep (then nothing)."""
+    t0 = datetime(2026, 11, 3, 14, 0, tzinfo=UTC)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": _RULES}]
+    lines, at, prev = [], t0, 0
+    for i, gap in enumerate([0.0, *gaps]):
+        at = at + timedelta(seconds=gap)
+        messages = [*messages, {"role": "user", "content": f"Why was invoice {i} charged twice? " * 8}]
+        prompt = round(scale * (len(_RULES) + 300 * (i + 1)) / 4)
+        cached = 0 if i == 0 or not kept.get(i, True) else 1024 + (prev - 1024) // 128 * 128
+        usage = {"prompt_tokens": prompt, "completion_tokens": 1800, "total_tokens": prompt + 1800,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        body = {"model": "gpt-5", "messages": messages}
+        lines.append({"v": 1, "at": at.isoformat().replace("+00:00", "Z"), "method": "POST",
+                      "url": "https://api.openai.com/v1/chat/completions", "path": "/v1/chat/completions",
+                      "status": 200, "request": body,
+                      "response": {"id": f"chatcmpl-{i}", "object": "chat.completion", "model": "gpt-5",
+                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "A retry."},
+                                                "finish_reason": "stop"}], "usage": usage},
+                      "usage": usage, "request_id": f"req_{i:04d}", "latency_ms": 900, "provider": "openai"})
+        messages = [*messages, {"role": "assistant", "content": "A retry."}]
+        prev = prompt
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    return path
+
+
+def test_openai_outcomes_the_documented_retention_leaves_open_follow_the_measured_read(tmp_path) -> None:
+    """OpenAI keeps an idle in-memory prefix between 5 minutes and an hour: a read after a 20-minute gap and a
+    rebuild after a 25-minute one are both what the documented rule allows, so both are reproduced (and say so);
+    after 70 minutes a read is a disagreement (``ttl``)."""
+    gaps = [30, 30, 1200, 30, 1500, 30, 4200, 30]
+    log = _openai_log(tmp_path / "oa.jsonl", gaps, {3: True, 5: False, 7: True}, scale=1.0)
+    with pc.Lab(progress=False) as lab:
+        (s,) = lab.import_log(log).sessions
+        per = pc.fidelity(s, per_request=True).set_index("idx")
+        row = pc.fidelity(s).iloc[0]
+    assert per.retention_kept[3] is True and per.reproduced[3]  # read after 20 idle minutes: the provider kept it
+    assert per.retention_kept[5] is False and per.reproduced[5]  # rebuilt after 25 minutes: it did not
+    assert per.retention_kept.isna()[7] and (per.cause[7], per.reproduced[7]) == ("ttl", False)  # 70 min: outside
+    assert row.retention_open == 2 and row.ttl == 1
+
+
+def test_the_scaled_replay_scales_the_prompt_not_the_output(tmp_path) -> None:
+    """A measured prompt 4x our estimate (another tokenizer) scales the replay's prompt tokens, never its output
+    tokens, which are the measured ones already: the scaled cost lands on the measured one."""
+    log = _openai_log(tmp_path / "oa.jsonl", [30] * 6, {}, scale=4.0)
+    with pc.Lab(progress=False) as lab:
+        (s,) = lab.import_log(log).sessions
+        row = pc.fidelity(s).iloc[0]
+    assert row.median_scale > 3
+    assert abs(row.cost_error) < 0.05, row.cost_error
+
+
+def test_an_open_retention_outcome_without_a_measurement_widens_the_high_end() -> None:
+    """A simulated session replayed under OpenAI's cache, the clock moved out of its system prompt: after a 20- and a
+    25-minute gap the replay assumes the prefix expired (no saving there), but OpenAI may have kept it, and then the
+    fix reads more. Nothing measured says which: the saving and its low end are the assumed expiry's, the high end
+    carries the kept outcome (and a range collapsed to 5 minutes carries nothing)."""
+    t0 = datetime(2026, 11, 3, 9, 0, tzinfo=UTC)
+    rules = "Refund rule: a duplicate charge is refunded within five business days to the original card. " * 60
+    with pc.Lab(progress=False) as lab:
+        s = lab.session("clock_in_system", "anthropic", "claude-sonnet-4-5", system=rules)
+        at = t0
+        for i, gap in enumerate([0, 70, 70, 70, 1200, 70, 70, 1500, 70]):
+            at = at + timedelta(seconds=gap)
+            s.step(f"Why was invoice {i} charged twice?", reply="A retried webhook.", at=at)
+        reps = {}
+        for open_until in ("1h", "5m"):
+            orig = Original.load(s, cache="openai")
+            orig.cache_params = {"idle_ttl_max": open_until}
+            reps[open_until] = orig.anchored(orig.plan(("tail_volatile",)))
+    wide, point = reps["1h"], reps["5m"]
+    assert wide.saved == pytest.approx(point.saved) and wide.low == pytest.approx(point.low) and wide.saved > 0
+    assert wide.high > point.high + 0.5 * wide.saved

@@ -119,6 +119,63 @@ def test_openai_in_memory_hard_cap_one_hour_and_24h_retention():
         pc.OpenAICache(idle_ttl="2h")
 
 
+def test_openai_open_retention_between_idle_ttl_and_an_hour():
+    """OpenAI documents in-memory retention as a range ("5 to 10 minutes of inactivity, up to a maximum of one
+    hour"): inside it the replay keeps its assumed expiry and says what a kept prefix would have served."""
+    p = req(("sys", 3000))
+    cache = pc.OpenAICache()
+    cache.process(p, at(0))
+    short = cache.process(p, at(200))  # under 5 minutes idle: live for sure, nothing open
+    assert (read(short), "retention_open" in short.detail) == (2944, False)
+    r = cache.process(p, at(200 + 1200))  # 20 minutes idle: the assumed 5 minutes expired it, an hour would not
+    assert (read(r), r.reason) == (0, "ttl_expired")
+    assert r.detail["retention_open"] == {"read_if_kept": 2944, "idle_seconds": 1200.0}
+    gone = cache.process(p, at(1400 + 3600))  # an hour idle: gone under every reading of the rule
+    assert (read(gone), "retention_open" in gone.detail) == (0, False)
+    # the open outcome is that one request's: the next request reads the recomputed prefix either way
+    assert read(cache.process(req(("sys", 3000), ("more", 500)), at(5000 + 10))) == 2944
+    # "a maximum of one hour" read as of age: a prefix in use for an hour is open, not gone for sure
+    used = pc.OpenAICache()
+    for k in range(15):
+        used.process(p, at(240 * k))
+    capped = used.process(p, at(3600))
+    assert capped.detail["expired"] == "max_age" and capped.detail["retention_open"]["read_if_kept"] == 2944
+    # a range collapsed to a point, and the 24h retention, leave nothing open
+    point = pc.OpenAICache(idle_ttl_max="5m", max_age="1h")
+    point.process(p, at(0))
+    assert "retention_open" not in point.process(p, at(1200)).detail
+    day = pc.OpenAICache(retention="24h")
+    day.process(p, at(0))
+    assert read(day.process(p, at(7200))) == 2944
+    with pytest.raises(ValueError, match="idle_ttl_max"):
+        pc.OpenAICache(idle_ttl="10m", idle_ttl_max="5m")
+
+
+def test_openai_open_retention_survives_a_resumed_session(tmp_path):
+    """A session closed and reopened before a 20-minute pause stores the uninterrupted session's request after it:
+    the same read, reason and open outcome."""
+    t0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+    rules = "Answer from the refund policy. " * 400  # over 1,024 tokens: cacheable
+    asks = [("Why was invoice 7 charged twice?", 0), ("And invoice 8?", 30), ("And invoice 9?", 30 + 1200)]
+    last = []
+    for resume in (False, True):
+        db = tmp_path / f"resumed-{resume}.duckdb"
+        with pc.Lab(db, progress=False) as lab:
+            s = lab.session("append_only", "openai", "gpt-5", system=rules)
+            sid = s.id
+            for text, sec in asks[:2] if resume else asks:
+                s.step(text, reply="A retried webhook.", at=t0 + timedelta(seconds=sec))
+        if resume:
+            with pc.Lab(db, progress=False) as lab:
+                text, sec = asks[2]
+                lab.session(id=sid).step(text, reply="A retried webhook.", at=t0 + timedelta(seconds=sec))
+        with pc.Lab(db, progress=False) as lab:
+            t = lab.session(id=sid).last_turn
+            last.append((t.usage.cache_read_input_tokens, t.cache_reason, t.cache_detail.get("retention_open")))
+    assert last[0] == last[1]
+    assert last[0][1] == "ttl_expired" and last[0][2]["read_if_kept"] > 1024
+
+
 def test_openai_prompt_cache_key_routes_to_separate_machines():
     p = req(("sys", 3000))
     cache = pc.OpenAICache()

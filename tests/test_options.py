@@ -44,7 +44,7 @@ def test_misspelt_cache_option_names_the_valid_ones() -> None:
         pc.get_cache_model("openai", idle_tll="5m")
     assert one_line(info) == (
         "cache model 'openai': unknown option 'idle_tll' (did you mean 'idle_ttl'?); valid options: idle_ttl, "
-        "increment, max_age, min_tokens, prompt_cache_key, retention, routing_tokens")
+        "idle_ttl_max, increment, max_age, min_tokens, prompt_cache_key, retention, routing_tokens")
     assert isinstance(info.value, ValueError)  # catchable as before the check (a ValueError for a bad value)
     with pc.Lab(progress=False) as lab, pytest.raises(pc.InvalidOptionError, match="'num_block'"):
         lab.session(cache="vllm", model="claude-sonnet-4-5", system=HOST, cache_params={"num_block": 64})
@@ -98,6 +98,10 @@ def test_constructor_keywords_build_the_options() -> None:
     assert cache.options.lookback == 5 and cache.options.client_ttls == ("1h", "5m")
     with pytest.raises(pc.InvalidOptionError) as info:
         pc.OpenAICache(idle_ttl="2h")
+    assert one_line(info).startswith("cache model 'openai': option 'idle_ttl_max'='1h': idle_ttl (2h) exceeds "
+                                     "idle_ttl_max (1h)")
+    with pytest.raises(pc.InvalidOptionError) as info:
+        pc.OpenAICache(idle_ttl="2h", idle_ttl_max="3h")
     assert one_line(info).startswith("cache model 'openai': option 'max_age'='1h': idle_ttl (2h) exceeds max_age")
     with pytest.raises(pc.InvalidOptionError, match="strategy 'durable_delta': unknown option 'budget'"):
         strategy_class("durable_delta")(budget=3)

@@ -16,7 +16,12 @@ The interval of a saving comes from how well the simulator reproduces this sessi
   (the strategy-equivalence table's bound, docs/howto/advice.md);
 * provider misses recur under any fix: the reads a fix gains are lost at the upper bound of the session's measured
   provider-miss rate;
-* what the simulator claims on requests it does not reproduce is counted only in the high end.
+* what the simulator claims on requests it does not reproduce is counted only in the high end;
+* where the provider's documented rule leaves an outcome open (OpenAI's in-memory retention keeps an idle prefix
+  somewhere between 5 minutes and an hour: ``detail["retention_open"]`` of :mod:`promptcache_nb.cache.openai`), the
+  measured read says which happened, and the original's and every fix's replay of that request take the same
+  outcome; without a measurement the replay assumes the expiry, and what the fix would save had the provider kept
+  the prefix goes in the high end.
 
 Every figure here is measured where no fix touches it, else ``simulated (counterfactual)``.
 """
@@ -86,11 +91,16 @@ class RequestFit:
         simulated: the simulated original's usage of it (None: the cache model could not simulate it).
         simulated_cost: its simulated cost, unscaled.
         scale: measured prompt tokens / estimated prompt tokens (1.0 without a measurement).
+        scaled_cost: the simulated original's cost with its prompt tokens scaled to the measured prompt (output
+            tokens are the measured ones already: never scaled).
         reproduced: the simulated original's read share is within :data:`AGREEMENT` of the measured one.
         cause: why it is not reproduced (``provider_miss``, ``unexplained_read``, ``unpredicted_write``,
             ``history_missing``, ``below_minimum``, ``ttl``, ``unsupported``), or ``token_drift`` when reproduced
             with a scale more than 10 % from 1, else ``""``.
         gap_seconds: the idle gap before it (None for the first request).
+        retention_kept: None when the provider's documented retention decides this request's outcome; else the
+            outcome is open (:func:`open_read`) and this says which one the measured read shows — True: the provider
+            kept the prefix (``simulated`` is then that outcome), False: it did not, or no measurement says.
     """
 
     idx: int
@@ -104,13 +114,15 @@ class RequestFit:
     reproduced: bool
     cause: str
     gap_seconds: float | None
+    scaled_cost: float | None = None
+    retention_kept: bool | None = None
 
     @property
     def residual(self) -> float:
         """Measured cost − scaled simulated cost: the simulator's error on this request, in dollars."""
-        if self.measured_cost is None or self.simulated_cost is None:
+        if self.measured_cost is None or self.scaled_cost is None:
             return 0.0
-        return self.measured_cost - self.scale * self.simulated_cost
+        return self.measured_cost - self.scaled_cost
 
     @property
     def base(self) -> Usage | None:
@@ -129,9 +141,34 @@ def _usage_of(row: Any, output: int | None) -> Usage | None:
                  _int(row.cache_creation_5m_input_tokens), _int(row.cache_creation_1h_input_tokens), output)
 
 
-def _share(u: Usage, part: str = "cache_read_input_tokens") -> float:
+def share_of(u: Usage, part: str = "cache_read_input_tokens") -> float:
+    """The share of ``u``'s prompt in ``part`` (its cache read by default)."""
     total = u.total_input_tokens or 0
     return (getattr(u, part) or 0) / total if total else 0.0
+
+
+def open_read(detail: Any) -> int | None:
+    """The tokens a request could have read had the provider kept its prefix as long as its documented retention
+    allows (``detail["retention_open"]["read_if_kept"]`` of a cache model's result), or None: the rule decides."""
+    got = detail.get("retention_open") if isinstance(detail, dict) else None
+    return int(got["read_if_kept"]) if isinstance(got, dict) and "read_if_kept" in got else None
+
+
+def _kept(u: Usage, read: int) -> Usage:
+    """``u`` had the provider kept the prefix: ``read`` tokens read, the rest of the prompt uncached, writes kept
+    (the open outcomes are of providers with no write fee)."""
+    writes = _int(u.cache_creation_input_tokens)
+    total = _int(u.input_tokens) + _int(u.cache_read_input_tokens) + writes
+    return Usage(max(0, total - writes - read), read, writes, _int(u.cache_creation_5m_input_tokens),
+                 _int(u.cache_creation_1h_input_tokens), u.output_tokens, "simulated")
+
+
+def _prompt_scaled(u: Usage, scale: float) -> Usage:
+    """``u`` with its prompt parts scaled to the measured prompt size and its output as it is."""
+    return Usage(round(scale * _int(u.input_tokens)), round(scale * _int(u.cache_read_input_tokens)),
+                 round(scale * _int(u.cache_creation_input_tokens)),
+                 round(scale * _int(u.cache_creation_5m_input_tokens)),
+                 round(scale * _int(u.cache_creation_1h_input_tokens)), u.output_tokens, "simulated")
 
 
 def fit_requests(orig: Original, baseline: pd.DataFrame) -> list[RequestFit]:
@@ -155,17 +192,26 @@ def fit_requests(orig: Original, baseline: pd.DataFrame) -> list[RequestFit]:
         gap = None if prev_at is None else (t.at - prev_at).total_seconds()
         prev_at = t.at
         scale, reproduced, cause = 1.0, True, ""
+        kept_read = open_read(row.cache_detail) if sim is not None else None
+        retention_kept = None if kept_read is None else False
         if measured is not None:
             est = sim.total_input_tokens if sim is not None else None
             got = measured.total_input_tokens or 0
             scale = got / est if est else 1.0
+            if sim is not None and kept_read is not None and not orig.history_missing(t):
+                # the documented retention allows both outcomes: the measured read says which one happened
+                alt = _kept(sim, kept_read)
+                if abs(share_of(measured) - share_of(alt)) < abs(share_of(measured) - share_of(sim)):
+                    sim, retention_kept = alt, True
+                    p = orig.prices(t.model)
+                    sim_cost = p.cost(sim, t.at) if p is not None else None
             if sim is None:
                 reproduced, cause = False, "unsupported"
             elif orig.history_missing(t):
                 reproduced, cause = False, "history_missing"
             else:
-                diff = _share(measured) - _share(sim)
-                wrote = _share(measured, "cache_creation_input_tokens") - _share(sim, "cache_creation_input_tokens")
+                diff = share_of(measured) - share_of(sim)
+                wrote = share_of(measured, "cache_creation_input_tokens") - share_of(sim, "cache_creation_input_tokens")
                 reproduced = abs(diff) <= AGREEMENT and abs(wrote) <= AGREEMENT
                 if abs(diff) > AGREEMENT:
                     cause = _disagreement(diff, row.cache_reason, gap, measured)
@@ -173,7 +219,14 @@ def fit_requests(orig: Original, baseline: pd.DataFrame) -> list[RequestFit]:
                     cause = "below_minimum" if row.cache_reason == "below_minimum" else "unpredicted_write"
                 elif abs(scale - 1.0) > 0.10:
                     cause = "token_drift"
-        fits.append(RequestFit(t.idx, t.at, t.model, measured, m_cost, sim, sim_cost, scale, reproduced, cause, gap))
+        scaled_cost = sim_cost
+        if sim is not None and sim_cost is not None and scale != 1.0:
+            p = orig.prices(t.model)
+            priced = p.cost(_prompt_scaled(sim, scale), t.at) if p is not None else None
+            # no price of our own to re-price it: the replay's cost, scaled
+            scaled_cost = priced if priced is not None else scale * sim_cost
+        fits.append(RequestFit(t.idx, t.at, t.model, measured, m_cost, sim, sim_cost, scale, reproduced, cause, gap,
+                               scaled_cost, retention_kept))
     return fits
 
 
@@ -316,6 +369,7 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
     error = 0.0
     rendition = 0.0
     claimed_elsewhere = 0.0
+    open_gains = 0.0
     for r in fixed.itertuples(index=False):
         f = by_idx[int(r.idx)]
         p = orig.prices(str(r.model))
@@ -335,6 +389,11 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
         base = f.base
         o = sim_orig[f.idx]
         o_usage = _usage_of(o, f.simulated.output_tokens if f.simulated else None)
+        if f.retention_kept and o_usage is not None and fixed_usage is not None:
+            # the measured read showed the provider kept the prefix across this gap: so it does under the fix
+            o_usage = f.simulated
+            if (k := open_read(r.cache_detail)) is not None:
+                fixed_usage = _kept(fixed_usage, k)
         if base is None or o_usage is None or fixed_usage is None or p is None or f.base_cost is None:
             if fixed_usage is not None and o_usage is not None and _parts(fixed_usage) != _parts(o_usage):
                 unknown = True  # the fix changes a request no price covers: its dollars are unknown, not $0
@@ -379,13 +438,24 @@ def anchor(orig: Original, fits: list[RequestFit], baseline: pd.DataFrame, fixed
                 rendition += cost if body_fix else 0.0
         if not f.reproduced and moved:
             claimed_elsewhere += max(0.0, raw_delta - delta)
+        unresolved = f.retention_kept is None or f.retention_kept is False and f.measured is None
+        if unresolved and (kf := open_read(r.cache_detail)) is not None:
+            # nothing measured says whether the provider kept the prefix across this gap: the replay assumed not;
+            # had it kept it, the fix saves what the kept outcomes differ by (the high end carries it)
+            ko = open_read(o.cache_detail)
+            kept_o = o_usage if ko is None else _kept(o_usage, ko)
+            kept_f = _kept(fixed_usage, kf)
+            kept_delta = [f.scale * (a - b) for a, b in zip(_parts(kept_f), _parts(kept_o), strict=True)]
+            kept_cost = p.cost(_shift(base, kept_delta), r.sent_at)
+            if kept_cost is not None and base_priced is not None:
+                open_gains += max(0.0, (base_priced - kept_cost) - delta)
         out.append(AnchoredRequest(f.idx, r.sent_at, str(r.model), False, usage, cost, f.base_cost, delta, raw_delta,
                                    changed, not f.reproduced))
     saved = sum(a.delta for a in out)
     _, miss_hi = miss_rate(fits)
     spread = error + RENDITION * rendition
     low = saved - spread - miss_hi * gains
-    high = saved + spread + claimed_elsewhere
+    high = saved + spread + claimed_elsewhere + open_gains
     changed_cost = sum(a.base_cost or 0.0 for a in out if a.changed and not a.ping)
     high = max(saved, min(high, changed_cost))  # never more than what the requests it changes cost
     base_cost = sum(f.base_cost or 0.0 for f in fits)

@@ -67,6 +67,10 @@ class Original:
     #: simulations by (the bodies' ids, ping flags, cache parameters) -> (those bodies, kept alive; the frame)
     _sims: dict[Any, tuple[list[Any], pd.DataFrame]] = field(default_factory=dict, repr=False)
     _fits: list[RequestFit] | None = field(default=None, repr=False)
+    #: the family as the plan's client would have sent it, by the body fixes applied (:meth:`_family_under`)
+    _families: dict[Any, tuple[SharedStream, ...]] = field(default_factory=dict, repr=False)
+    _kin_streams: list[SharedStream] | None = field(default=None, repr=False)
+    _kin_all: dict[str, list[Request]] | None = field(default=None, repr=False)
     #: how its requests are counted and why (:func:`~promptcache_nb.analysis.calibrate.calibration_for`)
     calibration_note: str = ""
 
@@ -184,11 +188,11 @@ class Original:
             if name == "frozen_prefix":
                 done = _fixes.frozen_prefix(plan.requests)
             elif name == "tail_volatile":
-                done = _fixes.tail_volatile(plan.requests)
+                done = _fixes.tail_volatile(plan.requests, family=list(self._kin_requests().values()))
             elif name == "durable_deltas":
                 done = _fixes.durable_deltas(plan.requests)
             elif name == "breakpoints":
-                done = self._best_breakpoints(plan.requests, params)
+                done = self._best_breakpoints(plan.requests, params, plan.applied)
             elif name == "ttl":
                 done, params = self._best_ttl(plan.requests, params)
             elif name == "keep_warm":
@@ -219,18 +223,86 @@ class Original:
             return f"no 1-hour TTL for {', '.join(without)} under the {self.cache} cache model"
         return None
 
-    def _best_breakpoints(self, requests: list[Request], params: dict[str, Any]) -> _fixes.Applied:
+    def _best_breakpoints(self, requests: list[Request], params: dict[str, Any],
+                          applied: dict[str, _fixes.Applied]) -> _fixes.Applied:
         """:func:`~._fixes.breakpoints` with the system marker on the block that makes this traffic cheapest
-        (each of the first 4 system blocks tried by replay)."""
+        (each of the first 4 system blocks tried by replay, after the fixes ``applied`` so far)."""
         n = min(_fixes.system_blocks(requests), _fixes.MAX_SYSTEM_CANDIDATES)
         if n <= 1:
             return _fixes.breakpoints(requests)
         tried = []
         for i in range(n):
             done = _fixes.breakpoints(requests, system_block=i)
-            cost = float(self.simulate(Plan(done.requests, dict(params))).cost_usd.sum())
-            tried.append((cost, i, done))
+            done.detail["system_block"] = i
+            plan = Plan(done.requests, dict(params), applied={**applied, "breakpoints": done})
+            tried.append((float(self.simulate(plan).cost_usd.sum()), i, done))
         return min(tried, key=lambda t: (t[0], t[1]))[2]
+
+    def _kin(self) -> list[SharedStream]:
+        """The sessions of the family the same client logged with full Anthropic bodies: what a body fix changes
+        with this one's (read once)."""
+        if self._kin_streams is None:
+            self._kin_streams = []
+            for stream in self.shared:
+                other = self.lab.store.session_row(stream.key)
+                if other is None or str(other["config"].get("format") or "api") != self.client:
+                    continue
+                # the body fixes transform Anthropic Messages bodies only (as plan() checks for this session)
+                whole = all(t.request.unlogged_prefix_tokens is None for t in stream.turns)
+                if whole and {t.request.dialect for t in stream.turns} == {"anthropic"}:  # body fixes: Anthropic only
+                    self._kin_streams.append(stream)
+        return self._kin_streams
+
+    def _kin_requests(self) -> dict[str, list[Request]]:
+        """Every request of each :meth:`_kin` session (not only those near this one's: a fix learns from all the
+        client sent), read once."""
+        if self._kin_all is None:
+            self._kin_all = {s.key: [Request(t.at, t.request.body, t.idx) for t in load_turns(self.lab, s.key)]
+                             for s in self._kin()}
+        return self._kin_all
+
+    def _family_under(self, plan: Plan) -> tuple[SharedStream, ...]:
+        """The other sessions of the cache scope as ``plan``'s client would have sent them.
+
+        A body fix is a change to the agent, and the agent also sends its sub-agents', compaction calls' and other
+        conversations' requests: each session of the family the same client logged (full Anthropic bodies) gets
+        the body fixes ``plan`` applied, on its own requests (a fixed sub-agent reads a fixed parent's prefix, as
+        the strategy's own replay of both does). Timing fixes (``ttl``, ``keep_warm``, ``stagger``) are this
+        session's own; sessions of other clients stay as logged."""
+        key = tuple((n, a.detail.get("system_block")) for n, a in plan.applied.items() if n in _fixes.BODY_FIXES)
+        if not key or not self.shared:
+            return self.shared
+        if key in self._families:
+            return self._families[key]
+        kin = self._kin()
+        out = []
+        mine = [Request(t.at, t.request.body, t.idx) for t in self.turns]
+        learned = self._kin_requests()
+        for stream in self.shared:
+            if stream not in kin:
+                out.append(stream)
+                continue
+            requests = [Request(t.at, t.request.body, t.idx) for t in stream.turns]
+            # learned from all each sent: its own whole history too (the stream holds only what is near this one)
+            family = [mine, *learned.values()]
+            for name, block in key:
+                if name == "frozen_prefix":
+                    requests = _fixes.frozen_prefix(requests).requests
+                elif name == "tail_volatile":
+                    requests = _fixes.tail_volatile(requests, family=family).requests
+                elif name == "durable_deltas":
+                    requests = _fixes.durable_deltas(requests).requests
+                else:
+                    requests = _fixes.breakpoints(requests, system_block=block).requests
+            turns, prev = [], None
+            for t, r in zip(stream.turns, requests, strict=True):
+                req = t.request if r.body is t.request.body else prepare(r.body, memo=self.memo, previous=prev,
+                                                                          dialect=t.request.dialect)
+                turns.append(replace(t, request=req))
+                prev = req
+            out.append(replace(stream, turns=tuple(turns)))
+        self._families[key] = tuple(out)
+        return self._families[key]
 
     def _best_ttl(self, requests: list[Request], params: dict[str, Any]) -> tuple[_fixes.Applied, dict[str, Any]]:
         """:func:`~._fixes.ttl` per breakpoint: each place a 1h run can end (none, tools, system, messages — on a
@@ -302,7 +374,8 @@ class Original:
         :meth:`prepared` of ``plan`` when the caller already has it. The same requests at the same times under the
         same cache parameters are simulated once (the memo keeps the bodies it is keyed by alive)."""
         key = (tuple(id(r.body) for r in plan.requests), tuple(r.ping for r in plan.requests),
-               tuple(r.at for r in plan.requests), json.dumps(plan.cache_params, sort_keys=True))
+               tuple(r.at for r in plan.requests), json.dumps(plan.cache_params, sort_keys=True),
+               tuple((n, a.detail.get("system_block")) for n, a in plan.applied.items() if n in _fixes.BODY_FIXES))
         hit = self._sims.get(key)
         if hit is not None:
             return hit[1].copy()
@@ -316,7 +389,7 @@ class Original:
         turns = [StoredTurn(r.origin, r.at, models[r.origin], req, 0 if r.ping else outputs[r.origin], {})
                  for r, req in (prepared if prepared is not None else self.prepared(plan))]
         df = _resimulate_turns(turns, self.row, self.cache, price_model=None, prices=None,
-                               params=dict(plan.cache_params), shared=self.shared)
+                               params=dict(plan.cache_params), shared=self._family_under(plan))
         df["ping"] = [r.ping for r in plan.requests]
         return df
 

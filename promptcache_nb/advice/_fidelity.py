@@ -9,12 +9,17 @@ differ:
 * ``ttl`` — the provider expired (or kept) an entry across an idle gap where the replay did the opposite;
 * ``unexplained_read`` — the provider read what the replay did not predict: another session's entry, or a
   prefix the log does not hold; ``first_read_explained`` says whether the first request's measured read is
-  reproduced by the sessions replayed beside it (its account's scope);
+  reproduced by the sessions replayed beside it (its account's scope): the replay read on it, a share of the prompt
+  within :data:`~._anchor.AGREEMENT` of the measured one — a compaction call's read of its parent's entry counts,
+  though no saving is claimed on it — and ``first_read_from`` names the session that wrote what it read;
 * ``unpredicted_write`` — the same read, but the provider wrote what the replay sent uncached (or the reverse);
 * ``below_minimum`` — the replay thought the prefix too short to cache;
 * ``history_missing`` — a compaction call logged without the conversation it summarises;
 * ``unsupported`` — the cache model could not simulate the request;
-* ``token_drift`` (not a disagreement) — reproduced, with the estimated prompt more than 10 % off the measured.
+* ``token_drift`` (not a disagreement) — reproduced, with the estimated prompt more than 10 % off the measured;
+* ``retention_open`` (not a disagreement) — requests whose outcome the provider's documented retention leaves open
+  (OpenAI keeps an idle in-memory prefix somewhere between 5 minutes and an hour): the replay takes the one the
+  measured read shows (``retention_kept`` per request: True when the provider kept the prefix).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._lazy import pandas as pd
 from ..session import Session
-from ._anchor import RequestFit
+from ._anchor import AGREEMENT, RequestFit, share_of
 from ._counterfactual import Original, originals
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,13 +41,13 @@ CAUSES = ("provider_miss", "ttl", "unexplained_read", "unpredicted_write", "belo
 
 FIDELITY_COLUMNS = [
     "session", "requests", "measured_requests", "cost_measured_usd", "cost_simulated_usd", "cost_scaled_usd",
-    "cost_error", "read_share_measured", "read_share_simulated", "agreement", *CAUSES, "token_drift",
-    "median_scale", "first_read_tokens", "first_read_explained", "shared_with",
+    "cost_error", "read_share_measured", "read_share_simulated", "agreement", *CAUSES, "token_drift", "retention_open",
+    "median_scale", "first_read_tokens", "first_read_explained", "first_read_from", "shared_with",
 ]
 
 REQUEST_COLUMNS = ["session", "idx", "sent_at", "model", "gap_seconds", "measured_read", "measured_write",
                    "measured_uncached", "simulated_read", "simulated_write", "simulated_uncached", "scale",
-                   "reproduced", "cause", "cost_measured_usd", "cost_simulated_usd", "residual_usd"]
+                   "reproduced", "cause", "retention_kept", "cost_measured_usd", "cost_simulated_usd", "residual_usd"]
 
 
 def _share(fits: list[RequestFit], simulated: bool) -> float | None:
@@ -63,13 +68,20 @@ def session_fidelity(session_id: str, orig: Original) -> dict[str, Any]:
     measured = [f for f in fits if f.measured is not None]
     cost_m = sum(f.measured_cost or 0.0 for f in measured) if measured else None
     cost_s = sum(f.simulated_cost or 0.0 for f in measured)
-    scaled = sum(f.scale * (f.simulated_cost or 0.0) for f in measured)
+    scaled = sum(f.scaled_cost or 0.0 for f in measured)
     first = fits[0] if fits else None
     first_read = first.measured.cache_read_input_tokens if first is not None and first.measured else None
     explained = None
-    if first is not None and first_read:
-        explained = bool(first.simulated is not None and (first.simulated.cache_read_input_tokens or 0) > 0
-                         and first.reproduced)
+    if first is not None and first.measured is not None and first_read:
+        sim = first.simulated
+        # whether the replay reproduces the read, not whether a saving may be claimed on the request (a compaction
+        # call is never "reproduced", but its read of the parent's entry is what the replay shows)
+        explained = bool(sim is not None and (sim.cache_read_input_tokens or 0) > 0
+                         and abs(share_of(first.measured) - share_of(sim)) <= AGREEMENT)
+    writer = None
+    if explained:
+        detail = orig.baseline().cache_detail.iloc[0] if fits else None
+        writer = detail.get("read_from_session") if isinstance(detail, dict) else None
     row: dict[str, Any] = {
         "session": session_id, "requests": len(fits), "measured_requests": len(measured),
         "cost_measured_usd": cost_m, "cost_simulated_usd": cost_s if measured else None,
@@ -78,8 +90,9 @@ def session_fidelity(session_id: str, orig: Original) -> dict[str, Any]:
         "read_share_measured": _share(fits, False), "read_share_simulated": _share(fits, True),
         "agreement": sum(f.reproduced for f in measured) / len(measured) if measured else None,
         "token_drift": sum(f.cause == "token_drift" for f in measured),
+        "retention_open": sum(f.retention_kept is not None for f in measured),
         "median_scale": statistics.median(f.scale for f in measured) if measured else None,
-        "first_read_tokens": first_read, "first_read_explained": explained,
+        "first_read_tokens": first_read, "first_read_explained": explained, "first_read_from": writer,
         "shared_with": [s.key for s in orig.shared],
     }
     for cause in CAUSES:
@@ -126,7 +139,8 @@ def _request_rows(session_id: str, fits: list[RequestFit]) -> list[dict[str, Any
             "simulated_read": None if s is None else s.cache_read_input_tokens,
             "simulated_write": None if s is None else s.cache_creation_input_tokens,
             "simulated_uncached": None if s is None else s.input_tokens,
-            "scale": f.scale, "reproduced": f.reproduced, "cause": f.cause, "cost_measured_usd": f.measured_cost,
+            "scale": f.scale, "reproduced": f.reproduced, "cause": f.cause, "retention_kept": f.retention_kept,
+            "cost_measured_usd": f.measured_cost,
             "cost_simulated_usd": f.simulated_cost, "residual_usd": f.residual if m is not None else None,
         })
     return out

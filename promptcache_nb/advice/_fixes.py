@@ -67,7 +67,8 @@ FIX_SOURCES: dict[str, str] = {
 #: The fix set each strategy amounts to, applied to another agent's bodies (``strategy=`` shorthand).
 STRATEGY_FIXES: dict[str, tuple[str, ...]] = {
     "naive": (),
-    "clock_at_tail": ("frozen_prefix", "tail_volatile"),
+    # the strategy marks system[0] as well as the last block: what a sub-agent reads of its parent's prefix
+    "clock_at_tail": ("frozen_prefix", "tail_volatile", "breakpoints"),
     "append_only": ("frozen_prefix", "tail_volatile", "breakpoints"),
     "durable_delta": ("frozen_prefix", "tail_volatile", "durable_deltas", "breakpoints"),
 }
@@ -371,7 +372,18 @@ def _volatile_shapes(texts: list[list[str] | None], min_changes: int
     return shapes, moved, (min(firsts, key=lambda f: (f["request"], f["block"])) if firsts else None)
 
 
-def tail_volatile(requests: Sequence[Request], *, min_changes: int = MIN_CHANGES) -> Applied:
+def _keyed_lines(lines: list[str]) -> list[tuple[tuple[str, int], str]]:
+    """Each line keyed by (text, its occurrence number): a repeated line keeps its own place."""
+    seen: dict[str, int] = {}
+    keyed = []
+    for ln in lines:
+        n = seen[ln] = seen.get(ln, 0) + 1
+        keyed.append(((ln, n), ln))
+    return keyed
+
+
+def tail_volatile(requests: Sequence[Request], *, min_changes: int = MIN_CHANGES,
+                  family: Sequence[Sequence[Request]] = ()) -> Applied:
     """Move what keeps changing out of the system prompt (picoclaw #3321, OpenClaw #77521).
 
     Volatile lines are found from the bodies themselves: a system line whose text changes between
@@ -380,10 +392,29 @@ def tail_volatile(requests: Sequence[Request], *, min_changes: int = MIN_CHANGES
     block, on the newest user message whenever they differ from what the history last carried; that message
     keeps them in history. A block whose lines were re-ordered (a re-ranked list) keeps its lines in the order
     they first appeared (a line first seen later joins at the block's end). The rest of the body is untouched.
+
+    ``family``: the other conversations the same client sent in the same cache (a parent and its sub-agents, each
+    in time order). The fix is the client's, so what it learns is the family's: a line volatile in any of them is
+    volatile in all, and a re-ranked list keeps the order its lines first appeared in across the family — a
+    sub-agent of a dozen requests then sends its parent's system prompt, as the fixed client would.
     """
     texts = [_system_texts(r.body) for r in requests]
     shapes, moved, first = _volatile_shapes(texts, min_changes)
+    start = requests[0].at if requests else None
+    earlier: list[Request] = []
+    for conv in family:
+        more, also, _ = _volatile_shapes([_system_texts(r.body) for r in conv], min_changes)
+        shapes = [(shapes[i] if i < len(shapes) else set()) | (more[i] if i < len(more) else set())
+                  for i in range(max(len(shapes), len(more)))]
+        moved = [(i < len(moved) and moved[i]) or (i < len(also) and also[i]) for i in range(len(shapes))]
+        earlier += [r for r in conv if start is not None and r.at < start]
     rank: list[dict[tuple[str, int], int]] = [{} for _ in shapes]
+    for r in sorted(earlier, key=lambda r: r.at):  # the family's first-seen order comes first
+        for i, text in enumerate(_system_texts(r.body) or []):
+            if i < len(moved) and moved[i]:
+                vol = shapes[i]
+                for key, _ in _keyed_lines([ln for ln in text.split("\n") if _shape(ln) not in vol]):
+                    rank[i].setdefault(key, len(rank[i]))
     carrier = _Carrier(None)
     out: list[Request] = []
     changed: list[int] = []
@@ -402,11 +433,7 @@ def tail_volatile(requests: Sequence[Request], *, min_changes: int = MIN_CHANGES
             keep = [ln for ln in lines if _shape(ln) not in vol] if vol else lines
             tail += [ln for ln in lines if ln.strip() and _shape(ln) in vol] if vol else []
             if i < len(moved) and moved[i]:
-                seen: dict[str, int] = {}
-                keyed = []
-                for ln in keep:
-                    n = seen[ln] = seen.get(ln, 0) + 1
-                    keyed.append(((ln, n), ln))
+                keyed = _keyed_lines(keep)
                 for key, _ in keyed:
                     rank[i].setdefault(key, len(rank[i]))
                 keep = [ln for _, ln in sorted(keyed, key=lambda kl: rank[i][kl[0]])]

@@ -22,6 +22,17 @@ Rules modelled, each cited where it is applied:
   for the prefixes it stores or uses: each prefix lives by the retention of the request that last
   stored or used it. Sources disagree on the default ([O1] ``in_memory``; [O3] ``24h`` for non-ZDR
   organisations): we use ``in_memory``;
+* the in-memory lifetime is a range, not a number: "5 to 10 minutes of inactivity, up to a maximum of one hour"
+  [O1] (Azure's copy: "typically clears caches within 5 to 10 minutes of inactivity and always removes them
+  within one hour"). An entry idle for less than ``idle_ttl`` is live, one idle for ``idle_ttl_max`` or more is
+  gone; in between the provider may have done either, and real Codex traffic shows both (entries read after 27
+  idle minutes, others gone after 8). The replay's outcome there stays the expiry (the low end, with the age cap
+  of ``max_age``), and the result says what the provider could have served instead: ``detail["retention_open"]
+  = {"read_if_kept": tokens, "idle_seconds": gap}`` — read by entries idle less than ``idle_ttl_max``, with no
+  age cap ("a maximum of one hour" read as of inactivity). A request's later state is the same either way
+  (no write fee: the prompt is cached after it is processed whether it read or not), so the open outcome is
+  that one request's. The advice resolves it from the measured read where there is one
+  (:mod:`promptcache_nb.advice._anchor`) and widens its intervals where there is none;
 * usage is reported as ``prompt_tokens`` with ``prompt_tokens_details.cached_tokens`` a subset of it
   [O1]: in :class:`~promptcache_nb.Usage` that is read = cached, write = 0, uncached = prompt − cached.
 
@@ -89,6 +100,9 @@ class OpenAICache(CacheModel):
                                                        "(prompt_cache_retention)")
         idle_ttl: Duration = Field("5m", description="in_memory only: a prefix unused this long is gone "
                                    "(a duration: '5m', seconds, or a timedelta)")
+        idle_ttl_max: Duration = Field("1h", validate_default=True, description="in_memory only: the longest "
+                                       "idle gap a prefix may survive; between idle_ttl and this the outcome is "
+                                       "open (detail['retention_open'])")
         max_age: Duration = Field("1h", validate_default=True, description="in_memory only: the cap on a "
                                   "prefix's lifetime after it was computed (a duration: '1h', seconds, or a "
                                   "timedelta)")
@@ -98,6 +112,15 @@ class OpenAICache(CacheModel):
         routing_tokens: int = Field(ROUTING_TOKENS, ge=0, description="how many leading tokens pick the machine")
         prompt_cache_key: str | None = Field(None, description="the routing key when the body has no "
                                              "prompt_cache_key field")
+
+        @field_validator("idle_ttl_max")
+        @classmethod
+        def _open_above_idle(cls, value: str | float | timedelta, info: ValidationInfo) -> str | float | timedelta:
+            idle = info.data.get("idle_ttl")
+            if idle is not None and _seconds(idle) > _seconds(value):
+                raise ValueError(f"idle_ttl ({idle}) exceeds idle_ttl_max ({value}): the documented range is "
+                                 "idle_ttl (5m) to idle_ttl_max (1h)")
+            return value
 
         @field_validator("max_age")
         @classmethod
@@ -115,6 +138,8 @@ class OpenAICache(CacheModel):
         #: in seconds, from the options (a day each under ``retention="24h"``)
         self.idle_ttl, self.max_age = ((86_400.0, 86_400.0) if self.options.retention == "24h" else
                                        (_seconds(self.options.idle_ttl), _seconds(self.options.max_age)))
+        #: in seconds: the longest idle gap an in-memory prefix may survive (the open outcomes end here)
+        self.idle_ttl_max = _seconds(self.options.idle_ttl_max)
         self.reset()
 
     def min_cacheable_tokens(self, model: str) -> int:
@@ -128,10 +153,11 @@ class OpenAICache(CacheModel):
     stream_state: ClassVar[tuple[str, ...]] = ("_prev",)
 
     def state_horizon_seconds(self) -> float:
-        """The longest idle life: ``idle_ttl`` for ``in_memory``, 24 hours for ``24h`` (a request of an
-        ``in_memory`` model that asks ``prompt_cache_retention="24h"`` keeps its prefixes a day: create the
-        model with ``retention="24h"`` for such traffic, so a resumed session replays far enough back)."""
-        return 86_400.0 if self.options.retention == "24h" else self.idle_ttl
+        """The longest idle life: ``idle_ttl_max`` for ``in_memory`` (what an open outcome could still read),
+        24 hours for ``24h`` (a request of an ``in_memory`` model that asks ``prompt_cache_retention="24h"`` keeps
+        its prefixes a day: create the model with ``retention="24h"`` for such traffic, so a resumed session
+        replays far enough back)."""
+        return 86_400.0 if self.options.retention == "24h" else max(self.idle_ttl, self.idle_ttl_max)
 
     def replay_window_seconds(self) -> None:
         """None: a prefix in use dies ``max_age`` after it was *computed*, and it is recomputed by the first
@@ -163,18 +189,29 @@ class OpenAICache(CacheModel):
         return least + (lcp_tokens - least) // step * step
 
     # -- the model ----------------------------------------------------------------------------
-    def _match(self, shard: _Shard | None, chain: list[int], t: float) -> tuple[int, str | None]:
-        """(leading segments live in the shard, why the shard's latest prompt was dead if it was)."""
+    def _open(self, life: tuple[float, float]) -> tuple[float, float]:
+        """The longest ``life`` the documented range allows: an in-memory prefix idle less than ``idle_ttl_max``,
+        with no age cap; a longer (``24h``) life as it is."""
+        idle, max_age = life
+        return (max(idle, self.idle_ttl_max), float("inf")) if idle < self.idle_ttl_max else life
+
+    def _match(self, shard: _Shard | None, chain: list[int], t: float, *,
+               longest: bool = False) -> tuple[int, str | None]:
+        """(leading segments live in the shard, why the shard's latest prompt was dead if it was); ``longest``:
+        live by the longest life the documented range allows (:meth:`_open`), not the assumed one."""
         if shard is None or not chain:
             return 0, None
         written, used, life = shard.written, shard.used, shard.life
         default = (self.idle_ttl, self.max_age)
+        span = self._open if longest else None
         i, prev_w = 0, float("-inf")
         shared = common_prefix_len(chain, shard.prev_chain)
         if shared:
             # The shard's latest prompt left this run written (computed times non-decreasing along
             # it) and used at prev_t, and nothing touched the shard since: check it in O(1).
             idle, max_age = shard.prev_life or default
+            if span is not None:
+                idle, max_age = span((idle, max_age))
             if t - shard.prev_t >= idle:
                 return 0, "idle"
             if t - written[chain[0]] >= max_age:
@@ -184,6 +221,8 @@ class OpenAICache(CacheModel):
             node = chain[i]
             w = written.get(node)
             idle, max_age = default if life is None else life.get(node, default)
+            if span is not None:
+                idle, max_age = span((idle, max_age))
             # a prefix computed before its own parent was recomputed belonged to the evicted parent
             if w is None or w < prev_w or t - used[node] >= idle or t - w >= max_age:
                 break
@@ -204,6 +243,13 @@ class OpenAICache(CacheModel):
         lcp = cum[live - 1] if live else 0
         cached = self.cached_for(min(lcp, n)) if n >= self.options.min_tokens else 0
         stored = n >= self.options.min_tokens  # shorter prompts are not cached at all (§2.1)
+        open_read: dict[str, Any] | None = None
+        if shard is not None and live < len(chain) and stored:
+            # what the provider could have served had it kept the prefix as long as it documents it may
+            longest, _ = self._match(shard, chain, t, longest=True)
+            kept = self.cached_for(min(cum[longest - 1], n)) if longest > live else 0
+            if kept > cached:
+                open_read = {"read_if_kept": kept, "idle_seconds": round(t - shard.prev_t, 3)}
         if stored:
             if shard is None:
                 shard = self._shards[shard_id] = _Shard()
@@ -224,6 +270,8 @@ class OpenAICache(CacheModel):
             "min_tokens": self.options.min_tokens, "increment": self.options.increment, "prompt_cache_key": pkey,
             "hit_path": segment_path(request, live - 1) if cached else None,
         }
+        if open_read is not None:
+            detail["retention_open"] = open_read
         reason = self._reason(request, model, chain, cum, n, cached, route, pkey, dead_why, t, detail)
         self._prev = {"model": model, "n": n, "chain": chain, "route": route, "key": pkey, "t": t,
                       "stored": stored}
