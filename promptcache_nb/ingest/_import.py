@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC
 from pathlib import Path
@@ -318,6 +318,7 @@ def import_serial(
     projects: Mapping[str, str] | None = None,
     groups: Sequence[Sequence[str]] | None = None,
     deep: bool = False,
+    walked: Collection[str] = (),
 ) -> ImportResult:
     """Import agent logs into ``lab`` in this process, file group by file group (``ingest.import_log`` checks the
     arguments and chooses this or ``_parallel.import_parallel``). ``deep``: analyse every body as it is stored (else
@@ -325,11 +326,13 @@ def import_serial(
     at the end (a caller that fits once over several imports). ``accounts`` and ``projects``: the
     account and project of the sessions whose first file is a key (a resolved path), before ``account`` and
     ``project``; ``groups``: the file groups, in the order to store them, instead of the walk's (``pc.fleet``: a
-    task stores an account's groups as one import of their folder would)."""
+    task stores an account's groups as one import of their folder would); ``walked``: files of ``paths`` a walk
+    of the caller found (``_parallel``'s workers), read as in a walk: one of no known format is skipped, not an
+    error."""
     with gc_paused():
         return _import(lab, paths, format, project, progress, calibrate,
                        _Owners(account or DEFAULT_ACCOUNT, dict(accounts or {}), dict(projects or {})), groups,
-                       deep=deep)
+                       deep=deep, walked=walked)
 
 
 @dataclass(frozen=True)
@@ -460,7 +463,7 @@ class _Run:
 def _import(lab: Workspace, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
             progress: bool, calibrate: bool = True, owners: _Owners | None = None,
             planned: Sequence[Sequence[str]] | None = None, *, deep: bool = True,
-            replace: set[str] | frozenset[str] = frozenset()) -> ImportResult:
+            replace: set[str] | frozenset[str] = frozenset(), walked: Collection[str] = ()) -> ImportResult:
     """Read and store one file group at a time (``_groups.plan_groups``: a Claude Code project folder, a file
     you name), so memory holds one group's records, never the folder's (small groups are read together, up to
     :data:`BATCH_SESSIONS` sessions or :data:`BATCH_REQUESTS` requests). A session found again in a later group
@@ -468,6 +471,9 @@ def _import(lab: Workspace, paths: str | Path | Sequence[str | Path], format: st
     again whole: the stored result is the same as reading every file first."""
     result = ImportResult()
     files, passed = expand_paths(paths)
+    if walked:
+        found = set(walked)
+        files = [LogFile(f.path, False) if str(f.path) in found else f for f in files]
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items
                     if not any(ch in str(item) for ch in "*?[")]

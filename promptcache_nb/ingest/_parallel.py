@@ -33,7 +33,7 @@ from .._lazy import pandas as pd
 from .._util import gc_paused, progress_bar
 from ..analysis.calibrate import calibrate_families, needs_calibration
 from ..workspace import Workspace
-from ._groups import FileGroup, plan_groups
+from ._groups import FileGroup, expand_paths, plan_groups
 from ._import import ImportResult, SessionList, import_serial
 
 
@@ -47,8 +47,9 @@ class _Done:
 
 
 def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | None, account: str | None,
-                       deep: bool = True) -> _Done:
-    """Import ``group`` into a new store file under ``folder`` (runs in a worker process)."""
+                       deep: bool = True, walked: frozenset[str] = frozenset()) -> _Done:
+    """Import ``group`` (a run of file groups when it has ``parts``: each stored as its own group, in order)
+    into a new store file under ``folder`` (runs in a worker process)."""
     path = os.path.join(folder, group.id + ".duckdb")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -57,7 +58,9 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
             lab.store.set_threads(1)  # one core per worker: the other workers and the merges have the rest
             # no calibration: the writer fits them once over the whole store (a group's are never merged)
             result = import_serial(lab, list(group.files), format=fmt, project=project, progress=False,
-                                calibrate=False, account=account, deep=deep)
+                                   calibrate=False, account=account, deep=deep,
+                                   groups=[p.files for p in group.parts] if group.parts else None,
+                                   walked=walked)
             sessions = lab.store.session_ids()
             result.sessions = SessionList()  # the writer opens its own, when read
         finally:
@@ -69,6 +72,10 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
                     project: str | None, progress: bool, account: str | None = None, deep: bool = True
                     ) -> ImportResult:
     groups, passed = plan_groups(paths)  # in key order: the order workers=1 imports them, and merges follow
+    found, _ = expand_paths(paths)
+    walked = frozenset(str(f.path) for f in found if not f.named)
+    if not deep:
+        groups = runs_of_groups(groups, workers)
     folder = tempfile.mkdtemp(prefix="pcnb-import-")
     found: dict[int, _Done] = {}
     owners: Counter[str] = Counter()
@@ -79,8 +86,8 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
     try:
         with gc_paused():
             with ProcessPoolExecutor(max_workers=workers) as pool, _threads_after(lab, threads):
-                futures = {pool.submit(_import_group_file, g, folder, format, project, account, deep): i
-                           for i, g in enumerate(groups)}
+                futures = {pool.submit(_import_group_file, g, folder, format, project, account, deep,
+                                       walked.intersection(g.files)): i for i, g in enumerate(groups)}
                 nxt = 0
                 for fut in as_completed(futures):
                     d = found[futures[fut]] = fut.result()
@@ -119,7 +126,9 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
         parts = [d.result for d in merged]
         if serial:
             parts.append(import_serial(lab, [f for g in serial for f in g.files], format=format, project=project,
-                                    progress=progress, calibrate=False, account=account, deep=deep))
+                                       progress=progress, calibrate=False, account=account, deep=deep,
+                                       groups=[p.files for g in serial for p in g.parts or (g,)],
+                                       walked=walked))
     finally:
         bar.close()
         shutil.rmtree(folder, ignore_errors=True)
@@ -140,6 +149,55 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
     if deep and (result.requests or (models and needs_calibration(lab, models))):  # as one process decides
         result.calibrations = calibrate_families(lab, models)
     return result
+
+
+#: A usage-first import of at least this many bytes of logs, in two or more file groups, runs on every core
+#: when ``workers`` is not given (:func:`auto_workers`): below it, starting the processes and merging their stores
+#: costs more than they save (about a tenth of a second per worker against ~10 ms of CPU per MB read).
+PARALLEL_BYTES = 64 << 20
+
+
+def auto_workers(paths: str | Path | Sequence[str | Path]) -> int:
+    """The processes a usage-first import of ``paths`` runs on when none is said: one per usable core (at most
+    one per file group) for :data:`PARALLEL_BYTES` or more of logs, else 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores < 2:
+        return 1
+    groups, _ = plan_groups(paths)
+    if len(groups) < 2 or sum(_size(f) for g in groups for f in g.files) < PARALLEL_BYTES:
+        return 1
+    return min(cores, len(groups))
+
+
+def runs_of_groups(groups: Sequence[FileGroup], workers: int) -> list[FileGroup]:
+    """``groups`` cut into ``workers`` runs of consecutive groups of about equal size in bytes, each run one
+    task (a :class:`FileGroup` whose ``parts`` are its groups, stored in order as one import stores them).
+
+    A usage-first import simulates no cache, so where the cuts fall changes no stored row; what it saves is a
+    private store and a merge per group (a few tenths of a second each: more than a project folder's import).
+    Runs are cut in key order, so merging them in order numbers the sessions as ``workers=1`` does."""
+    if len(groups) <= 1 or workers <= 1:
+        return list(groups)
+    sizes = [sum(_size(f) for f in g.files) for g in groups]
+    total = sum(sizes) or 1
+    runs: list[list[FileGroup]] = [[]]
+    done = 0
+    for g, size in zip(groups, sizes, strict=True):
+        # a new run when this group's middle falls past the runs' share so far (and a run is left to start)
+        if runs[-1] and done + size / 2 > total * len(runs) / workers and len(runs) < workers:
+            runs.append([])
+        runs[-1].append(g)
+        done += size
+    return [run[0] if len(run) == 1 else
+            FileGroup(" + ".join(g.key for g in run), tuple(f for g in run for f in g.files), parts=tuple(run))
+            for run in runs]
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:  # gone since the walk: its group's import says so
+        return 0
 
 
 @contextmanager
