@@ -164,6 +164,9 @@ class ImportResult:
     #: the paths the user passed, resolved: ``source`` is shown relative to them (a folder: the path inside it;
     #: a file: its name)
     roots: list[Path] = field(default_factory=list)
+    #: the last file group read filled its batch (sessions or requests): another group after it would have begun
+    #: a new one (``_parallel``: where a run of file groups may end)
+    ended_full_batch: bool = field(default=False, repr=False)
 
     def relative_source(self, source: str | None) -> str:
         """``source`` as the user would spell it: relative to the folder they passed, or the file's name."""
@@ -498,8 +501,9 @@ def _import(lab: Workspace, paths: str | Path | Sequence[str | Path], format: st
                 if name is not None:
                     reader_of[i] = name
                     read_ok.append((i, (display_path(files[i].path), name)))
-            if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
-                    sum(map(len, by_session.values())) < BATCH_REQUESTS:
+            result.ended_full_batch = len(by_session) >= BATCH_SESSIONS or \
+                sum(map(len, by_session.values())) >= BATCH_REQUESTS
+            if n + 1 < len(groups) and not result.ended_full_batch:
                 # (the same read-ahead for both kinds of import: sessions are stored in the same order, so an
                 # analysis stores them as a deep import does)
                 continue  # small groups (one-request files) are stored together: one transaction for many

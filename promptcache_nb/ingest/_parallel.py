@@ -33,8 +33,8 @@ from .._lazy import pandas as pd
 from .._util import gc_paused, progress_bar
 from ..analysis.calibrate import calibrate_families, needs_calibration
 from ..workspace import Workspace
-from ._groups import FileGroup, expand_paths, plan_groups
-from ._import import ImportResult, SessionList, import_serial
+from ._groups import FileGroup, LogFile, expand_paths, plan_groups
+from ._import import ImportResult, SessionList, _file_groups, import_serial
 
 
 @dataclass
@@ -59,7 +59,7 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
             # no calibration: the writer fits them once over the whole store (a group's are never merged)
             result = import_serial(lab, list(group.files), format=fmt, project=project, progress=False,
                                    calibrate=False, account=account, deep=deep,
-                                   groups=[p.files for p in group.parts] if group.parts else None,
+                                   groups=[p.files for p in group.parts or (group,)],
                                    walked=walked)
             sessions = lab.store.session_ids()
             result.sessions = SessionList()  # the writer opens its own, when read
@@ -71,11 +71,12 @@ def _import_group_file(group: FileGroup, folder: str, fmt: str, project: str | N
 def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *, workers: int, format: str,  # noqa: A002
                     project: str | None, progress: bool, account: str | None = None, deep: bool = True
                     ) -> ImportResult:
-    groups, passed = plan_groups(paths)  # in key order: the order workers=1 imports them, and merges follow
-    found, _ = expand_paths(paths)
-    walked = frozenset(str(f.path) for f in found if not f.named)
-    if not deep:
-        groups = runs_of_groups(groups, workers)
+    files, passed = expand_paths(paths)
+    walked = frozenset(str(f.path) for f in files if not f.named)
+    if deep:  # by group, in key order (merges follow it)
+        groups, _ = plan_groups(paths)
+    else:  # runs of the groups workers=1 reads, in its order
+        groups = runs_of_groups(walk_groups(paths, files), workers)
     folder = tempfile.mkdtemp(prefix="pcnb-import-")
     found: dict[int, _Done] = {}
     owners: Counter[str] = Counter()
@@ -95,13 +96,23 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
                     bar.update(1)
                     # Merged while the workers run, in key order: a group whose sessions no group finished so
                     # far holds. A group finishing later may still share one; it is then taken back out below.
-                    while nxt in found:
+                    while nxt in found and _in_step(found, nxt, deep):
                         if not _shared(found[nxt], owners, stored):
                             lab.store.merge_from(found[nxt].path)
                             merged_at.add(nxt)
                         nxt += 1
             bar.close()
             done = [found[i] for i in range(len(groups))]
+            if not all(_in_step(found, i, deep) for i in range(len(groups))):
+                # a run began inside one of workers=1's batches: its sessions' order is that import's only when
+                # read in one process (rare: small file groups on both sides of the cut)
+                with lab.store.transaction():
+                    for i in sorted(merged_at):
+                        for sid in done[i].sessions:
+                            lab.store.delete_session(sid)
+                return import_serial(lab, paths, format=format, project=project, progress=progress,
+                                     account=account, deep=deep)
+
             late = [i for i in sorted(merged_at) if _shared(done[i], owners, stored)]
             if late:  # a session spans a merged group and one that finished after it: stored serially instead
                 with lab.store.transaction():
@@ -169,6 +180,15 @@ def auto_workers(paths: str | Path | Sequence[str | Path]) -> int:
     return min(cores, len(groups))
 
 
+def walk_groups(paths: str | Path | Sequence[str | Path], files: Sequence[LogFile] | None = None
+                ) -> list[FileGroup]:
+    """The file groups ``workers=1`` reads ``paths`` in (``_import._file_groups``: the files you name are one),
+    in its order, each file in walk order (``files``: ``expand_paths(paths)``'s, when already made)."""
+    files = expand_paths(paths)[0] if files is None else files
+    return [FileGroup(str(files[g[0]].path), tuple(str(files[i].path) for i in g))
+            for g in _file_groups(paths, list(files))]
+
+
 def runs_of_groups(groups: Sequence[FileGroup], workers: int) -> list[FileGroup]:
     """``groups`` cut into ``workers`` runs of consecutive groups of about equal size in bytes, each run one
     task (a :class:`FileGroup` whose ``parts`` are its groups, stored in order as one import stores them).
@@ -198,6 +218,14 @@ def _size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:  # gone since the walk: its group's import says so
         return 0
+
+
+def _in_step(done: dict[int, _Done], i: int, deep: bool) -> bool:
+    """Whether run ``i`` of a usage-first import stores its sessions in workers=1's order: workers=1 reads file
+    groups ahead until a batch is full and stores each batch's sessions in rank order, so a run must begin where
+    one of its batches begins — where the run before it ended on a full batch. (A deep import's groups are each
+    an import of their own, as ``workers=N`` always stored them.)"""
+    return deep or i == 0 or done[i - 1].result.ended_full_batch
 
 
 @contextmanager
