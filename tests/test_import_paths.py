@@ -25,6 +25,7 @@ import pytest
 from test_usage_first import table_differences
 
 import promptcache_nb as pc
+from promptcache_nb import ingest
 from promptcache_nb.ingest import _import, _parallel
 from promptcache_nb.ingest._groups import plan_groups
 from promptcache_nb.store import _connection
@@ -277,4 +278,30 @@ def test_a_run_cut_inside_a_batch_is_imported_again_in_one_process(edge: tuple[P
     with pc.Lab(tmp_path / "s.duckdb", progress=False) as lab:
         lab.import_log(logs, workers=2)
     assert len(again) == 1
+    assert table_differences(tmp_path / "s.duckdb", ref) == {}
+
+
+def test_workers_not_given_import_again_in_this_process(edge: tuple[Path, Path, list[Any]], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every core for a first import into a store; an import again (the store holds sessions: it adds what is
+    new) and a deep one stay in this process."""
+    logs, ref, _ = edge
+    monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    parallel: list[int] = []
+    original = ingest.import_parallel
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        parallel.append(kwargs["workers"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ingest, "import_parallel", counted)
+    with pc.Lab(tmp_path / "s.duckdb", progress=False) as lab:
+        lab.import_log(logs)
+        assert parallel == [2]
+        again = lab.import_log(logs)
+        assert parallel == [2] and again.requests == 0 and again.already_stored > 0
+    with pc.Lab(tmp_path / "d.duckdb", progress=False) as lab:
+        lab.import_log(logs / "claude_code_other", deep=True)
+        assert parallel == [2]
     assert table_differences(tmp_path / "s.duckdb", ref) == {}

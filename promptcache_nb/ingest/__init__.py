@@ -50,9 +50,10 @@ def import_log(
     if account is not None and (not isinstance(account, str) or not account.strip()):
         raise PromptCacheError(f"import_log(account=...): the provider account's name or id, got {account!r}")
     if workers is None:
-        # the parallel path stores usage-first imports whole: not inside a caller's transaction, not the
-        # simulated cache a deep import shares between groups, not the owners or groups a caller plans
-        serial = deep or accounts or projects or groups or lab.store.in_transaction
+        # every core for a first usage-first import into a store: not inside a caller's transaction, not the
+        # simulated cache a deep import shares between groups, not the owners or groups a caller plans, and not
+        # a store that holds sessions already (an import again adds what is new, in this process)
+        serial = deep or accounts or projects or groups or lab.store.in_transaction or lab.store.session_ids()
         workers = 1 if serial else auto_workers(paths)
     if workers > 1:
         expand_paths(paths)  # a missing path fails here, in this process, before any worker starts

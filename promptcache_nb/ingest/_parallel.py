@@ -107,18 +107,14 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
                 # a run began inside one of workers=1's batches: its sessions' order is that import's only when
                 # read in one process (rare: small file groups on both sides of the cut)
                 with lab.store.transaction():
-                    for i in sorted(merged_at):
-                        for sid in done[i].sessions:
-                            lab.store.delete_session(sid)
+                    lab.store.delete_sessions([sid for i in sorted(merged_at) for sid in done[i].sessions])
                 return import_serial(lab, paths, format=format, project=project, progress=progress,
                                      account=account, deep=deep)
 
             late = [i for i in sorted(merged_at) if _shared(done[i], owners, stored)]
             if late:  # a session spans a merged group and one that finished after it: stored serially instead
                 with lab.store.transaction():
-                    for i in late:
-                        for sid in done[i].sessions:
-                            lab.store.delete_session(sid)
+                    lab.store.delete_sessions([sid for i in late for sid in done[i].sessions])
                 merged_at.difference_update(late)
             merged: list[_Done] = []
             serial: list[FileGroup] = []
