@@ -239,8 +239,8 @@ def test_a_named_file_of_no_known_format_fails_as_itself_on_workers(edge: tuple[
 def test_runs_that_begin_a_batch_are_merged_as_they_are(edge: tuple[Path, Path, list[Any]], tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
     """Every file group fills a batch here (one request is a full batch), so each run begins where workers=1
-    begins a batch: the runs' stores are merged, never imported again in this process, and the store is still
-    workers=1's (imported with the same batches)."""
+    begins a batch: this process imports the first run and merges the workers' stores, nothing is imported
+    again, and the store is still workers=1's (imported with the same batches)."""
     logs, _, skipped = edge
     monkeypatch.setattr(_import, "BATCH_REQUESTS", 1)
     with pc.Lab(tmp_path / "one.duckdb", progress=False) as lab:
@@ -256,7 +256,10 @@ def test_runs_that_begin_a_batch_are_merged_as_they_are(edge: tuple[Path, Path, 
     with pc.Lab(tmp_path / "runs.duckdb", progress=False) as lab:
         res = lab.import_log(logs, workers=workers)
         assert _skipped(res) == skipped
-    assert again == []  # merged: no run was read again here
+    # this process imported the first run itself (its files, straight into the store) and merged the others:
+    # nothing was read again here
+    first = _parallel.runs_of_groups(_parallel.walk_groups(logs), workers)[0]
+    assert [a[1] for a in again] == [list(first.files)]
     assert table_differences(tmp_path / "runs.duckdb", tmp_path / "one.duckdb") == {}
 
 
@@ -277,7 +280,7 @@ def test_a_run_cut_inside_a_batch_is_imported_again_in_one_process(edge: tuple[P
     monkeypatch.setattr(_parallel, "import_serial", in_this_process)
     with pc.Lab(tmp_path / "s.duckdb", progress=False) as lab:
         lab.import_log(logs, workers=2)
-    assert len(again) == 1
+    assert len(again) == 2 and again[-1][1] == logs  # the first run here, then the whole import again
     assert table_differences(tmp_path / "s.duckdb", ref) == {}
 
 
@@ -305,3 +308,30 @@ def test_workers_not_given_import_again_in_this_process(edge: tuple[Path, Path, 
         lab.import_log(logs / "claude_code_other", deep=True)
         assert parallel == [2]
     assert table_differences(tmp_path / "s.duckdb", ref) == {}
+
+
+def test_a_session_resumed_in_another_run_is_stored_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session whose lines are in two project folders (resumed elsewhere: the copy repeats its lines) cuts
+    across the runs: the runs that share it are imported again in this process, and the store is workers=1's."""
+    monkeypatch.setattr(_import, "BATCH_REQUESTS", 1)  # runs in step: only the shared session decides
+    start = datetime(2026, 9, 20, 14, 0, tzinfo=UTC)
+    t = _Transcript(SESSION, start)
+    p = t.entry(None, type="user", message={"role": "user", "content": "Start the export."})
+    p = t.response(p, "r1", (1, 50), read=0, write=12_000)
+    p = t.tool_result(p, "r1", "x" * 200_000)
+    t.write(tmp_path / "logs" / "-home-dev-a" / f"{SESSION}.jsonl")
+    t.response(p, "r2", (1, 60), read=12_000, write=300)  # the resumed copy: the same lines, then more
+    t.write(tmp_path / "logs" / "-home-dev-b" / f"{SESSION}.jsonl")
+    other = _Transcript(OTHER, start)
+    q = other.entry(None, type="user", message={"role": "user", "content": "Unrelated."})
+    other.response(q, "u1", (1, 20), read=0, write=11_000)
+    other.write(tmp_path / "logs" / "-home-dev-c" / f"{OTHER}.jsonl")
+    runs = _parallel.runs_of_groups(_parallel.walk_groups(tmp_path / "logs"), 2)
+    assert [[Path(f).parent.name for f in r.files] for r in runs] == [["-home-dev-a"], ["-home-dev-b", "-home-dev-c"]]
+    with pc.Lab(tmp_path / "one.duckdb", progress=False) as lab:
+        one = lab.import_log(tmp_path / "logs", workers=1)
+    with pc.Lab(tmp_path / "two.duckdb", progress=False) as lab:
+        two = lab.import_log(tmp_path / "logs", workers=2)
+        assert lab.sql("SELECT count(*) AS n FROM turns WHERE request_id = 'req_r1'").n[0] == 1
+    assert two.requests == one.requests == 3
+    assert table_differences(tmp_path / "two.duckdb", tmp_path / "one.duckdb") == {}

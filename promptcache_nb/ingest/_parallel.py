@@ -82,14 +82,30 @@ def import_parallel(lab: Workspace, paths: str | Path | Sequence[str | Path], *,
     owners: Counter[str] = Counter()
     stored = set(lab.store.session_ids())
     merged_at: set[int] = set()
+    # A usage-first import into a store without sessions imports its first run here, straight into the store,
+    # beside the workers (one private store and one merge fewer); what it stored is taken out again like a
+    # merged run's when the runs cannot stand (below)
+    here = not deep and not stored and len(groups) > 1
     bar = progress_bar(total=len(groups), desc="importing file groups", enabled=progress, unit="group")
     threads = lab.store.set_threads(1)  # the workers have the cores while the merges run beside them
     try:
         with gc_paused():
-            with ProcessPoolExecutor(max_workers=workers) as pool, _threads_after(lab, threads):
+            with ProcessPoolExecutor(max_workers=workers - here) as pool, _threads_after(lab, threads):
                 futures = {pool.submit(_import_group_file, g, folder, format, project, account, deep,
-                                       walked.intersection(g.files)): i for i, g in enumerate(groups)}
+                                       walked.intersection(g.files)): i for i, g in enumerate(groups)
+                           if i or not here}
                 nxt = 0
+                if here:
+                    first = groups[0]
+                    res = import_serial(lab, list(first.files), format=format, project=project, progress=False,
+                                        calibrate=False, account=account, deep=False,
+                                        groups=[p.files for p in first.parts or (first,)], walked=walked)
+                    found[0] = _Done(first, "", lab.store.session_ids(), res, [])
+                    res.sessions = SessionList()  # opened from the ids below, when read
+                    owners.update(found[0].sessions)
+                    merged_at.add(0)
+                    bar.update(1)
+                    nxt = 1
                 for fut in as_completed(futures):
                     d = found[futures[fut]] = fut.result()
                     owners.update(d.sessions)
