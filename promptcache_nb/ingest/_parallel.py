@@ -10,6 +10,12 @@ are added), and groups that share a session. Calibrations are fitted once at the
 single-process import does (the workers fit none). Every DuckDB connection runs on one thread meanwhile: the
 processes already fill the cores.
 
+A usage-first import (no simulated cache) hands out runs of consecutive groups instead, one per process
+(:func:`runs_of_groups`; into a store without sessions this process imports the first run itself), each merged
+only when it begins where ``workers=1`` begins a batch of groups (:func:`_in_step`), else the import is done again
+in this process: its stored rows are ``workers=1``'s, session order included. ``workers`` not given:
+:func:`auto_workers`.
+
 The stored rows equal ``workers=1``'s whenever sessions in different groups do not share a simulated cache entry
 (the provider cache an account's sessions share is simulated per group here; measured figures never depend on it;
 ``pc.fleet`` imports an account's groups in one task instead, as ``workers=1`` does):
