@@ -966,8 +966,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--out", default=None, metavar="DIR",
                    help="instead of --db: a fleet's Parquet dataset (pc.fleet; run again to add new or grown files)")
     i.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="import file groups in N processes (default: one per core for a first usage-first "
-                        "import of 64 MB of logs or more, else 1)")
+                   help="import file groups in N processes (default: one per idle core for a first "
+                        "usage-first import of 64 MB of logs or more, else 1)")
     _add_formats(i)
     i.add_argument("--deep", action="store_true",
                    help="analyse every body as it is stored (segments, token estimates, the simulated cache, "

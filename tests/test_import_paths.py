@@ -180,6 +180,7 @@ def test_every_path_stores_what_one_process_stores(edge: tuple[Path, Path, list[
     if path == "workers decided":
         monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)  # these few MB count as a big history
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # two usable cores
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1), raising=False)  # both idle
         assert _parallel.auto_workers(logs) == 2
         workers = None
     if path == "writes by columns":
@@ -215,9 +216,15 @@ def test_auto_workers_stays_in_this_process_for_a_small_import(edge: tuple[Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     logs, _, _ = edge
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.5, 0.5), raising=False)
     assert _parallel.auto_workers(logs) == 1  # a few MB: below PARALLEL_BYTES
     monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)
     assert _parallel.auto_workers(logs) == 4
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.6, 2.0, 2.0), raising=False)
+    assert _parallel.auto_workers(logs) == 2  # two cores busy already: the two idle ones
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.7, 2.0, 2.0), raising=False)
+    assert _parallel.auto_workers(logs) == 1  # one idle core: one process
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
     assert _parallel.auto_workers(logs / "claude_code_other") == 1  # one file group: nothing to split
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert _parallel.auto_workers(logs) == 1
@@ -286,11 +293,12 @@ def test_a_run_cut_inside_a_batch_is_imported_again_in_one_process(edge: tuple[P
 
 def test_workers_not_given_import_again_in_this_process(edge: tuple[Path, Path, list[Any]], tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every core for a first import into a store; an import again (the store holds sessions: it adds what is
-    new) and a deep one stay in this process."""
+    """Every idle core for a first import into a store; an import again (the store holds sessions: it adds what
+    is new) and a deep one stay in this process."""
     logs, ref, _ = edge
     monkeypatch.setattr(_parallel, "PARALLEL_BYTES", 0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
     parallel: list[int] = []
     original = ingest.import_parallel
 

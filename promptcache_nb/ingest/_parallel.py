@@ -187,9 +187,13 @@ PARALLEL_BYTES = 64 << 20
 
 
 def auto_workers(paths: str | Path | Sequence[str | Path]) -> int:
-    """The processes a usage-first import of ``paths`` runs on when none is said: one per usable core (at most
-    one per file group) for :data:`PARALLEL_BYTES` or more of logs, else 1."""
+    """The processes a usage-first import of ``paths`` runs on when none is said: one per idle core (at most one
+    per file group) for :data:`PARALLEL_BYTES` or more of logs, else 1. A core is idle when the load average
+    leaves it free: on a machine whose cores are busy already, processes only share them (each runs slower, and
+    the merges are extra work), and one process is measured faster (``benchmarks/bench_fleet.py``)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    cores = min(cores, int(cores - busy + 0.5))
     if cores < 2:
         return 1
     groups, _ = plan_groups(paths)
