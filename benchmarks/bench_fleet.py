@@ -111,18 +111,19 @@ def _import(job: dict[str, Any]) -> dict[str, Any]:
     import promptcache_nb as pc
 
     loaded_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the package alone, before any import
-    # workers None: the call as a user writes it (a build that decides the processes itself decides)
+    # workers None: the call as a user writes it (a build that decides the processes itself decides; what it
+    # decides is asked just before, as the load average stands then)
     chosen = {} if job["workers"] is None else {"workers": job["workers"]}
-    meter = _Meter()
-    with pc.Lab(job["db"], progress=False) as lab:
-        r = lab.import_log(job["path"], **chosen, **({"deep": True} if job.get("deep") else {}))
-    out: dict[str, Any] = meter.stop()
     try:
         from promptcache_nb.ingest._parallel import auto_workers
     except ImportError:  # a build before issue 37's runs: one process unless told
-        out["workers"] = job["workers"] or 1
+        workers = job["workers"] or 1
     else:
-        out["workers"] = job["workers"] or (1 if job.get("deep") else auto_workers(job["path"]))
+        workers = job["workers"] or (1 if job.get("deep") else auto_workers(job["path"]))
+    meter = _Meter()
+    with pc.Lab(job["db"], progress=False) as lab:
+        r = lab.import_log(job["path"], **chosen, **({"deep": True} if job.get("deep") else {}))
+    out: dict[str, Any] = {**meter.stop(), "workers": workers}
     with pc.Lab(job["db"], read_only=True, progress=False) as lab:
         row = lab.sql("SELECT count(DISTINCT session_id) AS s, sum(cost_usd) AS c, "
                       "sum(cache_read_input_tokens) AS r FROM turns")
