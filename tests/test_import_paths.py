@@ -343,3 +343,17 @@ def test_a_session_resumed_in_another_run_is_stored_whole(tmp_path: Path, monkey
         assert lab.sql("SELECT count(*) AS n FROM turns WHERE request_id = 'req_r1'").n[0] == 1
     assert two.requests == one.requests == 3
     assert table_differences(tmp_path / "two.duckdb", tmp_path / "one.duckdb") == {}
+
+
+def test_a_deep_import_written_by_columns_is_the_appenders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bodies, prefix nodes, messages and analysed turns (JSON, timestamps, booleans, NULLs, long texts) written
+    by columns are the rows the appender writes, column for column."""
+    logs = tmp_path / "logs"
+    shutil.copytree(pc.data_path("logs"), logs)
+    with pc.Lab(tmp_path / "appender.duckdb", progress=False) as lab:
+        lab.import_log(logs, deep=True)
+    monkeypatch.setattr(_connection, "COLUMNS_FROM", 1)
+    with pc.Lab(tmp_path / "columns.duckdb", progress=False) as lab:
+        lab.import_log(logs, deep=True)
+        assert lab.sql("SELECT count(*) AS n FROM blocks").n[0] > 0
+    assert table_differences(tmp_path / "columns.duckdb", tmp_path / "appender.duckdb") == {}
