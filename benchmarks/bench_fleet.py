@@ -6,13 +6,14 @@ requests, ~2.8 MB each; the issue's heavy user is 20 x 10, ~560 MB, 200 sessions
 reuses ``--history DIR``), then measures each step in a fresh child process (so peak RSS is that step's alone):
 
 - **floor**: ``json.loads`` of every line, CPU;
-- the **usage-first import** ``lab.import_log(folder)`` (CPU of the process and its workers, wall, peak RSS);
+- the **usage-first import** ``lab.import_log(folder)`` as a user calls it (``workers`` not given: the build decides;
+  CPU of the process and its workers, wall, peak RSS), and the same import on ``workers=1`` when that was more;
 - **claude-cache-audit** (and tokenol, ccusage when given) on the same files: :func:`import_vs_peers`, shared with
   ``bench_peers.py --claude-code-history``;
 - the **deep pass**: ``lab.analyze(workers=1)`` and ``lab.analyze(workers=2)``, each on its own copy of the
   usage-first store; then a **deep import** ``lab.import_log(folder, deep=True)`` and every column of ``turns``,
   ``sessions``, ``blocks`` and ``prefix_nodes`` compared with SQL between the analysed store and the deep one;
-- unless ``--targets-only``: the usage-first import on ``workers=2``; ``pc.rebuilds(lab)`` (every session) and SQL
+- unless ``--targets-only``: ``pc.rebuilds(lab)`` (every session) and SQL
   over ``turns`` straight after the usage-first import, on the store opened read-only; ``pc.fleet.import_logs`` on
   a ``ProcessPoolExecutor(2)`` (``--no-fleet`` skips it) and on a Dask ``LocalCluster`` (``--dask``);
   ``--small-files`` one-request transcripts and a **projection** (not a measurement) of 1 TB of such logs on 1, 10
@@ -110,10 +111,19 @@ def _import(job: dict[str, Any]) -> dict[str, Any]:
     import promptcache_nb as pc
 
     loaded_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the package alone, before any import
+    # workers None: the call as a user writes it (a build that decides the processes itself decides; what it
+    # decides is asked just before, as the load average stands then)
+    chosen = {} if job["workers"] is None else {"workers": job["workers"]}
+    try:
+        from promptcache_nb.ingest._parallel import auto_workers
+    except ImportError:  # a build before issue 37's runs: one process unless told
+        workers = job["workers"] or 1
+    else:
+        workers = job["workers"] or (1 if job.get("deep") else auto_workers(job["path"]))
     meter = _Meter()
     with pc.Lab(job["db"], progress=False) as lab:
-        r = lab.import_log(job["path"], workers=job["workers"], **({"deep": True} if job.get("deep") else {}))
-    out: dict[str, Any] = meter.stop()
+        r = lab.import_log(job["path"], **chosen, **({"deep": True} if job.get("deep") else {}))
+    out: dict[str, Any] = {**meter.stop(), "workers": workers}
     with pc.Lab(job["db"], read_only=True, progress=False) as lab:
         row = lab.sql("SELECT count(DISTINCT session_id) AS s, sum(cost_usd) AS c, "
                       "sum(cache_read_input_tokens) AS r FROM turns")
@@ -361,7 +371,8 @@ def _peer_commands(config: Path, work: Path) -> dict[str, tuple[list[str] | None
     }
 
 
-def import_vs_peers(history: Path, work: Path, *, workers: int = 1) -> tuple[dict[str, Any], list[Target]]:
+def import_vs_peers(history: Path, work: Path, *, workers: int | None = None
+                    ) -> tuple[dict[str, Any], list[Target]]:
     """Issue 37's import comparison on one Claude Code history, printed as it goes: the json.loads floor, the
     usage-first import (``lab.import_log(history)`` into ``work/usage.duckdb``), claude-cache-audit and, when given,
     tokenol and ccusage on the same files. Returns the import's figures (``floor`` and ``db`` added) and its
@@ -380,9 +391,16 @@ def import_vs_peers(history: Path, work: Path, *, workers: int = 1) -> tuple[dic
         targets += [Target(f"import CPU <= {FLOOR_MULTIPLE:g}x the floor", "not measured", None),
                     Target(f"import peak RSS <= {PEAK_RSS_MB:.0f} MB", "not measured", None)]
         return {"floor": floor, "db": db, "error": ours["error"]}, targets
-    print(f"  {what}, workers={workers}: {_figures(ours, floor)} ({ours['loaded_mb']:.0f} MB of it before the "
+    said = "workers not given" if workers is None else f"workers={workers}"
+    print(f"  {what}, {said} (so {ours['workers']} process{'es' if ours['workers'] > 1 else ''}): "
+          f"{_figures(ours, floor)} ({ours['loaded_mb']:.0f} MB of it before the "
           f"import began: the package loaded); {ours['start_wall_s']:.1f} s wall with the package import; "
           f"{ours['requests']:,} requests in {ours['sessions']} sessions, ${ours['cost']:,.2f} measured cost")
+    if ours["workers"] > 1:  # the same import in one process: its CPU alone, and what the workers save
+        one = run({"kind": "import", "path": str(history), "db": str(work / "usage-w1.duckdb"), "workers": 1})
+        if not _failed("the same import, workers=1", one):
+            print(f"  the same import, workers=1: {_figures(one, floor)}; same requests "
+                  f"{one['requests'] == ours['requests']}, same cost {abs(one['cost'] - ours['cost']) < 1e-9}")
     multiple = ours["cpu_s"] / floor["cpu_s"]
     targets += [Target(f"import CPU <= {FLOOR_MULTIPLE:g}x the floor",
                        f"{multiple:.1f}x ({ours['cpu_s']:.1f} s vs {floor['cpu_s']:.2f} s)",
@@ -570,12 +588,6 @@ def measure(args: argparse.Namespace, work: Path) -> None:
         print_summary(targets)
         return
     if not args.targets_only:
-        two = run({"kind": "import", "path": str(history), "db": str(work / "usage-w2.duckdb"), "workers": 2})
-        if not _failed("import workers=2", two):
-            print(f"  the same import, workers=2: {two['cpu_s']:.1f} s CPU, {two['wall_s']:.1f} s wall = "
-                  f"{two['wall_s'] / ours['wall_s']:.2f}x workers=1's wall, peak RSS {two['peak_rss_mb']:.0f} MB; "
-                  f"same requests {two['requests'] == ours['requests']}, same cost "
-                  f"{abs(two['cost'] - ours['cost']) < 1e-9}")
         an = run({"kind": "rebuilds", "db": str(ours["db"])})
         if not _failed("pc.rebuilds straight after the import", an):
             print(f"  straight after the import, over {an['sessions']} sessions: pc.rebuilds(lab) "

@@ -321,7 +321,7 @@ def _import_fleet(args: argparse.Namespace, paths: list[str]) -> int:
             raise PromptCacheError("import --scheduler: needs Dask (pip install 'promptcache_nb[dask]')") from None
         client = Client(args.scheduler)  # type: ignore[no-untyped-call]  # distributed ships partial types
         executor = client.get_executor()
-    elif args.workers > 1:
+    elif args.workers is not None and args.workers > 1:
         executor = ProcessPoolExecutor(args.workers)
     args.interrupted = ("each file group written whole is recorded in the dataset's manifest; run the same command "
                         "again to import the rest")
@@ -950,8 +950,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the store, as an option (instead of STORE; every positional is then a path)")
     i.add_argument("--out", default=None, metavar="DIR",
                    help="instead of --db: a fleet's Parquet dataset (pc.fleet; run again to add new or grown files)")
-    i.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="import file groups in N processes (default 1)")
+    i.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="import file groups in N processes (default: one per idle core for a first "
+                        "usage-first import of 64 MB of logs or more, else 1)")
     _add_formats(i)
     i.add_argument("--deep", action="store_true",
                    help="analyse every body as it is stored (segments, token estimates, the simulated cache, "

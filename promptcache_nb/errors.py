@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import Any
 
 
 class PromptCacheError(Exception):
@@ -309,3 +310,12 @@ class ImportFormatError(PromptCacheError, ValueError):
         self.tried = tuple(tried)
         formats = f" (formats tried: {', '.join(self.tried)})" if self.tried else ""
         super().__init__(f"{path}: {problem}{formats}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # raised in an import's worker process: it crosses back pickled (the default passes only the message)
+        return _import_format_error, (self.path, self.problem, self.tried)
+
+
+def _import_format_error(path: str, problem: str, tried: tuple[str, ...]) -> ImportFormatError:
+    """An :class:`ImportFormatError` rebuilt from its pickle (:meth:`ImportFormatError.__reduce__`)."""
+    return ImportFormatError(path, problem, tried=tried)

@@ -58,7 +58,7 @@ class Lab(Workspace):
         return super().open_session(session_id, backend=backend)
 
     def import_log(self, paths: str | Path | Sequence[str | Path], *, format: str = "auto",  # noqa: A002
-                   project: str | None = None, progress: bool | None = None, workers: int = 1,
+                   project: str | None = None, progress: bool | None = None, workers: int | None = None,
                    account: str | None = None, deep: bool = False) -> ImportResult:
         """Import agent logs (Claude Code, Codex, vcr cassettes, HAR, the proxy's exchanges, OTLP JSON).
 
@@ -76,7 +76,10 @@ class Lab(Workspace):
 
         ``workers=N`` reads and stores file groups (a Claude Code project folder, a session with its sub-agents,
         one file) in N processes, and this process merges them (``ingest/_parallel.py``): the same stored
-        result as ``workers=1``, in less wall time when there are several groups.
+        result as ``workers=1``, in less wall time when there are several groups. Not given, a usage-first
+        import of 64 MB of logs or more in several groups into a store without sessions runs on every idle
+        core (one process per core the load average leaves free); a smaller or a deep one, or one into a store
+        holding sessions, in this process.
 
         ``account``: the provider account (organisation / workspace) the logs were served under. The imported
         sessions of one account share one simulated provider cache (per cache model and parameters), as the

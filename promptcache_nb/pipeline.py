@@ -321,7 +321,8 @@ def request_cost(usage: Usage, prices: Prices | None, at: datetime) -> tuple[flo
     if usage.total_input_tokens is None:
         return None, None, None
     if prices is not None:
-        return prices.cost(usage, at), prices.cost_without_cache(usage, at), prices.source
+        cost, cost_nc = prices.costs(usage, at)
+        return cost, cost_nc, prices.source
     reported = usage.reported_cost
     if reported is not None:
         return reported, None, REPORTED_COST_SOURCE

@@ -311,8 +311,8 @@ def test_a_group_merged_before_a_later_one_shows_a_shared_session_is_stored_seri
     one = pc.Lab(tmp_path / "one.duckdb", progress=False)
     r1 = one.import_log(logs, deep=True)
     two = pc.Lab(tmp_path / "two.duckdb", progress=False)
-    delete = two.store.delete_session
-    monkeypatch.setattr(two.store, "delete_session", lambda sid: (taken_back.append(sid), delete(sid))[1])
+    delete = two.store.delete_sessions
+    monkeypatch.setattr(two.store, "delete_sessions", lambda sids: (taken_back.extend(sids), delete(sids))[1])
     r2 = two.import_log(logs, workers=2, deep=True)
     assert taken_back  # the late path ran
     assert (r2.requests, sorted(r2.sessions.ids)) == (r1.requests, sorted(r1.sessions.ids))

@@ -81,6 +81,18 @@ class Prices:
                                  output=usage.output_tokens or 0, reasoning=_reasoning(usage))
         return (total * self.input + (usage.output_tokens or 0) * self.output) / 1e6
 
+    def costs(self, usage: Usage, at: datetime | None = None) -> tuple[float | None, float | None]:
+        """(:meth:`cost`, :meth:`cost_without_cache`) of one request, the model's prices looked up once (a
+        usage-first import prices every request both ways)."""
+        uncached, read, write = usage.input_tokens, usage.cache_read_input_tokens, usage.cache_creation_input_tokens
+        if self.model_ref is None or uncached is None or read is None or write is None:
+            return self.cost(usage, at), self.cost_without_cache(usage, at)
+        output, reasoning, total = usage.output_tokens or 0, _reasoning(usage), uncached + read + write
+        cached, uncached_cost = _library_costs(self.model_ref, self.provider_id, at, (
+            _usage_fields(total, read, write, usage.cache_creation_1h_input_tokens or 0, output, reasoning),
+            _usage_fields(total, 0, 0, 0, output, reasoning)))
+        return cached, uncached_cost
+
 
 @dataclass(frozen=True)
 class CostTotal:
@@ -164,10 +176,23 @@ def _library_cost(model_ref: str, provider_id: str | None, at: datetime | None, 
                   write: int, write_1h: int, output: int, reasoning: int = 0) -> float:
     """genai-prices' cost of one request: from the model's cached rate table when it provably gives the
     library's own result (:func:`_rate_table`), else by ``calc_price`` itself."""
+    return _library_costs(model_ref, provider_id, at,
+                          (_usage_fields(total, read, write, write_1h, output, reasoning),))[0]
+
+
+def _usage_fields(total: int, read: int, write: int, write_1h: int, output: int, reasoning: int) -> dict[str, int]:
+    """The genai-prices usage of one request, as :func:`_library_costs` prices it."""
     fields = {"input_tokens": total, "cache_read_tokens": read, "cache_write_tokens": write,
               "cache_write_1h_tokens": write_1h, "output_tokens": output}
     if 0 < reasoning <= output:
         fields["output_reasoning_tokens"] = reasoning  # a part of the output: priced apart only if the model is
+    return fields
+
+
+def _library_costs(model_ref: str, provider_id: str | None, at: datetime | None,
+                   usages: tuple[dict[str, int], ...]) -> list[float]:
+    """:func:`_library_cost` of each of ``usages`` (:func:`_usage_fields`) at one time, the model resolved and its
+    price period found once."""
     when = at or REFERENCE_TIME
 
     # the library's own resolution (once per snapshot and model) and price period: the table outlives neither
@@ -179,14 +204,17 @@ def _library_cost(model_ref: str, provider_id: str | None, at: datetime | None, 
             _RESOLVED.clear()
         held = _RESOLVED[key] = (snapshot, *snapshot.find_provider_model(model_ref, None, provider_id, None))
     _, provider, model = held
-    if provider.id != "groq":  # genai-prices rewrites the usage of some Groq models before pricing
-        table = _rate_table(model.get_prices(when))
+    # genai-prices rewrites the usage of some Groq models before pricing: the library prices those itself
+    table = _rate_table(model.get_prices(when)) if provider.id != "groq" else None
+    out = []
+    for fields in usages:
         cost = table.cost(fields) if table is not None else None
-        if cost is not None:
-            return cost
-    calc = genai_prices.calc_price(genai_prices.Usage(**fields), model_ref=model_ref, provider_id=provider_id,
-                                   genai_request_timestamp=when)
-    return float(calc.total_price)
+        if cost is None:
+            calc = genai_prices.calc_price(genai_prices.Usage(**fields), model_ref=model_ref,
+                                           provider_id=provider_id, genai_request_timestamp=when)
+            cost = float(calc.total_price)
+        out.append(cost)
+    return out
 
 
 # The usage keys :func:`_library_cost` passes: always, and sometimes (reasoning, when reported).

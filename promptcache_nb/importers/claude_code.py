@@ -63,6 +63,7 @@ __all__ = ["ClaudeCodeReader"]
 # A model id as providers spell them: lowercase letters, digits and . - _ : / @ (Bedrock and Vertex ids
 # included). "<synthetic>" and other placeholders fail it.
 _MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._:/@-]*$", re.IGNORECASE)
+_MODEL_IDS: set[str] = set()  # the model strings _MODEL_ID accepted (a few per history)
 _ENTRY_TYPES = frozenset({"user", "assistant", "system", "progress", "queue-operation"})
 # Entry kinds the client writes; a line of any other kind that carries no transcript id is not an entry at all.
 _KNOWN_TYPES = _ENTRY_TYPES | {"summary", "file-history-snapshot", "custom-title", "attachment", "tag"}
@@ -345,8 +346,14 @@ def _assistant_problem(obj: dict[str, Any]) -> str | None:
     model = message.get("model")
     if model == "<synthetic>":
         return "synthetic message (model '<synthetic>'): made up by the client, not an API response"
-    if not isinstance(model, str) or not _MODEL_ID.match(model):
+    if not isinstance(model, str):
         return f"model {model!r} is not a model id: not an API response"
+    if model not in _MODEL_IDS:  # (a set lookup: every streamed line of a response names its model)
+        if not _MODEL_ID.match(model):
+            return f"model {model!r} is not a model id: not an API response"
+        if len(_MODEL_IDS) >= 1024:
+            _MODEL_IDS.clear()
+        _MODEL_IDS.add(model)
     if not isinstance(message.get("id"), str) or not message["id"]:
         return "assistant line without message.id"
     if not isinstance(message.get("usage"), dict):

@@ -30,7 +30,6 @@ from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import calibrate_families
 from ..errors import PromptCacheError
 from ..importers._jsonl import open_log
-from ..store import Store
 from ..workspace import Workspace
 from ._import import _import, _Owners, _split_ref
 
@@ -182,8 +181,9 @@ def _merged_groups(plan: AnalysisPlan) -> list[list[str]]:
 
 
 def _analyze_group(files: Sequence[str], folder: str, index: int, fmt: str, accounts: dict[str, str],
-                   projects: dict[str, str]) -> tuple[int, str, list[tuple[str, type[Warning]]]]:
-    """Analyse one group into a new store file under ``folder`` (runs in a worker process)."""
+                   projects: dict[str, str]) -> tuple[int, str, list[tuple[str, type[Warning]]], list[str]]:
+    """Analyse one group into a new store file under ``folder`` (runs in a worker process); returns the sessions
+    it stored with it (the writer would otherwise open the file once more to list them)."""
 
     path = os.path.join(folder, f"a{index}.duckdb")
     with warnings.catch_warnings(record=True) as caught:
@@ -194,9 +194,10 @@ def _analyze_group(files: Sequence[str], folder: str, index: int, fmt: str, acco
             with gc_paused():
                 _import(lab, list(files), fmt, None, False, False, _Owners(DEFAULT_ACCOUNT, accounts, projects),
                         [list(files)], deep=True)
+            analysed = lab.store.session_ids()
         finally:
             lab.close()
-    return index, path, [(str(w.message), w.category) for w in caught]
+    return index, path, [(str(w.message), w.category) for w in caught], analysed
 
 
 def _analyze_parallel(lab: Workspace, plan: AnalysisPlan, *, workers: int, progress: bool) -> None:
@@ -208,7 +209,7 @@ def _analyze_parallel(lab: Workspace, plan: AnalysisPlan, *, workers: int, progr
     bar = progress_bar(total=len(groups), desc="analysing sessions", enabled=progress, unit="group")
     threads = lab.store.set_threads(1)
     by_file = {f: r["session_id"] for r in plan.sessions for f in r["files"]}
-    done: dict[int, tuple[str, list[tuple[str, type[Warning]]]]] = {}
+    done: dict[int, tuple[str, list[tuple[str, type[Warning]]], list[str]]] = {}
     serial: list[list[str]] = []
     try:
         with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -216,12 +217,12 @@ def _analyze_parallel(lab: Workspace, plan: AnalysisPlan, *, workers: int, progr
                        for i, g in enumerate(groups)]
             nxt = 0
             for fut in as_completed(futures):
-                i, path, caught = fut.result()
-                done[i] = (path, caught)
+                i, path, caught, analysed = fut.result()
+                done[i] = (path, caught, analysed)
                 bar.update(1)
                 while nxt in done:  # merged in group order, while the other workers run
                     if not _merge_group(lab, done[nxt][0], {by_file[f] for f in groups[nxt] if f in by_file},
-                                        plan.ids):
+                                        plan.ids, done[nxt][2]):
                         serial.append(groups[nxt])
                     nxt += 1
     finally:
@@ -233,7 +234,7 @@ def _analyze_parallel(lab: Workspace, plan: AnalysisPlan, *, workers: int, progr
     if serial:
         _import(lab, [f for g in serial for f in g], plan.format, None, progress, False,
                 _Owners(DEFAULT_ACCOUNT, plan.accounts, plan.projects), serial, deep=True, replace=plan.ids)
-    for _, caught in done.values():
+    for _, caught, _ in done.values():
         for message, category in caught:
             warnings.warn(message, category, stacklevel=3)
     models = set(lab.store.models_of(sorted(plan.ids)))
@@ -241,20 +242,15 @@ def _analyze_parallel(lab: Workspace, plan: AnalysisPlan, *, workers: int, progr
         calibrate_families(lab, models)
 
 
-def _merge_group(lab: Workspace, path: str, group_sessions: set[str], replacing: set[str]) -> bool:
-    """Replace a group's usage-first sessions by a worker's analysed store, in one transaction. False (nothing
-    done) when the worker also stored a session that is stored analysed already (a log file holding both): that
-    group is analysed here instead, which adds only what is new."""
+def _merge_group(lab: Workspace, path: str, group_sessions: set[str], replacing: set[str],
+                 analysed: list[str]) -> bool:
+    """Replace a group's usage-first sessions by a worker's analysed store (holding the sessions ``analysed``),
+    in one transaction. False (nothing done) when the worker also stored a session that is stored analysed
+    already (a log file holding both): that group is analysed here instead, which adds only what is new."""
     store = lab.store
-    worker_store = Store(path, read_only=True)
-    try:
-        analysed = worker_store.session_ids()
-    finally:
-        worker_store.close()
     if set(store.existing_sessions(analysed)) - replacing:
         return False
     with store.transaction():
-        for sid in sorted((group_sessions | set(analysed)) & replacing):
-            store.delete_session(sid)
+        store.delete_sessions(sorted((group_sessions | set(analysed)) & replacing))
         store.merge_from(path)
     return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC
 from pathlib import Path
@@ -164,6 +164,9 @@ class ImportResult:
     #: the paths the user passed, resolved: ``source`` is shown relative to them (a folder: the path inside it;
     #: a file: its name)
     roots: list[Path] = field(default_factory=list)
+    #: the last file group read filled its batch (sessions or requests): another group after it would have begun
+    #: a new one (``_parallel``: where a run of file groups may end)
+    ended_full_batch: bool = field(default=False, repr=False)
 
     def relative_source(self, source: str | None) -> str:
         """``source`` as the user would spell it: relative to the folder they passed, or the file's name."""
@@ -338,6 +341,8 @@ class ImportOptions:
             a task stores an account's groups as one import of their folder would).
         deep: analyse every body as it is stored (else a usage-first import: measured columns now, bodies when
             first needed).
+        walked: files of the paths a walk of the caller found (``_parallel``'s workers), read as in a walk: one
+            of no known format is skipped, not an error.
     """
 
     format: str = "auto"
@@ -349,6 +354,7 @@ class ImportOptions:
     projects: Mapping[str, str] | None = None
     groups: Sequence[Sequence[str]] | None = None
     deep: bool = False
+    walked: Collection[str] = ()
 
 
 def import_serial(lab: Workspace, paths: str | Path | Sequence[str | Path], options: ImportOptions) -> ImportResult:
@@ -357,7 +363,7 @@ def import_serial(lab: Workspace, paths: str | Path | Sequence[str | Path], opti
     owners = _Owners(options.account or DEFAULT_ACCOUNT, dict(options.accounts or {}), dict(options.projects or {}))
     with gc_paused():
         return _import(lab, paths, options.format, options.project, options.progress, options.calibrate, owners,
-                       options.groups, deep=options.deep)
+                       options.groups, deep=options.deep, walked=options.walked)
 
 
 @dataclass(frozen=True)
@@ -488,7 +494,7 @@ class _Run:
 def _import(lab: Workspace, paths: str | Path | Sequence[str | Path], format: str, project: str | None,  # noqa: A002
             progress: bool, calibrate: bool = True, owners: _Owners | None = None,
             planned: Sequence[Sequence[str]] | None = None, *, deep: bool = True,
-            replace: set[str] | frozenset[str] = frozenset()) -> ImportResult:
+            replace: set[str] | frozenset[str] = frozenset(), walked: Collection[str] = ()) -> ImportResult:
     """Read and store one file group at a time (``_groups.plan_groups``: a Claude Code project folder, a file
     you name), so memory holds one group's records, never the folder's (small groups are read together, up to
     :data:`BATCH_SESSIONS` sessions or :data:`BATCH_REQUESTS` requests). A session found again in a later group
@@ -496,6 +502,9 @@ def _import(lab: Workspace, paths: str | Path | Sequence[str | Path], format: st
     again whole: the stored result is the same as reading every file first."""
     result = ImportResult()
     files, passed = expand_paths(paths)
+    if walked:
+        found = set(walked)
+        files = [LogFile(f.path, False) if str(f.path) in found else f for f in files]
     items = [paths] if isinstance(paths, str | Path) else list(paths)
     result.roots = [Path(item).expanduser().resolve() for item in items
                     if not any(ch in str(item) for ch in "*?[")]
@@ -520,8 +529,9 @@ def _import(lab: Workspace, paths: str | Path | Sequence[str | Path], format: st
                 if name is not None:
                     reader_of[i] = name
                     read_ok.append((i, (display_path(files[i].path), name)))
-            if n + 1 < len(groups) and len(by_session) < BATCH_SESSIONS and \
-                    sum(map(len, by_session.values())) < BATCH_REQUESTS:
+            result.ended_full_batch = len(by_session) >= BATCH_SESSIONS or \
+                sum(map(len, by_session.values())) >= BATCH_REQUESTS
+            if n + 1 < len(groups) and not result.ended_full_batch:
                 # (the same read-ahead for both kinds of import: sessions are stored in the same order, so an
                 # analysis stores them as a deep import does)
                 continue  # small groups (one-request files) are stored together: one transaction for many
