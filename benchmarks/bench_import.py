@@ -9,7 +9,7 @@ Then measures, in one process:
   call (request 10 vs request 1,000, median of the 5 around each).
 
 Targets (issue "Real traffic in", item 6): request 1,000 <= 2x request 10; whole import <= 3x the floor.
-The floor parses every line whole; the importer does not: its ``HistoryDecoder`` (``importers/_history.py``) takes
+The floor parses every line whole; the importer does not: its ``HistoryDecoder`` (``readers/_history.py``) takes
 the history items a body repeats from the line before by comparing their JSON text, so on a growing log the import
 can be faster than the floor. The ``s.record(fresh body)`` line is the path without that help: each body parsed
 whole by the caller, its history compared item by item.

@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import promptcache_nb as pc
-from promptcache_nb.importers import detect, gemini_cli
+from promptcache_nb.readers import detect, gemini_cli
 
 WORDS = ("refund ledger invoice currency exponent rounding webhook retry settlement audit").split()
 

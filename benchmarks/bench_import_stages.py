@@ -6,7 +6,7 @@ running the import's stages one after another over the same folder, each over ev
 CPU of each alone:
 
 1. **floor**: ``json.loads`` of every line;
-2. **read**: the Claude Code reader (``importers.claude_code``), its own parse of every line included: every
+2. **read**: the Claude Code reader (``readers.claude_code``), its own parse of every line included: every
    request's body rebuilt from its transcript;
 3. **validate**: each body checked as an import checks it (lenient, only the new tail past the previous body);
 4. **segment + hash**: each body split into segments, canonical JSON and hashes (``request.prepare`` with a
@@ -68,8 +68,8 @@ def floor(files: list[Path]) -> int:
 
 def read(files: list[Path]) -> list[list[Any]]:
     """Each file's requests, grouped by session in file order (what the import stores one session at a time)."""
-    from promptcache_nb.importers import ImportedRequest
-    from promptcache_nb.importers._registry import detect
+    from promptcache_nb.readers import ImportedRequest
+    from promptcache_nb.readers._registry import detect
 
     sessions: dict[str, list[Any]] = {}
     for f in files:

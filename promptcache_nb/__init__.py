@@ -71,7 +71,7 @@ _MOVED = {
     "register_strategy": "strategies.register_strategy",  # plugins: the promptcache_nb.strategies entry point
     "register_cache_model": "cache.register_cache_model",  # plugins: the promptcache_nb.cache_models entry point
     "StrategyContext": "strategies.StrategyContext",
-    "ImportedRequest": "importers.ImportedRequest",
+    "ImportedRequest": "readers.ImportedRequest",
     "ToolCall": "scenario.ToolCall",
     "KnowledgeBook": "session.KnowledgeBook",
     "KnowledgeEntry": "store.KnowledgeEntry",

@@ -41,11 +41,11 @@ from .analysis.rollups import (
 from .cache import cache_model_names
 from .errors import ImportFormatError, PromptCacheError, PromptCacheWarning, ScenarioError
 from .fleet._import import MANIFEST, check_dataset
-from .importers import READERS
-from .importers._locations import AGENTS, agent_log_files
 from .ingest._groups import expand_paths
 from .ingest._import import BREAKS_VS_REBUILDS, UNCACHED_NOTE, ImportResult
 from .live.server import add_serve_arguments, run_serve
+from .readers import READERS
+from .readers._locations import AGENTS, agent_log_files
 from .report import write_report
 from .store import caused_by_ctrl_c, check_store
 from .strategies import strategy_names

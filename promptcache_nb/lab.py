@@ -11,10 +11,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from .importers import ImportedRequest
 from .ingest import ImportResult, StoredRecords, analyze, import_log, store_records
 from .ingest.capture import Capture, capture
 from .live import Backend
+from .readers import ImportedRequest
 from .session import Session
 from .workspace import Workspace
 

@@ -17,9 +17,9 @@ from promptcache_nb.analysis.prices import price_model_id, prices_for
 from promptcache_nb.cache import REASONS
 from promptcache_nb.cache.bedrock import BedrockCache, converse_usage_of
 from promptcache_nb.cache.gemini import GeminiCache
-from promptcache_nb.importers._http import converse_usage
-from promptcache_nb.importers._types import ImportedRequest
 from promptcache_nb.ingest._import import _cache_model_for
+from promptcache_nb.readers._http import converse_usage
+from promptcache_nb.readers._types import ImportedRequest
 from promptcache_nb.request import PreparedRequest, prepare
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)

@@ -11,8 +11,8 @@ import pytest
 
 import promptcache_nb as pc
 from promptcache_nb.errors import ImportFormatError
-from promptcache_nb.importers import detect
-from promptcache_nb.importers.vcr import VcrReader
+from promptcache_nb.readers import detect
+from promptcache_nb.readers.vcr import VcrReader
 
 CASSETTES = sorted((pc.data_path("logs") / "vcr").glob("*.yaml"))
 COMPRESS = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}
@@ -53,7 +53,7 @@ def test_a_corrupt_compressed_cassette_is_one_line(tmp_path):
 
 
 def test_the_size_limit_holds_after_decompression(tmp_path, monkeypatch):
-    import promptcache_nb.importers.vcr as vcr
+    import promptcache_nb.readers.vcr as vcr
 
     packed = tmp_path / "big.yaml.gz"
     packed.write_bytes(gzip.compress(CASSETTES[0].read_bytes()))

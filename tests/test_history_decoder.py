@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from promptcache_nb.importers._history import HistoryDecoder
+from promptcache_nb.readers._history import HistoryDecoder
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20),
                     st.floats(allow_nan=False), st.text(max_size=12))

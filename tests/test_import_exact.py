@@ -18,7 +18,7 @@ import pytest
 
 import promptcache_nb as pc
 from promptcache_nb.errors import ImportFormatError
-from promptcache_nb.importers import detect
+from promptcache_nb.readers import detect
 
 T0 = datetime(2026, 3, 9, 14, 0, tzinfo=UTC)
 SYSTEM = [{"type": "text", "text": "You triage incoming payment-failure tickets for the Ledgerly billing team. "

@@ -19,12 +19,12 @@ from typing import Any
 import yaml
 
 import promptcache_nb as pc
-from promptcache_nb.importers._http import HttpExchange, convert_exchange
-from promptcache_nb.importers._sse import parse_sse, usage_from_sse
-from promptcache_nb.importers._types import ImportedRequest, SkippedLine
-from promptcache_nb.importers.exchanges import ExchangesReader
-from promptcache_nb.importers.har import HarReader
-from promptcache_nb.importers.vcr import VcrReader
+from promptcache_nb.readers._http import HttpExchange, convert_exchange
+from promptcache_nb.readers._sse import parse_sse, usage_from_sse
+from promptcache_nb.readers._types import ImportedRequest, SkippedLine
+from promptcache_nb.readers.exchanges import ExchangesReader
+from promptcache_nb.readers.har import HarReader
+from promptcache_nb.readers.vcr import VcrReader
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "http_exact"
 REDACTED_OPENAI = FIXTURES / "crewai_style_redacted_ids_openai.yaml"
@@ -548,7 +548,7 @@ def otlp_span(span_id: str, trace_id: str, start_s: int, tokens: int) -> dict:
 
 
 def test_otlp_spans_without_trustworthy_ids_are_each_their_own_request(tmp_path: Path) -> None:
-    from promptcache_nb.importers.otlp import OtlpReader
+    from promptcache_nb.readers.otlp import OtlpReader
 
     def line(*spans: dict) -> str:
         return json.dumps({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import promptcache_nb as pc
-from promptcache_nb.importers._types import ImportedRequest, ReadProgress, SkippedLine
-from promptcache_nb.importers.claude_code import ClaudeCodeReader
-from promptcache_nb.importers.codex import CodexReader
+from promptcache_nb.readers._types import ImportedRequest, ReadProgress, SkippedLine
+from promptcache_nb.readers.claude_code import ClaudeCodeReader
+from promptcache_nb.readers.codex import CodexReader
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ERAS = FIXTURES / "claude_code_eras"

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from promptcache_nb.errors import ImportFormatError
-from promptcache_nb.importers._registry import READERS, detect, read_head
-from promptcache_nb.importers._types import ImportedRequest, ReadProgress, SkippedLine
-from promptcache_nb.importers.claude_code import ClaudeCodeReader
-from promptcache_nb.importers.codex import CodexReader
-from promptcache_nb.importers.otlp import OtlpReader
+from promptcache_nb.readers._registry import READERS, detect, read_head
+from promptcache_nb.readers._types import ImportedRequest, ReadProgress, SkippedLine
+from promptcache_nb.readers.claude_code import ClaudeCodeReader
+from promptcache_nb.readers.codex import CodexReader
+from promptcache_nb.readers.otlp import OtlpReader
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 SID = "4b2f7c1e-9d3a-4e8b-a6f1-2c5d8e0b7a94"

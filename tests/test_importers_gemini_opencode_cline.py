@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 import promptcache_nb as pc
 from promptcache_nb.cli import main
 from promptcache_nb.errors import ImportFormatError
-from promptcache_nb.importers import ImportedRequest, SkippedLine, detect, gemini_cli
-from promptcache_nb.importers._history import HistoryDecoder
-from promptcache_nb.importers._locations import agent_log_files
+from promptcache_nb.readers import ImportedRequest, SkippedLine, detect, gemini_cli
+from promptcache_nb.readers._history import HistoryDecoder
+from promptcache_nb.readers._locations import agent_log_files
 
 LOGS = pc.data_path("logs")
 GEMINI = LOGS / "gemini_cli" / "chats"

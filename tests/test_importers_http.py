@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from promptcache_nb.errors import ImportFormatError, PromptCacheError
-from promptcache_nb.importers._http import HttpExchange, convert_exchange, convert_usage, endpoint_dialect
-from promptcache_nb.importers._http import _Skip as Skip
-from promptcache_nb.importers._registry import READERS, detect
-from promptcache_nb.importers._sse import SseEvent, SseParser, parse_sse, usage_from_sse
-from promptcache_nb.importers._types import ImportedRequest, ReadProgress, SkippedLine
-from promptcache_nb.importers.exchanges import EXCHANGES_FORMAT_VERSION, ExchangesReader
-from promptcache_nb.importers.har import HarReader
-from promptcache_nb.importers.vcr import VcrReader
+from promptcache_nb.readers._http import HttpExchange, convert_exchange, convert_usage, endpoint_dialect
+from promptcache_nb.readers._http import _Skip as Skip
+from promptcache_nb.readers._registry import READERS, detect
+from promptcache_nb.readers._sse import SseEvent, SseParser, parse_sse, usage_from_sse
+from promptcache_nb.readers._types import ImportedRequest, ReadProgress, SkippedLine
+from promptcache_nb.readers.exchanges import EXCHANGES_FORMAT_VERSION, ExchangesReader
+from promptcache_nb.readers.har import HarReader
+from promptcache_nb.readers.vcr import VcrReader
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "logs"
 TRIAGE = LOGS / "vcr" / "test_triage_month_end_ticket.yaml"
@@ -378,7 +378,7 @@ def test_vcr_yaml_alias_bomb_is_refused_in_one_line(tmp_path):
 
 
 def test_vcr_size_cap(tmp_path, monkeypatch):
-    import promptcache_nb.importers.vcr as vcr
+    import promptcache_nb.readers.vcr as vcr
 
     monkeypatch.setattr(vcr, "MAX_CASSETTE_BYTES", 1000)
     with pytest.raises(ImportFormatError, match="over the 0 MiB limit"):

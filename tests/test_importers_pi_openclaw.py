@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import promptcache_nb as pc
-from promptcache_nb.importers import detect
-from promptcache_nb.importers.openclaw import OpenClawReader
-from promptcache_nb.importers.pi import PiReader
+from promptcache_nb.readers import detect
+from promptcache_nb.readers.openclaw import OpenClawReader
+from promptcache_nb.readers.pi import PiReader
 
 LOGS = pc.data_path("logs")
 PI_FILE = next((LOGS / "pi" / "--home-ann-ledger-api--").glob("*.jsonl"))

@@ -1,4 +1,4 @@
-"""``importers._stream.ParsedLines``: the one loop that passes bad lines and read progress through a line reader.
+"""``readers._stream.ParsedLines``: the one loop that passes bad lines and read progress through a line reader.
 
 A reader sees only parsed lines; its own records come out with each bad line ahead of the reader's next record
 (file order) and the read progress after the last one, whatever the reader held until the end of the file.
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from promptcache_nb.importers import ReadProgress, SkippedLine
-from promptcache_nb.importers._jsonl import JsonLine, iter_json_lines
-from promptcache_nb.importers._stream import ParsedLines
+from promptcache_nb.readers import ReadProgress, SkippedLine
+from promptcache_nb.readers._jsonl import JsonLine, iter_json_lines
+from promptcache_nb.readers._stream import ParsedLines
 
 
 def _held_to_the_end(lines: ParsedLines) -> Iterator[str]:

@@ -13,8 +13,8 @@ import pytest
 import promptcache_nb as pc
 import promptcache_nb.request._canonical as canonical
 import promptcache_nb.request.validate as validate
-from promptcache_nb.importers._jsonl import JsonLine, iter_json_lines
-from promptcache_nb.importers._types import ReadProgress, SkippedLine
+from promptcache_nb.readers._jsonl import JsonLine, iter_json_lines
+from promptcache_nb.readers._types import ReadProgress, SkippedLine
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 

@@ -3,7 +3,7 @@ itself through its imports (checked with ``ast``; imports under ``TYPE_CHECKING`
 other).
 
 One turn travels scenario → strategy → request → cache model / live API → store → analysis → plots, and a
-stored log travels reader (``importers/``) → request → store → analysis. ``pipeline`` turns one request into its
+stored log travels reader (``readers/``) → request → store → analysis. ``pipeline`` turns one request into its
 typed record (no SQL), ``_shared`` holds what a workspace's sessions share (simulated caches, knowledge), ``turn``
 is a stored request as a session hands it back, ``session`` composes a request from the stages through it,
 ``workspace`` opens sessions and hands them its shared objects through ``session.SessionHost``; the writers
@@ -32,7 +32,7 @@ LEAVES = {"errors", "_util", "_data", "_lazy", "_options", "_registry", "_types"
 #: A module may import (at module level or inside a function) only leaves and stages of a lower rank.
 RANKS = {
     "scenario": 1,  # events as frozen values; the model check is injected by lab (set_model_check)
-    "importers": 1,  # the log readers: bytes in, requests and their measured usage out (no store, no session)
+    "readers": 1,  # the log readers: bytes in, requests and their measured usage out (no store, no session)
     "strategies": 2,  # assemble a body from the session's state
     "request": 3,  # canonical JSON, segments, hashes, prefix diff
     "cache": 4,  # provider cache models
@@ -253,10 +253,10 @@ def test_cycle_finder_finds_a_cycle() -> None:
 def test_readers_below_the_store_and_ingest_above_the_workspace() -> None:
     """Readers read (bytes in, records out) and sit below the store; the ingest writes sessions through a
     Workspace and sits above it, below the public Lab (STYLE rule 23)."""
-    assert RANKS["importers"] < RANKS["store"] < RANKS["workspace"] < RANKS["ingest"] < RANKS["lab"]
+    assert RANKS["readers"] < RANKS["store"] < RANKS["workspace"] < RANKS["ingest"] < RANKS["lab"]
     imports = package_imports()
-    assert [i for i in imports if node(i.source) == "importers" and node(i.target) not in LEAVES | {
-        "importers", "request", "scenario"}] == []
+    assert [i for i in imports if node(i.source) == "readers" and node(i.target) not in LEAVES | {
+        "readers", "request", "scenario"}] == []
     assert [i for i in imports if node(i.target) == "ingest" and RANKS.get(node(i.source), 0) <= RANKS["ingest"]
             and node(i.source) != "ingest"] == []
 
@@ -289,7 +289,7 @@ def test_checker_catches_a_downstream_import() -> None:
     assert len(violations([down, leaf, lazy, fine])) == 3
 
 
-@pytest.mark.parametrize("unit", ["scenario", "importers", "strategies", "request", "cache"])
+@pytest.mark.parametrize("unit", ["scenario", "readers", "strategies", "request", "cache"])
 def test_upstream_stages_never_import_the_store(unit: str) -> None:
     """Values are pure: nothing before the store touches it (issue 12's layout)."""
     offenders = [i for i in package_imports() if node(i.source) == unit and node(i.target) == "store"]

@@ -38,7 +38,7 @@ def test_readme_names_are_importable() -> None:
 def test_lazy_modules_list_their_public_names() -> None:
     assert "Stepper" in dir(pc.widgets) and "Any" not in dir(pc.widgets) and "TYPE_CHECKING" not in dir(pc.widgets)
     assert {"AnthropicBackend", "RecordingProxy"} <= set(dir(pc.live))
-    assert {"import_log", "ImportResult"} <= set(dir(pc.ingest)) and "import_log" not in dir(pc.importers)
+    assert {"import_log", "ImportResult"} <= set(dir(pc.ingest)) and "import_log" not in dir(pc.readers)
     assert {"Lab", "AnthropicBackend", "STRATEGIES"} <= set(dir(pc))
 
 

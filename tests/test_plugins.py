@@ -47,7 +47,7 @@ from pydantic import Field
 
 import promptcache_nb as pc
 from promptcache_nb.cache.vllm import VLLMCache
-from promptcache_nb.importers.exchanges import ExchangesReader
+from promptcache_nb.readers.exchanges import ExchangesReader
 
 
 class TailMarker(pc.Strategy):
@@ -123,7 +123,7 @@ def test_the_python_api_finds_the_plugins(site: Path, tmp_path: Path) -> None:
     out = run(f"""
         import json, warnings
         import promptcache_nb as pc
-        from promptcache_nb.importers import READERS
+        from promptcache_nb.readers import READERS
 
         assert "tail_marker" in pc.STRATEGIES and pc.STRATEGIES[-1] == "tail_marker"  # after the built-ins
         assert "tiny_blocks" in pc.CACHE_MODELS and "proxy-copy" in READERS

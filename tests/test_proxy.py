@@ -178,8 +178,8 @@ def test_anthropic_sync_and_streaming_usage_identical_to_direct_and_logged(api, 
 
 
 def test_exchanges_reader_reads_the_same_usage(api, proxy, log_path):
-    exchanges = pytest.importorskip("promptcache_nb.importers.exchanges")
-    from promptcache_nb.importers._types import ImportedRequest
+    exchanges = pytest.importorskip("promptcache_nb.readers.exchanges")
+    from promptcache_nb.readers._types import ImportedRequest
 
     with anthropic.Anthropic(base_url=proxy.url, api_key=KEY, max_retries=0) as client:
         plain = client.messages.create(**messages_body(), extra_headers=at(0)).usage

@@ -24,8 +24,8 @@ SQL_PENDING: dict[str, str] = {}
 #: Readers of another application's own SQLite file (a log format, opened read-only): their SQL reads that
 #: application's tables, never our store.
 FOREIGN_SQL: dict[str, str] = {
-    "importers/openclaw.py": "OpenClaw's state database (transcript_events, diagnostic_events)",
-    "importers/opencode.py": "OpenCode's opencode.db (session, message, part)",
+    "readers/openclaw.py": "OpenClaw's state database (transcript_events, diagnostic_events)",
+    "readers/opencode.py": "OpenCode's opencode.db (session, message, part)",
 }
 
 

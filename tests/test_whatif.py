@@ -180,13 +180,13 @@ def test_claude_code_bodies_stay_as_logged(claude_code):
     import json
     from pathlib import Path
 
-    from promptcache_nb.importers._registry import READERS
+    from promptcache_nb.readers._registry import READERS
     from promptcache_nb.request import canonical_bytes
 
     s = claude_code
     path = Path(s.source.split(":", 1)[1])
     logged = [r.body for r in READERS["claude-code"].read(path)
-              if isinstance(r, pc.importers.ImportedRequest) and r.model != "<synthetic>"]
+              if isinstance(r, pc.readers.ImportedRequest) and r.model != "<synthetic>"]
     stored = [s._lab.store.turn_body(s.id, i) for i in range(11)]
     assert [canonical_bytes(b) for b in stored] == [canonical_bytes(b) for b in logged]  # byte-identical
     assert not any("cache_control" in json.dumps(b) for b in stored)  # the breakpoints exist only in the model

@@ -3,7 +3,7 @@
 diagnostics, :func:`provider_crosscheck`).
 
 An imported OpenClaw cache trace (or payload log beside its trace) stores OpenClaw's own observation of a run
-with the run's last request (``cache_detail["agent_observation"]``, see :mod:`promptcache_nb.importers.openclaw`).
+with the run's last request (``cache_detail["agent_observation"]``, see :mod:`promptcache_nb.readers.openclaw`).
 :func:`openclaw_crosscheck` puts it beside ours, one row per request: our verdict (``turns.broke``, the rebuild
 rule), our computation of OpenClaw's rule (``turns.openclaw_broke`` / ``previous_cache_read`` / ``changes``) and
 the agent's own (``agent_*``); ``agree`` compares the two computations of OpenClaw's rule.

@@ -1,6 +1,6 @@
 """Logs and calls → stored sessions: the writers above the workspace.
 
-:func:`import_log` is the one entry: it reads logs with the readers (``importers/``) and stores them as sessions,
+:func:`import_log` is the one entry: it reads logs with the readers (``readers/``) and stores them as sessions,
 in this process (``_import.py``) or in worker processes by file group (``_parallel.py``, groups: ``_groups.py``),
 calibrating the tokenizer at the end; :func:`analyze` analyses the bodies of usage-first sessions; :func:`capture`
 stores what an SDK client sends.
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..errors import ImportFormatError, PromptCacheError
-from ..importers import READERS
+from ..readers import READERS
 from ..workspace import Workspace
 from ._analyze import analyze
 from ._groups import expand_paths

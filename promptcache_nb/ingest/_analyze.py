@@ -29,7 +29,7 @@ from .._config import DEFAULT_ACCOUNT
 from .._util import digest, gc_paused, progress_bar
 from ..analysis.calibrate import calibrate_families
 from ..errors import PromptCacheError
-from ..importers._jsonl import open_log
+from ..readers._jsonl import open_log
 from ..workspace import Workspace
 from ._import import _import, _Owners, _split_ref
 

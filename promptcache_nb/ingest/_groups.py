@@ -19,7 +19,7 @@ from typing import Any
 
 from .._util import digest, kernel_root, not_a_regular_file
 from ..errors import ImportFormatError
-from ..importers._jsonl import COMPRESSED_SUFFIXES
+from ..readers._jsonl import COMPRESSED_SUFFIXES
 
 LOG_SUFFIXES = (".jsonl", ".json", ".yaml", ".yml", ".har", ".ndjson", ".sqlite")
 

@@ -33,11 +33,11 @@ from ..cache import get_cache_model
 from ..cache.anthropic import TTL_SECONDS, client_ttls_from_usage
 from ..dialects import get as get_format
 from ..errors import ImportFormatError, PromptCacheError, SessionError, UnpricedModelWarning, UsageError
-from ..importers._jsonl import UnreadableLog
-from ..importers._messages import append_message
-from ..importers._registry import READERS, detect
-from ..importers._types import ImportedRequest, SkippedLine
 from ..pipeline import reply_output_tokens, usage_record
+from ..readers._jsonl import UnreadableLog
+from ..readers._messages import append_message
+from ..readers._registry import READERS, detect
+from ..readers._types import ImportedRequest, SkippedLine
 from ..request import BodyProblem, PreparedRequest, check_request
 from ..request.diff import visible
 from ._groups import LogFile, display_path, expand_paths, plan_groups

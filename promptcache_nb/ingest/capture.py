@@ -20,7 +20,7 @@ What is stored, and when:
 - Only the Messages, Chat Completions and Responses endpoints are analysed (as the importers read them);
   other calls (``count_tokens``, models, files) are listed as not analysed.
 - The request and response bodies are converted by the importers' one implementation
-  (:func:`promptcache_nb.importers._http.convert_exchange`, SSE through ``dialects/``); headers are
+  (:func:`promptcache_nb.readers._http.convert_exchange`, SSE through ``dialects/``); headers are
   never stored, so keys never reach the store. Latency (start to the last byte) is kept per call in
   :attr:`Capture.calls`, not in the store.
 
@@ -60,9 +60,9 @@ from ..cache import get_cache_model
 from ..dialects import get as get_format
 from ..dialects import parse_sse, usage_from_sse
 from ..errors import PromptCacheError
-from ..importers._http import HttpExchange, convert_exchange, endpoint_dialect
-from ..importers._types import SkippedLine
 from ..live._diagnostics import DiagnosticsChain, with_beta
+from ..readers._http import HttpExchange, convert_exchange, endpoint_dialect
+from ..readers._types import SkippedLine
 from ..request import check_request
 from ..turn import on_record  # noqa: F401 - re-exported: where a capture's listeners subscribe
 from ..usage import UsageSource

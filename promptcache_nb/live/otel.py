@@ -8,8 +8,8 @@ a window, never one request, and the same calls arrive as log events); ``POST /`
 (``Content-Type: application/json``) or protobuf (``application/x-protobuf``, decoded with the
 ``opentelemetry-proto`` package: ``pip install 'promptcache-nb[otel]'``), ``Content-Encoding: gzip`` or none.
 
-Each export is mapped by the OTLP importer's own mapping (:meth:`~promptcache_nb.importers.otlp.OtlpReader.export`,
-the rules in :mod:`promptcache_nb.importers.otlp`) and its requests stored as a usage-first import stores them
+Each export is mapped by the OTLP importer's own mapping (:meth:`~promptcache_nb.readers.otlp.OtlpReader.export`,
+the rules in :mod:`promptcache_nb.readers.otlp`) and its requests stored as a usage-first import stores them
 (measured usage, cost, the cause usage alone shows; one session per agent session id), **in one transaction per
 POST**: all of an export's requests or none. The export is also appended, as one line of OTLP JSON, to a spool file
 (``<store>.otel/<start time>-<pid>.jsonl`` beside a store file; a temporary folder for an in-memory Lab;
@@ -60,8 +60,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import PromptCacheError
-from ..importers import ImportedRequest, SkippedLine
-from ..importers.otlp import OtlpReader
+from ..readers import ImportedRequest, SkippedLine
+from ..readers.otlp import OtlpReader
 from ._asgi import REQUEST_TIMEOUT, BodyError, read_body
 from ._serving import LoopbackServer
 

@@ -16,7 +16,7 @@ never buffered whole). One exception: ``Accept-Encoding`` is narrowed to the enc
 (gzip, deflate, and br / zstd when ``brotli`` / ``zstandard`` are installed), so the log can always read the
 usage; the client still receives the upstream's bytes and ``Content-Encoding`` unchanged.
 
-What is written (the ``exchanges`` format, version 1, defined in :mod:`promptcache_nb.importers.exchanges`):
+What is written (the ``exchanges`` format, version 1, defined in :mod:`promptcache_nb.readers.exchanges`):
 one line per completed call, appended with a single unbuffered ``write`` under a lock (the file is opened per
 line, so a rotated log is recreated) — a crash loses at most the calls in flight, and a reader leaves a
 half-written last line for the next import. The line is written before the client sees the response end.
@@ -91,9 +91,9 @@ from .._redact import (
     url_secrets,
 )
 from .._util import SIMULATOR_HEADER
-from ..importers._http import session_key_for
-from ..importers._sse import SseEvent, SseParser, usage_from_sse
-from ..importers.exchanges import EXCHANGES_FORMAT_VERSION
+from ..readers._http import session_key_for
+from ..readers._sse import SseEvent, SseParser, usage_from_sse
+from ..readers.exchanges import EXCHANGES_FORMAT_VERSION
 from ._asgi import MAX_BODY_BYTES, REQUEST_TIMEOUT, BodyError, read_body
 from ._diagnostics import DiagnosticsChain, with_beta
 from ._serving import LoopbackServer

@@ -37,7 +37,7 @@ know, and a line whose ``v`` is newer than the reader's is skipped naming the ve
     ``{"event": str | null, "data": <parsed JSON, or str when not JSON>}``). One line uses one form.
 ``usage`` (object or null, required)
     The provider's *native* usage object as extracted from ``response`` or ``sse`` by
-    :func:`promptcache_nb.importers._sse.usage_from_sse` (Anthropic: ``message_start`` usage with
+    :func:`promptcache_nb.readers._sse.usage_from_sse` (Anthropic: ``message_start`` usage with
     ``output_tokens`` replaced by the final ``message_delta`` figure; OpenAI: the ``usage`` object unchanged);
     ``null`` when the response reported none. Readers derive usage from ``response``/``sse`` when present and
     fall back to this field, so a proxy that keeps no response bodies still yields usage.
