@@ -170,32 +170,28 @@ class ImportResult:
 
     def relative_source(self, source: str | None) -> str:
         """``source`` as the user would spell it: relative to the folder they passed, or the file's name."""
-        if not source:
-            return ""
-        prefix, sep, rest = source.partition(":")
-        if sep and "/" not in prefix and "\\" not in prefix and len(prefix) > 1:  # "vcr:/path" (not "C:\\")
-            return prefix + ":" + self.relative_source(rest)
-        path = Path(source)
-        for root in self.roots:
-            if path == root:
-                return path.name
-            if path.is_relative_to(root):
-                return str(path.relative_to(root))
-        return source
+        return self._spelled(source, public=False)
 
     def _shown_source(self, source: str | None) -> str:
         """``source`` for a page others read: under a folder you passed, that folder's name and the path inside it
         (``claude_code/-home-dev-billing-service/<id>.jsonl``); else under your home folder, ``~/…``; else the
         file's name. Never an absolute path."""
+        return self._spelled(source, public=True)
+
+    def _spelled(self, source: str | None, *, public: bool) -> str:
         if not source:
             return ""
         prefix, sep, rest = source.partition(":")
         if sep and "/" not in prefix and "\\" not in prefix and len(prefix) > 1:  # "vcr:/path" (not "C:\\")
-            return prefix + ":" + self._shown_source(rest)
+            return prefix + ":" + self._spelled(rest, public=public)
         path = Path(source)
         for root in self.roots:
             if path == root or path.is_relative_to(root):
-                return (Path(root.name) / path.relative_to(root)).as_posix()
+                if public:
+                    return (Path(root.name) / path.relative_to(root)).as_posix()
+                return path.name if path == root else str(path.relative_to(root))
+        if not public:
+            return source
         home = Path.home()
         if path.is_relative_to(home):
             return "~/" + path.relative_to(home).as_posix()
