@@ -24,6 +24,7 @@ Needs /usr/bin/chromium (``make test`` installs it with apt); without it the tes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -91,52 +93,60 @@ def lab_server(tmp_path):
     nbformat.write(nb, root / "notebooks" / NOTEBOOK.name)
 
     home = tmp_path / "jhome"
-    env = dict(os.environ)
-    env.update(
-        JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
-        JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"),
-        PYTHONHASHSEED="0", JUPYTER_PLATFORM_DIRS="1",
-    )
+    env = jupyter_env(home)
+    with jupyter_lab(root, home, env, tmp_path / "lab.log") as base:
+        yield base
+
+
+def jupyter_env(home: Path) -> dict[str, str]:
+    """The environment of a JupyterLab whose every Jupyter and IPython folder is under ``home``, with its news and
+    update checks off (``test_browser_notebooks`` adds its own settings there)."""
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
+               JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"),
+               PYTHONHASHSEED="0", JUPYTER_PLATFORM_DIRS="1")
     env.pop("MPLBACKEND", None)
     settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    return env
+
+
+@contextlib.contextmanager
+def jupyter_lab(root: Path, home: Path, env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """A JupyterLab server on 127.0.0.1 serving ``root``, its output in ``log_path``: its base URL once it answers;
+    stopped (with the kernels it started) by its process group afterwards."""
     port = _free_port()
-    log = (tmp_path / "lab.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ip=127.0.0.1",
-         f"--port={port}",
-         f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}", "--LabApp.news_url=None",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--LabApp.extension_manager=readonly",
-         f"--LabApp.workspaces_dir={home / 'workspaces'}", "--ServerApp.open_browser=False"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited early ({proc.returncode}):\n{_tail(tmp_path / 'lab.log')}")
-            try:
-                _get(f"{base}/api/status")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"jupyter lab did not answer in 60 s:\n{_tail(tmp_path / 'lab.log')}")
-                time.sleep(0.25)
-        yield base
-    finally:
-        # Stop the server (and the kernels it started) by PID; SIGTERM lets it shut kernels down.
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
-        log.close()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ip=127.0.0.1",
+             f"--port={port}", f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}",
+             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             "--LabApp.extension_manager=readonly", f"--LabApp.workspaces_dir={home / 'workspaces'}",
+             "--ServerApp.open_browser=False"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"jupyter lab exited early ({proc.returncode}):\n{_tail(log_path)}")
+                try:
+                    _get(f"{base}/api/status")
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        pytest.fail(f"jupyter lab did not answer in 60 s:\n{_tail(log_path)}")
+                    time.sleep(0.25)
+            yield base
+        finally:
+            if proc.poll() is None:  # SIGTERM to its group lets it shut its kernels down
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=5)
 
 
 def _wait_kernel_idle(page, base: str, path: str, *, timeout: float = 60, settle: float = 0.0) -> None:

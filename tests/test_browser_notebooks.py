@@ -32,16 +32,13 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import nbformat
 import pytest
-from test_browser import CHROMIUM, CHROMIUM_ARGS, LOOPBACK, TOKEN, _free_port, _get, _tail, _wait_kernel_idle
+from test_browser import CHROMIUM, CHROMIUM_ARGS, LOOPBACK, TOKEN, _wait_kernel_idle, jupyter_env, jupyter_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -155,14 +152,7 @@ def lab_root(tmp_path):
 @pytest.fixture
 def lab_url(lab_root, tmp_path):
     home = tmp_path / "jhome"
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
-               JUPYTER_RUNTIME_DIR=str(home / "runtime"), IPYTHONDIR=str(home / "ipython"),
-               PYTHONHASHSEED="0", JUPYTER_PLATFORM_DIRS="1")
-    env.pop("MPLBACKEND", None)
-    settings = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    env = jupyter_env(home)
     # every cell laid out: with JupyterLab's default windowing, cells far from the viewport skip layout, and a
     # check of their widths would see nothing
     tracker = home / "config" / "lab" / "user-settings" / "@jupyterlab" / "notebook-extension"
@@ -172,38 +162,8 @@ def lab_url(lab_root, tmp_path):
     startup.mkdir(parents=True)
     (startup / "00-pcnb-figure-text.py").write_text(_FIGURE_HOOK)
     env[FIGURE_LOG] = str(tmp_path / "figures.jsonl")
-    port = _free_port()
-    log_path = tmp_path / "lab.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ip=127.0.0.1",
-             f"--port={port}", f"--ServerApp.root_dir={lab_root}", f"--IdentityProvider.token={TOKEN}",
-             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-             "--LabApp.extension_manager=readonly", f"--LabApp.workspaces_dir={home / 'workspaces'}",
-             "--ServerApp.open_browser=False"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=lab_root, start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    pytest.fail(f"jupyter lab exited early ({proc.returncode}):\n{_tail(log_path)}")
-                try:
-                    _get(f"{base}/api/status")
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        pytest.fail(f"jupyter lab did not answer in 60 s:\n{_tail(log_path)}")
-                    time.sleep(0.25)
-            yield base
-        finally:
-            if proc.poll() is None:  # stop the server (and its kernels) by its PID
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=5)
+    with jupyter_lab(lab_root, home, env, tmp_path / "lab.log") as base:
+        yield base
 
 
 def _run_all(page, base: str, name: str) -> None:

@@ -401,12 +401,13 @@ def _batch_json(batch: OtlpBatch) -> dict[str, Any]:
 
 
 def _batch_from_json(doc: dict[str, Any]) -> OtlpBatch:
-    rows = tuple({k: datetime.fromisoformat(v) if k == "sent_at" and isinstance(v, str) else v for k, v in r.items()}
-                 for r in doc.get("rows", ()))
-    return OtlpBatch(doc["signal"], datetime.fromisoformat(doc["received_at"]), int(doc["items"]),
-                     int(doc.get("requests", 0)), int(doc.get("stored", 0)), int(doc.get("duplicates", 0)),
-                     int(doc.get("rejected", 0)), tuple(doc.get("reasons", ())), tuple(doc.get("session_ids", ())),
-                     rows)
+    """:func:`_batch_json`'s document as the batch again (times parsed, lists as tuples)."""
+    values = {k: doc[k] for k in OtlpBatch.__dataclass_fields__ if k in doc}
+    values["received_at"] = datetime.fromisoformat(doc["received_at"])
+    values["reasons"], values["session_ids"] = tuple(values.get("reasons", ())), tuple(values.get("session_ids", ()))
+    values["rows"] = tuple({k: datetime.fromisoformat(v) if k == "sent_at" and isinstance(v, str) else v
+                            for k, v in row.items()} for row in values.get("rows", ()))
+    return OtlpBatch(**values)
 
 
 class OtlpFollower:

@@ -529,15 +529,8 @@ class _Connection:
             # duckdb 2.0's DataFrame conversion trips a pandas 3 deprecation; not the user's concern
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.filterwarnings("ignore", message=".*inplace keyword.*")
-            try:
-                with interruptible(self.con):  # `promptcache-nb sql` on a long query: Ctrl-C stops it
-                    return self.con.execute(query, params or []).df()
-            except (duckdb.Error, RuntimeError) as exc:
-                if _interrupted(exc):
-                    raise KeyboardInterrupt from None
-                if isinstance(exc, duckdb.Error):
-                    raise StoreError(f"store {self.path!r}: {_one_line(exc)}") from None
-                raise
+            with self._one_line_errors(), interruptible(self.con):  # `promptcache-nb sql`: Ctrl-C stops a query
+                return self.con.execute(query, params or []).df()
 
     def _live(self) -> duckdb.DuckDBPyConnection:
         if self.con is None:
@@ -547,8 +540,14 @@ class _Connection:
     def rows(self, query: str, params: list[Any] | dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         """All rows of a query; a DuckDB error (a corrupt block, a read-only store) is a one-line StoreError."""
         con = self._live()
-        try:
+        with self._one_line_errors():
             return con.execute(query, params or []).fetchall()
+
+    @contextmanager
+    def _one_line_errors(self) -> Iterator[None]:
+        """A DuckDB error as one :class:`StoreError` line naming the store; an interrupted query as Ctrl-C."""
+        try:
+            yield
         except (duckdb.Error, RuntimeError) as exc:
             if _interrupted(exc):
                 raise KeyboardInterrupt from None
